@@ -1,0 +1,123 @@
+use crate::{Error, Result};
+use tiermem_mechanism::BackendChoice;
+use tiermem_policy::PolicyKind;
+
+/// How an [`crate::Engine`] is set up. `EngineConfig::from_env()` reads the `TIERMEM_*`
+/// variables; every field can also be set directly.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// `TIERMEM_BACKEND=auto|cuda|sim`; auto uses CUDA when a driver and GPU are present.
+    pub backend: BackendChoice,
+    /// `TIERMEM_DEVICE`: GPU ordinal.
+    pub device: usize,
+    /// `TIERMEM_HBM_LIMIT`: bytes of HBM the engine may hold. Default: free memory at start
+    /// minus `hbm_reserve`.
+    pub hbm_limit: Option<usize>,
+    /// HBM left to others when `hbm_limit` is not given.
+    pub hbm_reserve: usize,
+    /// `TIERMEM_HOST_LIMIT`: bytes of pinned host memory for the host tier. Default: half
+    /// of the host's available memory when the engine starts.
+    pub host_limit: Option<usize>,
+    /// `TIERMEM_POLICY=lru|lru-cost|priority|random`.
+    pub policy: PolicyKind,
+    /// Seed for the randomised policies.
+    pub seed: u64,
+    /// Size of the simulated device's "HBM" (`TIERMEM_SIM_HBM`).
+    pub sim_hbm: usize,
+    /// Chunks per transfer batch: one `cuMemSetAccess` and one fence per batch.
+    pub batch_chunks: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            backend: BackendChoice::Auto,
+            device: 0,
+            hbm_limit: None,
+            hbm_reserve: 2 << 30,
+            host_limit: None,
+            policy: PolicyKind::Lru,
+            seed: 0x7135_3e3d,
+            sim_hbm: 1 << 30,
+            batch_chunks: 16,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Defaults overridden by any `TIERMEM_*` variable that is set.
+    pub fn from_env() -> Result<Self> {
+        let mut c = Self::default();
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        if let Some(v) = var("TIERMEM_BACKEND") {
+            c.backend = v.parse().map_err(|e| Error::Config(format!("{e}")))?;
+        }
+        if let Some(v) = var("TIERMEM_DEVICE") {
+            c.device = v.trim().parse().map_err(|_| Error::Config(format!("TIERMEM_DEVICE={v:?} is not a GPU ordinal")))?;
+        }
+        if let Some(v) = var("TIERMEM_HBM_LIMIT") {
+            c.hbm_limit = Some(parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_HBM_LIMIT: {e}")))?);
+        }
+        if let Some(v) = var("TIERMEM_HOST_LIMIT") {
+            c.host_limit = Some(parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_HOST_LIMIT: {e}")))?);
+        }
+        if let Some(v) = var("TIERMEM_SIM_HBM") {
+            c.sim_hbm = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_SIM_HBM: {e}")))?;
+        }
+        if let Some(v) = var("TIERMEM_POLICY") {
+            c.policy = v.parse().map_err(|e| Error::Config(format!("TIERMEM_POLICY: {e}")))?;
+        }
+        Ok(c)
+    }
+}
+
+/// Parses sizes such as `16GiB`, `512MiB`, `1.5G`, `2097152`: binary units (K, M, G, T with
+/// or without `iB`/`B`), as `TIERMEM_HBM_LIMIT` and the command line accept them.
+pub fn parse_size(text: &str) -> std::result::Result<usize, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a size like 16GiB"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => return Err(format!("{text:?}: unknown unit {other:?} (use KiB, MiB, GiB or TiB)")),
+    };
+    Ok((value * (1u64 << shift) as f64) as usize)
+}
+
+/// Formats bytes for people: `1.50 GiB`.
+pub fn format_size(bytes: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.2} {}", UNITS[unit]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_units() {
+        assert_eq!(parse_size("16GiB"), Ok(16 << 30));
+        assert_eq!(parse_size("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_size("2097152"), Ok(2 << 20));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("3 parsecs").is_err());
+    }
+
+    #[test]
+    fn sizes_format_for_people() {
+        assert_eq!(format_size(512), "512 B");
+        assert_eq!(format_size(3 << 29), "1.50 GiB");
+    }
+}

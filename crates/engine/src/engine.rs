@@ -1,0 +1,589 @@
+use crate::buffer::{Access, AllocOptions, Buffer, BufferId, Region};
+use crate::chunk::{Chunk, ChunkState};
+use crate::chunk_pool::ChunkPool;
+use crate::error::Context;
+use crate::fence::{EventPool, Fence};
+use crate::host_tier::{HostTier, Slot};
+use crate::stats::Counters;
+use crate::{EngineConfig, Error, Result};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tiermem_mechanism::{Device, DeviceInfo, StreamHandle, StreamPriority};
+use tiermem_policy::{new_policy, EvictionPolicy, PolicyKind};
+
+/// A chunk: its buffer and its index in the buffer.
+pub(crate) type ChunkRef = (BufferId, usize);
+
+/// What `page_in` and `page_out` act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Buffer(BufferId),
+    All,
+}
+
+/// An asynchronous `page_in_start` / `page_out_start`; [`Engine::finish`] waits for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[must_use = "an unfinished ticket leaves its transfer unwaited"]
+pub struct Ticket(pub u64);
+
+/// The tiermem engine for one GPU: buffers at stable device addresses whose chunks move
+/// between local HBM and pinned host memory.
+///
+/// Thread safety: `Engine` is `Send + Sync`; calls are serialised on one internal lock,
+/// except `finish`, which waits with the lock released.
+pub struct Engine {
+    device: Arc<dyn Device>,
+    inner: Mutex<Inner>,
+    fallback: Option<String>,
+}
+
+pub(crate) struct Streams {
+    pub up: StreamHandle,
+    pub down: StreamHandle,
+    pub prefetch: StreamHandle,
+}
+
+/// A group of chunks moving down behind one fence.
+pub(crate) struct PendingDown {
+    pub fence: Arc<Fence>,
+    pub chunks: Vec<ChunkRef>,
+}
+
+pub(crate) struct Inner {
+    pub device: Arc<dyn Device>,
+    pub chunk: usize,
+    pub batch: usize,
+    pub buffers: BTreeMap<BufferId, Buffer>,
+    pub next_buffer: u64,
+    pub clock: u64,
+    pub pinned: usize,
+    pub pool: ChunkPool,
+    pub host: HostTier,
+    pub policy: Box<dyn EvictionPolicy>,
+    pub events: Arc<EventPool>,
+    pub streams: Streams,
+    pub pending_down: Vec<PendingDown>,
+    /// Host slots to free once a copy still reading them has finished.
+    pub retiring: VecDeque<(Arc<Fence>, Slot)>,
+    /// Demand transfers whose device time is added to `Counters::stall_ms` once complete.
+    pub timings: VecDeque<(Arc<Fence>, Arc<Fence>)>,
+    pub tickets: HashMap<u64, Vec<Arc<Fence>>>,
+    pub next_ticket: u64,
+    pub counters: Counters,
+}
+
+impl Engine {
+    /// Opens the device that `config` names and sets up the tiers.
+    pub fn new(config: EngineConfig) -> Result<Self> {
+        let (device, fallback) =
+            tiermem_mechanism::open(config.backend, config.device, config.sim_hbm).during("Engine::new")?;
+        let mut engine = Self::with_device(device, &config)?;
+        engine.fallback = fallback;
+        Ok(engine)
+    }
+
+    /// An engine over an already opened device (tests use this with a `SimDevice`).
+    pub fn with_device(device: Arc<dyn Device>, config: &EngineConfig) -> Result<Self> {
+        let chunk = device.info().granularity;
+        let (free, _) = device.mem_info().during("Engine::new")?;
+        let hbm_limit = match config.hbm_limit {
+            Some(limit) => limit,
+            None if device.info().backend == tiermem_mechanism::BackendKind::Sim => free,
+            None => free.saturating_sub(config.hbm_reserve),
+        };
+        if hbm_limit < chunk {
+            return Err(Error::Config(format!(
+                "HBM cap of {hbm_limit} bytes is less than one {chunk}-byte chunk (free on the device: {free})"
+            )));
+        }
+        let host_limit = config.host_limit.unwrap_or_else(default_host_limit);
+        if host_limit < chunk {
+            return Err(Error::Config(format!("host cap of {host_limit} bytes is less than one {chunk}-byte chunk")));
+        }
+        let streams = Streams {
+            up: device.create_stream(StreamPriority::High).during("Engine::new")?,
+            down: device.create_stream(StreamPriority::High).during("Engine::new")?,
+            prefetch: device.create_stream(StreamPriority::Low).during("Engine::new")?,
+        };
+        let inner = Inner {
+            device: Arc::clone(&device),
+            chunk,
+            batch: config.batch_chunks.max(1),
+            buffers: BTreeMap::new(),
+            next_buffer: 1,
+            clock: 0,
+            pinned: 0,
+            pool: ChunkPool::new(hbm_limit / chunk),
+            host: HostTier::new(chunk, host_limit),
+            policy: new_policy(config.policy, config.seed),
+            events: EventPool::new(Arc::clone(&device)),
+            streams,
+            pending_down: Vec::new(),
+            retiring: VecDeque::new(),
+            timings: VecDeque::new(),
+            tickets: HashMap::new(),
+            next_ticket: 1,
+            counters: Counters::default(),
+        };
+        Ok(Self { device, inner: Mutex::new(inner), fallback: None })
+    }
+
+    pub fn device_info(&self) -> &DeviceInfo {
+        self.device.info()
+    }
+
+    /// The device itself, for callers that launch their own work (streams, copies).
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// Why `auto` fell back to the simulated device, if it did.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback.as_deref()
+    }
+
+    pub fn policy(&self) -> PolicyKind {
+        self.lock().policy.kind()
+    }
+
+    /// The size of one chunk (the device's VMM granularity).
+    pub fn chunk_size(&self) -> usize {
+        self.lock().chunk
+    }
+
+    /// The HBM cap in bytes.
+    pub fn hbm_cap(&self) -> usize {
+        let g = self.lock();
+        g.pool.cap() * g.chunk
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Allocates `size` bytes behind a device address that stays valid until `free`.
+    /// Nothing is resident yet: each chunk reads as zeros when first made resident.
+    pub fn alloc(&self, size: usize, options: AllocOptions) -> Result<(BufferId, u64)> {
+        self.lock().alloc(size, options)
+    }
+
+    /// Frees a buffer, waiting for any transfer of its chunks. The buffer must not be acquired.
+    pub fn free(&self, buffer: BufferId) -> Result<()> {
+        self.lock().free(buffer)
+    }
+
+    /// The device address of a buffer.
+    pub fn device_ptr(&self, buffer: BufferId) -> Result<u64> {
+        Ok(self.lock().buffer("device_ptr", buffer)?.va)
+    }
+
+    /// Makes `regions` resident and keeps them so until `release`. Stream-ordered: missing
+    /// chunks are copied on tiermem's copy stream and `stream` waits for them on the device;
+    /// the host blocks only when HBM must first be freed by copying other chunks down.
+    /// If everything is resident this makes no driver call.
+    pub fn acquire(&self, regions: &[Region], access: Access, stream: StreamHandle) -> Result<()> {
+        self.lock().acquire(regions, access, stream)
+    }
+
+    /// Ends an `acquire`: the chunks may move once the work enqueued on `stream` so far is done.
+    pub fn release(&self, regions: &[Region], stream: StreamHandle) -> Result<()> {
+        self.lock().release(regions, stream)
+    }
+
+    /// Starts bringing `regions` into HBM in the background, using only free HBM (a prefetch
+    /// never evicts): demand and eviction come first.
+    pub fn prefetch(&self, regions: &[Region]) -> Result<()> {
+        self.lock().prefetch(regions)
+    }
+
+    /// Copies `target` into HBM (evicting others as needed) and waits.
+    pub fn page_in(&self, target: Target) -> Result<()> {
+        let ticket = self.page_in_start(target)?;
+        self.finish(ticket)
+    }
+
+    pub fn page_in_start(&self, target: Target) -> Result<Ticket> {
+        self.lock().page_in_start(target)
+    }
+
+    /// Moves `target` out of HBM into the host tier and waits. Clean chunks are unmapped with
+    /// no copy. Acquired buffers are refused.
+    pub fn page_out(&self, target: Target) -> Result<()> {
+        let ticket = self.page_out_start(target)?;
+        self.finish(ticket)
+    }
+
+    pub fn page_out_start(&self, target: Target) -> Result<Ticket> {
+        self.lock().page_out_start(target)
+    }
+
+    /// Waits for an asynchronous page-in or page-out to complete.
+    pub fn finish(&self, ticket: Ticket) -> Result<()> {
+        let fences = self
+            .lock()
+            .tickets
+            .remove(&ticket.0)
+            .ok_or(Error::UnknownTicket { call: "finish", ticket: ticket.0 })?;
+        for fence in &fences {
+            fence.wait().during("finish")?;
+            // Complete each group as soon as it lands, so unmapping overlaps later copies.
+            self.lock().reap().map_err(|e| retag(e, "finish"))?;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` of `buffer` from ordinary host memory (making it resident).
+    pub fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<()> {
+        let region = [Region::bytes(buffer, offset, data.len())];
+        let stream = StreamHandle(0);
+        let va = self.lock().acquire_for_host(&region, Access::ReadWrite, stream, "write")?;
+        let copied = self.device.write(va + offset as u64, data).during("write");
+        self.release(&region, stream)?;
+        copied
+    }
+
+    /// Reads `out.len()` bytes at `offset` of `buffer` into ordinary host memory.
+    pub fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
+        let region = [Region::bytes(buffer, offset, out.len())];
+        let stream = StreamHandle(0);
+        let va = self.lock().acquire_for_host(&region, Access::ReadOnly, stream, "read")?;
+        let copied = self.device.read(va + offset as u64, out).during("read");
+        self.release(&region, stream)?;
+        copied
+    }
+
+    /// Statistics: tiers, transfers, per-buffer residency.
+    pub fn stats(&self) -> crate::Stats {
+        self.lock().stats()
+    }
+}
+
+/// Re-attributes an engine error raised inside a helper to the public call.
+fn retag(error: Error, call: &'static str) -> Error {
+    match error {
+        Error::Device { source, .. } => Error::Device { call, source },
+        Error::OutOfMemory { detail, .. } => Error::OutOfMemory { call, detail },
+        other => other,
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = inner.shutdown() {
+            eprintln!("tiermem: error while releasing device resources: {e}");
+        }
+    }
+}
+
+/// Half of the host's available memory, as `/proc/meminfo` tells it (8 GiB if unreadable).
+fn default_host_limit() -> usize {
+    let available_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        text.lines()
+            .find(|l| l.starts_with("MemAvailable:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<usize>().ok())
+    });
+    available_kib.map_or(8 << 30, |kib| kib * 1024 / 2)
+}
+
+impl Inner {
+    pub fn buffer(&self, call: &'static str, id: BufferId) -> Result<&Buffer> {
+        self.buffers.get(&id).ok_or(Error::UnknownBuffer { call, buffer: id })
+    }
+
+    pub fn chunk_mut(&mut self, (id, index): ChunkRef) -> &mut Chunk {
+        &mut self.buffers.get_mut(&id).expect("chunk of a live buffer").chunks[index]
+    }
+
+    fn alloc(&mut self, size: usize, options: AllocOptions) -> Result<(BufferId, u64)> {
+        if size == 0 {
+            return Err(Error::ZeroSize { call: "alloc" });
+        }
+        let all_tiers = (self.pool.cap() + self.host.cap()) * self.chunk;
+        if size > all_tiers {
+            return Err(Error::OutOfMemory {
+                call: "alloc",
+                detail: format!("{size} bytes exceed all tiers together ({all_tiers} bytes: {})", self.describe_tiers()),
+            });
+        }
+        let reserved = size.next_multiple_of(self.chunk);
+        let va = self.device.reserve(reserved).during("alloc")?;
+        let id = BufferId(self.next_buffer);
+        self.next_buffer += 1;
+        let chunks = (0..reserved / self.chunk).map(|_| Chunk::new()).collect();
+        self.buffers.insert(id, Buffer { va, size, reserved, options, chunks });
+        Ok((id, va))
+    }
+
+    fn free(&mut self, id: BufferId) -> Result<()> {
+        let buffer = self.buffer("free", id)?;
+        let pinned_chunks = buffer.chunks.iter().filter(|c| c.pins > 0).count();
+        if pinned_chunks > 0 {
+            return Err(Error::Acquired { call: "free", buffer: id, pinned_chunks });
+        }
+        for chunk in &buffer.chunks {
+            let moving = match &chunk.state {
+                ChunkState::PagingOut { fence, .. } => Some(fence),
+                _ => None,
+            };
+            for fence in [&chunk.ready, &chunk.busy].into_iter().flatten().chain(moving) {
+                fence.wait().during("free")?;
+            }
+        }
+        let buffer = self.buffers.remove(&id).expect("checked above");
+        let mut mapped = Vec::new();
+        for (index, chunk) in buffer.chunks.into_iter().enumerate() {
+            let (phys, slots) = match chunk.state {
+                ChunkState::Empty => (None, [None, None]),
+                ChunkState::Host { slot } => (None, [Some(slot), None]),
+                ChunkState::Device { phys, copy } => (Some(phys), [copy, None]),
+                ChunkState::PagingOut { phys, slot, .. } => (Some(phys), [Some(slot), None]),
+            };
+            if let Some(phys) = phys {
+                mapped.push(index);
+                self.pool.give(phys);
+            }
+            slots.into_iter().flatten().for_each(|s| self.host.free(s));
+        }
+        for (start, len) in runs(&mapped) {
+            let va = buffer.va + (start * self.chunk) as u64;
+            self.device.unmap(va, len * self.chunk).during("free")?;
+        }
+        self.device.unreserve(buffer.va, buffer.reserved).during("free")
+    }
+
+    /// The distinct chunks `regions` cover, sorted; validates every region first.
+    pub fn resolve(&self, call: &'static str, regions: &[Region]) -> Result<Vec<ChunkRef>> {
+        let mut refs = Vec::new();
+        for region in regions {
+            let buffer = self.buffer(call, region.buffer)?;
+            let len = region.len.unwrap_or(buffer.size.saturating_sub(region.offset));
+            let end = region.offset.checked_add(len).filter(|&end| end <= buffer.size);
+            let Some(end) = end.filter(|_| len > 0 || region.len.is_none()) else {
+                return Err(Error::OutOfRange { call, buffer: region.buffer, offset: region.offset, len, size: buffer.size });
+            };
+            if len == 0 {
+                continue;
+            }
+            let (first, last) = (region.offset / self.chunk, (end - 1) / self.chunk);
+            refs.extend((first..=last).map(|i| (region.buffer, i)));
+        }
+        if regions.len() > 1 {
+            refs.sort_unstable();
+            refs.dedup();
+        }
+        Ok(refs)
+    }
+
+    fn acquire(&mut self, regions: &[Region], access: Access, stream: StreamHandle) -> Result<()> {
+        let refs = self.resolve("acquire", regions)?;
+        if access == Access::ReadWrite {
+            if let Some(r) = regions.iter().find(|r| self.buffers[&r.buffer].options.read_only) {
+                return Err(Error::ReadOnly { call: "acquire", buffer: r.buffer });
+            }
+        }
+        self.check_fits(&refs)?;
+        if refs.iter().any(|&r| !self.chunk_mut(r).is_resident()) {
+            self.reap()?;
+            self.bring_in("acquire", &refs, crate::movement::Purpose::Demand)?;
+        }
+        self.pin(&refs, access, stream)
+    }
+
+    /// `acquire` for a synchronous host copy: returns the buffer's address.
+    fn acquire_for_host(&mut self, regions: &[Region], access: Access, stream: StreamHandle, call: &'static str) -> Result<u64> {
+        let refs = self.resolve(call, regions)?;
+        self.check_fits(&refs).map_err(|e| retag(e, call))?;
+        self.reap()?;
+        self.bring_in(call, &refs, crate::movement::Purpose::Demand)?;
+        self.pin(&refs, access, stream)?;
+        Ok(self.buffers[&regions[0].buffer].va)
+    }
+
+    /// Refuses an acquire that could never be resident, or not while others hold their pins.
+    fn check_fits(&mut self, refs: &[ChunkRef]) -> Result<()> {
+        let cap = self.pool.cap();
+        if refs.len() > cap {
+            return Err(Error::WouldNeverFit { requested: refs.len() * self.chunk, cap: cap * self.chunk });
+        }
+        let already = refs.iter().filter(|&&r| self.chunk_mut(r).pins > 0).count();
+        if self.pinned - already + refs.len() > cap {
+            return Err(Error::OutOfMemory {
+                call: "acquire",
+                detail: format!(
+                    "{} bytes requested while {} bytes are acquired by others; {}",
+                    refs.len() * self.chunk,
+                    (self.pinned - already) * self.chunk,
+                    self.describe_tiers()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Pins resident chunks and makes `stream` wait for those still arriving.
+    fn pin(&mut self, refs: &[ChunkRef], access: Access, stream: StreamHandle) -> Result<()> {
+        self.clock += 1;
+        let clock = self.clock;
+        let mut waits: Vec<Arc<Fence>> = Vec::new();
+        for &r in refs {
+            let chunk = self.chunk_mut(r);
+            if let Some(fence) = &chunk.ready {
+                if fence.is_done().during("acquire")? {
+                    chunk.ready = None;
+                } else if !waits.iter().any(|w| Arc::ptr_eq(w, fence)) {
+                    waits.push(Arc::clone(fence));
+                }
+            }
+        }
+        for fence in &waits {
+            self.device.stream_wait_event(stream, fence.event()).during("acquire")?;
+        }
+        for &r in refs {
+            let chunk = self.chunk_mut(r);
+            chunk.pins += 1;
+            chunk.last_use = clock;
+            if access == Access::ReadWrite {
+                if let ChunkState::Device { copy, .. } = &mut chunk.state {
+                    if let Some(slot) = copy.take() {
+                        let reader = chunk.ready.clone();
+                        self.retire(slot, reader);
+                    }
+                }
+            }
+        }
+        self.pinned += refs.len();
+        Ok(())
+    }
+
+    /// Frees a host slot now, or once `reader` (a copy from it) has completed.
+    pub fn retire(&mut self, slot: Slot, reader: Option<Arc<Fence>>) {
+        match reader {
+            Some(fence) if !matches!(fence.is_done(), Ok(true)) => self.retiring.push_back((fence, slot)),
+            _ => self.host.free(slot),
+        }
+    }
+
+    fn release(&mut self, regions: &[Region], stream: StreamHandle) -> Result<()> {
+        let refs = self.resolve("release", regions)?;
+        if let Some(&(buffer, index)) = refs.iter().find(|&&r| self.chunk_mut(r).pins == 0) {
+            let (offset, len) = (index * self.chunk, self.chunk);
+            return Err(Error::NotAcquired { buffer, offset, len });
+        }
+        let fence = self.events.record(stream).during("release")?;
+        for &r in &refs {
+            let chunk = self.chunk_mut(r);
+            chunk.pins -= 1;
+            chunk.busy = Some(Arc::clone(&fence));
+        }
+        self.pinned -= refs.len();
+        Ok(())
+    }
+
+    fn prefetch(&mut self, regions: &[Region]) -> Result<()> {
+        let refs = self.resolve("prefetch", regions)?;
+        self.reap()?;
+        self.bring_in("prefetch", &refs, crate::movement::Purpose::Prefetch)?;
+        Ok(())
+    }
+
+    fn target_refs(&self, call: &'static str, target: Target) -> Result<Vec<ChunkRef>> {
+        let ids: Vec<BufferId> = match target {
+            Target::Buffer(id) => {
+                self.buffer(call, id)?;
+                vec![id]
+            }
+            Target::All => self.buffers.keys().copied().collect(),
+        };
+        Ok(ids
+            .into_iter()
+            .flat_map(|id| (0..self.buffers[&id].chunks.len()).map(move |i| (id, i)))
+            .collect())
+    }
+
+    fn page_in_start(&mut self, target: Target) -> Result<Ticket> {
+        let refs = self.target_refs("page_in", target)?;
+        if refs.len() > self.pool.cap() {
+            return Err(Error::WouldNeverFit { requested: refs.len() * self.chunk, cap: self.pool.cap() * self.chunk });
+        }
+        self.reap()?;
+        let fence = self.bring_in("page_in", &refs, crate::movement::Purpose::Demand)?;
+        Ok(self.ticket(fence.into_iter().collect()))
+    }
+
+    fn page_out_start(&mut self, target: Target) -> Result<Ticket> {
+        let refs = self.target_refs("page_out", target)?;
+        let pinned: Vec<&ChunkRef> = refs.iter().filter(|r| self.buffers[&r.0].chunks[r.1].pins > 0).collect();
+        if let Some(&&(buffer, _)) = pinned.first() {
+            let pinned_chunks = pinned.iter().filter(|r| r.0 == buffer).count();
+            return Err(Error::Acquired { call: "page_out", buffer, pinned_chunks });
+        }
+        self.reap()?;
+        let moving: Vec<ChunkRef> = refs.into_iter().filter(|r| self.buffers[&r.0].chunks[r.1].is_resident()).collect();
+        let fences = self.send_down("page_out", &moving)?;
+        Ok(self.ticket(fences))
+    }
+
+    fn ticket(&mut self, fences: Vec<Arc<Fence>>) -> Ticket {
+        let id = self.next_ticket;
+        self.next_ticket += 1;
+        self.tickets.insert(id, fences);
+        Ticket(id)
+    }
+
+    pub fn describe_tiers(&self) -> String {
+        let g = self.chunk;
+        format!(
+            "HBM {} of {} bytes in use ({} acquired), host {} of {} bytes in use",
+            self.pool.in_use() * g,
+            self.pool.cap() * g,
+            self.pinned * g,
+            self.host.in_use() * g,
+            self.host.cap() * g
+        )
+    }
+
+    /// Frees every buffer and gives every device resource back.
+    fn shutdown(&mut self) -> Result<()> {
+        for (_, buffer) in self.buffers.iter_mut() {
+            buffer.chunks.iter_mut().for_each(|c| c.pins = 0);
+        }
+        self.pinned = 0;
+        self.tickets.clear();
+        let ids: Vec<BufferId> = self.buffers.keys().copied().collect();
+        let mut first_error = None;
+        for id in ids {
+            if let Err(e) = self.free(id) {
+                first_error.get_or_insert(e);
+                self.buffers.remove(&id);
+            }
+        }
+        for stream in [self.streams.up, self.streams.down, self.streams.prefetch] {
+            self.device.synchronize_stream(stream).during("shutdown")?;
+        }
+        self.reap()?;
+        while let Some((_, slot)) = self.retiring.pop_front() {
+            self.host.free(slot);
+        }
+        self.timings.clear();
+        self.pool.release_all(self.device.as_ref()).during("shutdown")?;
+        self.host.release_all(self.device.as_ref()).during("shutdown")?;
+        for stream in [self.streams.up, self.streams.down, self.streams.prefetch] {
+            self.device.destroy_stream(stream).during("shutdown")?;
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Runs of consecutive indices in a sorted list: `(first, length)`.
+pub(crate) fn runs(sorted: &[usize]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for &i in sorted {
+        match out.last_mut() {
+            Some((start, len)) if *start + *len == i => *len += 1,
+            _ => out.push((i, 1)),
+        }
+    }
+    out
+}

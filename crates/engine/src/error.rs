@@ -1,0 +1,44 @@
+use crate::BufferId;
+use tiermem_mechanism::DeviceError;
+
+/// Errors of the engine. Each names the call that failed and the sizes involved; an
+/// operation that returns an error has changed nothing the caller can observe (no byte lost,
+/// no pin taken), though chunks may have moved between tiers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("{call}: size must be greater than zero")]
+    ZeroSize { call: &'static str },
+    #[error("{call}: buffer {buffer} does not exist (never allocated, or already freed)")]
+    UnknownBuffer { call: &'static str, buffer: BufferId },
+    #[error("{call}: range {offset}+{len} is outside buffer {buffer} of {size} bytes")]
+    OutOfRange { call: &'static str, buffer: BufferId, offset: usize, len: usize, size: usize },
+    #[error("{call}: buffer {buffer} is acquired ({pinned_chunks} chunks pinned); release it first")]
+    Acquired { call: &'static str, buffer: BufferId, pinned_chunks: usize },
+    #[error("release: buffer {buffer} bytes {offset}+{len} were not acquired")]
+    NotAcquired { buffer: BufferId, offset: usize, len: usize },
+    #[error("{call}: buffer {buffer} is read-only; acquire it ReadOnly (Engine::write loads its contents)")]
+    ReadOnly { call: &'static str, buffer: BufferId },
+    #[error("acquire: {requested} bytes can never be resident at once: the HBM cap is {cap} bytes")]
+    WouldNeverFit { requested: usize, cap: usize },
+    #[error("{call}: out of memory: {detail}")]
+    OutOfMemory { call: &'static str, detail: String },
+    #[error("{call}: unknown ticket {ticket} (already finished?)")]
+    UnknownTicket { call: &'static str, ticket: u64 },
+    #[error("{call}: {source}")]
+    Device { call: &'static str, source: DeviceError },
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Attaches the engine call to a device error: `acquire: cuMemMap failed: …`.
+pub(crate) trait Context<T> {
+    fn during(self, call: &'static str) -> Result<T>;
+}
+
+impl<T> Context<T> for std::result::Result<T, DeviceError> {
+    fn during(self, call: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Device { call, source })
+    }
+}

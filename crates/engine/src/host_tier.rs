@@ -1,0 +1,94 @@
+//! The host tier: pinned host memory cut into chunk-sized slots.
+//!
+//! Pinning is slow (hundreds of ms per GiB), so memory is pinned in slabs on first need, up
+//! to the host cap, and kept. A page-out of n chunks asks for n slots and gets a contiguous
+//! run when one is free, so that adjacent chunks travel in one copy.
+
+use std::collections::BTreeSet;
+use tiermem_mechanism::{Device, HostPtr, Result};
+
+/// Index of one chunk-sized slot of pinned host memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Slot(pub u32);
+
+pub(crate) struct HostTier {
+    chunk: usize,
+    slab_slots: usize,
+    cap_slots: usize,
+    slabs: Vec<HostPtr>,
+    free: BTreeSet<Slot>,
+}
+
+impl HostTier {
+    pub fn new(chunk: usize, cap_bytes: usize) -> Self {
+        // Slabs of up to 1 GiB (at 2 MiB chunks); the cap is rounded down to whole slabs.
+        let slab_slots = (cap_bytes / chunk).clamp(1, 512);
+        let cap_slots = cap_bytes / chunk / slab_slots * slab_slots;
+        Self { chunk, slab_slots, cap_slots, slabs: Vec::new(), free: BTreeSet::new() }
+    }
+
+    pub fn cap(&self) -> usize {
+        self.cap_slots
+    }
+
+    pub fn in_use(&self) -> usize {
+        self.slabs.len() * self.slab_slots - self.free.len()
+    }
+
+    pub fn pinned_bytes(&self) -> usize {
+        self.slabs.len() * self.slab_slots * self.chunk
+    }
+
+    pub fn addr(&self, slot: Slot) -> HostPtr {
+        let i = slot.0 as usize;
+        self.slabs[i / self.slab_slots] + (i % self.slab_slots) * self.chunk
+    }
+
+    /// `n` slots, contiguous where possible; `None` (and nothing taken) if the cap forbids.
+    pub fn alloc(&mut self, device: &dyn Device, n: usize) -> Result<Option<Vec<Slot>>> {
+        while self.free.len() < n {
+            let base = self.slabs.len() * self.slab_slots;
+            if base >= self.cap_slots {
+                return Ok(None);
+            }
+            self.slabs.push(device.alloc_pinned(self.slab_slots * self.chunk)?);
+            self.free.extend((base..base + self.slab_slots).map(|i| Slot(i as u32)));
+        }
+        let run = self.find_run(n).unwrap_or_else(|| self.free.iter().take(n).copied().collect());
+        for slot in &run {
+            self.free.remove(slot);
+        }
+        Ok(Some(run))
+    }
+
+    /// The first run of `n` consecutive free slots inside one slab.
+    fn find_run(&self, n: usize) -> Option<Vec<Slot>> {
+        let (mut start, mut len) = (0u32, 0usize);
+        for &Slot(i) in &self.free {
+            let same_slab = len > 0 && i / self.slab_slots as u32 == start / self.slab_slots as u32;
+            if same_slab && i == start + len as u32 {
+                len += 1;
+            } else {
+                (start, len) = (i, 1);
+            }
+            if len == n {
+                return Some((start..start + n as u32).map(Slot).collect());
+            }
+        }
+        None
+    }
+
+    pub fn free(&mut self, slot: Slot) {
+        let fresh = self.free.insert(slot);
+        debug_assert!(fresh, "host slot {slot:?} freed twice");
+    }
+
+    /// Unpins every slab; the engine calls this once no slot is in use.
+    pub fn release_all(&mut self, device: &dyn Device) -> Result<()> {
+        for base in self.slabs.drain(..) {
+            device.free_pinned(base, self.slab_slots * self.chunk)?;
+        }
+        self.free.clear();
+        Ok(())
+    }
+}

@@ -1,0 +1,506 @@
+//! Moving chunks between HBM and the host tier.
+//!
+//! **Up** (`bring_in`): take physical chunks from the pool (evicting if a demand needs it; a
+//! prefetch takes only what is free), then per batch of up to `batch_chunks` consecutive
+//! chunks: map each chunk, one `cuMemSetAccess` for the batch, and one asynchronous copy per
+//! run of chunks whose host slots are adjacent (never-written chunks get one memset
+//! instead). Copies are enqueued as soon as their batch is mapped, so the CPU maps batch k+1
+//! while the copy engine moves batch k: the link stays busy. One fence after the last batch
+//! is the chunks' `ready` fence, which acquiring streams wait on — on the device, not the host.
+//!
+//! **Down** (`send_down`): a clean chunk (identical host copy) is unmapped at once if nothing
+//! can still touch it, or after the fence of its last use. A dirty chunk gets a host slot
+//! (contiguous runs where possible), the down stream waits on the chunk's last-use fence
+//! (device-side), the copy is enqueued, and a fence per batch marks it. The chunk stays
+//! mapped, `PagingOut`, until its fence completes; `reap` then unmaps it and returns the HBM
+//! chunk to the pool — batch by batch, so unmapping overlaps the copies still running.
+//!
+//! **Room** (`make_room`): when a demand needs more HBM than the pool has, the policy picks
+//! victims among chunks that are resident, not acquired, not protected (the chunks being
+//! acquired), and whose fences have completed. This is the one place the host waits: the
+//! HBM is needed now. Streams: `up` for demand, `prefetch` (low priority) for prefetches,
+//! `down` for page-outs, so the two directions overlap on the two copy engines.
+
+use crate::chunk::ChunkState;
+use crate::engine::{runs, ChunkRef, Inner, PendingDown};
+use crate::error::Context;
+use crate::fence::{settled, Fence};
+use crate::host_tier::Slot;
+use crate::{Error, Result};
+use std::sync::Arc;
+use tiermem_mechanism::{DeviceError, DevicePtr, HostPtr, PhysHandle, StreamHandle};
+use tiermem_policy::Candidate;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// Needed now: may evict.
+    Demand,
+    /// Wanted soon: only free HBM, on the low-priority stream.
+    Prefetch,
+}
+
+impl Inner {
+    /// Makes `wanted` (sorted) resident, or as many as free HBM allows for a prefetch.
+    /// Returns the fence after the copies, if anything was copied.
+    pub fn bring_in(&mut self, call: &'static str, wanted: &[ChunkRef], purpose: Purpose) -> Result<Option<Arc<Fence>>> {
+        debug_assert!(wanted.windows(2).all(|w| w[0] < w[1]), "chunk lists are sorted");
+        let mut todo = Vec::new();
+        for &r in wanted {
+            let chunk = self.chunk_mut(r);
+            match std::mem::replace(&mut chunk.state, ChunkState::Empty) {
+                // Still in HBM: cancel the move. Its slot holds (or will, once the fence is done)
+                // an identical copy, so it stays clean; users wait for the copy before writing.
+                ChunkState::PagingOut { phys, slot, fence } => {
+                    chunk.state = ChunkState::Device { phys, copy: Some(slot) };
+                    chunk.ready = Some(fence);
+                }
+                state @ (ChunkState::Empty | ChunkState::Host { .. }) => {
+                    chunk.state = state;
+                    todo.push(r);
+                }
+                state @ ChunkState::Device { .. } => chunk.state = state,
+            }
+        }
+        if todo.is_empty() {
+            return Ok(None);
+        }
+        let mut phys = Vec::with_capacity(todo.len());
+        while phys.len() < todo.len() {
+            match self.pool.take(self.device.as_ref()).during(call)? {
+                Some(p) => phys.push(p),
+                None if purpose == Purpose::Prefetch => break,
+                None => {
+                    if let Err(e) = self.make_room(call, todo.len() - phys.len(), wanted) {
+                        phys.into_iter().for_each(|p| self.pool.give(p));
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        todo.truncate(phys.len());
+        if todo.is_empty() {
+            return Ok(None);
+        }
+        let stream = match purpose {
+            Purpose::Demand => self.streams.up,
+            Purpose::Prefetch => self.streams.prefetch,
+        };
+        let start = match purpose {
+            Purpose::Demand => Some(self.events.record(stream).during(call)?),
+            Purpose::Prefetch => None,
+        };
+        let mut phys = phys.into_iter();
+        let mut landed = Vec::new();
+        let mut failure = None;
+        for batch in batches(&todo, self.batch) {
+            let batch_phys: Vec<PhysHandle> = phys.by_ref().take(batch.len()).collect();
+            match self.copy_up(batch, &batch_phys, stream) {
+                Ok(()) => landed.extend_from_slice(batch),
+                Err(e) => {
+                    failure = Some(Error::Device { call, source: e });
+                    break;
+                }
+            }
+        }
+        phys.for_each(|p| self.pool.give(p));
+        if landed.is_empty() {
+            return failure.map_or(Ok(None), Err);
+        }
+        let fence = match self.events.record(stream) {
+            Ok(fence) => fence,
+            Err(e) => {
+                // Without a fence nobody could wait for the copies: finish them now.
+                self.device.synchronize_stream(stream).during(call)?;
+                return Err(Error::Device { call, source: e });
+            }
+        };
+        for &r in &landed {
+            self.chunk_mut(r).ready = Some(Arc::clone(&fence));
+        }
+        match start {
+            Some(start) => self.timings.push_back((start, Arc::clone(&fence))),
+            None => self.counters.prefetched += landed.len() as u64,
+        }
+        failure.map_or(Ok(Some(fence)), Err)
+    }
+
+    /// Maps one batch of consecutive chunks of one buffer and enqueues their copies up.
+    /// On failure every chunk of the batch is as before and its physical chunks are back in the pool.
+    fn copy_up(&mut self, batch: &[ChunkRef], phys: &[PhysHandle], stream: StreamHandle) -> Result<(), DeviceError> {
+        let g = self.chunk;
+        let va0 = self.chunk_va(batch[0]);
+        let device = Arc::clone(&self.device);
+        let mut mapped = 0;
+        let mut outcome = phys.iter().try_for_each(|&p| {
+            device.map(va0 + (mapped * g) as u64, p)?;
+            mapped += 1;
+            Ok(())
+        });
+        if outcome.is_ok() {
+            outcome = device.set_access(va0, batch.len() * g);
+        }
+        if outcome.is_ok() {
+            let sources: Vec<Option<HostPtr>> = batch
+                .iter()
+                .map(|&r| match self.chunk_mut(r).state {
+                    ChunkState::Host { slot } => Some(self.host.addr(slot)),
+                    _ => None,
+                })
+                .collect();
+            for (k, n, source) in coalesce(&sources, g) {
+                let dst = va0 + (k * g) as u64;
+                outcome = match source {
+                    // SAFETY: the slots are pinned host-tier memory owned by these chunks; they
+                    // are freed only via `retire`, after the `ready` fence of this copy.
+                    Some(src) => unsafe { device.copy_to_device_async(dst, src, n * g, stream) },
+                    None => device.memset_async(dst, 0, n * g, stream),
+                };
+                if outcome.is_err() {
+                    // Copies already enqueued must not land in chunks handed to someone else.
+                    let _ = device.synchronize_stream(stream);
+                    break;
+                }
+            }
+        }
+        if let Err(e) = outcome {
+            if mapped > 0 {
+                let _ = device.unmap(va0, mapped * g);
+            }
+            phys.iter().for_each(|&p| self.pool.give(p));
+            return Err(e);
+        }
+        for (&r, &p) in batch.iter().zip(phys) {
+            let chunk = self.chunk_mut(r);
+            let copy = match chunk.state {
+                ChunkState::Host { slot } => Some(slot),
+                _ => None,
+            };
+            chunk.state = ChunkState::Device { phys: p, copy };
+            match copy {
+                Some(_) => self.counters.page_ins += 1,
+                None => self.counters.zero_fills += 1,
+            }
+        }
+        Ok(())
+    }
+
+    pub fn chunk_va(&self, (id, index): ChunkRef) -> DevicePtr {
+        self.buffers[&id].va + (index * self.chunk) as u64
+    }
+
+    /// Moves resident, unacquired chunks (sorted) out of HBM. Returns the fences of the copies down.
+    pub fn send_down(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
+        let mut drop_now = Vec::new();
+        let mut dirty = Vec::new();
+        for &r in refs {
+            let chunk = self.chunk_mut(r);
+            let ChunkState::Device { phys, copy } = chunk.state else { continue };
+            match copy {
+                None => dirty.push(r),
+                Some(slot) => {
+                    let unsettled = [&chunk.busy, &chunk.ready]
+                        .into_iter()
+                        .flatten()
+                        .find(|f| !matches!(f.is_done(), Ok(true)))
+                        .cloned();
+                    match unsettled {
+                        None => drop_now.push((r, phys, slot)),
+                        Some(fence) => {
+                            chunk.state = ChunkState::PagingOut { phys, slot, fence: Arc::clone(&fence) };
+                            self.pending_down.push(PendingDown { fence, chunks: vec![r] });
+                        }
+                    }
+                }
+            }
+        }
+        self.counters.clean_drops += drop_now.len() as u64;
+        self.unmap_to_host(&drop_now).during(call)?;
+        if dirty.is_empty() {
+            return Ok(Vec::new());
+        }
+        let slots = self.host_slots(call, &dirty)?;
+        let down = self.streams.down;
+        let mut awaited: Vec<Arc<Fence>> = Vec::new();
+        for &r in &dirty {
+            let chunk = self.chunk_mut(r);
+            for fence in [&chunk.busy, &chunk.ready].into_iter().flatten() {
+                if !fence.is_done().during(call)? && !awaited.iter().any(|a| Arc::ptr_eq(a, fence)) {
+                    awaited.push(Arc::clone(fence));
+                }
+            }
+        }
+        for fence in &awaited {
+            self.device.stream_wait_event(down, fence.event()).during(call)?;
+        }
+        let mut fences = Vec::new();
+        let mut next_slot = 0;
+        for batch in batches(&dirty, self.batch) {
+            let batch_slots = &slots[next_slot..next_slot + batch.len()];
+            if let Err(e) = self.copy_down(batch, batch_slots, down) {
+                slots[next_slot..].iter().for_each(|&s| self.host.free(s));
+                return Err(Error::Device { call, source: e });
+            }
+            next_slot += batch.len();
+            let fence = self.events.record(down).during(call)?;
+            for (&r, &slot) in batch.iter().zip(batch_slots) {
+                let chunk = self.chunk_mut(r);
+                let ChunkState::Device { phys, .. } = chunk.state else { unreachable!("dirty chunks are resident") };
+                chunk.state = ChunkState::PagingOut { phys, slot, fence: Arc::clone(&fence) };
+            }
+            self.counters.page_outs += batch.len() as u64;
+            self.pending_down.push(PendingDown { fence: Arc::clone(&fence), chunks: batch.to_vec() });
+            fences.push(fence);
+        }
+        Ok(fences)
+    }
+
+    /// Enqueues the copies of one batch of consecutive chunks into `slots`.
+    fn copy_down(&mut self, batch: &[ChunkRef], slots: &[Slot], stream: StreamHandle) -> Result<(), DeviceError> {
+        let g = self.chunk;
+        let va0 = self.chunk_va(batch[0]);
+        let targets: Vec<Option<HostPtr>> = slots.iter().map(|&s| Some(self.host.addr(s))).collect();
+        for (k, n, dst) in coalesce(&targets, g) {
+            let dst = dst.expect("every chunk has a slot");
+            // SAFETY: the slots were just allocated for these chunks and nothing else uses them;
+            // the chunks stay mapped (PagingOut) until this copy's fence has completed.
+            let copied = unsafe { self.device.copy_to_host_async(dst, va0 + (k * g) as u64, n * g, stream) };
+            if let Err(e) = copied {
+                let _ = self.device.synchronize_stream(stream);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Host slots for `dirty`, giving up clean copies of resident chunks if the tier is full.
+    fn host_slots(&mut self, call: &'static str, dirty: &[ChunkRef]) -> Result<Vec<Slot>> {
+        if let Some(slots) = self.host.alloc(self.device.as_ref(), dirty.len()).during(call)? {
+            return Ok(slots);
+        }
+        self.reclaim_host_copies(dirty.len());
+        self.host.alloc(self.device.as_ref(), dirty.len()).during(call)?.ok_or_else(|| Error::OutOfMemory {
+            call,
+            detail: format!("{} chunks must be copied to the host tier, which is full; {}", dirty.len(), self.describe_tiers()),
+        })
+    }
+
+    /// Frees up to `wanted` host slots that only held copies of chunks still resident in HBM.
+    fn reclaim_host_copies(&mut self, wanted: usize) {
+        let mut freed = Vec::new();
+        'outer: for buffer in self.buffers.values_mut() {
+            for chunk in &mut buffer.chunks {
+                if freed.len() == wanted {
+                    break 'outer;
+                }
+                if let ChunkState::Device { copy, .. } = &mut chunk.state {
+                    if copy.is_some() && matches!(settled(&chunk.ready), Ok(true)) {
+                        freed.extend(copy.take());
+                    }
+                }
+            }
+        }
+        freed.into_iter().for_each(|s| self.host.free(s));
+    }
+
+    /// Unmaps chunks whose data is safe in `slot`, returns their HBM, and marks them `Host`.
+    fn unmap_to_host(&mut self, items: &[(ChunkRef, PhysHandle, Slot)]) -> Result<(), DeviceError> {
+        let mut items = items.to_vec();
+        items.sort_unstable_by_key(|&(r, _, _)| r);
+        let mut start = 0;
+        while start < items.len() {
+            let (id, first) = items[start].0;
+            let indices: Vec<usize> = items[start..].iter().take_while(|(r, _, _)| r.0 == id).map(|(r, _, _)| r.1).collect();
+            for (run_first, len) in runs(&indices) {
+                self.device.unmap(self.chunk_va((id, run_first)), len * self.chunk)?;
+            }
+            debug_assert_eq!(indices[0], first);
+            start += indices.len();
+        }
+        for &(r, phys, slot) in &items {
+            self.pool.give(phys);
+            let chunk = self.chunk_mut(r);
+            chunk.state = ChunkState::Host { slot };
+            (chunk.ready, chunk.busy) = (None, None);
+        }
+        Ok(())
+    }
+
+    /// Completes whatever has finished: chunks whose copy down landed leave HBM, host slots
+    /// whose readers are done are freed, demand-copy timings are added up. Never blocks.
+    pub fn reap(&mut self) -> Result<()> {
+        let mut landed = Vec::new();
+        let mut i = 0;
+        while i < self.pending_down.len() {
+            if self.pending_down[i].fence.is_done().during("reap")? {
+                landed.push(self.pending_down.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        let mut items = Vec::new();
+        for group in &landed {
+            for &r in &group.chunks {
+                let Some(buffer) = self.buffers.get(&r.0) else { continue };
+                if let ChunkState::PagingOut { phys, slot, fence } = &buffer.chunks[r.1].state {
+                    if Arc::ptr_eq(fence, &group.fence) {
+                        items.push((r, *phys, *slot));
+                    }
+                }
+            }
+        }
+        if let Err(e) = self.unmap_to_host(&items) {
+            self.pending_down.extend(landed);
+            return Err(Error::Device { call: "reap", source: e });
+        }
+        while let Some((fence, _)) = self.retiring.front() {
+            if !fence.is_done().during("reap")? {
+                break;
+            }
+            let (_, slot) = self.retiring.pop_front().expect("checked");
+            self.host.free(slot);
+        }
+        while let Some((start, end)) = self.timings.front() {
+            if !end.is_done().during("reap")? {
+                break;
+            }
+            self.counters.stall_ms += f64::from(end.elapsed_since(start).during("reap")?);
+            self.timings.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Frees HBM until `need` chunks can be taken from the pool, evicting by policy.
+    fn make_room(&mut self, call: &'static str, need: usize, protect: &[ChunkRef]) -> Result<()> {
+        loop {
+            self.reap()?;
+            let available = self.pool.available();
+            if available >= need {
+                return Ok(());
+            }
+            let short = need - available;
+            let (refs, candidates) = self.candidates(protect).during(call)?;
+            if !candidates.is_empty() {
+                let mut victims: Vec<ChunkRef> =
+                    self.policy.select_victims(&candidates, short).into_iter().map(|i| refs[i]).collect();
+                victims.sort_unstable();
+                self.counters.evictions += victims.len() as u64;
+                for fence in self.send_down(call, &victims)? {
+                    fence.wait().during(call)?;
+                }
+                continue;
+            }
+            match self.next_settling(protect) {
+                Some(fence) => fence.wait().during(call)?,
+                None => {
+                    return Err(Error::OutOfMemory {
+                        call,
+                        detail: format!(
+                            "{} more bytes of HBM are needed and every resident chunk is acquired or being acquired; {}",
+                            short * self.chunk,
+                            self.describe_tiers()
+                        ),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Chunks the policy may evict now, with their metadata.
+    fn candidates(&self, protect: &[ChunkRef]) -> Result<(Vec<ChunkRef>, Vec<Candidate>), DeviceError> {
+        let (mut refs, mut candidates) = (Vec::new(), Vec::new());
+        for (&id, buffer) in &self.buffers {
+            for (index, chunk) in buffer.chunks.iter().enumerate() {
+                let ChunkState::Device { copy, .. } = chunk.state else { continue };
+                if chunk.pins > 0 || protect.binary_search(&(id, index)).is_ok() {
+                    continue;
+                }
+                if !settled(&chunk.ready)? || !settled(&chunk.busy)? {
+                    continue;
+                }
+                candidates.push(Candidate {
+                    key: refs.len() as u64,
+                    last_use: chunk.last_use,
+                    clean: copy.is_some(),
+                    priority: buffer.options.priority,
+                });
+                refs.push((id, index));
+            }
+        }
+        Ok((refs, candidates))
+    }
+
+    /// The fence whose completion will next make HBM evictable or free, if any.
+    fn next_settling(&self, protect: &[ChunkRef]) -> Option<Arc<Fence>> {
+        if let Some(group) = self.pending_down.first() {
+            return Some(Arc::clone(&group.fence));
+        }
+        self.buffers.iter().find_map(|(&id, buffer)| {
+            buffer.chunks.iter().enumerate().find_map(|(index, chunk)| {
+                let eligible = chunk.is_resident() && chunk.pins == 0 && protect.binary_search(&(id, index)).is_err();
+                let unsettled = [&chunk.busy, &chunk.ready].into_iter().flatten().find(|f| !matches!(f.is_done(), Ok(true)));
+                unsettled.filter(|_| eligible).cloned()
+            })
+        })
+    }
+}
+
+/// Splits sorted chunk refs into batches of at most `max` consecutive chunks of one buffer.
+pub(crate) fn batches(refs: &[ChunkRef], max: usize) -> impl Iterator<Item = &[ChunkRef]> {
+    let mut rest = refs;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let n = (1..rest.len().min(max))
+            .find(|&k| rest[k].0 != rest[0].0 || rest[k].1 != rest[0].1 + k)
+            .unwrap_or(rest.len().min(max));
+        let (batch, tail) = rest.split_at(n);
+        rest = tail;
+        Some(batch)
+    })
+}
+
+/// Groups consecutive chunks into single transfers: runs whose host addresses are adjacent
+/// (`Some`), or runs with no host side (`None`: zero-fill). Yields `(first, count, address)`.
+pub(crate) fn coalesce(addresses: &[Option<HostPtr>], chunk: usize) -> Vec<(usize, usize, Option<HostPtr>)> {
+    let mut out: Vec<(usize, usize, Option<HostPtr>)> = Vec::new();
+    for (k, &address) in addresses.iter().enumerate() {
+        if let Some((_, n, start)) = out.last_mut() {
+            let extends = match (*start, address) {
+                (Some(s), Some(a)) => a == s + *n * chunk,
+                (None, None) => true,
+                _ => false,
+            };
+            if extends {
+                *n += 1;
+                continue;
+            }
+        }
+        out.push((k, 1, address));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BufferId;
+
+    #[test]
+    fn batches_split_at_buffer_gaps_and_size() {
+        let (a, b) = (BufferId(1), BufferId(2));
+        let refs = [(a, 0), (a, 1), (a, 2), (a, 4), (b, 0), (b, 1)];
+        let got: Vec<&[ChunkRef]> = batches(&refs, 2).collect();
+        assert_eq!(got, vec![&refs[0..2], &refs[2..3], &refs[3..4], &refs[4..6]]);
+    }
+
+    #[test]
+    fn coalesce_joins_adjacent_slots_and_zero_runs() {
+        let g = 0x10;
+        let addrs = [Some(0x100), Some(0x110), Some(0x200), None, None, Some(0x210)];
+        assert_eq!(
+            coalesce(&addrs, g),
+            vec![(0, 2, Some(0x100)), (2, 1, Some(0x200)), (3, 2, None), (5, 1, Some(0x210))]
+        );
+    }
+}

@@ -1,0 +1,146 @@
+use crate::chunk::ChunkState;
+use crate::config::format_size;
+use crate::engine::Inner;
+use crate::BufferId;
+use tiermem_policy::PolicyKind;
+
+/// Transfer counters since the engine started (chunks, except where a name says bytes).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counters {
+    /// Chunks copied host → HBM (demand, prefetch and page_in).
+    pub page_ins: u64,
+    /// Chunks copied HBM → host.
+    pub page_outs: u64,
+    /// Never-written chunks made resident as zeros (no copy).
+    pub zero_fills: u64,
+    /// Clean chunks evicted by unmapping alone.
+    pub clean_drops: u64,
+    /// Chunks chosen as victims by the policy.
+    pub evictions: u64,
+    /// Chunks brought in by `prefetch`.
+    pub prefetched: u64,
+    /// Device time of the demand copies that acquiring streams waited on, in milliseconds
+    /// (0 on the simulated device, which has no clock).
+    pub stall_ms: f64,
+}
+
+/// One tier's use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierStats {
+    pub capacity_bytes: usize,
+    pub used_bytes: usize,
+    pub chunks: usize,
+}
+
+/// Where one buffer's chunks are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferStats {
+    pub id: BufferId,
+    pub name: Option<String>,
+    pub size: usize,
+    pub priority: i32,
+    pub read_only: bool,
+    pub chunks: usize,
+    pub in_hbm: usize,
+    pub in_host: usize,
+    pub empty: usize,
+    pub moving: usize,
+    pub acquired: usize,
+}
+
+/// A snapshot of the engine. May miss transfers completed since the last engine call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stats {
+    pub policy: PolicyKind,
+    pub chunk_size: usize,
+    pub hbm: TierStats,
+    pub host: TierStats,
+    /// Pinned host memory held by the host tier (it is pinned in slabs, ahead of use).
+    pub host_pinned_bytes: usize,
+    pub transfers: Counters,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub buffers: Vec<BufferStats>,
+}
+
+impl Inner {
+    pub fn stats(&self) -> Stats {
+        let g = self.chunk;
+        let buffers: Vec<BufferStats> = self
+            .buffers
+            .iter()
+            .map(|(&id, b)| {
+                let count = |f: fn(&ChunkState) -> bool| b.chunks.iter().filter(|c| f(&c.state)).count();
+                BufferStats {
+                    id,
+                    name: b.options.name.clone(),
+                    size: b.size,
+                    priority: b.options.priority,
+                    read_only: b.options.read_only,
+                    chunks: b.chunks.len(),
+                    in_hbm: count(|s| matches!(s, ChunkState::Device { .. })),
+                    in_host: count(|s| matches!(s, ChunkState::Host { .. })),
+                    empty: count(|s| matches!(s, ChunkState::Empty)),
+                    moving: count(|s| matches!(s, ChunkState::PagingOut { .. })),
+                    acquired: b.chunks.iter().filter(|c| c.pins > 0).count(),
+                }
+            })
+            .collect();
+        let in_use = self.pool.in_use();
+        let host_used = self.host.in_use();
+        Stats {
+            policy: self.policy.kind(),
+            chunk_size: g,
+            hbm: TierStats { capacity_bytes: self.pool.cap() * g, used_bytes: in_use * g, chunks: in_use },
+            host: TierStats { capacity_bytes: self.host.cap() * g, used_bytes: host_used * g, chunks: host_used },
+            host_pinned_bytes: self.host.pinned_bytes(),
+            bytes_in: self.counters.page_ins * g as u64,
+            bytes_out: self.counters.page_outs * g as u64,
+            transfers: self.counters.clone(),
+            buffers,
+        }
+    }
+}
+
+impl std::fmt::Display for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = &self.transfers;
+        writeln!(f, "tier   {:>12} {:>12} {:>8}", "used", "capacity", "chunks")?;
+        for (name, tier) in [("hbm", &self.hbm), ("host", &self.host)] {
+            writeln!(f, "{name:<6} {:>12} {:>12} {:>8}", format_size(tier.used_bytes), format_size(tier.capacity_bytes), tier.chunks)?;
+        }
+        writeln!(f, "policy {}; pinned for the host tier: {}", self.policy, format_size(self.host_pinned_bytes))?;
+        writeln!(
+            f,
+            "page-ins {} ({}), page-outs {} ({}), zero-fills {}, clean drops {}, evictions {}, prefetched {}, streams waited {:.2} ms",
+            t.page_ins,
+            format_size(self.bytes_in as usize),
+            t.page_outs,
+            format_size(self.bytes_out as usize),
+            t.zero_fills,
+            t.clean_drops,
+            t.evictions,
+            t.prefetched,
+            t.stall_ms
+        )?;
+        if !self.buffers.is_empty() {
+            writeln!(f, "buffer {:<16} {:>10} {:>6} {:>6} {:>6} {:>6} {:>6}", "name", "size", "hbm", "host", "empty", "moving", "acq")?;
+            for b in &self.buffers {
+                let name = b.name.as_deref().unwrap_or("-");
+                writeln!(
+                    f,
+                    "{:<6} {:<16} {:>10} {:>6} {:>6} {:>6} {:>6} {:>6}",
+                    b.id.to_string(),
+                    name,
+                    format_size(b.size),
+                    b.in_hbm,
+                    b.in_host,
+                    b.empty,
+                    b.moving,
+                    b.acquired
+                )?;
+            }
+        }
+        Ok(())
+    }
+}

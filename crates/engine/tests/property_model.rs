@@ -1,0 +1,268 @@
+//! Random sequences of alloc / write / acquire / release / prefetch / page_out / page_in /
+//! free against a reference model (a `Vec<u8>` per buffer). Every byte read back — through
+//! `Engine::read` or through the device pointer while acquired — must equal the model, after
+//! any sequence of moves; errors must be the documented ones and change no byte.
+//!
+//! Tiny caps (8 HBM chunks, 24 host chunks, up to 8 buffers of up to 5 chunks) force constant eviction. 100 cases × 100 ops by
+//! default (`PROPTEST_CASES` scales it); `TIERMEM_TEST_BACKEND=cuda` runs it on a real GPU.
+
+mod support;
+
+use proptest::prelude::*;
+use support::{pattern, CHUNK};
+use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Error, Region, StreamHandle, Target, Ticket};
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc { quarters: usize, extra: usize, read_only: bool, priority: i32 },
+    Write { buf: usize, at: usize, len: usize, seed: u64 },
+    KernelWrite { buf: usize, at: usize, len: usize, seed: u64 },
+    KernelRead { buf: usize, at: usize, len: usize },
+    Check { buf: usize },
+    Hold { buf: usize, at: usize, len: usize, write: bool },
+    Unhold { index: usize },
+    Prefetch { buf: usize },
+    PageOut { buf: Option<usize> },
+    PageOutStart { buf: usize },
+    Finish,
+    PageIn { buf: usize },
+    Free { buf: usize },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let span = (any::<usize>(), any::<usize>(), 1usize..(3 * CHUNK / 2));
+    prop_oneof![
+        2 => (1usize..=20, 0usize..4096, prop::bool::weighted(0.2), -2i32..3)
+            .prop_map(|(quarters, extra, read_only, priority)| Op::Alloc { quarters, extra, read_only, priority }),
+        4 => (span.clone(), any::<u64>()).prop_map(|((buf, at, len), seed)| Op::Write { buf, at, len, seed }),
+        3 => (span.clone(), any::<u64>()).prop_map(|((buf, at, len), seed)| Op::KernelWrite { buf, at, len, seed }),
+        3 => span.clone().prop_map(|(buf, at, len)| Op::KernelRead { buf, at, len }),
+        2 => any::<usize>().prop_map(|buf| Op::Check { buf }),
+        2 => (span, any::<bool>()).prop_map(|((buf, at, len), write)| Op::Hold { buf, at, len, write }),
+        2 => any::<usize>().prop_map(|index| Op::Unhold { index }),
+        2 => any::<usize>().prop_map(|buf| Op::Prefetch { buf }),
+        2 => prop::option::weighted(0.8, any::<usize>()).prop_map(|buf| Op::PageOut { buf }),
+        1 => any::<usize>().prop_map(|buf| Op::PageOutStart { buf }),
+        1 => Just(Op::Finish),
+        2 => any::<usize>().prop_map(|buf| Op::PageIn { buf }),
+        1 => any::<usize>().prop_map(|buf| Op::Free { buf }),
+    ]
+}
+
+struct Model {
+    buffers: Vec<(BufferId, Vec<u8>, bool)>,
+    holds: Vec<(Region, Access)>,
+    tickets: Vec<Ticket>,
+}
+
+impl Model {
+    fn pick(&self, buf: usize) -> Option<usize> {
+        (!self.buffers.is_empty()).then(|| buf % self.buffers.len())
+    }
+
+    /// A byte range of buffer `i` from arbitrary numbers.
+    fn span(&self, i: usize, at: usize, len: usize) -> (usize, usize) {
+        let size = self.buffers[i].1.len();
+        let offset = at % size;
+        (offset, len.min(size - offset))
+    }
+
+    fn held(&self, id: BufferId) -> bool {
+        self.holds.iter().any(|(r, _)| r.buffer == id)
+    }
+
+    /// Whether running out of memory is legitimate now: something is held, or the data no
+    /// longer fits in the host tier alone (then HBM and host together may be full).
+    fn may_run_out(&self) -> bool {
+        let chunks: usize = self.buffers.iter().map(|(_, bytes, _)| bytes.len().div_ceil(CHUNK)).sum();
+        !self.holds.is_empty() || chunks > HOST_CHUNKS
+    }
+
+    /// Errors the engine may legitimately return for a valid request under tiny caps.
+    fn is_pressure(&self, e: &Error) -> bool {
+        match e {
+            Error::WouldNeverFit { .. } => true,
+            Error::OutOfMemory { .. } => self.may_run_out(),
+            _ => false,
+        }
+    }
+}
+
+const HBM_CHUNKS: usize = 8;
+const HOST_CHUNKS: usize = 24;
+
+fn run(engine: &Engine, ops: &[Op]) -> Result<(), TestCaseError> {
+    let device = engine.device().clone();
+    let stream = StreamHandle(0);
+    let mut m = Model { buffers: Vec::new(), holds: Vec::new(), tickets: Vec::new() };
+    for op in ops {
+        match *op {
+            Op::Alloc { quarters, extra, read_only, priority } => {
+                if m.buffers.len() >= 8 {
+                    continue;
+                }
+                let size = quarters * CHUNK / 4 + extra;
+                let options = AllocOptions { priority, read_only, name: None };
+                let (id, _) = engine.alloc(size, options).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                m.buffers.push((id, vec![0; size], read_only));
+            }
+            Op::Write { buf, at, len, seed } => {
+                let Some(i) = m.pick(buf) else { continue };
+                let (offset, len) = m.span(i, at, len);
+                let data = pattern(seed, len);
+                match engine.write(m.buffers[i].0, offset, &data) {
+                    Ok(()) => m.buffers[i].1[offset..offset + len].copy_from_slice(&data),
+                    Err(e) => prop_assert!(m.is_pressure(&e), "write: {e}"),
+                }
+            }
+            Op::KernelWrite { buf, at, len, seed } => {
+                let Some(i) = m.pick(buf) else { continue };
+                let (offset, len) = m.span(i, at, len);
+                let (id, _, read_only) = m.buffers[i];
+                let region = [Region::bytes(id, offset, len)];
+                match engine.acquire(&region, Access::ReadWrite, stream) {
+                    Ok(()) => {
+                        prop_assert!(!read_only, "a read-only buffer was acquired ReadWrite");
+                        let data = pattern(seed, len);
+                        let va = engine.device_ptr(id).unwrap() + offset as u64;
+                        device.write(va, &data).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        engine.release(&region, stream).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        m.buffers[i].1[offset..offset + len].copy_from_slice(&data);
+                    }
+                    Err(Error::ReadOnly { .. }) => prop_assert!(read_only),
+                    Err(e) => prop_assert!(m.is_pressure(&e), "acquire: {e}"),
+                }
+            }
+            Op::KernelRead { buf, at, len } => {
+                let Some(i) = m.pick(buf) else { continue };
+                let (offset, len) = m.span(i, at, len);
+                let id = m.buffers[i].0;
+                let region = [Region::bytes(id, offset, len)];
+                match engine.acquire(&region, Access::ReadOnly, stream) {
+                    Ok(()) => {
+                        let mut out = vec![0u8; len];
+                        let va = engine.device_ptr(id).unwrap() + offset as u64;
+                        device.read(va, &mut out).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        engine.release(&region, stream).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        prop_assert!(out == m.buffers[i].1[offset..offset + len], "device bytes differ from the model");
+                    }
+                    Err(e) => prop_assert!(m.is_pressure(&e), "acquire: {e}"),
+                }
+            }
+            Op::Check { buf } => {
+                let Some(i) = m.pick(buf) else { continue };
+                check(engine, &m, i)?;
+            }
+            Op::Hold { buf, at, len, write } => {
+                let Some(i) = m.pick(buf) else { continue };
+                let (offset, len) = m.span(i, at, len);
+                let (id, _, read_only) = m.buffers[i];
+                let access = if write && !read_only { Access::ReadWrite } else { Access::ReadOnly };
+                let region = Region::bytes(id, offset, len);
+                match engine.acquire(&[region], access, stream) {
+                    Ok(()) => m.holds.push((region, access)),
+                    Err(e) => prop_assert!(m.is_pressure(&e), "hold: {e}"),
+                }
+            }
+            Op::Unhold { index } => {
+                if m.holds.is_empty() {
+                    continue;
+                }
+                let (region, _) = m.holds.swap_remove(index % m.holds.len());
+                engine.release(&[region], stream).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            }
+            Op::Prefetch { buf } => {
+                let Some(i) = m.pick(buf) else { continue };
+                engine.prefetch(&[Region::whole(m.buffers[i].0)]).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            }
+            Op::PageOut { buf } => {
+                let target = match buf.and_then(|b| m.pick(b)) {
+                    Some(i) => Target::Buffer(m.buffers[i].0),
+                    None => Target::All,
+                };
+                let any_held = match target {
+                    Target::Buffer(id) => m.held(id),
+                    Target::All => !m.holds.is_empty(),
+                };
+                match engine.page_out(target) {
+                    Ok(()) => prop_assert!(!any_held, "page_out of an acquired buffer succeeded"),
+                    Err(Error::Acquired { .. }) => prop_assert!(any_held),
+                    Err(e) => prop_assert!(m.is_pressure(&e), "page_out: {e}"),
+                }
+            }
+            Op::PageOutStart { buf } => {
+                let Some(i) = m.pick(buf) else { continue };
+                let id = m.buffers[i].0;
+                match engine.page_out_start(Target::Buffer(id)) {
+                    Ok(ticket) => m.tickets.push(ticket),
+                    Err(Error::Acquired { .. }) => prop_assert!(m.held(id)),
+                    Err(e) => prop_assert!(m.is_pressure(&e), "page_out_start: {e}"),
+                }
+            }
+            Op::Finish => {
+                if let Some(ticket) = m.tickets.pop() {
+                    engine.finish(ticket).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                }
+            }
+            Op::PageIn { buf } => {
+                let Some(i) = m.pick(buf) else { continue };
+                if let Err(e) = engine.page_in(Target::Buffer(m.buffers[i].0)) {
+                    prop_assert!(m.is_pressure(&e), "page_in: {e}");
+                }
+            }
+            Op::Free { buf } => {
+                let Some(i) = m.pick(buf) else { continue };
+                let id = m.buffers[i].0;
+                match engine.free(id) {
+                    Ok(()) => {
+                        prop_assert!(!m.held(id));
+                        m.buffers.remove(i);
+                        let again = engine.free(id);
+                        prop_assert!(matches!(again, Err(Error::UnknownBuffer { .. })), "double free: {again:?}");
+                    }
+                    Err(Error::Acquired { .. }) => prop_assert!(m.held(id)),
+                    Err(e) => return Err(TestCaseError::fail(format!("free: {e}"))),
+                }
+            }
+        }
+    }
+    for ticket in m.tickets.drain(..) {
+        engine.finish(ticket).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    }
+    for (region, _) in m.holds.drain(..) {
+        engine.release(&[region], stream).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    }
+    for i in 0..m.buffers.len() {
+        check(engine, &m, i)?;
+    }
+    for (id, _, _) in &m.buffers {
+        engine.free(*id).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Reads buffer `i` whole, chunk by chunk (a whole buffer may exceed the HBM cap).
+fn check(engine: &Engine, m: &Model, i: usize) -> Result<(), TestCaseError> {
+    let (id, expected, _) = &m.buffers[i];
+    for offset in (0..expected.len()).step_by(CHUNK) {
+        let len = CHUNK.min(expected.len() - offset);
+        let mut out = vec![0u8; len];
+        match engine.read(*id, offset, &mut out) {
+            Ok(()) => prop_assert!(out == expected[offset..offset + len], "buffer {id} bytes {offset}+{len} differ from the model"),
+                        Err(e) => prop_assert!(m.is_pressure(&e), "read: {e}"),
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_byte_survives_any_sequence_of_moves(ops in prop::collection::vec(op(), 100), policy in 0usize..4) {
+        let policy = tiermem::policy::PolicyKind::ALL[policy];
+        let (engine, sim) = support::engine(HBM_CHUNKS, HOST_CHUNKS, EngineConfig { policy, batch_chunks: 3, ..EngineConfig::default() });
+        run(&engine, &ops)?;
+        support::assert_no_leaks(engine, sim);
+    }
+}

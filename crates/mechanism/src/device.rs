@@ -1,0 +1,150 @@
+use crate::Result;
+
+/// A device virtual address (CUDA `CUdeviceptr`; on the simulated device, a host address).
+pub type DevicePtr = u64;
+
+/// Address of pinned host memory obtained from [`Device::alloc_pinned`].
+pub type HostPtr = usize;
+
+/// One physical chunk of device memory, exactly one granule (2 MiB on the H200).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PhysHandle(pub u64);
+
+/// A stream, as the driver names it (`CUstream`). `StreamHandle(0)` is the legacy default stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StreamHandle(pub u64);
+
+/// An event (`CUevent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventHandle(pub u64);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Cuda,
+    Sim,
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Cuda => "cuda",
+            BackendKind::Sim => "sim (simulated device: host memory stands in for HBM)",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamPriority {
+    /// Demand page-ins and evictions.
+    High,
+    /// Prefetches: scheduled behind demand work where the hardware allows.
+    Low,
+}
+
+/// What a device is, as probed when it was opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub backend: BackendKind,
+    pub ordinal: usize,
+    pub name: String,
+    /// Number of devices of this backend on the machine.
+    pub device_count: usize,
+    /// Driver version as the vendor prints it (e.g. "580.159.04"), or the CUDA version if NVML is absent.
+    pub driver_version: String,
+    /// CUDA version the driver supports, e.g. "13.0".
+    pub cuda_version: String,
+    pub total_bytes: usize,
+    /// Physical chunk size: the VMM minimum allocation granularity.
+    pub granularity: usize,
+    pub vmm_supported: bool,
+    /// Ordinals of other devices this one can access directly (NVLink / PCIe peer access).
+    pub peers: Vec<usize>,
+}
+
+/// The narrow interface the engine needs from a device. Implementations hold no policy.
+///
+/// Thread safety: every method may be called from any thread; implementations make the
+/// device's context current themselves.
+///
+/// Ordering: copies and memsets are asynchronous on the given stream; `record_event`,
+/// `stream_wait_event`, `event_done` and `synchronize_*` order them. The simulated device
+/// completes every operation before returning, which is one valid schedule.
+pub trait Device: Send + Sync {
+    fn info(&self) -> &DeviceInfo;
+    /// Free and total device memory in bytes, as the driver reports them now.
+    fn mem_info(&self) -> Result<(usize, usize)>;
+
+    /// Reserves `size` bytes (a multiple of the granularity) of device virtual address space.
+    fn reserve(&self, size: usize) -> Result<DevicePtr>;
+    /// Frees a reservation; nothing in it may still be mapped.
+    fn unreserve(&self, va: DevicePtr, size: usize) -> Result<()>;
+
+    /// Creates one physical chunk of one granule in device memory.
+    fn create_chunk(&self) -> Result<PhysHandle>;
+    /// Releases a physical chunk; it must not be mapped anywhere.
+    fn release_chunk(&self, chunk: PhysHandle) -> Result<()>;
+    /// Maps `chunk` at `va` (granule-aligned, inside a reservation, not yet mapped).
+    /// The mapping is not accessible until [`Device::set_access`] covers it.
+    fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()>;
+    /// Makes `[va, va + size)`, all of it mapped, readable and writable by the device.
+    fn set_access(&self, va: DevicePtr, size: usize) -> Result<()>;
+    /// Unmaps `[va, va + size)`, which must consist of whole mapped chunks.
+    fn unmap(&self, va: DevicePtr, size: usize) -> Result<()>;
+
+    /// Allocates `size` bytes of page-locked host memory the device can copy to and from.
+    fn alloc_pinned(&self, size: usize) -> Result<HostPtr>;
+    /// Frees memory from [`Device::alloc_pinned`].
+    fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()>;
+
+    fn create_stream(&self, priority: StreamPriority) -> Result<StreamHandle>;
+    fn destroy_stream(&self, stream: StreamHandle) -> Result<()>;
+    /// Creates an event; `timing` enables [`Device::elapsed_ms`] on it (slightly costlier).
+    fn create_event(&self, timing: bool) -> Result<EventHandle>;
+    fn destroy_event(&self, event: EventHandle) -> Result<()>;
+    fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()>;
+    /// Makes future work on `stream` wait for `event`, without blocking the host.
+    fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()>;
+    /// Whether all work captured by `event` has completed (never blocks).
+    fn event_done(&self, event: EventHandle) -> Result<bool>;
+    fn synchronize_event(&self, event: EventHandle) -> Result<()>;
+    fn synchronize_stream(&self, stream: StreamHandle) -> Result<()>;
+    /// Milliseconds between two completed timing events.
+    fn elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32>;
+
+    /// Enqueues a copy of `len` bytes from pinned host memory to device memory.
+    ///
+    /// # Safety
+    /// `src..src+len` must be pinned memory from this device that stays valid and unmodified
+    /// until the copy has completed on `stream`.
+    unsafe fn copy_to_device_async(
+        &self,
+        dst: DevicePtr,
+        src: HostPtr,
+        len: usize,
+        stream: StreamHandle,
+    ) -> Result<()>;
+    /// Enqueues a copy of `len` bytes from device memory to pinned host memory.
+    ///
+    /// # Safety
+    /// `dst..dst+len` must be pinned memory from this device, valid and not otherwise
+    /// accessed until the copy has completed on `stream`.
+    unsafe fn copy_to_host_async(
+        &self,
+        dst: HostPtr,
+        src: DevicePtr,
+        len: usize,
+        stream: StreamHandle,
+    ) -> Result<()>;
+    /// Enqueues setting `len` bytes at `dst` to `value`.
+    fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle)
+        -> Result<()>;
+
+    /// Copies ordinary (pageable) host bytes to device memory and waits for the copy.
+    fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
+    /// Copies device memory to ordinary host memory and waits for the copy.
+    fn read(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()>;
+
+    /// Plain device allocation outside tiermem (used to measure raw-copy ceilings).
+    fn alloc_plain(&self, size: usize) -> Result<DevicePtr>;
+    fn free_plain(&self, ptr: DevicePtr) -> Result<()>;
+}

@@ -1,0 +1,69 @@
+//! The mechanism layer of tiermem: everything that touches a device, and nothing that decides.
+//!
+//! A [`Device`] offers exactly the operations the engine needs to keep buffers at stable
+//! virtual addresses while their 2 MiB chunks move between HBM and pinned host memory:
+//! reserve a VA range, create and map physical chunks, set access once per range, copy
+//! asynchronously on streams, and order work with events. Two backends implement it:
+//!
+//! * [`cuda::CudaDevice`] — the CUDA driver API through `cudarc` with dynamic loading, so
+//!   builds need no CUDA and a machine without a driver gets a clear error at run time;
+//! * [`sim::SimDevice`] — a test double for CI: host memory stands in for HBM, with the same
+//!   chunk and VA semantics (an unmapped chunk cannot be touched; access is per range).
+//!
+//! Which one to use is the caller's choice ([`open`] implements `TIERMEM_BACKEND`).
+
+pub mod cuda;
+mod device;
+mod error;
+pub mod sim;
+
+pub use device::{
+    BackendKind, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, StreamHandle,
+    StreamPriority,
+};
+pub use error::{DeviceError, Result};
+
+use std::sync::Arc;
+
+/// Which backend `open` should use: `auto` picks CUDA when a driver and a GPU are present.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    Auto,
+    Cuda,
+    Sim,
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = DeviceError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(Self::Auto),
+            "cuda" => Ok(Self::Cuda),
+            "sim" => Ok(Self::Sim),
+            other => Err(DeviceError::Config(format!(
+                "TIERMEM_BACKEND={other:?}: expected auto, cuda or sim"
+            ))),
+        }
+    }
+}
+
+/// Opens device `ordinal` with the chosen backend. `Auto` falls back to the simulated device
+/// only when no CUDA driver or no GPU is found; the returned `Option<String>` then says why.
+pub fn open(
+    choice: BackendChoice,
+    ordinal: usize,
+    sim_hbm_bytes: usize,
+) -> Result<(Arc<dyn Device>, Option<String>)> {
+    match choice {
+        BackendChoice::Cuda => Ok((Arc::new(cuda::CudaDevice::open(ordinal)?), None)),
+        BackendChoice::Sim => Ok((Arc::new(sim::SimDevice::new(sim_hbm_bytes)?), None)),
+        BackendChoice::Auto => match cuda::CudaDevice::open(ordinal) {
+            Ok(dev) => Ok((Arc::new(dev), None)),
+            Err(why @ (DeviceError::NoDriver(_) | DeviceError::NoDevice(_))) => Ok((
+                Arc::new(sim::SimDevice::new(sim_hbm_bytes)?),
+                Some(why.to_string()),
+            )),
+            Err(other) => Err(other),
+        },
+    }
+}

@@ -1,0 +1,517 @@
+//! The simulated device: a test double with the CUDA VMM semantics tiermem relies on.
+//!
+//! "Device memory" is one sparse memfd of the simulated HBM size; a physical chunk is one
+//! granule of it. Reserving VA reserves host address space (`PROT_NONE`); mapping a chunk
+//! `mmap`s its part of the memfd at the address with no access, and `set_access` opens the
+//! range for reading and writing. So a device pointer is an ordinary host address whose
+//! bytes live exactly where the engine put them, and an engine bug — a copy to an unmapped
+//! chunk, a mapping over a mapping, a chunk released while mapped — is an error here
+//! (`Fault`, `Driver`), as it would be an illegal-address fault or an error code on a GPU.
+//!
+//! Freshly created chunks are filled with a poison byte, because `cuMemCreate` does not
+//! zero memory either: an engine that forgot to zero a never-written chunk fails its tests.
+//!
+//! Every operation completes before it returns (copies are `memcpy`), which is one valid
+//! schedule of the asynchronous API; timings are meaningless here and events report 0 ms.
+//! With the `failpoints` feature, each driver-call stand-in has a failpoint of the CUDA
+//! call's name (`cuMemCreate`, `cuMemMap`, …) so tests can fail any step.
+
+use crate::{
+    BackendKind, Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle,
+    Result, StreamHandle, StreamPriority,
+};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Mutex;
+
+/// The granule of the simulated device: the H200's VMM granularity.
+pub const SIM_GRANULARITY: usize = 2 << 20;
+/// Byte that fills freshly created chunks, standing in for whatever the GPU left there.
+pub const POISON: u8 = 0xDB;
+
+/// Counts of everything the simulated device has handed out and not had back.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SimLive {
+    pub reservations: usize,
+    pub mapped_chunks: usize,
+    pub chunks: usize,
+    pub pinned_bytes: usize,
+    pub plain_allocations: usize,
+    pub streams: usize,
+    pub events: usize,
+}
+
+impl SimLive {
+    pub fn is_empty(&self) -> bool {
+        *self == SimLive::default()
+    }
+}
+
+pub struct SimDevice {
+    info: DeviceInfo,
+    capacity_chunks: usize,
+    memfd: OwnedFd,
+    state: Mutex<SimState>,
+}
+
+#[derive(Default)]
+struct SimState {
+    reservations: BTreeMap<DevicePtr, usize>,
+    /// Granule-aligned VA → (chunk, accessible).
+    mappings: BTreeMap<DevicePtr, (PhysHandle, bool)>,
+    live_chunks: HashSet<u64>,
+    mapped_chunks: HashMap<u64, DevicePtr>,
+    free_slots: Vec<u64>,
+    next_slot: u64,
+    pinned: BTreeMap<HostPtr, usize>,
+    plain: HashMap<DevicePtr, usize>,
+    streams: HashSet<u64>,
+    events: HashSet<u64>,
+    next_handle: u64,
+}
+
+macro_rules! failpoint {
+    ($name:literal) => {
+        fail::fail_point!($name, |_| Err(DeviceError::Driver {
+            call: $name,
+            code: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+            detail: "injected by failpoint".into(),
+        }))
+    };
+}
+
+impl SimDevice {
+    /// A simulated device with `hbm_bytes` of memory (rounded down to whole granules).
+    pub fn new(hbm_bytes: usize) -> Result<Self> {
+        let capacity_chunks = hbm_bytes / SIM_GRANULARITY;
+        // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new fd or -1.
+        let fd = unsafe { libc::memfd_create(c"tiermem-sim-hbm".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(DeviceError::os("memfd_create"));
+        }
+        // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
+        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let size = (capacity_chunks * SIM_GRANULARITY) as libc::off_t;
+        // SAFETY: plain syscall on an fd we own; the file stays sparse until written.
+        if unsafe { libc::ftruncate(memfd.as_raw_fd(), size) } != 0 {
+            return Err(DeviceError::os("ftruncate"));
+        }
+        let info = DeviceInfo {
+            backend: BackendKind::Sim,
+            ordinal: 0,
+            name: "tiermem simulated device".into(),
+            device_count: 1,
+            driver_version: "none (simulated)".into(),
+            cuda_version: "none (simulated)".into(),
+            total_bytes: capacity_chunks * SIM_GRANULARITY,
+            granularity: SIM_GRANULARITY,
+            vmm_supported: true,
+            peers: Vec::new(),
+        };
+        Ok(Self { info, capacity_chunks, memfd, state: Mutex::new(SimState::default()) })
+    }
+
+    /// What is still allocated; all zero once every user has cleaned up.
+    pub fn live(&self) -> SimLive {
+        let s = self.lock();
+        SimLive {
+            reservations: s.reservations.len(),
+            mapped_chunks: s.mappings.len(),
+            chunks: s.live_chunks.len(),
+            pinned_bytes: s.pinned.values().sum(),
+            plain_allocations: s.plain.len(),
+            streams: s.streams.len(),
+            events: s.events.len(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SimState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn gran(&self) -> usize {
+        SIM_GRANULARITY
+    }
+
+    fn invalid(call: &'static str, detail: String) -> DeviceError {
+        DeviceError::Driver { call, code: "CUDA_ERROR_INVALID_VALUE".into(), detail }
+    }
+
+    fn check_aligned(&self, call: &'static str, va: DevicePtr, size: usize) -> Result<()> {
+        let g = self.gran() as u64;
+        if va % g != 0 || size == 0 || size as u64 % g != 0 {
+            return Err(Self::invalid(call, format!("va=0x{va:x} size={size} not granule-aligned")));
+        }
+        Ok(())
+    }
+
+    /// Whether `[ptr, ptr+len)` is device memory the device may touch now.
+    fn device_range_ok(&self, s: &SimState, ptr: DevicePtr, len: usize) -> bool {
+        if let Some((&base, &size)) = s.plain.iter().find(|(&b, &sz)| ptr >= b && ptr < b + sz as u64) {
+            return ptr + len as u64 <= base + size as u64;
+        }
+        let g = self.gran() as u64;
+        let (first, end) = (ptr - ptr % g, ptr + len as u64);
+        (first..end)
+            .step_by(g as usize)
+            .all(|va| matches!(s.mappings.get(&va), Some((_, true))))
+    }
+
+    fn pinned_range_ok(s: &SimState, ptr: HostPtr, len: usize) -> bool {
+        s.pinned
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&base, &size)| ptr + len <= base + size)
+    }
+
+    fn check_device(&self, call: &'static str, ptr: DevicePtr, len: usize) -> Result<()> {
+        if len == 0 || self.device_range_ok(&self.lock(), ptr, len) {
+            Ok(())
+        } else {
+            Err(DeviceError::Fault(format!(
+                "{call}: device range 0x{ptr:x}+{len} is not mapped with access"
+            )))
+        }
+    }
+
+    fn check_pinned(&self, call: &'static str, ptr: HostPtr, len: usize) -> Result<()> {
+        if len == 0 || Self::pinned_range_ok(&self.lock(), ptr, len) {
+            Ok(())
+        } else {
+            Err(DeviceError::Fault(format!("{call}: host range 0x{ptr:x}+{len} is not pinned memory")))
+        }
+    }
+
+    fn new_handle(s: &mut SimState) -> u64 {
+        s.next_handle += 1;
+        s.next_handle
+    }
+}
+
+impl Drop for SimDevice {
+    fn drop(&mut self) {
+        let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (&va, &size) in &s.reservations {
+            // SAFETY: the range was mapped by `reserve` and nothing else refers to it now.
+            unsafe { libc::munmap(va as *mut libc::c_void, size) };
+        }
+        let host = s.pinned.iter().map(|(&p, &n)| (p, n));
+        for (ptr, size) in host.chain(s.plain.iter().map(|(&p, &n)| (p as usize, n))) {
+            // SAFETY: these are our own anonymous mappings, unreachable once the device is gone.
+            unsafe { libc::munmap(ptr as *mut libc::c_void, size) };
+        }
+    }
+}
+
+/// Anonymous private mapping of `size` bytes with `prot`, at `fixed` if given.
+fn anon_map(size: usize, prot: libc::c_int, fixed: Option<usize>) -> Result<usize> {
+    let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    if fixed.is_some() {
+        flags |= libc::MAP_FIXED;
+    }
+    let addr = fixed.unwrap_or(0) as *mut libc::c_void;
+    // SAFETY: an anonymous mapping; with MAP_FIXED the caller guarantees the range is its own.
+    let p = unsafe { libc::mmap(addr, size, prot, flags, -1, 0) };
+    if p == libc::MAP_FAILED {
+        return Err(DeviceError::os("mmap"));
+    }
+    Ok(p as usize)
+}
+
+impl Device for SimDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_info(&self) -> Result<(usize, usize)> {
+        let used = self.lock().live_chunks.len();
+        Ok(((self.capacity_chunks - used) * self.gran(), self.info.total_bytes))
+    }
+
+    fn reserve(&self, size: usize) -> Result<DevicePtr> {
+        failpoint!("cuMemAddressReserve");
+        let g = self.gran();
+        if size == 0 || size % g != 0 {
+            return Err(Self::invalid("cuMemAddressReserve", format!("size={size}")));
+        }
+        // Over-reserve by one granule, then trim, so the range is granule-aligned as on a GPU.
+        let raw = anon_map(size + g, libc::PROT_NONE, None)?;
+        let va = raw.next_multiple_of(g);
+        let (head, tail) = (va - raw, raw + g - va);
+        // SAFETY: both trimmed pieces lie inside the mapping just made and are not used.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw as *mut libc::c_void, head);
+            }
+            if tail > 0 {
+                libc::munmap((va + size) as *mut libc::c_void, tail);
+            }
+        }
+        self.lock().reservations.insert(va as u64, size);
+        Ok(va as u64)
+    }
+
+    fn unreserve(&self, va: DevicePtr, size: usize) -> Result<()> {
+        let mut s = self.lock();
+        if s.reservations.get(&va) != Some(&size) {
+            return Err(Self::invalid("cuMemAddressFree", format!("va=0x{va:x} size={size} is not a reservation")));
+        }
+        if s.mappings.range(va..va + size as u64).next().is_some() {
+            return Err(Self::invalid("cuMemAddressFree", format!("va=0x{va:x} still has mapped chunks")));
+        }
+        s.reservations.remove(&va);
+        // SAFETY: the reservation is ours and nothing is mapped in it any more.
+        if unsafe { libc::munmap(va as *mut libc::c_void, size) } != 0 {
+            return Err(DeviceError::os("munmap"));
+        }
+        Ok(())
+    }
+
+    fn create_chunk(&self) -> Result<PhysHandle> {
+        failpoint!("cuMemCreate");
+        let mut s = self.lock();
+        if s.live_chunks.len() >= self.capacity_chunks {
+            return Err(DeviceError::OutOfMemory {
+                call: "cuMemCreate",
+                detail: format!("all {} simulated chunks are in use", self.capacity_chunks),
+            });
+        }
+        let slot = s.free_slots.pop().unwrap_or_else(|| {
+            s.next_slot += 1;
+            s.next_slot - 1
+        });
+        let poison = vec![POISON; self.gran()];
+        let offset = (slot as usize * self.gran()) as libc::off_t;
+        // SAFETY: writes our own buffer into our own memfd, inside its size.
+        let n = unsafe { libc::pwrite(self.memfd.as_raw_fd(), poison.as_ptr().cast(), poison.len(), offset) };
+        if n != poison.len() as isize {
+            s.free_slots.push(slot);
+            return Err(DeviceError::os("pwrite"));
+        }
+        s.live_chunks.insert(slot);
+        Ok(PhysHandle(slot))
+    }
+
+    fn release_chunk(&self, chunk: PhysHandle) -> Result<()> {
+        let mut s = self.lock();
+        if !s.live_chunks.contains(&chunk.0) {
+            return Err(Self::invalid("cuMemRelease", format!("chunk {} is not live", chunk.0)));
+        }
+        if let Some(va) = s.mapped_chunks.get(&chunk.0) {
+            return Err(Self::invalid("cuMemRelease", format!("chunk {} is still mapped at 0x{va:x}", chunk.0)));
+        }
+        let offset = (chunk.0 as usize * self.gran()) as libc::off_t;
+        // SAFETY: punching a hole in our own memfd frees the chunk's memory; no mapping refers to it.
+        unsafe {
+            libc::fallocate(
+                self.memfd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset,
+                self.gran() as libc::off_t,
+            )
+        };
+        s.live_chunks.remove(&chunk.0);
+        s.free_slots.push(chunk.0);
+        Ok(())
+    }
+
+    fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()> {
+        failpoint!("cuMemMap");
+        let g = self.gran();
+        self.check_aligned("cuMemMap", va, g)?;
+        let mut s = self.lock();
+        let inside = s
+            .reservations
+            .range(..=va)
+            .next_back()
+            .is_some_and(|(&base, &size)| va + g as u64 <= base + size as u64);
+        if !inside || s.mappings.contains_key(&va) || !s.live_chunks.contains(&chunk.0) {
+            return Err(Self::invalid("cuMemMap", format!("va=0x{va:x} chunk={} (outside a reservation, already mapped, or dead chunk)", chunk.0)));
+        }
+        if s.mapped_chunks.contains_key(&chunk.0) {
+            return Err(Self::invalid("cuMemMap", format!("chunk {} is already mapped elsewhere", chunk.0)));
+        }
+        let offset = (chunk.0 as usize * g) as libc::off_t;
+        // SAFETY: va..va+g lies inside a reservation of ours that holds no mapping there.
+        let p = unsafe {
+            libc::mmap(va as *mut libc::c_void, g, libc::PROT_NONE, libc::MAP_SHARED | libc::MAP_FIXED, self.memfd.as_raw_fd(), offset)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(DeviceError::os("mmap"));
+        }
+        s.mappings.insert(va, (chunk, false));
+        s.mapped_chunks.insert(chunk.0, va);
+        Ok(())
+    }
+
+    fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
+        failpoint!("cuMemSetAccess");
+        self.check_aligned("cuMemSetAccess", va, size)?;
+        let mut s = self.lock();
+        let g = self.gran() as u64;
+        if !(va..va + size as u64).step_by(g as usize).all(|a| s.mappings.contains_key(&a)) {
+            return Err(Self::invalid("cuMemSetAccess", format!("va=0x{va:x} size={size} is not fully mapped")));
+        }
+        // SAFETY: the whole range consists of our own memfd mappings.
+        if unsafe { libc::mprotect(va as *mut libc::c_void, size, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+            return Err(DeviceError::os("mprotect"));
+        }
+        for a in (va..va + size as u64).step_by(g as usize) {
+            if let Some(m) = s.mappings.get_mut(&a) {
+                m.1 = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
+        failpoint!("cuMemUnmap");
+        self.check_aligned("cuMemUnmap", va, size)?;
+        let mut s = self.lock();
+        let g = self.gran() as u64;
+        if !(va..va + size as u64).step_by(g as usize).all(|a| s.mappings.contains_key(&a)) {
+            return Err(Self::invalid("cuMemUnmap", format!("va=0x{va:x} size={size} is not fully mapped")));
+        }
+        anon_map(size, libc::PROT_NONE, Some(va as usize))?;
+        for a in (va..va + size as u64).step_by(g as usize) {
+            if let Some((chunk, _)) = s.mappings.remove(&a) {
+                s.mapped_chunks.remove(&chunk.0);
+            }
+        }
+        Ok(())
+    }
+
+    fn alloc_pinned(&self, size: usize) -> Result<HostPtr> {
+        failpoint!("cuMemHostAlloc");
+        if size == 0 {
+            return Err(Self::invalid("cuMemHostAlloc", "size=0".into()));
+        }
+        let p = anon_map(size, libc::PROT_READ | libc::PROT_WRITE, None)?;
+        self.lock().pinned.insert(p, size);
+        Ok(p)
+    }
+
+    fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()> {
+        let mut s = self.lock();
+        if s.pinned.get(&ptr) != Some(&size) {
+            return Err(Self::invalid("cuMemFreeHost", format!("0x{ptr:x} is not pinned memory of size {size}")));
+        }
+        s.pinned.remove(&ptr);
+        // SAFETY: our own anonymous mapping, no longer referenced.
+        unsafe { libc::munmap(ptr as *mut libc::c_void, size) };
+        Ok(())
+    }
+
+    fn create_stream(&self, _priority: StreamPriority) -> Result<StreamHandle> {
+        let mut s = self.lock();
+        let h = Self::new_handle(&mut s);
+        s.streams.insert(h);
+        Ok(StreamHandle(h))
+    }
+
+    fn destroy_stream(&self, stream: StreamHandle) -> Result<()> {
+        if !self.lock().streams.remove(&stream.0) {
+            return Err(Self::invalid("cuStreamDestroy", format!("stream {} is not live", stream.0)));
+        }
+        Ok(())
+    }
+
+    fn create_event(&self, _timing: bool) -> Result<EventHandle> {
+        let mut s = self.lock();
+        let h = Self::new_handle(&mut s);
+        s.events.insert(h);
+        Ok(EventHandle(h))
+    }
+
+    fn destroy_event(&self, event: EventHandle) -> Result<()> {
+        if !self.lock().events.remove(&event.0) {
+            return Err(Self::invalid("cuEventDestroy", format!("event {} is not live", event.0)));
+        }
+        Ok(())
+    }
+
+    fn record_event(&self, event: EventHandle, _stream: StreamHandle) -> Result<()> {
+        self.event_done(event).map(|_| ())
+    }
+
+    fn stream_wait_event(&self, _stream: StreamHandle, event: EventHandle) -> Result<()> {
+        self.event_done(event).map(|_| ())
+    }
+
+    fn event_done(&self, event: EventHandle) -> Result<bool> {
+        if self.lock().events.contains(&event.0) {
+            Ok(true)
+        } else {
+            Err(Self::invalid("cuEventQuery", format!("event {} is not live", event.0)))
+        }
+    }
+
+    fn synchronize_event(&self, event: EventHandle) -> Result<()> {
+        self.event_done(event).map(|_| ())
+    }
+
+    fn synchronize_stream(&self, _stream: StreamHandle) -> Result<()> {
+        Ok(())
+    }
+
+    fn elapsed_ms(&self, _start: EventHandle, _end: EventHandle) -> Result<f32> {
+        Ok(0.0)
+    }
+
+    unsafe fn copy_to_device_async(&self, dst: DevicePtr, src: HostPtr, len: usize, _stream: StreamHandle) -> Result<()> {
+        failpoint!("cuMemcpyHtoDAsync");
+        self.check_device("cuMemcpyHtoDAsync", dst, len)?;
+        self.check_pinned("cuMemcpyHtoDAsync", src, len)?;
+        // SAFETY: both ranges were just checked to be mapped and accessible / pinned, and the
+        // caller guarantees no one else writes them during the copy.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+        Ok(())
+    }
+
+    unsafe fn copy_to_host_async(&self, dst: HostPtr, src: DevicePtr, len: usize, _stream: StreamHandle) -> Result<()> {
+        failpoint!("cuMemcpyDtoHAsync");
+        self.check_device("cuMemcpyDtoHAsync", src, len)?;
+        self.check_pinned("cuMemcpyDtoHAsync", dst, len)?;
+        // SAFETY: as in copy_to_device_async, with the roles swapped.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+        Ok(())
+    }
+
+    fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, _stream: StreamHandle) -> Result<()> {
+        self.check_device("cuMemsetD8Async", dst, len)?;
+        // SAFETY: the range was just checked to be mapped with access.
+        unsafe { std::ptr::write_bytes(dst as *mut u8, value, len) };
+        Ok(())
+    }
+
+    fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        self.check_device("cuMemcpyHtoD", dst, src.len())?;
+        // SAFETY: the destination range was just checked to be mapped with access.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    fn read(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
+        self.check_device("cuMemcpyDtoH", src, dst.len())?;
+        // SAFETY: the source range was just checked to be mapped with access.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn alloc_plain(&self, size: usize) -> Result<DevicePtr> {
+        let p = anon_map(size, libc::PROT_READ | libc::PROT_WRITE, None)? as DevicePtr;
+        self.lock().plain.insert(p, size);
+        Ok(p)
+    }
+
+    fn free_plain(&self, ptr: DevicePtr) -> Result<()> {
+        let size = self
+            .lock()
+            .plain
+            .remove(&ptr)
+            .ok_or_else(|| Self::invalid("cuMemFree", format!("0x{ptr:x} is not a plain allocation")))?;
+        // SAFETY: our own anonymous mapping, no longer referenced.
+        unsafe { libc::munmap(ptr as *mut libc::c_void, size) };
+        Ok(())
+    }
+}
