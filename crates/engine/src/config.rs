@@ -71,6 +71,18 @@ impl EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// The HBM cap this configuration gives on a device with `free` bytes free: the explicit
+    /// limit, else all of the simulated device, else free memory minus `hbm_reserve`.
+    pub fn hbm_cap(&self, backend: tiermem_mechanism::BackendKind, free: usize) -> usize {
+        match (self.hbm_limit, backend) {
+            (Some(limit), _) => limit,
+            (None, tiermem_mechanism::BackendKind::Sim) => free,
+            (None, tiermem_mechanism::BackendKind::Cuda) => free.saturating_sub(self.hbm_reserve),
+        }
+    }
+}
+
 /// Parses sizes such as `16GiB`, `512MiB`, `1.5G`, `2097152`: binary units (K, M, G, T with
 /// or without `iB`/`B`), as `TIERMEM_HBM_LIMIT` and the command line accept them.
 pub fn parse_size(text: &str) -> std::result::Result<usize, String> {

@@ -86,11 +86,7 @@ impl Engine {
     pub fn with_device(device: Arc<dyn Device>, config: &EngineConfig) -> Result<Self> {
         let chunk = device.info().granularity;
         let (free, _) = device.mem_info().during("Engine::new")?;
-        let hbm_limit = match config.hbm_limit {
-            Some(limit) => limit,
-            None if device.info().backend == tiermem_mechanism::BackendKind::Sim => free,
-            None => free.saturating_sub(config.hbm_reserve),
-        };
+        let hbm_limit = config.hbm_cap(device.info().backend, free);
         if hbm_limit < chunk {
             return Err(Error::Config(format!(
                 "HBM cap of {hbm_limit} bytes is less than one {chunk}-byte chunk (free on the device: {free})"

@@ -51,3 +51,56 @@ pub fn assert_no_leaks(engine: Engine, sim: Option<Arc<SimDevice>>) {
         assert!(live.is_empty(), "resources still held after the engine was dropped: {live:?}");
     }
 }
+
+/// An engine over a simulated device of `sim_chunks` chunks whatever `TIERMEM_TEST_BACKEND`
+/// says: for tests that need the simulated device (failpoints, leak counts, a device smaller
+/// than the HBM cap).
+pub fn sim_engine(sim_chunks: usize, hbm_chunks: usize, host_chunks: usize, config: EngineConfig) -> (Engine, Arc<SimDevice>) {
+    let config = EngineConfig {
+        hbm_limit: Some(hbm_chunks * CHUNK),
+        host_limit: Some(host_chunks * CHUNK),
+        ..config
+    };
+    let sim = Arc::new(SimDevice::new(sim_chunks * CHUNK).expect("simulated device"));
+    let device: Arc<dyn Device> = sim.clone();
+    (Engine::with_device(device, &config).expect("engine"), sim)
+}
+
+/// Writes `pattern(seed, size)` into `buffer` one chunk at a time (so a buffer larger than
+/// the HBM cap can be filled) and returns the bytes written.
+pub fn fill(engine: &Engine, buffer: tiermem::BufferId, size: usize, seed: u64) -> Vec<u8> {
+    let data = pattern(seed, size);
+    for offset in (0..size).step_by(CHUNK) {
+        let end = (offset + CHUNK).min(size);
+        engine.write(buffer, offset, &data[offset..end]).unwrap_or_else(|e| panic!("fill {buffer} at {offset}: {e}"));
+    }
+    data
+}
+
+/// Reads `buffer` one chunk at a time and asserts it holds exactly `expected`.
+pub fn assert_contents(engine: &Engine, buffer: tiermem::BufferId, expected: &[u8]) {
+    let mut out = vec![0u8; CHUNK];
+    for offset in (0..expected.len()).step_by(CHUNK) {
+        let len = CHUNK.min(expected.len() - offset);
+        engine.read(buffer, offset, &mut out[..len]).unwrap_or_else(|e| panic!("read {buffer} at {offset}: {e}"));
+        if out[..len] != expected[offset..offset + len] {
+            let first = (0..len).find(|&i| out[i] != expected[offset + i]).unwrap();
+            panic!(
+                "buffer {buffer}: byte {} is 0x{:02x}, expected 0x{:02x}",
+                offset + first,
+                out[first],
+                expected[offset + first]
+            );
+        }
+    }
+}
+
+/// The per-buffer statistics of `buffer`.
+pub fn buffer_stats(engine: &Engine, buffer: tiermem::BufferId) -> tiermem::BufferStats {
+    engine.stats().buffers.into_iter().find(|b| b.id == buffer).unwrap_or_else(|| panic!("no stats for {buffer}"))
+}
+
+/// Chunks acquired across all buffers.
+pub fn acquired_chunks(engine: &Engine) -> usize {
+    engine.stats().buffers.iter().map(|b| b.acquired).sum()
+}

@@ -1,0 +1,253 @@
+//! The engine suite: tiermem page-in / page-out / both at once against the raw copy
+//! ceilings, an oversubscribed acquire cycle, and the cost of acquiring resident memory.
+
+use super::{median, raw, today};
+use crate::pattern;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde_json::json;
+use std::path::Path;
+use std::time::Instant;
+use tiermem::mechanism::{BackendKind, StreamHandle, StreamPriority};
+use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Region, Target};
+
+const WARMUP: usize = 2;
+const OVERSUB_BUFFER: usize = 64 << 20;
+
+struct Bench {
+    engine: Engine,
+    stream: StreamHandle,
+    verified: bool,
+}
+
+impl Bench {
+    fn new(config: EngineConfig) -> Result<Self, String> {
+        let engine = Engine::new(config).map_err(|e| format!("bench: {e}"))?;
+        let stream = engine.device().create_stream(StreamPriority::High).map_err(|e| format!("bench: {e}"))?;
+        Ok(Self { engine, stream, verified: true })
+    }
+
+    /// A buffer filled with the pattern of its id (left dirty in HBM).
+    fn filled(&self, size: usize, name: &str) -> Result<BufferId, String> {
+        let options = AllocOptions { name: Some(name.into()), ..Default::default() };
+        let (id, _) = self.engine.alloc(size, options).map_err(|e| e.to_string())?;
+        let mut data = vec![0u8; size];
+        pattern::fill(id.0, 0, &mut data);
+        self.engine.write(id, 0, &data).map_err(|e| e.to_string())?;
+        Ok(id)
+    }
+
+    /// Acquires and releases for writing, as a kernel that updates the buffer would: its host
+    /// copy is dropped, so the next page-out must copy (no clean-drop shortcut in the numbers).
+    fn dirty(&self, id: BufferId) -> Result<(), String> {
+        let region = [Region::whole(id)];
+        self.engine.acquire(&region, Access::ReadWrite, self.stream).map_err(|e| e.to_string())?;
+        self.engine.release(&region, self.stream).map_err(|e| e.to_string())?;
+        self.engine.device().synchronize_stream(self.stream).map_err(|e| e.to_string())
+    }
+
+    /// Reads the buffer back and compares it with its pattern; records a mismatch.
+    fn verify(&mut self, id: BufferId, size: usize) -> Result<(), String> {
+        let mut data = vec![0u8; size];
+        self.engine.read(id, 0, &mut data).map_err(|e| e.to_string())?;
+        if let Some(at) = pattern::first_mismatch(id.0, 0, &data) {
+            eprintln!("bench: VERIFICATION FAILED: buffer {id} differs at byte {at}");
+            self.verified = false;
+        }
+        Ok(())
+    }
+
+    fn seconds(&self, op: impl FnOnce(&Engine) -> tiermem::Result<()>) -> Result<f64, String> {
+        let t = Instant::now();
+        op(&self.engine).map_err(|e| format!("bench: {e}"))?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+}
+
+struct PageTimes {
+    in_s: f64,
+    out_s: f64,
+}
+
+/// Median page-out and page-in times of one buffer of `size` (dirty before each page-out).
+fn page_cycle(b: &Bench, id: BufferId, reps: usize) -> Result<PageTimes, String> {
+    let (mut ins, mut outs) = (Vec::new(), Vec::new());
+    for rep in 0..reps + WARMUP {
+        b.dirty(id)?;
+        let out = b.seconds(|e| e.page_out(Target::Buffer(id)))?;
+        let inn = b.seconds(|e| e.page_in(Target::Buffer(id)))?;
+        if rep >= WARMUP {
+            outs.push(out);
+            ins.push(inn);
+        }
+    }
+    Ok(PageTimes { in_s: median(ins), out_s: median(outs) })
+}
+
+/// Median time of paging one dirty resident buffer out while another comes in.
+fn inout_cycle(b: &Bench, mut resident: BufferId, mut away: BufferId, reps: usize) -> Result<f64, String> {
+    let mut samples = Vec::new();
+    for rep in 0..reps + WARMUP {
+        b.dirty(resident)?;
+        let s = b.seconds(|e| {
+            let down = e.page_out_start(Target::Buffer(resident))?;
+            let up = e.page_in_start(Target::Buffer(away))?;
+            e.finish(down)?;
+            e.finish(up)
+        })?;
+        if rep >= WARMUP {
+            samples.push(s);
+        }
+        std::mem::swap(&mut resident, &mut away);
+    }
+    Ok(median(samples))
+}
+
+/// Acquires every buffer for writing in `order`, pass after pass; median seconds per pass.
+fn oversub_passes(b: &Bench, order: &[BufferId], passes: usize, shuffle_seed: Option<u64>) -> Result<f64, String> {
+    let mut order = order.to_vec();
+    let mut rng = shuffle_seed.map(rand_pcg::Pcg64Mcg::seed_from_u64);
+    let mut samples = Vec::new();
+    for pass in 0..passes + 1 {
+        if let Some(rng) = rng.as_mut() {
+            order.shuffle(rng);
+        }
+        let t = Instant::now();
+        for &id in &order {
+            let region = [Region::whole(id)];
+            b.engine.acquire(&region, Access::ReadWrite, b.stream).map_err(|e| format!("bench: {e}"))?;
+            b.engine.release(&region, b.stream).map_err(|e| format!("bench: {e}"))?;
+        }
+        b.engine.device().synchronize_stream(b.stream).map_err(|e| e.to_string())?;
+        if pass >= 1 {
+            samples.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(median(samples))
+}
+
+/// Median microseconds of acquiring an already-resident 64-chunk buffer.
+fn acquire_resident(b: &Bench, reps: usize) -> Result<f64, String> {
+    let chunk = b.engine.chunk_size();
+    let id = b.filled(64 * chunk, "resident-64")?;
+    b.engine.page_in(Target::Buffer(id)).map_err(|e| e.to_string())?;
+    let region = [Region::whole(id)];
+    let mut samples = Vec::with_capacity(reps);
+    for _ in 0..reps + 100 {
+        let t = Instant::now();
+        b.engine.acquire(&region, Access::ReadOnly, b.stream).map_err(|e| e.to_string())?;
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+        b.engine.release(&region, b.stream).map_err(|e| e.to_string())?;
+    }
+    b.engine.free(id).map_err(|e| e.to_string())?;
+    Ok(median(samples.split_off(100)))
+}
+
+pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), String> {
+    let base = EngineConfig::from_env().map_err(|e| e.to_string())?;
+    let chunk_gb = |s: f64| size as f64 / 1e9 / s;
+    let mut b = Bench::new(EngineConfig { hbm_limit: Some(4 * size), host_limit: Some(4 * size), ..base.clone() })?;
+    let info = b.engine.device_info().clone();
+    if info.backend == BackendKind::Sim {
+        println!("WARNING: simulated device: these numbers are not GPU measurements and must not be committed.");
+    }
+    println!("device: {} ({} of them), driver {}; transfers of {} MiB, {reps} reps, medians", info.name, info.device_count, info.driver_version, size >> 20);
+
+    let ceilings = raw::measure(b.engine.device(), size, reps)?;
+    println!("raw pinned copies: H2D {:.1} GB/s, D2H {:.1} GB/s, both at once {:.1} GB/s", ceilings.h2d_gbps, ceilings.d2h_gbps, ceilings.bidir_gbps);
+
+    let a = b.filled(size, "A")?;
+    let big = page_cycle(&b, a, reps)?;
+    let (page_in, page_out) = (chunk_gb(big.in_s), chunk_gb(big.out_s));
+    println!("tiermem page-in {page_in:.1} GB/s ({:.2} of raw), page-out {page_out:.1} GB/s ({:.2} of raw)", page_in / ceilings.h2d_gbps, page_out / ceilings.d2h_gbps);
+
+    let one = b.filled(b.engine.chunk_size(), "one-chunk")?;
+    let lone = page_cycle(&b, one, reps * 5)?;
+    println!("lone 2 MiB chunk: page-in {:.0} µs, page-out {:.0} µs", lone.in_s * 1e6, lone.out_s * 1e6);
+
+    let away = b.filled(size, "B")?;
+    b.engine.page_out(Target::Buffer(away)).map_err(|e| e.to_string())?;
+    let both_s = inout_cycle(&b, a, away, reps)?;
+    let page_inout = 2.0 * size as f64 / 1e9 / both_s;
+    println!("tiermem page-out + page-in at once {page_inout:.1} GB/s ({:.2} of raw bidirectional)", page_inout / ceilings.bidir_gbps);
+
+    let acquire_us = acquire_resident(&b, 2000)?;
+    println!("acquire of a resident 64-chunk buffer: {acquire_us:.2} µs (median)");
+    for (id, bytes) in [(a, size), (away, size), (one, b.engine.chunk_size())] {
+        b.verify(id, bytes)?;
+    }
+    let mut verified = b.verified;
+    let engine_stats = b.engine.stats();
+    drop(b);
+
+    // Oversubscription: working set twice the cap, every acquire evicts.
+    let mut o = Bench::new(EngineConfig { hbm_limit: Some(2 * size), host_limit: Some(4 * size), ..base })?;
+    let count = 4 * size / OVERSUB_BUFFER;
+    let buffers: Vec<BufferId> = (0..count).map(|i| o.filled(OVERSUB_BUFFER, &format!("ws-{i}"))).collect::<Result<_, _>>()?;
+    let set_gb = (count * OVERSUB_BUFFER) as f64 / 1e9;
+    let passes = reps.min(3);
+    let oversub_seq = set_gb / oversub_passes(&o, &buffers, passes, None)?;
+    let oversub_rand = set_gb / oversub_passes(&o, &buffers, passes, Some(42))?;
+    println!("oversubscribed cycle ({} buffers of 64 MiB, cap {} MiB): sequential {oversub_seq:.1} GB/s, random {oversub_rand:.1} GB/s acquired", count, 2 * size >> 20);
+    for &id in &buffers {
+        o.verify(id, OVERSUB_BUFFER)?;
+    }
+    verified &= o.verified;
+    let oversub_stats = o.engine.stats();
+    drop(o);
+    println!("verified: {verified}");
+
+    let date = today();
+    let short: String = commit.chars().take(7).collect();
+    let report = json!({
+        "suite": "engine",
+        "commit": commit,
+        "date": date,
+        "device": { "name": info.name, "count": info.device_count, "driver": info.driver_version },
+        "metrics": {
+            "raw_h2d_GBps": ceilings.h2d_gbps,
+            "raw_d2h_GBps": ceilings.d2h_gbps,
+            "raw_bidir_GBps": ceilings.bidir_gbps,
+            "page_in_GBps": page_in,
+            "page_out_GBps": page_out,
+            "page_inout_GBps": page_inout,
+            "oversub_seq_GBps": oversub_seq,
+            "oversub_rand_GBps": oversub_rand,
+            "acquire_resident_us": acquire_us,
+        },
+        "ratios": {
+            "page_in": page_in / ceilings.h2d_gbps,
+            "page_out": page_out / ceilings.d2h_gbps,
+            "page_inout": page_inout / ceilings.bidir_gbps,
+        },
+        "verified": verified,
+    });
+    let detail = json!({
+        "suite": "engine-detail",
+        "commit": commit,
+        "date": date,
+        "backend": info.backend.to_string(),
+        "transfer_bytes": size,
+        "reps": reps,
+        "lone_chunk_page_in_us": lone.in_s * 1e6,
+        "lone_chunk_page_out_us": lone.out_s * 1e6,
+        "page_in_ms": big.in_s * 1e3,
+        "page_out_ms": big.out_s * 1e3,
+        "page_inout_ms": both_s * 1e3,
+        "oversub_buffers": count,
+        "oversub_buffer_bytes": OVERSUB_BUFFER,
+        "oversub_hbm_cap_bytes": 2 * size,
+        "engine_stats": format!("{engine_stats}"),
+        "oversub_stats": format!("{oversub_stats}"),
+        "targets": { "page_in": 0.9, "page_out": 0.9, "page_inout": 0.85, "acquire_resident_us": 2.0 },
+    });
+    std::fs::create_dir_all(dir).map_err(|e| format!("bench: create {}: {e}", dir.display()))?;
+    let stem = format!("engine-{}-{short}", date.replace('-', ""));
+    for (name, value) in [(format!("{stem}.json"), &report), (format!("{stem}.detail.json"), &detail)] {
+        let path = dir.join(name);
+        let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+        std::fs::write(&path, text + "\n").map_err(|e| format!("bench: write {}: {e}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    if verified { Ok(()) } else { Err("bench: verification failed (see above)".into()) }
+}

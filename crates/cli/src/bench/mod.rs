@@ -1,0 +1,76 @@
+//! `tiermem bench SUITE --json DIR`: benchmarks whose results are committed under bench/results/.
+//! Each suite measures its ceilings in the same run, reports medians, verifies every byte.
+
+mod engine;
+mod raw;
+
+use std::path::PathBuf;
+
+#[derive(clap::Subcommand)]
+pub enum Suite {
+    /// The chunk engine against the raw PCIe copy ceilings (HBM ⇄ pinned host).
+    Engine {
+        /// Folder to write engine-<yyyymmdd>-<shortsha>.json into.
+        #[arg(long)]
+        json: PathBuf,
+        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        #[arg(long)]
+        commit: Option<String>,
+        /// Repetitions of each timed operation (the median is reported).
+        #[arg(long, default_value_t = 10)]
+        reps: usize,
+        /// Size of the large transfers.
+        #[arg(long, value_parser = tiermem::parse_size, default_value = "1GiB")]
+        size: usize,
+    },
+}
+
+pub fn run(suite: Suite) -> Result<(), String> {
+    match suite {
+        Suite::Engine { json, commit, reps, size } => {
+            let commit = commit.or_else(|| std::env::var("TIERMEM_COMMIT").ok()).unwrap_or_else(|| "unknown".into());
+            engine::run(&json, &commit, reps.max(1), size)
+        }
+    }
+}
+
+/// Median of some measurements.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
+}
+
+/// Today's date as `YYYY-MM-DD` (UTC), from the system clock.
+pub fn today() -> String {
+    let days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400) as i64;
+    // Civil-from-days (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(super::median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(super::median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn today_is_a_date() {
+        let d = super::today();
+        assert_eq!(d.len(), 10);
+        assert!(d.starts_with("20"));
+    }
+}

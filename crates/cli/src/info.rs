@@ -1,0 +1,38 @@
+use tiermem::mechanism;
+use tiermem::{format_size, EngineConfig};
+
+/// `tiermem info`: what this machine offers tiermem.
+pub fn run() -> Result<(), String> {
+    let config = EngineConfig::from_env().map_err(|e| e.to_string())?;
+    let (device, fallback) =
+        mechanism::open(config.backend, config.device, config.sim_hbm).map_err(|e| format!("info: {e}"))?;
+    let info = device.info();
+    let (free, total) = device.mem_info().map_err(|e| format!("info: {e}"))?;
+    println!("backend          {}", info.backend);
+    if let Some(why) = fallback {
+        println!("                 (no GPU usable: {why}; set TIERMEM_BACKEND=cuda to insist)");
+    }
+    println!("device           {} (ordinal {} of {})", info.name, info.ordinal, info.device_count);
+    println!("driver           {}", info.driver_version);
+    println!("CUDA             {}", info.cuda_version);
+    println!("memory           {} free of {}", format_size(free), format_size(total));
+    println!("VMM API          {}", if info.vmm_supported { "supported" } else { "not supported" });
+    println!("granularity      {}", format_size(info.granularity));
+    let peers = if info.peers.is_empty() { "none".to_string() } else { format!("{:?}", info.peers) };
+    println!("peer access      {peers}");
+    println!("memlock limit    {}", memlock_limit());
+    let hbm_cap = config.hbm_cap(info.backend, free);
+    println!("HBM cap          {} ({})", format_size(hbm_cap), if config.hbm_limit.is_some() { "TIERMEM_HBM_LIMIT" } else { "default: free memory less a 2 GiB reserve on a GPU" });
+    println!("policy           {}", config.policy);
+    Ok(())
+}
+
+fn memlock_limit() -> String {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0 {
+        return "unknown".into();
+    }
+    let show = |v: libc::rlim_t| if v == libc::RLIM_INFINITY { "unlimited".to_string() } else { format_size(v as usize) };
+    format!("{} (hard {}; CUDA pins through the driver, so this does not cap the host tier)", show(limit.rlim_cur), show(limit.rlim_max))
+}

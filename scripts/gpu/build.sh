@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds, on the development machine, everything the GPU run needs into dist/ (git-ignored):
+# the release `tiermem` binary and the GPU-capable test binaries. Binaries built here run there.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rm -rf dist && mkdir -p dist/tests
+cargo build --release -p tiermem-cli
+cp target/release/tiermem dist/
+# Test binaries, named after their crate and target (no failpoints: those are simulated-device tests).
+cargo test --release --no-run -p tiermem -p tiermem-mechanism --message-format=json \
+  | python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
+        continue
+    crate = m["target"]["name"]
+    name = "mechanism" if crate == "tiermem_mechanism" else ("engine-" + crate if crate != "tiermem" else "engine-unit")
+    shutil.copy(m["executable"], "dist/tests/" + name)
+    print("dist/tests/" + name)
+'
+strip dist/tiermem dist/tests/*
+du -sh dist
