@@ -188,8 +188,10 @@ impl Inner {
         self.buffers[&id].va + (index * self.chunk) as u64
     }
 
-    /// Moves resident, unacquired chunks (sorted) out of HBM. Returns the fences of the copies down.
+    /// Moves resident, unacquired chunks (sorted) out of HBM. Returns the fences after which
+    /// every chunk that did not leave at once will have left (copies down, or last uses).
     pub fn send_down(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
+        let mut fences: Vec<Arc<Fence>> = Vec::new();
         let mut drop_now = Vec::new();
         let mut dirty = Vec::new();
         for &r in refs {
@@ -207,7 +209,11 @@ impl Inner {
                         None => drop_now.push((r, phys, slot)),
                         Some(fence) => {
                             chunk.state = ChunkState::PagingOut { phys, slot, fence: Arc::clone(&fence) };
+                            if !fences.iter().any(|f| Arc::ptr_eq(f, &fence)) {
+                                fences.push(Arc::clone(&fence));
+                            }
                             self.pending_down.push(PendingDown { fence, chunks: vec![r] });
+                            self.counters.clean_drops += 1;
                         }
                     }
                 }
@@ -216,7 +222,7 @@ impl Inner {
         self.counters.clean_drops += drop_now.len() as u64;
         self.unmap_to_host(&drop_now).during(call)?;
         if dirty.is_empty() {
-            return Ok(Vec::new());
+            return Ok(fences);
         }
         let slots = self.host_slots(call, &dirty)?;
         let down = self.streams.down;
@@ -232,7 +238,6 @@ impl Inner {
         for fence in &awaited {
             self.device.stream_wait_event(down, fence.event()).during(call)?;
         }
-        let mut fences = Vec::new();
         let mut next_slot = 0;
         for batch in batches(&dirty, self.batch) {
             let batch_slots = &slots[next_slot..next_slot + batch.len()];

@@ -144,7 +144,8 @@ fn run(engine: &Engine, ops: &[Op]) -> Result<(), TestCaseError> {
                         let va = engine.device_ptr(id).unwrap() + offset as u64;
                         device.read(va, &mut out).map_err(|e| TestCaseError::fail(e.to_string()))?;
                         engine.release(&region, stream).map_err(|e| TestCaseError::fail(e.to_string()))?;
-                        prop_assert!(out == m.buffers[i].1[offset..offset + len], "device bytes differ from the model");
+                        let want = &m.buffers[i].1[offset..offset + len];
+                        prop_assert!(out == want, "device bytes of {id} at {offset}+{len} differ from the model: {}", describe_difference(&out, want));
                     }
                     Err(e) => prop_assert!(m.is_pressure(&e), "acquire: {e}"),
                 }
@@ -248,11 +249,26 @@ fn check(engine: &Engine, m: &Model, i: usize) -> Result<(), TestCaseError> {
         let len = CHUNK.min(expected.len() - offset);
         let mut out = vec![0u8; len];
         match engine.read(*id, offset, &mut out) {
-            Ok(()) => prop_assert!(out == expected[offset..offset + len], "buffer {id} bytes {offset}+{len} differ from the model"),
+            Ok(()) => prop_assert!(out == expected[offset..offset + len], "buffer {id} bytes {offset}+{len} differ from the model: {}", describe_difference(&out, &expected[offset..offset + len])),
                         Err(e) => prop_assert!(m.is_pressure(&e), "read: {e}"),
         }
     }
     Ok(())
+}
+
+/// Where and how two byte strings differ, for a failure message.
+fn describe_difference(got: &[u8], want: &[u8]) -> String {
+    let differing: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
+    let (first, last) = (differing[0], differing[differing.len() - 1]);
+    let zeros = differing.iter().all(|&i| got[i] == 0);
+    format!(
+        "{} bytes differ, first at {first} (chunk-relative {}), last at {last}; got {:02x?}.. want {:02x?}..{}",
+        differing.len(),
+        first % CHUNK,
+        &got[first..(first + 8).min(got.len())],
+        &want[first..(first + 8).min(want.len())],
+        if zeros { " (all zeros)" } else { "" }
+    )
 }
 
 proptest! {

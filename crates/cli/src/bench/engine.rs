@@ -84,23 +84,33 @@ fn page_cycle(b: &Bench, id: BufferId, reps: usize) -> Result<PageTimes, String>
     Ok(PageTimes { in_s: median(ins), out_s: median(outs) })
 }
 
-/// Median time of paging one dirty resident buffer out while another comes in.
-fn inout_cycle(b: &Bench, mut resident: BufferId, mut away: BufferId, reps: usize) -> Result<f64, String> {
+/// Median time of paging one dirty resident buffer out while another comes in, and the
+/// median of each phase (start out, start in, finish out, finish in).
+fn inout_cycle(b: &Bench, mut resident: BufferId, mut away: BufferId, reps: usize) -> Result<(f64, [f64; 4]), String> {
     let mut samples = Vec::new();
+    let mut phases: [Vec<f64>; 4] = Default::default();
     for rep in 0..reps + WARMUP {
         b.dirty(resident)?;
-        let s = b.seconds(|e| {
-            let down = e.page_out_start(Target::Buffer(resident))?;
-            let up = e.page_in_start(Target::Buffer(away))?;
-            e.finish(down)?;
-            e.finish(up)
-        })?;
+        let e = &b.engine;
+        let fail = |e: tiermem::Error| format!("bench: {e}");
+        let t0 = Instant::now();
+        let down = e.page_out_start(Target::Buffer(resident)).map_err(fail)?;
+        let t1 = Instant::now();
+        let up = e.page_in_start(Target::Buffer(away)).map_err(fail)?;
+        let t2 = Instant::now();
+        e.finish(down).map_err(fail)?;
+        let t3 = Instant::now();
+        e.finish(up).map_err(fail)?;
+        let t4 = Instant::now();
         if rep >= WARMUP {
-            samples.push(s);
+            samples.push((t4 - t0).as_secs_f64());
+            for (k, (a, z)) in [(t0, t1), (t1, t2), (t2, t3), (t3, t4)].into_iter().enumerate() {
+                phases[k].push((z - a).as_secs_f64() * 1e3);
+            }
         }
         std::mem::swap(&mut resident, &mut away);
     }
-    Ok(median(samples))
+    Ok((median(samples), phases.map(median)))
 }
 
 /// Acquires every buffer for writing in `order`, pass after pass; median seconds per pass.
@@ -146,7 +156,8 @@ fn acquire_resident(b: &Bench, reps: usize) -> Result<f64, String> {
 pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), String> {
     let base = EngineConfig::from_env().map_err(|e| e.to_string())?;
     let chunk_gb = |s: f64| size as f64 / 1e9 / s;
-    let mut b = Bench::new(EngineConfig { hbm_limit: Some(4 * size), host_limit: Some(4 * size), ..base.clone() })?;
+    let sim_hbm = 6 * size + (256 << 20);
+    let mut b = Bench::new(EngineConfig { hbm_limit: Some(4 * size), host_limit: Some(4 * size), sim_hbm, ..base.clone() })?;
     let info = b.engine.device_info().clone();
     if info.backend == BackendKind::Sim {
         println!("WARNING: simulated device: these numbers are not GPU measurements and must not be committed.");
@@ -167,9 +178,13 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
 
     let away = b.filled(size, "B")?;
     b.engine.page_out(Target::Buffer(away)).map_err(|e| e.to_string())?;
-    let both_s = inout_cycle(&b, a, away, reps)?;
+    let (both_s, phases_ms) = inout_cycle(&b, a, away, reps)?;
     let page_inout = 2.0 * size as f64 / 1e9 / both_s;
     println!("tiermem page-out + page-in at once {page_inout:.1} GB/s ({:.2} of raw bidirectional)", page_inout / ceilings.bidir_gbps);
+    println!("  phases (ms): start out {:.2}, start in {:.2}, finish out {:.2}, finish in {:.2}", phases_ms[0], phases_ms[1], phases_ms[2], phases_ms[3]);
+    let free_chunks = b.engine.device().mem_info().map_err(|e| e.to_string())?.0 / b.engine.chunk_size();
+    let vmm = raw::vmm_costs(b.engine.device(), free_chunks.min(512) / 32 * 32)?;
+    println!("  VMM per chunk: map+access {:.1} µs, unmap {:.1} µs on one thread; two threads at once: map+access {:.1} µs, unmap {:.1} µs (wall per chunk)", vmm.map_us, vmm.unmap_us, vmm.map_us_2threads, vmm.unmap_us_2threads);
 
     let acquire_us = acquire_resident(&b, 2000)?;
     println!("acquire of a resident 64-chunk buffer: {acquire_us:.2} µs (median)");
@@ -181,7 +196,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     drop(b);
 
     // Oversubscription: working set twice the cap, every acquire evicts.
-    let mut o = Bench::new(EngineConfig { hbm_limit: Some(2 * size), host_limit: Some(4 * size), ..base })?;
+    let mut o = Bench::new(EngineConfig { hbm_limit: Some(2 * size), host_limit: Some(4 * size), sim_hbm, ..base })?;
     let count = 4 * size / OVERSUB_BUFFER;
     let buffers: Vec<BufferId> = (0..count).map(|i| o.filled(OVERSUB_BUFFER, &format!("ws-{i}"))).collect::<Result<_, _>>()?;
     let set_gb = (count * OVERSUB_BUFFER) as f64 / 1e9;
@@ -234,6 +249,8 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
         "page_in_ms": big.in_s * 1e3,
         "page_out_ms": big.out_s * 1e3,
         "page_inout_ms": both_s * 1e3,
+        "page_inout_phases_ms": { "start_out": phases_ms[0], "start_in": phases_ms[1], "finish_out": phases_ms[2], "finish_in": phases_ms[3] },
+        "vmm_us_per_chunk": { "map_and_access": vmm.map_us, "unmap": vmm.unmap_us, "map_and_access_two_threads": vmm.map_us_2threads, "unmap_two_threads": vmm.unmap_us_2threads },
         "oversub_buffers": count,
         "oversub_buffer_bytes": OVERSUB_BUFFER,
         "oversub_hbm_cap_bytes": 2 * size,

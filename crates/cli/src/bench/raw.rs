@@ -67,3 +67,62 @@ fn copy(d: &dyn Device, up: bool, dev: DevicePtr, host: HostPtr, size: usize, st
     };
     result.map_err(|e| format!("bench raw: {e}"))
 }
+
+/// Host time of VMM bookkeeping per chunk, on one thread and split over two threads.
+pub struct VmmCosts {
+    pub map_us: f64,
+    pub unmap_us: f64,
+    pub map_us_2threads: f64,
+    pub unmap_us_2threads: f64,
+}
+
+/// Maps (with access, 16 chunks per `cuMemSetAccess`) and unmaps `chunks` chunks, first on
+/// one thread, then as two halves on two threads at once: does the driver serialise them?
+pub fn vmm_costs(device: &Arc<dyn Device>, chunks: usize) -> Result<VmmCosts, String> {
+    let err = |e: tiermem::mechanism::DeviceError| format!("bench vmm: {e}");
+    let g = device.info().granularity;
+    let va = device.reserve(chunks * g).map_err(err)?;
+    let phys: Vec<_> = (0..chunks).map(|_| device.create_chunk()).collect::<Result<_, _>>().map_err(err)?;
+    let map = |range: std::ops::Range<usize>| -> Result<(), String> {
+        let end = range.end;
+        for batch in range.step_by(16).map(|i| i..(i + 16).min(end)) {
+            for i in batch.clone() {
+                device.map(va + (i * g) as u64, phys[i]).map_err(err)?;
+            }
+            device.set_access(va + (batch.start * g) as u64, batch.len() * g).map_err(err)?;
+        }
+        Ok(())
+    };
+    let unmap = |range: std::ops::Range<usize>| -> Result<(), String> {
+        let end = range.end;
+        range.step_by(16).try_for_each(|i| device.unmap(va + (i * g) as u64, 16.min(end - i) * g).map_err(err))
+    };
+    let per_chunk = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1e6 / chunks as f64;
+    let half = chunks / 2;
+    let (mut one, mut two) = ([0.0; 2], [0.0; 2]);
+    for round in 0..2 {
+        let t = std::time::Instant::now();
+        map(0..chunks)?;
+        let m = per_chunk(t);
+        let t = std::time::Instant::now();
+        unmap(0..chunks)?;
+        one = if round == 1 { [m, per_chunk(t)] } else { one };
+        let t = std::time::Instant::now();
+        std::thread::scope(|s| {
+            let other = s.spawn(|| map(half..chunks));
+            map(0..half).and(other.join().expect("mapping thread"))
+        })?;
+        let m = per_chunk(t);
+        let t = std::time::Instant::now();
+        std::thread::scope(|s| {
+            let other = s.spawn(|| unmap(half..chunks));
+            unmap(0..half).and(other.join().expect("unmapping thread"))
+        })?;
+        two = if round == 1 { [m, per_chunk(t)] } else { two };
+    }
+    for p in phys {
+        device.release_chunk(p).map_err(err)?;
+    }
+    device.unreserve(va, chunks * g).map_err(err)?;
+    Ok(VmmCosts { map_us: one[0], unmap_us: one[1], map_us_2threads: two[0], unmap_us_2threads: two[1] })
+}

@@ -8,12 +8,10 @@
 //! granule (`cuMemCreate`, pinned, located on this GPU), mapped into reservations from
 //! `cuMemAddressReserve`; access is granted with one `cuMemSetAccess` per range. The driver
 //! documents that `cuMemUnmap` must cover "the entire contiguous address range that was mapped",
-//! which leaves open whether one call may cover several adjacent single-chunk mappings. `unmap`
-//! therefore probes: it first tries one call over the whole range and, if the driver answers
-//! `CUDA_ERROR_INVALID_VALUE` for a multi-granule range, unmaps granule by granule and keeps
-//! doing so from then on ([`CudaDevice::unmaps_per_granule`] reports the outcome). On the H200
-//! with driver 580 one call works (and costs the same as one per chunk), so the fallback is
-//! for other drivers. Beware that `cuMemSetAccess` over a range with an unmapped hole inside
+//! so `unmap` unmaps one chunk mapping per call, as PyTorch's expandable segments do. (On the
+//! H200 with driver 580 one call over several mappings also returns success — but so does a
+//! call over a range that was never mapped, so success proves nothing, and a property test
+//! lost data that way; one call per chunk measured the same total cost.) Beware that `cuMemSetAccess` over a range with an unmapped hole inside
 //! returns success there yet grants nothing past the hole: callers must only pass fully mapped
 //! ranges, as the trait requires. Every driver error names the call that failed;
 //! `CUDA_ERROR_OUT_OF_MEMORY` from device allocations becomes [`DeviceError::OutOfMemory`].
@@ -25,7 +23,6 @@ mod tests;
 
 use std::ffi::{c_char, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::sys::{self, CUresult};
 
@@ -44,7 +41,6 @@ pub struct CudaDevice {
     least_priority: i32,
     greatest_priority: i32,
     /// Set once a multi-granule `cuMemUnmap` was refused and per-granule unmapping worked.
-    unmap_per_granule: AtomicBool,
     elapsed: Option<(&'static str, ElapsedFn)>,
     info: DeviceInfo,
 }
@@ -60,7 +56,6 @@ impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaDevice")
             .field("info", &self.info)
-            .field("unmap_per_granule", &self.unmaps_per_granule())
             .finish_non_exhaustive()
     }
 }
@@ -198,7 +193,6 @@ impl CudaDevice {
             granularity: 0,
             least_priority: 0,
             greatest_priority: 0,
-            unmap_per_granule: AtomicBool::new(false),
             elapsed: driver::resolve_elapsed(),
             info: DeviceInfo {
                 backend: BackendKind::Cuda,
@@ -298,13 +292,7 @@ impl CudaDevice {
         })
     }
 
-    /// Whether `unmap` found that the driver refuses one `cuMemUnmap` over several chunk
-    /// mappings and now unmaps granule by granule.
-    pub fn unmaps_per_granule(&self) -> bool {
-        self.unmap_per_granule.load(Ordering::Relaxed)
-    }
-
-    fn unmap_granules(&self, va: DevicePtr, size: usize) -> Result<()> {
+    pub(super) fn unmap_granules(&self, va: DevicePtr, size: usize) -> Result<()> {
         let g = self.granularity;
         for off in (0..size).step_by(g) {
             let at = va + off as u64;

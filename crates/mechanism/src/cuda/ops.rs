@@ -3,7 +3,6 @@
 
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::atomic::Ordering;
 
 use cudarc::driver::sys::{self, CUresult};
 
@@ -97,22 +96,7 @@ impl Device for CudaDevice {
 
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
         let _ctx = self.bind()?;
-        let g = self.granularity;
-        let multi = size > g && size % g == 0;
-        if multi && self.unmaps_per_granule() {
-            return self.unmap_granules(va, size);
-        }
-        // SAFETY: unmapping device VA only affects device page tables; the driver validates the
-        // range. The caller guarantees no work that touches it is in flight.
-        let r = unsafe { sys::cuMemUnmap(va, size) };
-        if r == CUresult::CUDA_ERROR_INVALID_VALUE && multi {
-            // The probe: the driver may want one call per mapping. Remember only if that works,
-            // so a caller's bad range does not switch the mode.
-            self.unmap_granules(va, size)?;
-            self.unmap_per_granule.store(true, Ordering::Relaxed);
-            return Ok(());
-        }
-        check("cuMemUnmap", r, || format!("va=0x{va:x} size={size}"))
+        self.unmap_granules(va, size)
     }
 
     fn alloc_pinned(&self, size: usize) -> Result<HostPtr> {

@@ -109,7 +109,6 @@ fn gpu_chunks_move_behind_a_stable_address() {
     assert!(ms >= 0.0);
 
     dev.unmap(va, n * g).unwrap();
-    eprintln!("unmaps per granule: {}", dev.unmaps_per_granule());
     dev.map(va, chunks[0]).unwrap();
     dev.map(va + g as u64, chunks[2]).unwrap();
     dev.map(va + (2 * g) as u64, chunks[1]).unwrap();

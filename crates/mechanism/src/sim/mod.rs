@@ -11,8 +11,10 @@
 //! Freshly created chunks are filled with a poison byte, because `cuMemCreate` does not
 //! zero memory either: an engine that forgot to zero a never-written chunk fails its tests.
 //!
-//! Every operation completes before it returns (copies are `memcpy`), which is one valid
-//! schedule of the asynchronous API; timings are meaningless here and events report 0 ms.
+//! Copies, memsets and event records are asynchronous, as on a GPU: they run later, in an
+//! order the simulated device picks at random among the streams that can proceed (see
+//! [`queues`]). A copy that finds its memory unmapped or unpinned when it runs is a sticky
+//! `Fault`, reported by every later synchronisation. Timings are meaningless: events report 0 ms.
 //! With the `failpoints` feature, each driver-call stand-in has a failpoint of the CUDA
 //! call's name (`cuMemCreate`, `cuMemMap`, …) so tests can fail any step.
 
@@ -20,6 +22,9 @@ use crate::{
     BackendKind, Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle,
     Result, StreamHandle, StreamPriority,
 };
+mod queues;
+
+use queues::{Queues, Work};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
@@ -54,7 +59,6 @@ pub struct SimDevice {
     state: Mutex<SimState>,
 }
 
-#[derive(Default)]
 struct SimState {
     reservations: BTreeMap<DevicePtr, usize>,
     /// Granule-aligned VA → (chunk, accessible).
@@ -65,8 +69,9 @@ struct SimState {
     next_slot: u64,
     pinned: BTreeMap<HostPtr, usize>,
     plain: HashMap<DevicePtr, usize>,
-    streams: HashSet<u64>,
-    events: HashSet<u64>,
+    queues: Queues,
+    /// The first fault of asynchronous work; sticky, like a CUDA context error.
+    fault: Option<String>,
     next_handle: u64,
 }
 
@@ -108,20 +113,34 @@ impl SimDevice {
             vmm_supported: true,
             peers: Vec::new(),
         };
-        Ok(Self { info, capacity_chunks, memfd, state: Mutex::new(SimState::default()) })
+        let state = SimState {
+            reservations: BTreeMap::new(),
+            mappings: BTreeMap::new(),
+            live_chunks: HashSet::new(),
+            mapped_chunks: HashMap::new(),
+            free_slots: Vec::new(),
+            next_slot: 0,
+            pinned: BTreeMap::new(),
+            plain: HashMap::new(),
+            queues: Queues::new(0x5eed_cafe ^ hbm_bytes as u64),
+            fault: None,
+            next_handle: 0,
+        };
+        Ok(Self { info, capacity_chunks, memfd, state: Mutex::new(state) })
     }
 
     /// What is still allocated; all zero once every user has cleaned up.
     pub fn live(&self) -> SimLive {
         let s = self.lock();
+        let (streams, events) = s.queues.live();
         SimLive {
             reservations: s.reservations.len(),
             mapped_chunks: s.mappings.len(),
             chunks: s.live_chunks.len(),
             pinned_bytes: s.pinned.values().sum(),
             plain_allocations: s.plain.len(),
-            streams: s.streams.len(),
-            events: s.events.len(),
+            streams,
+            events,
         }
     }
 
@@ -146,11 +165,11 @@ impl SimDevice {
     }
 
     /// Whether `[ptr, ptr+len)` is device memory the device may touch now.
-    fn device_range_ok(&self, s: &SimState, ptr: DevicePtr, len: usize) -> bool {
+    fn device_range_ok(s: &SimState, ptr: DevicePtr, len: usize) -> bool {
         if let Some((&base, &size)) = s.plain.iter().find(|(&b, &sz)| ptr >= b && ptr < b + sz as u64) {
             return ptr + len as u64 <= base + size as u64;
         }
-        let g = self.gran() as u64;
+        let g = SIM_GRANULARITY as u64;
         let (first, end) = (ptr - ptr % g, ptr + len as u64);
         (first..end)
             .step_by(g as usize)
@@ -165,7 +184,7 @@ impl SimDevice {
     }
 
     fn check_device(&self, call: &'static str, ptr: DevicePtr, len: usize) -> Result<()> {
-        if len == 0 || self.device_range_ok(&self.lock(), ptr, len) {
+        if len == 0 || Self::device_range_ok(&self.lock(), ptr, len) {
             Ok(())
         } else {
             Err(DeviceError::Fault(format!(
@@ -179,6 +198,93 @@ impl SimDevice {
             Ok(())
         } else {
             Err(DeviceError::Fault(format!("{call}: host range 0x{ptr:x}+{len} is not pinned memory")))
+        }
+    }
+
+    /// Locks the state and lets the device make a little progress, as time passing would.
+    fn lock_progressing(&self) -> std::sync::MutexGuard<'_, SimState> {
+        let mut s = self.lock();
+        for _ in 0..s.queues.background_steps() {
+            Self::run_one(&mut s, None);
+        }
+        s
+    }
+
+    /// Runs the head of `stream` (or of any stream) if it can run; false if none could.
+    fn run_one(s: &mut SimState, stream: Option<u64>) -> bool {
+        match s.queues.pop(stream) {
+            None => false,
+            Some(None) => true,
+            Some(Some(work)) => {
+                Self::perform(s, work);
+                true
+            }
+        }
+    }
+
+    /// Performs memory work now, checking its memory as the hardware would at this moment.
+    fn perform(s: &mut SimState, work: Work) {
+        let (dst, src, len, fault) = match work {
+            Work::ToDevice { dst, src, len } => {
+                let ok = Self::device_range_ok(s, dst, len) && Self::pinned_range_ok(s, src, len);
+                (dst as usize, Some(src), len, (!ok).then(|| format!("asynchronous copy to device 0x{dst:x}+{len} from 0x{src:x}: memory not mapped or not pinned when the copy ran")))
+            }
+            Work::ToHost { dst, src, len } => {
+                let ok = Self::device_range_ok(s, src, len) && Self::pinned_range_ok(s, dst, len);
+                (dst, Some(src as usize), len, (!ok).then(|| format!("asynchronous copy to host 0x{dst:x}+{len} from 0x{src:x}: memory not mapped or not pinned when the copy ran")))
+            }
+            Work::Memset { dst, value, len } => {
+                let ok = Self::device_range_ok(s, dst, len);
+                if ok {
+                    // SAFETY: the range was just checked to be mapped with access.
+                    unsafe { std::ptr::write_bytes(dst as *mut u8, value, len) };
+                }
+                (0, None, 0, (!ok).then(|| format!("asynchronous memset of 0x{dst:x}+{len}: memory not mapped when it ran")))
+            }
+            Work::Record { .. } | Work::Wait { .. } => return,
+        };
+        match (fault, src) {
+            (Some(f), _) => {
+                s.fault.get_or_insert(f);
+            }
+            // SAFETY: both ranges were just checked: mapped with access or pinned, and owned by
+            // the engine, which keeps them for the copy until its fence completes.
+            (None, Some(src)) => unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) },
+            (None, None) => {}
+        }
+    }
+
+    /// The sticky fault of asynchronous work, if any.
+    fn check_fault(s: &SimState) -> Result<()> {
+        match &s.fault {
+            Some(f) => Err(DeviceError::Fault(f.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs work until `done` holds; an error if nothing can run before it does.
+    fn run_until(s: &mut SimState, call: &'static str, stream: Option<u64>, done: impl Fn(&SimState) -> bool) -> Result<()> {
+        while !done(s) {
+            if !(stream.is_some_and(|id| Self::run_one(s, Some(id))) || Self::run_one(s, None)) {
+                return Err(DeviceError::Driver { call, code: "CUDA_ERROR_LAUNCH_TIMEOUT".into(), detail: "deadlock: waiting on work that can never run".into() });
+            }
+        }
+        Self::check_fault(s)
+    }
+
+    fn stream_of(s: &SimState, call: &'static str, stream: StreamHandle) -> Result<u64> {
+        if s.queues.has_stream(stream.0) {
+            Ok(stream.0)
+        } else {
+            Err(Self::invalid(call, format!("stream {} is not live", stream.0)))
+        }
+    }
+
+    fn event_of(s: &SimState, call: &'static str, event: EventHandle) -> Result<u64> {
+        if s.queues.has_event(event.0) {
+            Ok(event.0)
+        } else {
+            Err(Self::invalid(call, format!("event {} is not live", event.0)))
         }
     }
 
@@ -268,7 +374,10 @@ impl Device for SimDevice {
     }
 
     fn create_chunk(&self) -> Result<PhysHandle> {
-        failpoint!("cuMemCreate");
+        fail::fail_point!("cuMemCreate", |_| Err(DeviceError::OutOfMemory {
+            call: "cuMemCreate",
+            detail: "injected by failpoint".into(),
+        }));
         let mut s = self.lock();
         if s.live_chunks.len() >= self.capacity_chunks {
             return Err(DeviceError::OutOfMemory {
@@ -293,7 +402,7 @@ impl Device for SimDevice {
     }
 
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()> {
-        let mut s = self.lock();
+        let mut s = self.lock_progressing();
         if !s.live_chunks.contains(&chunk.0) {
             return Err(Self::invalid("cuMemRelease", format!("chunk {} is not live", chunk.0)));
         }
@@ -319,7 +428,7 @@ impl Device for SimDevice {
         failpoint!("cuMemMap");
         let g = self.gran();
         self.check_aligned("cuMemMap", va, g)?;
-        let mut s = self.lock();
+        let mut s = self.lock_progressing();
         let inside = s
             .reservations
             .range(..=va)
@@ -347,7 +456,7 @@ impl Device for SimDevice {
     fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
         failpoint!("cuMemSetAccess");
         self.check_aligned("cuMemSetAccess", va, size)?;
-        let mut s = self.lock();
+        let mut s = self.lock_progressing();
         let g = self.gran() as u64;
         if !(va..va + size as u64).step_by(g as usize).all(|a| s.mappings.contains_key(&a)) {
             return Err(Self::invalid("cuMemSetAccess", format!("va=0x{va:x} size={size} is not fully mapped")));
@@ -367,7 +476,7 @@ impl Device for SimDevice {
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
         failpoint!("cuMemUnmap");
         self.check_aligned("cuMemUnmap", va, size)?;
-        let mut s = self.lock();
+        let mut s = self.lock_progressing();
         let g = self.gran() as u64;
         if !(va..va + size as u64).step_by(g as usize).all(|a| s.mappings.contains_key(&a)) {
             return Err(Self::invalid("cuMemUnmap", format!("va=0x{va:x} size={size} is not fully mapped")));
@@ -392,7 +501,7 @@ impl Device for SimDevice {
     }
 
     fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()> {
-        let mut s = self.lock();
+        let mut s = self.lock_progressing();
         if s.pinned.get(&ptr) != Some(&size) {
             return Err(Self::invalid("cuMemFreeHost", format!("0x{ptr:x} is not pinned memory of size {size}")));
         }
@@ -405,13 +514,17 @@ impl Device for SimDevice {
     fn create_stream(&self, _priority: StreamPriority) -> Result<StreamHandle> {
         let mut s = self.lock();
         let h = Self::new_handle(&mut s);
-        s.streams.insert(h);
+        s.queues.add_stream(h);
         Ok(StreamHandle(h))
     }
 
     fn destroy_stream(&self, stream: StreamHandle) -> Result<()> {
-        if !self.lock().streams.remove(&stream.0) {
-            return Err(Self::invalid("cuStreamDestroy", format!("stream {} is not live", stream.0)));
+        let mut s = self.lock();
+        let id = Self::stream_of(&s, "cuStreamDestroy", stream)?;
+        // As cuStreamDestroy: work already enqueued still completes.
+        Self::run_until(&mut s, "cuStreamDestroy", Some(id), |s| s.queues.stream_idle(id))?;
+        if !s.queues.remove_stream(id) {
+            return Err(Self::invalid("cuStreamDestroy", "the legacy stream cannot be destroyed".into()));
         }
         Ok(())
     }
@@ -419,80 +532,100 @@ impl Device for SimDevice {
     fn create_event(&self, _timing: bool) -> Result<EventHandle> {
         let mut s = self.lock();
         let h = Self::new_handle(&mut s);
-        s.events.insert(h);
+        s.queues.add_event(h);
         Ok(EventHandle(h))
     }
 
     fn destroy_event(&self, event: EventHandle) -> Result<()> {
-        if !self.lock().events.remove(&event.0) {
+        if !self.lock().queues.remove_event(event.0) {
             return Err(Self::invalid("cuEventDestroy", format!("event {} is not live", event.0)));
         }
         Ok(())
     }
 
-    fn record_event(&self, event: EventHandle, _stream: StreamHandle) -> Result<()> {
-        self.event_done(event).map(|_| ())
+    fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()> {
+        let mut s = self.lock_progressing();
+        let (e, st) = (Self::event_of(&s, "cuEventRecord", event)?, Self::stream_of(&s, "cuEventRecord", stream)?);
+        s.queues.record(e, st);
+        Ok(())
     }
 
-    fn stream_wait_event(&self, _stream: StreamHandle, event: EventHandle) -> Result<()> {
-        self.event_done(event).map(|_| ())
+    fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()> {
+        let mut s = self.lock_progressing();
+        let (e, st) = (Self::event_of(&s, "cuStreamWaitEvent", event)?, Self::stream_of(&s, "cuStreamWaitEvent", stream)?);
+        s.queues.wait(st, e);
+        Ok(())
     }
 
     fn event_done(&self, event: EventHandle) -> Result<bool> {
-        if self.lock().events.contains(&event.0) {
-            Ok(true)
-        } else {
-            Err(Self::invalid("cuEventQuery", format!("event {} is not live", event.0)))
-        }
+        let s = self.lock_progressing();
+        let e = Self::event_of(&s, "cuEventQuery", event)?;
+        Self::check_fault(&s)?;
+        Ok(s.queues.event_done(e))
     }
 
     fn synchronize_event(&self, event: EventHandle) -> Result<()> {
-        self.event_done(event).map(|_| ())
+        let mut s = self.lock();
+        let e = Self::event_of(&s, "cuEventSynchronize", event)?;
+        Self::run_until(&mut s, "cuEventSynchronize", None, |s| s.queues.event_done(e))
     }
 
-    fn synchronize_stream(&self, _stream: StreamHandle) -> Result<()> {
-        Ok(())
+    fn synchronize_stream(&self, stream: StreamHandle) -> Result<()> {
+        let mut s = self.lock();
+        let id = Self::stream_of(&s, "cuStreamSynchronize", stream)?;
+        Self::run_until(&mut s, "cuStreamSynchronize", Some(id), |s| s.queues.stream_idle(id))
     }
 
     fn elapsed_ms(&self, _start: EventHandle, _end: EventHandle) -> Result<f32> {
         Ok(0.0)
     }
 
-    unsafe fn copy_to_device_async(&self, dst: DevicePtr, src: HostPtr, len: usize, _stream: StreamHandle) -> Result<()> {
+    unsafe fn copy_to_device_async(&self, dst: DevicePtr, src: HostPtr, len: usize, stream: StreamHandle) -> Result<()> {
         failpoint!("cuMemcpyHtoDAsync");
         self.check_device("cuMemcpyHtoDAsync", dst, len)?;
         self.check_pinned("cuMemcpyHtoDAsync", src, len)?;
-        // SAFETY: both ranges were just checked to be mapped and accessible / pinned, and the
-        // caller guarantees no one else writes them during the copy.
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+        let mut s = self.lock_progressing();
+        let id = Self::stream_of(&s, "cuMemcpyHtoDAsync", stream)?;
+        s.queues.enqueue(id, Work::ToDevice { dst, src, len });
         Ok(())
     }
 
-    unsafe fn copy_to_host_async(&self, dst: HostPtr, src: DevicePtr, len: usize, _stream: StreamHandle) -> Result<()> {
+    unsafe fn copy_to_host_async(&self, dst: HostPtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()> {
         failpoint!("cuMemcpyDtoHAsync");
         self.check_device("cuMemcpyDtoHAsync", src, len)?;
         self.check_pinned("cuMemcpyDtoHAsync", dst, len)?;
-        // SAFETY: as in copy_to_device_async, with the roles swapped.
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+        let mut s = self.lock_progressing();
+        let id = Self::stream_of(&s, "cuMemcpyDtoHAsync", stream)?;
+        s.queues.enqueue(id, Work::ToHost { dst, src, len });
         Ok(())
     }
 
-    fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, _stream: StreamHandle) -> Result<()> {
+    fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()> {
         self.check_device("cuMemsetD8Async", dst, len)?;
-        // SAFETY: the range was just checked to be mapped with access.
-        unsafe { std::ptr::write_bytes(dst as *mut u8, value, len) };
+        let mut s = self.lock_progressing();
+        let id = Self::stream_of(&s, "cuMemsetD8Async", stream)?;
+        s.queues.enqueue(id, Work::Memset { dst, value, len });
         Ok(())
     }
 
     fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        self.check_device("cuMemcpyHtoD", dst, src.len())?;
+        let mut s = self.lock();
+        // A synchronous copy runs on the legacy stream, after the work already there.
+        Self::run_until(&mut s, "cuMemcpyHtoD", Some(0), |s| s.queues.stream_idle(0))?;
+        if !Self::device_range_ok(&s, dst, src.len()) {
+            return Err(DeviceError::Fault(format!("cuMemcpyHtoD: device range 0x{dst:x}+{} is not mapped with access", src.len())));
+        }
         // SAFETY: the destination range was just checked to be mapped with access.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
         Ok(())
     }
 
     fn read(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
-        self.check_device("cuMemcpyDtoH", src, dst.len())?;
+        let mut s = self.lock();
+        Self::run_until(&mut s, "cuMemcpyDtoH", Some(0), |s| s.queues.stream_idle(0))?;
+        if !Self::device_range_ok(&s, src, dst.len()) {
+            return Err(DeviceError::Fault(format!("cuMemcpyDtoH: device range 0x{src:x}+{} is not mapped with access", dst.len())));
+        }
         // SAFETY: the source range was just checked to be mapped with access.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
