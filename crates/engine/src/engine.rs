@@ -53,9 +53,11 @@ pub(crate) struct Inner {
     pub device: Arc<dyn Device>,
     pub chunk: usize,
     pub batch: usize,
+    pub copy_chunks: usize,
     pub buffers: BTreeMap<BufferId, Buffer>,
     pub next_buffer: u64,
     pub clock: u64,
+    /// Chunks acquired at least once (`pins > 0`): HBM that eviction cannot free.
     pub pinned: usize,
     pub pool: ChunkPool,
     pub host: HostTier,
@@ -105,6 +107,7 @@ impl Engine {
             device: Arc::clone(&device),
             chunk,
             batch: config.batch_chunks.max(1),
+            copy_chunks: config.copy_chunks.max(1),
             buffers: BTreeMap::new(),
             next_buffer: 1,
             clock: 0,
@@ -327,26 +330,29 @@ impl Inner {
                 fence.wait().during("free")?;
             }
         }
+        // Unmap first, with the buffer still here: if cuMemUnmap fails the buffer stays and a
+        // retry unmaps only what is still mapped. Its data is being discarded, so chunks with
+        // no host copy become `Empty`.
+        let mapped: Vec<_> = buffer
+            .chunks
+            .iter()
+            .enumerate()
+            .filter_map(|(index, chunk)| match chunk.state {
+                ChunkState::Device { phys, copy } => Some(((id, index), phys, copy)),
+                ChunkState::PagingOut { phys, slot, .. } => Some(((id, index), phys, Some(slot))),
+                ChunkState::Empty | ChunkState::Host { .. } => None,
+            })
+            .collect();
+        let (va, reserved) = (buffer.va, buffer.reserved);
+        self.unmap_chunks(&mapped).during("free")?;
+        self.device.unreserve(va, reserved).during("free")?;
         let buffer = self.buffers.remove(&id).expect("checked above");
-        let mut mapped = Vec::new();
-        for (index, chunk) in buffer.chunks.into_iter().enumerate() {
-            let (phys, slots) = match chunk.state {
-                ChunkState::Empty => (None, [None, None]),
-                ChunkState::Host { slot } => (None, [Some(slot), None]),
-                ChunkState::Device { phys, copy } => (Some(phys), [copy, None]),
-                ChunkState::PagingOut { phys, slot, .. } => (Some(phys), [Some(slot), None]),
-            };
-            if let Some(phys) = phys {
-                mapped.push(index);
-                self.pool.give(phys);
+        for chunk in buffer.chunks {
+            if let ChunkState::Host { slot } = chunk.state {
+                self.host.free(slot);
             }
-            slots.into_iter().flatten().for_each(|s| self.host.free(s));
         }
-        for (start, len) in runs(&mapped) {
-            let va = buffer.va + (start * self.chunk) as u64;
-            self.device.unmap(va, len * self.chunk).during("free")?;
-        }
-        self.device.unreserve(buffer.va, buffer.reserved).during("free")
+        Ok(())
     }
 
     /// The distinct chunks `regions` cover, sorted; validates every region first.
@@ -379,7 +385,7 @@ impl Inner {
                 return Err(Error::ReadOnly { call: "acquire", buffer: r.buffer });
             }
         }
-        self.check_fits(&refs)?;
+        self.check_fits("acquire", &refs)?;
         if refs.iter().any(|&r| !self.chunk_mut(r).is_resident()) {
             self.reap()?;
             self.bring_in("acquire", &refs, crate::movement::Purpose::Demand)?;
@@ -390,23 +396,29 @@ impl Inner {
     /// `acquire` for a synchronous host copy: returns the buffer's address.
     fn acquire_for_host(&mut self, regions: &[Region], access: Access, stream: StreamHandle, call: &'static str) -> Result<u64> {
         let refs = self.resolve(call, regions)?;
-        self.check_fits(&refs).map_err(|e| retag(e, call))?;
+        self.check_fits(call, &refs)?;
         self.reap()?;
         self.bring_in(call, &refs, crate::movement::Purpose::Demand)?;
         self.pin(&refs, access, stream)?;
         Ok(self.buffers[&regions[0].buffer].va)
     }
 
-    /// Refuses an acquire that could never be resident, or not while others hold their pins.
-    fn check_fits(&mut self, refs: &[ChunkRef]) -> Result<()> {
+    /// Refuses `chunks` chunks that could never be resident at once, whatever is evicted.
+    fn check_cap(&self, call: &'static str, chunks: usize) -> Result<()> {
         let cap = self.pool.cap();
-        if refs.len() > cap {
-            return Err(Error::WouldNeverFit { requested: refs.len() * self.chunk, cap: cap * self.chunk });
+        if chunks > cap {
+            return Err(Error::WouldNeverFit { call, requested: chunks * self.chunk, cap: cap * self.chunk });
         }
+        Ok(())
+    }
+
+    /// Refuses an acquire that could never be resident, or not while others hold their pins.
+    fn check_fits(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<()> {
+        self.check_cap(call, refs.len())?;
         let already = refs.iter().filter(|&&r| self.chunk_mut(r).pins > 0).count();
-        if self.pinned - already + refs.len() > cap {
+        if self.pinned - already + refs.len() > self.pool.cap() {
             return Err(Error::OutOfMemory {
-                call: "acquire",
+                call,
                 detail: format!(
                     "{} bytes requested while {} bytes are acquired by others; {}",
                     refs.len() * self.chunk,
@@ -440,6 +452,7 @@ impl Inner {
             let chunk = self.chunk_mut(r);
             chunk.pins += 1;
             chunk.last_use = clock;
+            let newly_pinned = chunk.pins == 1;
             if access == Access::ReadWrite {
                 if let ChunkState::Device { copy, .. } = &mut chunk.state {
                     if let Some(slot) = copy.take() {
@@ -448,8 +461,9 @@ impl Inner {
                     }
                 }
             }
+            // `pinned` counts chunks, not pins: a chunk acquired twice takes one chunk of HBM.
+            self.pinned += usize::from(newly_pinned);
         }
-        self.pinned += refs.len();
         Ok(())
     }
 
@@ -472,8 +486,9 @@ impl Inner {
             let chunk = self.chunk_mut(r);
             chunk.pins -= 1;
             chunk.busy = Some(Arc::clone(&fence));
+            let unpinned = chunk.pins == 0;
+            self.pinned -= usize::from(unpinned);
         }
-        self.pinned -= refs.len();
         Ok(())
     }
 
@@ -500,9 +515,7 @@ impl Inner {
 
     fn page_in_start(&mut self, target: Target) -> Result<Ticket> {
         let refs = self.target_refs("page_in", target)?;
-        if refs.len() > self.pool.cap() {
-            return Err(Error::WouldNeverFit { requested: refs.len() * self.chunk, cap: self.pool.cap() * self.chunk });
-        }
+        self.check_cap("page_in", refs.len())?;
         self.reap()?;
         let fence = self.bring_in("page_in", &refs, crate::movement::Purpose::Demand)?;
         Ok(self.ticket(fence.into_iter().collect()))
@@ -570,16 +583,4 @@ impl Inner {
         }
         first_error.map_or(Ok(()), Err)
     }
-}
-
-/// Runs of consecutive indices in a sorted list: `(first, length)`.
-pub(crate) fn runs(sorted: &[usize]) -> Vec<(usize, usize)> {
-    let mut out: Vec<(usize, usize)> = Vec::new();
-    for &i in sorted {
-        match out.last_mut() {
-            Some((start, len)) if *start + *len == i => *len += 1,
-            _ => out.push((i, 1)),
-        }
-    }
-    out
 }

@@ -18,8 +18,8 @@ pub enum Error {
     NotAcquired { buffer: BufferId, offset: usize, len: usize },
     #[error("{call}: buffer {buffer} is read-only; acquire it ReadOnly (Engine::write loads its contents)")]
     ReadOnly { call: &'static str, buffer: BufferId },
-    #[error("acquire: {requested} bytes can never be resident at once: the HBM cap is {cap} bytes")]
-    WouldNeverFit { requested: usize, cap: usize },
+    #[error("{call}: {requested} bytes can never be resident at once: the HBM cap is {cap} bytes")]
+    WouldNeverFit { call: &'static str, requested: usize, cap: usize },
     #[error("{call}: out of memory: {detail}")]
     OutOfMemory { call: &'static str, detail: String },
     #[error("{call}: unknown ticket {ticket} (already finished?)")]

@@ -22,7 +22,7 @@
 //! `down` for page-outs, so the two directions overlap on the two copy engines.
 
 use crate::chunk::ChunkState;
-use crate::engine::{runs, ChunkRef, Inner, PendingDown};
+use crate::engine::{ChunkRef, Inner, PendingDown};
 use crate::error::Context;
 use crate::fence::{settled, Fence};
 use crate::host_tier::Slot;
@@ -147,7 +147,7 @@ impl Inner {
                     _ => None,
                 })
                 .collect();
-            for (k, n, source) in coalesce(&sources, g) {
+            for (k, n, source) in coalesce(&sources, g, self.copy_chunks) {
                 let dst = va0 + (k * g) as u64;
                 outcome = match source {
                     // SAFETY: the slots are pinned host-tier memory owned by these chunks; they
@@ -206,7 +206,7 @@ impl Inner {
                         .find(|f| !matches!(f.is_done(), Ok(true)))
                         .cloned();
                     match unsettled {
-                        None => drop_now.push((r, phys, slot)),
+                        None => drop_now.push((r, phys, Some(slot))),
                         Some(fence) => {
                             chunk.state = ChunkState::PagingOut { phys, slot, fence: Arc::clone(&fence) };
                             if !fences.iter().any(|f| Arc::ptr_eq(f, &fence)) {
@@ -220,7 +220,7 @@ impl Inner {
             }
         }
         self.counters.clean_drops += drop_now.len() as u64;
-        self.unmap_to_host(&drop_now).during(call)?;
+        self.unmap_chunks(&drop_now).during(call)?;
         if dirty.is_empty() {
             return Ok(fences);
         }
@@ -264,7 +264,7 @@ impl Inner {
         let g = self.chunk;
         let va0 = self.chunk_va(batch[0]);
         let targets: Vec<Option<HostPtr>> = slots.iter().map(|&s| Some(self.host.addr(s))).collect();
-        for (k, n, dst) in coalesce(&targets, g) {
+        for (k, n, dst) in coalesce(&targets, g, self.copy_chunks) {
             let dst = dst.expect("every chunk has a slot");
             // SAFETY: the slots were just allocated for these chunks and nothing else uses them;
             // the chunks stay mapped (PagingOut) until this copy's fence has completed.
@@ -307,25 +307,29 @@ impl Inner {
         freed.into_iter().for_each(|s| self.host.free(s));
     }
 
-    /// Unmaps chunks whose data is safe in `slot`, returns their HBM, and marks them `Host`.
-    fn unmap_to_host(&mut self, items: &[(ChunkRef, PhysHandle, Slot)]) -> Result<(), DeviceError> {
+    /// Unmaps chunks, returns their HBM to the pool, and marks them `Host` where their data is
+    /// safe in a slot, `Empty` where it is discarded (only `free` discards). Each run of
+    /// adjacent chunks is marked as soon as it is unmapped, so if a later run fails every chunk
+    /// is either unmapped and marked or still mapped and untouched: none is left marked
+    /// resident behind an unmapped address.
+    pub fn unmap_chunks(&mut self, items: &[(ChunkRef, PhysHandle, Option<Slot>)]) -> Result<(), DeviceError> {
         let mut items = items.to_vec();
         items.sort_unstable_by_key(|&(r, _, _)| r);
-        let mut start = 0;
-        while start < items.len() {
-            let (id, first) = items[start].0;
-            let indices: Vec<usize> = items[start..].iter().take_while(|(r, _, _)| r.0 == id).map(|(r, _, _)| r.1).collect();
-            for (run_first, len) in runs(&indices) {
-                self.device.unmap(self.chunk_va((id, run_first)), len * self.chunk)?;
+        // A chunk sent down, brought back and sent down again behind the same fence sits in two
+        // landed groups: unmap it once.
+        items.dedup_by_key(|&mut (r, _, _)| r);
+        let mut rest = &items[..];
+        while let Some(&((id, first), _, _)) = rest.first() {
+            let len = rest.iter().zip(first..).take_while(|&(&(r, _, _), i)| r == (id, i)).count();
+            let (run, tail) = rest.split_at(len);
+            self.device.unmap(self.chunk_va((id, first)), len * self.chunk)?;
+            for &(r, phys, slot) in run {
+                self.pool.give(phys);
+                let chunk = self.chunk_mut(r);
+                chunk.state = slot.map_or(ChunkState::Empty, |slot| ChunkState::Host { slot });
+                (chunk.ready, chunk.busy) = (None, None);
             }
-            debug_assert_eq!(indices[0], first);
-            start += indices.len();
-        }
-        for &(r, phys, slot) in &items {
-            self.pool.give(phys);
-            let chunk = self.chunk_mut(r);
-            chunk.state = ChunkState::Host { slot };
-            (chunk.ready, chunk.busy) = (None, None);
+            rest = tail;
         }
         Ok(())
     }
@@ -348,12 +352,13 @@ impl Inner {
                 let Some(buffer) = self.buffers.get(&r.0) else { continue };
                 if let ChunkState::PagingOut { phys, slot, fence } = &buffer.chunks[r.1].state {
                     if Arc::ptr_eq(fence, &group.fence) {
-                        items.push((r, *phys, *slot));
+                        items.push((r, *phys, Some(*slot)));
                     }
                 }
             }
         }
-        if let Err(e) = self.unmap_to_host(&items) {
+        if let Err(e) = self.unmap_chunks(&items) {
+            // Retried by the next reap; chunks already unmapped are `Host` and skipped then.
             self.pending_down.extend(landed);
             return Err(Error::Device { call: "reap", source: e });
         }
@@ -465,12 +470,13 @@ pub(crate) fn batches(refs: &[ChunkRef], max: usize) -> impl Iterator<Item = &[C
     })
 }
 
-/// Groups consecutive chunks into single transfers: runs whose host addresses are adjacent
-/// (`Some`), or runs with no host side (`None`: zero-fill). Yields `(first, count, address)`.
-pub(crate) fn coalesce(addresses: &[Option<HostPtr>], chunk: usize) -> Vec<(usize, usize, Option<HostPtr>)> {
+/// Groups consecutive chunks into single transfers of at most `max` chunks: runs whose host
+/// addresses are adjacent (`Some`), or runs with no host side (`None`: zero-fill).
+/// Yields `(first, count, address)`.
+pub(crate) fn coalesce(addresses: &[Option<HostPtr>], chunk: usize, max: usize) -> Vec<(usize, usize, Option<HostPtr>)> {
     let mut out: Vec<(usize, usize, Option<HostPtr>)> = Vec::new();
     for (k, &address) in addresses.iter().enumerate() {
-        if let Some((_, n, start)) = out.last_mut() {
+        if let Some((_, n, start)) = out.last_mut().filter(|(_, n, _)| *n < max) {
             let extends = match (*start, address) {
                 (Some(s), Some(a)) => a == s + *n * chunk,
                 (None, None) => true,
@@ -504,8 +510,9 @@ mod tests {
         let g = 0x10;
         let addrs = [Some(0x100), Some(0x110), Some(0x200), None, None, Some(0x210)];
         assert_eq!(
-            coalesce(&addrs, g),
+            coalesce(&addrs, g, 8),
             vec![(0, 2, Some(0x100)), (2, 1, Some(0x200)), (3, 2, None), (5, 1, Some(0x210))]
         );
+        assert_eq!(coalesce(&addrs[..2], g, 1), vec![(0, 1, Some(0x100)), (1, 1, Some(0x110))]);
     }
 }

@@ -242,7 +242,7 @@ fn acquiring_more_than_the_hbm_cap_would_never_fit_and_pins_nothing() {
     let (a, b) = (w.id(0), w.id(1));
     let e = &w.engine;
     assert_eq!(e.hbm_cap(), HBM * CHUNK);
-    let want = Error::WouldNeverFit { requested: 5 * CHUNK, cap: HBM * CHUNK };
+    let want = Error::WouldNeverFit { call: "acquire", requested: 5 * CHUNK, cap: HBM * CHUNK };
     for access in [Access::ReadOnly, Access::ReadWrite] {
         let err = e.acquire(&[Region::whole(big)], access, S).unwrap_err();
         assert_eq!(err, want);
@@ -260,7 +260,6 @@ fn acquiring_more_than_the_hbm_cap_would_never_fit_and_pins_nothing() {
 }
 
 #[test]
-#[ignore = "engine bug: WouldNeverFit has no call field, so page_in/write/read report it as \"acquire: ...\""]
 fn would_never_fit_names_the_call_that_failed() {
     let w = World::new();
     let (big, _) = w.engine.alloc(5 * CHUNK, AllocOptions::default()).unwrap();
@@ -301,7 +300,6 @@ fn acquiring_what_others_leave_no_room_for_is_out_of_memory() {
 }
 
 #[test]
-#[ignore = "engine bug: check_fits counts pins, not pinned chunks (engine.rs Inner::pinned), so a chunk acquired twice counts twice"]
 fn a_chunk_acquired_twice_takes_one_chunk_of_hbm() {
     let w = World::new();
     let (a, b) = (w.id(0), w.id(1));

@@ -249,7 +249,6 @@ fn cu_mem_host_alloc_failing_keeps_the_data_in_hbm() {
 }
 
 #[test]
-#[ignore = "engine bug: the pool falls back to eviction only on DeviceError::OutOfMemory; the sim's cuMemCreate failpoint returns DeviceError::Driver"]
 fn cu_mem_create_failing_falls_back_to_eviction() {
     let (_g, scenario) = scenario();
     let (engine, sim) = world(4, 2);
@@ -294,7 +293,6 @@ fn cu_mem_create_failing_with_nothing_evictable_is_an_error_that_changes_nothing
 }
 
 #[test]
-#[ignore = "engine bug: unmap_to_host (movement.rs) unmaps run by run and updates chunk states only if all succeed; a later run failing leaves earlier chunks Device but unmapped"]
 fn cu_mem_unmap_failing_in_a_later_run_of_clean_drops_loses_nothing() {
     let (_g, scenario) = scenario();
     let (engine, sim) = world(4, 2);
@@ -315,7 +313,6 @@ fn cu_mem_unmap_failing_in_a_later_run_of_clean_drops_loses_nothing() {
 }
 
 #[test]
-#[ignore = "engine bug: Inner::free (engine.rs) removes the buffer and returns its HBM chunks to the pool before cuMemUnmap; a failed unmap loses the buffer and leaks VA and mapped chunks"]
 fn cu_mem_unmap_failing_in_free_keeps_the_buffer() {
     let (_g, scenario) = scenario();
     let (engine, sim) = world(4, 2);

@@ -136,6 +136,25 @@ fn oversub_passes(b: &Bench, order: &[BufferId], passes: usize, shuffle_seed: Op
     Ok(median(samples))
 }
 
+/// Page-out + page-in at once under other transfer shapes (chunks per set-access batch,
+/// chunks per copy): where does the time go when both directions run together?
+fn inout_sweep(base: &EngineConfig, size: usize, sim_hbm: usize, reps: usize, bidir: f64) -> Result<serde_json::Value, String> {
+    let mut rows = Vec::new();
+    for (batch_chunks, copy_chunks) in [(16, 16), (16, 4), (16, 1), (64, 4), (4, 1)] {
+        let config = EngineConfig { hbm_limit: Some(4 * size), host_limit: Some(4 * size), sim_hbm, batch_chunks, copy_chunks, ..base.clone() };
+        let mut b = Bench::new(config)?;
+        let (a, away) = (b.filled(size, "A")?, b.filled(size, "B")?);
+        b.engine.page_out(Target::Buffer(away)).map_err(|e| e.to_string())?;
+        let (s, phases) = inout_cycle(&b, a, away, reps)?;
+        b.verify(a, size)?;
+        b.verify(away, size)?;
+        let gbps = 2.0 * size as f64 / 1e9 / s;
+        println!("  sweep batch {batch_chunks:>2} copy {copy_chunks:>2}: {gbps:.1} GB/s ({:.2} of bidirectional), phases {phases:.1?} ms, verified {}", gbps / bidir, b.verified);
+        rows.push(json!({ "batch_chunks": batch_chunks, "copy_chunks": copy_chunks, "GBps": gbps, "ratio": gbps / bidir, "phases_ms": phases, "verified": b.verified }));
+    }
+    Ok(serde_json::Value::Array(rows))
+}
+
 /// Median microseconds of acquiring an already-resident 64-chunk buffer.
 fn acquire_resident(b: &Bench, reps: usize) -> Result<f64, String> {
     let chunk = b.engine.chunk_size();
@@ -186,6 +205,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     let vmm = raw::vmm_costs(b.engine.device(), free_chunks.min(512) / 32 * 32)?;
     println!("  VMM per chunk: map+access {:.1} µs, unmap {:.1} µs on one thread; two threads at once: map+access {:.1} µs, unmap {:.1} µs (wall per chunk)", vmm.map_us, vmm.unmap_us, vmm.map_us_2threads, vmm.unmap_us_2threads);
 
+    let sweep = inout_sweep(&base, size, sim_hbm, reps.min(5), ceilings.bidir_gbps)?;
     let acquire_us = acquire_resident(&b, 2000)?;
     println!("acquire of a resident 64-chunk buffer: {acquire_us:.2} µs (median)");
     for (id, bytes) in [(a, size), (away, size), (one, b.engine.chunk_size())] {
@@ -203,7 +223,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     let passes = reps.min(3);
     let oversub_seq = set_gb / oversub_passes(&o, &buffers, passes, None)?;
     let oversub_rand = set_gb / oversub_passes(&o, &buffers, passes, Some(42))?;
-    println!("oversubscribed cycle ({} buffers of 64 MiB, cap {} MiB): sequential {oversub_seq:.1} GB/s, random {oversub_rand:.1} GB/s acquired", count, 2 * size >> 20);
+    println!("oversubscribed cycle ({} buffers of 64 MiB, cap {} MiB): sequential {oversub_seq:.1} GB/s, random {oversub_rand:.1} GB/s acquired", count, (2 * size) >> 20);
     for &id in &buffers {
         o.verify(id, OVERSUB_BUFFER)?;
     }
@@ -250,6 +270,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
         "page_out_ms": big.out_s * 1e3,
         "page_inout_ms": both_s * 1e3,
         "page_inout_phases_ms": { "start_out": phases_ms[0], "start_in": phases_ms[1], "finish_out": phases_ms[2], "finish_in": phases_ms[3] },
+        "page_inout_sweep": sweep,
         "vmm_us_per_chunk": { "map_and_access": vmm.map_us, "unmap": vmm.unmap_us, "map_and_access_two_threads": vmm.map_us_2threads, "unmap_two_threads": vmm.unmap_us_2threads },
         "oversub_buffers": count,
         "oversub_buffer_bytes": OVERSUB_BUFFER,
