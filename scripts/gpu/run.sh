@@ -13,7 +13,7 @@ run() { "$@" 2>&1 | tee -a "$out/log.txt"; local rc=${PIPESTATUS[0]}; [ "$rc" -e
 
 step "GPU"; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 | tee -a "$out/log.txt"
 step "tiermem info"; run "$dist/tiermem" info
-step "CUDA backend tests"; run "$dist/tests/mechanism" --test-threads=1
+step "CUDA backend tests"; run "$dist/tests/mechanism" --test-threads=1 --nocapture
 for t in "$dist"/tests/engine-*; do
   step "engine tests on the GPU: $(basename "$t")"
   TIERMEM_TEST_BACKEND=cuda run "$t" --test-threads=1

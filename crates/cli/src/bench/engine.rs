@@ -203,6 +203,9 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     println!("  phases (ms): start out {:.2}, start in {:.2}, finish out {:.2}, finish in {:.2}", phases_ms[0], phases_ms[1], phases_ms[2], phases_ms[3]);
     let free_chunks = b.engine.device().mem_info().map_err(|e| e.to_string())?.0 / b.engine.chunk_size();
     let vmm = raw::vmm_costs(b.engine.device(), free_chunks.min(512) / 32 * 32)?;
+    let stall = raw::map_stall(b.engine.device(), size)?;
+    println!("  map+access per chunk: {:.1} µs idle, {:.1} µs during a device-to-host copy, {:.1} µs during a host-to-device copy", stall.idle_us, stall.during_d2h_us, stall.during_h2d_us);
+    println!("  map+access batches of 16 during the device-to-host copy (µs): {:.0?}", stall.d2h_batches_us);
     println!("  VMM per chunk: map+access {:.1} µs, unmap {:.1} µs on one thread; two threads at once: map+access {:.1} µs, unmap {:.1} µs (wall per chunk)", vmm.map_us, vmm.unmap_us, vmm.map_us_2threads, vmm.unmap_us_2threads);
 
     let sweep = inout_sweep(&base, size, sim_hbm, reps.min(5), ceilings.bidir_gbps)?;
@@ -271,6 +274,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
         "page_inout_ms": both_s * 1e3,
         "page_inout_phases_ms": { "start_out": phases_ms[0], "start_in": phases_ms[1], "finish_out": phases_ms[2], "finish_in": phases_ms[3] },
         "page_inout_sweep": sweep,
+        "map_and_access_us_per_chunk_while_copying": { "idle": stall.idle_us, "during_d2h": stall.during_d2h_us, "during_h2d": stall.during_h2d_us, "d2h_batches_of_16_us": stall.d2h_batches_us },
         "vmm_us_per_chunk": { "map_and_access": vmm.map_us, "unmap": vmm.unmap_us, "map_and_access_two_threads": vmm.map_us_2threads, "unmap_two_threads": vmm.unmap_us_2threads },
         "oversub_buffers": count,
         "oversub_buffer_bytes": OVERSUB_BUFFER,

@@ -126,3 +126,54 @@ pub fn vmm_costs(device: &Arc<dyn Device>, chunks: usize) -> Result<VmmCosts, St
     device.unreserve(va, chunks * g).map_err(err)?;
     Ok(VmmCosts { map_us: one[0], unmap_us: one[1], map_us_2threads: two[0], unmap_us_2threads: two[1] })
 }
+
+/// Host time per chunk of mapping with access (16 chunks per `cuMemSetAccess`) while the copy
+/// engines are idle, busy copying device → host, and busy copying host → device (plain
+/// allocations, not tiermem's): does mapping wait for copies in flight?
+pub struct MapStall {
+    pub idle_us: f64,
+    pub during_d2h_us: f64,
+    pub during_h2d_us: f64,
+    /// Microseconds of each batch of 16 chunks during the device-to-host copy.
+    pub d2h_batches_us: Vec<f64>,
+}
+
+pub fn map_stall(device: &Arc<dyn Device>, copy_bytes: usize) -> Result<MapStall, String> {
+    const CHUNKS: usize = 64;
+    let d = device.as_ref();
+    let err = |e: tiermem::mechanism::DeviceError| format!("bench map stall: {e}");
+    let g = d.info().granularity;
+    let va = d.reserve(CHUNKS * g).map_err(err)?;
+    let phys: Vec<_> = (0..CHUNKS).map(|_| d.create_chunk()).collect::<Result<_, _>>().map_err(err)?;
+    let (host, plain) = (d.alloc_pinned(copy_bytes).map_err(err)?, d.alloc_plain(copy_bytes).map_err(err)?);
+    let stream = d.create_stream(StreamPriority::High).map_err(err)?;
+    let timed = |direction: Option<bool>| -> Result<Vec<f64>, String> {
+        if let Some(up) = direction {
+            copy(d, up, plain, host, copy_bytes, stream)?;
+        }
+        let mut batches = Vec::new();
+        for first in (0..CHUNKS).step_by(16) {
+            let t = std::time::Instant::now();
+            for i in first..first + 16 {
+                d.map(va + (i * g) as u64, phys[i]).map_err(err)?;
+            }
+            d.set_access(va + (first * g) as u64, 16 * g).map_err(err)?;
+            batches.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        d.synchronize_stream(stream).map_err(err)?;
+        d.unmap(va, CHUNKS * g).map_err(err)?;
+        Ok(batches)
+    };
+    let per_chunk = |b: &[f64]| b.iter().sum::<f64>() / CHUNKS as f64;
+    timed(None)?;
+    let idle = timed(None)?;
+    let d2h = timed(Some(false))?;
+    let h2d = timed(Some(true))?;
+    let stall = MapStall { idle_us: per_chunk(&idle), during_d2h_us: per_chunk(&d2h), during_h2d_us: per_chunk(&h2d), d2h_batches_us: d2h };
+    d.destroy_stream(stream).map_err(err)?;
+    d.free_plain(plain).map_err(err)?;
+    d.free_pinned(host, copy_bytes).map_err(err)?;
+    phys.into_iter().try_for_each(|p| d.release_chunk(p)).map_err(err)?;
+    d.unreserve(va, CHUNKS * g).map_err(err)?;
+    Ok(stall)
+}
