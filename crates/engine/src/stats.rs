@@ -125,7 +125,8 @@ impl std::fmt::Display for Stats {
         )?;
         if !self.buffers.is_empty() {
             writeln!(f, "buffer {:<16} {:>10} {:>6} {:>6} {:>6} {:>6} {:>6}", "name", "size", "hbm", "host", "empty", "moving", "acq")?;
-            for b in &self.buffers {
+            const SHOWN: usize = 12;
+            for b in self.buffers.iter().take(SHOWN) {
                 let name = b.name.as_deref().unwrap_or("-");
                 writeln!(
                     f,
@@ -139,6 +140,9 @@ impl std::fmt::Display for Stats {
                     b.moving,
                     b.acquired
                 )?;
+            }
+            if self.buffers.len() > SHOWN {
+                writeln!(f, "… and {} more buffers", self.buffers.len() - SHOWN)?;
             }
         }
         Ok(())

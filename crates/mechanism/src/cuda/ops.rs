@@ -291,21 +291,12 @@ impl Device for CudaDevice {
         stream: StreamHandle,
     ) -> Result<()> {
         let _ctx = self.bind()?;
-        // One memset per chunk mapping: a memset is not known to cross from one physical
-        // allocation into the next (copies do; the tests check both on the GPU).
-        let g = self.granularity as u64;
-        let end = dst + len as u64;
-        let mut at = dst;
-        while at < end {
-            let piece = ((at / g + 1) * g).min(end) - at;
-            // SAFETY: writes device memory only; the driver validates the range and stream.
-            let r = unsafe { sys::cuMemsetD8Async(at, value, piece as usize, stream_ptr(stream)) };
-            check("cuMemsetD8Async", r, || {
-                format!("dst=0x{at:x} value={value} len={piece} (of 0x{dst:x}+{len}) stream=0x{:x}", stream.0)
-            })?;
-            at += piece;
-        }
-        Ok(())
+        // SAFETY: writes device memory only; the driver validates the range and stream. One
+        // memset may span several chunk mappings (checked on the GPU by the tests).
+        let r = unsafe { sys::cuMemsetD8Async(dst, value, len, stream_ptr(stream)) };
+        check("cuMemsetD8Async", r, || {
+            format!("dst=0x{dst:x} value={value} len={len} stream=0x{:x}", stream.0)
+        })
     }
 
     fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
