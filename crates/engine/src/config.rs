@@ -26,8 +26,6 @@ pub struct EngineConfig {
     pub sim_hbm: usize,
     /// Chunks per transfer batch: one `cuMemSetAccess` and one fence per batch.
     pub batch_chunks: usize,
-    /// The most chunks one copy may carry (adjacent chunks are coalesced up to this).
-    pub copy_chunks: usize,
 }
 
 impl Default for EngineConfig {
@@ -42,7 +40,6 @@ impl Default for EngineConfig {
             seed: 0x7135_3e3d,
             sim_hbm: 1 << 30,
             batch_chunks: 16,
-            copy_chunks: 16,
         }
     }
 }

@@ -21,7 +21,7 @@ pub enum Target {
     All,
 }
 
-/// An asynchronous `page_in_start` / `page_out_start`; [`Engine::finish`] waits for it.
+/// An asynchronous `page_in_start`, `page_out_start` or `exchange_start`; [`Engine::finish`] waits for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[must_use = "an unfinished ticket leaves its transfer unwaited"]
 pub struct Ticket(pub u64);
@@ -53,7 +53,6 @@ pub(crate) struct Inner {
     pub device: Arc<dyn Device>,
     pub chunk: usize,
     pub batch: usize,
-    pub copy_chunks: usize,
     pub buffers: BTreeMap<BufferId, Buffer>,
     pub next_buffer: u64,
     pub clock: u64,
@@ -107,7 +106,6 @@ impl Engine {
             device: Arc::clone(&device),
             chunk,
             batch: config.batch_chunks.max(1),
-            copy_chunks: config.copy_chunks.max(1),
             buffers: BTreeMap::new(),
             next_buffer: 1,
             clock: 0,
@@ -214,6 +212,18 @@ impl Engine {
 
     pub fn page_out_start(&self, target: Target) -> Result<Ticket> {
         self.lock().page_out_start(target)
+    }
+
+    /// Moves `outgoing` out of HBM and `incoming` in, in one schedule that overlaps the two
+    /// directions (as a schedule-driven program pages out the last layer and in the next), and
+    /// waits. A buffer may not be in both.
+    pub fn exchange(&self, outgoing: Target, incoming: Target) -> Result<()> {
+        let ticket = self.exchange_start(outgoing, incoming)?;
+        self.finish(ticket)
+    }
+
+    pub fn exchange_start(&self, outgoing: Target, incoming: Target) -> Result<Ticket> {
+        self.lock().exchange_start(outgoing, incoming)
     }
 
     /// Waits for an asynchronous page-in or page-out to complete.
@@ -522,15 +532,44 @@ impl Inner {
     }
 
     fn page_out_start(&mut self, target: Target) -> Result<Ticket> {
-        let refs = self.target_refs("page_out", target)?;
+        let refs = self.outgoing_refs("page_out", target)?;
+        self.reap()?;
+        let fences = self.send_down_resident("page_out", &refs)?;
+        Ok(self.ticket(fences))
+    }
+
+    /// The chunks of an outgoing target; refused if any of them is acquired.
+    fn outgoing_refs(&self, call: &'static str, target: Target) -> Result<Vec<ChunkRef>> {
+        let refs = self.target_refs(call, target)?;
         let pinned: Vec<&ChunkRef> = refs.iter().filter(|r| self.buffers[&r.0].chunks[r.1].pins > 0).collect();
         if let Some(&&(buffer, _)) = pinned.first() {
             let pinned_chunks = pinned.iter().filter(|r| r.0 == buffer).count();
-            return Err(Error::Acquired { call: "page_out", buffer, pinned_chunks });
+            return Err(Error::Acquired { call, buffer, pinned_chunks });
         }
+        Ok(refs)
+    }
+
+    /// Sends down those of `refs` that are resident now.
+    fn send_down_resident(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
+        let resident: Vec<ChunkRef> = refs.iter().copied().filter(|r| self.buffers[&r.0].chunks[r.1].is_resident()).collect();
+        self.send_down(call, &resident)
+    }
+
+    fn exchange_start(&mut self, outgoing: Target, incoming: Target) -> Result<Ticket> {
+        let call = "exchange";
+        let out = self.outgoing_refs(call, outgoing)?;
+        let inc = self.target_refs(call, incoming)?;
+        if let Some(&(buffer, _)) = inc.iter().find(|r| out.binary_search(r).is_ok()) {
+            return Err(Error::Conflict { call, buffer });
+        }
+        self.check_cap(call, inc.len())?;
         self.reap()?;
-        let moving: Vec<ChunkRef> = refs.into_iter().filter(|r| self.buffers[&r.0].chunks[r.1].is_resident()).collect();
-        let fences = self.send_down("page_out", &moving)?;
+        // Mapping waits for copies to the host in flight (on the H200 a batch of 16 chunks took
+        // 17 ms instead of 0.35 ms during a 1 GiB copy down), while copies up do not delay it.
+        // So the incoming chunks are mapped first, their copies up streaming meanwhile, and only
+        // then are the outgoing copies issued: the two directions overlap.
+        let mut fences: Vec<Arc<Fence>> = self.bring_in(call, &inc, crate::movement::Purpose::Demand)?.into_iter().collect();
+        fences.extend(self.send_down_resident(call, &out)?);
         Ok(self.ticket(fences))
     }
 

@@ -22,6 +22,8 @@ pub enum Error {
     WouldNeverFit { call: &'static str, requested: usize, cap: usize },
     #[error("{call}: out of memory: {detail}")]
     OutOfMemory { call: &'static str, detail: String },
+    #[error("{call}: buffer {buffer} is both outgoing and incoming")]
+    Conflict { call: &'static str, buffer: BufferId },
     #[error("{call}: unknown ticket {ticket} (already finished?)")]
     UnknownTicket { call: &'static str, ticket: u64 },
     #[error("{call}: {source}")]

@@ -12,8 +12,9 @@
 //! GPU work with [`Engine::acquire`] / [`Engine::release`] on its stream. Acquire is
 //! stream-ordered: chunks not in HBM are copied in on tiermem's copy stream and the user's
 //! stream waits for them on the device. Acquired chunks never move; released ones move once
-//! the work before the release has completed. [`Engine::page_out`] and [`Engine::page_in`]
-//! move whole buffers explicitly, synchronously or with `*_start` + [`Engine::finish`].
+//! the work before the release has completed. [`Engine::page_out`], [`Engine::page_in`] and
+//! [`Engine::exchange`] (one out, another in, both directions at once) move whole buffers
+//! explicitly, synchronously or with `*_start` + [`Engine::finish`] (the Bakita paper's API).
 
 mod buffer;
 mod chunk;

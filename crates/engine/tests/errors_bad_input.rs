@@ -344,6 +344,26 @@ fn acquired_buffers_cannot_be_freed_or_paged_out() {
 }
 
 #[test]
+fn exchange_refuses_a_buffer_both_ways_and_an_acquired_outgoing_one() {
+    let w = World::new();
+    let (a, b) = (w.id(0), w.id(1));
+    let e = &w.engine;
+    let err = e.exchange(Target::Buffer(a), Target::Buffer(a)).unwrap_err();
+    assert_eq!(err, Error::Conflict { call: "exchange", buffer: a });
+    assert!(err.to_string().starts_with("exchange:"), "{err}");
+    assert!(matches!(e.exchange(Target::All, Target::Buffer(b)), Err(Error::Conflict { .. })));
+    e.acquire(&[Region::whole(a)], Access::ReadOnly, S).unwrap();
+    let err = e.exchange(Target::Buffer(a), Target::Buffer(b)).unwrap_err();
+    assert!(matches!(err, Error::Acquired { call: "exchange", buffer, .. } if buffer == a), "{err}");
+    e.release(&[Region::whole(a)], S).unwrap();
+    w.check();
+    e.exchange(Target::Buffer(a), Target::Buffer(b)).expect("exchange once released");
+    assert_eq!(buffer_stats(e, a).in_hbm, 0, "the outgoing buffer left HBM");
+    assert_eq!(buffer_stats(e, b).in_hbm, buffer_stats(e, b).chunks, "the incoming buffer is resident");
+    w.finish();
+}
+
+#[test]
 fn finish_of_an_unknown_ticket_is_unknown_ticket() {
     let w = World::new();
     let e = &w.engine;

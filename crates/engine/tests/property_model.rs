@@ -1,5 +1,5 @@
 //! Random sequences of alloc / write / acquire / release / prefetch / page_out / page_in /
-//! free against a reference model (a `Vec<u8>` per buffer). Every byte read back — through
+//! exchange / free against a reference model (a `Vec<u8>` per buffer). Every byte read back — through
 //! `Engine::read` or through the device pointer while acquired — must equal the model, after
 //! any sequence of moves; errors must be the documented ones and change no byte.
 //!
@@ -26,6 +26,7 @@ enum Op {
     PageOutStart { buf: usize },
     Finish,
     PageIn { buf: usize },
+    Exchange { out: usize, inn: usize },
     Free { buf: usize },
 }
 
@@ -45,6 +46,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|buf| Op::PageOutStart { buf }),
         1 => Just(Op::Finish),
         2 => any::<usize>().prop_map(|buf| Op::PageIn { buf }),
+        1 => (any::<usize>(), any::<usize>()).prop_map(|(out, inn)| Op::Exchange { out, inn }),
         1 => any::<usize>().prop_map(|buf| Op::Free { buf }),
     ]
 }
@@ -209,6 +211,16 @@ fn run(engine: &Engine, ops: &[Op]) -> Result<(), TestCaseError> {
                 let Some(i) = m.pick(buf) else { continue };
                 if let Err(e) = engine.page_in(Target::Buffer(m.buffers[i].0)) {
                     prop_assert!(m.is_pressure(&e), "page_in: {e}");
+                }
+            }
+            Op::Exchange { out, inn } => {
+                let (Some(o), Some(i)) = (m.pick(out), m.pick(inn)) else { continue };
+                let (out_id, in_id) = (m.buffers[o].0, m.buffers[i].0);
+                match engine.exchange(Target::Buffer(out_id), Target::Buffer(in_id)) {
+                    Ok(()) => prop_assert!(o != i && !m.held(out_id), "exchange accepted a conflict or an acquired buffer"),
+                    Err(Error::Conflict { .. }) => prop_assert!(o == i),
+                    Err(Error::Acquired { .. }) => prop_assert!(m.held(out_id)),
+                    Err(e) => prop_assert!(m.is_pressure(&e), "exchange: {e}"),
                 }
             }
             Op::Free { buf } => {

@@ -84,33 +84,28 @@ fn page_cycle(b: &Bench, id: BufferId, reps: usize) -> Result<PageTimes, String>
     Ok(PageTimes { in_s: median(ins), out_s: median(outs) })
 }
 
-/// Median time of paging one dirty resident buffer out while another comes in, and the
-/// median of each phase (start out, start in, finish out, finish in).
-fn inout_cycle(b: &Bench, mut resident: BufferId, mut away: BufferId, reps: usize) -> Result<(f64, [f64; 4]), String> {
+/// Median seconds of moving one dirty resident buffer out while another comes in, with one
+/// `exchange` (`together`) or with `page_out_start` then `page_in_start`.
+fn inout_cycle(b: &Bench, mut resident: BufferId, mut away: BufferId, reps: usize, together: bool) -> Result<f64, String> {
     let mut samples = Vec::new();
-    let mut phases: [Vec<f64>; 4] = Default::default();
     for rep in 0..reps + WARMUP {
         b.dirty(resident)?;
-        let e = &b.engine;
-        let fail = |e: tiermem::Error| format!("bench: {e}");
-        let t0 = Instant::now();
-        let down = e.page_out_start(Target::Buffer(resident)).map_err(fail)?;
-        let t1 = Instant::now();
-        let up = e.page_in_start(Target::Buffer(away)).map_err(fail)?;
-        let t2 = Instant::now();
-        e.finish(down).map_err(fail)?;
-        let t3 = Instant::now();
-        e.finish(up).map_err(fail)?;
-        let t4 = Instant::now();
-        if rep >= WARMUP {
-            samples.push((t4 - t0).as_secs_f64());
-            for (k, (a, z)) in [(t0, t1), (t1, t2), (t2, t3), (t3, t4)].into_iter().enumerate() {
-                phases[k].push((z - a).as_secs_f64() * 1e3);
+        let (out, inn) = (Target::Buffer(resident), Target::Buffer(away));
+        let s = b.seconds(|e| {
+            if together {
+                return e.exchange(out, inn);
             }
+            let down = e.page_out_start(out)?;
+            let up = e.page_in_start(inn)?;
+            e.finish(down)?;
+            e.finish(up)
+        })?;
+        if rep >= WARMUP {
+            samples.push(s);
         }
         std::mem::swap(&mut resident, &mut away);
     }
-    Ok((median(samples), phases.map(median)))
+    Ok(median(samples))
 }
 
 /// Acquires every buffer for writing in `order`, pass after pass; median seconds per pass.
@@ -134,25 +129,6 @@ fn oversub_passes(b: &Bench, order: &[BufferId], passes: usize, shuffle_seed: Op
         }
     }
     Ok(median(samples))
-}
-
-/// Page-out + page-in at once under other transfer shapes (chunks per set-access batch,
-/// chunks per copy): where does the time go when both directions run together?
-fn inout_sweep(base: &EngineConfig, size: usize, sim_hbm: usize, reps: usize, bidir: f64) -> Result<serde_json::Value, String> {
-    let mut rows = Vec::new();
-    for (batch_chunks, copy_chunks) in [(16, 16), (16, 4), (16, 1), (64, 4), (4, 1)] {
-        let config = EngineConfig { hbm_limit: Some(4 * size), host_limit: Some(4 * size), sim_hbm, batch_chunks, copy_chunks, ..base.clone() };
-        let mut b = Bench::new(config)?;
-        let (a, away) = (b.filled(size, "A")?, b.filled(size, "B")?);
-        b.engine.page_out(Target::Buffer(away)).map_err(|e| e.to_string())?;
-        let (s, phases) = inout_cycle(&b, a, away, reps)?;
-        b.verify(a, size)?;
-        b.verify(away, size)?;
-        let gbps = 2.0 * size as f64 / 1e9 / s;
-        println!("  sweep batch {batch_chunks:>2} copy {copy_chunks:>2}: {gbps:.1} GB/s ({:.2} of bidirectional), phases {phases:.1?} ms, verified {}", gbps / bidir, b.verified);
-        rows.push(json!({ "batch_chunks": batch_chunks, "copy_chunks": copy_chunks, "GBps": gbps, "ratio": gbps / bidir, "phases_ms": phases, "verified": b.verified }));
-    }
-    Ok(serde_json::Value::Array(rows))
 }
 
 /// Median microseconds of acquiring an already-resident 64-chunk buffer.
@@ -197,10 +173,10 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
 
     let away = b.filled(size, "B")?;
     b.engine.page_out(Target::Buffer(away)).map_err(|e| e.to_string())?;
-    let (both_s, phases_ms) = inout_cycle(&b, a, away, reps)?;
+    let both_s = inout_cycle(&b, a, away, reps, true)?;
     let page_inout = 2.0 * size as f64 / 1e9 / both_s;
-    println!("tiermem page-out + page-in at once {page_inout:.1} GB/s ({:.2} of raw bidirectional)", page_inout / ceilings.bidir_gbps);
-    println!("  phases (ms): start out {:.2}, start in {:.2}, finish out {:.2}, finish in {:.2}", phases_ms[0], phases_ms[1], phases_ms[2], phases_ms[3]);
+    let separate = 2.0 * size as f64 / 1e9 / inout_cycle(&b, a, away, reps, false)?;
+    println!("tiermem exchange (page-out + page-in at once) {page_inout:.1} GB/s ({:.2} of raw bidirectional); as two separate calls {separate:.1} GB/s", page_inout / ceilings.bidir_gbps);
     let free_chunks = b.engine.device().mem_info().map_err(|e| e.to_string())?.0 / b.engine.chunk_size();
     let vmm = raw::vmm_costs(b.engine.device(), free_chunks.min(512) / 32 * 32)?;
     let stall = raw::map_stall(b.engine.device(), size)?;
@@ -208,7 +184,6 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     println!("  map+access batches of 16 during the device-to-host copy (µs): {:.0?}", stall.d2h_batches_us);
     println!("  VMM per chunk: map+access {:.1} µs, unmap {:.1} µs on one thread; two threads at once: map+access {:.1} µs, unmap {:.1} µs (wall per chunk)", vmm.map_us, vmm.unmap_us, vmm.map_us_2threads, vmm.unmap_us_2threads);
 
-    let sweep = inout_sweep(&base, size, sim_hbm, reps.min(5), ceilings.bidir_gbps)?;
     let acquire_us = acquire_resident(&b, 2000)?;
     println!("acquire of a resident 64-chunk buffer: {acquire_us:.2} µs (median)");
     for (id, bytes) in [(a, size), (away, size), (one, b.engine.chunk_size())] {
@@ -272,8 +247,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
         "page_in_ms": big.in_s * 1e3,
         "page_out_ms": big.out_s * 1e3,
         "page_inout_ms": both_s * 1e3,
-        "page_inout_phases_ms": { "start_out": phases_ms[0], "start_in": phases_ms[1], "finish_out": phases_ms[2], "finish_in": phases_ms[3] },
-        "page_inout_sweep": sweep,
+        "page_inout_separate_calls_GBps": separate,
         "map_and_access_us_per_chunk_while_copying": { "idle": stall.idle_us, "during_d2h": stall.during_d2h_us, "during_h2d": stall.during_h2d_us, "d2h_batches_of_16_us": stall.d2h_batches_us },
         "vmm_us_per_chunk": { "map_and_access": vmm.map_us, "unmap": vmm.unmap_us, "map_and_access_two_threads": vmm.map_us_2threads, "unmap_two_threads": vmm.unmap_us_2threads },
         "oversub_buffers": count,

@@ -154,8 +154,8 @@ pub fn map_stall(device: &Arc<dyn Device>, copy_bytes: usize) -> Result<MapStall
         let mut batches = Vec::new();
         for first in (0..CHUNKS).step_by(16) {
             let t = std::time::Instant::now();
-            for i in first..first + 16 {
-                d.map(va + (i * g) as u64, phys[i]).map_err(err)?;
+            for (i, &chunk) in phys.iter().enumerate().skip(first).take(16) {
+                d.map(va + (i * g) as u64, chunk).map_err(err)?;
             }
             d.set_access(va + (first * g) as u64, 16 * g).map_err(err)?;
             batches.push(t.elapsed().as_secs_f64() * 1e6);
