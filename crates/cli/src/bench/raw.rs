@@ -134,6 +134,10 @@ pub struct MapStall {
     pub idle_us: f64,
     pub during_d2h_us: f64,
     pub during_h2d_us: f64,
+    /// During the same copy down issued on a low-priority stream.
+    pub during_d2h_low_priority_us: f64,
+    /// During the same copy down issued as 2 MiB copies.
+    pub during_d2h_pieces_us: f64,
     /// Microseconds of each batch of 16 chunks during the device-to-host copy.
     pub d2h_batches_us: Vec<f64>,
 }
@@ -146,10 +150,14 @@ pub fn map_stall(device: &Arc<dyn Device>, copy_bytes: usize) -> Result<MapStall
     let va = d.reserve(CHUNKS * g).map_err(err)?;
     let phys: Vec<_> = (0..CHUNKS).map(|_| d.create_chunk()).collect::<Result<_, _>>().map_err(err)?;
     let (host, plain) = (d.alloc_pinned(copy_bytes).map_err(err)?, d.alloc_plain(copy_bytes).map_err(err)?);
-    let stream = d.create_stream(StreamPriority::High).map_err(err)?;
-    let timed = |direction: Option<bool>| -> Result<Vec<f64>, String> {
-        if let Some(up) = direction {
-            copy(d, up, plain, host, copy_bytes, stream)?;
+    let high = d.create_stream(StreamPriority::High).map_err(err)?;
+    let low = d.create_stream(StreamPriority::Low).map_err(err)?;
+    // What runs on the copy engines meanwhile: (up, stream, bytes per copy).
+    let timed = |load: Option<(bool, StreamHandle, usize)>| -> Result<Vec<f64>, String> {
+        if let Some((up, stream, piece)) = load {
+            for offset in (0..copy_bytes).step_by(piece) {
+                copy(d, up, plain + offset as u64, host + offset, piece.min(copy_bytes - offset), stream)?;
+            }
         }
         let mut batches = Vec::new();
         for first in (0..CHUNKS).step_by(16) {
@@ -160,17 +168,30 @@ pub fn map_stall(device: &Arc<dyn Device>, copy_bytes: usize) -> Result<MapStall
             d.set_access(va + (first * g) as u64, 16 * g).map_err(err)?;
             batches.push(t.elapsed().as_secs_f64() * 1e6);
         }
-        d.synchronize_stream(stream).map_err(err)?;
+        for stream in [high, low] {
+            d.synchronize_stream(stream).map_err(err)?;
+        }
         d.unmap(va, CHUNKS * g).map_err(err)?;
         Ok(batches)
     };
     let per_chunk = |b: &[f64]| b.iter().sum::<f64>() / CHUNKS as f64;
     timed(None)?;
     let idle = timed(None)?;
-    let d2h = timed(Some(false))?;
-    let h2d = timed(Some(true))?;
-    let stall = MapStall { idle_us: per_chunk(&idle), during_d2h_us: per_chunk(&d2h), during_h2d_us: per_chunk(&h2d), d2h_batches_us: d2h };
-    d.destroy_stream(stream).map_err(err)?;
+    let d2h = timed(Some((false, high, copy_bytes)))?;
+    let h2d = timed(Some((true, high, copy_bytes)))?;
+    let low_priority = timed(Some((false, low, copy_bytes)))?;
+    let pieces = timed(Some((false, high, g)))?;
+    let stall = MapStall {
+        idle_us: per_chunk(&idle),
+        during_d2h_us: per_chunk(&d2h),
+        during_h2d_us: per_chunk(&h2d),
+        during_d2h_low_priority_us: per_chunk(&low_priority),
+        during_d2h_pieces_us: per_chunk(&pieces),
+        d2h_batches_us: d2h,
+    };
+    for stream in [high, low] {
+        d.destroy_stream(stream).map_err(err)?;
+    }
     d.free_plain(plain).map_err(err)?;
     d.free_pinned(host, copy_bytes).map_err(err)?;
     phys.into_iter().try_for_each(|p| d.release_chunk(p)).map_err(err)?;
