@@ -135,18 +135,6 @@ pub trait Device: Send + Sync {
         len: usize,
         stream: StreamHandle,
     ) -> Result<()>;
-    /// Enqueues the same copy as [`Device::copy_to_host_async`], done by a kernel (the
-    /// multiprocessors) instead of a copy engine; `len` must be a multiple of 16.
-    ///
-    /// # Safety
-    /// As for [`Device::copy_to_host_async`].
-    unsafe fn copy_to_host_by_kernel_async(
-        &self,
-        dst: HostPtr,
-        src: DevicePtr,
-        len: usize,
-        stream: StreamHandle,
-    ) -> Result<()>;
     /// Enqueues setting `len` bytes at `dst` to `value`.
     fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle)
         -> Result<()>;

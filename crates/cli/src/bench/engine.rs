@@ -160,7 +160,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     println!("device: {} ({} of them), driver {}; transfers of {} MiB, {reps} reps, medians", info.name, info.device_count, info.driver_version, size >> 20);
 
     let ceilings = raw::measure(b.engine.device(), size, reps)?;
-    println!("raw pinned copies: H2D {:.1} GB/s, D2H {:.1} GB/s, both at once {:.1} GB/s; D2H by a copy kernel {:.1} GB/s", ceilings.h2d_gbps, ceilings.d2h_gbps, ceilings.bidir_gbps, ceilings.d2h_by_kernel_gbps);
+    println!("raw pinned copies: H2D {:.1} GB/s, D2H {:.1} GB/s, both at once {:.1} GB/s", ceilings.h2d_gbps, ceilings.d2h_gbps, ceilings.bidir_gbps);
 
     let a = b.filled(size, "A")?;
     let big = page_cycle(&b, a, reps)?;
@@ -181,7 +181,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     let vmm = raw::vmm_costs(b.engine.device(), free_chunks.min(512) / 32 * 32)?;
     let stall = raw::map_stall(b.engine.device(), size)?;
     println!("  map+access per chunk: {:.1} µs idle, {:.1} µs during a device-to-host copy, {:.1} µs during a host-to-device copy", stall.idle_us, stall.during_d2h_us, stall.during_h2d_us);
-    println!("  map+access batches of 16 during the device-to-host copy (µs): {:.0?}; during it on a low-priority stream {:.1} µs per chunk, as 2 MiB copies {:.1} µs, by the copy kernel {:.1} µs", stall.d2h_batches_us, stall.during_d2h_low_priority_us, stall.during_d2h_pieces_us, stall.during_kernel_d2h_us);
+    println!("  map+access batches of 16 during the device-to-host copy (µs): {:.0?}; during it on a low-priority stream {:.1} µs per chunk, as 2 MiB copies {:.1} µs", stall.d2h_batches_us, stall.during_d2h_low_priority_us, stall.during_d2h_pieces_us);
     println!("  VMM per chunk: map+access {:.1} µs, unmap {:.1} µs on one thread; two threads at once: map+access {:.1} µs, unmap {:.1} µs (wall per chunk)", vmm.map_us, vmm.unmap_us, vmm.map_us_2threads, vmm.unmap_us_2threads);
 
     let acquire_us = acquire_resident(&b, 2000)?;
@@ -241,7 +241,6 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
         "date": date,
         "backend": info.backend.to_string(),
         "transfer_bytes": size,
-        "raw_d2h_by_copy_kernel_GBps": ceilings.d2h_by_kernel_gbps,
         "reps": reps,
         "lone_chunk_page_in_us": lone.in_s * 1e6,
         "lone_chunk_page_out_us": lone.out_s * 1e6,
@@ -249,7 +248,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
         "page_out_ms": big.out_s * 1e3,
         "page_inout_ms": both_s * 1e3,
         "page_inout_separate_calls_GBps": separate,
-        "map_and_access_us_per_chunk_while_copying": { "idle": stall.idle_us, "during_d2h": stall.during_d2h_us, "during_h2d": stall.during_h2d_us, "during_d2h_low_priority_stream": stall.during_d2h_low_priority_us, "during_d2h_as_2MiB_copies": stall.during_d2h_pieces_us, "during_d2h_by_copy_kernel": stall.during_kernel_d2h_us, "d2h_batches_of_16_us": stall.d2h_batches_us },
+        "map_and_access_us_per_chunk_while_copying": { "idle": stall.idle_us, "during_d2h": stall.during_d2h_us, "during_h2d": stall.during_h2d_us, "during_d2h_low_priority_stream": stall.during_d2h_low_priority_us, "during_d2h_as_2MiB_copies": stall.during_d2h_pieces_us, "d2h_batches_of_16_us": stall.d2h_batches_us },
         "vmm_us_per_chunk": { "map_and_access": vmm.map_us, "unmap": vmm.unmap_us, "map_and_access_two_threads": vmm.map_us_2threads, "unmap_two_threads": vmm.unmap_us_2threads },
         "oversub_buffers": count,
         "oversub_buffer_bytes": OVERSUB_BUFFER,

@@ -8,8 +8,6 @@ pub struct Ceilings {
     pub h2d_gbps: f64,
     pub d2h_gbps: f64,
     pub bidir_gbps: f64,
-    /// Device → host by the copy kernel rather than a copy engine (not a ceiling: a comparison).
-    pub d2h_by_kernel_gbps: f64,
 }
 
 /// Raw `cuMemcpy*Async` between pinned host memory and a plain device allocation.
@@ -21,16 +19,16 @@ pub fn measure(device: &Arc<dyn Device>, size: usize, reps: usize) -> Result<Cei
     let streams = [d.create_stream(StreamPriority::High).map_err(err)?, d.create_stream(StreamPriority::High).map_err(err)?];
     let events: Vec<EventHandle> = (0..4).map(|_| d.create_event(true)).collect::<Result<_, _>>().map_err(err)?;
     let gb = size as f64 / 1e9;
-    let time = |up: bool, down: bool, by_kernel: bool| -> Result<f64, String> {
+    let time = |up: bool, down: bool| -> Result<f64, String> {
         let mut samples = Vec::new();
         for rep in 0..reps + 2 {
             d.record_event(events[0], streams[0]).map_err(err)?;
             d.stream_wait_event(streams[1], events[0]).map_err(err)?;
             if up {
-                copy(d, Way::Up, dev[0], host[0], size, streams[0])?;
+                copy(d, true, dev[0], host[0], size, streams[0])?;
             }
             if down {
-                copy(d, if by_kernel { Way::DownByKernel } else { Way::Down }, dev[1], host[1], size, streams[1])?;
+                copy(d, false, dev[1], host[1], size, streams[1])?;
             }
             d.record_event(events[1], streams[0]).map_err(err)?;
             d.record_event(events[2], streams[1]).map_err(err)?;
@@ -43,10 +41,9 @@ pub fn measure(device: &Arc<dyn Device>, size: usize, reps: usize) -> Result<Cei
         }
         Ok(median(samples))
     };
-    let h2d = gb / time(true, false, false)?;
-    let d2h = gb / time(false, true, false)?;
-    let bidir = 2.0 * gb / time(true, true, false)?;
-    let d2h_by_kernel = gb / time(false, true, true)?;
+    let h2d = gb / time(true, false)?;
+    let d2h = gb / time(false, true)?;
+    let bidir = 2.0 * gb / time(true, true)?;
     for e in events {
         d.destroy_event(e).map_err(err)?;
     }
@@ -59,27 +56,14 @@ pub fn measure(device: &Arc<dyn Device>, size: usize, reps: usize) -> Result<Cei
     for h in host {
         d.free_pinned(h, size).map_err(err)?;
     }
-    Ok(Ceilings { h2d_gbps: h2d, d2h_gbps: d2h, bidir_gbps: bidir, d2h_by_kernel_gbps: d2h_by_kernel })
+    Ok(Ceilings { h2d_gbps: h2d, d2h_gbps: d2h, bidir_gbps: bidir })
 }
 
-/// Which way a raw copy goes, and what does it.
-#[derive(Clone, Copy)]
-enum Way {
-    Up,
-    Down,
-    /// Down, by the copy kernel instead of a copy engine.
-    DownByKernel,
-}
-
-fn copy(d: &dyn Device, way: Way, dev: DevicePtr, host: HostPtr, size: usize, stream: StreamHandle) -> Result<(), String> {
-    // SAFETY: `host` is pinned memory of `size` bytes from this device, alive until the caller
+fn copy(d: &dyn Device, up: bool, dev: DevicePtr, host: HostPtr, size: usize, stream: StreamHandle) -> Result<(), String> {
+    // SAFETY: `host` is pinned memory of `size` bytes from this device, alive until `measure`
     // frees it after synchronising every copy.
     let result = unsafe {
-        match way {
-            Way::Up => d.copy_to_device_async(dev, host, size, stream),
-            Way::Down => d.copy_to_host_async(host, dev, size, stream),
-            Way::DownByKernel => d.copy_to_host_by_kernel_async(host, dev, size, stream),
-        }
+        if up { d.copy_to_device_async(dev, host, size, stream) } else { d.copy_to_host_async(host, dev, size, stream) }
     };
     result.map_err(|e| format!("bench raw: {e}"))
 }
@@ -154,8 +138,6 @@ pub struct MapStall {
     pub during_d2h_low_priority_us: f64,
     /// During the same copy down issued as 2 MiB copies.
     pub during_d2h_pieces_us: f64,
-    /// During the same copy down done by the copy kernel.
-    pub during_kernel_d2h_us: f64,
     /// Microseconds of each batch of 16 chunks during the device-to-host copy.
     pub d2h_batches_us: Vec<f64>,
 }
@@ -170,11 +152,11 @@ pub fn map_stall(device: &Arc<dyn Device>, copy_bytes: usize) -> Result<MapStall
     let (host, plain) = (d.alloc_pinned(copy_bytes).map_err(err)?, d.alloc_plain(copy_bytes).map_err(err)?);
     let high = d.create_stream(StreamPriority::High).map_err(err)?;
     let low = d.create_stream(StreamPriority::Low).map_err(err)?;
-    // What runs meanwhile: (direction, stream, bytes per copy).
-    let timed = |load: Option<(Way, StreamHandle, usize)>| -> Result<Vec<f64>, String> {
-        if let Some((way, stream, piece)) = load {
+    // What runs on the copy engines meanwhile: (up, stream, bytes per copy).
+    let timed = |load: Option<(bool, StreamHandle, usize)>| -> Result<Vec<f64>, String> {
+        if let Some((up, stream, piece)) = load {
             for offset in (0..copy_bytes).step_by(piece) {
-                copy(d, way, plain + offset as u64, host + offset, piece.min(copy_bytes - offset), stream)?;
+                copy(d, up, plain + offset as u64, host + offset, piece.min(copy_bytes - offset), stream)?;
             }
         }
         let mut batches = Vec::new();
@@ -195,18 +177,16 @@ pub fn map_stall(device: &Arc<dyn Device>, copy_bytes: usize) -> Result<MapStall
     let per_chunk = |b: &[f64]| b.iter().sum::<f64>() / CHUNKS as f64;
     timed(None)?;
     let idle = timed(None)?;
-    let d2h = timed(Some((Way::Down, high, copy_bytes)))?;
-    let h2d = timed(Some((Way::Up, high, copy_bytes)))?;
-    let low_priority = timed(Some((Way::Down, low, copy_bytes)))?;
-    let pieces = timed(Some((Way::Down, high, g)))?;
-    let by_kernel = timed(Some((Way::DownByKernel, high, copy_bytes)))?;
+    let d2h = timed(Some((false, high, copy_bytes)))?;
+    let h2d = timed(Some((true, high, copy_bytes)))?;
+    let low_priority = timed(Some((false, low, copy_bytes)))?;
+    let pieces = timed(Some((false, high, g)))?;
     let stall = MapStall {
         idle_us: per_chunk(&idle),
         during_d2h_us: per_chunk(&d2h),
         during_h2d_us: per_chunk(&h2d),
         during_d2h_low_priority_us: per_chunk(&low_priority),
         during_d2h_pieces_us: per_chunk(&pieces),
-        during_kernel_d2h_us: per_chunk(&by_kernel),
         d2h_batches_us: d2h,
     };
     for stream in [high, low] {

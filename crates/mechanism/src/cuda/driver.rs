@@ -59,9 +59,6 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemcpyDtoH_v2",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
-    "cuModuleLoadData",
-    "cuModuleGetFunction",
-    "cuLaunchKernel",
 ];
 
 /// Names of required symbols the loaded driver library lacks. Only call when

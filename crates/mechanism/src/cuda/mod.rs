@@ -17,7 +17,6 @@
 //! `CUDA_ERROR_OUT_OF_MEMORY` from device allocations becomes [`DeviceError::OutOfMemory`].
 
 mod driver;
-mod kernel;
 mod ops;
 #[cfg(test)]
 mod tests;
@@ -41,19 +40,16 @@ pub struct CudaDevice {
     /// `cuCtxGetStreamPriorityRange`: numerically, greatest <= least.
     least_priority: i32,
     greatest_priority: i32,
-    /// `cuEventElapsedTime_v2` or, on older drivers, `cuEventElapsedTime`.
+    /// Set once a multi-granule `cuMemUnmap` was refused and per-granule unmapping worked.
     elapsed: Option<(&'static str, ElapsedFn)>,
-    /// The copy kernel's function handle, loaded on first use (`kernel.rs`).
-    copy_kernel: std::sync::OnceLock<Result<usize>>,
     info: DeviceInfo,
 }
 
-// SAFETY: the fields are plain integers and immutable driver handles (the copy kernel's is set
-// once, behind a OnceLock). The driver API
+// SAFETY: the fields are plain integers, immutable driver handles and an atomic. The driver API
 // is thread-safe: contexts, streams, events and allocations may be used from any thread, and
 // every method first makes this device's context current on the calling thread (`bind`).
 unsafe impl Send for CudaDevice {}
-// SAFETY: see `Send`; no method mutates `CudaDevice` except through the OnceLock.
+// SAFETY: see `Send`; no method mutates `CudaDevice` except through the atomic.
 unsafe impl Sync for CudaDevice {}
 
 impl std::fmt::Debug for CudaDevice {
@@ -198,7 +194,6 @@ impl CudaDevice {
             least_priority: 0,
             greatest_priority: 0,
             elapsed: driver::resolve_elapsed(),
-            copy_kernel: std::sync::OnceLock::new(),
             info: DeviceInfo {
                 backend: BackendKind::Cuda,
                 ordinal,

@@ -283,16 +283,6 @@ impl Device for CudaDevice {
         })
     }
 
-    unsafe fn copy_to_host_by_kernel_async(
-        &self,
-        dst: HostPtr,
-        src: DevicePtr,
-        len: usize,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        self.kernel_copy_to_host(dst, src, len, stream)
-    }
-
     fn memset_async(
         &self,
         dst: DevicePtr,

@@ -600,14 +600,6 @@ impl Device for SimDevice {
         Ok(())
     }
 
-    unsafe fn copy_to_host_by_kernel_async(&self, dst: HostPtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()> {
-        if len % 16 != 0 {
-            return Err(Self::invalid("cuLaunchKernel", format!("tiermem_copy16 copies multiples of 16 bytes, not {len}")));
-        }
-        // SAFETY: the same contract as the copy-engine copy, which does the same here.
-        unsafe { self.copy_to_host_async(dst, src, len, stream) }
-    }
-
     fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()> {
         self.check_device("cuMemsetD8Async", dst, len)?;
         let mut s = self.lock_progressing();
