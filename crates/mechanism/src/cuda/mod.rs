@@ -40,16 +40,16 @@ pub struct CudaDevice {
     /// `cuCtxGetStreamPriorityRange`: numerically, greatest <= least.
     least_priority: i32,
     greatest_priority: i32,
-    /// Set once a multi-granule `cuMemUnmap` was refused and per-granule unmapping worked.
+    /// `cuEventElapsedTime_v2` or, on older drivers, `cuEventElapsedTime`.
     elapsed: Option<(&'static str, ElapsedFn)>,
     info: DeviceInfo,
 }
 
-// SAFETY: the fields are plain integers, immutable driver handles and an atomic. The driver API
+// SAFETY: the fields are plain integers and immutable driver handles. The driver API
 // is thread-safe: contexts, streams, events and allocations may be used from any thread, and
 // every method first makes this device's context current on the calling thread (`bind`).
 unsafe impl Send for CudaDevice {}
-// SAFETY: see `Send`; no method mutates `CudaDevice` except through the atomic.
+// SAFETY: see `Send`; no method mutates `CudaDevice`.
 unsafe impl Sync for CudaDevice {}
 
 impl std::fmt::Debug for CudaDevice {
