@@ -243,21 +243,29 @@ impl Engine {
 
     /// Writes `data` at `offset` of `buffer` from ordinary host memory (making it resident).
     pub fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<()> {
-        let region = [Region::bytes(buffer, offset, data.len())];
-        let stream = StreamHandle(0);
-        let va = self.lock().acquire_for_host(&region, Access::ReadWrite, stream, "write")?;
-        let copied = self.device.write(va + offset as u64, data).during("write");
-        self.release(&region, stream)?;
-        copied
+        let region = Region::bytes(buffer, offset, data.len());
+        self.host_copy("write", region, Access::ReadWrite, |at| self.device.write(at, data))
     }
 
     /// Reads `out.len()` bytes at `offset` of `buffer` into ordinary host memory.
     pub fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
-        let region = [Region::bytes(buffer, offset, out.len())];
-        let stream = StreamHandle(0);
-        let va = self.lock().acquire_for_host(&region, Access::ReadOnly, stream, "read")?;
-        let copied = self.device.read(va + offset as u64, out).during("read");
-        self.release(&region, stream)?;
+        let region = Region::bytes(buffer, offset, out.len());
+        self.host_copy("read", region, Access::ReadOnly, |at| self.device.read(at, out))
+    }
+
+    /// Acquires `region` on the legacy stream, runs a synchronous copy at its device address
+    /// (which the legacy stream orders after any page-in), and releases it.
+    fn host_copy(
+        &self,
+        call: &'static str,
+        region: Region,
+        access: Access,
+        copy: impl FnOnce(u64) -> tiermem_mechanism::Result<()>,
+    ) -> Result<()> {
+        let (regions, stream) = ([region], StreamHandle(0));
+        let va = self.lock().acquire_for_host(&regions, access, stream, call)?;
+        let copied = copy(va + region.offset as u64).during(call);
+        self.release(&regions, stream)?;
         copied
     }
 
