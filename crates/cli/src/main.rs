@@ -31,11 +31,16 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let outcome = match cli.command {
+    // A bug must end in a clear message and an exit code, not an unwinding crash.
+    let outcome = std::panic::catch_unwind(|| match cli.command {
         Command::Info => info::run(),
         Command::Demo(args) => demo::run(args),
         Command::Bench { suite } => bench::run(suite),
-    };
+    })
+    .unwrap_or_else(|panic| {
+        let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+        Err(format!("internal error (a bug in tiermem, please report it): {}", what.unwrap_or_default()))
+    });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
