@@ -50,7 +50,10 @@ impl EngineConfig {
         let mut c = Self::default();
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         if let Some(v) = var("TIERMEM_BACKEND") {
-            c.backend = v.parse().map_err(|e| Error::Config(format!("{e}")))?;
+            c.backend = v.parse().map_err(|e| match e {
+                tiermem_mechanism::DeviceError::Config(message) => Error::Config(message),
+                other => Error::Config(other.to_string()),
+            })?;
         }
         if let Some(v) = var("TIERMEM_DEVICE") {
             c.device = v.trim().parse().map_err(|_| Error::Config(format!("TIERMEM_DEVICE={v:?} is not a GPU ordinal")))?;
