@@ -15,6 +15,7 @@
 pub mod cuda;
 mod device;
 mod error;
+pub mod file_store;
 pub mod sim;
 
 pub use device::{
