@@ -1,4 +1,5 @@
 use tiermem::mechanism;
+use tiermem::mechanism::file_store::{FileStore, FileStoreConfig, IoChoice};
 use tiermem::{format_size, EngineConfig};
 
 /// `tiermem info`: what this machine offers tiermem.
@@ -24,7 +25,23 @@ pub fn run() -> Result<(), String> {
     let hbm_cap = config.hbm_cap(info.backend, free);
     println!("HBM cap          {} ({})", format_size(hbm_cap), if config.hbm_limit.is_some() { "TIERMEM_HBM_LIMIT" } else { "default: free memory less a 2 GiB reserve on a GPU" });
     println!("policy           {}", config.policy);
+    println!("file store I/O   {}", file_store_probe(info.granularity));
     Ok(())
+}
+
+/// Which I/O path and alignment a file store gets in `TIERMEM_FILE_DIR` (default: the
+/// temporary directory), found by opening a small one there.
+fn file_store_probe(slot_size: usize) -> String {
+    let dir = std::env::var_os("TIERMEM_FILE_DIR").map_or_else(std::env::temp_dir, Into::into);
+    let path = dir.join(format!("tiermem-probe-{}", std::process::id()));
+    let config = FileStoreConfig { path, capacity: 2 * slot_size, slot_size, queue_depth: 32, io: IoChoice::Auto };
+    match FileStore::open(config) {
+        Ok(store) => {
+            let (memory, offset) = store.alignment();
+            format!("{} in {}; O_DIRECT alignment {memory} B (memory), {offset} B (offset)", store.io_path(), dir.display())
+        }
+        Err(e) => format!("unavailable in {}: {e}", dir.display()),
+    }
 }
 
 fn memlock_limit() -> String {
