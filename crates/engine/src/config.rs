@@ -26,6 +26,11 @@ pub struct EngineConfig {
     pub sim_hbm: usize,
     /// Chunks per transfer batch: one `cuMemSetAccess` and one fence per batch.
     pub batch_chunks: usize,
+    /// `TIERMEM_FILE`: the file of the file (NVMe) tier; none: no file tier. The file is
+    /// created, preallocated to `file_limit`, and removed when the engine is dropped.
+    pub file: Option<std::path::PathBuf>,
+    /// `TIERMEM_FILE_LIMIT`: the size of the file tier.
+    pub file_limit: usize,
 }
 
 impl Default for EngineConfig {
@@ -40,6 +45,8 @@ impl Default for EngineConfig {
             seed: 0x7135_3e3d,
             sim_hbm: 1 << 30,
             batch_chunks: 16,
+            file: None,
+            file_limit: 16 << 30,
         }
     }
 }
@@ -66,6 +73,12 @@ impl EngineConfig {
         }
         if let Some(v) = var("TIERMEM_SIM_HBM") {
             c.sim_hbm = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_SIM_HBM: {e}")))?;
+        }
+        if let Some(v) = var("TIERMEM_FILE") {
+            c.file = Some(v.into());
+        }
+        if let Some(v) = var("TIERMEM_FILE_LIMIT") {
+            c.file_limit = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_FILE_LIMIT: {e}")))?;
         }
         if let Some(v) = var("TIERMEM_POLICY") {
             c.policy = v.parse().map_err(|e| Error::Config(format!("TIERMEM_POLICY: {e}")))?;

@@ -3,6 +3,7 @@ use crate::chunk::{Chunk, ChunkState};
 use crate::chunk_pool::ChunkPool;
 use crate::error::Context;
 use crate::fence::{EventPool, Fence};
+use crate::file_tier::FileTier;
 use crate::host_tier::{HostTier, Slot};
 use crate::stats::Counters;
 use crate::{EngineConfig, Error, Result};
@@ -68,9 +69,17 @@ pub(crate) struct Inner {
     pub retiring: VecDeque<(Arc<Fence>, Slot)>,
     /// Demand transfers whose device time is added to `Counters::stall_ms` once complete.
     pub timings: VecDeque<(Arc<Fence>, Arc<Fence>)>,
-    pub tickets: HashMap<u64, Vec<Arc<Fence>>>,
+    pub tickets: HashMap<u64, TicketWork>,
     pub next_ticket: u64,
     pub counters: Counters,
+    pub file: Option<FileTier>,
+}
+
+/// What `finish` waits for: fences, then chunks to spill to the file tier.
+#[derive(Default)]
+pub(crate) struct TicketWork {
+    pub fences: Vec<Arc<Fence>>,
+    pub then_to_file: Vec<ChunkRef>,
 }
 
 impl Engine {
@@ -97,6 +106,10 @@ impl Engine {
         if host_limit < chunk {
             return Err(Error::Config(format!("host cap of {host_limit} bytes is less than one {chunk}-byte chunk")));
         }
+        let file = match &config.file {
+            None => None,
+            Some(path) => Some(open_file_tier(path, config.file_limit, chunk, config.batch_chunks.max(1))?),
+        };
         let streams = Streams {
             up: device.create_stream(StreamPriority::High).during("Engine::new")?,
             down: device.create_stream(StreamPriority::High).during("Engine::new")?,
@@ -121,6 +134,7 @@ impl Engine {
             tickets: HashMap::new(),
             next_ticket: 1,
             counters: Counters::default(),
+            file,
         };
         Ok(Self { device, inner: Mutex::new(inner), fallback: None })
     }
@@ -228,17 +242,34 @@ impl Engine {
 
     /// Waits for an asynchronous page-in or page-out to complete.
     pub fn finish(&self, ticket: Ticket) -> Result<()> {
-        let fences = self
+        let work = self
             .lock()
             .tickets
             .remove(&ticket.0)
             .ok_or(Error::UnknownTicket { call: "finish", ticket: ticket.0 })?;
-        for fence in &fences {
+        for fence in &work.fences {
             fence.wait().during("finish")?;
             // Complete each group as soon as it lands, so unmapping overlaps later copies.
             self.lock().reap().map_err(|e| retag(e, "finish"))?;
         }
-        Ok(())
+        if work.then_to_file.is_empty() {
+            return Ok(());
+        }
+        let mut inner = self.lock();
+        inner.reap()?;
+        inner.spill_chunks("finish", &work.then_to_file)
+    }
+
+    /// Moves `target` out of HBM and out of the host tier into the file tier, and waits.
+    /// Chunks whose bytes the file already holds are not written again.
+    pub fn page_out_to_file(&self, target: Target) -> Result<()> {
+        let ticket = self.page_out_to_file_start(target)?;
+        self.finish(ticket)
+    }
+
+    /// Starts the copies out of HBM; `finish` waits for them and writes the file.
+    pub fn page_out_to_file_start(&self, target: Target) -> Result<Ticket> {
+        self.lock().page_out_to_file_start(target)
     }
 
     /// Writes `data` at `offset` of `buffer` from ordinary host memory (making it resident).
@@ -293,6 +324,14 @@ impl Drop for Engine {
     }
 }
 
+/// Creates the file tier's store (one slot per chunk) and its staging area (four batches).
+fn open_file_tier(path: &std::path::Path, limit: usize, chunk: usize, batch: usize) -> Result<FileTier> {
+    use tiermem_mechanism::file_store::{FileStore, FileStoreConfig, IoChoice};
+    let config = FileStoreConfig { path: path.to_owned(), capacity: limit / chunk * chunk, slot_size: chunk, queue_depth: 32, io: IoChoice::Auto };
+    let store = FileStore::open(config).map_err(|source| Error::File { call: "Engine::new", source })?;
+    Ok(FileTier { store, staging: HostTier::new(chunk, 4 * batch * chunk), retiring: VecDeque::new() })
+}
+
 /// Half of the host's available memory, as `/proc/meminfo` tells it (8 GiB if unreadable).
 fn default_host_limit() -> usize {
     let available_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
@@ -317,7 +356,8 @@ impl Inner {
         if size == 0 {
             return Err(Error::ZeroSize { call: "alloc" });
         }
-        let all_tiers = (self.pool.cap() + self.host.cap()) * self.chunk;
+        let file_cap = self.file.as_ref().map_or(0, |tier| tier.store.capacity_slots());
+        let all_tiers = (self.pool.cap() + self.host.cap() + file_cap) * self.chunk;
         if size > all_tiers {
             return Err(Error::OutOfMemory {
                 call: "alloc",
@@ -357,19 +397,22 @@ impl Inner {
             .enumerate()
             .filter_map(|(index, chunk)| match chunk.state {
                 ChunkState::Device { phys, copy } => Some(((id, index), phys, copy)),
-                ChunkState::PagingOut { phys, slot, .. } => Some(((id, index), phys, Some(slot))),
-                ChunkState::Empty | ChunkState::Host { .. } => None,
+                ChunkState::PagingOut { phys, slot, .. } => Some(((id, index), phys, slot)),
+                ChunkState::Empty | ChunkState::Host { .. } | ChunkState::File => None,
             })
             .collect();
         let (va, reserved) = (buffer.va, buffer.reserved);
         self.unmap_chunks(&mapped).during("free")?;
         self.device.unreserve(va, reserved).during("free")?;
         let buffer = self.buffers.remove(&id).expect("checked above");
+        let mut file_slots = Vec::new();
         for chunk in buffer.chunks {
             if let ChunkState::Host { slot } = chunk.state {
                 self.host.free(slot);
             }
+            file_slots.extend(chunk.file);
         }
+        self.free_file_slots(&file_slots);
         Ok(())
     }
 
@@ -472,12 +515,15 @@ impl Inner {
             chunk.last_use = clock;
             let newly_pinned = chunk.pins == 1;
             if access == Access::ReadWrite {
+                let stale_file = chunk.file.take();
                 if let ChunkState::Device { copy, .. } = &mut chunk.state {
                     if let Some(slot) = copy.take() {
                         let reader = chunk.ready.clone();
                         self.retire(slot, reader);
                     }
                 }
+                // File reads are synchronous, so no transfer still reads the slot.
+                self.free_file_slots(stale_file.as_slice());
             }
             // `pinned` counts chunks, not pins: a chunk acquired twice takes one chunk of HBM.
             self.pinned += usize::from(newly_pinned);
@@ -582,16 +628,34 @@ impl Inner {
     }
 
     fn ticket(&mut self, fences: Vec<Arc<Fence>>) -> Ticket {
+        self.ticket_for(TicketWork { fences, then_to_file: Vec::new() })
+    }
+
+    fn ticket_for(&mut self, work: TicketWork) -> Ticket {
         let id = self.next_ticket;
         self.next_ticket += 1;
-        self.tickets.insert(id, fences);
+        self.tickets.insert(id, work);
         Ticket(id)
+    }
+
+    fn page_out_to_file_start(&mut self, target: Target) -> Result<Ticket> {
+        let call = "page_out_to_file";
+        if self.file.is_none() {
+            return Err(Error::Config(format!("{call}: there is no file tier (set TIERMEM_FILE)")));
+        }
+        let refs = self.outgoing_refs(call, target)?;
+        self.reap()?;
+        let fences = self.send_down_resident(call, &refs)?;
+        Ok(self.ticket_for(TicketWork { fences, then_to_file: refs }))
     }
 
     pub fn describe_tiers(&self) -> String {
         let g = self.chunk;
+        let file = self.file.as_ref().map_or(String::new(), |tier| {
+            format!(", file {} of {} bytes in use", tier.store.used_slots() * g, tier.store.capacity_slots() * g)
+        });
         format!(
-            "HBM {} of {} bytes in use ({} acquired), host {} of {} bytes in use",
+            "HBM {} of {} bytes in use ({} acquired), host {} of {} bytes in use{file}",
             self.pool.in_use() * g,
             self.pool.cap() * g,
             self.pinned * g,
@@ -623,6 +687,12 @@ impl Inner {
             self.host.free(slot);
         }
         self.timings.clear();
+        if let Some(tier) = self.file.as_mut() {
+            while let Some((_, slot)) = tier.retiring.pop_front() {
+                tier.staging.free(slot);
+            }
+            tier.staging.release_all(self.device.as_ref()).during("shutdown")?;
+        }
         self.pool.release_all(self.device.as_ref()).during("shutdown")?;
         self.host.release_all(self.device.as_ref()).during("shutdown")?;
         for stream in [self.streams.up, self.streams.down, self.streams.prefetch] {

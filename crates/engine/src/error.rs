@@ -28,6 +28,10 @@ pub enum Error {
     UnknownTicket { call: &'static str, ticket: u64 },
     #[error("{call}: {source}")]
     Device { call: &'static str, source: DeviceError },
+    /// The file tier failed (no space, an I/O error, a checksum mismatch); the chunks
+    /// involved stayed where they were.
+    #[error("{call}: file tier: {source}")]
+    File { call: &'static str, source: tiermem_mechanism::file_store::FileStoreError },
     #[error("configuration: {0}")]
     Config(String),
 }

@@ -23,6 +23,7 @@ mod config;
 mod engine;
 mod error;
 mod fence;
+mod file_tier;
 mod host_tier;
 mod movement;
 mod stats;

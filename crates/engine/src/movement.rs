@@ -58,10 +58,10 @@ impl Inner {
                 // Still in HBM: cancel the move. Its slot holds (or will, once the fence is done)
                 // an identical copy, so it stays clean; users wait for the copy before writing.
                 ChunkState::PagingOut { phys, slot, fence } => {
-                    chunk.state = ChunkState::Device { phys, copy: Some(slot) };
+                    chunk.state = ChunkState::Device { phys, copy: slot };
                     chunk.ready = Some(fence);
                 }
-                state @ (ChunkState::Empty | ChunkState::Host { .. }) => {
+                state @ (ChunkState::Empty | ChunkState::Host { .. } | ChunkState::File) => {
                     chunk.state = state;
                     todo.push(r);
                 }
@@ -101,11 +101,33 @@ impl Inner {
         let mut failure = None;
         for batch in batches(&todo, self.batch) {
             let batch_phys: Vec<PhysHandle> = phys.by_ref().take(batch.len()).collect();
-            match self.copy_up(batch, &batch_phys, stream) {
+            let staged = match self.stage_from_file(call, batch) {
+                Ok(staged) => staged,
+                Err(e) => {
+                    batch_phys.into_iter().for_each(|p| self.pool.give(p));
+                    failure = Some(e);
+                    break;
+                }
+            };
+            let staging: Vec<Slot> = staged.iter().flatten().copied().collect();
+            match self.copy_up(batch, &batch_phys, &staged, stream) {
                 Ok(()) => landed.extend_from_slice(batch),
                 Err(e) => {
+                    self.retire_staging(staging, None);
                     failure = Some(Error::Device { call, source: e });
                     break;
+                }
+            }
+            if !staging.is_empty() {
+                // This batch's staging slots are free again once its copy has completed.
+                match self.events.record(stream) {
+                    Ok(fence) => self.retire_staging(staging, Some(&fence)),
+                    Err(e) => {
+                        self.device.synchronize_stream(stream).during(call)?;
+                        self.retire_staging(staging, None);
+                        failure = Some(Error::Device { call, source: e });
+                        break;
+                    }
                 }
             }
         }
@@ -131,9 +153,10 @@ impl Inner {
         failure.map_or(Ok(Some(fence)), Err)
     }
 
-    /// Maps one batch of consecutive chunks of one buffer and enqueues their copies up.
+    /// Maps one batch of consecutive chunks of one buffer and enqueues their copies up: from
+    /// their host slots, from `staged` staging slots (chunks read from the file), or zeros.
     /// On failure every chunk of the batch is as before and its physical chunks are back in the pool.
-    fn copy_up(&mut self, batch: &[ChunkRef], phys: &[PhysHandle], stream: StreamHandle) -> Result<(), DeviceError> {
+    fn copy_up(&mut self, batch: &[ChunkRef], phys: &[PhysHandle], staged: &[Option<Slot>], stream: StreamHandle) -> Result<(), DeviceError> {
         let g = self.chunk;
         let va0 = self.chunk_va(batch[0]);
         let device = Arc::clone(&self.device);
@@ -149,16 +172,18 @@ impl Inner {
         if outcome.is_ok() {
             let sources: Vec<Option<HostPtr>> = batch
                 .iter()
-                .map(|&r| match self.chunk_mut(r).state {
-                    ChunkState::Host { slot } => Some(self.host.addr(slot)),
+                .zip(staged)
+                .map(|(&r, staged)| match (&self.chunk_mut(r).state, staged) {
+                    (&ChunkState::Host { slot }, _) => Some(self.host.addr(slot)),
+                    (_, Some(s)) => self.file.as_ref().map(|tier| tier.staging.addr(*s)),
                     _ => None,
                 })
                 .collect();
             for (k, n, source) in coalesce(&sources, g) {
                 let dst = va0 + (k * g) as u64;
                 outcome = match source {
-                    // SAFETY: the slots are pinned host-tier memory owned by these chunks; they
-                    // are freed only via `retire`, after the `ready` fence of this copy.
+                    // SAFETY: the slots are pinned memory owned by these chunks (host tier) or by
+                    // this batch (staging); they are freed only after this copy's fence.
                     Some(src) => unsafe { device.copy_to_device_async(dst, src, n * g, stream) },
                     None => device.memset_async(dst, 0, n * g, stream),
                 };
@@ -178,14 +203,15 @@ impl Inner {
         }
         for (&r, &p) in batch.iter().zip(phys) {
             let chunk = self.chunk_mut(r);
-            let copy = match chunk.state {
-                ChunkState::Host { slot } => Some(slot),
-                _ => None,
+            let (copy, copied) = match chunk.state {
+                ChunkState::Host { slot } => (Some(slot), true),
+                ChunkState::File => (None, true),
+                _ => (None, false),
             };
             chunk.state = ChunkState::Device { phys: p, copy };
-            match copy {
-                Some(_) => self.counters.page_ins += 1,
-                None => self.counters.zero_fills += 1,
+            match copied {
+                true => self.counters.page_ins += 1,
+                false => self.counters.zero_fills += 1,
             }
         }
         Ok(())
@@ -204,7 +230,13 @@ impl Inner {
         for &r in refs {
             let chunk = self.chunk_mut(r);
             let ChunkState::Device { phys, copy } = chunk.state else { continue };
-            match copy {
+            // Clean: an identical copy is in the host tier (`Some(slot)`) or only in the file (`None`).
+            let clean = match (copy, chunk.file) {
+                (Some(slot), _) => Some(Some(slot)),
+                (None, Some(_)) => Some(None),
+                (None, None) => None,
+            };
+            match clean {
                 None => dirty.push(r),
                 Some(slot) => {
                     let unsettled = [&chunk.busy, &chunk.ready]
@@ -213,7 +245,7 @@ impl Inner {
                         .find(|f| !matches!(f.is_done(), Ok(true)))
                         .cloned();
                     match unsettled {
-                        None => drop_now.push((r, phys, Some(slot))),
+                        None => drop_now.push((r, phys, slot)),
                         Some(fence) => {
                             chunk.state = ChunkState::PagingOut { phys, slot, fence: Arc::clone(&fence) };
                             if !fences.iter().any(|f| Arc::ptr_eq(f, &fence)) {
@@ -228,13 +260,31 @@ impl Inner {
         }
         self.counters.clean_drops += drop_now.len() as u64;
         self.unmap_chunks(&drop_now).during(call)?;
-        if dirty.is_empty() {
+        let room = self.host.cap();
+        if dirty.len() <= room || self.file.is_none() {
+            fences.extend(self.copy_dirty_down(call, &dirty)?);
             return Ok(fences);
         }
-        let slots = self.host_slots(call, &dirty)?;
+        // More than the host tier can ever hold at once: go down in rounds that fit, each
+        // waited for, so that the next round can spill the one before it to the file.
+        for round in dirty.chunks(room) {
+            let round_fences = self.copy_dirty_down(call, round)?;
+            for fence in &round_fences {
+                fence.wait().during(call)?;
+            }
+            self.reap()?;
+            fences.extend(round_fences);
+        }
+        Ok(fences)
+    }
+
+    /// Copies dirty resident chunks (sorted) down into host slots; returns one fence per batch.
+    fn copy_dirty_down(&mut self, call: &'static str, dirty: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
+        let slots = self.host_slots(call, dirty)?;
+        let mut fences = Vec::new();
         let down = self.streams.down;
         let mut awaited: Vec<Arc<Fence>> = Vec::new();
-        for &r in &dirty {
+        for &r in dirty {
             let chunk = self.chunk_mut(r);
             for fence in [&chunk.busy, &chunk.ready].into_iter().flatten() {
                 if !fence.is_done().during(call)? && !awaited.iter().any(|a| Arc::ptr_eq(a, fence)) {
@@ -246,7 +296,7 @@ impl Inner {
             self.device.stream_wait_event(down, fence.event()).during(call)?;
         }
         let mut next_slot = 0;
-        for batch in batches(&dirty, self.batch) {
+        for batch in batches(dirty, self.batch) {
             let batch_slots = &slots[next_slot..next_slot + batch.len()];
             if let Err(e) = self.copy_down(batch, batch_slots, down) {
                 slots[next_slot..].iter().for_each(|&s| self.host.free(s));
@@ -257,7 +307,7 @@ impl Inner {
             for (&r, &slot) in batch.iter().zip(batch_slots) {
                 let chunk = self.chunk_mut(r);
                 let ChunkState::Device { phys, .. } = chunk.state else { unreachable!("dirty chunks are resident") };
-                chunk.state = ChunkState::PagingOut { phys, slot, fence: Arc::clone(&fence) };
+                chunk.state = ChunkState::PagingOut { phys, slot: Some(slot), fence: Arc::clone(&fence) };
             }
             self.counters.page_outs += batch.len() as u64;
             self.pending_down.push(PendingDown { fence: Arc::clone(&fence), chunks: batch.to_vec() });
@@ -284,15 +334,50 @@ impl Inner {
         Ok(())
     }
 
-    /// Host slots for `dirty`, giving up clean copies of resident chunks if the tier is full.
+    /// Host slots for `dirty`. When the tier is full: give up clean copies of resident chunks,
+    /// spill cold chunks to the file tier, and wait for slots that copies still read.
     fn host_slots(&mut self, call: &'static str, dirty: &[ChunkRef]) -> Result<Vec<Slot>> {
-        if let Some(slots) = self.host.alloc(self.device.as_ref(), dirty.len()).during(call)? {
-            return Ok(slots);
+        let n = dirty.len();
+        loop {
+            if let Some(slots) = self.host.alloc(self.device.as_ref(), n).during(call)? {
+                return Ok(slots);
+            }
+            self.reclaim_host_copies(n);
+            if let Some(slots) = self.host.alloc(self.device.as_ref(), n).during(call)? {
+                return Ok(slots);
+            }
+            let spilled = self.spill_to_file(call, n)?;
+            if let Some(slots) = self.host.alloc(self.device.as_ref(), n).during(call)? {
+                return Ok(slots);
+            }
+            match self.next_host_release() {
+                Some(fence) => {
+                    fence.wait().during(call)?;
+                    self.reap()?;
+                }
+                None if spilled => {}
+                None => {
+                    return Err(Error::OutOfMemory {
+                        call,
+                        detail: format!("{n} chunks must be copied to the host tier, which is full; {}", self.describe_tiers()),
+                    })
+                }
+            }
         }
-        self.reclaim_host_copies(dirty.len());
-        self.host.alloc(self.device.as_ref(), dirty.len()).during(call)?.ok_or_else(|| Error::OutOfMemory {
-            call,
-            detail: format!("{} chunks must be copied to the host tier, which is full; {}", dirty.len(), self.describe_tiers()),
+    }
+
+    /// The fence whose completion will next let a host slot be freed or spilled: a slot a copy
+    /// still reads, a chunk still being copied down, a clean copy a copy up still reads.
+    fn next_host_release(&self) -> Option<Arc<Fence>> {
+        if let Some((fence, _)) = self.retiring.front() {
+            return Some(Arc::clone(fence));
+        }
+        if let Some(group) = self.pending_down.first() {
+            return Some(Arc::clone(&group.fence));
+        }
+        self.buffers.values().flat_map(|b| &b.chunks).find_map(|chunk| match (&chunk.state, &chunk.ready) {
+            (ChunkState::Device { copy: Some(_), .. }, Some(ready)) if !matches!(ready.is_done(), Ok(true)) => Some(Arc::clone(ready)),
+            _ => None,
         })
     }
 
@@ -315,7 +400,8 @@ impl Inner {
     }
 
     /// Unmaps chunks, returns their HBM to the pool, and marks them `Host` where their data is
-    /// safe in a slot, `Empty` where it is discarded (only `free` discards). Each run of
+    /// safe in a slot, `File` where the file holds it, `Empty` where it is discarded (only `free`
+    /// discards). Each run of
     /// adjacent chunks is marked as soon as it is unmapped, so if a later run fails every chunk
     /// is either unmapped and marked or still mapped and untouched: none is left marked
     /// resident behind an unmapped address.
@@ -333,7 +419,11 @@ impl Inner {
             for &(r, phys, slot) in run {
                 self.pool.give(phys);
                 let chunk = self.chunk_mut(r);
-                chunk.state = slot.map_or(ChunkState::Empty, |slot| ChunkState::Host { slot });
+                chunk.state = match (slot, chunk.file) {
+                    (Some(slot), _) => ChunkState::Host { slot },
+                    (None, Some(_)) => ChunkState::File,
+                    (None, None) => ChunkState::Empty,
+                };
                 (chunk.ready, chunk.busy) = (None, None);
             }
             rest = tail;
@@ -359,7 +449,7 @@ impl Inner {
                 let Some(buffer) = self.buffers.get(&r.0) else { continue };
                 if let ChunkState::PagingOut { phys, slot, fence } = &buffer.chunks[r.1].state {
                     if Arc::ptr_eq(fence, &group.fence) {
-                        items.push((r, *phys, Some(*slot)));
+                        items.push((r, *phys, *slot));
                     }
                 }
             }
@@ -375,6 +465,9 @@ impl Inner {
             }
             let (_, slot) = self.retiring.pop_front().expect("checked");
             self.host.free(slot);
+        }
+        if let Some(tier) = self.file.as_mut() {
+            tier.reap()?;
         }
         while let Some((start, end)) = self.timings.front() {
             if !end.is_done().during("reap")? {

@@ -19,6 +19,10 @@ pub struct Counters {
     pub evictions: u64,
     /// Chunks brought in by `prefetch`.
     pub prefetched: u64,
+    /// Chunks written to the file tier (spilled chunks whose bytes the file already held are not).
+    pub file_writes: u64,
+    /// Chunks read from the file tier.
+    pub file_reads: u64,
     /// Device time of the demand copies that acquiring streams waited on, in milliseconds
     /// (0 on the simulated device, which has no clock).
     pub stall_ms: f64,
@@ -43,6 +47,7 @@ pub struct BufferStats {
     pub chunks: usize,
     pub in_hbm: usize,
     pub in_host: usize,
+    pub in_file: usize,
     pub empty: usize,
     pub moving: usize,
     pub acquired: usize,
@@ -55,6 +60,8 @@ pub struct Stats {
     pub chunk_size: usize,
     pub hbm: TierStats,
     pub host: TierStats,
+    /// The file tier, if there is one.
+    pub file: Option<TierStats>,
     /// Pinned host memory held by the host tier (it is pinned in slabs, ahead of use).
     pub host_pinned_bytes: usize,
     pub transfers: Counters,
@@ -80,6 +87,7 @@ impl Inner {
                     chunks: b.chunks.len(),
                     in_hbm: count(|s| matches!(s, ChunkState::Device { .. })),
                     in_host: count(|s| matches!(s, ChunkState::Host { .. })),
+                    in_file: count(|s| matches!(s, ChunkState::File)),
                     empty: count(|s| matches!(s, ChunkState::Empty)),
                     moving: count(|s| matches!(s, ChunkState::PagingOut { .. })),
                     acquired: b.chunks.iter().filter(|c| c.pins > 0).count(),
@@ -93,6 +101,10 @@ impl Inner {
             chunk_size: g,
             hbm: TierStats { capacity_bytes: self.pool.cap() * g, used_bytes: in_use * g, chunks: in_use },
             host: TierStats { capacity_bytes: self.host.cap() * g, used_bytes: host_used * g, chunks: host_used },
+            file: self.file.as_ref().map(|tier| {
+                let used = tier.store.used_slots();
+                TierStats { capacity_bytes: tier.store.capacity_slots() * g, used_bytes: used * g, chunks: used }
+            }),
             host_pinned_bytes: self.host.pinned_bytes(),
             bytes_in: self.counters.page_ins * g as u64,
             bytes_out: self.counters.page_outs * g as u64,
@@ -106,13 +118,14 @@ impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let t = &self.transfers;
         writeln!(f, "tier   {:>12} {:>12} {:>8}", "used", "capacity", "chunks")?;
-        for (name, tier) in [("hbm", &self.hbm), ("host", &self.host)] {
+        for (name, tier) in [("hbm", Some(&self.hbm)), ("host", Some(&self.host)), ("file", self.file.as_ref())] {
+            let Some(tier) = tier else { continue };
             writeln!(f, "{name:<6} {:>12} {:>12} {:>8}", format_size(tier.used_bytes), format_size(tier.capacity_bytes), tier.chunks)?;
         }
         writeln!(f, "policy {}; pinned for the host tier: {}", self.policy, format_size(self.host_pinned_bytes))?;
         writeln!(
             f,
-            "page-ins {} ({}), page-outs {} ({}), zero-fills {}, clean drops {}, evictions {}, prefetched {}, streams waited {:.2} ms",
+            "page-ins {} ({}), page-outs {} ({}), zero-fills {}, clean drops {}, evictions {}, prefetched {}, file writes {}, file reads {}, streams waited {:.2} ms",
             t.page_ins,
             format_size(self.bytes_in as usize),
             t.page_outs,
@@ -121,6 +134,8 @@ impl std::fmt::Display for Stats {
             t.clean_drops,
             t.evictions,
             t.prefetched,
+            t.file_writes,
+            t.file_reads,
             t.stall_ms
         )?;
         if !self.buffers.is_empty() {

@@ -27,6 +27,7 @@ enum Op {
     Finish,
     PageIn { buf: usize },
     Exchange { out: usize, inn: usize },
+    PageOutToFile { buf: usize },
     Free { buf: usize },
 }
 
@@ -47,11 +48,15 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Finish),
         2 => any::<usize>().prop_map(|buf| Op::PageIn { buf }),
         1 => (any::<usize>(), any::<usize>()).prop_map(|(out, inn)| Op::Exchange { out, inn }),
+        1 => any::<usize>().prop_map(|buf| Op::PageOutToFile { buf }),
         1 => any::<usize>().prop_map(|buf| Op::Free { buf }),
     ]
 }
 
 struct Model {
+    /// Chunks the tiers below HBM hold: the host tier, plus the file tier if there is one.
+    spill_chunks: usize,
+    has_file: bool,
     buffers: Vec<(BufferId, Vec<u8>, bool)>,
     holds: Vec<(Region, Access)>,
     tickets: Vec<Ticket>,
@@ -77,7 +82,7 @@ impl Model {
     /// longer fits in the host tier alone (then HBM and host together may be full).
     fn may_run_out(&self) -> bool {
         let chunks: usize = self.buffers.iter().map(|(_, bytes, _)| bytes.len().div_ceil(CHUNK)).sum();
-        !self.holds.is_empty() || chunks > HOST_CHUNKS
+        !self.holds.is_empty() || chunks > self.spill_chunks
     }
 
     /// Errors the engine may legitimately return for a valid request under tiny caps.
@@ -92,11 +97,15 @@ impl Model {
 
 const HBM_CHUNKS: usize = 8;
 const HOST_CHUNKS: usize = 24;
+const FILE_CHUNKS: usize = 64;
+/// The host tier of the three-tier test: far less than the data, so chunks spill to the file.
+const SMALL_HOST_CHUNKS: usize = 6;
 
-fn run(engine: &Engine, ops: &[Op]) -> Result<(), TestCaseError> {
+fn run(engine: &Engine, ops: &[Op], host_chunks: usize, file_chunks: Option<usize>) -> Result<(), TestCaseError> {
     let device = engine.device().clone();
     let stream = StreamHandle(0);
-    let mut m = Model { buffers: Vec::new(), holds: Vec::new(), tickets: Vec::new() };
+    let spill_chunks = host_chunks + file_chunks.unwrap_or(0);
+    let mut m = Model { spill_chunks, has_file: file_chunks.is_some(), buffers: Vec::new(), holds: Vec::new(), tickets: Vec::new() };
     for op in ops {
         match *op {
             Op::Alloc { quarters, extra, read_only, priority } => {
@@ -223,6 +232,16 @@ fn run(engine: &Engine, ops: &[Op]) -> Result<(), TestCaseError> {
                     Err(e) => prop_assert!(m.is_pressure(&e), "exchange: {e}"),
                 }
             }
+            Op::PageOutToFile { buf } => {
+                let Some(i) = m.pick(buf) else { continue };
+                let id = m.buffers[i].0;
+                match engine.page_out_to_file(Target::Buffer(id)) {
+                    Ok(()) => prop_assert!(m.has_file && !m.held(id)),
+                    Err(Error::Config(_)) => prop_assert!(!m.has_file),
+                    Err(Error::Acquired { .. }) => prop_assert!(m.held(id)),
+                    Err(e) => prop_assert!(m.is_pressure(&e), "page_out_to_file: {e}"),
+                }
+            }
             Op::Free { buf } => {
                 let Some(i) = m.pick(buf) else { continue };
                 let id = m.buffers[i].0;
@@ -290,7 +309,20 @@ proptest! {
     fn every_byte_survives_any_sequence_of_moves(ops in prop::collection::vec(op(), 100), policy in 0usize..4) {
         let policy = tiermem::policy::PolicyKind::ALL[policy];
         let (engine, sim) = support::engine(HBM_CHUNKS, HOST_CHUNKS, EngineConfig { policy, batch_chunks: 3, ..EngineConfig::default() });
-        run(&engine, &ops)?;
+        run(&engine, &ops, HOST_CHUNKS, None)?;
         support::assert_no_leaks(engine, sim);
+    }
+
+    /// The same with a file tier under a host tier that cannot hold the data: chunks cross
+    /// all three tiers.
+    #[test]
+    fn every_byte_survives_moves_across_three_tiers(ops in prop::collection::vec(op(), 100), policy in 0usize..4) {
+        let policy = tiermem::policy::PolicyKind::ALL[policy];
+        let path = support::file_tier_path("property");
+        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, ..EngineConfig::default() };
+        let (engine, sim) = support::engine(HBM_CHUNKS, SMALL_HOST_CHUNKS, config);
+        run(&engine, &ops, SMALL_HOST_CHUNKS, Some(FILE_CHUNKS))?;
+        support::assert_no_leaks(engine, sim);
+        prop_assert!(!path.exists(), "the file tier's file outlived the engine");
     }
 }

@@ -330,3 +330,41 @@ fn cu_mem_unmap_failing_in_free_keeps_the_buffer() {
     done(engine, sim);
     scenario.teardown();
 }
+
+/// An I/O error while spilling the host tier to the file, or while reading a chunk back from
+/// it, fails the call with an error naming the file tier; the chunks stay where they were.
+#[test]
+fn file_tier_io_errors_lose_nothing() {
+    let (_guard, scenario) = scenario();
+    let path = support::file_tier_path("failpoints");
+    let config = EngineConfig { batch_chunks: 2, file: Some(path), file_limit: 32 * CHUNK, ..EngineConfig::default() };
+    let (engine, sim) = support::sim_engine(4 + 4, 4, 4, config);
+    let (a, _) = engine.alloc(6 * CHUNK, AllocOptions::default()).unwrap();
+    let bytes = fill(&engine, a, 6 * CHUNK, 3);
+    let (b, _) = engine.alloc(6 * CHUNK, AllocOptions::default()).unwrap();
+
+    fail::cfg("file_store::write", "return").unwrap();
+    let mut err = None;
+    for part in 0..6 {
+        if let Err(e) = engine.write(b, part * CHUNK, &[part as u8 + 1; 4096]) {
+            err = Some(e);
+            break;
+        }
+    }
+    let err = err.expect("writing 12 chunks over 4 of HBM and 4 of host must spill to the file");
+    assert!(matches!(err, Error::File { .. }), "{err:?}");
+    assert!(err.to_string().contains("file tier"), "{err}");
+    fail::remove("file_store::write");
+    assert_contents(&engine, a, &bytes);
+
+    engine.page_out_to_file(Target::Buffer(a)).unwrap();
+    fail::cfg("file_store::read", "return").unwrap();
+    let mut out = vec![0u8; CHUNK];
+    let err = engine.read(a, 0, &mut out).unwrap_err();
+    assert!(matches!(err, Error::File { call: "read", .. }), "{err:?}");
+    fail::remove("file_store::read");
+    assert_contents(&engine, a, &bytes);
+    drop(engine);
+    assert!(sim.live().is_empty(), "{:?}", sim.live());
+    scenario.teardown();
+}

@@ -30,6 +30,15 @@ pub fn engine(hbm_chunks: usize, host_chunks: usize, config: EngineConfig) -> (E
     }
 }
 
+/// A fresh path for a file tier: in `TIERMEM_TEST_FILE_DIR` (it must allow `O_DIRECT`),
+/// else the temporary directory.
+pub fn file_tier_path(name: &str) -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let dir = std::env::var_os("TIERMEM_TEST_FILE_DIR").map_or_else(std::env::temp_dir, Into::into);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    dir.join(format!("tiermem-test-{name}-{}-{n}", std::process::id()))
+}
+
 /// `len` bytes that depend on `seed` and on each byte's position.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
