@@ -14,8 +14,8 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
         continue
-    crate = m["target"]["name"]
-    name = "mechanism" if crate == "tiermem_mechanism" else ("engine-" + crate if crate != "tiermem" else "engine-unit")
+    package = "mechanism" if "tiermem-mechanism" in m["package_id"] else "engine"
+    name = package + "-" + m["target"]["name"].replace("tiermem_mechanism", "unit").replace("tiermem", "unit")
     shutil.copy(m["executable"], "dist/tests/" + name)
     print("dist/tests/" + name)
 '

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine: the GPU tests and the engine benchmark, in one go.
+# Runs on the GPU machine: every test binary, the demo and the benchmarks, in one go.
 # Usage: scripts/gpu/run.sh DIST OUT COMMIT
 #   DIST   folder made by scripts/gpu/build.sh (the tiermem binary and test binaries)
 #   OUT    folder for logs and JSON results
@@ -13,12 +13,16 @@ run() { "$@" 2>&1 | tee -a "$out/log.txt"; local rc=${PIPESTATUS[0]}; [ "$rc" -e
 
 step "GPU"; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 | tee -a "$out/log.txt"
 step "tiermem info"; run "$dist/tiermem" info
-step "CUDA backend tests"; run "$dist/tests/mechanism" --test-threads=1 --nocapture
-for t in "$dist"/tests/engine-*; do
-  step "engine tests on the GPU: $(basename "$t")"
-  TIERMEM_TEST_BACKEND=cuda run "$t" --test-threads=1
+# Files of the file tier's tests and benchmark go on the machine's disk (O_DIRECT).
+scratch=$PWD/gpu-scratch
+mkdir -p "$scratch"
+export TIERMEM_TEST_FILE_DIR=$scratch TIERMEM_FS_TEST_DIR=$scratch
+for t in "$dist"/tests/*; do
+  step "tests on the GPU: $(basename "$t")"
+  TIERMEM_TEST_BACKEND=cuda run "$t" --test-threads=1 --nocapture
 done
 step "tiermem demo"; run "$dist/tiermem" demo
 step "tiermem bench engine"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench engine --json "$out/results"
+step "tiermem bench nvme"; df -T "$scratch" | tail -1; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench nvme --json "$out/results" --dir "$scratch"
 step "done: status $status"
 exit $status

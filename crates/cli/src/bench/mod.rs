@@ -2,6 +2,7 @@
 //! Each suite measures its ceilings in the same run, reports medians, verifies every byte.
 
 mod engine;
+mod nvme;
 mod raw;
 
 use std::path::PathBuf;
@@ -23,14 +24,31 @@ pub enum Suite {
         #[arg(long, value_parser = tiermem::parse_size, default_value = "1GiB")]
         size: usize,
     },
+    /// Paging to a file on NVMe against the disk's own speed, direct I/O and demand paging.
+    Nvme {
+        /// Folder to write nvme-<yyyymmdd>-<shortsha>.json into.
+        #[arg(long)]
+        json: PathBuf,
+        /// Folder on the disk to measure (must allow O_DIRECT; about 5× --size of free space).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        #[arg(long)]
+        commit: Option<String>,
+        /// Repetitions of each timed operation (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Size of the buffer and of each transfer.
+        #[arg(long, value_parser = tiermem::parse_size, default_value = "1GiB")]
+        size: usize,
+    },
 }
 
 pub fn run(suite: Suite) -> Result<(), String> {
+    let commit = |given: Option<String>| given.or_else(|| std::env::var("TIERMEM_COMMIT").ok()).unwrap_or_else(|| "unknown".into());
     match suite {
-        Suite::Engine { json, commit, reps, size } => {
-            let commit = commit.or_else(|| std::env::var("TIERMEM_COMMIT").ok()).unwrap_or_else(|| "unknown".into());
-            engine::run(&json, &commit, reps.max(1), size)
-        }
+        Suite::Engine { json, commit: given, reps, size } => engine::run(&json, &commit(given), reps.max(1), size),
+        Suite::Nvme { json, dir, commit: given, reps, size } => nvme::run(&json, &dir, &commit(given), reps.max(1), size),
     }
 }
 
