@@ -234,7 +234,10 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
         let clean_s = t.elapsed().as_secs_f64();
         engine.page_in(Target::Buffer(a)).map_err(fail)?;
         if rep >= 1 {
-            (outs.push(out_s), ins.push(in_s), clean.push(clean_s), first.push(first_s));
+            outs.push(out_s);
+            ins.push(in_s);
+            clean.push(clean_s);
+            first.push(first_s);
         }
     }
     let page_out = gb / median(outs);
