@@ -324,12 +324,13 @@ impl Drop for Engine {
     }
 }
 
-/// Creates the file tier's store (one slot per chunk) and its staging area (four batches).
+/// Creates the file tier's store (one slot per chunk) and its staging area (two groups of batches).
 fn open_file_tier(path: &std::path::Path, limit: usize, chunk: usize, batch: usize) -> Result<FileTier> {
     use tiermem_mechanism::file_store::{FileStore, FileStoreConfig, IoChoice};
     let config = FileStoreConfig { path: path.to_owned(), capacity: limit / chunk * chunk, slot_size: chunk, queue_depth: 32, io: IoChoice::Auto };
     let store = FileStore::open(config).map_err(|source| Error::File { call: "Engine::new", source })?;
-    Ok(FileTier { store, staging: HostTier::new(chunk, 4 * batch * chunk), retiring: VecDeque::new() })
+    let staging = HostTier::new(chunk, 2 * crate::file_tier::STAGED_BATCHES * batch * chunk);
+    Ok(FileTier { store, staging, retiring: VecDeque::new() })
 }
 
 /// Half of the host's available memory, as `/proc/meminfo` tells it (8 GiB if unreadable).

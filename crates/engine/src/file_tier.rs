@@ -5,10 +5,11 @@
 //! freed; a chunk whose bytes the file already holds (`Chunk::file`) is dropped with no
 //! write. `page_out_to_file` is a page-out followed by that spill for the target's chunks.
 //!
-//! A page-in reads `File` chunks into a small pinned **staging** area of its own (four
-//! transfer batches), not into the host tier, and copies them up from there; each batch's
-//! staging slots are freed once that batch's copy has completed, so the disk reading batch
-//! k+1 overlaps the copy up of batch k. The chunk keeps its file slot: evicting it again,
+//! A page-in reads `File` chunks into a pinned **staging** area of its own, not into the host
+//! tier, [`STAGED_BATCHES`] transfer batches per read so that the disk has many slots to work
+//! on, and copies them up from there; each batch's staging slots are freed once that batch's
+//! copy has completed. The staging area holds two such groups, so the read of one group
+//! overlaps the copies up of the one before. The chunk keeps its file slot: evicting it again,
 //! unless it was acquired for writing, is an unmap and writes nothing.
 //!
 //! File I/O is synchronous in the calling thread (io_uring or a thread pool keeps many slots
@@ -24,6 +25,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use tiermem_mechanism::file_store::{FileSlot, FileStore};
 use tiermem_policy::Candidate;
+
+/// Transfer batches read from the file in one call.
+pub(crate) const STAGED_BATCHES: usize = 4;
 
 pub(crate) struct FileTier {
     pub store: FileStore,
@@ -51,7 +55,7 @@ fn file_error(call: &'static str) -> impl Fn(tiermem_mechanism::file_store::File
 }
 
 impl Inner {
-    /// Reads the `File` chunks of one batch into staging slots; `None` for the others.
+    /// Reads the `File` chunks among `batch` into staging slots; `None` for the others.
     pub fn stage_from_file(&mut self, call: &'static str, batch: &[ChunkRef]) -> Result<Vec<Option<Slot>>> {
         let wanted: Vec<(usize, FileSlot)> = batch
             .iter()

@@ -99,35 +99,49 @@ impl Inner {
         let mut phys = phys.into_iter();
         let mut landed = Vec::new();
         let mut failure = None;
-        for batch in batches(&todo, self.batch) {
-            let batch_phys: Vec<PhysHandle> = phys.by_ref().take(batch.len()).collect();
-            let staged = match self.stage_from_file(call, batch) {
-                Ok(staged) => staged,
+        let all: Vec<&[ChunkRef]> = batches(&todo, self.batch).collect();
+        // Chunks coming from the file are read a group of batches at a time, so that each read
+        // keeps the disk busy with many slots; the staging area holds two groups.
+        'groups: for group in all.chunks(crate::file_tier::STAGED_BATCHES) {
+            let refs: Vec<ChunkRef> = group.concat();
+            let mut staged = match self.stage_from_file(call, &refs) {
+                Ok(staged) => staged.into_iter(),
                 Err(e) => {
-                    batch_phys.into_iter().for_each(|p| self.pool.give(p));
                     failure = Some(e);
                     break;
                 }
             };
-            let staging: Vec<Slot> = staged.iter().flatten().copied().collect();
-            match self.copy_up(batch, &batch_phys, &staged, stream) {
-                Ok(()) => landed.extend_from_slice(batch),
-                Err(e) => {
-                    self.retire_staging(staging, None);
-                    failure = Some(Error::Device { call, source: e });
-                    break;
-                }
-            }
-            if !staging.is_empty() {
-                // This batch's staging slots are free again once its copy has completed.
-                match self.events.record(stream) {
-                    Ok(fence) => self.retire_staging(staging, Some(&fence)),
-                    Err(e) => {
+            for batch in group {
+                let batch_phys: Vec<PhysHandle> = phys.by_ref().take(batch.len()).collect();
+                let batch_staged: Vec<Option<Slot>> = staged.by_ref().take(batch.len()).collect();
+                let staging: Vec<Slot> = batch_staged.iter().flatten().copied().collect();
+                let outcome = self.copy_up(batch, &batch_phys, &batch_staged, stream);
+                let fence = match (&outcome, staging.is_empty()) {
+                    (Ok(()), false) => Some(self.events.record(stream)),
+                    _ => None,
+                };
+                match (outcome, fence) {
+                    (Ok(()), None) => landed.extend_from_slice(batch),
+                    // This batch's staging slots are free again once its copy has completed.
+                    (Ok(()), Some(Ok(fence))) => {
+                        landed.extend_from_slice(batch);
+                        self.retire_staging(staging, Some(&fence));
+                    }
+                    (Ok(()), Some(Err(e))) => {
+                        landed.extend_from_slice(batch);
                         self.device.synchronize_stream(stream).during(call)?;
                         self.retire_staging(staging, None);
                         failure = Some(Error::Device { call, source: e });
-                        break;
                     }
+                    (Err(e), _) => {
+                        self.retire_staging(staging, None);
+                        failure = Some(Error::Device { call, source: e });
+                    }
+                }
+                if failure.is_some() {
+                    let unused: Vec<Slot> = staged.flatten().collect();
+                    self.retire_staging(unused, None);
+                    break 'groups;
                 }
             }
         }
