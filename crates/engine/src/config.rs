@@ -31,6 +31,10 @@ pub struct EngineConfig {
     pub file: Option<std::path::PathBuf>,
     /// `TIERMEM_FILE_LIMIT`: the size of the file tier.
     pub file_limit: usize,
+    /// `TIERMEM_FILE_IO=auto|uring|threads`: how the file tier does its I/O.
+    pub file_io: tiermem_mechanism::file_store::IoChoice,
+    /// `TIERMEM_FILE_QD`: slots in flight per file-tier call.
+    pub file_queue_depth: u32,
 }
 
 impl Default for EngineConfig {
@@ -47,6 +51,8 @@ impl Default for EngineConfig {
             batch_chunks: 16,
             file: None,
             file_limit: 16 << 30,
+            file_io: tiermem_mechanism::file_store::IoChoice::Auto,
+            file_queue_depth: 32,
         }
     }
 }
@@ -79,6 +85,12 @@ impl EngineConfig {
         }
         if let Some(v) = var("TIERMEM_FILE_LIMIT") {
             c.file_limit = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_FILE_LIMIT: {e}")))?;
+        }
+        if let Some(v) = var("TIERMEM_FILE_IO") {
+            c.file_io = v.parse().map_err(|e| Error::Config(format!("TIERMEM_FILE_IO: {e}")))?;
+        }
+        if let Some(v) = var("TIERMEM_FILE_QD") {
+            c.file_queue_depth = v.trim().parse().map_err(|_| Error::Config(format!("TIERMEM_FILE_QD={v:?} is not a queue depth")))?;
         }
         if let Some(v) = var("TIERMEM_POLICY") {
             c.policy = v.parse().map_err(|e| Error::Config(format!("TIERMEM_POLICY: {e}")))?;

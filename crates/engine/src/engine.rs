@@ -108,7 +108,7 @@ impl Engine {
         }
         let file = match &config.file {
             None => None,
-            Some(path) => Some(open_file_tier(path, config.file_limit, chunk, config.batch_chunks.max(1))?),
+            Some(path) => Some(open_file_tier(config, path, chunk)?),
         };
         let streams = Streams {
             up: device.create_stream(StreamPriority::High).during("Engine::new")?,
@@ -325,11 +325,17 @@ impl Drop for Engine {
 }
 
 /// Creates the file tier's store (one slot per chunk) and its staging area (two groups of batches).
-fn open_file_tier(path: &std::path::Path, limit: usize, chunk: usize, batch: usize) -> Result<FileTier> {
-    use tiermem_mechanism::file_store::{FileStore, FileStoreConfig, IoChoice};
-    let config = FileStoreConfig { path: path.to_owned(), capacity: limit / chunk * chunk, slot_size: chunk, queue_depth: 32, io: IoChoice::Auto };
-    let store = FileStore::open(config).map_err(|source| Error::File { call: "Engine::new", source })?;
-    let staging = HostTier::new(chunk, 2 * crate::file_tier::STAGED_BATCHES * batch * chunk);
+fn open_file_tier(config: &EngineConfig, path: &std::path::Path, chunk: usize) -> Result<FileTier> {
+    use tiermem_mechanism::file_store::{FileStore, FileStoreConfig};
+    let store = FileStore::open(FileStoreConfig {
+        path: path.to_owned(),
+        capacity: config.file_limit / chunk * chunk,
+        slot_size: chunk,
+        queue_depth: config.file_queue_depth.max(1),
+        io: config.file_io,
+    })
+    .map_err(|source| Error::File { call: "Engine::new", source })?;
+    let staging = HostTier::new(chunk, 2 * crate::file_tier::STAGED_BATCHES * config.batch_chunks.max(1) * chunk);
     Ok(FileTier { store, staging, retiring: VecDeque::new() })
 }
 

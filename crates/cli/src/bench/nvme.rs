@@ -187,6 +187,7 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
         sim_hbm: 3 * size,
         ..base
     };
+    let file_io = format!("{:?}, queue depth {}", config.file_io, config.file_queue_depth);
     let engine = Engine::new(config).map_err(|e| format!("bench nvme: {e}"))?;
     let info = engine.device_info().clone();
     if info.backend == BackendKind::Sim {
@@ -244,7 +245,7 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
     let page_in = gb / median(ins);
     let clean_ms = median(clean) * 1e3;
     let first_ms = median(first) * 1e3;
-    println!("tiermem: page-in {page_in:.2} GB/s, page-out {page_out:.2} GB/s, clean page-out {clean_ms:.2} ms, first usable byte after {first_ms:.2} ms");
+    println!("tiermem ({file_io}): page-in {page_in:.2} GB/s, page-out {page_out:.2} GB/s, clean page-out {clean_ms:.2} ms, first usable byte after {first_ms:.2} ms");
     let mut back = vec![0u8; size];
     engine.read(a, 0, &mut back).map_err(fail)?;
     let verified = back == bytes;
@@ -292,6 +293,7 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
         "disk_read_queue_depth": read_depth,
         "disk_write_queue_depth": write_depth,
         "request_bytes": REQUEST,
+        "file_tier_io": file_io,
         "engine_stats": stats,
         "targets": { "in_vs_disk": 0.9, "in_vs_directio": 1.2, "in_vs_demand": 3.0, "out_vs_disk": 0.9 },
     });
