@@ -184,11 +184,13 @@ impl Inner {
         Ok(())
     }
 
-    /// Gives file slots back (their chunks' bytes changed or were discarded).
+    /// Gives file slots back for reuse (their chunks' bytes changed or were discarded). Their
+    /// disk space stays allocated: rewriting a slot then overwrites blocks instead of
+    /// allocating them, and the file never grows past its preallocated size anyway.
     pub fn free_file_slots(&mut self, slots: &[FileSlot]) {
         if let (Some(tier), false) = (self.file.as_ref(), slots.is_empty()) {
-            // A failed hole punch still frees the slots; only the disk space stays allocated.
-            let _ = tier.store.free(slots);
+            // Only bad slot numbers can fail here, and these come from the store itself.
+            let _ = tier.store.recycle(slots);
         }
     }
 }
