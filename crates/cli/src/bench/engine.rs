@@ -211,7 +211,6 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     println!("verified: {verified}");
 
     let date = today();
-    let short: String = commit.chars().take(7).collect();
     let report = json!({
         "suite": "engine",
         "commit": commit,
@@ -257,13 +256,6 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
         "oversub_stats": format!("{oversub_stats}"),
         "targets": { "page_in": 0.9, "page_out": 0.9, "page_inout": 0.85, "acquire_resident_us": 2.0 },
     });
-    std::fs::create_dir_all(dir).map_err(|e| format!("bench: create {}: {e}", dir.display()))?;
-    let stem = format!("engine-{}-{short}", date.replace('-', ""));
-    for (name, value) in [(format!("{stem}.json"), &report), (format!("{stem}.detail.json"), &detail)] {
-        let path = dir.join(name);
-        let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-        std::fs::write(&path, text + "\n").map_err(|e| format!("bench: write {}: {e}", path.display()))?;
-        println!("wrote {}", path.display());
-    }
+    super::write_report(dir, "engine", &date, commit, &report, &detail)?;
     if verified { Ok(()) } else { Err("bench: verification failed (see above)".into()) }
 }

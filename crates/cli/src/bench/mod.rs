@@ -52,6 +52,27 @@ pub fn run(suite: Suite) -> Result<(), String> {
     }
 }
 
+/// Writes `<suite>-<yyyymmdd>-<shortsha>.json` (the report) and `….detail.json` into `dir`.
+pub fn write_report(
+    dir: &std::path::Path,
+    suite: &str,
+    date: &str,
+    commit: &str,
+    report: &serde_json::Value,
+    detail: &serde_json::Value,
+) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("bench: create {}: {e}", dir.display()))?;
+    let short: String = commit.chars().take(7).collect();
+    let stem = format!("{suite}-{}-{short}", date.replace('-', ""));
+    for (name, value) in [(format!("{stem}.json"), report), (format!("{stem}.detail.json"), detail)] {
+        let path = dir.join(name);
+        let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+        std::fs::write(&path, text + "\n").map_err(|e| format!("bench: write {}: {e}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
 /// Median of some measurements.
 pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);

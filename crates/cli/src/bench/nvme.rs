@@ -258,7 +258,6 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
     }
 
     let date = today();
-    let short: String = commit.chars().take(7).collect();
     let report = json!({
         "suite": "nvme",
         "commit": commit,
@@ -297,13 +296,6 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
         "engine_stats": stats,
         "targets": { "in_vs_disk": 0.9, "in_vs_directio": 1.2, "in_vs_demand": 3.0, "out_vs_disk": 0.9 },
     });
-    std::fs::create_dir_all(json_dir).map_err(|e| format!("bench: create {}: {e}", json_dir.display()))?;
-    let stem = format!("nvme-{}-{short}", date.replace('-', ""));
-    for (name, value) in [(format!("{stem}.json"), &report), (format!("{stem}.detail.json"), &detail)] {
-        let path = json_dir.join(name);
-        let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-        std::fs::write(&path, text + "\n").map_err(|e| format!("bench: write {}: {e}", path.display()))?;
-        println!("wrote {}", path.display());
-    }
+    super::write_report(json_dir, "nvme", &date, commit, &report, &detail)?;
     if verified { Ok(()) } else { Err("bench nvme: verification failed".into()) }
 }
