@@ -1,0 +1,299 @@
+use crate::buffer::Buffer;
+use crate::errors::{to_py, InvalidArgumentError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use std::sync::Arc;
+use tiermem::{parse_size, Access, AllocOptions, Engine, EngineConfig, Region, StreamHandle, Target, Ticket, TierStats};
+
+/// A tiermem engine on one GPU (or on the simulated device): the `TIERMEM_*` variables,
+/// overridden by the arguments given. Sizes are bytes or strings such as `"16GiB"`.
+#[pyclass(module = "tiermem", frozen)]
+pub struct Pool {
+    engine: Arc<Engine>,
+}
+
+/// A size argument: an int, or a string such as "16GiB".
+fn size_arg(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    if let Ok(n) = value.extract::<usize>() {
+        return Ok(n);
+    }
+    let text: String = value.extract().map_err(|_| InvalidArgumentError::new_err(format!("{name}: expected bytes as an int or a string like \"16GiB\"")))?;
+    parse_size(&text).map_err(|e| InvalidArgumentError::new_err(format!("{name}: {e}")))
+}
+
+impl Pool {
+    /// Regions from a list of buffers or `(buffer, offset, length)` tuples of this pool.
+    fn regions(&self, items: &Bound<'_, PyAny>) -> PyResult<Vec<Region>> {
+        let list: Vec<Bound<'_, PyAny>> = match items.downcast::<Buffer>() {
+            Ok(_) => vec![items.clone()],
+            Err(_) => items.try_iter()?.collect::<PyResult<_>>()?,
+        };
+        list.iter()
+            .map(|item| {
+                let (buffer, range) = match item.downcast::<Buffer>() {
+                    Ok(b) => (b.clone(), None),
+                    Err(_) => {
+                        let (b, offset, len): (Bound<'_, Buffer>, usize, usize) = item
+                            .extract()
+                            .map_err(|_| InvalidArgumentError::new_err("expected a Buffer or a (Buffer, offset, length) tuple"))?;
+                        (b, Some((offset, len)))
+                    }
+                };
+                let buffer = buffer.get();
+                if !Arc::ptr_eq(&buffer.engine, &self.engine) {
+                    return Err(InvalidArgumentError::new_err(format!("buffer {} belongs to another Pool", buffer.id)));
+                }
+                Ok(match range {
+                    None => Region::whole(buffer.id),
+                    Some((offset, len)) => Region::bytes(buffer.id, offset, len),
+                })
+            })
+            .collect()
+    }
+
+    fn target(&self, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<Target> {
+        match buffer {
+            None => Ok(Target::All),
+            Some(b) => match self.regions(b.as_any())?.as_slice() {
+                [region] => Ok(Target::Buffer(region.buffer)),
+                _ => unreachable!("one buffer gives one region"),
+            },
+        }
+    }
+}
+
+fn tier_dict<'py>(py: Python<'py>, tier: &TierStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("capacity_bytes", tier.capacity_bytes)?;
+    d.set_item("used_bytes", tier.used_bytes)?;
+    d.set_item("chunks", tier.chunks)?;
+    Ok(d)
+}
+
+#[pymethods]
+impl Pool {
+    #[new]
+    #[pyo3(signature = (device=None, hbm_limit=None, host_limit=None, policy=None, backend=None, file=None, file_limit=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        device: Option<usize>,
+        hbm_limit: Option<&Bound<'_, PyAny>>,
+        host_limit: Option<&Bound<'_, PyAny>>,
+        policy: Option<&str>,
+        backend: Option<&str>,
+        file: Option<std::path::PathBuf>,
+        file_limit: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let mut config = EngineConfig::from_env().map_err(to_py)?;
+        if let Some(device) = device {
+            config.device = device;
+        }
+        if let Some(v) = hbm_limit {
+            config.hbm_limit = Some(size_arg("hbm_limit", v)?);
+        }
+        if let Some(v) = host_limit {
+            config.host_limit = Some(size_arg("host_limit", v)?);
+        }
+        if let Some(p) = policy {
+            config.policy = p.parse().map_err(|e| InvalidArgumentError::new_err(format!("policy: {e}")))?;
+        }
+        if let Some(b) = backend {
+            config.backend = b.parse().map_err(|e| InvalidArgumentError::new_err(format!("backend: {e}")))?;
+        }
+        if let Some(f) = file {
+            config.file = Some(f);
+        }
+        if let Some(v) = file_limit {
+            config.file_limit = size_arg("file_limit", v)?;
+        }
+        let engine = py.allow_threads(|| Engine::new(config)).map_err(to_py)?;
+        Ok(Self { engine: Arc::new(engine) })
+    }
+
+    /// "cuda" or "sim".
+    #[getter]
+    fn backend(&self) -> &'static str {
+        match self.engine.device_info().backend {
+            tiermem::mechanism::BackendKind::Cuda => "cuda",
+            tiermem::mechanism::BackendKind::Sim => "sim",
+        }
+    }
+
+    /// Why `auto` chose the simulated device, if it did.
+    #[getter]
+    fn fallback_reason(&self) -> Option<String> {
+        self.engine.fallback_reason().map(str::to_owned)
+    }
+
+    #[getter]
+    fn device_name(&self) -> String {
+        self.engine.device_info().name.clone()
+    }
+
+    #[getter]
+    fn hbm_cap(&self) -> usize {
+        self.engine.hbm_cap()
+    }
+
+    #[getter]
+    fn chunk_size(&self) -> usize {
+        self.engine.chunk_size()
+    }
+
+    #[getter]
+    fn policy(&self) -> String {
+        self.engine.policy().to_string()
+    }
+
+    /// A buffer of `size` bytes; never written chunks read as zeros.
+    #[pyo3(signature = (size, priority=0, read_only=false, name=None))]
+    fn alloc(&self, py: Python<'_>, size: &Bound<'_, PyAny>, priority: i32, read_only: bool, name: Option<String>) -> PyResult<Buffer> {
+        let size = size_arg("size", size)?;
+        let options = AllocOptions { priority, read_only, name: name.clone() };
+        let (id, ptr) = py.allow_threads(|| self.engine.alloc(size, options)).map_err(to_py)?;
+        Ok(Buffer::new(Arc::clone(&self.engine), id, ptr, size, name))
+    }
+
+    /// Makes `regions` resident until `release`; `stream` (a CUstream as an int, 0 = the legacy
+    /// stream, e.g. `torch.cuda.current_stream().cuda_stream`) waits for them on the device.
+    #[pyo3(signature = (regions, stream=0, write=false))]
+    fn acquire(&self, py: Python<'_>, regions: &Bound<'_, PyAny>, stream: u64, write: bool) -> PyResult<()> {
+        let regions = self.regions(regions)?;
+        let access = if write { Access::ReadWrite } else { Access::ReadOnly };
+        py.allow_threads(|| self.engine.acquire(&regions, access, StreamHandle(stream))).map_err(to_py)
+    }
+
+    #[pyo3(signature = (regions, stream=0))]
+    fn release(&self, py: Python<'_>, regions: &Bound<'_, PyAny>, stream: u64) -> PyResult<()> {
+        let regions = self.regions(regions)?;
+        py.allow_threads(|| self.engine.release(&regions, StreamHandle(stream))).map_err(to_py)
+    }
+
+    /// `with pool.acquired(regions, stream, write):` acquires on entry and releases on exit.
+    #[pyo3(signature = (regions, stream=0, write=false))]
+    fn acquired(slf: &Bound<'_, Self>, regions: &Bound<'_, PyAny>, stream: u64, write: bool) -> PyResult<Acquisition> {
+        slf.get().regions(regions)?;
+        Ok(Acquisition { pool: slf.clone().unbind(), regions: regions.clone().unbind(), stream, write })
+    }
+
+    fn prefetch(&self, py: Python<'_>, regions: &Bound<'_, PyAny>) -> PyResult<()> {
+        let regions = self.regions(regions)?;
+        py.allow_threads(|| self.engine.prefetch(&regions)).map_err(to_py)
+    }
+
+    /// Pages `buffer` (default: every buffer) into HBM and waits.
+    #[pyo3(signature = (buffer=None))]
+    fn page_in(&self, py: Python<'_>, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<()> {
+        let target = self.target(buffer)?;
+        py.allow_threads(|| self.engine.page_in(target)).map_err(to_py)
+    }
+
+    /// Pages `buffer` (default: every buffer) out of HBM and waits.
+    #[pyo3(signature = (buffer=None))]
+    fn page_out(&self, py: Python<'_>, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<()> {
+        let target = self.target(buffer)?;
+        py.allow_threads(|| self.engine.page_out(target)).map_err(to_py)
+    }
+
+    /// Pages `buffer` (default: every buffer) out to the file tier and waits.
+    #[pyo3(signature = (buffer=None))]
+    fn page_out_to_file(&self, py: Python<'_>, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<()> {
+        let target = self.target(buffer)?;
+        py.allow_threads(|| self.engine.page_out_to_file(target)).map_err(to_py)
+    }
+
+    /// Starts paging `buffer` in; returns a ticket for `finish`.
+    #[pyo3(signature = (buffer=None))]
+    fn page_in_start(&self, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<u64> {
+        Ok(self.engine.page_in_start(self.target(buffer)?).map_err(to_py)?.0)
+    }
+
+    /// Starts paging `buffer` out; returns a ticket for `finish`.
+    #[pyo3(signature = (buffer=None))]
+    fn page_out_start(&self, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<u64> {
+        Ok(self.engine.page_out_start(self.target(buffer)?).map_err(to_py)?.0)
+    }
+
+    /// Waits for a ticket of `page_in_start` or `page_out_start`.
+    fn finish(&self, py: Python<'_>, ticket: u64) -> PyResult<()> {
+        py.allow_threads(|| self.engine.finish(Ticket(ticket))).map_err(to_py)
+    }
+
+    /// Pages `outgoing` out and `incoming` in with one schedule, and waits.
+    fn exchange(&self, py: Python<'_>, outgoing: &Bound<'_, Buffer>, incoming: &Bound<'_, Buffer>) -> PyResult<()> {
+        let (out, inn) = (self.target(Some(outgoing))?, self.target(Some(incoming))?);
+        py.allow_threads(|| self.engine.exchange(out, inn)).map_err(to_py)
+    }
+
+    /// Tiers, transfer counters and per-buffer residency, as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.engine.stats();
+        let d = PyDict::new(py);
+        d.set_item("policy", s.policy.to_string())?;
+        d.set_item("chunk_size", s.chunk_size)?;
+        d.set_item("hbm", tier_dict(py, &s.hbm)?)?;
+        d.set_item("host", tier_dict(py, &s.host)?)?;
+        d.set_item("file", s.file.as_ref().map(|t| tier_dict(py, t)).transpose()?)?;
+        d.set_item("host_pinned_bytes", s.host_pinned_bytes)?;
+        let t = &s.transfers;
+        let transfers = PyDict::new(py);
+        for (key, value) in [
+            ("page_ins", t.page_ins),
+            ("page_outs", t.page_outs),
+            ("zero_fills", t.zero_fills),
+            ("clean_drops", t.clean_drops),
+            ("evictions", t.evictions),
+            ("prefetched", t.prefetched),
+            ("file_writes", t.file_writes),
+            ("file_reads", t.file_reads),
+        ] {
+            transfers.set_item(key, value)?;
+        }
+        transfers.set_item("bytes_in", s.bytes_in)?;
+        transfers.set_item("bytes_out", s.bytes_out)?;
+        transfers.set_item("stall_ms", t.stall_ms)?;
+        d.set_item("transfers", transfers)?;
+        let buffers = PyList::empty(py);
+        for b in &s.buffers {
+            let e = PyDict::new(py);
+            e.set_item("id", b.id.0)?;
+            e.set_item("name", b.name.clone())?;
+            e.set_item("size", b.size)?;
+            e.set_item("priority", b.priority)?;
+            e.set_item("read_only", b.read_only)?;
+            for (key, value) in [("chunks", b.chunks), ("in_hbm", b.in_hbm), ("in_host", b.in_host), ("in_file", b.in_file), ("empty", b.empty), ("moving", b.moving), ("acquired", b.acquired)] {
+                e.set_item(key, value)?;
+            }
+            buffers.append(e)?;
+        }
+        d.set_item("buffers", buffers)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<tiermem.Pool {} on {} ({}), HBM cap {} bytes>", self.policy(), self.device_name(), self.backend(), self.hbm_cap())
+    }
+}
+
+/// What `Pool.acquired` returns: acquires on `__enter__`, releases on `__exit__`.
+#[pyclass(module = "tiermem", frozen)]
+pub struct Acquisition {
+    pool: Py<Pool>,
+    regions: PyObject,
+    stream: u64,
+    write: bool,
+}
+
+#[pymethods]
+impl Acquisition {
+    fn __enter__(&self, py: Python<'_>) -> PyResult<()> {
+        self.pool.get().acquire(py, self.regions.bind(py), self.stream, self.write)
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.pool.get().release(py, self.regions.bind(py), self.stream)?;
+        Ok(false)
+    }
+}

@@ -1,0 +1,136 @@
+"""The Python API on the simulated device (CI has no GPU): bytes round-trip through buffers
+under memory pressure, errors are tiermem exceptions that change nothing, stats are a dict."""
+
+import os
+
+import pytest
+
+import tiermem
+
+CHUNK = 2 << 20
+
+
+@pytest.fixture
+def pool():
+    return tiermem.Pool(backend="sim", hbm_limit=4 * CHUNK, host_limit="64MiB", policy="lru")
+
+
+def pattern(seed: int, size: int) -> bytes:
+    return bytes((i * 31 + seed * 7 + (i >> 12)) & 0xFF for i in range(size))
+
+
+def test_pool_reports_what_it_runs_on(pool):
+    assert pool.backend == "sim"
+    assert pool.hbm_cap == 4 * CHUNK
+    assert pool.chunk_size == CHUNK
+    assert pool.policy == "lru"
+    assert "sim" in repr(pool)
+
+
+def test_bytes_survive_a_working_set_twice_the_hbm_cap(pool):
+    buffers = [pool.alloc(2 * CHUNK, name=f"b{i}") for i in range(4)]
+    data = [pattern(i, 2 * CHUNK) for i in range(4)]
+    for buf, d in zip(buffers, data):
+        buf.write(d)
+    for round_ in range(2):
+        for buf in buffers:
+            with pool.acquired([buf], write=round_ == 0):
+                pass
+    pool.page_out()
+    for buf, d in zip(buffers, data):
+        assert buf.read() == d
+    stats = pool.stats()
+    assert stats["transfers"]["page_outs"] > 0 and stats["transfers"]["page_ins"] > 0
+    assert [b["name"] for b in stats["buffers"]] == ["b0", "b1", "b2", "b3"]
+    assert stats["hbm"]["capacity_bytes"] == 4 * CHUNK
+
+
+def test_ranges_and_offsets(pool):
+    buf = pool.alloc(3 * CHUNK + 100)
+    assert buf.read(16, offset=3 * CHUNK) == bytes(16), "never-written bytes read as zeros"
+    buf.write(b"tiermem", offset=CHUNK - 3)
+    assert buf.read(7, offset=CHUNK - 3) == b"tiermem"
+    pool.acquire([(buf, CHUNK, 10)], write=True)
+    pool.release([(buf, CHUNK, 10)])
+    with pytest.raises(tiermem.InvalidArgumentError, match="outside buffer"):
+        pool.acquire([(buf, 3 * CHUNK, 200)])
+
+
+def test_errors_are_tiermem_exceptions_that_change_nothing(pool):
+    buf = pool.alloc(CHUNK)
+    buf.write(b"x" * 100)
+    with pytest.raises(tiermem.WouldNeverFitError, match="acquire"):
+        pool.acquire([pool.alloc(5 * CHUNK)])
+    with pytest.raises(tiermem.BufferStateError, match="not acquired"):
+        pool.release([buf])
+    with pytest.raises(tiermem.InvalidArgumentError, match="size"):
+        pool.alloc(0)
+    with pytest.raises(tiermem.InvalidArgumentError):
+        pool.alloc("lots")
+    ro = pool.alloc(CHUNK, read_only=True)
+    ro.write(b"weights")
+    with pytest.raises(tiermem.BufferStateError, match="read-only"):
+        pool.acquire([ro], write=True)
+    with pool.acquired([buf]):
+        with pytest.raises(tiermem.BufferStateError, match="acquired"):
+            buf.free()
+    buf.free()
+    with pytest.raises(tiermem.BufferStateError, match="already freed"):
+        buf.free()
+    with pytest.raises(tiermem.BufferStateError, match="does not exist"):
+        buf.read(1)
+    assert ro.read(7) == b"weights"
+    assert all(isinstance(e, type) and issubclass(e, tiermem.TiermemError) for e in (
+        tiermem.OutOfMemoryError, tiermem.DeviceError, tiermem.FileTierError))
+
+
+def test_buffers_of_another_pool_are_refused(pool):
+    other = tiermem.Pool(backend="sim", hbm_limit=2 * CHUNK, host_limit="8MiB")
+    foreign = other.alloc(CHUNK)
+    with pytest.raises(tiermem.InvalidArgumentError, match="another Pool"):
+        pool.acquire([foreign])
+
+
+def test_async_page_out_and_in_with_tickets(pool):
+    buf = pool.alloc(2 * CHUNK)
+    data = pattern(9, 2 * CHUNK)
+    buf.write(data)
+    pool.finish(pool.page_out_start(buf))
+    assert pool.stats()["buffers"][0]["in_host"] == 2
+    pool.finish(pool.page_in_start(buf))
+    assert pool.stats()["buffers"][0]["in_hbm"] == 2
+    with pytest.raises(tiermem.InvalidArgumentError, match="ticket"):
+        pool.finish(12345)
+    assert buf.read() == data
+
+
+def test_cuda_array_interface_describes_the_buffer(pool):
+    buf = pool.alloc(4096)
+    cai = buf.__cuda_array_interface__
+    assert cai["shape"] == (4096,) and cai["typestr"] == "|u1" and cai["version"] == 3
+    assert cai["data"] == (buf.ptr, False)
+    assert len(buf) == 4096 and buf.size == 4096
+
+
+def test_file_tier_from_python(tmp_path):
+    pool = tiermem.Pool(backend="sim", hbm_limit=2 * CHUNK, host_limit=2 * CHUNK, file=str(tmp_path / "tier"), file_limit="32MiB")
+    bufs = [pool.alloc(2 * CHUNK) for _ in range(3)]
+    for i, b in enumerate(bufs):
+        b.write(pattern(i, 2 * CHUNK))
+    pool.page_out_to_file(bufs[0])
+    assert pool.stats()["transfers"]["file_writes"] >= 2
+    for i, b in enumerate(bufs):
+        assert b.read() == pattern(i, 2 * CHUNK)
+
+
+@pytest.mark.skipif(os.environ.get("TIERMEM_TEST_BACKEND") != "cuda", reason="needs a GPU (TIERMEM_TEST_BACKEND=cuda)")
+def test_torch_wraps_a_buffer_without_a_copy():
+    torch = pytest.importorskip("torch")
+    pool = tiermem.Pool(backend="cuda", hbm_limit="64MiB")
+    buf = pool.alloc(1 << 20)
+    stream = torch.cuda.current_stream()
+    with pool.acquired([buf], stream=stream.cuda_stream, write=True):
+        t = torch.as_tensor(buf, device="cuda")
+        t.fill_(7)
+        torch.cuda.synchronize()
+    assert buf.read(4) == bytes([7, 7, 7, 7])

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite: the Rust workspace, then the Python package built as a wheel and
+# tested with pytest (on the simulated device where there is no GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo test --workspace --all-features
+python3 -m pip install --quiet --root-user-action=ignore maturin pytest
+python3 -m pip install --quiet --root-user-action=ignore .
+python3 -m pytest -q python/tests
