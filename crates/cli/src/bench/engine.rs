@@ -211,12 +211,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     println!("verified: {verified}");
 
     let date = today();
-    let report = json!({
-        "suite": "engine",
-        "commit": commit,
-        "date": date,
-        "device": { "name": info.name, "count": info.device_count, "driver": info.driver_version },
-        "metrics": {
+    let report = super::report("engine", commit, &date, &info, json!({
             "raw_h2d_GBps": ceilings.h2d_gbps,
             "raw_d2h_GBps": ceilings.d2h_gbps,
             "raw_bidir_GBps": ceilings.bidir_gbps,
@@ -226,14 +221,11 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
             "oversub_seq_GBps": oversub_seq,
             "oversub_rand_GBps": oversub_rand,
             "acquire_resident_us": acquire_us,
-        },
-        "ratios": {
+        }), json!({
             "page_in": page_in / ceilings.h2d_gbps,
             "page_out": page_out / ceilings.d2h_gbps,
             "page_inout": page_inout / ceilings.bidir_gbps,
-        },
-        "verified": verified,
-    });
+        }), verified);
     let detail = json!({
         "suite": "engine-detail",
         "commit": commit,

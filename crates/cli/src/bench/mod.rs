@@ -52,6 +52,27 @@ pub fn run(suite: Suite) -> Result<(), String> {
     }
 }
 
+/// A suite's report, with exactly the keys every suite's JSON has.
+pub fn report(
+    suite: &str,
+    commit: &str,
+    date: &str,
+    device: &tiermem::mechanism::DeviceInfo,
+    metrics: serde_json::Value,
+    ratios: serde_json::Value,
+    verified: bool,
+) -> serde_json::Value {
+    serde_json::json!({
+        "suite": suite,
+        "commit": commit,
+        "date": date,
+        "device": { "name": device.name, "count": device.device_count, "driver": device.driver_version },
+        "metrics": metrics,
+        "ratios": ratios,
+        "verified": verified,
+    })
+}
+
 /// Writes `<suite>-<yyyymmdd>-<shortsha>.json` (the report) and `….detail.json` into `dir`.
 pub fn write_report(
     dir: &std::path::Path,

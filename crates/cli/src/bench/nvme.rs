@@ -258,12 +258,7 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
     }
 
     let date = today();
-    let report = json!({
-        "suite": "nvme",
-        "commit": commit,
-        "date": date,
-        "device": { "name": info.name, "count": info.device_count, "driver": info.driver_version },
-        "metrics": {
+    let report = super::report("nvme", commit, &date, &info, json!({
             "disk_read_GBps": disk_read,
             "disk_write_GBps": disk_write,
             "directio_in_GBps": directio_in,
@@ -273,15 +268,12 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
             "page_out_GBps": page_out,
             "clean_page_out_ms": clean_ms,
             "first_byte_ms": first_ms,
-        },
-        "ratios": {
+        }), json!({
             "in_vs_disk": page_in / disk_read,
             "in_vs_directio": page_in / directio_in,
             "in_vs_demand": page_in / demand_in,
             "out_vs_disk": page_out / disk_write,
-        },
-        "verified": verified,
-    });
+        }), verified);
     let detail = json!({
         "suite": "nvme-detail",
         "commit": commit,
