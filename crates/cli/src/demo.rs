@@ -40,14 +40,23 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     let cap = engine.hbm_cap();
     let size = args.buffer_size.next_multiple_of(engine.chunk_size());
     let count = (2 * cap).div_ceil(size);
-    println!("device: {} | HBM cap {} | {} buffers of {} = {} | policy {}", info.name, format_size(cap), count, format_size(size), format_size(count * size), engine.policy());
+    println!(
+        "device: {} | HBM cap {} | {} buffers of {} = {} | policy {}",
+        info.name,
+        format_size(cap),
+        count,
+        format_size(size),
+        format_size(count * size),
+        engine.policy()
+    );
 
     let started = Instant::now();
     let mut buffers = Vec::with_capacity(count);
     let mut scratch = vec![0u8; size];
     for i in 0..count {
         let name = format!("demo-{i}");
-        let (id, _) = engine.alloc(size, AllocOptions { name: Some(name), ..Default::default() }).map_err(|e| e.to_string())?;
+        let (id, _) =
+            engine.alloc(size, AllocOptions { name: Some(name), ..Default::default() }).map_err(|e| e.to_string())?;
         pattern::fill(seed(id, 0), 0, &mut scratch);
         engine.write(id, 0, &scratch).map_err(|e| e.to_string())?;
         buffers.push(id);
@@ -65,7 +74,10 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
                 // A "kernel" rewrites the buffer through its device pointer while it is acquired.
                 pattern::fill(seed(id, 1), 0, &mut scratch);
                 engine.device().synchronize_stream(stream).map_err(|e| e.to_string())?;
-                engine.device().write(engine.device_ptr(id).map_err(|e| e.to_string())?, &scratch).map_err(|e| e.to_string())?;
+                engine
+                    .device()
+                    .write(engine.device_ptr(id).map_err(|e| e.to_string())?, &scratch)
+                    .map_err(|e| e.to_string())?;
             }
             engine.release(&region, stream).map_err(|e| e.to_string())?;
         }

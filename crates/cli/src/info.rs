@@ -23,7 +23,15 @@ pub fn run() -> Result<(), String> {
     println!("peer access      {peers}");
     println!("memlock limit    {}", memlock_limit());
     let hbm_cap = config.hbm_cap(info.backend, free);
-    println!("HBM cap          {} ({})", format_size(hbm_cap), if config.hbm_limit.is_some() { "TIERMEM_HBM_LIMIT" } else { "default: free memory less a 2 GiB reserve on a GPU" });
+    println!(
+        "HBM cap          {} ({})",
+        format_size(hbm_cap),
+        if config.hbm_limit.is_some() {
+            "TIERMEM_HBM_LIMIT"
+        } else {
+            "default: free memory less a 2 GiB reserve on a GPU"
+        }
+    );
     println!("policy           {}", config.policy);
     println!("file store I/O   {}", file_store_probe(info.granularity));
     Ok(())
@@ -38,7 +46,11 @@ fn file_store_probe(slot_size: usize) -> String {
     match FileStore::open(config) {
         Ok(store) => {
             let (memory, offset) = store.alignment();
-            format!("{} in {}; O_DIRECT alignment {memory} B (memory), {offset} B (offset)", store.io_path(), dir.display())
+            format!(
+                "{} in {}; O_DIRECT alignment {memory} B (memory), {offset} B (offset)",
+                store.io_path(),
+                dir.display()
+            )
         }
         Err(e) => format!("unavailable in {}: {e}", dir.display()),
     }
@@ -50,6 +62,11 @@ fn memlock_limit() -> String {
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0 {
         return "unknown".into();
     }
-    let show = |v: libc::rlim_t| if v == libc::RLIM_INFINITY { "unlimited".to_string() } else { format_size(v as usize) };
-    format!("{} (hard {}; CUDA pins through the driver, so this does not cap the host tier)", show(limit.rlim_cur), show(limit.rlim_max))
+    let show =
+        |v: libc::rlim_t| if v == libc::RLIM_INFINITY { "unlimited".to_string() } else { format_size(v as usize) };
+    format!(
+        "{} (hard {}; CUDA pins through the driver, so this does not cap the host tier)",
+        show(limit.rlim_cur),
+        show(limit.rlim_max)
+    )
 }

@@ -38,7 +38,8 @@ fn main() -> ExitCode {
         Command::Bench { suite } => bench::run(suite),
     })
     .unwrap_or_else(|panic| {
-        let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+        let what =
+            panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
         Err(format!("internal error (a bug in tiermem, please report it): {}", what.unwrap_or_default()))
     });
     match outcome {

@@ -69,7 +69,8 @@ impl EngineConfig {
             })?;
         }
         if let Some(v) = var("TIERMEM_DEVICE") {
-            c.device = v.trim().parse().map_err(|_| Error::Config(format!("TIERMEM_DEVICE={v:?} is not a GPU ordinal")))?;
+            c.device =
+                v.trim().parse().map_err(|_| Error::Config(format!("TIERMEM_DEVICE={v:?} is not a GPU ordinal")))?;
         }
         if let Some(v) = var("TIERMEM_HBM_LIMIT") {
             c.hbm_limit = Some(parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_HBM_LIMIT: {e}")))?);
@@ -90,7 +91,8 @@ impl EngineConfig {
             c.file_io = v.parse().map_err(|e| Error::Config(format!("TIERMEM_FILE_IO: {e}")))?;
         }
         if let Some(v) = var("TIERMEM_FILE_QD") {
-            c.file_queue_depth = v.trim().parse().map_err(|_| Error::Config(format!("TIERMEM_FILE_QD={v:?} is not a queue depth")))?;
+            c.file_queue_depth =
+                v.trim().parse().map_err(|_| Error::Config(format!("TIERMEM_FILE_QD={v:?} is not a queue depth")))?;
         }
         if let Some(v) = var("TIERMEM_POLICY") {
             c.policy = v.parse().map_err(|e| Error::Config(format!("TIERMEM_POLICY: {e}")))?;
@@ -138,7 +140,11 @@ pub fn format_size(bytes: usize) -> String {
         value /= 1024.0;
         unit += 1;
     }
-    if unit == 0 { format!("{bytes} B") } else { format!("{value:.2} {}", UNITS[unit]) }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
 }
 
 #[cfg(test)]

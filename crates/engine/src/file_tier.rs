@@ -95,7 +95,10 @@ impl Inner {
                 return Ok(slots);
             }
             let Some((fence, _)) = tier.retiring.front() else {
-                return Err(Error::OutOfMemory { call, detail: format!("{n} staging slots needed; the staging area has {}", tier.staging.cap()) });
+                return Err(Error::OutOfMemory {
+                    call,
+                    detail: format!("{n} staging slots needed; the staging area has {}", tier.staging.cap()),
+                });
             };
             fence.wait().during(call)?;
             tier.reap()?;
@@ -124,7 +127,12 @@ impl Inner {
             for (index, chunk) in buffer.chunks.iter().enumerate() {
                 if let ChunkState::Host { .. } = chunk.state {
                     let key = refs.len() as u64;
-                    candidates.push(Candidate { key, last_use: chunk.last_use, clean: chunk.file.is_some(), priority: buffer.options.priority });
+                    candidates.push(Candidate {
+                        key,
+                        last_use: chunk.last_use,
+                        clean: chunk.file.is_some(),
+                        priority: buffer.options.priority,
+                    });
                     refs.push((id, index));
                 }
             }
@@ -132,7 +140,8 @@ impl Inner {
         if candidates.is_empty() {
             return Ok(false);
         }
-        let mut victims: Vec<ChunkRef> = self.policy.select_victims(&candidates, needed).into_iter().map(|i| refs[i]).collect();
+        let mut victims: Vec<ChunkRef> =
+            self.policy.select_victims(&candidates, needed).into_iter().map(|i| refs[i]).collect();
         victims.sort_unstable();
         self.spill_chunks(call, &victims)?;
         Ok(true)
@@ -151,7 +160,8 @@ impl Inner {
                 }
             })
             .collect();
-        let to_write: Vec<(ChunkRef, Slot)> = host_chunks.iter().filter(|(_, _, f)| f.is_none()).map(|&(r, s, _)| (r, s)).collect();
+        let to_write: Vec<(ChunkRef, Slot)> =
+            host_chunks.iter().filter(|(_, _, f)| f.is_none()).map(|&(r, s, _)| (r, s)).collect();
         let Some(tier) = self.file.as_ref() else {
             return Err(Error::Config(format!("{call}: there is no file tier (set TIERMEM_FILE)")));
         };

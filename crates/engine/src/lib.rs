@@ -34,5 +34,5 @@ pub use engine::{Engine, Target, Ticket};
 pub use error::{Error, Result};
 pub use stats::{BufferStats, Counters, Stats, TierStats};
 pub use tiermem_mechanism as mechanism;
-pub use tiermem_policy as policy;
 pub use tiermem_mechanism::StreamHandle;
+pub use tiermem_policy as policy;

@@ -49,7 +49,12 @@ pub(crate) enum Purpose {
 impl Inner {
     /// Makes `wanted` (sorted) resident, or as many as free HBM allows for a prefetch.
     /// Returns the fence after the copies, if anything was copied.
-    pub fn bring_in(&mut self, call: &'static str, wanted: &[ChunkRef], purpose: Purpose) -> Result<Option<Arc<Fence>>> {
+    pub fn bring_in(
+        &mut self,
+        call: &'static str,
+        wanted: &[ChunkRef],
+        purpose: Purpose,
+    ) -> Result<Option<Arc<Fence>>> {
         debug_assert!(wanted.windows(2).all(|w| w[0] < w[1]), "chunk lists are sorted");
         let mut todo = Vec::new();
         for &r in wanted {
@@ -170,7 +175,13 @@ impl Inner {
     /// Maps one batch of consecutive chunks of one buffer and enqueues their copies up: from
     /// their host slots, from `staged` staging slots (chunks read from the file), or zeros.
     /// On failure every chunk of the batch is as before and its physical chunks are back in the pool.
-    fn copy_up(&mut self, batch: &[ChunkRef], phys: &[PhysHandle], staged: &[Option<Slot>], stream: StreamHandle) -> Result<(), DeviceError> {
+    fn copy_up(
+        &mut self,
+        batch: &[ChunkRef],
+        phys: &[PhysHandle],
+        staged: &[Option<Slot>],
+        stream: StreamHandle,
+    ) -> Result<(), DeviceError> {
         let g = self.chunk;
         let va0 = self.chunk_va(batch[0]);
         let device = Arc::clone(&self.device);
@@ -373,7 +384,10 @@ impl Inner {
                 None => {
                     return Err(Error::OutOfMemory {
                         call,
-                        detail: format!("{n} chunks must be copied to the host tier, which is full; {}", self.describe_tiers()),
+                        detail: format!(
+                            "{n} chunks must be copied to the host tier, which is full; {}",
+                            self.describe_tiers()
+                        ),
                     })
                 }
             }
@@ -390,7 +404,9 @@ impl Inner {
             return Some(Arc::clone(&group.fence));
         }
         self.buffers.values().flat_map(|b| &b.chunks).find_map(|chunk| match (&chunk.state, &chunk.ready) {
-            (ChunkState::Device { copy: Some(_), .. }, Some(ready)) if !matches!(ready.is_done(), Ok(true)) => Some(Arc::clone(ready)),
+            (ChunkState::Device { copy: Some(_), .. }, Some(ready)) if !matches!(ready.is_done(), Ok(true)) => {
+                Some(Arc::clone(ready))
+            }
             _ => None,
         })
     }
@@ -515,16 +531,14 @@ impl Inner {
             }
             match self.next_settling(protect) {
                 Some(fence) => fence.wait().during(call)?,
-                None => {
-                    return Err(Error::OutOfMemory {
-                        call,
-                        detail: format!(
-                            "{} more bytes of HBM are needed and every resident chunk is acquired or being acquired; {}",
-                            short * self.chunk,
-                            self.describe_tiers()
-                        ),
-                    })
-                }
+                None => return Err(Error::OutOfMemory {
+                    call,
+                    detail: format!(
+                        "{} more bytes of HBM are needed and every resident chunk is acquired or being acquired; {}",
+                        short * self.chunk,
+                        self.describe_tiers()
+                    ),
+                }),
             }
         }
     }
@@ -561,7 +575,8 @@ impl Inner {
         self.buffers.iter().find_map(|(&id, buffer)| {
             buffer.chunks.iter().enumerate().find_map(|(index, chunk)| {
                 let eligible = chunk.is_resident() && chunk.pins == 0 && protect.binary_search(&(id, index)).is_err();
-                let unsettled = [&chunk.busy, &chunk.ready].into_iter().flatten().find(|f| !matches!(f.is_done(), Ok(true)));
+                let unsettled =
+                    [&chunk.busy, &chunk.ready].into_iter().flatten().find(|f| !matches!(f.is_done(), Ok(true)));
                 unsettled.filter(|_| eligible).cloned()
             })
         })

@@ -120,7 +120,13 @@ impl std::fmt::Display for Stats {
         writeln!(f, "tier   {:>12} {:>12} {:>8}", "used", "capacity", "chunks")?;
         for (name, tier) in [("hbm", Some(&self.hbm)), ("host", Some(&self.host)), ("file", self.file.as_ref())] {
             let Some(tier) = tier else { continue };
-            writeln!(f, "{name:<6} {:>12} {:>12} {:>8}", format_size(tier.used_bytes), format_size(tier.capacity_bytes), tier.chunks)?;
+            writeln!(
+                f,
+                "{name:<6} {:>12} {:>12} {:>8}",
+                format_size(tier.used_bytes),
+                format_size(tier.capacity_bytes),
+                tier.chunks
+            )?;
         }
         writeln!(f, "policy {}; pinned for the host tier: {}", self.policy, format_size(self.host_pinned_bytes))?;
         writeln!(
@@ -139,7 +145,11 @@ impl std::fmt::Display for Stats {
             t.stall_ms
         )?;
         if !self.buffers.is_empty() {
-            writeln!(f, "buffer {:<16} {:>10} {:>6} {:>6} {:>6} {:>6} {:>6}", "name", "size", "hbm", "host", "empty", "moving", "acq")?;
+            writeln!(
+                f,
+                "buffer {:<16} {:>10} {:>6} {:>6} {:>6} {:>6} {:>6}",
+                "name", "size", "hbm", "host", "empty", "moving", "acq"
+            )?;
             const SHOWN: usize = 12;
             for b in self.buffers.iter().take(SHOWN) {
                 let name = b.name.as_deref().unwrap_or("-");

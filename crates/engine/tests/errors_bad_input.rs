@@ -251,7 +251,9 @@ fn acquiring_more_than_the_hbm_cap_would_never_fit_and_pins_nothing() {
         assert_eq!(e.acquire(&[Region::whole(a), Region::whole(b)], access, S), Err(want.clone()));
     }
     assert!(e.stats().buffers.iter().all(|s| s.acquired == 0), "{}", e.stats());
-    assert!(matches!(e.page_in(Target::Buffer(big)), Err(Error::WouldNeverFit { requested, .. }) if requested == 5 * CHUNK));
+    assert!(
+        matches!(e.page_in(Target::Buffer(big)), Err(Error::WouldNeverFit { requested, .. }) if requested == 5 * CHUNK)
+    );
     assert!(matches!(e.page_in(Target::All), Err(Error::WouldNeverFit { .. })));
     // Four of its chunks fit exactly.
     e.acquire(&[Region::bytes(big, CHUNK, 4 * CHUNK)], Access::ReadOnly, S).expect("4 chunks fit");

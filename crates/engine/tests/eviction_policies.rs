@@ -88,7 +88,11 @@ fn finish(s: Setup) {
 fn lru_cost_drops_a_clean_chunk_before_an_older_dirty_one() {
     let s = old_dirty_and_clean(PolicyKind::LruCost, true);
     let (evictions, page_outs, clean_drops) = demand_one_chunk(&s);
-    assert_eq!((evictions, page_outs, clean_drops), (1, 0, 1), "LRU-COST should unmap the clean chunk, not copy the dirty one");
+    assert_eq!(
+        (evictions, page_outs, clean_drops),
+        (1, 0, 1),
+        "LRU-COST should unmap the clean chunk, not copy the dirty one"
+    );
     let (dirty, clean) = (buffer_stats(&s.engine, s.dirty), buffer_stats(&s.engine, s.clean));
     assert_eq!((clean.in_hbm, clean.in_host), (0, 1), "the clean chunk should be the victim");
     assert_eq!((dirty.in_hbm, dirty.in_host), (1, 0), "the dirty chunk should stay");
@@ -120,7 +124,8 @@ fn lru_and_lru_cost_both_drop_the_oldest_chunk_when_it_is_clean() {
 
 #[test]
 fn priority_evicts_low_priority_buffers_first() {
-    let (engine, sim) = support::engine(4, 16, EngineConfig { policy: PolicyKind::Priority, ..EngineConfig::default() });
+    let (engine, sim) =
+        support::engine(4, 16, EngineConfig { policy: PolicyKind::Priority, ..EngineConfig::default() });
     let (high, _) = engine.alloc(2 * CHUNK, opts(10)).unwrap();
     let (low, _) = engine.alloc(2 * CHUNK, opts(-1)).unwrap();
     // The high-priority buffer is used first, so recency alone would pick it.

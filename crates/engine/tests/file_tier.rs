@@ -8,7 +8,15 @@ use tiermem::{Access, AllocOptions, EngineConfig, Error, Region, StreamHandle, T
 
 fn config(file_chunks: usize) -> (EngineConfig, std::path::PathBuf) {
     let path = support::file_tier_path("file-tier");
-    (EngineConfig { file: Some(path.clone()), file_limit: file_chunks * CHUNK, batch_chunks: 4, ..EngineConfig::default() }, path)
+    (
+        EngineConfig {
+            file: Some(path.clone()),
+            file_limit: file_chunks * CHUNK,
+            batch_chunks: 4,
+            ..EngineConfig::default()
+        },
+        path,
+    )
 }
 
 #[test]

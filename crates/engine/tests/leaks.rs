@@ -42,7 +42,10 @@ fn a_mixed_workload_gives_everything_back() {
             let ticket = e.page_in_start(Target::Buffer(first)).unwrap();
             e.finish(ticket).unwrap();
             // Some errors on the way, which must not leak either.
-            assert!(matches!(e.acquire(&[Region::whole(first), Region::whole(last)], Access::ReadOnly, S), Err(Error::WouldNeverFit { .. })));
+            assert!(matches!(
+                e.acquire(&[Region::whole(first), Region::whole(last)], Access::ReadOnly, S),
+                Err(Error::WouldNeverFit { .. })
+            ));
             e.acquire(&[Region::whole(first)], Access::ReadOnly, S).unwrap();
             assert!(matches!(e.acquire(&[Region::whole(last)], Access::ReadOnly, S), Err(Error::OutOfMemory { .. })));
             assert!(matches!(e.free(first), Err(Error::Acquired { .. })));

@@ -105,7 +105,13 @@ fn run(engine: &Engine, ops: &[Op], host_chunks: usize, file_chunks: Option<usiz
     let device = engine.device().clone();
     let stream = StreamHandle(0);
     let spill_chunks = host_chunks + file_chunks.unwrap_or(0);
-    let mut m = Model { spill_chunks, has_file: file_chunks.is_some(), buffers: Vec::new(), holds: Vec::new(), tickets: Vec::new() };
+    let mut m = Model {
+        spill_chunks,
+        has_file: file_chunks.is_some(),
+        buffers: Vec::new(),
+        holds: Vec::new(),
+        tickets: Vec::new(),
+    };
     for op in ops {
         match *op {
             Op::Alloc { quarters, extra, read_only, priority } => {
@@ -156,7 +162,11 @@ fn run(engine: &Engine, ops: &[Op], host_chunks: usize, file_chunks: Option<usiz
                         device.read(va, &mut out).map_err(|e| TestCaseError::fail(e.to_string()))?;
                         engine.release(&region, stream).map_err(|e| TestCaseError::fail(e.to_string()))?;
                         let want = &m.buffers[i].1[offset..offset + len];
-                        prop_assert!(out == want, "device bytes of {id} at {offset}+{len} differ from the model: {}", describe_difference(&out, want));
+                        prop_assert!(
+                            out == want,
+                            "device bytes of {id} at {offset}+{len} differ from the model: {}",
+                            describe_difference(&out, want)
+                        );
                     }
                     Err(e) => prop_assert!(m.is_pressure(&e), "acquire: {e}"),
                 }
@@ -226,7 +236,9 @@ fn run(engine: &Engine, ops: &[Op], host_chunks: usize, file_chunks: Option<usiz
                 let (Some(o), Some(i)) = (m.pick(out), m.pick(inn)) else { continue };
                 let (out_id, in_id) = (m.buffers[o].0, m.buffers[i].0);
                 match engine.exchange(Target::Buffer(out_id), Target::Buffer(in_id)) {
-                    Ok(()) => prop_assert!(o != i && !m.held(out_id), "exchange accepted a conflict or an acquired buffer"),
+                    Ok(()) => {
+                        prop_assert!(o != i && !m.held(out_id), "exchange accepted a conflict or an acquired buffer")
+                    }
                     Err(Error::Conflict { .. }) => prop_assert!(o == i),
                     Err(Error::Acquired { .. }) => prop_assert!(m.held(out_id)),
                     Err(e) => prop_assert!(m.is_pressure(&e), "exchange: {e}"),
@@ -280,8 +292,12 @@ fn check(engine: &Engine, m: &Model, i: usize) -> Result<(), TestCaseError> {
         let len = CHUNK.min(expected.len() - offset);
         let mut out = vec![0u8; len];
         match engine.read(*id, offset, &mut out) {
-            Ok(()) => prop_assert!(out == expected[offset..offset + len], "buffer {id} bytes {offset}+{len} differ from the model: {}", describe_difference(&out, &expected[offset..offset + len])),
-                        Err(e) => prop_assert!(m.is_pressure(&e), "read: {e}"),
+            Ok(()) => prop_assert!(
+                out == expected[offset..offset + len],
+                "buffer {id} bytes {offset}+{len} differ from the model: {}",
+                describe_difference(&out, &expected[offset..offset + len])
+            ),
+            Err(e) => prop_assert!(m.is_pressure(&e), "read: {e}"),
         }
     }
     Ok(())

@@ -37,7 +37,10 @@ fn world(hbm: usize, batch: usize) -> (Engine, Arc<SimDevice>) {
 fn assert_device_error<T: std::fmt::Debug>(result: Result<T, Error>, call: &str, cuda: &str) {
     let err = result.expect_err("the failpoint should make the call fail");
     match &err {
-        Error::Device { call: c, source: DeviceError::Driver { call: d, .. } | DeviceError::OutOfMemory { call: d, .. } } => {
+        Error::Device {
+            call: c,
+            source: DeviceError::Driver { call: d, .. } | DeviceError::OutOfMemory { call: d, .. },
+        } => {
             assert_eq!((*c, *d), (call, cuda), "{err}");
         }
         other => panic!("expected {call} failing in {cuda}, got {other:?}"),

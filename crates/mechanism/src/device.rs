@@ -116,28 +116,16 @@ pub trait Device: Send + Sync {
     /// # Safety
     /// `src..src+len` must be pinned memory from this device that stays valid and unmodified
     /// until the copy has completed on `stream`.
-    unsafe fn copy_to_device_async(
-        &self,
-        dst: DevicePtr,
-        src: HostPtr,
-        len: usize,
-        stream: StreamHandle,
-    ) -> Result<()>;
+    unsafe fn copy_to_device_async(&self, dst: DevicePtr, src: HostPtr, len: usize, stream: StreamHandle)
+        -> Result<()>;
     /// Enqueues a copy of `len` bytes from device memory to pinned host memory.
     ///
     /// # Safety
     /// `dst..dst+len` must be pinned memory from this device, valid and not otherwise
     /// accessed until the copy has completed on `stream`.
-    unsafe fn copy_to_host_async(
-        &self,
-        dst: HostPtr,
-        src: DevicePtr,
-        len: usize,
-        stream: StreamHandle,
-    ) -> Result<()>;
+    unsafe fn copy_to_host_async(&self, dst: HostPtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()>;
     /// Enqueues setting `len` bytes at `dst` to `value`.
-    fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle)
-        -> Result<()>;
+    fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()>;
 
     /// Copies ordinary (pageable) host bytes to device memory and waits for the copy.
     fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;

@@ -3,11 +3,7 @@
 pub enum DeviceError {
     /// A driver call returned an error code.
     #[error("{call} failed: {code} ({detail})")]
-    Driver {
-        call: &'static str,
-        code: String,
-        detail: String,
-    },
+    Driver { call: &'static str, code: String, detail: String },
     /// The driver reported that device memory is exhausted.
     #[error("{call} failed: out of device memory ({detail})")]
     OutOfMemory { call: &'static str, detail: String },
@@ -34,10 +30,7 @@ pub enum DeviceError {
 
 impl DeviceError {
     pub(crate) fn os(call: &'static str) -> Self {
-        DeviceError::Os {
-            call,
-            detail: std::io::Error::last_os_error().to_string(),
-        }
+        DeviceError::Os { call, detail: std::io::Error::last_os_error().to_string() }
     }
 }
 

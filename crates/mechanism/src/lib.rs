@@ -19,8 +19,7 @@ pub mod file_store;
 pub mod sim;
 
 pub use device::{
-    BackendKind, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, StreamHandle,
-    StreamPriority,
+    BackendKind, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, StreamHandle, StreamPriority,
 };
 pub use error::{DeviceError, Result};
 
@@ -41,29 +40,22 @@ impl std::str::FromStr for BackendChoice {
             "" | "auto" => Ok(Self::Auto),
             "cuda" => Ok(Self::Cuda),
             "sim" => Ok(Self::Sim),
-            other => Err(DeviceError::Config(format!(
-                "TIERMEM_BACKEND={other:?}: expected auto, cuda or sim"
-            ))),
+            other => Err(DeviceError::Config(format!("TIERMEM_BACKEND={other:?}: expected auto, cuda or sim"))),
         }
     }
 }
 
 /// Opens device `ordinal` with the chosen backend. `Auto` falls back to the simulated device
 /// only when no CUDA driver or no GPU is found; the returned `Option<String>` then says why.
-pub fn open(
-    choice: BackendChoice,
-    ordinal: usize,
-    sim_hbm_bytes: usize,
-) -> Result<(Arc<dyn Device>, Option<String>)> {
+pub fn open(choice: BackendChoice, ordinal: usize, sim_hbm_bytes: usize) -> Result<(Arc<dyn Device>, Option<String>)> {
     match choice {
         BackendChoice::Cuda => Ok((Arc::new(cuda::CudaDevice::open(ordinal)?), None)),
         BackendChoice::Sim => Ok((Arc::new(sim::SimDevice::new(sim_hbm_bytes)?), None)),
         BackendChoice::Auto => match cuda::CudaDevice::open(ordinal) {
             Ok(dev) => Ok((Arc::new(dev), None)),
-            Err(why @ (DeviceError::NoDriver(_) | DeviceError::NoDevice(_))) => Ok((
-                Arc::new(sim::SimDevice::new(sim_hbm_bytes)?),
-                Some(why.to_string()),
-            )),
+            Err(why @ (DeviceError::NoDriver(_) | DeviceError::NoDevice(_))) => {
+                Ok((Arc::new(sim::SimDevice::new(sim_hbm_bytes)?), Some(why.to_string())))
+            }
             Err(other) => Err(other),
         },
     }

@@ -31,36 +31,21 @@ fn checksum_detects_bytes_changed_in_the_file() {
         let mut dst = AlignedBuf::new(SLOT);
         let err = read_one(&store, slots[3], &mut dst).unwrap_err();
         match &err {
-            FileStoreError::Checksum {
-                slot: 3,
-                offset,
-                stored,
-                read,
-            } => {
+            FileStoreError::Checksum { slot: 3, offset, stored, read } => {
                 assert_eq!(*offset, 3 * SLOT as u64);
                 assert_ne!(stored, read);
             }
             other => panic!("expected a checksum mismatch on slot 3, got: {other}"),
         }
         let msg = err.to_string();
-        assert!(
-            msg.starts_with("checksum mismatch on slot 3 (offset 196608): stored 0x"),
-            "{msg}"
-        );
+        assert!(msg.starts_with("checksum mismatch on slot 3 (offset 196608): stored 0x"), "{msg}");
         assert!(msg.ends_with("(the file was changed underneath)"), "{msg}");
         // In a batch, the error names the bad slot, and the good slots still read fine alone.
         let mut many: Vec<_> = (0..8).map(|_| AlignedBuf::new(SLOT)).collect();
-        let items: Vec<_> = slots
-            .iter()
-            .zip(&mut many)
-            .map(|(&s, b)| (s, b.mut_ptr()))
-            .collect();
+        let items: Vec<_> = slots.iter().zip(&mut many).map(|(&s, b)| (s, b.mut_ptr())).collect();
         // SAFETY: aligned, distinct, SLOT-sized buffers alive through the call.
         let err = unsafe { store.read(&items) }.unwrap_err();
-        assert!(
-            matches!(err, FileStoreError::Checksum { slot: 3, .. }),
-            "{err}"
-        );
+        assert!(matches!(err, FileStoreError::Checksum { slot: 3, .. }), "{err}");
         read_one(&store, slots[4], &mut dst).unwrap();
         assert!(dst.as_slice() == bufs[4].as_slice());
         // Rewriting the slot heals it.
@@ -88,47 +73,16 @@ fn truncated_file_gives_a_short_read() {
 
         let mut dst = AlignedBuf::new(SLOT);
         let err = read_one(&store, slots[5], &mut dst).unwrap_err();
-        assert_eq!(
-            err,
-            FileStoreError::ShortRead {
-                slot: 5,
-                offset: 5 * SLOT as u64,
-                done: 4096,
-                len: SLOT
-            }
-        );
-        assert_eq!(
-            err.to_string(),
-            "short read on slot 5 (offset 327680): 4096 of 65536 bytes (file truncated?)"
-        );
+        assert_eq!(err, FileStoreError::ShortRead { slot: 5, offset: 5 * SLOT as u64, done: 4096, len: SLOT });
+        assert_eq!(err.to_string(), "short read on slot 5 (offset 327680): 4096 of 65536 bytes (file truncated?)");
         let err = read_one(&store, slots[6], &mut dst).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                FileStoreError::ShortRead {
-                    slot: 6,
-                    done: 0,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, FileStoreError::ShortRead { slot: 6, done: 0, .. }), "{err}");
         // Cut at an offset O_DIRECT cannot resume from: still a short read, not EINVAL.
         let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(4 * SLOT as u64 + 100).unwrap();
         drop(f);
         let err = read_one(&store, slots[4], &mut dst).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                FileStoreError::ShortRead {
-                    slot: 4,
-                    done: 100,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, FileStoreError::ShortRead { slot: 4, done: 100, .. }), "{err}");
         // Slots before the cut are intact.
         read_one(&store, slots[3], &mut dst).unwrap();
         assert!(dst.as_slice() == src.as_slice());

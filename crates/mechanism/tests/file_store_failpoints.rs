@@ -13,11 +13,7 @@ fn write_all(
     slots: &[tiermem_mechanism::file_store::FileSlot],
     src: &AlignedBuf,
 ) -> Result<(), FileStoreError> {
-    let items: Vec<_> = slots
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| (s, src.ptr().wrapping_add(i * SLOT)))
-        .collect();
+    let items: Vec<_> = slots.iter().enumerate().map(|(i, &s)| (s, src.ptr().wrapping_add(i * SLOT))).collect();
     // SAFETY: aligned SLOT-sized pieces of `src`, alive through the call.
     unsafe { store.write(&items) }
 }
@@ -25,11 +21,7 @@ fn write_all(
 fn check(store: &FileStore, slot: tiermem_mechanism::file_store::FileSlot, want: &[u8]) {
     let mut dst = AlignedBuf::new(SLOT);
     read_one(store, slot, &mut dst).unwrap();
-    assert!(
-        dst.as_slice() == want,
-        "slot {} holds the wrong bytes",
-        slot.0
-    );
+    assert!(dst.as_slice() == want, "slot {} holds the wrong bytes", slot.0);
 }
 
 #[test]
@@ -55,10 +47,7 @@ fn injected_eio_on_write() {
         );
         assert_eq!(err.errno(), Some(libc::EIO));
         let msg = err.to_string();
-        assert!(
-            msg.contains("failed on slot 2 (offset 131072): Input/output error"),
-            "{msg}"
-        );
+        assert!(msg.contains("failed on slot 2 (offset 131072): Input/output error"), "{msg}");
         assert!(msg.contains("[injected by failpoint]"), "{msg}");
         check(&store, slots[0], &new.as_slice()[..SLOT]);
         check(&store, slots[1], &new.as_slice()[SLOT..2 * SLOT]);
@@ -87,22 +76,9 @@ fn injected_enospc_on_write() {
         fail::cfg("file_store::write", "return(28)").unwrap();
         let err = write_all(&store, &slots, &src).unwrap_err();
         fail::remove("file_store::write");
-        assert!(
-            matches!(
-                err,
-                FileStoreError::NoSpace {
-                    slot: 0,
-                    errno: libc::ENOSPC,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, FileStoreError::NoSpace { slot: 0, errno: libc::ENOSPC, .. }), "{err}");
         let msg = err.to_string();
-        assert!(
-            msg.contains("No space left on device (os error 28)"),
-            "{msg}"
-        );
+        assert!(msg.contains("No space left on device (os error 28)"), "{msg}");
         assert!(msg.contains("the caller's bytes are untouched"), "{msg}");
         assert!(src.as_slice() == &before[..]);
         write_all(&store, &slots, &src).unwrap();
@@ -122,30 +98,12 @@ fn injected_eio_on_read() {
         write_all(&store, &slots, &src).unwrap();
         let mut dst = AlignedBuf::new(3 * SLOT);
         let base = dst.mut_ptr();
-        let items: Vec<_> = slots
-            .iter()
-            .enumerate()
-            .map(|(i, &s)| (s, base.wrapping_add(i * SLOT)))
-            .collect();
+        let items: Vec<_> = slots.iter().enumerate().map(|(i, &s)| (s, base.wrapping_add(i * SLOT))).collect();
         fail::cfg("file_store::read", "1*off->return").unwrap();
         // SAFETY: aligned, distinct SLOT-sized pieces of `dst`, alive through the call.
         let err = unsafe { store.read(&items) }.unwrap_err();
-        assert!(
-            matches!(
-                err,
-                FileStoreError::Io {
-                    slot: 1,
-                    errno: libc::EIO,
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert!(
-            err.to_string()
-                .contains("failed on slot 1 (offset 65536): Input/output error"),
-            "{err}"
-        );
+        assert!(matches!(err, FileStoreError::Io { slot: 1, errno: libc::EIO, .. }), "{err}");
+        assert!(err.to_string().contains("failed on slot 1 (offset 65536): Input/output error"), "{err}");
         fail::remove("file_store::read");
         // SAFETY: as above.
         unsafe { store.read(&items) }.unwrap();

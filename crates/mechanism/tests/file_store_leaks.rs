@@ -39,11 +39,7 @@ fn drop_releases_descriptors_threads_and_the_file() {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        assert_eq!(
-            count("/proc/self/task"),
-            tasks,
-            "{io:?}: threads left running"
-        );
+        assert_eq!(count("/proc/self/task"), tasks, "{io:?}: threads left running");
         assert!(!path.exists(), "{io:?}: file left behind");
     }
 }

@@ -27,17 +27,9 @@ fn file_size_limit_is_a_clear_error() {
             .env(CHILD_ENV, io)
             .output()
             .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         eprintln!("--- child ({io}) ---\n{text}");
-        assert!(
-            out.status.success(),
-            "child for {io} failed: {:?}",
-            out.status
-        );
+        assert!(out.status.success(), "child for {io} failed: {:?}", out.status);
         assert!(text.contains("1 passed"), "child for {io} ran no test");
     }
 }
@@ -55,45 +47,27 @@ fn child(io: IoChoice) {
     // SAFETY: ignoring SIGXFSZ (sent with EFBIG) in this single-purpose child process.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     let limit = 4 * SLOT as u64 + 4096;
-    let rl = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: libc::RLIM_INFINITY,
-    };
+    let rl = libc::rlimit { rlim_cur: limit, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: plain syscall with a valid rlimit.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &rl) }, 0);
 
-    let items: Vec<_> = slots
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| (s, src.ptr().wrapping_add(i * SLOT)))
-        .collect();
+    let items: Vec<_> = slots.iter().enumerate().map(|(i, &s)| (s, src.ptr().wrapping_add(i * SLOT))).collect();
     // SAFETY: aligned SLOT-sized pieces of `src`, alive through the call.
     let err = unsafe { store.write(&items) }.unwrap_err();
     eprintln!("write error: {err}");
     match &err {
-        FileStoreError::NoSpace {
-            slot: 4,
-            offset,
-            errno,
-            detail,
-            ..
-        } => {
+        FileStoreError::NoSpace { slot: 4, offset, errno, detail, .. } => {
             assert_eq!(*offset, 4 * SLOT as u64);
             assert_eq!(*errno, libc::EFBIG);
             assert!(detail.contains("after 4096 of 65536 bytes"), "{detail}");
         }
         other => panic!("expected NoSpace on slot 4, got: {other}"),
     }
-    assert!(err
-        .to_string()
-        .contains("(the caller's bytes are untouched)"));
+    assert!(err.to_string().contains("(the caller's bytes are untouched)"));
     assert!(src.as_slice() == &before[..], "the source was modified");
 
     // Raise the limit again: slots 0..4 hold their data; slot 4 holds none.
-    let rl = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
+    let rl = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: as above.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &rl) }, 0);
     let mut dst = AlignedBuf::new(SLOT);
@@ -102,10 +76,7 @@ fn child(io: IoChoice) {
         assert!(dst.as_slice() == &before[i * SLOT..(i + 1) * SLOT]);
     }
     let err = read_one(&store, slots[4], &mut dst).unwrap_err();
-    assert!(
-        matches!(err, FileStoreError::NoData { slot: 4, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, FileStoreError::NoData { slot: 4, .. }), "{err}");
     // And the same write succeeds now.
     // SAFETY: as above.
     unsafe { store.write(&items) }.unwrap();
@@ -124,30 +95,17 @@ fn many_in_flight(io: IoChoice, limit: u64) {
     };
     let slots = store.alloc(8).unwrap();
     let src = AlignedBuf::random(8 * SLOT, 12);
-    let items: Vec<_> = slots
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| (s, src.ptr().wrapping_add(i * SLOT)))
-        .collect();
-    let rl = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: libc::RLIM_INFINITY,
-    };
+    let items: Vec<_> = slots.iter().enumerate().map(|(i, &s)| (s, src.ptr().wrapping_add(i * SLOT))).collect();
+    let rl = libc::rlimit { rlim_cur: limit, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: plain syscall with a valid rlimit.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &rl) }, 0);
     // SAFETY: aligned SLOT-sized pieces of `src`, alive through the call.
     let err = unsafe { store.write(&items) }.unwrap_err();
-    let rl = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
+    let rl = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: as above.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &rl) }, 0);
     eprintln!("write error with 8 in flight: {err}");
-    assert!(
-        matches!(err, FileStoreError::NoSpace { slot, errno: libc::EFBIG, .. } if slot >= 4),
-        "{err}"
-    );
+    assert!(matches!(err, FileStoreError::NoSpace { slot, errno: libc::EFBIG, .. } if slot >= 4), "{err}");
     let mut dst = AlignedBuf::new(SLOT);
     for (i, &s) in slots.iter().enumerate() {
         match read_one(&store, s, &mut dst) {

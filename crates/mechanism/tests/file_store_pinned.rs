@@ -22,10 +22,7 @@ fn pinned_host_slots_round_trip() {
             return;
         }
     };
-    let mib: usize = std::env::var("TIERMEM_FS_BENCH_MIB")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(512);
+    let mib: usize = std::env::var("TIERMEM_FS_BENCH_MIB").ok().and_then(|s| s.parse().ok()).unwrap_or(512);
     let n = (mib << 20) / SLOT;
     let bytes = n * SLOT;
     let src = dev.alloc_pinned(bytes).unwrap();
@@ -33,33 +30,22 @@ fn pinned_host_slots_round_trip() {
     // SAFETY: `src` is `bytes` of host-accessible pinned memory that only this test uses.
     let src_s = unsafe { std::slice::from_raw_parts_mut(src as *mut u8, bytes) };
     fill_random(src_s, 5);
-    let reps: usize = std::env::var("TIERMEM_FS_BENCH_REPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+    let reps: usize = std::env::var("TIERMEM_FS_BENCH_REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
     let mut results: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
     for _ in 0..reps {
-        for (k, (io, depth)) in PATHS
-            .iter()
-            .flat_map(|&io| [8u32, 32, 64].map(|d| (io, d)))
-            .enumerate()
-        {
+        for (k, (io, depth)) in PATHS.iter().flat_map(|&io| [8u32, 32, 64].map(|d| (io, d))).enumerate() {
             let mut cfg = config("pinned", n, SLOT, io);
             cfg.queue_depth = depth;
             let Some(store) = open(cfg) else { continue };
             let slots = store.alloc(n).unwrap();
-            let w: Vec<_> = (0..n)
-                .map(|i| (slots[i], (src + i * SLOT) as *const u8))
-                .collect();
+            let w: Vec<_> = (0..n).map(|i| (slots[i], (src + i * SLOT) as *const u8)).collect();
             let t = Instant::now();
             // SAFETY: SLOT-sized, page-aligned pieces of pinned memory alive through the call.
             unsafe { store.write(&w) }.unwrap();
             let tw = t.elapsed().as_secs_f64();
             // SAFETY: `dst` is ours alone; poison it so stale bytes cannot pass.
             unsafe { std::ptr::write_bytes(dst as *mut u8, 0xDB, bytes) };
-            let r: Vec<_> = (0..n)
-                .map(|i| (slots[i], (dst + i * SLOT) as *mut u8))
-                .collect();
+            let r: Vec<_> = (0..n).map(|i| (slots[i], (dst + i * SLOT) as *mut u8)).collect();
             let t = Instant::now();
             // SAFETY: as above, distinct and writable.
             unsafe { store.read(&r) }.unwrap();

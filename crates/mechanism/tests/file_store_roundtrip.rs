@@ -13,23 +13,14 @@ fn round_trip(io: IoChoice) {
     let Some(store) = open(config("roundtrip", n, SLOT, io)) else {
         return;
     };
-    assert_eq!(
-        store.io_path(),
-        if io == IoChoice::Uring {
-            IoPath::Uring
-        } else {
-            IoPath::Threads
-        }
-    );
+    assert_eq!(store.io_path(), if io == IoChoice::Uring { IoPath::Uring } else { IoPath::Threads });
     assert_eq!(store.capacity_slots(), n);
     let slots = store.alloc(n).unwrap();
     assert_eq!(store.used_slots(), n);
     // One contiguous source region cut into slots, written in three calls of odd sizes.
     let src = AlignedBuf::random(n * SLOT, 7);
     for range in [0..5, 5..70, 70..n] {
-        let items: Vec<_> = range
-            .map(|i| (slots[i], src.ptr().wrapping_add(i * SLOT)))
-            .collect();
+        let items: Vec<_> = range.map(|i| (slots[i], src.ptr().wrapping_add(i * SLOT))).collect();
         // SAFETY: each pointer is 4096-aligned with SLOT bytes of `src` behind it.
         unsafe { store.write(&items) }.unwrap();
     }
@@ -37,11 +28,7 @@ fn round_trip(io: IoChoice) {
     let mut dst = AlignedBuf::new(n * SLOT);
     let order: Vec<usize> = (0..n).map(|i| (i * 37) % n).collect();
     let base = dst.mut_ptr();
-    let items: Vec<_> = order
-        .iter()
-        .enumerate()
-        .map(|(k, &i)| (slots[i], base.wrapping_add(k * SLOT)))
-        .collect();
+    let items: Vec<_> = order.iter().enumerate().map(|(k, &i)| (slots[i], base.wrapping_add(k * SLOT))).collect();
     // SAFETY: distinct aligned SLOT-sized pieces of `dst`, which lives through the call.
     unsafe { store.read(&items) }.unwrap();
     for (k, &i) in order.iter().enumerate() {
@@ -86,22 +73,13 @@ fn concurrent_callers() {
                 s.spawn(move || {
                     let slots = store.alloc(16).unwrap();
                     for round in 0..5u64 {
-                        let bufs: Vec<_> = (0..16)
-                            .map(|i| AlignedBuf::random(SLOT, t * 1000 + round * 100 + i))
-                            .collect();
-                        let items: Vec<_> = slots
-                            .iter()
-                            .zip(&bufs)
-                            .map(|(&s, b)| (s, b.ptr()))
-                            .collect();
+                        let bufs: Vec<_> =
+                            (0..16).map(|i| AlignedBuf::random(SLOT, t * 1000 + round * 100 + i)).collect();
+                        let items: Vec<_> = slots.iter().zip(&bufs).map(|(&s, b)| (s, b.ptr())).collect();
                         // SAFETY: aligned SLOT-sized buffers that outlive the call.
                         unsafe { store.write(&items) }.unwrap();
                         let mut back: Vec<_> = (0..16).map(|_| AlignedBuf::new(SLOT)).collect();
-                        let items: Vec<_> = slots
-                            .iter()
-                            .zip(&mut back)
-                            .map(|(&s, b)| (s, b.mut_ptr()))
-                            .collect();
+                        let items: Vec<_> = slots.iter().zip(&mut back).map(|(&s, b)| (s, b.mut_ptr())).collect();
                         // SAFETY: as above, distinct and writable.
                         unsafe { store.read(&items) }.unwrap();
                         for (a, b) in bufs.iter().zip(&back) {
@@ -151,16 +129,9 @@ fn contiguous_allocation_and_reuse_after_free() {
     assert_eq!(store.used_slots(), 4);
     // The freed run is reused first, and a run that fits is preferred over splitting.
     assert_eq!(store.alloc(2).unwrap(), vec![FileSlot(0), FileSlot(1)]);
-    assert_eq!(
-        store.alloc(8).unwrap(),
-        (8..16).map(FileSlot).collect::<Vec<_>>()
-    );
+    assert_eq!(store.alloc(8).unwrap(), (8..16).map(FileSlot).collect::<Vec<_>>());
     // Only slots 2 and 3 are free now.
-    assert_eq!(
-        store.alloc(3),
-        None,
-        "alloc beyond what is free must take nothing"
-    );
+    assert_eq!(store.alloc(3), None, "alloc beyond what is free must take nothing");
     assert_eq!(store.used_slots(), 14);
     assert_eq!(store.alloc(2).unwrap(), vec![FileSlot(2), FileSlot(3)]);
     assert_eq!(store.alloc(1), None);
@@ -172,20 +143,12 @@ fn contiguous_allocation_and_reuse_after_free() {
     assert_eq!(again, vec![FileSlot(5)]);
     let mut dst = AlignedBuf::new(SLOT);
     let err = read_one(&store, FileSlot(5), &mut dst).unwrap_err();
-    assert!(
-        matches!(err, FileStoreError::NoData { slot: 5, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, FileStoreError::NoData { slot: 5, .. }), "{err}");
     // Fragmented: free 1, 3 and 9..12; a request for 4 gets the run 9..12 whole.
     store.free(&[FileSlot(1), FileSlot(3)]).unwrap();
-    store
-        .free(&(9..12).map(FileSlot).collect::<Vec<_>>())
-        .unwrap();
+    store.free(&(9..12).map(FileSlot).collect::<Vec<_>>()).unwrap();
     store.free(&[FileSlot(12)]).unwrap();
-    assert_eq!(
-        store.alloc(4).unwrap(),
-        (9..13).map(FileSlot).collect::<Vec<_>>()
-    );
+    assert_eq!(store.alloc(4).unwrap(), (9..13).map(FileSlot).collect::<Vec<_>>());
     // No run of 2: pieces.
     assert_eq!(store.alloc(2).unwrap(), vec![FileSlot(1), FileSlot(3)]);
 }
@@ -195,19 +158,12 @@ fn full_store_and_bad_slots() {
     let store = FileStore::open(config("full", 4, SLOT, IoChoice::Threads)).unwrap();
     let all = store.alloc(4).unwrap();
     assert_eq!(store.alloc(1), None);
-    let full = FileStoreError::Full {
-        used: store.used_slots(),
-        capacity: store.capacity_slots(),
-    };
+    let full = FileStoreError::Full { used: store.used_slots(), capacity: store.capacity_slots() };
     assert_eq!(full.to_string(), "file store full: 4 slots of 4 in use");
     // Double free and out-of-range slots change nothing.
     store.free(&all[..1]).unwrap();
     let err = store.free(&all[..2]).unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("slot 0 is not allocated (double free?)"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("slot 0 is not allocated (double free?)"), "{err}");
     assert_eq!(store.used_slots(), 3, "a failed free must free nothing");
     let err = store.free(&[FileSlot(1), FileSlot(1)]).unwrap_err();
     assert!(err.to_string().contains("listed twice"), "{err}");
@@ -219,14 +175,10 @@ fn full_store_and_bad_slots() {
     let err = write_one(&store, FileSlot(0), &buf).unwrap_err();
     assert_eq!(err.to_string(), "FileStore::write: slot 0 is not allocated");
     let err = write_one(&store, FileSlot(99), &buf).unwrap_err();
-    assert!(
-        matches!(err, FileStoreError::BadSlot { slot: 99, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, FileStoreError::BadSlot { slot: 99, .. }), "{err}");
     // The same slot twice in one write.
     // SAFETY: aligned, SLOT bytes, alive through the call.
-    let err =
-        unsafe { store.write(&[(FileSlot(1), buf.ptr()), (FileSlot(1), buf.ptr())]) }.unwrap_err();
+    let err = unsafe { store.write(&[(FileSlot(1), buf.ptr()), (FileSlot(1), buf.ptr())]) }.unwrap_err();
     assert!(err.to_string().contains("appears twice"), "{err}");
     // Never written.
     let mut dst = AlignedBuf::new(SLOT);
@@ -255,10 +207,7 @@ fn misaligned_buffer_is_an_error() {
         let odd = buf.ptr().wrapping_add(1);
         // SAFETY: SLOT readable bytes behind `odd`; the store must refuse it before any I/O.
         let err = unsafe { store.write(&[(s[0], odd)]) }.unwrap_err();
-        assert!(
-            matches!(err, FileStoreError::BadBuffer { slot: 0, .. }),
-            "{err}"
-        );
+        assert!(matches!(err, FileStoreError::BadBuffer { slot: 0, .. }), "{err}");
         assert!(err.to_string().contains("not aligned"), "{err}");
         // SAFETY: as above.
         let err = unsafe { store.write(&[(s[0], std::ptr::null())]) }.unwrap_err();
@@ -274,15 +223,8 @@ fn misaligned_config_is_a_clear_error() {
     cfg.capacity = 4000;
     let err = FileStore::open(cfg.clone()).unwrap_err();
     assert!(matches!(err, FileStoreError::Config(_)), "{err}");
-    assert!(
-        err.to_string()
-            .contains("not a multiple of the direct-I/O offset alignment"),
-        "{err}"
-    );
-    assert!(
-        !path.exists(),
-        "a failed open must not leave its file behind"
-    );
+    assert!(err.to_string().contains("not a multiple of the direct-I/O offset alignment"), "{err}");
+    assert!(!path.exists(), "a failed open must not leave its file behind");
 
     cfg.slot_size = SLOT;
     cfg.capacity = SLOT * 3 + 4096;
@@ -301,11 +243,7 @@ fn misaligned_config_is_a_clear_error() {
     cfg.slot_size = SLOT;
     cfg.path = "/nonexistent-dir/x.slots".into();
     let err = FileStore::open(cfg).unwrap_err();
-    assert!(
-        err.to_string()
-            .starts_with("open failed on /nonexistent-dir/x.slots: "),
-        "{err}"
-    );
+    assert!(err.to_string().starts_with("open failed on /nonexistent-dir/x.slots: "), "{err}");
 
     assert!("bogus".parse::<IoChoice>().is_err());
     assert_eq!("io_uring".parse::<IoChoice>().unwrap(), IoChoice::Uring);
@@ -318,10 +256,7 @@ fn file_is_preallocated_and_removed_on_drop() {
     let store = FileStore::open(cfg).unwrap();
     let meta = std::fs::metadata(&path).unwrap();
     assert_eq!(meta.len(), (8 * SLOT) as u64);
-    assert!(
-        meta.blocks() * 512 >= (8 * SLOT) as u64,
-        "not preallocated: {meta:?}"
-    );
+    assert!(meta.blocks() * 512 >= (8 * SLOT) as u64, "not preallocated: {meta:?}");
     drop(store);
     assert!(!path.exists());
 }

@@ -13,9 +13,7 @@ pub(crate) struct Priority {
 impl Priority {
     /// Seeds the policy's random stream.
     pub(crate) fn new(seed: u64) -> Self {
-        Self {
-            rng: Pcg64Mcg::seed_from_u64(seed),
-        }
+        Self { rng: Pcg64Mcg::seed_from_u64(seed) }
     }
 }
 
@@ -28,8 +26,6 @@ impl EvictionPolicy for Priority {
         // A fresh random tag per candidate makes the order within each priority class a
         // uniform random permutation; the index only settles (vanishingly rare) tag collisions.
         let tags: Vec<u64> = (0..candidates.len()).map(|_| self.rng.random()).collect();
-        smallest_by_key(candidates.len(), count, |i| {
-            (candidates[i].priority, tags[i], i)
-        })
+        smallest_by_key(candidates.len(), count, |i| (candidates[i].priority, tags[i], i))
     }
 }

@@ -13,9 +13,7 @@ pub(crate) struct Random {
 impl Random {
     /// Seeds the policy's random stream.
     pub(crate) fn new(seed: u64) -> Self {
-        Self {
-            rng: Pcg64Mcg::seed_from_u64(seed),
-        }
+        Self { rng: Pcg64Mcg::seed_from_u64(seed) }
     }
 }
 

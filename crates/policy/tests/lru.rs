@@ -6,12 +6,7 @@ fn aged(last_uses: &[u64]) -> Vec<Candidate> {
     last_uses
         .iter()
         .enumerate()
-        .map(|(i, &last_use)| Candidate {
-            key: i as u64,
-            last_use,
-            clean: i % 2 == 0,
-            priority: 0,
-        })
+        .map(|(i, &last_use)| Candidate { key: i as u64, last_use, clean: i % 2 == 0, priority: 0 })
         .collect()
 }
 
@@ -30,10 +25,7 @@ fn ignores_priority_and_cleanliness() {
     candidates[1].priority = 100;
     candidates[1].clean = false;
     candidates[2].clean = true;
-    assert_eq!(
-        new_policy(PolicyKind::Lru, 0).select_victims(&candidates, 1),
-        vec![1]
-    );
+    assert_eq!(new_policy(PolicyKind::Lru, 0).select_victims(&candidates, 1), vec![1]);
 }
 
 #[test]

@@ -7,12 +7,7 @@ fn by_age(clean: &[bool]) -> Vec<Candidate> {
     clean
         .iter()
         .enumerate()
-        .map(|(i, &clean)| Candidate {
-            key: 100 + i as u64,
-            last_use: i as u64,
-            clean,
-            priority: 0,
-        })
+        .map(|(i, &clean)| Candidate { key: 100 + i as u64, last_use: i as u64, clean, priority: 0 })
         .collect()
 }
 
@@ -65,13 +60,8 @@ fn window_is_twenty_percent_rounded_up() {
 fn keeps_lru_order_within_equal_cost() {
     // 20 candidates, window of 4 holding clean ages {1, 3} and dirty ages {0, 2}, shuffled in
     // the slice so the result cannot come from slice order.
-    let mut candidates = by_age(&[
-        false, true, false, true, false, false, false, false, false, false,
-    ]);
-    candidates.extend(by_age(&[false; 10]).into_iter().map(|c| Candidate {
-        last_use: c.last_use + 10,
-        ..c
-    }));
+    let mut candidates = by_age(&[false, true, false, true, false, false, false, false, false, false]);
+    candidates.extend(by_age(&[false; 10]).into_iter().map(|c| Candidate { last_use: c.last_use + 10, ..c }));
     candidates.reverse();
     let victims = select(&candidates, 4);
     let ages: Vec<u64> = victims.iter().map(|&i| candidates[i].last_use).collect();
@@ -81,10 +71,7 @@ fn keeps_lru_order_within_equal_cost() {
 #[test]
 fn ties_in_age_break_by_index() {
     // All of age 0 and dirty: pure index order, window of ceil(0.2 * 5) = 1.
-    let candidates: Vec<Candidate> = by_age(&[false; 5])
-        .into_iter()
-        .map(|c| Candidate { last_use: 0, ..c })
-        .collect();
+    let candidates: Vec<Candidate> = by_age(&[false; 5]).into_iter().map(|c| Candidate { last_use: 0, ..c }).collect();
     assert_eq!(select(&candidates, 1), vec![0]);
     assert_eq!(select(&candidates, 3), vec![0, 1, 2]);
 }

@@ -3,21 +3,12 @@
 use tiermem_policy::{new_policy, Candidate, PolicyKind};
 
 fn uniform(n: usize) -> Vec<Candidate> {
-    (0..n)
-        .map(|i| Candidate {
-            key: i as u64,
-            last_use: i as u64,
-            clean: false,
-            priority: 0,
-        })
-        .collect()
+    (0..n).map(|i| Candidate { key: i as u64, last_use: i as u64, clean: false, priority: 0 }).collect()
 }
 
 fn run(seed: u64, candidates: &[Candidate], calls: usize, count: usize) -> Vec<Vec<usize>> {
     let mut policy = new_policy(PolicyKind::Random, seed);
-    (0..calls)
-        .map(|_| policy.select_victims(candidates, count))
-        .collect()
+    (0..calls).map(|_| policy.select_victims(candidates, count)).collect()
 }
 
 #[test]
@@ -39,22 +30,13 @@ fn covers_every_candidate_over_many_calls() {
         }
     }
     // 800 picks over 40 candidates: 20 expected each.
-    assert!(
-        hits.iter().all(|&h| (5..=40).contains(&h)),
-        "not uniform: {hits:?}"
-    );
+    assert!(hits.iter().all(|&h| (5..=40).contains(&h)), "not uniform: {hits:?}");
 }
 
 #[test]
 fn not_biased_towards_the_oldest() {
     let candidates = uniform(100);
-    let firsts: Vec<usize> = run(11, &candidates, 200, 1)
-        .into_iter()
-        .map(|v| v[0])
-        .collect();
+    let firsts: Vec<usize> = run(11, &candidates, 200, 1).into_iter().map(|v| v[0]).collect();
     let old_half = firsts.iter().filter(|&&i| i < 50).count();
-    assert!(
-        (60..=140).contains(&old_half),
-        "{old_half} of 200 from the oldest half"
-    );
+    assert!((60..=140).contains(&old_half), "{old_half} of 200 from the oldest half");
 }

@@ -8,10 +8,25 @@ use tiermem::Error;
 create_exception!(tiermem, TiermemError, pyo3::exceptions::PyException, "Base class of every tiermem error.");
 create_exception!(tiermem, OutOfMemoryError, TiermemError, "Every tier that could take the data is full.");
 create_exception!(tiermem, WouldNeverFitError, TiermemError, "More was asked to be resident at once than the HBM cap.");
-create_exception!(tiermem, InvalidArgumentError, TiermemError, "A size, range, ticket or setting that cannot be right.");
-create_exception!(tiermem, BufferStateError, TiermemError, "The buffer does not exist, is acquired, is not acquired, or is read-only.");
+create_exception!(
+    tiermem,
+    InvalidArgumentError,
+    TiermemError,
+    "A size, range, ticket or setting that cannot be right."
+);
+create_exception!(
+    tiermem,
+    BufferStateError,
+    TiermemError,
+    "The buffer does not exist, is acquired, is not acquired, or is read-only."
+);
 create_exception!(tiermem, DeviceError, TiermemError, "The GPU driver (or the simulated device) failed.");
-create_exception!(tiermem, FileTierError, TiermemError, "The file tier failed: no space, an I/O error, a corrupted slot.");
+create_exception!(
+    tiermem,
+    FileTierError,
+    TiermemError,
+    "The file tier failed: no space, an I/O error, a corrupted slot."
+);
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -31,9 +46,11 @@ pub fn to_py(error: Error) -> PyErr {
     match error {
         Error::OutOfMemory { .. } => OutOfMemoryError::new_err(message),
         Error::WouldNeverFit { .. } => WouldNeverFitError::new_err(message),
-        Error::ZeroSize { .. } | Error::OutOfRange { .. } | Error::UnknownTicket { .. } | Error::Config(_) | Error::Conflict { .. } => {
-            InvalidArgumentError::new_err(message)
-        }
+        Error::ZeroSize { .. }
+        | Error::OutOfRange { .. }
+        | Error::UnknownTicket { .. }
+        | Error::Config(_)
+        | Error::Conflict { .. } => InvalidArgumentError::new_err(message),
         Error::UnknownBuffer { .. } | Error::Acquired { .. } | Error::NotAcquired { .. } | Error::ReadOnly { .. } => {
             BufferStateError::new_err(message)
         }

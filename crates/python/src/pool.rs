@@ -3,7 +3,9 @@ use crate::errors::{to_py, InvalidArgumentError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::sync::Arc;
-use tiermem::{parse_size, Access, AllocOptions, Engine, EngineConfig, Region, StreamHandle, Target, Ticket, TierStats};
+use tiermem::{
+    parse_size, Access, AllocOptions, Engine, EngineConfig, Region, StreamHandle, Target, Ticket, TierStats,
+};
 
 /// A tiermem engine on one GPU (or on the simulated device): the `TIERMEM_*` variables,
 /// overridden by the arguments given. Sizes are bytes or strings such as `"16GiB"`.
@@ -17,7 +19,9 @@ fn size_arg(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
     if let Ok(n) = value.extract::<usize>() {
         return Ok(n);
     }
-    let text: String = value.extract().map_err(|_| InvalidArgumentError::new_err(format!("{name}: expected bytes as an int or a string like \"16GiB\"")))?;
+    let text: String = value.extract().map_err(|_| {
+        InvalidArgumentError::new_err(format!("{name}: expected bytes as an int or a string like \"16GiB\""))
+    })?;
     parse_size(&text).map_err(|e| InvalidArgumentError::new_err(format!("{name}: {e}")))
 }
 
@@ -33,9 +37,9 @@ impl Pool {
                 let (buffer, range) = match item.downcast::<Buffer>() {
                     Ok(b) => (b.clone(), None),
                     Err(_) => {
-                        let (b, offset, len): (Bound<'_, Buffer>, usize, usize) = item
-                            .extract()
-                            .map_err(|_| InvalidArgumentError::new_err("expected a Buffer or a (Buffer, offset, length) tuple"))?;
+                        let (b, offset, len): (Bound<'_, Buffer>, usize, usize) = item.extract().map_err(|_| {
+                            InvalidArgumentError::new_err("expected a Buffer or a (Buffer, offset, length) tuple")
+                        })?;
                         (b, Some((offset, len)))
                     }
                 };
@@ -148,7 +152,14 @@ impl Pool {
 
     /// A buffer of `size` bytes; never written chunks read as zeros.
     #[pyo3(signature = (size, priority=0, read_only=false, name=None))]
-    fn alloc(&self, py: Python<'_>, size: &Bound<'_, PyAny>, priority: i32, read_only: bool, name: Option<String>) -> PyResult<Buffer> {
+    fn alloc(
+        &self,
+        py: Python<'_>,
+        size: &Bound<'_, PyAny>,
+        priority: i32,
+        read_only: bool,
+        name: Option<String>,
+    ) -> PyResult<Buffer> {
         let size = size_arg("size", size)?;
         let options = AllocOptions { priority, read_only, name: name.clone() };
         let (id, ptr) = py.allow_threads(|| self.engine.alloc(size, options)).map_err(to_py)?;
@@ -262,7 +273,15 @@ impl Pool {
             e.set_item("size", b.size)?;
             e.set_item("priority", b.priority)?;
             e.set_item("read_only", b.read_only)?;
-            for (key, value) in [("chunks", b.chunks), ("in_hbm", b.in_hbm), ("in_host", b.in_host), ("in_file", b.in_file), ("empty", b.empty), ("moving", b.moving), ("acquired", b.acquired)] {
+            for (key, value) in [
+                ("chunks", b.chunks),
+                ("in_hbm", b.in_hbm),
+                ("in_host", b.in_host),
+                ("in_file", b.in_file),
+                ("empty", b.empty),
+                ("moving", b.moving),
+                ("acquired", b.acquired),
+            ] {
                 e.set_item(key, value)?;
             }
             buffers.append(e)?;
@@ -272,7 +291,13 @@ impl Pool {
     }
 
     fn __repr__(&self) -> String {
-        format!("<tiermem.Pool {} on {} ({}), HBM cap {} bytes>", self.policy(), self.device_name(), self.backend(), self.hbm_cap())
+        format!(
+            "<tiermem.Pool {} on {} ({}), HBM cap {} bytes>",
+            self.policy(),
+            self.device_name(),
+            self.backend(),
+            self.hbm_cap()
+        )
     }
 }
 

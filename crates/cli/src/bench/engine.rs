@@ -86,7 +86,13 @@ fn page_cycle(b: &Bench, id: BufferId, reps: usize) -> Result<PageTimes, String>
 
 /// Median seconds of moving one dirty resident buffer out while another comes in, with one
 /// `exchange` (`together`) or with `page_out_start` then `page_in_start`.
-fn inout_cycle(b: &Bench, mut resident: BufferId, mut away: BufferId, reps: usize, together: bool) -> Result<f64, String> {
+fn inout_cycle(
+    b: &Bench,
+    mut resident: BufferId,
+    mut away: BufferId,
+    reps: usize,
+    together: bool,
+) -> Result<f64, String> {
     let mut samples = Vec::new();
     for rep in 0..reps + WARMUP {
         b.dirty(resident)?;
@@ -152,20 +158,34 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     let base = EngineConfig::from_env().map_err(|e| e.to_string())?;
     let chunk_gb = |s: f64| size as f64 / 1e9 / s;
     let sim_hbm = 6 * size + (256 << 20);
-    let mut b = Bench::new(EngineConfig { hbm_limit: Some(4 * size), host_limit: Some(4 * size), sim_hbm, ..base.clone() })?;
+    let mut b =
+        Bench::new(EngineConfig { hbm_limit: Some(4 * size), host_limit: Some(4 * size), sim_hbm, ..base.clone() })?;
     let info = b.engine.device_info().clone();
     if info.backend == BackendKind::Sim {
         println!("WARNING: simulated device: these numbers are not GPU measurements and must not be committed.");
     }
-    println!("device: {} ({} of them), driver {}; transfers of {} MiB, {reps} reps, medians", info.name, info.device_count, info.driver_version, size >> 20);
+    println!(
+        "device: {} ({} of them), driver {}; transfers of {} MiB, {reps} reps, medians",
+        info.name,
+        info.device_count,
+        info.driver_version,
+        size >> 20
+    );
 
     let ceilings = raw::measure(b.engine.device(), size, reps)?;
-    println!("raw pinned copies: H2D {:.1} GB/s, D2H {:.1} GB/s, both at once {:.1} GB/s", ceilings.h2d_gbps, ceilings.d2h_gbps, ceilings.bidir_gbps);
+    println!(
+        "raw pinned copies: H2D {:.1} GB/s, D2H {:.1} GB/s, both at once {:.1} GB/s",
+        ceilings.h2d_gbps, ceilings.d2h_gbps, ceilings.bidir_gbps
+    );
 
     let a = b.filled(size, "A")?;
     let big = page_cycle(&b, a, reps)?;
     let (page_in, page_out) = (chunk_gb(big.in_s), chunk_gb(big.out_s));
-    println!("tiermem page-in {page_in:.1} GB/s ({:.2} of raw), page-out {page_out:.1} GB/s ({:.2} of raw)", page_in / ceilings.h2d_gbps, page_out / ceilings.d2h_gbps);
+    println!(
+        "tiermem page-in {page_in:.1} GB/s ({:.2} of raw), page-out {page_out:.1} GB/s ({:.2} of raw)",
+        page_in / ceilings.h2d_gbps,
+        page_out / ceilings.d2h_gbps
+    );
 
     let one = b.filled(b.engine.chunk_size(), "one-chunk")?;
     let lone = page_cycle(&b, one, reps * 5)?;
@@ -196,7 +216,8 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     // Oversubscription: working set twice the cap, every acquire evicts.
     let mut o = Bench::new(EngineConfig { hbm_limit: Some(2 * size), host_limit: Some(4 * size), sim_hbm, ..base })?;
     let count = 4 * size / OVERSUB_BUFFER;
-    let buffers: Vec<BufferId> = (0..count).map(|i| o.filled(OVERSUB_BUFFER, &format!("ws-{i}"))).collect::<Result<_, _>>()?;
+    let buffers: Vec<BufferId> =
+        (0..count).map(|i| o.filled(OVERSUB_BUFFER, &format!("ws-{i}"))).collect::<Result<_, _>>()?;
     let set_gb = (count * OVERSUB_BUFFER) as f64 / 1e9;
     let passes = reps.min(3);
     let oversub_seq = set_gb / oversub_passes(&o, &buffers, passes, None)?;
@@ -211,7 +232,12 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     println!("verified: {verified}");
 
     let date = today();
-    let report = super::report("engine", commit, &date, &info, json!({
+    let report = super::report(
+        "engine",
+        commit,
+        &date,
+        &info,
+        json!({
             "raw_h2d_GBps": ceilings.h2d_gbps,
             "raw_d2h_GBps": ceilings.d2h_gbps,
             "raw_bidir_GBps": ceilings.bidir_gbps,
@@ -221,11 +247,14 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
             "oversub_seq_GBps": oversub_seq,
             "oversub_rand_GBps": oversub_rand,
             "acquire_resident_us": acquire_us,
-        }), json!({
+        }),
+        json!({
             "page_in": page_in / ceilings.h2d_gbps,
             "page_out": page_out / ceilings.d2h_gbps,
             "page_inout": page_inout / ceilings.bidir_gbps,
-        }), verified);
+        }),
+        verified,
+    );
     let detail = json!({
         "suite": "engine-detail",
         "commit": commit,
@@ -249,5 +278,9 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
         "targets": { "page_in": 0.9, "page_out": 0.9, "page_inout": 0.85, "acquire_resident_us": 2.0 },
     });
     super::write_report(dir, "engine", &date, commit, &report, &detail)?;
-    if verified { Ok(()) } else { Err("bench: verification failed (see above)".into()) }
+    if verified {
+        Ok(())
+    } else {
+        Err("bench: verification failed (see above)".into())
+    }
 }

@@ -45,10 +45,14 @@ pub enum Suite {
 }
 
 pub fn run(suite: Suite) -> Result<(), String> {
-    let commit = |given: Option<String>| given.or_else(|| std::env::var("TIERMEM_COMMIT").ok()).unwrap_or_else(|| "unknown".into());
+    let commit = |given: Option<String>| {
+        given.or_else(|| std::env::var("TIERMEM_COMMIT").ok()).unwrap_or_else(|| "unknown".into())
+    };
     match suite {
         Suite::Engine { json, commit: given, reps, size } => engine::run(&json, &commit(given), reps.max(1), size),
-        Suite::Nvme { json, dir, commit: given, reps, size } => nvme::run(&json, &dir, &commit(given), reps.max(1), size),
+        Suite::Nvme { json, dir, commit: given, reps, size } => {
+            nvme::run(&json, &dir, &commit(given), reps.max(1), size)
+        }
     }
 }
 
@@ -98,14 +102,17 @@ pub fn write_report(
 pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
-    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
 }
 
 /// Today's date as `YYYY-MM-DD` (UTC), from the system clock.
 pub fn today() -> String {
-    let days = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 86_400) as i64;
+    let days =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400) as i64;
     // Civil-from-days (H. Hinnant's algorithm).
     let z = days + 719_468;
     let era = z.div_euclid(146_097);

@@ -112,13 +112,23 @@ fn direct_io(device: &Arc<dyn Device>, path: &Path, size: usize, up: bool) -> Re
     let io = |pinned: &mut [u8]| -> std::io::Result<()> {
         for (k, piece) in pinned.chunks_mut(REQUEST).enumerate() {
             let offset = (k * REQUEST) as u64;
-            if up { file.read_exact_at(piece, offset)? } else { file.write_all_at(piece, offset)? }
+            if up {
+                file.read_exact_at(piece, offset)?
+            } else {
+                file.write_all_at(piece, offset)?
+            }
         }
         Ok(())
     };
     let copy = || -> Result<(), String> {
         // SAFETY: see `pinned`.
-        let r = unsafe { if up { d.copy_to_device_async(dev, host, size, stream) } else { d.copy_to_host_async(host, dev, size, stream) } };
+        let r = unsafe {
+            if up {
+                d.copy_to_device_async(dev, host, size, stream)
+            } else {
+                d.copy_to_host_async(host, dev, size, stream)
+            }
+        };
         r.and_then(|()| d.synchronize_stream(stream)).map_err(err)
     };
     if up {
@@ -146,7 +156,8 @@ fn demand_paging(device: &Arc<dyn Device>, path: &Path, size: usize) -> Result<f
     let dev = d.alloc_plain(size).map_err(err)?;
     let t = Instant::now();
     // SAFETY: a private read-only mapping of `size` bytes of a file at least that long.
-    let map = unsafe { libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
+    let map =
+        unsafe { libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
     if map == libc::MAP_FAILED {
         return Err(format!("bench nvme: mmap {}: {}", path.display(), std::io::Error::last_os_error()));
     }
@@ -175,7 +186,8 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
         let mut buf = Aligned::new(REQUEST);
         for offset in (0..size).step_by(REQUEST) {
             pattern::fill(1, offset, buf.bytes());
-            file.write_all_at(buf.bytes(), offset as u64).map_err(|e| format!("bench nvme: write {}: {e}", data.display()))?;
+            file.write_all_at(buf.bytes(), offset as u64)
+                .map_err(|e| format!("bench nvme: write {}: {e}", data.display()))?;
         }
     }
     let base = EngineConfig::from_env().map_err(|e| e.to_string())?;
@@ -194,14 +206,21 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
         println!("WARNING: simulated device: these numbers are not GPU measurements and must not be committed.");
     }
     let device = Arc::clone(engine.device());
-    println!("device: {}, driver {}; files in {}; {} MiB, {reps} reps, medians", info.name, info.driver_version, work_dir.display(), size >> 20);
+    println!(
+        "device: {}, driver {}; files in {}; {} MiB, {reps} reps, medians",
+        info.name,
+        info.driver_version,
+        work_dir.display(),
+        size >> 20
+    );
 
     let (disk_read, read_depth) = disk_ceiling(&data, size, reps, false)?;
     let (disk_write, write_depth) = disk_ceiling(&scratch, size, reps, true)?;
     println!("disk O_DIRECT: read {disk_read:.2} GB/s (queue depth {read_depth}), write {disk_write:.2} GB/s (queue depth {write_depth})");
     let gb = size as f64 / 1e9;
     let directio_in = gb / median((0..reps).map(|_| direct_io(&device, &data, size, true)).collect::<Result<_, _>>()?);
-    let directio_out = gb / median((0..reps).map(|_| direct_io(&device, &scratch, size, false)).collect::<Result<_, _>>()?);
+    let directio_out =
+        gb / median((0..reps).map(|_| direct_io(&device, &scratch, size, false)).collect::<Result<_, _>>()?);
     let demand_in = gb / median((0..reps).map(|_| demand_paging(&device, &data, size)).collect::<Result<_, _>>()?);
     println!("direct I/O: in {directio_in:.2} GB/s, out {directio_out:.2} GB/s; demand paging in {demand_in:.2} GB/s");
 
@@ -258,7 +277,12 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
     }
 
     let date = today();
-    let report = super::report("nvme", commit, &date, &info, json!({
+    let report = super::report(
+        "nvme",
+        commit,
+        &date,
+        &info,
+        json!({
             "disk_read_GBps": disk_read,
             "disk_write_GBps": disk_write,
             "directio_in_GBps": directio_in,
@@ -268,12 +292,15 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
             "page_out_GBps": page_out,
             "clean_page_out_ms": clean_ms,
             "first_byte_ms": first_ms,
-        }), json!({
+        }),
+        json!({
             "in_vs_disk": page_in / disk_read,
             "in_vs_directio": page_in / directio_in,
             "in_vs_demand": page_in / demand_in,
             "out_vs_disk": page_out / disk_write,
-        }), verified);
+        }),
+        verified,
+    );
     let detail = json!({
         "suite": "nvme-detail",
         "commit": commit,
@@ -289,5 +316,9 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
         "targets": { "in_vs_disk": 0.9, "in_vs_directio": 1.2, "in_vs_demand": 3.0, "out_vs_disk": 0.9 },
     });
     super::write_report(json_dir, "nvme", &date, commit, &report, &detail)?;
-    if verified { Ok(()) } else { Err("bench nvme: verification failed".into()) }
+    if verified {
+        Ok(())
+    } else {
+        Err("bench nvme: verification failed".into())
+    }
 }

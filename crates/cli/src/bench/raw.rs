@@ -16,7 +16,8 @@ pub fn measure(device: &Arc<dyn Device>, size: usize, reps: usize) -> Result<Cei
     let err = |e: tiermem::mechanism::DeviceError| format!("bench raw: {e}");
     let host = [d.alloc_pinned(size).map_err(err)?, d.alloc_pinned(size).map_err(err)?];
     let dev = [d.alloc_plain(size).map_err(err)?, d.alloc_plain(size).map_err(err)?];
-    let streams = [d.create_stream(StreamPriority::High).map_err(err)?, d.create_stream(StreamPriority::High).map_err(err)?];
+    let streams =
+        [d.create_stream(StreamPriority::High).map_err(err)?, d.create_stream(StreamPriority::High).map_err(err)?];
     let events: Vec<EventHandle> = (0..4).map(|_| d.create_event(true)).collect::<Result<_, _>>().map_err(err)?;
     let gb = size as f64 / 1e9;
     let time = |up: bool, down: bool| -> Result<f64, String> {
@@ -34,7 +35,8 @@ pub fn measure(device: &Arc<dyn Device>, size: usize, reps: usize) -> Result<Cei
             d.record_event(events[2], streams[1]).map_err(err)?;
             d.synchronize_event(events[1]).map_err(err)?;
             d.synchronize_event(events[2]).map_err(err)?;
-            let ms = d.elapsed_ms(events[0], events[1]).map_err(err)?.max(d.elapsed_ms(events[0], events[2]).map_err(err)?);
+            let ms =
+                d.elapsed_ms(events[0], events[1]).map_err(err)?.max(d.elapsed_ms(events[0], events[2]).map_err(err)?);
             if rep >= 2 {
                 samples.push(ms as f64 / 1e3);
             }
@@ -59,11 +61,22 @@ pub fn measure(device: &Arc<dyn Device>, size: usize, reps: usize) -> Result<Cei
     Ok(Ceilings { h2d_gbps: h2d, d2h_gbps: d2h, bidir_gbps: bidir })
 }
 
-fn copy(d: &dyn Device, up: bool, dev: DevicePtr, host: HostPtr, size: usize, stream: StreamHandle) -> Result<(), String> {
+fn copy(
+    d: &dyn Device,
+    up: bool,
+    dev: DevicePtr,
+    host: HostPtr,
+    size: usize,
+    stream: StreamHandle,
+) -> Result<(), String> {
     // SAFETY: `host` is pinned memory of `size` bytes from this device, alive until `measure`
     // frees it after synchronising every copy.
     let result = unsafe {
-        if up { d.copy_to_device_async(dev, host, size, stream) } else { d.copy_to_host_async(host, dev, size, stream) }
+        if up {
+            d.copy_to_device_async(dev, host, size, stream)
+        } else {
+            d.copy_to_host_async(host, dev, size, stream)
+        }
     };
     result.map_err(|e| format!("bench raw: {e}"))
 }

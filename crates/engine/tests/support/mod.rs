@@ -12,11 +12,7 @@ pub const CHUNK: usize = 2 * MIB;
 /// An engine with an HBM cap of `hbm_chunks` and a host tier of `host_chunks`. On the
 /// simulated device the `SimDevice` is returned too, to check for leaks after the engine is dropped.
 pub fn engine(hbm_chunks: usize, host_chunks: usize, config: EngineConfig) -> (Engine, Option<Arc<SimDevice>>) {
-    let config = EngineConfig {
-        hbm_limit: Some(hbm_chunks * CHUNK),
-        host_limit: Some(host_chunks * CHUNK),
-        ..config
-    };
+    let config = EngineConfig { hbm_limit: Some(hbm_chunks * CHUNK), host_limit: Some(host_chunks * CHUNK), ..config };
     match std::env::var("TIERMEM_TEST_BACKEND").as_deref() {
         Ok("cuda") => {
             let engine = Engine::new(EngineConfig { backend: BackendChoice::Cuda, ..config }).expect("open the GPU");
@@ -64,12 +60,13 @@ pub fn assert_no_leaks(engine: Engine, sim: Option<Arc<SimDevice>>) {
 /// An engine over a simulated device of `sim_chunks` chunks whatever `TIERMEM_TEST_BACKEND`
 /// says: for tests that need the simulated device (failpoints, leak counts, a device smaller
 /// than the HBM cap).
-pub fn sim_engine(sim_chunks: usize, hbm_chunks: usize, host_chunks: usize, config: EngineConfig) -> (Engine, Arc<SimDevice>) {
-    let config = EngineConfig {
-        hbm_limit: Some(hbm_chunks * CHUNK),
-        host_limit: Some(host_chunks * CHUNK),
-        ..config
-    };
+pub fn sim_engine(
+    sim_chunks: usize,
+    hbm_chunks: usize,
+    host_chunks: usize,
+    config: EngineConfig,
+) -> (Engine, Arc<SimDevice>) {
+    let config = EngineConfig { hbm_limit: Some(hbm_chunks * CHUNK), host_limit: Some(host_chunks * CHUNK), ..config };
     let sim = Arc::new(SimDevice::new(sim_chunks * CHUNK).expect("simulated device"));
     let device: Arc<dyn Device> = sim.clone();
     (Engine::with_device(device, &config).expect("engine"), sim)

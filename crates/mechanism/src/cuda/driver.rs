@@ -82,33 +82,18 @@ pub(super) fn resolve_elapsed() -> Option<(&'static str, ElapsedFn)> {
     // SAFETY: as in `missing_symbols`; the library is never unloaded, so the copied function
     // pointer stays valid.
     let lib = unsafe { sys::culib() };
-    ["cuEventElapsedTime_v2", "cuEventElapsedTime"]
-        .into_iter()
-        .find_map(|name| {
-            // SAFETY: both symbols have exactly the `ElapsedFn` C signature in cuda.h.
-            unsafe { lib.get::<ElapsedFn>(name.as_bytes()) }
-                .ok()
-                .map(|f| (name, *f))
-        })
+    ["cuEventElapsedTime_v2", "cuEventElapsedTime"].into_iter().find_map(|name| {
+        // SAFETY: both symbols have exactly the `ElapsedFn` C signature in cuda.h.
+        unsafe { lib.get::<ElapsedFn>(name.as_bytes()) }.ok().map(|f| (name, *f))
+    })
 }
 
 /// The one place a `CUresult` becomes a `DeviceError`.
-pub(super) fn check(
-    call: &'static str,
-    r: CUresult,
-    detail: impl FnOnce() -> String,
-) -> Result<()> {
+pub(super) fn check(call: &'static str, r: CUresult, detail: impl FnOnce() -> String) -> Result<()> {
     match r {
         CUresult::CUDA_SUCCESS => Ok(()),
-        CUresult::CUDA_ERROR_OUT_OF_MEMORY => Err(DeviceError::OutOfMemory {
-            call,
-            detail: detail(),
-        }),
-        other => Err(DeviceError::Driver {
-            call,
-            code: error_name(other),
-            detail: detail(),
-        }),
+        CUresult::CUDA_ERROR_OUT_OF_MEMORY => Err(DeviceError::OutOfMemory { call, detail: detail() }),
+        other => Err(DeviceError::Driver { call, code: error_name(other), detail: detail() }),
     }
 }
 
@@ -120,9 +105,7 @@ pub(super) fn error_name(r: CUresult) -> String {
     let rc = unsafe { sys::cuGetErrorName(r, &mut name) };
     if rc == CUresult::CUDA_SUCCESS && !name.is_null() {
         // SAFETY: checked non-null; the driver's error-name strings are static and NUL-terminated.
-        unsafe { CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned()
+        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
     } else {
         format!("CUresult {}", r as u32)
     }

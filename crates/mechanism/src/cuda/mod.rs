@@ -54,9 +54,7 @@ unsafe impl Sync for CudaDevice {}
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaDevice")
-            .field("info", &self.info)
-            .finish_non_exhaustive()
+        f.debug_struct("CudaDevice").field("info", &self.info).finish_non_exhaustive()
     }
 }
 
@@ -131,9 +129,7 @@ impl CudaDevice {
         check("cuDeviceGetCount", r, String::new)?;
         let count = usize::try_from(count).unwrap_or(0);
         if ordinal >= count {
-            return Err(DeviceError::NoDevice(format!(
-                "GPU {ordinal} requested, but the driver sees {count} GPU(s)"
-            )));
+            return Err(DeviceError::NoDevice(format!("GPU {ordinal} requested, but the driver sees {count} GPU(s)")));
         }
         let mut dev: sys::CUdevice = 0;
         // SAFETY: valid out-pointer; `ordinal < count <= i32::MAX`, so the cast is exact.
@@ -146,9 +142,7 @@ impl CudaDevice {
         check("cuDeviceGetName", r, || format!("ordinal={ordinal}"))?;
         // SAFETY: the buffer is zero-initialised and the driver NUL-terminates what it writes,
         // so there is a NUL within the buffer.
-        let name = unsafe { CStr::from_ptr(name_buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        let name = unsafe { CStr::from_ptr(name_buf.as_ptr()) }.to_string_lossy().into_owned();
 
         let mut vmm = 0;
         let attr = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED;
@@ -167,9 +161,7 @@ impl CudaDevice {
         let mut ctx: sys::CUcontext = ptr::null_mut();
         // SAFETY: valid out-pointer and device; balanced by cuDevicePrimaryCtxRelease in Drop.
         let r = unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) };
-        check("cuDevicePrimaryCtxRetain", r, || {
-            format!("ordinal={ordinal}")
-        })?;
+        check("cuDevicePrimaryCtxRetain", r, || format!("ordinal={ordinal}"))?;
 
         // From here on `Drop` releases the context if a later step fails.
         let mut this = CudaDevice {
@@ -178,10 +170,7 @@ impl CudaDevice {
             prop: sys::CUmemAllocationProp {
                 type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
                 requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-                location: sys::CUmemLocation {
-                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                    id: dev,
-                },
+                location: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev },
                 win32HandleMetaData: ptr::null_mut(),
                 allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
                     compressionType: 0,
@@ -220,13 +209,10 @@ impl CudaDevice {
         let mut granularity = 0usize;
         let minimum = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
         // SAFETY: valid out-pointer; `prop` is a fully initialised allocation description.
-        let r =
-            unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &self.prop, minimum) };
+        let r = unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &self.prop, minimum) };
         check("cuMemGetAllocationGranularity", r, at)?;
         if granularity == 0 {
-            return Err(DeviceError::Unsupported(format!(
-                "GPU {ordinal}: cuMemGetAllocationGranularity reported 0"
-            )));
+            return Err(DeviceError::Unsupported(format!("GPU {ordinal}: cuMemGetAllocationGranularity reported 0")));
         }
 
         let (mut least, mut greatest) = (0, 0);
@@ -254,9 +240,7 @@ impl CudaDevice {
             let mut can = 0;
             // SAFETY: valid out-pointer and devices.
             let r = unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.dev, peer) };
-            check("cuDeviceCanAccessPeer", r, || {
-                format!("ordinal={ordinal} peer={j}")
-            })?;
+            check("cuDeviceCanAccessPeer", r, || format!("ordinal={ordinal} peer={j}"))?;
             if can != 0 {
                 peers.push(j);
             }
@@ -284,12 +268,8 @@ impl CudaDevice {
         }
         // SAFETY: `self.ctx` is the primary context retained in `open` and released only in Drop.
         let r = unsafe { sys::cuCtxSetCurrent(self.ctx) };
-        check("cuCtxSetCurrent", r, || {
-            format!("GPU {}", self.info.ordinal)
-        })?;
-        Ok(CtxGuard {
-            restore: (!cur.is_null()).then_some(cur),
-        })
+        check("cuCtxSetCurrent", r, || format!("GPU {}", self.info.ordinal))?;
+        Ok(CtxGuard { restore: (!cur.is_null()).then_some(cur) })
     }
 
     pub(super) fn unmap_granules(&self, va: DevicePtr, size: usize) -> Result<()> {
@@ -300,10 +280,7 @@ impl CudaDevice {
             // that `at` is the start of a mapping of exactly one granule.
             let r = unsafe { sys::cuMemUnmap(at, g) };
             check("cuMemUnmap", r, || {
-                format!(
-                    "va=0x{at:x} size={g} (granule {} of range va=0x{va:x} size={size})",
-                    off / g
-                )
+                format!("va=0x{at:x} size={g} (granule {} of range va=0x{va:x} size={size})", off / g)
             })?;
         }
         Ok(())

@@ -9,8 +9,7 @@ use cudarc::driver::sys::{self, CUresult};
 use super::driver::check;
 use super::{event_ptr, stream_ptr, CudaDevice};
 use crate::{
-    Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result,
-    StreamHandle, StreamPriority,
+    Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle, StreamPriority,
 };
 
 impl Device for CudaDevice {
@@ -23,9 +22,7 @@ impl Device for CudaDevice {
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers; our context is current.
         let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
-        check("cuMemGetInfo_v2", r, || {
-            format!("GPU {}", self.info.ordinal)
-        })?;
+        check("cuMemGetInfo_v2", r, || format!("GPU {}", self.info.ordinal))?;
         Ok((free, total))
     }
 
@@ -34,9 +31,7 @@ impl Device for CudaDevice {
         let mut va: sys::CUdeviceptr = 0;
         // SAFETY: valid out-pointer; address hint 0 and flags 0 let the driver choose.
         let r = unsafe { sys::cuMemAddressReserve(&mut va, size, self.granularity, 0, 0) };
-        check("cuMemAddressReserve", r, || {
-            format!("size={size} alignment={}", self.granularity)
-        })?;
+        check("cuMemAddressReserve", r, || format!("size={size} alignment={}", self.granularity))?;
         Ok(va)
     }
 
@@ -52,9 +47,7 @@ impl Device for CudaDevice {
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer; `prop` is fully initialised; size is one granule; flags 0.
         let r = unsafe { sys::cuMemCreate(&mut handle, self.granularity, &self.prop, 0) };
-        check("cuMemCreate", r, || {
-            format!("size={} on GPU {}", self.granularity, self.info.ordinal)
-        })?;
+        check("cuMemCreate", r, || format!("size={} on GPU {}", self.granularity, self.info.ordinal))?;
         Ok(PhysHandle(handle))
     }
 
@@ -72,9 +65,7 @@ impl Device for CudaDevice {
         // SAFETY: maps a whole chunk (offset 0, one granule, flags 0) into device VA; the driver
         // validates that `va` lies in a reservation and is not mapped yet.
         let r = unsafe { sys::cuMemMap(va, g, 0, chunk.0, 0) };
-        check("cuMemMap", r, || {
-            format!("va=0x{va:x} size={g} handle=0x{:x}", chunk.0)
-        })
+        check("cuMemMap", r, || format!("va=0x{va:x} size={g} handle=0x{:x}", chunk.0))
     }
 
     fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
@@ -86,12 +77,7 @@ impl Device for CudaDevice {
         // SAFETY: `desc` points to one initialised descriptor and count is 1; the driver
         // validates that the range is mapped.
         let r = unsafe { sys::cuMemSetAccess(va, size, &desc, 1) };
-        check("cuMemSetAccess", r, || {
-            format!(
-                "va=0x{va:x} size={size} GPU {} read-write",
-                self.info.ordinal
-            )
-        })
+        check("cuMemSetAccess", r, || format!("va=0x{va:x} size={size} GPU {} read-write", self.info.ordinal))
     }
 
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
@@ -105,10 +91,7 @@ impl Device for CudaDevice {
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: valid out-pointer; PORTABLE makes the memory pinned for every context.
         let r = unsafe { sys::cuMemHostAlloc(&mut p, size, flags) };
-        check("cuMemHostAlloc", r, || {
-            format!("size={size} flags=PORTABLE")
-        })
-        .map_err(|e| match e {
+        check("cuMemHostAlloc", r, || format!("size={size} flags=PORTABLE")).map_err(|e| match e {
             // This is host memory: say so rather than report HBM exhaustion.
             DeviceError::OutOfMemory { call, detail } => DeviceError::Driver {
                 call,
@@ -137,9 +120,7 @@ impl Device for CudaDevice {
         let mut s: sys::CUstream = ptr::null_mut();
         // SAFETY: valid out-pointer; flags and priority come from the driver's own ranges.
         let r = unsafe { sys::cuStreamCreateWithPriority(&mut s, flags, prio) };
-        check("cuStreamCreateWithPriority", r, || {
-            format!("flags=NON_BLOCKING priority={prio}")
-        })?;
+        check("cuStreamCreateWithPriority", r, || format!("flags=NON_BLOCKING priority={prio}"))?;
         Ok(StreamHandle(s as usize as u64))
     }
 
@@ -154,18 +135,14 @@ impl Device for CudaDevice {
         let _ctx = self.bind()?;
         // SAFETY: a non-null stream handle from `create_stream`; the driver validates it.
         let r = unsafe { sys::cuStreamDestroy_v2(stream_ptr(stream)) };
-        check("cuStreamDestroy_v2", r, || {
-            format!("stream=0x{:x}", stream.0)
-        })
+        check("cuStreamDestroy_v2", r, || format!("stream=0x{:x}", stream.0))
     }
 
     fn create_event(&self, timing: bool) -> Result<EventHandle> {
         let _ctx = self.bind()?;
-        let flags = if timing {
-            sys::CUevent_flags::CU_EVENT_DEFAULT
-        } else {
-            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING
-        } as u32;
+        let flags =
+            if timing { sys::CUevent_flags::CU_EVENT_DEFAULT } else { sys::CUevent_flags::CU_EVENT_DISABLE_TIMING }
+                as u32;
         let mut e: sys::CUevent = ptr::null_mut();
         // SAFETY: valid out-pointer and flags.
         let r = unsafe { sys::cuEventCreate(&mut e, flags) };
@@ -184,18 +161,14 @@ impl Device for CudaDevice {
         let _ctx = self.bind()?;
         // SAFETY: handles from this device (stream 0 = legacy default stream); driver-validated.
         let r = unsafe { sys::cuEventRecord(event_ptr(event), stream_ptr(stream)) };
-        check("cuEventRecord", r, || {
-            format!("event=0x{:x} stream=0x{:x}", event.0, stream.0)
-        })
+        check("cuEventRecord", r, || format!("event=0x{:x} stream=0x{:x}", event.0, stream.0))
     }
 
     fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()> {
         let _ctx = self.bind()?;
         // SAFETY: handles from this device; flags 0 (CU_EVENT_WAIT_DEFAULT).
         let r = unsafe { sys::cuStreamWaitEvent(stream_ptr(stream), event_ptr(event), 0) };
-        check("cuStreamWaitEvent", r, || {
-            format!("stream=0x{:x} event=0x{:x}", stream.0, event.0)
-        })
+        check("cuStreamWaitEvent", r, || format!("stream=0x{:x} event=0x{:x}", stream.0, event.0))
     }
 
     fn event_done(&self, event: EventHandle) -> Result<bool> {
@@ -219,16 +192,13 @@ impl Device for CudaDevice {
         let _ctx = self.bind()?;
         // SAFETY: a stream handle from `create_stream`, or 0 for the legacy default stream.
         let r = unsafe { sys::cuStreamSynchronize(stream_ptr(stream)) };
-        check("cuStreamSynchronize", r, || {
-            format!("stream=0x{:x}", stream.0)
-        })
+        check("cuStreamSynchronize", r, || format!("stream=0x{:x}", stream.0))
     }
 
     fn elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32> {
         let Some((call, elapsed)) = self.elapsed else {
             return Err(DeviceError::Unsupported(
-                "the loaded libcuda exports neither cuEventElapsedTime_v2 nor cuEventElapsedTime"
-                    .to_string(),
+                "the loaded libcuda exports neither cuEventElapsedTime_v2 nor cuEventElapsedTime".to_string(),
             ));
         };
         let _ctx = self.bind()?;
@@ -236,9 +206,7 @@ impl Device for CudaDevice {
         // SAFETY: `elapsed` was resolved from libcuda, which stays loaded, with the C signature
         // of cuEventElapsedTime(_v2); valid out-pointer; event handles are driver-validated.
         let r = unsafe { elapsed(&mut ms, event_ptr(start), event_ptr(end)) };
-        check(call, r, || {
-            format!("start=0x{:x} end=0x{:x}", start.0, end.0)
-        })?;
+        check(call, r, || format!("start=0x{:x} end=0x{:x}", start.0, end.0))?;
         Ok(ms)
     }
 
@@ -252,51 +220,24 @@ impl Device for CudaDevice {
         let _ctx = self.bind()?;
         // SAFETY: the caller guarantees `src..src+len` is pinned memory that stays valid until
         // the copy completes on `stream`; the device side is validated by the driver.
-        let r = unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, stream_ptr(stream))
-        };
-        check("cuMemcpyHtoDAsync_v2", r, || {
-            format!(
-                "dst=0x{dst:x} src=0x{src:x} len={len} stream=0x{:x}",
-                stream.0
-            )
-        })
+        let r = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, stream_ptr(stream)) };
+        check("cuMemcpyHtoDAsync_v2", r, || format!("dst=0x{dst:x} src=0x{src:x} len={len} stream=0x{:x}", stream.0))
     }
 
-    unsafe fn copy_to_host_async(
-        &self,
-        dst: HostPtr,
-        src: DevicePtr,
-        len: usize,
-        stream: StreamHandle,
-    ) -> Result<()> {
+    unsafe fn copy_to_host_async(&self, dst: HostPtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()> {
         let _ctx = self.bind()?;
         // SAFETY: the caller guarantees `dst..dst+len` is pinned memory, valid and otherwise
         // untouched until the copy completes on `stream`.
-        let r =
-            unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, stream_ptr(stream)) };
-        check("cuMemcpyDtoHAsync_v2", r, || {
-            format!(
-                "dst=0x{dst:x} src=0x{src:x} len={len} stream=0x{:x}",
-                stream.0
-            )
-        })
+        let r = unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, stream_ptr(stream)) };
+        check("cuMemcpyDtoHAsync_v2", r, || format!("dst=0x{dst:x} src=0x{src:x} len={len} stream=0x{:x}", stream.0))
     }
 
-    fn memset_async(
-        &self,
-        dst: DevicePtr,
-        value: u8,
-        len: usize,
-        stream: StreamHandle,
-    ) -> Result<()> {
+    fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()> {
         let _ctx = self.bind()?;
         // SAFETY: writes device memory only; the driver validates the range and stream. One
         // memset may span several chunk mappings (checked on the GPU by the tests).
         let r = unsafe { sys::cuMemsetD8Async(dst, value, len, stream_ptr(stream)) };
-        check("cuMemsetD8Async", r, || {
-            format!("dst=0x{dst:x} value={value} len={len} stream=0x{:x}", stream.0)
-        })
+        check("cuMemsetD8Async", r, || format!("dst=0x{dst:x} value={value} len={len} stream=0x{:x}", stream.0))
     }
 
     fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
@@ -313,9 +254,7 @@ impl Device for CudaDevice {
         // lands; it runs on the legacy default stream, so waiting for that stream finishes it.
         // SAFETY: stream 0 is the legacy default stream of the current context.
         let r = unsafe { sys::cuStreamSynchronize(ptr::null_mut()) };
-        check("cuStreamSynchronize", r, || {
-            format!("legacy stream after write dst=0x{dst:x} len={len}")
-        })
+        check("cuStreamSynchronize", r, || format!("legacy stream after write dst=0x{dst:x} len={len}"))
     }
 
     fn read(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {

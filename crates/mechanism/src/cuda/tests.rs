@@ -63,9 +63,7 @@ fn gpu_open_reports_the_device() {
     assert!(!info.peers.contains(&0));
     let (free, total) = dev.mem_info().unwrap();
     assert!(free <= total && total > 0);
-    assert!(
-        CudaDevice::open(info.device_count).is_err_and(|e| matches!(e, DeviceError::NoDevice(_)))
-    );
+    assert!(CudaDevice::open(info.device_count).is_err_and(|e| matches!(e, DeviceError::NoDevice(_))));
 }
 
 #[test]
@@ -90,10 +88,7 @@ fn gpu_chunks_move_behind_a_stable_address() {
     // range in one call (the probe), map the chunks back in another order and page chunk 1 in.
     let hi = dev.create_stream(StreamPriority::High).unwrap();
     let lo = dev.create_stream(StreamPriority::Low).unwrap();
-    let (t0, t1) = (
-        dev.create_event(true).unwrap(),
-        dev.create_event(true).unwrap(),
-    );
+    let (t0, t1) = (dev.create_event(true).unwrap(), dev.create_event(true).unwrap());
     let done = dev.create_event(false).unwrap();
     let host = dev.alloc_pinned(g).unwrap();
     dev.record_event(t0, hi).unwrap();
@@ -128,16 +123,7 @@ fn gpu_chunks_move_behind_a_stable_address() {
     // Mapping a second chunk over a mapped granule must fail, naming cuMemMap.
     dev.map(va, chunks[0]).unwrap();
     let err = dev.map(va, chunks[1]).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            DeviceError::Driver {
-                call: "cuMemMap",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, DeviceError::Driver { call: "cuMemMap", .. }), "{err}");
     dev.unmap(va, g).unwrap();
     for c in chunks {
         dev.release_chunk(c).unwrap();
@@ -161,16 +147,7 @@ fn gpu_out_of_memory_is_reported_as_such() {
     let Some(dev) = gpu() else { return };
     let too_big = dev.info().total_bytes * 4;
     let err = dev.alloc_plain(too_big).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            DeviceError::OutOfMemory {
-                call: "cuMemAlloc_v2",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, DeviceError::OutOfMemory { call: "cuMemAlloc_v2", .. }), "{err}");
 }
 
 #[test]
@@ -223,20 +200,11 @@ fn gpu_driver_semantics_probe() {
     show("unmap 2 granules, only first mapped", dev.unmap(va, 2 * g));
     show("map c0 again after that", dev.map(va, c[0]));
     show("map c1 at granule 1", dev.map(va + g as u64, c[1]));
-    show(
-        "unmap second half of a 2-mapping range",
-        dev.unmap(va + g as u64, g),
-    );
-    show(
-        "map one chunk at two addresses",
-        dev.map(va + 2 * g as u64, c[0]),
-    );
+    show("unmap second half of a 2-mapping range", dev.unmap(va + g as u64, g));
+    show("map one chunk at two addresses", dev.map(va + 2 * g as u64, c[0]));
     show("set_access 3 granules", dev.set_access(va, 3 * g));
     let mut b = [0u8; 1];
-    show(
-        "read through 2nd mapping of c0",
-        dev.read(va + 2 * g as u64, &mut b),
-    );
+    show("read through 2nd mapping of c0", dev.read(va + 2 * g as u64, &mut b));
     show("unmap 3 granules", dev.unmap(va, 3 * g));
     show("map c0 for release test", dev.map(va, c[0]));
     show("release a mapped chunk", dev.release_chunk(c[0]));
@@ -264,14 +232,8 @@ fn gpu_driver_semantics_probe() {
     show("hole: set_access 0..3", dev.set_access(va, 3 * g));
     show("hole: read granule 0", dev.read(va, &mut b));
     show("hole: read granule 2", dev.read(va + 2 * g as u64, &mut b));
-    show(
-        "hole: set_access granule 2",
-        dev.set_access(va + 2 * g as u64, g),
-    );
-    show(
-        "hole: read granule 2 again",
-        dev.read(va + 2 * g as u64, &mut b),
-    );
+    show("hole: set_access granule 2", dev.set_access(va + 2 * g as u64, g));
+    show("hole: read granule 2 again", dev.read(va + 2 * g as u64, &mut b));
     show("hole: unmap 0..3", dev.unmap(va, 3 * g));
     // One chunk at two addresses, access set on each separately.
     dev.map(va, a).unwrap();

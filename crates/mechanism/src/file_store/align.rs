@@ -27,20 +27,9 @@ pub(super) fn probe(fd: RawFd) -> Result<Option<(Alignment, Source)>, (&'static 
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: `fd` is open; the empty path with AT_EMPTY_PATH names the fd itself; `stx` is a
     // valid, writable `statx` that outlives the call.
-    let r = unsafe {
-        libc::statx(
-            fd,
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            libc::STATX_DIOALIGN,
-            &mut stx,
-        )
-    };
+    let r = unsafe { libc::statx(fd, c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
     if r == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 {
-        let (mem, offset) = (
-            stx.stx_dio_mem_align as usize,
-            stx.stx_dio_offset_align as usize,
-        );
+        let (mem, offset) = (stx.stx_dio_mem_align as usize, stx.stx_dio_offset_align as usize);
         if mem == 0 || offset == 0 {
             return Ok(None);
         }
@@ -56,19 +45,11 @@ pub(super) fn probe(fd: RawFd) -> Result<Option<(Alignment, Source)>, (&'static 
         return Err(("fstat", errno()));
     }
     let blk = (st.st_blksize as usize).max(512);
-    Ok(Some((
-        Alignment {
-            mem: blk,
-            offset: blk,
-        },
-        Source::Blksize,
-    )))
+    Ok(Some((Alignment { mem: blk, offset: blk }, Source::Blksize)))
 }
 
 pub(super) fn errno() -> i32 {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
 }
 
 /// Whether a transfer that has moved `done` bytes of a buffer at `addr` for file offset

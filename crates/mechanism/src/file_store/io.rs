@@ -23,12 +23,7 @@ pub(super) enum Outcome {
     /// All bytes moved; the crc32c of the buffer afterwards (the data written, or read).
     Done(u32),
     /// `call` failed with `errno` after `done` bytes had moved.
-    Errno {
-        call: &'static str,
-        errno: i32,
-        done: usize,
-        injected: bool,
-    },
+    Errno { call: &'static str, errno: i32, done: usize, injected: bool },
     /// The transfer stopped after `done` bytes: end of file (read), a write that took
     /// nothing, or a partial transfer that `O_DIRECT` cannot resume at that alignment.
     Short { done: usize },

@@ -96,9 +96,7 @@ impl std::str::FromStr for IoChoice {
             "" | "auto" => Ok(Self::Auto),
             "uring" | "io_uring" | "io-uring" => Ok(Self::Uring),
             "threads" | "thread" => Ok(Self::Threads),
-            other => Err(FileStoreError::Config(format!(
-                "I/O path {other:?}: expected auto, uring or threads"
-            ))),
+            other => Err(FileStoreError::Config(format!("I/O path {other:?}: expected auto, uring or threads"))),
         }
     }
 }
@@ -175,22 +173,12 @@ impl std::fmt::Debug for FileStore {
 impl FileStore {
     /// Creates (or truncates) and preallocates the file and sets up the I/O path.
     pub fn open(config: FileStoreConfig) -> Result<Self, FileStoreError> {
-        let FileStoreConfig {
-            path,
-            capacity,
-            slot_size,
-            queue_depth,
-            io,
-        } = config;
+        let FileStoreConfig { path, capacity, slot_size, queue_depth, io } = config;
         if slot_size == 0 || slot_size > MAX_SLOT_SIZE {
-            return config_err(format!(
-                "slot_size {slot_size} must be between 1 and {MAX_SLOT_SIZE} bytes"
-            ));
+            return config_err(format!("slot_size {slot_size} must be between 1 and {MAX_SLOT_SIZE} bytes"));
         }
         if capacity == 0 || capacity % slot_size != 0 {
-            return config_err(format!(
-                "capacity {capacity} must be a positive multiple of slot_size {slot_size}"
-            ));
+            return config_err(format!("capacity {capacity} must be a positive multiple of slot_size {slot_size}"));
         }
         let nslots = capacity / slot_size;
         if nslots > u32::MAX as usize {
@@ -201,9 +189,7 @@ impl FileStore {
             ));
         }
         if queue_depth == 0 || queue_depth > 4096 {
-            return config_err(format!(
-                "queue_depth {queue_depth} must be between 1 and 4096"
-            ));
+            return config_err(format!("queue_depth {queue_depth} must be between 1 and 4096"));
         }
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -305,13 +291,11 @@ impl FileStore {
 
     fn release(&self, slots: &[FileSlot], punch: bool) -> Result<(), FileStoreError> {
         let mut ids: Vec<u32> = slots.iter().map(|s| s.0).collect();
-        self.lock()
-            .begin_free(&ids)
-            .map_err(|(slot, why)| FileStoreError::BadSlot {
-                call: "FileStore::free",
-                slot,
-                why,
-            })?;
+        self.lock().begin_free(&ids).map_err(|(slot, why)| FileStoreError::BadSlot {
+            call: "FileStore::free",
+            slot,
+            why,
+        })?;
         // The slots are `Freeing` now: nobody can allocate them while their holes are punched.
         ids.sort_unstable();
         let mut result = Ok(());
@@ -323,14 +307,7 @@ impl FileStore {
             let len = count as u64 * self.slot_size as u64;
             let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
             // SAFETY: plain syscall on our open descriptor; it touches no memory of ours.
-            let r = unsafe {
-                libc::fallocate(
-                    self.file.as_raw_fd(),
-                    mode,
-                    offset as libc::off_t,
-                    len as libc::off_t,
-                )
-            };
+            let r = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) };
             if r != 0 {
                 let errno = align::errno();
                 if errno == libc::EOPNOTSUPP {
@@ -413,12 +390,7 @@ impl FileStore {
             for &(slot, dst) in items {
                 match self.check_slot(&st, CALL, slot)? {
                     Some(crc) => expected.push(crc),
-                    None => {
-                        return Err(FileStoreError::NoData {
-                            call: CALL,
-                            slot: slot.0,
-                        })
-                    }
+                    None => return Err(FileStoreError::NoData { call: CALL, slot: slot.0 }),
                 }
                 ops.push(self.op(CALL, slot, dst)?);
             }
@@ -435,12 +407,7 @@ impl FileStore {
     }
 
     /// Checks that `slot` is allocated; returns its recorded crc.
-    fn check_slot(
-        &self,
-        st: &Slots,
-        call: &'static str,
-        slot: FileSlot,
-    ) -> Result<Option<u32>, FileStoreError> {
+    fn check_slot(&self, st: &Slots, call: &'static str, slot: FileSlot) -> Result<Option<u32>, FileStoreError> {
         match st.state(slot.0) {
             Some(SlotState::Allocated { crc }) => Ok(crc),
             None => Err(FileStoreError::BadSlot {
@@ -448,29 +415,15 @@ impl FileStore {
                 slot: slot.0,
                 why: format!("is out of range (capacity {} slots)", st.capacity()),
             }),
-            Some(_) => Err(FileStoreError::BadSlot {
-                call,
-                slot: slot.0,
-                why: "is not allocated".into(),
-            }),
+            Some(_) => Err(FileStoreError::BadSlot { call, slot: slot.0, why: "is not allocated".into() }),
         }
     }
 
     fn op(&self, call: &'static str, slot: FileSlot, buf: *mut u8) -> Result<Op, FileStoreError> {
         if buf.is_null() || buf as usize % self.al.mem != 0 {
-            return Err(FileStoreError::BadBuffer {
-                call,
-                slot: slot.0,
-                addr: buf as usize,
-                align: self.al.mem,
-            });
+            return Err(FileStoreError::BadBuffer { call, slot: slot.0, addr: buf as usize, align: self.al.mem });
         }
-        Ok(Op {
-            slot: slot.0,
-            offset: slot.0 as u64 * self.slot_size as u64,
-            buf,
-            len: self.slot_size,
-        })
+        Ok(Op { slot: slot.0, offset: slot.0 as u64 * self.slot_size as u64, buf, len: self.slot_size })
     }
 
     /// Evaluates the failpoint once per op up to the first that fires, runs the ops before
@@ -506,12 +459,7 @@ impl FileStore {
             }
         };
         if let Some(errno) = injected {
-            outcomes.push(Outcome::Errno {
-                call: self.call_name(dir),
-                errno,
-                done: 0,
-                injected: true,
-            });
+            outcomes.push(Outcome::Errno { call: self.call_name(dir), errno, done: 0, injected: true });
             outcomes.resize(ops.len(), Outcome::NotAttempted);
         }
         outcomes
@@ -528,49 +476,23 @@ impl FileStore {
 
     /// The error for the first op (in order) that failed or, for reads, whose crc differs
     /// from `expected`.
-    fn first_error(
-        &self,
-        dir: Dir,
-        ops: &[Op],
-        outcomes: &[Outcome],
-        expected: &[u32],
-    ) -> Result<(), FileStoreError> {
+    fn first_error(&self, dir: Dir, ops: &[Op], outcomes: &[Outcome], expected: &[u32]) -> Result<(), FileStoreError> {
         for (i, (op, o)) in ops.iter().zip(outcomes).enumerate() {
             let (slot, offset, len) = (op.slot, op.offset, op.len);
             match *o {
                 Outcome::Done(crc) => {
                     if dir == Dir::Read && crc != expected[i] {
-                        return Err(FileStoreError::Checksum {
-                            slot,
-                            offset,
-                            stored: expected[i],
-                            read: crc,
-                        });
+                        return Err(FileStoreError::Checksum { slot, offset, stored: expected[i], read: crc });
                     }
                 }
                 Outcome::NotAttempted => {}
                 Outcome::Short { done } => {
                     return Err(match dir {
-                        Dir::Read => FileStoreError::ShortRead {
-                            slot,
-                            offset,
-                            done,
-                            len,
-                        },
-                        Dir::Write => FileStoreError::ShortWrite {
-                            slot,
-                            offset,
-                            done,
-                            len,
-                        },
+                        Dir::Read => FileStoreError::ShortRead { slot, offset, done, len },
+                        Dir::Write => FileStoreError::ShortWrite { slot, offset, done, len },
                     })
                 }
-                Outcome::Errno {
-                    call,
-                    errno,
-                    done,
-                    injected,
-                } => {
+                Outcome::Errno { call, errno, done, injected } => {
                     let mut detail = std::io::Error::from_raw_os_error(errno).to_string();
                     if done > 0 {
                         detail = format!("{detail} after {done} of {len} bytes");
@@ -580,21 +502,9 @@ impl FileStore {
                     }
                     let no_space = matches!(errno, libc::ENOSPC | libc::EDQUOT | libc::EFBIG);
                     return Err(if dir == Dir::Write && no_space {
-                        FileStoreError::NoSpace {
-                            call,
-                            slot,
-                            offset,
-                            errno,
-                            detail,
-                        }
+                        FileStoreError::NoSpace { call, slot, offset, errno, detail }
                     } else {
-                        FileStoreError::Io {
-                            call,
-                            slot,
-                            offset,
-                            errno,
-                            detail,
-                        }
+                        FileStoreError::Io { call, slot, offset, errno, detail }
                     });
                 }
             }

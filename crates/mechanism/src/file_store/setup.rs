@@ -68,13 +68,9 @@ pub(super) fn make_backend(
     path: &Path,
 ) -> Result<Backend, FileStoreError> {
     let threads = || {
-        threads::Pool::new(fd, al, depth.min(MAX_THREADS) as usize)
-            .map(Backend::Threads)
-            .map_err(|e| FileStoreError::Os {
-                call: "std::thread::spawn",
-                path: path.display().to_string(),
-                detail: e.to_string(),
-            })
+        threads::Pool::new(fd, al, depth.min(MAX_THREADS) as usize).map(Backend::Threads).map_err(|e| {
+            FileStoreError::Os { call: "std::thread::spawn", path: path.display().to_string(), detail: e.to_string() }
+        })
     };
     if io == IoChoice::Threads {
         return threads();

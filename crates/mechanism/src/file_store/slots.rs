@@ -29,11 +29,7 @@ impl Slots {
         if capacity > 0 {
             runs.insert(0, capacity);
         }
-        Slots {
-            runs,
-            state: vec![SlotState::Free; capacity as usize],
-            used: 0,
-        }
+        Slots { runs, state: vec![SlotState::Free; capacity as usize], used: 0 }
     }
 
     pub fn capacity(&self) -> usize {
@@ -65,11 +61,7 @@ impl Slots {
         if n == 0 {
             return Some(out);
         }
-        let fit = self
-            .runs
-            .iter()
-            .find(|(_, &len)| len as usize >= n)
-            .map(|(&start, _)| start);
+        let fit = self.runs.iter().find(|(_, &len)| len as usize >= n).map(|(&start, _)| start);
         if let Some(start) = fit {
             self.take(start, n as u32, &mut out);
         } else {

@@ -39,17 +39,10 @@ impl Pool {
     pub fn new(fd: RawFd, al: Alignment, threads: usize) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
-        let mut pool = Pool {
-            tx: Some(tx),
-            workers: Vec::new(),
-            fd,
-            al,
-        };
+        let mut pool = Pool { tx: Some(tx), workers: Vec::new(), fd, al };
         for i in 0..threads.max(1) {
             let rx = Arc::clone(&rx);
-            let handle = std::thread::Builder::new()
-                .name(format!("tiermem-fs-io-{i}"))
-                .spawn(move || worker(&rx))?;
+            let handle = std::thread::Builder::new().name(format!("tiermem-fs-io-{i}")).spawn(move || worker(&rx))?;
             pool.workers.push(handle);
         }
         Ok(pool)
@@ -61,12 +54,8 @@ impl Pool {
     /// Each op's buffer must be valid for `len` bytes (readable for writes, writable for
     /// reads) and not be accessed by anyone else until this returns.
     pub unsafe fn run(&self, dir: Dir, ops: &[Op]) -> Vec<Outcome> {
-        let gone = Outcome::Errno {
-            call: "file store I/O thread (exited)",
-            errno: libc::EIO,
-            done: 0,
-            injected: false,
-        };
+        let gone =
+            Outcome::Errno { call: "file store I/O thread (exited)", errno: libc::EIO, done: 0, injected: false };
         let mut outcomes = vec![gone; ops.len()];
         let Some(tx) = &self.tx else {
             return outcomes;
@@ -75,15 +64,8 @@ impl Pool {
         let abort = Arc::new(AtomicBool::new(false));
         let mut sent = 0;
         for (index, op) in ops.iter().enumerate() {
-            let job = Job {
-                dir,
-                fd: self.fd,
-                al: self.al,
-                index,
-                op: *op,
-                abort: Arc::clone(&abort),
-                reply: reply.clone(),
-            };
+            let job =
+                Job { dir, fd: self.fd, al: self.al, index, op: *op, abort: Arc::clone(&abort), reply: reply.clone() };
             if tx.send(job).is_err() {
                 break; // every worker is gone; the job came back and was dropped unstarted
             }
@@ -160,12 +142,7 @@ unsafe fn transfer(job: &Job) -> Outcome {
                 retries += 1;
                 continue;
             }
-            return Outcome::Errno {
-                call,
-                errno: e,
-                done,
-                injected: false,
-            };
+            return Outcome::Errno { call, errno: e, done, injected: false };
         }
         let n = r as usize;
         done += n;

@@ -40,12 +40,7 @@ impl UringPool {
     /// io_uring is found out now. `fd` must stay open until the pool is dropped.
     pub fn new(fd: RawFd, al: Alignment, depth: u32) -> std::io::Result<Self> {
         let ring = IoUring::new(depth)?;
-        Ok(UringPool {
-            fd,
-            al,
-            depth,
-            idle: Mutex::new(vec![ring]),
-        })
+        Ok(UringPool { fd, al, depth, idle: Mutex::new(vec![ring]) })
     }
 
     /// Runs every op and returns their outcomes, in order, once the kernel is done with every
@@ -60,12 +55,7 @@ impl UringPool {
             Ok(ring) => ring,
             Err(e) => {
                 let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                let failed = Outcome::Errno {
-                    call: "io_uring_setup",
-                    errno,
-                    done: 0,
-                    injected: false,
-                };
+                let failed = Outcome::Errno { call: "io_uring_setup", errno, done: 0, injected: false };
                 return vec![failed; ops.len()];
             }
         };
@@ -74,10 +64,7 @@ impl UringPool {
         let (outcomes, healthy) = unsafe { self.drive(&mut ring, dir, ops) };
         std::mem::forget(guard);
         if healthy {
-            self.idle
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(ring);
+            self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(ring);
         }
         outcomes
     }
@@ -116,12 +103,7 @@ impl UringPool {
                         retries[i] += 1;
                         again.push_back(i);
                     } else {
-                        outcomes[i] = Outcome::Errno {
-                            call,
-                            errno: -res,
-                            done: done[i],
-                            injected: false,
-                        };
+                        outcomes[i] = Outcome::Errno { call, errno: -res, done: done[i], injected: false };
                         stop = true;
                     }
                     continue;
@@ -143,11 +125,7 @@ impl UringPool {
             {
                 let mut sq = ring.submission();
                 while in_ring < self.depth as usize {
-                    let Some(i) =
-                        again
-                            .pop_front()
-                            .or_else(|| if stop { None } else { fresh.pop_front() })
-                    else {
+                    let Some(i) = again.pop_front().or_else(|| if stop { None } else { fresh.pop_front() }) else {
                         break;
                     };
                     let op = &ops[i];
@@ -160,13 +138,8 @@ impl UringPool {
                         // ASYNC: issued from io_uring's worker threads instead of inline in
                         // io_uring_enter; measured on the H200 machines' disk (2 MiB slots,
                         // depth 32): ~3.8 GB/s instead of ~3.2.
-                        Dir::Read => opcode::Read::new(fd, p, len)
-                            .offset(off)
-                            .build()
-                            .flags(squeue::Flags::ASYNC),
-                        Dir::Write => opcode::Write::new(fd, p.cast_const(), len)
-                            .offset(off)
-                            .build(),
+                        Dir::Read => opcode::Read::new(fd, p, len).offset(off).build().flags(squeue::Flags::ASYNC),
+                        Dir::Write => opcode::Write::new(fd, p.cast_const(), len).offset(off).build(),
                     }
                     .user_data(i as u64);
                     // SAFETY: the SQE points at caller memory that stays valid until its
@@ -208,15 +181,9 @@ impl UringPool {
         let mut in_kernel = in_ring - unconsumed;
         while in_kernel > 0 {
             // SAFETY: plain io_uring_enter on our ring: submit nothing, wait for one completion.
-            let r = unsafe {
-                ring.submitter()
-                    .enter::<libc::sigset_t>(0, 1, ENTER_GETEVENTS, None)
-            };
+            let r = unsafe { ring.submitter().enter::<libc::sigset_t>(0, 1, ENTER_GETEVENTS, None) };
             if let Err(e) = r {
-                if !matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                ) {
+                if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
                     // We cannot learn when the kernel lets go of caller memory: returning could
                     // let it write into freed memory. This is unreachable in practice.
                     eprintln!(
@@ -249,12 +216,7 @@ impl UringPool {
         for (i, o) in outcomes.iter_mut().enumerate() {
             let started = done[i] > 0 || !fresh.contains(&i);
             if matches!(o, Outcome::NotAttempted) && started {
-                *o = Outcome::Errno {
-                    call: "io_uring_enter",
-                    errno,
-                    done: done[i],
-                    injected: false,
-                };
+                *o = Outcome::Errno { call: "io_uring_enter", errno, done: done[i], injected: false };
             }
         }
         (outcomes, false)
@@ -287,9 +249,7 @@ struct AbortOnUnwind;
 
 impl Drop for AbortOnUnwind {
     fn drop(&mut self) {
-        eprintln!(
-            "tiermem file store: panic with io_uring I/O on caller memory in flight; aborting"
-        );
+        eprintln!("tiermem file store: panic with io_uring I/O on caller memory in flight; aborting");
         std::process::abort();
     }
 }

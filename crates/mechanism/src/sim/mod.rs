@@ -19,8 +19,8 @@
 //! call's name (`cuMemCreate`, `cuMemMap`, …) so tests can fail any step.
 
 use crate::{
-    BackendKind, Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle,
-    Result, StreamHandle, StreamPriority,
+    BackendKind, Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle,
+    StreamPriority,
 };
 mod queues;
 
@@ -171,25 +171,18 @@ impl SimDevice {
         }
         let g = SIM_GRANULARITY as u64;
         let (first, end) = (ptr - ptr % g, ptr + len as u64);
-        (first..end)
-            .step_by(g as usize)
-            .all(|va| matches!(s.mappings.get(&va), Some((_, true))))
+        (first..end).step_by(g as usize).all(|va| matches!(s.mappings.get(&va), Some((_, true))))
     }
 
     fn pinned_range_ok(s: &SimState, ptr: HostPtr, len: usize) -> bool {
-        s.pinned
-            .range(..=ptr)
-            .next_back()
-            .is_some_and(|(&base, &size)| ptr + len <= base + size)
+        s.pinned.range(..=ptr).next_back().is_some_and(|(&base, &size)| ptr + len <= base + size)
     }
 
     fn check_device(&self, call: &'static str, ptr: DevicePtr, len: usize) -> Result<()> {
         if len == 0 || Self::device_range_ok(&self.lock(), ptr, len) {
             Ok(())
         } else {
-            Err(DeviceError::Fault(format!(
-                "{call}: device range 0x{ptr:x}+{len} is not mapped with access"
-            )))
+            Err(DeviceError::Fault(format!("{call}: device range 0x{ptr:x}+{len} is not mapped with access")))
         }
     }
 
@@ -239,7 +232,12 @@ impl SimDevice {
                     // SAFETY: the range was just checked to be mapped with access.
                     unsafe { std::ptr::write_bytes(dst as *mut u8, value, len) };
                 }
-                (0, None, 0, (!ok).then(|| format!("asynchronous memset of 0x{dst:x}+{len}: memory not mapped when it ran")))
+                (
+                    0,
+                    None,
+                    0,
+                    (!ok).then(|| format!("asynchronous memset of 0x{dst:x}+{len}: memory not mapped when it ran")),
+                )
             }
             Work::Record { .. } | Work::Wait { .. } => return,
         };
@@ -263,10 +261,19 @@ impl SimDevice {
     }
 
     /// Runs work until `done` holds; an error if nothing can run before it does.
-    fn run_until(s: &mut SimState, call: &'static str, stream: Option<u64>, done: impl Fn(&SimState) -> bool) -> Result<()> {
+    fn run_until(
+        s: &mut SimState,
+        call: &'static str,
+        stream: Option<u64>,
+        done: impl Fn(&SimState) -> bool,
+    ) -> Result<()> {
         while !done(s) {
             if !(stream.is_some_and(|id| Self::run_one(s, Some(id))) || Self::run_one(s, None)) {
-                return Err(DeviceError::Driver { call, code: "CUDA_ERROR_LAUNCH_TIMEOUT".into(), detail: "deadlock: waiting on work that can never run".into() });
+                return Err(DeviceError::Driver {
+                    call,
+                    code: "CUDA_ERROR_LAUNCH_TIMEOUT".into(),
+                    detail: "deadlock: waiting on work that can never run".into(),
+                });
             }
         }
         Self::check_fault(s)
@@ -429,13 +436,13 @@ impl Device for SimDevice {
         let g = self.gran();
         self.check_aligned("cuMemMap", va, g)?;
         let mut s = self.lock_progressing();
-        let inside = s
-            .reservations
-            .range(..=va)
-            .next_back()
-            .is_some_and(|(&base, &size)| va + g as u64 <= base + size as u64);
+        let inside =
+            s.reservations.range(..=va).next_back().is_some_and(|(&base, &size)| va + g as u64 <= base + size as u64);
         if !inside || s.mappings.contains_key(&va) || !s.live_chunks.contains(&chunk.0) {
-            return Err(Self::invalid("cuMemMap", format!("va=0x{va:x} chunk={} (outside a reservation, already mapped, or dead chunk)", chunk.0)));
+            return Err(Self::invalid(
+                "cuMemMap",
+                format!("va=0x{va:x} chunk={} (outside a reservation, already mapped, or dead chunk)", chunk.0),
+            ));
         }
         if s.mapped_chunks.contains_key(&chunk.0) {
             return Err(Self::invalid("cuMemMap", format!("chunk {} is already mapped elsewhere", chunk.0)));
@@ -443,7 +450,14 @@ impl Device for SimDevice {
         let offset = (chunk.0 as usize * g) as libc::off_t;
         // SAFETY: va..va+g lies inside a reservation of ours that holds no mapping there.
         let p = unsafe {
-            libc::mmap(va as *mut libc::c_void, g, libc::PROT_NONE, libc::MAP_SHARED | libc::MAP_FIXED, self.memfd.as_raw_fd(), offset)
+            libc::mmap(
+                va as *mut libc::c_void,
+                g,
+                libc::PROT_NONE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                self.memfd.as_raw_fd(),
+                offset,
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(DeviceError::os("mmap"));
@@ -552,7 +566,8 @@ impl Device for SimDevice {
 
     fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()> {
         let mut s = self.lock_progressing();
-        let (e, st) = (Self::event_of(&s, "cuStreamWaitEvent", event)?, Self::stream_of(&s, "cuStreamWaitEvent", stream)?);
+        let (e, st) =
+            (Self::event_of(&s, "cuStreamWaitEvent", event)?, Self::stream_of(&s, "cuStreamWaitEvent", stream)?);
         s.queues.wait(st, e);
         Ok(())
     }
@@ -580,7 +595,13 @@ impl Device for SimDevice {
         Ok(0.0)
     }
 
-    unsafe fn copy_to_device_async(&self, dst: DevicePtr, src: HostPtr, len: usize, stream: StreamHandle) -> Result<()> {
+    unsafe fn copy_to_device_async(
+        &self,
+        dst: DevicePtr,
+        src: HostPtr,
+        len: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
         failpoint!("cuMemcpyHtoDAsync");
         self.check_device("cuMemcpyHtoDAsync", dst, len)?;
         self.check_pinned("cuMemcpyHtoDAsync", src, len)?;
@@ -613,7 +634,10 @@ impl Device for SimDevice {
         // A synchronous copy runs on the legacy stream, after the work already there.
         Self::run_until(&mut s, "cuMemcpyHtoD", Some(0), |s| s.queues.stream_idle(0))?;
         if !Self::device_range_ok(&s, dst, src.len()) {
-            return Err(DeviceError::Fault(format!("cuMemcpyHtoD: device range 0x{dst:x}+{} is not mapped with access", src.len())));
+            return Err(DeviceError::Fault(format!(
+                "cuMemcpyHtoD: device range 0x{dst:x}+{} is not mapped with access",
+                src.len()
+            )));
         }
         // SAFETY: the destination range was just checked to be mapped with access.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
@@ -624,7 +648,10 @@ impl Device for SimDevice {
         let mut s = self.lock();
         Self::run_until(&mut s, "cuMemcpyDtoH", Some(0), |s| s.queues.stream_idle(0))?;
         if !Self::device_range_ok(&s, src, dst.len()) {
-            return Err(DeviceError::Fault(format!("cuMemcpyDtoH: device range 0x{src:x}+{} is not mapped with access", dst.len())));
+            return Err(DeviceError::Fault(format!(
+                "cuMemcpyDtoH: device range 0x{src:x}+{} is not mapped with access",
+                dst.len()
+            )));
         }
         // SAFETY: the source range was just checked to be mapped with access.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };

@@ -76,21 +76,11 @@ pub fn scratch(name: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
     let dir = base.join("file_store");
     std::fs::create_dir_all(&dir).unwrap();
-    dir.join(format!(
-        "{name}-{}-{}.slots",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ))
+    dir.join(format!("{name}-{}-{}.slots", std::process::id(), N.fetch_add(1, Ordering::Relaxed)))
 }
 
 pub fn config(name: &str, slots: usize, slot_size: usize, io: IoChoice) -> FileStoreConfig {
-    FileStoreConfig {
-        path: scratch(name),
-        capacity: slots * slot_size,
-        slot_size,
-        queue_depth: 8,
-        io,
-    }
+    FileStoreConfig { path: scratch(name), capacity: slots * slot_size, slot_size, queue_depth: 8, io }
 }
 
 /// The explicit I/O paths to test.
@@ -101,19 +91,10 @@ pub fn open(cfg: FileStoreConfig) -> Option<FileStore> {
     let io = cfg.io;
     match FileStore::open(cfg) {
         Ok(s) => {
-            eprintln!(
-                "file store on {}: alignment {:?}",
-                s.io_path(),
-                s.alignment()
-            );
+            eprintln!("file store on {}: alignment {:?}", s.io_path(), s.alignment());
             Some(s)
         }
-        Err(
-            e @ FileStoreError::Os {
-                call: "io_uring_setup",
-                ..
-            },
-        ) if io == IoChoice::Uring => {
+        Err(e @ FileStoreError::Os { call: "io_uring_setup", .. }) if io == IoChoice::Uring => {
             eprintln!("SKIPPED the io_uring path: {e}");
             None
         }
