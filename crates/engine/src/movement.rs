@@ -382,13 +382,20 @@ impl Inner {
                 }
                 None if spilled => {}
                 None => {
+                    // A copy up may have completed since `reclaim_host_copies` looked, freeing
+                    // its copy for reclaiming: one more try before giving up.
+                    self.reclaim_host_copies(n);
+                    if let Some(slots) = self.host.alloc(self.device.as_ref(), n).during(call)? {
+                        return Ok(slots);
+                    }
                     return Err(Error::OutOfMemory {
                         call,
                         detail: format!(
-                            "{n} chunks must be copied to the host tier, which is full; {}",
+                            "{n} chunks must be copied to the host tier, which is full ({}); {}",
+                            self.host_holders(),
                             self.describe_tiers()
                         ),
-                    })
+                    });
                 }
             }
         }
@@ -409,6 +416,23 @@ impl Inner {
             }
             _ => None,
         })
+    }
+
+    /// Who holds the host tier's slots, for an out-of-memory message.
+    fn host_holders(&self) -> String {
+        let (mut data, mut copies, mut moving) = (0, 0, 0);
+        for chunk in self.buffers.values().flat_map(|b| &b.chunks) {
+            match chunk.state {
+                ChunkState::Host { .. } => data += 1,
+                ChunkState::Device { copy: Some(_), .. } => copies += 1,
+                ChunkState::PagingOut { slot: Some(_), .. } => moving += 1,
+                _ => {}
+            }
+        }
+        format!(
+            "held by {data} chunks' data, {copies} copies of resident chunks, {moving} chunks moving down, {} slots still read by copies",
+            self.retiring.len()
+        )
     }
 
     /// Frees up to `wanted` host slots that only held copies of chunks still resident in HBM.
@@ -531,14 +555,16 @@ impl Inner {
             }
             match self.next_settling(protect) {
                 Some(fence) => fence.wait().during(call)?,
-                None => return Err(Error::OutOfMemory {
-                    call,
-                    detail: format!(
+                None => {
+                    return Err(Error::OutOfMemory {
+                        call,
+                        detail: format!(
                         "{} more bytes of HBM are needed and every resident chunk is acquired or being acquired; {}",
                         short * self.chunk,
                         self.describe_tiers()
                     ),
-                }),
+                    })
+                }
             }
         }
     }
