@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace --all-features
-python3 -m pip install --quiet --root-user-action=ignore maturin pytest
+python3 -m pip install --quiet --root-user-action=ignore maturin pytest numpy
 python3 -m pip install --quiet --root-user-action=ignore .
 python3 -m pytest -q python/tests

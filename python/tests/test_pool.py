@@ -134,3 +134,29 @@ def test_torch_wraps_a_buffer_without_a_copy():
         t.fill_(7)
         torch.cuda.synchronize()
     assert buf.read(4) == bytes([7, 7, 7, 7])
+
+
+def test_dlpack_exports_the_bytes_without_a_copy(pool):
+    np = pytest.importorskip("numpy")
+    buf = pool.alloc(8192)
+    buf.write(b"dlpack!!", offset=4096)
+    assert buf.__dlpack_device__() == (1, 0), "the simulated device's memory is host memory (kDLCPU)"
+    with pool.acquired([buf], write=True):
+        arr = np.from_dlpack(buf)
+        assert arr.dtype == np.uint8 and arr.shape == (8192,)
+        assert bytes(arr[4096:4104]) == b"dlpack!!"
+        buf.write(bytes([1, 2, 3]))
+        assert list(arr[0:3]) == [1, 2, 3], "the array is the buffer's memory, not a copy"
+
+
+def test_a_dlpack_tensor_keeps_its_buffer_alive(pool):
+    np = pytest.importorskip("numpy")
+    buf = pool.alloc(4096)
+    buf.write(b"alive")
+    pool.acquire([buf])
+    arr = np.from_dlpack(buf)
+    del buf
+    assert bytes(arr[:5]) == b"alive"
+    assert len(pool.stats()["buffers"]) == 1, "the buffer lives while the array does"
+    unused = pool.alloc(4096).__dlpack__()  # a capsule nobody consumes is freed with it
+    del unused

@@ -27,12 +27,12 @@ impl Buffer {
 impl Buffer {
     /// The device address, stable for the buffer's whole life.
     #[getter]
-    fn ptr(&self) -> u64 {
+    pub fn ptr(&self) -> u64 {
         self.ptr
     }
 
     #[getter]
-    fn size(&self) -> usize {
+    pub fn size(&self) -> usize {
         self.size
     }
 
@@ -80,6 +80,18 @@ impl Buffer {
             self.freed.store(false, Ordering::Release);
             to_py(e)
         })
+    }
+
+    /// DLPack export (see `dlpack.rs`): `torch.from_dlpack(buffer)` wraps it with no copy.
+    /// Stream arguments are accepted and ignored: ordering is `acquire`'s job.
+    #[pyo3(signature = (**_kwargs))]
+    fn __dlpack__(slf: Bound<'_, Self>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PyObject> {
+        let py = slf.py();
+        crate::dlpack::capsule(py, slf.unbind())
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        crate::dlpack::device(self)
     }
 
     /// The CUDA Array Interface (version 3): one dimension of `size` bytes, so CuPy, Numba

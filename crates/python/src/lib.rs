@@ -5,6 +5,7 @@
 //! the device release the GIL.
 
 mod buffer;
+mod dlpack;
 mod errors;
 mod pool;
 
