@@ -5,6 +5,7 @@ use crate::error::Context;
 use crate::fence::{EventPool, Fence};
 use crate::file_tier::FileTier;
 use crate::host_tier::{HostTier, Slot};
+use crate::schedule::Schedule;
 use crate::stats::Counters;
 use crate::{EngineConfig, Error, Result};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -73,6 +74,7 @@ pub(crate) struct Inner {
     pub next_ticket: u64,
     pub counters: Counters,
     pub file: Option<FileTier>,
+    pub schedule: Option<Schedule>,
 }
 
 /// What `finish` waits for: fences, then chunks to spill to the file tier.
@@ -135,6 +137,7 @@ impl Engine {
             next_ticket: 1,
             counters: Counters::default(),
             file,
+            schedule: None,
         };
         Ok(Self { device, inner: Mutex::new(inner), fallback: None })
     }
@@ -205,6 +208,35 @@ impl Engine {
     /// never evicts): demand and eviction come first.
     pub fn prefetch(&self, regions: &[Region]) -> Result<()> {
         self.lock().prefetch(regions)
+    }
+
+    /// Tells the engine the order in which the program uses its buffers: a cycle of steps, each
+    /// the buffers one step uses (e.g. one model layer each). Until [`Engine::clear_schedule`],
+    /// eviction takes the chunk whose next use is furthest away (Belady), and
+    /// [`Engine::advance`] pages ahead along it. The position starts at step 0.
+    pub fn set_schedule(&self, steps: Vec<Vec<BufferId>>) -> Result<()> {
+        let mut inner = self.lock();
+        for &id in steps.iter().flatten() {
+            inner.buffer("set_schedule", id)?;
+        }
+        if steps.is_empty() {
+            return Err(Error::Schedule { call: "set_schedule", detail: "a schedule needs at least one step".into() });
+        }
+        inner.schedule = Some(Schedule::new(steps));
+        Ok(())
+    }
+
+    /// Forgets the schedule: eviction goes back to the engine's policy.
+    pub fn clear_schedule(&self) {
+        self.lock().schedule = None;
+    }
+
+    /// Tells the engine the program is at `step` of its schedule, and starts paging in what is
+    /// missing from a window of this and the coming steps, `prefetch_bytes` of them, nearest
+    /// first. Never waits; evicts only chunks needed later than what it brings in. Returns the
+    /// bytes it started copying.
+    pub fn advance(&self, step: usize, prefetch_bytes: usize) -> Result<usize> {
+        self.lock().advance(step, prefetch_bytes)
     }
 
     /// Copies `target` into HBM (evicting others as needed) and waits.
@@ -412,6 +444,9 @@ impl Inner {
         self.unmap_chunks(&mapped).during("free")?;
         self.device.unreserve(va, reserved).during("free")?;
         let buffer = self.buffers.remove(&id).expect("checked above");
+        if let Some(schedule) = self.schedule.as_mut() {
+            schedule.forget(id);
+        }
         let mut file_slots = Vec::new();
         for chunk in buffer.chunks {
             if let ChunkState::Host { slot } = chunk.state {
@@ -580,6 +615,55 @@ impl Inner {
         self.reap()?;
         self.bring_in("prefetch", &refs, crate::movement::Purpose::Prefetch)?;
         Ok(())
+    }
+
+    fn advance(&mut self, step: usize, budget: usize) -> Result<usize> {
+        let call = "advance";
+        let Some(schedule) = self.schedule.as_mut() else {
+            return Err(Error::Schedule { call, detail: "no schedule is set (Engine::set_schedule)".into() });
+        };
+        if step >= schedule.len() {
+            let detail = format!("step {step} is outside the schedule of {} steps", schedule.len());
+            return Err(Error::Schedule { call, detail });
+        }
+        schedule.set_position(step);
+        self.reap()?;
+        // The window: the coming steps, nearest first, until their chunks (resident or not)
+        // reach the budget; what is missing there is brought in.
+        let mut plan: Vec<(u64, Vec<ChunkRef>)> = Vec::new();
+        let mut window = 0;
+        let schedule = self.schedule.as_ref().expect("checked above");
+        'steps: for (distance, ids) in schedule.ahead() {
+            let mut missing = Vec::new();
+            for &id in ids {
+                for (index, chunk) in self.buffers[&id].chunks.iter().enumerate() {
+                    window += self.chunk;
+                    if window > budget {
+                        plan.push((distance, missing));
+                        break 'steps;
+                    }
+                    if !chunk.is_resident() {
+                        missing.push((id, index));
+                    }
+                }
+            }
+            plan.push((distance, missing));
+        }
+        let mut started = 0;
+        for (distance, mut refs) in plan {
+            refs.sort_unstable();
+            refs.dedup();
+            if refs.is_empty() {
+                continue;
+            }
+            self.bring_in(call, &refs, crate::movement::Purpose::Ahead { horizon: distance })?;
+            let landed = refs.iter().filter(|&&r| self.chunk_mut(r).is_resident()).count();
+            started += landed * self.chunk;
+            if landed < refs.len() {
+                break; // No room without evicting something needed sooner.
+            }
+        }
+        Ok(started)
     }
 
     fn target_refs(&self, call: &'static str, target: Target) -> Result<Vec<ChunkRef>> {

@@ -32,6 +32,8 @@ pub enum Error {
     /// involved stayed where they were.
     #[error("{call}: file tier: {source}")]
     File { call: &'static str, source: tiermem_mechanism::file_store::FileStoreError },
+    #[error("{call}: {detail}")]
+    Schedule { call: &'static str, detail: String },
     #[error("configuration: {0}")]
     Config(String),
 }

@@ -132,6 +132,7 @@ impl Inner {
                         last_use: chunk.last_use,
                         clean: chunk.file.is_some(),
                         priority: buffer.options.priority,
+                        next_use: self.schedule.as_ref().and_then(|s| s.next_use(id)),
                     });
                     refs.push((id, index));
                 }
@@ -141,7 +142,7 @@ impl Inner {
             return Ok(false);
         }
         let mut victims: Vec<ChunkRef> =
-            self.policy.select_victims(&candidates, needed).into_iter().map(|i| refs[i]).collect();
+            self.select_victims(&candidates, needed).into_iter().map(|i| refs[i]).collect();
         victims.sort_unstable();
         self.spill_chunks(call, &victims)?;
         Ok(true)

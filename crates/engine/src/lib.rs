@@ -4,6 +4,7 @@
 //!  Engine ── buffers (reserved VA, 2 MiB chunks) ── chunk state machine (chunk.rs)
 //!     │            residency API: acquire / release / prefetch / page_in / page_out
 //!     ├── movement.rs: batched, coalesced copies up and down; eviction by policy
+//!     ├── schedule.rs: known step order → paging ahead, Belady eviction
 //!     ├── chunk_pool.rs (HBM chunks, capped) · host_tier.rs (pinned slots, capped)
 //!     └── tiermem-policy (which chunks to evict) · tiermem-mechanism (the device)
 //! ```
@@ -26,6 +27,7 @@ mod fence;
 mod file_tier;
 mod host_tier;
 mod movement;
+mod schedule;
 mod stats;
 
 pub use buffer::{Access, AllocOptions, BufferId, Region};

@@ -36,7 +36,7 @@ use crate::host_tier::Slot;
 use crate::{Error, Result};
 use std::sync::Arc;
 use tiermem_mechanism::{DeviceError, DevicePtr, HostPtr, PhysHandle, StreamHandle};
-use tiermem_policy::Candidate;
+use tiermem_policy::{new_policy, Candidate, PolicyKind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Purpose {
@@ -44,6 +44,9 @@ pub(crate) enum Purpose {
     Demand,
     /// Wanted soon: only free HBM, on the low-priority stream.
     Prefetch,
+    /// Needed `horizon` steps from now by the schedule: on the low-priority stream, evicting
+    /// only chunks whose next use is further away, never waiting for user work.
+    Ahead { horizon: u64 },
 }
 
 impl Inner {
@@ -81,6 +84,17 @@ impl Inner {
             match self.pool.take(self.device.as_ref()).during(call)? {
                 Some(p) => phys.push(p),
                 None if purpose == Purpose::Prefetch => break,
+                None if matches!(purpose, Purpose::Ahead { .. }) => {
+                    let Purpose::Ahead { horizon } = purpose else { unreachable!() };
+                    match self.evict_beyond(call, todo.len() - phys.len(), wanted, horizon) {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        Err(e) => {
+                            phys.into_iter().for_each(|p| self.pool.give(p));
+                            return Err(e);
+                        }
+                    }
+                }
                 None => {
                     if let Err(e) = self.make_room(call, todo.len() - phys.len(), wanted) {
                         phys.into_iter().for_each(|p| self.pool.give(p));
@@ -95,11 +109,11 @@ impl Inner {
         }
         let stream = match purpose {
             Purpose::Demand => self.streams.up,
-            Purpose::Prefetch => self.streams.prefetch,
+            Purpose::Prefetch | Purpose::Ahead { .. } => self.streams.prefetch,
         };
         let start = match purpose {
             Purpose::Demand => Some(self.events.record(stream).during(call)?),
-            Purpose::Prefetch => None,
+            Purpose::Prefetch | Purpose::Ahead { .. } => None,
         };
         let mut phys = phys.into_iter();
         let mut landed = Vec::new();
@@ -542,15 +556,7 @@ impl Inner {
                 return Ok(());
             }
             let short = need - available;
-            let (refs, candidates) = self.candidates(protect).during(call)?;
-            if !candidates.is_empty() {
-                let mut victims: Vec<ChunkRef> =
-                    self.policy.select_victims(&candidates, short).into_iter().map(|i| refs[i]).collect();
-                victims.sort_unstable();
-                self.counters.evictions += victims.len() as u64;
-                for fence in self.send_down(call, &victims)? {
-                    fence.wait().during(call)?;
-                }
+            if self.evict(call, short, protect, None, true)? {
                 continue;
             }
             match self.next_settling(protect) {
@@ -569,16 +575,77 @@ impl Inner {
         }
     }
 
-    /// Chunks the policy may evict now, with their metadata.
-    fn candidates(&self, protect: &[ChunkRef]) -> Result<(Vec<ChunkRef>, Vec<Candidate>), DeviceError> {
+    /// For a page-in ahead of the schedule: evicts up to `need` chunks whose next use is
+    /// further than `horizon` steps away, without waiting. `true` if HBM is free now; victims
+    /// still in use leave once their fences complete, for the next call to find.
+    fn evict_beyond(&mut self, call: &'static str, need: usize, protect: &[ChunkRef], horizon: u64) -> Result<bool> {
+        self.reap()?;
+        let available = self.pool.available();
+        self.evict(call, need, protect, Some(horizon), false)?;
+        Ok(self.pool.available() > available)
+    }
+
+    /// Evicts up to `count` chunks that may leave (next used beyond `horizon`, if given), chosen
+    /// by the policy (Belady while a schedule is set); with `wait`, waits until they have left.
+    /// `false` if there was nothing to evict.
+    fn evict(
+        &mut self,
+        call: &'static str,
+        count: usize,
+        protect: &[ChunkRef],
+        horizon: Option<u64>,
+        wait: bool,
+    ) -> Result<bool> {
+        let (refs, candidates) = self.candidates(protect, horizon).during(call)?;
+        if candidates.is_empty() {
+            return Ok(false);
+        }
+        let mut victims: Vec<ChunkRef> = self.select_victims(&candidates, count).into_iter().map(|i| refs[i]).collect();
+        victims.sort_unstable();
+        self.counters.evictions += victims.len() as u64;
+        let fences = self.send_down(call, &victims)?;
+        if wait {
+            for fence in fences {
+                fence.wait().during(call)?;
+            }
+        }
+        self.reap()?;
+        Ok(true)
+    }
+
+    /// The policy's choice among `candidates`; Belady's while a schedule is set.
+    pub fn select_victims(&mut self, candidates: &[Candidate], count: usize) -> Vec<usize> {
+        match self.schedule {
+            Some(_) => new_policy(PolicyKind::Belady, 0).select_victims(candidates, count),
+            None => self.policy.select_victims(candidates, count),
+        }
+    }
+
+    /// Chunks that may be evicted, with their metadata: resident, not acquired, not protected,
+    /// and next used beyond `horizon` steps (if given). Without a schedule only chunks whose
+    /// fences have completed are offered (the policy prefers what can leave at once); with one,
+    /// every chunk is, because Belady's order matters more than a wait: in a loop the chunk
+    /// just released is the one needed furthest away, and passing it over for an idle one
+    /// would evict a chunk that stays resident for the whole pass.
+    fn candidates(
+        &self,
+        protect: &[ChunkRef],
+        horizon: Option<u64>,
+    ) -> Result<(Vec<ChunkRef>, Vec<Candidate>), DeviceError> {
         let (mut refs, mut candidates) = (Vec::new(), Vec::new());
         for (&id, buffer) in &self.buffers {
+            let next_use = self.schedule.as_ref().and_then(|s| s.next_use(id));
+            if let (Some(horizon), Some(next)) = (horizon, next_use) {
+                if next <= horizon {
+                    continue;
+                }
+            }
             for (index, chunk) in buffer.chunks.iter().enumerate() {
                 let ChunkState::Device { copy, .. } = chunk.state else { continue };
                 if chunk.pins > 0 || protect.binary_search(&(id, index)).is_ok() {
                     continue;
                 }
-                if !settled(&chunk.ready)? || !settled(&chunk.busy)? {
+                if self.schedule.is_none() && (!settled(&chunk.ready)? || !settled(&chunk.busy)?) {
                     continue;
                 }
                 candidates.push(Candidate {
@@ -586,6 +653,7 @@ impl Inner {
                     last_use: chunk.last_use,
                     clean: copy.is_some(),
                     priority: buffer.options.priority,
+                    next_use,
                 });
                 refs.push((id, index));
             }

@@ -21,10 +21,17 @@
 //!   single buffer of a class is systematically punished.
 //! * [`PolicyKind::Random`] — uniform random victims (seeded): the worst-case baseline that
 //!   every informed policy has to beat.
+//! * [`PolicyKind::Belady`] — when the program's schedule is known (a model's layers run in the
+//!   same order every pass), evict the chunk whose next use is furthest away: Belady's optimum
+//!   on the replayed schedule. A loop over more layers than fit is LRU's worst case (each layer
+//!   leaves just before it is needed again); Belady keeps what fits resident and streams only
+//!   the rest. Chunks the schedule never uses go first (oldest first); with no schedule at all
+//!   this is LRU.
 
 use std::fmt;
 use std::str::FromStr;
 
+mod belady;
 mod lru;
 mod lru_cost;
 mod priority;
@@ -44,6 +51,8 @@ pub struct Candidate {
     pub clean: bool,
     /// Priority of the owning buffer; larger is more important and kept longer.
     pub priority: i32,
+    /// Steps until a known schedule next uses the chunk (`None`: no known next use).
+    pub next_use: Option<u64>,
 }
 
 /// The available eviction policies.
@@ -57,11 +66,13 @@ pub enum PolicyKind {
     Priority,
     /// Uniform random, seeded.
     Random,
+    /// Furthest next use in a known schedule first (Belady's optimum).
+    Belady,
 }
 
 impl PolicyKind {
     /// Every policy, in declaration order.
-    pub const ALL: [PolicyKind; 4] = [Self::Lru, Self::LruCost, Self::Priority, Self::Random];
+    pub const ALL: [PolicyKind; 5] = [Self::Lru, Self::LruCost, Self::Priority, Self::Random, Self::Belady];
 
     fn name(self) -> &'static str {
         match self {
@@ -69,6 +80,7 @@ impl PolicyKind {
             Self::LruCost => "lru-cost",
             Self::Priority => "priority",
             Self::Random => "random",
+            Self::Belady => "belady",
         }
     }
 }
@@ -81,7 +93,7 @@ impl fmt::Display for PolicyKind {
 
 /// A policy name that [`PolicyKind::from_str`] does not recognise.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown eviction policy `{0}` (expected one of: lru, lru-cost, priority, random)")]
+#[error("unknown eviction policy `{0}` (expected one of: lru, lru-cost, priority, random, belady)")]
 pub struct UnknownPolicy(pub String);
 
 impl FromStr for PolicyKind {
@@ -113,6 +125,7 @@ pub fn new_policy(kind: PolicyKind, seed: u64) -> Box<dyn EvictionPolicy> {
         PolicyKind::LruCost => Box::new(lru_cost::LruCost),
         PolicyKind::Priority => Box::new(priority::Priority::new(seed)),
         PolicyKind::Random => Box::new(random::Random::new(seed)),
+        PolicyKind::Belady => Box::new(belady::Belady),
     }
 }
 

@@ -4,7 +4,7 @@ use tiermem_policy::{new_policy, PolicyKind, UnknownPolicy};
 
 #[test]
 fn names_round_trip_and_ignore_case() {
-    let names = ["lru", "lru-cost", "priority", "random"];
+    let names = ["lru", "lru-cost", "priority", "random", "belady"];
     for (kind, name) in PolicyKind::ALL.into_iter().zip(names) {
         assert_eq!(kind.to_string(), name);
         assert_eq!(name.parse::<PolicyKind>(), Ok(kind));

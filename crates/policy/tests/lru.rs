@@ -6,7 +6,7 @@ fn aged(last_uses: &[u64]) -> Vec<Candidate> {
     last_uses
         .iter()
         .enumerate()
-        .map(|(i, &last_use)| Candidate { key: i as u64, last_use, clean: i % 2 == 0, priority: 0 })
+        .map(|(i, &last_use)| Candidate { key: i as u64, last_use, clean: i % 2 == 0, priority: 0, next_use: None })
         .collect()
 }
 

@@ -6,7 +6,13 @@ fn with_priorities(priorities: &[i32]) -> Vec<Candidate> {
     priorities
         .iter()
         .enumerate()
-        .map(|(i, &priority)| Candidate { key: i as u64, last_use: 1_000 - i as u64, clean: false, priority })
+        .map(|(i, &priority)| Candidate {
+            key: i as u64,
+            last_use: 1_000 - i as u64,
+            clean: false,
+            priority,
+            next_use: None,
+        })
         .collect()
 }
 

@@ -50,7 +50,8 @@ pub fn to_py(error: Error) -> PyErr {
         | Error::OutOfRange { .. }
         | Error::UnknownTicket { .. }
         | Error::Config(_)
-        | Error::Conflict { .. } => InvalidArgumentError::new_err(message),
+        | Error::Conflict { .. }
+        | Error::Schedule { .. } => InvalidArgumentError::new_err(message),
         Error::UnknownBuffer { .. } | Error::Acquired { .. } | Error::NotAcquired { .. } | Error::ReadOnly { .. } => {
             BufferStateError::new_err(message)
         }

@@ -1,0 +1,129 @@
+//! Known schedules: Belady eviction streams only what does not fit, paging ahead overlaps
+//! the copies with the steps, and every byte survives. Runs on the GPU too.
+
+mod support;
+
+use support::{assert_contents, fill, CHUNK};
+use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Error, Region, StreamHandle, Target};
+
+const S: StreamHandle = StreamHandle(0);
+const LAYERS: usize = 10;
+const CAP: usize = 4;
+
+/// `LAYERS` read-only one-chunk "layers" with known contents, all paged out.
+fn layers(engine: &Engine) -> Vec<(BufferId, Vec<u8>)> {
+    let options = AllocOptions { read_only: true, ..AllocOptions::default() };
+    let layers: Vec<(BufferId, Vec<u8>)> = (0..LAYERS)
+        .map(|i| {
+            let (id, _) = engine.alloc(CHUNK, options.clone()).unwrap();
+            (id, fill(engine, id, CHUNK, 10 + i as u64))
+        })
+        .collect();
+    engine.page_out(Target::All).unwrap();
+    layers
+}
+
+/// Runs `passes` passes over the layers in order (advancing the schedule when `prefetch` is
+/// given) and returns the page-ins of the last pass.
+fn run_passes(engine: &Engine, layers: &[(BufferId, Vec<u8>)], passes: usize, prefetch: Option<usize>) -> u64 {
+    let mut last = 0;
+    for _ in 0..passes {
+        let before = engine.stats().transfers.page_ins;
+        for (step, (id, _)) in layers.iter().enumerate() {
+            if let Some(budget) = prefetch {
+                engine.advance(step, budget).unwrap();
+            }
+            let region = [Region::whole(*id)];
+            engine.acquire(&region, Access::ReadOnly, S).unwrap();
+            engine.release(&region, S).unwrap();
+        }
+        last = engine.stats().transfers.page_ins - before;
+    }
+    last
+}
+
+fn schedule_of(layers: &[(BufferId, Vec<u8>)]) -> Vec<Vec<BufferId>> {
+    layers.iter().map(|(id, _)| vec![*id]).collect()
+}
+
+#[test]
+fn with_the_schedule_a_loop_larger_than_hbm_streams_only_the_excess() {
+    let (engine, sim) = support::engine(CAP, 64, EngineConfig::default());
+    let layers = layers(&engine);
+    // LRU: every layer leaves just before it is needed again.
+    assert_eq!(run_passes(&engine, &layers, 3, None), LAYERS as u64);
+    engine.set_schedule(schedule_of(&layers)).unwrap();
+    // Belady keeps CAP - 1 layers resident for good; the last slot streams the rest.
+    assert_eq!(run_passes(&engine, &layers, 3, Some(0)), (LAYERS - CAP + 1) as u64);
+    for (id, bytes) in &layers {
+        assert_contents(&engine, *id, bytes);
+    }
+    support::assert_no_leaks(engine, sim);
+}
+
+#[test]
+fn paging_ahead_brings_layers_in_before_they_are_acquired() {
+    let (engine, sim) = support::engine(CAP, 64, EngineConfig::default());
+    let layers = layers(&engine);
+    engine.set_schedule(schedule_of(&layers)).unwrap();
+    let budget = 2 * CHUNK;
+    let per_pass = run_passes(&engine, &layers, 4, Some(budget));
+    // A window of two chunks takes one more slot from the resident set than demand paging.
+    assert_eq!(per_pass, (LAYERS - CAP + 2) as u64);
+    let transfers = engine.stats().transfers;
+    assert!(transfers.prefetched > 0, "nothing was paged ahead: {transfers:?}");
+    for (id, bytes) in &layers {
+        assert_contents(&engine, *id, bytes);
+    }
+    support::assert_no_leaks(engine, sim);
+}
+
+#[test]
+fn paging_ahead_never_evicts_what_is_needed_sooner() {
+    let (engine, sim) = support::engine(CAP, 64, EngineConfig::default());
+    let layers = layers(&engine);
+    engine.set_schedule(schedule_of(&layers)).unwrap();
+    // Steps 0..CAP resident; a huge budget at step 0 must not push any of them out to bring
+    // in later steps: every victim must be needed later than what replaces it.
+    engine.page_in(Target::All).unwrap_err(); // more than the cap: refused, nothing moved
+    for (id, _) in &layers[..CAP] {
+        engine.page_in(Target::Buffer(*id)).unwrap();
+    }
+    assert_eq!(engine.advance(0, usize::MAX).unwrap(), 0);
+    for (id, _) in &layers[..CAP] {
+        assert_eq!(support::buffer_stats(&engine, *id).in_hbm, 1, "layer {id} was evicted");
+    }
+    // At step 2, layers 0 and 1 are needed furthest away: exactly they make room for 4 and 5.
+    assert_eq!(engine.advance(2, usize::MAX).unwrap(), 2 * CHUNK);
+    let resident: Vec<usize> =
+        (0..LAYERS).filter(|&i| support::buffer_stats(&engine, layers[i].0).in_hbm == 1).collect();
+    assert_eq!(resident, vec![2, 3, 4, 5]);
+    for (id, bytes) in &layers {
+        assert_contents(&engine, *id, bytes);
+    }
+    support::assert_no_leaks(engine, sim);
+}
+
+#[test]
+fn schedule_errors_name_the_call_and_change_nothing() {
+    let (engine, sim) = support::engine(CAP, 64, EngineConfig::default());
+    let layers = layers(&engine);
+    let err = engine.advance(0, CHUNK).unwrap_err();
+    assert!(matches!(err, Error::Schedule { call: "advance", .. }), "{err}");
+    assert!(err.to_string().contains("no schedule"), "{err}");
+    let err = engine.set_schedule(vec![vec![layers[0].0, BufferId(999)]]).unwrap_err();
+    assert!(matches!(err, Error::UnknownBuffer { call: "set_schedule", .. }), "{err}");
+    assert!(matches!(engine.set_schedule(vec![]), Err(Error::Schedule { .. })));
+    engine.set_schedule(schedule_of(&layers)).unwrap();
+    let err = engine.advance(LAYERS, CHUNK).unwrap_err();
+    assert!(err.to_string().contains("outside the schedule of 10 steps"), "{err}");
+    // A freed buffer leaves the schedule; the rest goes on working.
+    engine.free(layers[3].0).unwrap();
+    assert_eq!(engine.advance(2, 2 * CHUNK).unwrap(), 2 * CHUNK);
+    engine.clear_schedule();
+    assert!(engine.advance(0, CHUNK).is_err());
+    for (id, bytes) in layers.iter().filter(|(id, _)| *id != layers[3].0) {
+        assert_contents(&engine, *id, bytes);
+    }
+    support::assert_no_leaks(engine, sim);
+}
