@@ -4,6 +4,7 @@
 //! `tiermem.TiermemError` subclasses carrying the engine's message. Calls that may wait on
 //! the device release the GIL.
 
+mod allocator;
 mod buffer;
 mod dlpack;
 mod errors;
@@ -11,10 +12,20 @@ mod pool;
 
 use pyo3::prelude::*;
 
+/// Bytes in a size such as "16GiB" (or an int, returned as is).
+#[pyfunction]
+fn parse_size(size: &Bound<'_, PyAny>) -> PyResult<usize> {
+    pool::size_arg("size", size)
+}
+
 #[pymodule]
 fn _tiermem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::Pool>()?;
     m.add_class::<buffer::Buffer>()?;
     m.add_class::<pool::Acquisition>()?;
+    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(allocator::set_allocator_pool, m)?)?;
+    m.add_function(wrap_pyfunction!(allocator::allocator_error, m)?)?;
+    m.add_function(wrap_pyfunction!(allocator::allocator_live, m)?)?;
     errors::register(m)
 }

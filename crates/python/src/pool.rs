@@ -11,11 +11,11 @@ use tiermem::{
 /// overridden by the arguments given. Sizes are bytes or strings such as `"16GiB"`.
 #[pyclass(module = "tiermem", frozen)]
 pub struct Pool {
-    engine: Arc<Engine>,
+    pub(crate) engine: Arc<Engine>,
 }
 
 /// A size argument: an int, or a string such as "16GiB".
-fn size_arg(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+pub(crate) fn size_arg(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
     if let Ok(n) = value.extract::<usize>() {
         return Ok(n);
     }
@@ -130,6 +130,12 @@ impl Pool {
         self.engine.fallback_reason().map(str::to_owned)
     }
 
+    /// The device ordinal (the CUDA device index on the GPU backend).
+    #[getter]
+    fn device(&self) -> usize {
+        self.engine.device_info().ordinal
+    }
+
     #[getter]
     fn device_name(&self) -> String {
         self.engine.device_info().name.clone()
@@ -191,6 +197,28 @@ impl Pool {
     fn prefetch(&self, py: Python<'_>, regions: &Bound<'_, PyAny>) -> PyResult<()> {
         let regions = self.regions(regions)?;
         py.allow_threads(|| self.engine.prefetch(&regions)).map_err(to_py)
+    }
+
+    /// Tells the pool the order its buffers are used in: a cycle of steps, each a list of
+    /// buffers (e.g. one model layer). Until `clear_schedule`, eviction takes the chunk whose
+    /// next use is furthest away (Belady) and `advance` pages ahead along it.
+    fn set_schedule(&self, py: Python<'_>, steps: &Bound<'_, PyAny>) -> PyResult<()> {
+        let steps: Vec<Vec<tiermem::BufferId>> = steps
+            .try_iter()?
+            .map(|step| Ok(self.regions(&step?)?.into_iter().map(|r| r.buffer).collect()))
+            .collect::<PyResult<_>>()?;
+        py.allow_threads(|| self.engine.set_schedule(steps)).map_err(to_py)
+    }
+
+    fn clear_schedule(&self) {
+        self.engine.clear_schedule();
+    }
+
+    /// The program is at `step` of the schedule: starts paging in what is missing from this
+    /// and the coming steps, `prefetch_bytes` of them. Returns the bytes it started copying.
+    fn advance(&self, py: Python<'_>, step: usize, prefetch_bytes: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let budget = size_arg("prefetch_bytes", prefetch_bytes)?;
+        py.allow_threads(|| self.engine.advance(step, budget)).map_err(to_py)
     }
 
     /// Pages `buffer` (default: every buffer) into HBM and waits.
