@@ -20,4 +20,8 @@ for line in sys.stdin:
     print("dist/tests/" + name)
 '
 strip dist/tiermem dist/tests/*
+# The Python wheel (abi3: loads on the GPU machine's Python 3.12) and pytest, which that
+# machine may lack and cannot download.
+python3 -m pip wheel -q --no-deps -w dist/wheels .
+python3 -m pip download -q -d dist/wheels pytest
 du -sh dist

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: every test binary, the demo and the benchmarks, in one go.
-# Usage: scripts/gpu/run.sh DIST OUT COMMIT
-#   DIST   folder made by scripts/gpu/build.sh (the tiermem binary and test binaries)
+# Usage: scripts/gpu/run.sh DIST OUT COMMIT [PHASES]
+#   DIST   folder made by scripts/gpu/build.sh (binaries, test binaries, wheels)
 #   OUT    folder for logs and JSON results
 #   COMMIT the commit being measured
+#   PHASES comma-separated, default all: rust,demo,python,engine,nvme,torch (torch-small: the
+#          torch benchmark's smoke test)
 set -uo pipefail
-dist=$1 out=$2 commit=$3
+dist=$1 out=$2 commit=$3 phases=${4:-rust,demo,python,engine,nvme,torch}
+want() { [[ ",$phases," == *",$1,"* ]]; }
 mkdir -p "$out/results"
 status=0
 step() { echo; echo "=== $*"; }
@@ -17,12 +20,20 @@ step "tiermem info"; run "$dist/tiermem" info
 scratch=$PWD/gpu-scratch
 mkdir -p "$scratch"
 export TIERMEM_TEST_FILE_DIR=$scratch TIERMEM_FS_TEST_DIR=$scratch
-for t in "$dist"/tests/*; do
-  step "tests on the GPU: $(basename "$t")"
-  TIERMEM_TEST_BACKEND=cuda run "$t" --test-threads=1 --nocapture
-done
-step "tiermem demo"; run "$dist/tiermem" demo
-step "tiermem bench engine"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench engine --json "$out/results"
-step "tiermem bench nvme"; df -T "$scratch" | tail -1; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench nvme --json "$out/results" --dir "$scratch"
+if want rust; then
+  for t in "$dist"/tests/*; do
+    step "tests on the GPU: $(basename "$t")"
+    TIERMEM_TEST_BACKEND=cuda run "$t" --test-threads=1 --nocapture
+  done
+fi
+if want python || want torch || want torch-small; then
+  step "install the wheel"; run python3 -m pip install -q --no-index --no-deps "$dist"/wheels/*.whl
+fi
+want python && { step "Python tests on the GPU"; TIERMEM_TEST_BACKEND=cuda run python3 -m pytest -q -rs python/tests; }
+want demo && { step "tiermem demo"; run "$dist/tiermem" demo; }
+want engine && { step "tiermem bench engine"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench engine --json "$out/results"; }
+want nvme && { step "tiermem bench nvme"; df -T "$scratch" | tail -1; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench nvme --json "$out/results" --dir "$scratch"; }
+want torch-small && { step "torch benchmark (small)"; run python3 bench/torch_bench.py --json "$out/results" --commit "$commit" --small; }
+want torch && { step "torch benchmark"; run python3 bench/torch_bench.py --json "$out/results" --commit "$commit"; }
 step "done: status $status"
 exit $status

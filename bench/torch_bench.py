@@ -1,0 +1,270 @@
+"""The PyTorch benchmark (issue 3): a Llama-style decoder with random bf16 weights at least
+twice the HBM cap, run (a) fully resident, (b) with accelerate's cpu_offload — the competitor,
+(c) with tiermem.torch.offload; (d) the PCIe bound is the bytes that must cross per pass over
+the raw pinned host-to-device bandwidth measured in this run. Then a training run whose
+parameters, gradients and AdamW state are at least 1.5x the cap.
+
+Usage: python bench/torch_bench.py --json DIR [--commit SHA] [--small]
+Writes DIR/torch-<yyyymmdd>-<commit>.json (keys: suite, commit, date, device, metrics,
+ratios, verified) and prints a summary. --small runs a model of a few hundred MiB (a smoke
+test of the script, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+import tiermem
+import tiermem.torch as tt
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def llama(config: transformers.LlamaConfig, seed: int, dtype) -> torch.nn.Module:
+    """Random weights on the GPU (deterministic for a seed), in eval mode."""
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("cuda"):
+            model = transformers.LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def nbytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+
+
+def timed(fn) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def raw_h2d_GBps(size=GiB, reps=5) -> float:
+    src = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(size, dtype=torch.uint8, device="cuda")
+    times = [timed(lambda: dst.copy_(src, non_blocking=True)) for _ in range(reps + 1)][1:]
+    return size / statistics.median(times) / 1e9
+
+
+@torch.no_grad()
+def decode(model, prompt, steps):
+    """Greedy decoding with a KV cache: the prefill, then `steps` single-token passes.
+    Returns (tokens, logits of the last step, seconds per decode step (median))."""
+    cache = transformers.DynamicCache()
+    out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
+    token = out.logits[:, -1:].argmax(-1)
+    tokens, times = [token], []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model(input_ids=token, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        tokens.append(token)
+    return torch.cat(tokens, 1), out.logits.float(), statistics.median(times)
+
+
+@torch.no_grad()
+def prefill_s(model, ids, reps) -> float:
+    return statistics.median(timed(lambda: model(input_ids=ids, use_cache=False)) for _ in range(reps))
+
+
+def inference(args, results):
+    metrics, ratios = results["metrics"], results["ratios"]
+    small = args.small
+    config = transformers.LlamaConfig(
+        vocab_size=32000,
+        hidden_size=1024 if small else 4096,
+        intermediate_size=2816 if small else 14336,
+        num_hidden_layers=8 if small else 44,
+        num_attention_heads=16 if small else 32,
+        num_key_value_heads=4 if small else 8,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+    cap = 256 * MiB if small else 8 * GiB
+    batch, prompt_len, steps = 16, 32, 8
+    gen = torch.Generator("cuda").manual_seed(7)
+    prompt = torch.randint(0, config.vocab_size, (batch, prompt_len), device="cuda", generator=gen)
+    prefill_ids = torch.randint(0, config.vocab_size, (4, 256 if small else 2048), device="cuda", generator=gen)
+    prefill_tokens = prefill_ids.numel()
+
+    metrics["raw_h2d_GBps"] = raw_h2d_GBps()
+    log(f"raw pinned H2D: {metrics['raw_h2d_GBps']:.1f} GB/s")
+
+    # (a) fully resident: the reference output and speed.
+    model = llama(config, 1, torch.bfloat16)
+    size = nbytes(model)
+    metrics["model_bytes"], metrics["hbm_cap_bytes"] = size, cap
+    log(f"model {size / GiB:.2f} GiB, cap {cap / GiB:.2f} GiB")
+    decode(model, prompt, 2)
+    ref_tokens, ref_logits, ref_step = decode(model, prompt, steps)
+    metrics["resident_decode_tok_s"] = batch / ref_step
+    metrics["resident_prefill_tok_s"] = prefill_tokens / prefill_s(model, prefill_ids, 3)
+    log(f"(a) resident: decode {metrics['resident_decode_tok_s']:.0f} tok/s")
+
+    # (b) accelerate's cpu_offload: weights in CPU memory, copied in before each module runs.
+    import accelerate
+
+    model = model.to("cpu")
+    torch.cuda.empty_cache()
+    accelerate.cpu_offload(model, execution_device=torch.device("cuda"))
+    acc_tokens, _, acc_step = decode(model, prompt, 2)
+    metrics["accelerate_decode_tok_s"] = batch / acc_step
+    metrics["accelerate_prefill_tok_s"] = prefill_tokens / prefill_s(model, prefill_ids, 1)
+    log(f"(b) accelerate: decode {metrics['accelerate_decode_tok_s']:.1f} tok/s")
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+
+    # (c) tiermem.
+    model = llama(config, 1, torch.bfloat16)
+    pool = tiermem.Pool(hbm_limit=cap, policy="lru")
+    assert pool.backend == "cuda", pool.fallback_reason
+    handle = tt.offload(model, pool, prefetch_bytes=args.prefetch)
+    torch.cuda.empty_cache()
+    decode(model, prompt, 2)  # the first pass records the schedule
+    before = pool.stats()["transfers"]["bytes_in"]
+    tm_tokens, tm_logits, tm_step = decode(model, prompt, steps)
+    passes = steps + 1  # the prefill is a pass too
+    moved = (pool.stats()["transfers"]["bytes_in"] - before) / passes
+    metrics["tiermem_decode_tok_s"] = batch / tm_step
+    metrics["tiermem_prefill_tok_s"] = prefill_tokens / prefill_s(model, prefill_ids, 3)
+    metrics["bytes_moved_per_pass"] = moved
+    metrics["optimum_bytes_per_pass"] = size - cap
+    metrics["prefetch_bytes"] = args.prefetch
+    metrics["schedule_steps"] = handle.schedule_length
+    bound_step = (size - cap) / (metrics["raw_h2d_GBps"] * 1e9)
+    metrics["pcie_bound_decode_tok_s"] = batch / bound_step
+    log(f"(c) tiermem: decode {metrics['tiermem_decode_tok_s']:.1f} tok/s, {moved / GiB:.2f} GiB per pass")
+
+    ratios["vs_accelerate"] = metrics["tiermem_decode_tok_s"] / metrics["accelerate_decode_tok_s"]
+    ratios["vs_pcie_bound"] = metrics["tiermem_decode_tok_s"] / metrics["pcie_bound_decode_tok_s"]
+    ratios["traffic_vs_optimum"] = moved / (size - cap)
+    ratios["prefill_vs_accelerate"] = metrics["tiermem_prefill_tok_s"] / metrics["accelerate_prefill_tok_s"]
+    same = torch.equal(tm_tokens, ref_tokens) and torch.equal(tm_logits, ref_logits)
+    results["checks"]["tiermem_tokens_and_logits_identical"] = same
+    results["checks"]["accelerate_tokens_identical"] = torch.equal(acc_tokens, ref_tokens[:, : acc_tokens.shape[1]])
+    handle.remove()
+    del model, handle, pool
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def training(args, results):
+    metrics, ratios = results["metrics"], results["ratios"]
+    small = args.small
+    config = transformers.LlamaConfig(
+        vocab_size=32000,
+        hidden_size=512 if small else 2048,
+        intermediate_size=1408 if small else 5632,
+        num_hidden_layers=4 if small else 16,
+        num_attention_heads=8 if small else 16,
+        num_key_value_heads=2 if small else 4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
+    cap = 64 * MiB if small else 8 * GiB
+    steps, batch, seq = 4, 4, 512
+    gen_seed = 11
+
+    def run(offload: bool):
+        model = llama(config, 2, torch.float32).train()
+        params = sum(p.numel() for p in model.parameters())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        pool = handle = None
+        if offload:
+            pool = tiermem.Pool(hbm_limit=cap)
+            handle = tt.offload(model, pool, prefetch_bytes=args.prefetch, optimizer=opt)
+            torch.cuda.empty_cache()
+        gen = torch.Generator("cuda").manual_seed(gen_seed)
+        losses, times = [], []
+        for _ in range(steps):
+            ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda", generator=gen)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with tt.offload_activations(pool) if offload else torch.enable_grad():
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            if offload:
+                handle.step()
+            else:
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            losses.append(loss.item())
+        state_bytes = params * 4 * 4  # fp32 params, grads, exp_avg, exp_avg_sq
+        if handle is not None:
+            handle.remove()
+        del model, opt, handle, pool
+        gc.collect()
+        torch.cuda.empty_cache()
+        return losses, statistics.median(times[1:]), state_bytes
+
+    ref_losses, ref_step, state_bytes = run(False)
+    losses, step, _ = run(True)
+    metrics["train_state_bytes"], metrics["train_hbm_cap_bytes"] = state_bytes, cap
+    metrics["train_step_s"], metrics["resident_train_step_s"] = step, ref_step
+    metrics["train_losses"], metrics["resident_train_losses"] = losses, ref_losses
+    ratios["train_state_vs_cap"] = state_bytes / cap
+    close = all(abs(a - b) <= 1e-2 * abs(b) for a, b in zip(losses, ref_losses))
+    results["checks"]["train_losses_match"] = close
+    log(f"training: {step:.2f} s/step (resident {ref_step:.2f}), losses {losses} vs {ref_losses}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--prefetch", type=int, default=512 * MiB)
+    parser.add_argument("--small", action="store_true")
+    args = parser.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    results = {
+        "suite": "torch",
+        "commit": args.commit,
+        "date": datetime.date.today().isoformat(),
+        "device": {"name": props.name, "count": torch.cuda.device_count(), "torch": torch.__version__},
+        "metrics": {},
+        "ratios": {},
+        "checks": {},
+        "small": args.small,
+    }
+    try:
+        inference(args, results)
+        training(args, results)
+    finally:
+        results["verified"] = bool(results["checks"]) and all(results["checks"].values())
+        args.json.mkdir(parents=True, exist_ok=True)
+        stem = f"torch-{results['date'].replace('-', '')}-{args.commit}" + ("-small" if args.small else "")
+        path = args.json / f"{stem}.json"
+        path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+        log(json.dumps({"ratios": results["ratios"], "checks": results["checks"]}, indent=2))
+        log(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
