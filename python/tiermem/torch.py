@@ -1,13 +1,14 @@
 """PyTorch on tiermem: models larger than the GPU, streamed at close to the PCIe link.
 
 * :func:`offload` moves a model's parameters (and buffers) into tiermem buffers, one buffer
-  per module that owns tensors. Hooks acquire a module's buffer just before it runs and release
-  it right after, on the current CUDA stream, so only what runs now must be in HBM. The first
+  per module that owns tensors. Hooks acquire a module's buffers just before it runs and release
+  them right after, on the current CUDA stream, so only what runs now must be in HBM. The first
   pass records the order in which modules run; from then on the engine knows the schedule:
   it pages ahead along it within ``prefetch_bytes`` and evicts the chunk whose next use is
   furthest away (Belady), so what fits stays resident and only the rest streams.
-  With an optimizer, gradients and Adam's state live in the same buffers and
-  :meth:`Offload.step` updates one module at a time.
+  With an optimizer, each module's gradients and Adam's moments get two more buffers (the
+  forward pass acquires only the weights, backward the weights and gradients, the step all
+  three), and :meth:`Offload.step` updates one module at a time.
 * :func:`offload_activations` keeps tensors saved for backward in tiermem buffers, so they can
   leave HBM between forward and backward; backward prefetches them in reverse order.
 * :func:`allocator` is a ``torch.cuda.memory.CUDAPluggableAllocator`` backed by a Pool (the
@@ -79,18 +80,29 @@ def allocator_error() -> str | None:
     return _tiermem.allocator_error()
 
 
+# Which of a unit's buffers each phase acquires, and whether it writes them.
+_PHASES = {
+    "forward": (("weights", False),),
+    "backward": (("weights", False), ("grads", True)),
+    "step": (("weights", True), ("grads", True), ("state", True)),
+}
+
+
 @dataclass(eq=False)
 class _Unit:
-    """One module's own tensors in one buffer: parameters, then buffers, then (training)
-    gradients and optimizer state."""
+    """One module's own tensors: parameters and buffers in `weights`; when training, the
+    gradients in `grads` and the optimizer's moments in `state`."""
 
     module: torch.nn.Module
     name: str
-    buffer: object = None
     params: list[tuple[str, torch.nn.Parameter]] = field(default_factory=list)
     buffers: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+    parts: dict = field(default_factory=dict)  # "weights" / "grads" / "state" -> tiermem Buffer
     pending_grads: int = 0
-    held: int = 0  # acquisitions not yet released
+    held: list = field(default_factory=list)  # acquisitions not yet released, each a list of buffers
+
+    def phase(self, name: str) -> list[tuple[object, bool]]:
+        return [(self.parts[part], write) for part, write in _PHASES[name] if part in self.parts]
 
 
 def _owned(module: torch.nn.Module):
@@ -114,9 +126,9 @@ class Offload:
     def __init__(self, model: torch.nn.Module, pool: Pool, prefetch_bytes: int, units: list[_Unit], optimizer):
         self.model, self.pool, self.prefetch_bytes = model, pool, prefetch_bytes
         self.units, self.optimizer = units, optimizer
-        self._recording: list[_Unit] | None = None  # the steps of the pass being recorded
-        self._steps: list[_Unit] = []
-        self._uses: dict[int, list[int]] = {}  # id(unit) -> its steps
+        self._recording: list[tuple[_Unit, str]] | None = None  # (unit, phase) of the pass being recorded
+        self._steps: list[tuple[_Unit, str]] = []
+        self._uses: dict[tuple[int, str], list[int]] = {}  # (id(unit), phase) -> its steps
         self._position = 0
         self._backward_pending = False
         self._hooks = []
@@ -127,39 +139,46 @@ class Offload:
         """A root forward begins: the previous pass, if recorded, becomes the schedule."""
         if self._recording and not self._steps:
             self._steps = self._recording
-            for i, unit in enumerate(self._steps):
-                self._uses.setdefault(id(unit), []).append(i)
-            self.pool.set_schedule([[u.buffer] for u in self._steps])
+            for i, (unit, phase) in enumerate(self._steps):
+                self._uses.setdefault((id(unit), phase), []).append(i)
+            self.pool.set_schedule([[b for b, _ in unit.phase(phase)] for unit, phase in self._steps])
             self._recording = None
         if not self._steps:
             self._recording = []
         self._position = 0
 
-    def _step_of(self, unit: _Unit) -> int | None:
+    def _step_of(self, unit: _Unit, phase: str) -> int | None:
         """Where ``unit`` runs in the schedule: at the expected position, or its next use."""
-        uses = self._uses.get(id(unit))
+        uses = self._uses.get((id(unit), phase))
         if not uses:
             return None
         n = len(self._steps)
-        if self._steps[self._position % n] is unit:
+        if self._steps[self._position % n] == (unit, phase):
             return self._position % n
         later = [s for s in uses if s >= self._position]
         return later[0] if later else uses[0]
 
-    def _enter(self, unit: _Unit, write: bool) -> None:
+    def _enter(self, unit: _Unit, phase: str) -> None:
         if self._recording is not None and not self._steps:
-            self._recording.append(unit)
-        step = self._step_of(unit)
+            self._recording.append((unit, phase))
+        step = self._step_of(unit, phase)
         if step is not None:
             self._position = step + 1
             self.pool.advance(step, self.prefetch_bytes)
-        self.pool.acquire(unit.buffer, _stream(), write)
-        unit.held += 1
+        stream, acquired = _stream(), []
+        try:
+            for buffer, write in unit.phase(phase):
+                self.pool.acquire(buffer, stream, write)
+                acquired.append(buffer)
+        except BaseException:
+            if acquired:
+                self.pool.release(acquired, stream)
+            raise
+        unit.held.append(acquired)
 
     def _exit(self, unit: _Unit) -> None:
         if unit.held:
-            unit.held -= 1
-            self.pool.release(unit.buffer, _stream())
+            self.pool.release(unit.held.pop(), _stream())
 
     # --- hooks ----------------------------------------------------------------------------
 
@@ -174,7 +193,7 @@ class Offload:
 
     def _forward_pre(self, unit: _Unit):
         def hook(module, args):
-            self._enter(unit, write=False)
+            self._enter(unit, "forward")
 
         return hook
 
@@ -194,7 +213,7 @@ class Offload:
                 self._backward_pending = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
             unit.pending_grads = sum(1 for _, p in unit.params if p.requires_grad)
-            self._enter(unit, write=True)
+            self._enter(unit, "backward")
             return grad
 
         return hook
@@ -230,7 +249,7 @@ class Offload:
                     g["params"] = [p for p in params if id(p) in mine]
                 if not any(g["params"] for g in self.optimizer.param_groups):
                     continue
-                self._enter(unit, write=True)
+                self._enter(unit, "step")
                 try:
                     self.optimizer.step()
                     for _, p in unit.params:
@@ -245,8 +264,8 @@ class Offload:
     def zero_grad(self) -> None:
         """Zeroes the gradients in place (they live in tiermem: never set them to None)."""
         for unit in self.units:
-            if any(p.grad is not None for _, p in unit.params):
-                self._enter(unit, write=True)
+            if "grads" in unit.parts:
+                self._enter(unit, "backward")
                 try:
                     for _, p in unit.params:
                         if p.grad is not None:
@@ -267,7 +286,7 @@ class Offload:
 
     @property
     def bytes(self) -> int:
-        return sum(u.buffer.size for u in self.units)
+        return sum(b.size for u in self.units for b in u.parts.values())
 
 
 def _first_grad_tensor(output):
@@ -286,26 +305,26 @@ def _first_grad_tensor(output):
     return None
 
 
-def _layout(unit: _Unit, optimizer) -> tuple[list[tuple[str, torch.Tensor, int]], int]:
-    """(role, tensor, offset) for each tensor the unit's buffer holds, and its size."""
-    entries, offset = [], 0
+def _layout(unit: _Unit, optimizer) -> dict[str, tuple[list, int]]:
+    """For each of the unit's buffers: its ``(role, name, like, offset)`` entries and its size."""
+    parts: dict[str, tuple[list, int]] = {}
 
-    def add(role, t):
-        nonlocal offset
-        entries.append((role, t, offset))
-        offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+    def add(part, role, name, like):
+        entries, offset = parts.get(part, ([], 0))
+        entries.append((role, name, like, offset))
+        parts[part] = (entries, offset + -(-like.numel() * like.element_size() // ALIGN) * ALIGN)
 
     for name, p in unit.params:
-        add(("param", name), p)
+        add("weights", "param", name, p)
     for name, b in unit.buffers:
-        add(("buffer", name), b)
+        add("weights", "buffer", name, b)
     if optimizer is not None:
         for name, p in unit.params:
             if p.requires_grad:
-                add(("grad", name), p)
+                add("grads", "grad", name, p)
                 for key in ("exp_avg", "exp_avg_sq"):
-                    add((key, name), torch.empty(p.shape, dtype=p.dtype, device="meta"))
-    return entries, max(offset, ALIGN)
+                    add("state", key, name, p)
+    return parts
 
 
 def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "1GiB", optimizer=None) -> Offload:
@@ -346,42 +365,50 @@ def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "1Gi
             raise InvalidArgumentError("offload: the optimizer has already stepped; offload before the first step")
     layouts = [_layout(u, optimizer) for u in units]
     try:
-        for unit, (_, size) in zip(units, layouts):
-            unit.buffer = pool.alloc(size, name=unit.name or "root")
+        for unit, layout in zip(units, layouts):
+            for part, (_, size) in layout.items():
+                unit.parts[part] = pool.alloc(size, name=f"{unit.name or 'root'}.{part}")
     except TiermemError:
         for unit in units:
-            if unit.buffer is not None:
-                unit.buffer.free()
-                unit.buffer = None
+            for buffer in unit.parts.values():
+                buffer.free()
+            unit.parts.clear()
         raise
     # From here on nothing can fail for a reason of the model's: copy and swap.
     stream = _stream()
-    for unit, (entries, _) in zip(units, layouts):
-        with pool.acquired(unit.buffer, stream, write=True):
-            for (role, name), t, offset in entries:
-                view = _view(unit.buffer, offset, t)
-                if role in ("param", "buffer"):
-                    view.copy_(t.detach())
-                    if role == "param":
-                        getattr(unit.module, name).data = view
-                    else:
-                        unit.module._buffers[name] = view
-                elif role == "grad":
-                    view.zero_()
-                    getattr(unit.module, name).grad = view
-                else:
-                    view.zero_()
-                    p = getattr(unit.module, name)
-                    state = optimizer.state[p]
-                    state.setdefault("step", torch.tensor(0.0))
-                    state[role] = view
+    for unit, layout in zip(units, layouts):
+        for part, (entries, _) in layout.items():
+            _fill(pool, unit, unit.parts[part], entries, optimizer, stream)
         unit.params = [(n, getattr(unit.module, n)) for n, _ in unit.params]
-        _REGISTERED.add(unit.buffer.ptr)
+        _REGISTERED.add(unit.parts["weights"].ptr)
     torch.cuda.current_stream().synchronize()
     handle = Offload(model, pool, int(prefetch_bytes), units, optimizer)
     handle._install()
     setattr(model, _OFFLOADED, handle)
     return handle
+
+
+def _fill(pool: Pool, unit: _Unit, buffer, entries, optimizer, stream: int) -> None:
+    """Copies the unit's tensors into ``buffer`` (zeros for gradients and moments) and points
+    the module, its parameters' gradients and the optimizer's state at the copies."""
+    with pool.acquired(buffer, stream, write=True):
+        for role, name, t, offset in entries:
+            view = _view(buffer, offset, t)
+            if role in ("param", "buffer"):
+                view.copy_(t.detach())
+                if role == "param":
+                    getattr(unit.module, name).data = view
+                else:
+                    unit.module._buffers[name] = view
+            elif role == "grad":
+                view.zero_()
+                getattr(unit.module, name).grad = view
+            else:
+                view.zero_()
+                p = getattr(unit.module, name)
+                state = optimizer.state[p]
+                state.setdefault("step", torch.tensor(0.0))
+                state[role] = view
 
 
 _REGISTERED: set[int] = set()  # device addresses of buffers holding offloaded parameters
