@@ -250,7 +250,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--commit", default="unknown")
-    parser.add_argument("--prefetch", type=lambda v: [int(x) << 20 for x in v.split(",")], default=[512 << 20, 2048 << 20],
+    parser.add_argument("--prefetch", type=lambda v: [int(x) << 20 for x in v.split(",")], default=[256 << 20, 512 << 20, 1024 << 20],
                         help="prefetch windows to try for decoding, in MiB, comma-separated")
     parser.add_argument("--small", action="store_true")
     args = parser.parse_args()

@@ -286,7 +286,9 @@ class Offload:
 
     @property
     def bytes(self) -> int:
-        return sum(b.size for u in self.units for b in u.parts.values())
+        """What the buffers take in tiermem: whole chunks."""
+        chunk = self.pool.chunk_size
+        return sum(-(-b.size // chunk) * chunk for u in self.units for b in u.parts.values())
 
 
 def _first_grad_tensor(output):

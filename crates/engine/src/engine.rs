@@ -233,8 +233,9 @@ impl Engine {
 
     /// Tells the engine the program is at `step` of its schedule, and starts paging in what is
     /// missing from a window of this and the coming steps, `prefetch_bytes` of them, nearest
-    /// first. Never waits; evicts only chunks needed later than what it brings in. Returns the
-    /// bytes it started copying.
+    /// first. Evicts only chunks needed later than what it brings in, waiting for the GPU to
+    /// finish with them (so a caller that advances before each step runs at the GPU's pace);
+    /// never waits for the copies it starts. Returns the bytes it started copying.
     pub fn advance(&self, step: usize, prefetch_bytes: usize) -> Result<usize> {
         self.lock().advance(step, prefetch_bytes)
     }

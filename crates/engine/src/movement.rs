@@ -45,7 +45,7 @@ pub(crate) enum Purpose {
     /// Wanted soon: only free HBM, on the low-priority stream.
     Prefetch,
     /// Needed `horizon` steps from now by the schedule: on the low-priority stream, evicting
-    /// only chunks whose next use is further away, never waiting for user work.
+    /// only chunks whose next use is further away.
     Ahead { horizon: u64 },
 }
 
@@ -556,7 +556,7 @@ impl Inner {
                 return Ok(());
             }
             let short = need - available;
-            if self.evict(call, short, protect, None, true)? {
+            if self.evict(call, short, protect, None)? {
                 continue;
             }
             match self.next_settling(protect) {
@@ -576,26 +576,20 @@ impl Inner {
     }
 
     /// For a page-in ahead of the schedule: evicts up to `need` chunks whose next use is
-    /// further than `horizon` steps away, without waiting. `true` if HBM is free now; victims
-    /// still in use leave once their fences complete, for the next call to find.
+    /// further than `horizon` steps away, and waits until they have left. In a loop the victim
+    /// is usually the chunk just released, still read by work the GPU has queued; waiting for
+    /// it paces the caller to the GPU while the copies already enqueued keep the link busy
+    /// (stopping instead lets the caller run ahead, and every later chunk becomes a demand).
+    /// `false` if nothing may leave.
     fn evict_beyond(&mut self, call: &'static str, need: usize, protect: &[ChunkRef], horizon: u64) -> Result<bool> {
         self.reap()?;
-        let available = self.pool.available();
-        self.evict(call, need, protect, Some(horizon), false)?;
-        Ok(self.pool.available() > available)
+        self.evict(call, need, protect, Some(horizon))
     }
 
     /// Evicts up to `count` chunks that may leave (next used beyond `horizon`, if given), chosen
-    /// by the policy (Belady while a schedule is set); with `wait`, waits until they have left.
+    /// by the policy (Belady while a schedule is set), and waits until they have left.
     /// `false` if there was nothing to evict.
-    fn evict(
-        &mut self,
-        call: &'static str,
-        count: usize,
-        protect: &[ChunkRef],
-        horizon: Option<u64>,
-        wait: bool,
-    ) -> Result<bool> {
+    fn evict(&mut self, call: &'static str, count: usize, protect: &[ChunkRef], horizon: Option<u64>) -> Result<bool> {
         let (refs, candidates) = self.candidates(protect, horizon).during(call)?;
         if candidates.is_empty() {
             return Ok(false);
@@ -603,11 +597,8 @@ impl Inner {
         let mut victims: Vec<ChunkRef> = self.select_victims(&candidates, count).into_iter().map(|i| refs[i]).collect();
         victims.sort_unstable();
         self.counters.evictions += victims.len() as u64;
-        let fences = self.send_down(call, &victims)?;
-        if wait {
-            for fence in fences {
-                fence.wait().during(call)?;
-            }
+        for fence in self.send_down(call, &victims)? {
+            fence.wait().during(call)?;
         }
         self.reap()?;
         Ok(true)
