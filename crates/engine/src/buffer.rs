@@ -64,4 +64,6 @@ pub(crate) struct Buffer {
     pub reserved: usize,
     pub options: AllocOptions,
     pub chunks: Vec<Chunk>,
+    /// Chunks mapped in HBM (`Device` or `PagingOut`), so eviction can skip buffers with none.
+    pub mapped: usize,
 }

@@ -409,7 +409,7 @@ impl Inner {
         let id = BufferId(self.next_buffer);
         self.next_buffer += 1;
         let chunks = (0..reserved / self.chunk).map(|_| Chunk::new()).collect();
-        self.buffers.insert(id, Buffer { va, size, reserved, options, chunks });
+        self.buffers.insert(id, Buffer { va, size, reserved, options, chunks, mapped: 0 });
         Ok((id, va))
     }
 

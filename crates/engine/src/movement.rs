@@ -33,6 +33,7 @@ use crate::engine::{ChunkRef, Inner, PendingDown};
 use crate::error::Context;
 use crate::fence::{settled, Fence};
 use crate::host_tier::Slot;
+use crate::BufferId;
 use crate::{Error, Result};
 use std::sync::Arc;
 use tiermem_mechanism::{DeviceError, DevicePtr, HostPtr, PhysHandle, StreamHandle};
@@ -248,6 +249,7 @@ impl Inner {
                 _ => (None, false),
             };
             chunk.state = ChunkState::Device { phys: p, copy };
+            self.buffers.get_mut(&r.0).expect("chunk of a live buffer").mapped += 1;
             match copied {
                 true => self.counters.page_ins += 1,
                 false => self.counters.zero_fills += 1,
@@ -484,6 +486,7 @@ impl Inner {
             let len = rest.iter().zip(first..).take_while(|&(&(r, _, _), i)| r == (id, i)).count();
             let (run, tail) = rest.split_at(len);
             self.device.unmap(self.chunk_va((id, first)), len * self.chunk)?;
+            self.buffers.get_mut(&id).expect("chunk of a live buffer").mapped -= len;
             for &(r, phys, slot) in run {
                 self.pool.give(phys);
                 let chunk = self.chunk_mut(r);
@@ -590,7 +593,7 @@ impl Inner {
     /// by the policy (Belady while a schedule is set), and waits until they have left.
     /// `false` if there was nothing to evict.
     fn evict(&mut self, call: &'static str, count: usize, protect: &[ChunkRef], horizon: Option<u64>) -> Result<bool> {
-        let (refs, candidates) = self.candidates(protect, horizon).during(call)?;
+        let (refs, candidates) = self.candidates(protect, horizon, count).during(call)?;
         if candidates.is_empty() {
             return Ok(false);
         }
@@ -618,19 +621,41 @@ impl Inner {
     /// every chunk is, because Belady's order matters more than a wait: in a loop the chunk
     /// just released is the one needed furthest away, and passing it over for an idle one
     /// would evict a chunk that stays resident for the whole pass.
+    ///
+    /// With a schedule, every chunk of a buffer has the buffer's next use, so buffers are
+    /// visited in Belady's order and only as many as give `count` chunks are offered (whole
+    /// groups of equal next use, so the policy still breaks ties among all of them): an
+    /// eviction looks at a few buffers, not at every chunk in HBM.
     fn candidates(
         &self,
         protect: &[ChunkRef],
         horizon: Option<u64>,
+        count: usize,
     ) -> Result<(Vec<ChunkRef>, Vec<Candidate>), DeviceError> {
-        let (mut refs, mut candidates) = (Vec::new(), Vec::new());
+        let mut order: Vec<(Option<std::cmp::Reverse<u64>>, BufferId)> = Vec::new();
         for (&id, buffer) in &self.buffers {
+            if buffer.mapped == 0 {
+                continue;
+            }
             let next_use = self.schedule.as_ref().and_then(|s| s.next_use(id));
             if let (Some(horizon), Some(next)) = (horizon, next_use) {
                 if next <= horizon {
                     continue;
                 }
             }
+            order.push((next_use.map(std::cmp::Reverse), id));
+        }
+        if self.schedule.is_some() {
+            order.sort_unstable();
+        }
+        let (mut refs, mut candidates) = (Vec::new(), Vec::new());
+        let mut group = None;
+        for (key, id) in order {
+            if self.schedule.is_some() && candidates.len() >= count && group != Some(key) {
+                break;
+            }
+            group = Some(key);
+            let buffer = &self.buffers[&id];
             for (index, chunk) in buffer.chunks.iter().enumerate() {
                 let ChunkState::Device { copy, .. } = chunk.state else { continue };
                 if chunk.pins > 0 || protect.binary_search(&(id, index)).is_ok() {
@@ -644,7 +669,7 @@ impl Inner {
                     last_use: chunk.last_use,
                     clean: copy.is_some(),
                     priority: buffer.options.priority,
-                    next_use,
+                    next_use: key.map(|r| r.0),
                 });
                 refs.push((id, index));
             }

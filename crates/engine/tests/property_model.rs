@@ -14,21 +14,74 @@ use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Error, Regio
 
 #[derive(Debug, Clone)]
 enum Op {
-    Alloc { quarters: usize, extra: usize, read_only: bool, priority: i32 },
-    Write { buf: usize, at: usize, len: usize, seed: u64 },
-    KernelWrite { buf: usize, at: usize, len: usize, seed: u64 },
-    KernelRead { buf: usize, at: usize, len: usize },
-    Check { buf: usize },
-    Hold { buf: usize, at: usize, len: usize, write: bool },
-    Unhold { index: usize },
-    Prefetch { buf: usize },
-    PageOut { buf: Option<usize> },
-    PageOutStart { buf: usize },
+    Alloc {
+        quarters: usize,
+        extra: usize,
+        read_only: bool,
+        priority: i32,
+    },
+    Write {
+        buf: usize,
+        at: usize,
+        len: usize,
+        seed: u64,
+    },
+    KernelWrite {
+        buf: usize,
+        at: usize,
+        len: usize,
+        seed: u64,
+    },
+    KernelRead {
+        buf: usize,
+        at: usize,
+        len: usize,
+    },
+    Check {
+        buf: usize,
+    },
+    Hold {
+        buf: usize,
+        at: usize,
+        len: usize,
+        write: bool,
+    },
+    Unhold {
+        index: usize,
+    },
+    Prefetch {
+        buf: usize,
+    },
+    PageOut {
+        buf: Option<usize>,
+    },
+    PageOutStart {
+        buf: usize,
+    },
     Finish,
-    PageIn { buf: usize },
-    Exchange { out: usize, inn: usize },
-    PageOutToFile { buf: usize },
-    Free { buf: usize },
+    PageIn {
+        buf: usize,
+    },
+    Exchange {
+        out: usize,
+        inn: usize,
+    },
+    PageOutToFile {
+        buf: usize,
+    },
+    Free {
+        buf: usize,
+    },
+    /// A schedule of the live buffers, rotated by `rotate`, one or two per step (or none: cleared).
+    Schedule {
+        rotate: usize,
+        pairs: bool,
+        clear: bool,
+    },
+    Advance {
+        step: usize,
+        chunks: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -50,6 +103,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), any::<usize>()).prop_map(|(out, inn)| Op::Exchange { out, inn }),
         1 => any::<usize>().prop_map(|buf| Op::PageOutToFile { buf }),
         1 => any::<usize>().prop_map(|buf| Op::Free { buf }),
+        1 => (any::<usize>(), any::<bool>(), prop::bool::weighted(0.2))
+            .prop_map(|(rotate, pairs, clear)| Op::Schedule { rotate, pairs, clear }),
+        3 => (any::<usize>(), 0usize..6).prop_map(|(step, chunks)| Op::Advance { step, chunks }),
     ]
 }
 
@@ -112,6 +168,7 @@ fn run(engine: &Engine, ops: &[Op], host_chunks: usize, file_chunks: Option<usiz
         holds: Vec::new(),
         tickets: Vec::new(),
     };
+    let mut scheduled = 0; // steps of the schedule set, 0 for none
     for op in ops {
         match *op {
             Op::Alloc { quarters, extra, read_only, priority } => {
@@ -192,6 +249,29 @@ fn run(engine: &Engine, ops: &[Op], host_chunks: usize, file_chunks: Option<usiz
                 }
                 let (region, _) = m.holds.swap_remove(index % m.holds.len());
                 engine.release(&[region], stream).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            }
+            Op::Schedule { rotate, pairs, clear } => {
+                if clear || m.buffers.is_empty() {
+                    engine.clear_schedule();
+                    scheduled = 0;
+                    continue;
+                }
+                let mut ids: Vec<_> = m.buffers.iter().map(|b| b.0).collect();
+                let n = ids.len();
+                ids.rotate_left(rotate % n);
+                let steps: Vec<Vec<_>> = ids.chunks(if pairs { 2 } else { 1 }).map(<[_]>::to_vec).collect();
+                scheduled = steps.len();
+                engine.set_schedule(steps).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            }
+            Op::Advance { step, chunks } => {
+                if scheduled == 0 {
+                    prop_assert!(engine.advance(0, CHUNK).is_err(), "advance with no schedule");
+                    continue;
+                }
+                // Freed buffers leave their steps empty; the step count stays.
+                if let Err(e) = engine.advance(step % scheduled, chunks * CHUNK) {
+                    prop_assert!(m.is_pressure(&e), "advance: {e}");
+                }
             }
             Op::Prefetch { buf } => {
                 let Some(i) = m.pick(buf) else { continue };
