@@ -60,6 +60,26 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+class _CallTimer:
+    """Stands in for a Pool and adds up the time spent in each of its methods."""
+
+    def __init__(self, pool):
+        self._pool, self.seconds, self.calls = pool, {}, {}
+
+    def __getattr__(self, name):
+        fn = getattr(self._pool, name)
+
+        def timed_call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+                self.calls[name] = self.calls.get(name, 0) + 1
+
+        return timed_call
+
+
 def raw_h2d_GBps(size=GiB, reps=5) -> float:
     src = torch.empty(size, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(size, dtype=torch.uint8, device="cuda")
@@ -158,6 +178,14 @@ def inference(args, results):
         metrics[f"tiermem_decode_tok_s_prefetch_{window >> 20}MiB"] = batch / step_s
         metrics[f"bytes_moved_per_pass_prefetch_{window >> 20}MiB"] = moved
         log(f"(c) tiermem, prefetch {window >> 20} MiB: {batch / step_s:.1f} tok/s, {moved / GiB:.2f} GiB per pass")
+    # Where one decode step's host time goes: the engine calls the hooks make, timed.
+    timer = _CallTimer(pool)
+    handle.pool = timer
+    _, _, step_s = decode(model, prompt, 1)
+    handle.pool = pool
+    metrics["host_seconds_per_step"] = {name: round(t, 4) for name, t in timer.seconds.items()}
+    metrics["host_calls_per_step"] = dict(timer.calls)
+    log(f"host time in engine calls over {2} passes: {metrics['host_seconds_per_step']}")
     best = min(runs, key=lambda w: runs[w][0])
     tm_step, moved, tm_tokens, tm_logits = runs[best]
     handle.prefetch_bytes = best
