@@ -160,3 +160,37 @@ def test_a_dlpack_tensor_keeps_its_buffer_alive(pool):
     assert len(pool.stats()["buffers"]) == 1, "the buffer lives while the array does"
     unused = pool.alloc(4096).__dlpack__()  # a capsule nobody consumes is freed with it
     del unused
+
+
+def test_the_allocator_c_functions_never_crash_and_explain_failures(pool):
+    """The functions PyTorch's CUDAPluggableAllocator calls, through ctypes on the simulated device."""
+    import ctypes
+
+    from tiermem import _tiermem
+
+    lib = ctypes.CDLL(_tiermem.__file__)
+    malloc, free = lib.tiermem_torch_malloc, lib.tiermem_torch_free
+    malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    free.restype, free.argtypes = None, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+
+    _tiermem.set_allocator_pool(pool)
+    ptr = malloc(3 * CHUNK, 0, None)
+    assert ptr, _tiermem.allocator_error()
+    assert _tiermem.allocator_live() == 1
+    [buf] = [b for b in pool.stats()["buffers"] if b["name"] == "torch"]
+    assert buf["acquired"] == 3, "an allocation stays resident while it lives"
+
+    assert not malloc(-1, 0, None)
+    assert "size -1 is negative" in _tiermem.allocator_error()
+    assert not malloc(1 << 40, 0, None)
+    assert "out of memory" in _tiermem.allocator_error()
+    assert not malloc(CHUNK, 3, None)
+    assert "device 3" in _tiermem.allocator_error()
+    free(ptr + 1, 0, 0, None)
+    assert "was not allocated by tiermem" in _tiermem.allocator_error()
+    assert _tiermem.allocator_live() == 1, "a bad free changes nothing"
+
+    free(ptr, 3 * CHUNK, 0, None)
+    assert _tiermem.allocator_error() is None
+    assert _tiermem.allocator_live() == 0
+    assert pool.stats()["buffers"] == []
