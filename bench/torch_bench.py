@@ -186,8 +186,12 @@ def inference(args, results):
     # Where one decode step's host time goes: the engine calls the hooks make, timed.
     timer = _CallTimer(pool)
     handle.pool = timer
+    t0 = pool.stats()["transfers"]
     _, _, step_s = decode(model, prompt, 1)
     handle.pool = pool
+    t1 = pool.stats()["transfers"]
+    for key in ("map_ms", "unmap_ms", "evict_wait_ms"):
+        timer.seconds[f"of which {key[:-3]}"] = (t1[key] - t0[key]) / 1e3
     metrics["host_seconds_per_step"] = {name: round(t, 4) for name, t in timer.seconds.items()}
     metrics["host_calls_per_step"] = dict(timer.calls)
     log(f"host time in engine calls over {2} passes: {metrics['host_seconds_per_step']}")

@@ -201,6 +201,7 @@ impl Inner {
         let va0 = self.chunk_va(batch[0]);
         let device = Arc::clone(&self.device);
         let mut mapped = 0;
+        let started = std::time::Instant::now();
         let mut outcome = phys.iter().try_for_each(|&p| {
             device.map(va0 + (mapped * g) as u64, p)?;
             mapped += 1;
@@ -209,6 +210,7 @@ impl Inner {
         if outcome.is_ok() {
             outcome = device.set_access(va0, batch.len() * g);
         }
+        self.counters.map_ms += started.elapsed().as_secs_f64() * 1e3;
         if outcome.is_ok() {
             let sources: Vec<Option<HostPtr>> = batch
                 .iter()
@@ -485,7 +487,9 @@ impl Inner {
         while let Some(&((id, first), _, _)) = rest.first() {
             let len = rest.iter().zip(first..).take_while(|&(&(r, _, _), i)| r == (id, i)).count();
             let (run, tail) = rest.split_at(len);
+            let started = std::time::Instant::now();
             self.device.unmap(self.chunk_va((id, first)), len * self.chunk)?;
+            self.counters.unmap_ms += started.elapsed().as_secs_f64() * 1e3;
             self.buffers.get_mut(&id).expect("chunk of a live buffer").mapped -= len;
             for &(r, phys, slot) in run {
                 self.pool.give(phys);
@@ -600,9 +604,12 @@ impl Inner {
         let mut victims: Vec<ChunkRef> = self.select_victims(&candidates, count).into_iter().map(|i| refs[i]).collect();
         victims.sort_unstable();
         self.counters.evictions += victims.len() as u64;
-        for fence in self.send_down(call, &victims)? {
+        let fences = self.send_down(call, &victims)?;
+        let started = std::time::Instant::now();
+        for fence in fences {
             fence.wait().during(call)?;
         }
+        self.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
         self.reap()?;
         Ok(true)
     }

@@ -26,6 +26,13 @@ pub struct Counters {
     /// Device time of the demand copies that acquiring streams waited on, in milliseconds
     /// (0 on the simulated device, which has no clock).
     pub stall_ms: f64,
+    /// Host time spent mapping chunks and setting their access (driver calls), in milliseconds.
+    pub map_ms: f64,
+    /// Host time spent unmapping chunks, in milliseconds.
+    pub unmap_ms: f64,
+    /// Host time spent waiting for evicted chunks to leave (the GPU's last use of them, or
+    /// their copy down), in milliseconds.
+    pub evict_wait_ms: f64,
 }
 
 /// One tier's use.

@@ -292,6 +292,9 @@ impl Pool {
         transfers.set_item("bytes_in", s.bytes_in)?;
         transfers.set_item("bytes_out", s.bytes_out)?;
         transfers.set_item("stall_ms", t.stall_ms)?;
+        transfers.set_item("map_ms", t.map_ms)?;
+        transfers.set_item("unmap_ms", t.unmap_ms)?;
+        transfers.set_item("evict_wait_ms", t.evict_wait_ms)?;
         d.set_item("transfers", transfers)?;
         let buffers = PyList::empty(py);
         for b in &s.buffers {
