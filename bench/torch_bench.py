@@ -215,7 +215,6 @@ def inference(args, results):
     same = all(torch.equal(t, ref_tokens) and torch.equal(lg, ref_logits) for _, _, t, lg in runs.values())
     results["checks"]["tiermem_tokens_and_logits_identical"] = same
     results["checks"]["accelerate_tokens_identical"] = torch.equal(acc_tokens, ref_tokens[:, : acc_tokens.shape[1]])
-    handle.remove()
     del model, handle, pool
     gc.collect()
     torch.cuda.empty_cache()
@@ -257,8 +256,6 @@ def training(args, results):
             times.append(time.perf_counter() - t0)
             losses.append(loss.item())
         state_bytes = params * 4 * 4  # fp32 params, grads, exp_avg, exp_avg_sq
-        if handle is not None:
-            handle.remove()
         del model, opt, handle, pool
         gc.collect()
         torch.cuda.empty_cache()

@@ -2,6 +2,7 @@
 losses, errors leave the model unchanged. Needs PyTorch; all but the error tests need a GPU
 (TIERMEM_TEST_BACKEND=cuda), and skip with that reason elsewhere."""
 
+import gc
 import os
 
 import pytest
@@ -63,6 +64,12 @@ def test_offloaded_inference_is_bitwise_the_resident_model_and_streams_only_the_
     assert moved < size - pool.hbm_cap // 2, f"{moved} bytes moved per pass for a {size}-byte model"
     assert pool.stats()["transfers"]["prefetched"] > 0
 
+    handle.remove(device="cuda")  # back to ordinary tensors: same outputs, nothing left in the pool
+    with torch.no_grad():
+        assert torch.equal(offloaded(ids).logits, expected)
+    gc.collect()
+    assert pool.stats()["buffers"] == []
+    tt.offload(offloaded, pool).remove()
 
 @needs_gpu
 def test_training_with_params_grads_adam_and_activations_in_tiermem_gives_the_same_losses():

@@ -273,12 +273,34 @@ class Offload:
                 finally:
                     self._exit(unit)
 
-    def remove(self) -> None:
-        """Removes the hooks and the schedule (the parameters stay in tiermem buffers)."""
+    def remove(self, device: str | torch.device = "cpu") -> None:
+        """Undoes :func:`offload`: copies every parameter, buffer, gradient and optimizer
+        moment out to ordinary tensors on ``device``, removes the hooks and the schedule, and
+        lets the tiermem buffers go. The model can then be offloaded again."""
+        stream = _stream()
+        for unit in self.units:
+            with self.pool.acquired(list(unit.parts.values()), stream, write=False):
+                for name, p in unit.params:
+                    p.data = p.data.to(device, copy=True)
+                    if p.grad is not None and "grads" in unit.parts:
+                        p.grad = p.grad.to(device, copy=True)
+                    state = self.optimizer.state.get(p, {}) if self.optimizer is not None else {}
+                    for key in ("exp_avg", "exp_avg_sq"):
+                        if key in state:
+                            state[key] = state[key].to(device, copy=True)
+                for name, b in unit.buffers:
+                    unit.module._buffers[name] = unit.module._buffers[name].to(device, copy=True)
+                torch.cuda.current_stream().synchronize()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
         self.pool.clear_schedule()
+        for unit in self.units:
+            _REGISTERED.discard(unit.parts["weights"].ptr)
+            # Dropped, not freed: a tensor still viewing a buffer (a saved activation of an
+            # old graph, say) keeps it alive, and it is freed with the last such tensor.
+            unit.parts.clear()
+        delattr(self.model, _OFFLOADED)
 
     @property
     def schedule_length(self) -> int:
