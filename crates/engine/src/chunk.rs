@@ -7,27 +7,36 @@
 //!            first acquire (zero-fill)              acquire / prefetch / page_in (copy up)
 //!   Empty ─────────────────────────────▶ Device ◀──────────────────────────────────── Host
 //!                                          │  ▲                                         ▲
-//!                      clean: unmap only   │  │ acquired while moving down:              │
+//!                      clean: leaves now   │  │ acquired while moving down:              │
 //!                      dirty: copy down    ▼  │ becomes Device again (keeps copy)        │
-//!                                       PagingOut ─────── fence done: unmap, free HBM ──┘
+//!                                       PagingOut ─────── fence done: HBM back to pool ─┘
 //! ```
 //!
 //! * `Empty` — never written; nothing behind the VA. Made resident as zeros.
-//! * `Host { slot }` — unmapped; the data is in a pinned host slot. A kernel must not touch it.
+//! * `Host { slot }` — not resident; the data is in a pinned host slot. A kernel must not touch it.
 //! * `Device { phys, copy }` — mapped in local HBM at full speed. `copy` is a host slot that
-//!   still holds identical bytes (the chunk is *clean*): evicting it is an unmap, no copy
+//!   still holds identical bytes (the chunk is *clean*): evicting it is bookkeeping, no copy
 //!   (GDM's LRU-COST relies on this). An acquire for writing drops the copy (*dirty*).
 //! * `PagingOut { phys, slot, fence }` — still mapped; a copy to `slot` (or, for a clean chunk,
 //!   the user's last work on it) is in flight, and `fence` marks its end. When the fence has
-//!   completed the chunk is unmapped and becomes `Host` (or `File`, for a chunk whose only
+//!   completed the chunk leaves HBM and becomes `Host` (or `File`, for a chunk whose only
 //!   other copy is in the file: then `slot` is `None`).
-//! * `File` — unmapped; the data is only in the file tier (`file`).
+//! * `File` — not resident; the data is only in the file tier (`file`).
 //!
 //! Orthogonally, `file` is a slot of the file tier holding identical bytes, in any state: a
 //! chunk paged in from the file keeps it, so evicting it again writes nothing (the Bakita
 //! paper's read-only buffers, written once). An acquire for writing drops it, like `copy`.
 //! A full host tier spills its coldest `Host` chunks to the file; a page-in from the file
 //! reads into a separate pinned staging area, so it takes no room in the host tier.
+//!
+//! **Stale mappings.** A chunk that leaves HBM keeps its mapping: `alias` is the physical
+//! chunk its address still maps, which the pool may meanwhile give to another chunk. Unmapping
+//! and mapping again cost ~50 µs of driver time per chunk (more than its 38 µs copy), so
+//! evicting is bookkeeping only, and a chunk coming back takes its old physical chunk if that is
+//! free — a loop that streams the same buffers through the same HBM every pass then makes no
+//! driver call but the copies. Only a chunk that must take a *different* physical chunk unmaps
+//! its stale mapping first; `free` unmaps them all. A stale mapping is never read: only
+//! acquired chunks may be touched, and those are resident.
 //!
 //! Two fences ride along with every chunk: `ready` (the copy that brought it up; users'
 //! streams wait on it) and `busy` (the user's work since the last release; the chunk may be
@@ -55,11 +64,13 @@ pub(crate) struct Chunk {
     pub busy: Option<Arc<Fence>>,
     /// A file-tier slot holding this chunk's current bytes.
     pub file: Option<FileSlot>,
+    /// Not resident, but its address still maps this physical chunk (a stale mapping).
+    pub alias: Option<PhysHandle>,
 }
 
 impl Chunk {
     pub fn new() -> Self {
-        Self { state: ChunkState::Empty, pins: 0, last_use: 0, ready: None, busy: None, file: None }
+        Self { state: ChunkState::Empty, pins: 0, last_use: 0, ready: None, busy: None, file: None, alias: None }
     }
 
     /// Mapped in HBM and usable (possibly still arriving: see `ready`).

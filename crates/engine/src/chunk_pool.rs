@@ -52,6 +52,18 @@ impl ChunkPool {
         }
     }
 
+    /// Takes `chunk` itself if it is idle (a chunk coming back to the physical chunk its stale
+    /// mapping still points at).
+    pub fn take_exact(&mut self, chunk: PhysHandle) -> bool {
+        match self.idle.iter().rposition(|&c| c == chunk) {
+            Some(i) => {
+                self.idle.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn give(&mut self, chunk: PhysHandle) {
         self.idle.push(chunk);
     }

@@ -250,7 +250,7 @@ impl Engine {
         self.lock().page_in_start(target)
     }
 
-    /// Moves `target` out of HBM into the host tier and waits. Clean chunks are unmapped with
+    /// Moves `target` out of HBM into the host tier and waits. Clean chunks leave with
     /// no copy. Acquired buffers are refused.
     pub fn page_out(&self, target: Target) -> Result<()> {
         let ticket = self.page_out_start(target)?;
@@ -429,20 +429,9 @@ impl Inner {
             }
         }
         // Unmap first, with the buffer still here: if cuMemUnmap fails the buffer stays and a
-        // retry unmaps only what is still mapped. Its data is being discarded, so chunks with
-        // no host copy become `Empty`.
-        let mapped: Vec<_> = buffer
-            .chunks
-            .iter()
-            .enumerate()
-            .filter_map(|(index, chunk)| match chunk.state {
-                ChunkState::Device { phys, copy } => Some(((id, index), phys, copy)),
-                ChunkState::PagingOut { phys, slot, .. } => Some(((id, index), phys, slot)),
-                ChunkState::Empty | ChunkState::Host { .. } | ChunkState::File => None,
-            })
-            .collect();
+        // retry unmaps only what is still mapped. Its data is being discarded.
         let (va, reserved) = (buffer.va, buffer.reserved);
-        self.unmap_chunks(&mapped).during("free")?;
+        self.unmap_buffer(id).during("free")?;
         self.device.unreserve(va, reserved).during("free")?;
         let buffer = self.buffers.remove(&id).expect("checked above");
         if let Some(schedule) = self.schedule.as_mut() {

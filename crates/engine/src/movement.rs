@@ -8,12 +8,13 @@
 //! while the copy engine moves batch k: the link stays busy. One fence after the last batch
 //! is the chunks' `ready` fence, which acquiring streams wait on — on the device, not the host.
 //!
-//! **Down** (`send_down`): a clean chunk (identical host copy) is unmapped at once if nothing
+//! **Down** (`send_down`): a clean chunk (identical host copy) leaves HBM at once if nothing
 //! can still touch it, or after the fence of its last use. A dirty chunk gets a host slot
 //! (contiguous runs where possible), the down stream waits on the chunk's last-use fence
 //! (device-side), the copy is enqueued, and a fence per batch marks it. The chunk stays
-//! mapped, `PagingOut`, until its fence completes; `reap` then unmaps it and returns the HBM
-//! chunk to the pool — batch by batch, so unmapping overlaps the copies still running.
+//! mapped, `PagingOut`, until its fence completes; `reap` then returns its HBM chunk to the
+//! pool. Leaving HBM makes no driver call: the mapping stays, stale (`Chunk::alias`), and a
+//! chunk coming back to the same physical chunk needs no mapping either (chunk.rs says why).
 //!
 //! **A driver fact that shapes the schedule** (H200, driver 580): `cuMemMap`/`cuMemSetAccess`
 //! wait for copies *to the host* that are in flight — during a 1 GiB copy down, mapping 16
@@ -80,29 +81,28 @@ impl Inner {
         if todo.is_empty() {
             return Ok(None);
         }
-        let mut phys = Vec::with_capacity(todo.len());
-        while phys.len() < todo.len() {
-            match self.pool.take(self.device.as_ref()).during(call)? {
-                Some(p) => phys.push(p),
-                None if purpose == Purpose::Prefetch => break,
-                None if matches!(purpose, Purpose::Ahead { .. }) => {
-                    let Purpose::Ahead { horizon } = purpose else { unreachable!() };
-                    match self.evict_beyond(call, todo.len() - phys.len(), wanted, horizon) {
-                        Ok(true) => {}
-                        Ok(false) => break,
-                        Err(e) => {
-                            phys.into_iter().for_each(|p| self.pool.give(p));
-                            return Err(e);
-                        }
-                    }
-                }
-                None => {
-                    if let Err(e) = self.make_room(call, todo.len() - phys.len(), wanted) {
-                        phys.into_iter().for_each(|p| self.pool.give(p));
-                        return Err(e);
+        match purpose {
+            Purpose::Demand => self.make_room(call, todo.len(), wanted)?,
+            Purpose::Prefetch => {}
+            Purpose::Ahead { horizon } => {
+                while self.pool.available() < todo.len() {
+                    let short = todo.len() - self.pool.available();
+                    if !self.evict_beyond(call, short, wanted, horizon)? {
+                        break;
                     }
                 }
             }
+        }
+        let mut phys = self.take_phys(call, &todo)?;
+        // The driver may give fewer chunks than the cap promised (the cap then shrinks): a demand
+        // evicts for the rest.
+        while purpose == Purpose::Demand && phys.len() < todo.len() {
+            if let Err(e) = self.make_room(call, todo.len() - phys.len(), wanted) {
+                phys.into_iter().for_each(|p| self.pool.give(p));
+                return Err(e);
+            }
+            let more = self.take_phys(call, &todo[phys.len()..])?;
+            phys.extend(more);
         }
         todo.truncate(phys.len());
         if todo.is_empty() {
@@ -187,6 +187,28 @@ impl Inner {
         failure.map_or(Ok(Some(fence)), Err)
     }
 
+    /// Physical chunks for `todo`, one each, for as many of its first chunks as the pool can
+    /// serve: a chunk whose stale mapping points at an idle physical chunk takes that one (it
+    /// needs no driver call), the others whatever is idle or can still be created.
+    fn take_phys(&mut self, call: &'static str, todo: &[ChunkRef]) -> Result<Vec<PhysHandle>> {
+        let aliases: Vec<Option<PhysHandle>> = todo.iter().map(|&r| self.chunk_mut(r).alias).collect();
+        let mut phys: Vec<Option<PhysHandle>> =
+            aliases.into_iter().map(|alias| alias.filter(|&p| self.pool.take_exact(p))).collect();
+        for slot in phys.iter_mut().filter(|slot| slot.is_none()) {
+            match self.pool.take(self.device.as_ref()) {
+                Ok(Some(p)) => *slot = Some(p),
+                Ok(None) => break,
+                Err(e) => {
+                    phys.into_iter().flatten().for_each(|p| self.pool.give(p));
+                    return Err(Error::Device { call, source: e });
+                }
+            }
+        }
+        let served = phys.iter().position(Option::is_none).unwrap_or(phys.len());
+        phys[served..].iter().flatten().for_each(|&p| self.pool.give(p));
+        Ok(phys[..served].iter().flatten().copied().collect())
+    }
+
     /// Maps one batch of consecutive chunks of one buffer and enqueues their copies up: from
     /// their host slots, from `staged` staging slots (chunks read from the file), or zeros.
     /// On failure every chunk of the batch is as before and its physical chunks are back in the pool.
@@ -200,17 +222,38 @@ impl Inner {
         let g = self.chunk;
         let va0 = self.chunk_va(batch[0]);
         let device = Arc::clone(&self.device);
-        let mut mapped = 0;
-        let started = std::time::Instant::now();
-        let mut outcome = phys.iter().try_for_each(|&p| {
-            device.map(va0 + (mapped * g) as u64, p)?;
-            mapped += 1;
-            Ok(())
-        });
-        if outcome.is_ok() {
-            outcome = device.set_access(va0, batch.len() * g);
+        // Chunks still mapped at their physical chunk need nothing; a stale mapping elsewhere
+        // is unmapped first.
+        let mut fresh = Vec::new();
+        let mut outcome = Ok(());
+        for (i, (&r, &p)) in batch.iter().zip(phys).enumerate() {
+            let va = va0 + (i * g) as u64;
+            let alias = self.chunk_mut(r).alias;
+            if alias == Some(p) {
+                continue;
+            }
+            if alias.is_some() {
+                let started = std::time::Instant::now();
+                outcome = device.unmap(va, g);
+                self.counters.unmap_ms += started.elapsed().as_secs_f64() * 1e3;
+                if outcome.is_err() {
+                    break;
+                }
+                self.chunk_mut(r).alias = None;
+            }
+            let started = std::time::Instant::now();
+            outcome = device.map(va, p);
+            self.counters.map_ms += started.elapsed().as_secs_f64() * 1e3;
+            if outcome.is_err() {
+                break;
+            }
+            fresh.push(va);
         }
-        self.counters.map_ms += started.elapsed().as_secs_f64() * 1e3;
+        if outcome.is_ok() && !fresh.is_empty() {
+            let started = std::time::Instant::now();
+            outcome = device.set_access(va0, batch.len() * g);
+            self.counters.map_ms += started.elapsed().as_secs_f64() * 1e3;
+        }
         if outcome.is_ok() {
             let sources: Vec<Option<HostPtr>> = batch
                 .iter()
@@ -237,8 +280,8 @@ impl Inner {
             }
         }
         if let Err(e) = outcome {
-            if mapped > 0 {
-                let _ = device.unmap(va0, mapped * g);
+            for va in fresh {
+                let _ = device.unmap(va, g);
             }
             phys.iter().for_each(|&p| self.pool.give(p));
             return Err(e);
@@ -251,6 +294,7 @@ impl Inner {
                 _ => (None, false),
             };
             chunk.state = ChunkState::Device { phys: p, copy };
+            chunk.alias = None;
             self.buffers.get_mut(&r.0).expect("chunk of a live buffer").mapped += 1;
             match copied {
                 true => self.counters.page_ins += 1,
@@ -302,7 +346,7 @@ impl Inner {
             }
         }
         self.counters.clean_drops += drop_now.len() as u64;
-        self.unmap_chunks(&drop_now).during(call)?;
+        self.detach_chunks(&drop_now);
         let room = self.host.cap();
         if dirty.len() <= room || self.file.is_none() {
             fences.extend(self.copy_dirty_down(call, &dirty)?);
@@ -471,37 +515,57 @@ impl Inner {
         freed.into_iter().for_each(|s| self.host.free(s));
     }
 
-    /// Unmaps chunks, returns their HBM to the pool, and marks them `Host` where their data is
-    /// safe in a slot, `File` where the file holds it, `Empty` where it is discarded (only `free`
-    /// discards). Each run of
-    /// adjacent chunks is marked as soon as it is unmapped, so if a later run fails every chunk
-    /// is either unmapped and marked or still mapped and untouched: none is left marked
-    /// resident behind an unmapped address.
-    pub fn unmap_chunks(&mut self, items: &[(ChunkRef, PhysHandle, Option<Slot>)]) -> Result<(), DeviceError> {
+    /// Chunks leave HBM: their physical chunks go back to the pool, and they become `Host` where
+    /// their data is safe in a slot, `File` where the file holds it. Their mappings stay, stale
+    /// (`alias`): no driver call. Nothing may still use them (their fences have completed).
+    pub fn detach_chunks(&mut self, items: &[(ChunkRef, PhysHandle, Option<Slot>)]) {
         let mut items = items.to_vec();
         items.sort_unstable_by_key(|&(r, _, _)| r);
         // A chunk sent down, brought back and sent down again behind the same fence sits in two
-        // landed groups: unmap it once.
+        // landed groups: detach it once.
         items.dedup_by_key(|&mut (r, _, _)| r);
-        let mut rest = &items[..];
-        while let Some(&((id, first), _, _)) = rest.first() {
-            let len = rest.iter().zip(first..).take_while(|&(&(r, _, _), i)| r == (id, i)).count();
-            let (run, tail) = rest.split_at(len);
-            let started = std::time::Instant::now();
-            self.device.unmap(self.chunk_va((id, first)), len * self.chunk)?;
-            self.counters.unmap_ms += started.elapsed().as_secs_f64() * 1e3;
-            self.buffers.get_mut(&id).expect("chunk of a live buffer").mapped -= len;
-            for &(r, phys, slot) in run {
-                self.pool.give(phys);
-                let chunk = self.chunk_mut(r);
-                chunk.state = match (slot, chunk.file) {
-                    (Some(slot), _) => ChunkState::Host { slot },
-                    (None, Some(_)) => ChunkState::File,
-                    (None, None) => ChunkState::Empty,
-                };
-                (chunk.ready, chunk.busy) = (None, None);
+        for (r, phys, slot) in items {
+            self.leave_hbm(r, phys, slot);
+            self.chunk_mut(r).alias = Some(phys);
+        }
+    }
+
+    /// The bookkeeping of a chunk leaving HBM (its mapping is the caller's business).
+    fn leave_hbm(&mut self, r: ChunkRef, phys: PhysHandle, slot: Option<Slot>) {
+        self.pool.give(phys);
+        self.buffers.get_mut(&r.0).expect("chunk of a live buffer").mapped -= 1;
+        let chunk = self.chunk_mut(r);
+        chunk.state = match (slot, chunk.file) {
+            (Some(slot), _) => ChunkState::Host { slot },
+            (None, Some(_)) => ChunkState::File,
+            (None, None) => ChunkState::Empty,
+        };
+        (chunk.ready, chunk.busy) = (None, None);
+    }
+
+    /// Unmaps a buffer's chunks for `free`: resident ones leave HBM (`Empty` unless a slot or the
+    /// file holds their data), stale mappings go. Each chunk is marked as soon as it is
+    /// unmapped, so after a failure a retry unmaps only what is still mapped.
+    pub fn unmap_buffer(&mut self, id: BufferId) -> Result<(), DeviceError> {
+        for index in 0..self.buffers[&id].chunks.len() {
+            let r = (id, index);
+            let va = self.chunk_va(r);
+            let chunk = self.chunk_mut(r);
+            let resident = match chunk.state {
+                ChunkState::Device { phys, copy } => Some((phys, copy)),
+                ChunkState::PagingOut { phys, slot, .. } => Some((phys, slot)),
+                ChunkState::Empty | ChunkState::Host { .. } | ChunkState::File => None,
+            };
+            if resident.is_none() && chunk.alias.is_none() {
+                continue;
             }
-            rest = tail;
+            let started = std::time::Instant::now();
+            self.device.unmap(va, self.chunk)?;
+            self.counters.unmap_ms += started.elapsed().as_secs_f64() * 1e3;
+            self.chunk_mut(r).alias = None;
+            if let Some((phys, slot)) = resident {
+                self.leave_hbm(r, phys, slot);
+            }
         }
         Ok(())
     }
@@ -529,11 +593,7 @@ impl Inner {
                 }
             }
         }
-        if let Err(e) = self.unmap_chunks(&items) {
-            // Retried by the next reap; chunks already unmapped are `Host` and skipped then.
-            self.pending_down.extend(landed);
-            return Err(Error::Device { call: "reap", source: e });
-        }
+        self.detach_chunks(&items);
         while let Some((fence, _)) = self.retiring.front() {
             if !fence.is_done().during("reap")? {
                 break;

@@ -81,11 +81,14 @@ fn on_host(engine: &Engine, chunks: usize, seed: u64) -> (BufferId, Vec<u8>) {
 }
 
 /// Page-in of a 4-chunk buffer from the host with `cuda` failing per `actions`; returns how many
-/// chunks made it before the failure.
+/// chunks made it before the failure. Another buffer holds the physical chunks that `a`'s stale
+/// mappings point at, so the page-in must map afresh.
 fn page_in_failing(cuda: &str, actions: &str, batch: usize, call: &str) -> usize {
     let (_g, scenario) = scenario();
-    let (engine, sim) = world(4, batch);
+    let (engine, sim) = world(8, batch);
     let (a, a_bytes) = on_host(&engine, 4, 1);
+    let (other, _) = engine.alloc(4 * CHUNK, AllocOptions::default()).unwrap();
+    fill(&engine, other, 4 * CHUNK, 2);
     fail::cfg(cuda, actions).unwrap();
     let result = match call {
         "page_in" => engine.page_in(Target::Buffer(a)),
@@ -296,7 +299,7 @@ fn cu_mem_create_failing_with_nothing_evictable_is_an_error_that_changes_nothing
 }
 
 #[test]
-fn cu_mem_unmap_failing_in_a_later_run_of_clean_drops_loses_nothing() {
+fn evictions_make_no_driver_call_and_unmap_failing_in_free_loses_nothing() {
     let (_g, scenario) = scenario();
     let (engine, sim) = world(4, 2);
     let (a, _) = engine.alloc(CHUNK, AllocOptions::default()).unwrap();
@@ -304,13 +307,15 @@ fn cu_mem_unmap_failing_in_a_later_run_of_clean_drops_loses_nothing() {
     let contents = vec![(a, fill(&engine, a, CHUNK, 12)), (b, fill(&engine, b, CHUNK, 13))];
     engine.page_out(Target::All).unwrap();
     engine.page_in(Target::Buffer(a)).unwrap();
-    engine.page_in(Target::Buffer(b)).unwrap(); // both clean: a page-out only unmaps, one run per buffer
-    fail::cfg("cuMemUnmap", "1*off->return").unwrap();
-    assert_device_error(engine.page_out(Target::All), "page_out", "cuMemUnmap");
+    engine.page_in(Target::Buffer(b)).unwrap(); // both clean: a page-out only detaches them
+    fail::cfg("cuMemUnmap", "return").unwrap();
+    engine.page_out(Target::All).expect("a clean page-out leaves stale mappings: no cuMemUnmap");
+    // `free` must unmap the stale mapping: it fails, and the buffer stays whole.
+    assert_device_error(engine.free(a), "free", "cuMemUnmap");
+    check(&engine, &contents);
     fail::remove("cuMemUnmap");
-    check(&engine, &contents);
-    engine.page_out(Target::All).expect("page_out once the failpoint is gone");
-    check(&engine, &contents);
+    engine.free(a).expect("free once the failpoint is gone");
+    check(&engine, &contents[1..].to_vec());
     done(engine, sim);
     scenario.teardown();
 }

@@ -64,7 +64,8 @@ struct SimState {
     /// Granule-aligned VA → (chunk, accessible).
     mappings: BTreeMap<DevicePtr, (PhysHandle, bool)>,
     live_chunks: HashSet<u64>,
-    mapped_chunks: HashMap<u64, DevicePtr>,
+    /// For each mapped chunk, the addresses it is mapped at (CUDA allows several).
+    mapped_chunks: HashMap<u64, Vec<DevicePtr>>,
     free_slots: Vec<u64>,
     next_slot: u64,
     pinned: BTreeMap<HostPtr, usize>,
@@ -413,7 +414,7 @@ impl Device for SimDevice {
         if !s.live_chunks.contains(&chunk.0) {
             return Err(Self::invalid("cuMemRelease", format!("chunk {} is not live", chunk.0)));
         }
-        if let Some(va) = s.mapped_chunks.get(&chunk.0) {
+        if let Some(va) = s.mapped_chunks.get(&chunk.0).and_then(|vas| vas.first()) {
             return Err(Self::invalid("cuMemRelease", format!("chunk {} is still mapped at 0x{va:x}", chunk.0)));
         }
         let offset = (chunk.0 as usize * self.gran()) as libc::off_t;
@@ -444,9 +445,6 @@ impl Device for SimDevice {
                 format!("va=0x{va:x} chunk={} (outside a reservation, already mapped, or dead chunk)", chunk.0),
             ));
         }
-        if s.mapped_chunks.contains_key(&chunk.0) {
-            return Err(Self::invalid("cuMemMap", format!("chunk {} is already mapped elsewhere", chunk.0)));
-        }
         let offset = (chunk.0 as usize * g) as libc::off_t;
         // SAFETY: va..va+g lies inside a reservation of ours that holds no mapping there.
         let p = unsafe {
@@ -463,7 +461,7 @@ impl Device for SimDevice {
             return Err(DeviceError::os("mmap"));
         }
         s.mappings.insert(va, (chunk, false));
-        s.mapped_chunks.insert(chunk.0, va);
+        s.mapped_chunks.entry(chunk.0).or_default().push(va);
         Ok(())
     }
 
@@ -498,7 +496,11 @@ impl Device for SimDevice {
         anon_map(size, libc::PROT_NONE, Some(va as usize))?;
         for a in (va..va + size as u64).step_by(g as usize) {
             if let Some((chunk, _)) = s.mappings.remove(&a) {
-                s.mapped_chunks.remove(&chunk.0);
+                let vas = s.mapped_chunks.get_mut(&chunk.0).expect("a mapped chunk has its addresses");
+                vas.retain(|&v| v != a);
+                if vas.is_empty() {
+                    s.mapped_chunks.remove(&chunk.0);
+                }
             }
         }
         Ok(())
