@@ -657,33 +657,11 @@ impl Inner {
     /// by the policy (Belady while a schedule is set), and waits until they have left.
     /// `false` if there was nothing to evict.
     fn evict(&mut self, call: &'static str, count: usize, protect: &[ChunkRef], horizon: Option<u64>) -> Result<bool> {
-        let offered = if self.schedule.is_some() { 2 * count } else { count };
-        let (refs, candidates) = self.candidates(protect, horizon, offered).during(call)?;
+        let (refs, candidates) = self.candidates(protect, horizon, count).during(call)?;
         if candidates.is_empty() {
             return Ok(false);
         }
-        let mut order = self.select_victims(&candidates, offered);
-        if self.schedule.is_some() {
-            // Among the chunks Belady offers (those needed furthest away), first those that hold
-            // the physical chunks the incoming chunks' stale mappings point at: each incoming
-            // chunk then gets its old physical chunk back and needs no mapping. Otherwise a loop
-            // rotates its chunks through HBM — each taking the physical chunk of the one evicted
-            // for it, a different one every pass — and maps every chunk afresh every pass.
-            let homes: std::collections::HashSet<PhysHandle> = protect
-                .iter()
-                .map(|r| &self.buffers[&r.0].chunks[r.1])
-                .filter(|c| !c.is_resident())
-                .filter_map(|c| c.alias)
-                .collect();
-            if !homes.is_empty() {
-                order.sort_by_key(|&i| match self.buffers[&refs[i].0].chunks[refs[i].1].state {
-                    ChunkState::Device { phys, .. } => !homes.contains(&phys),
-                    _ => true,
-                });
-            }
-        }
-        order.truncate(count);
-        let mut victims: Vec<ChunkRef> = order.into_iter().map(|i| refs[i]).collect();
+        let mut victims: Vec<ChunkRef> = self.select_victims(&candidates, count).into_iter().map(|i| refs[i]).collect();
         victims.sort_unstable();
         self.counters.evictions += victims.len() as u64;
         let fences = self.send_down(call, &victims)?;
