@@ -248,6 +248,7 @@ impl Inner {
                 break;
             }
             fresh.push(va);
+            self.counters.maps += 1;
         }
         if outcome.is_ok() && !fresh.is_empty() {
             let started = std::time::Instant::now();

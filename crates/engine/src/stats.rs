@@ -26,6 +26,9 @@ pub struct Counters {
     /// Device time of the demand copies that acquiring streams waited on, in milliseconds
     /// (0 on the simulated device, which has no clock).
     pub stall_ms: f64,
+    /// Chunks mapped afresh (`cuMemMap`); a chunk coming back to the physical chunk its stale
+    /// mapping points at is not.
+    pub maps: u64,
     /// Host time spent mapping chunks and setting their access (driver calls), in milliseconds.
     pub map_ms: f64,
     /// Host time spent unmapping chunks, in milliseconds.

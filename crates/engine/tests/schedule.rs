@@ -127,3 +127,32 @@ fn schedule_errors_name_the_call_and_change_nothing() {
     }
     support::assert_no_leaks(engine, sim);
 }
+
+/// A model-like loop: layers of unequal buffers (like q, k, v, o, gate, up, down, norms), twice
+/// the cap, paged ahead through a window: once warm, a pass moves what does not fit and no more
+/// than the window besides.
+#[test]
+fn a_model_like_loop_moves_only_what_does_not_fit() {
+    let sizes = [8, 2, 2, 8, 28, 28, 28, 1, 1];
+    let layers = 4;
+    let total: usize = sizes.iter().sum::<usize>() * layers;
+    let (cap, window) = (total / 2, 16);
+    let (engine, sim) = support::engine(cap, total + 8, EngineConfig::default());
+    let options = AllocOptions { read_only: true, ..AllocOptions::default() };
+    let buffers: Vec<(BufferId, Vec<u8>)> = (0..layers)
+        .flat_map(|_| sizes)
+        .enumerate()
+        .map(|(i, chunks)| {
+            let (id, _) = engine.alloc(chunks * CHUNK, options.clone()).unwrap();
+            (id, fill(&engine, id, chunks * CHUNK, 100 + i as u64))
+        })
+        .collect();
+    engine.page_out(Target::All).unwrap();
+    engine.set_schedule(schedule_of(&buffers)).unwrap();
+    let page_ins = run_passes(&engine, &buffers, 4, Some(window * CHUNK));
+    assert!(page_ins <= (total - cap + window) as u64, "{page_ins} page-ins per pass, {total} chunks, cap {cap}");
+    for (id, bytes) in &buffers {
+        assert_contents(&engine, *id, bytes);
+    }
+    support::assert_no_leaks(engine, sim);
+}

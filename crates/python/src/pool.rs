@@ -286,6 +286,7 @@ impl Pool {
             ("prefetched", t.prefetched),
             ("file_writes", t.file_writes),
             ("file_reads", t.file_reads),
+            ("maps", t.maps),
         ] {
             transfers.set_item(key, value)?;
         }
