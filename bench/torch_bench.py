@@ -194,7 +194,7 @@ def inference(args, results):
         timer.seconds[f"of which {key[:-3]}"] = (t1[key] - t0[key]) / 1e3
     metrics["host_seconds_per_step"] = {name: round(t, 4) for name, t in timer.seconds.items()}
     metrics["host_calls_per_step"] = dict(timer.calls)
-    log(f"host time in engine calls over {2} passes: {metrics['host_seconds_per_step']}")
+    log(f"host time in engine calls over two passes (prefill and one decode step): {metrics['host_seconds_per_step']}")
     best = min(runs, key=lambda w: runs[w][0])
     tm_step, moved, tm_tokens, tm_logits = runs[best]
     handle.prefetch_bytes = best

@@ -25,8 +25,9 @@
 //!
 //! **Room** (`make_room`): when a demand needs more HBM than the pool has, the policy picks
 //! victims among chunks that are resident, not acquired, not protected (the chunks being
-//! acquired), and whose fences have completed. This is the one place the host waits: the
-//! HBM is needed now. Streams: `up` for demand, `prefetch` (low priority) for prefetches,
+//! acquired), and whose fences have completed — or, with a schedule, Belady's choice among all
+//! of them, waited for if still in use. This and a page-in ahead of the schedule (which waits
+//! for its victims to pace the caller to the GPU) are the places the host waits. Streams: `up` for demand, `prefetch` (low priority) for prefetches,
 //! `down` for page-outs, so the two directions overlap on the two copy engines.
 
 use crate::chunk::ChunkState;
