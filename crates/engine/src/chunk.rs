@@ -35,8 +35,9 @@
 //! evicting is bookkeeping only, and a chunk coming back takes its old physical chunk if that is
 //! free — a loop that streams the same buffers through the same HBM every pass then makes no
 //! driver call but the copies. Only a chunk that must take a *different* physical chunk unmaps
-//! its stale mapping first; `free` unmaps them all. A stale mapping is never read: only
-//! acquired chunks may be touched, and those are resident.
+//! its stale mapping first; `free` unmaps them all. With a schedule, an incoming chunk sends
+//! the streamed holder of its old physical chunk out first, so homes stay stable (homes.rs).
+//! A stale mapping is never read: only acquired chunks may be touched, and those are resident.
 //!
 //! Two fences ride along with every chunk: `ready` (the copy that brought it up; users'
 //! streams wait on it) and `busy` (the user's work since the last release; the chunk may be
@@ -66,11 +67,23 @@ pub(crate) struct Chunk {
     pub file: Option<FileSlot>,
     /// Not resident, but its address still maps this physical chunk (a stale mapping).
     pub alias: Option<PhysHandle>,
+    /// Evicted since the schedule was set: it streams, so it may make way for an incoming
+    /// chunk whose home it holds (homes.rs).
+    pub streamed: bool,
 }
 
 impl Chunk {
     pub fn new() -> Self {
-        Self { state: ChunkState::Empty, pins: 0, last_use: 0, ready: None, busy: None, file: None, alias: None }
+        Self {
+            state: ChunkState::Empty,
+            pins: 0,
+            last_use: 0,
+            ready: None,
+            busy: None,
+            file: None,
+            alias: None,
+            streamed: false,
+        }
     }
 
     /// Mapped in HBM and usable (possibly still arriving: see `ready`).

@@ -10,7 +10,7 @@ use crate::stats::Counters;
 use crate::{EngineConfig, Error, Result};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use tiermem_mechanism::{Device, DeviceInfo, StreamHandle, StreamPriority};
+use tiermem_mechanism::{Device, DeviceInfo, PhysHandle, StreamHandle, StreamPriority};
 use tiermem_policy::{new_policy, EvictionPolicy, PolicyKind};
 
 /// A chunk: its buffer and its index in the buffer.
@@ -61,6 +61,8 @@ pub(crate) struct Inner {
     /// Chunks acquired at least once (`pins > 0`): HBM that eviction cannot free.
     pub pinned: usize,
     pub pool: ChunkPool,
+    /// The chunk each physical chunk in use serves (`Device` or `PagingOut`): homes.rs.
+    pub holders: HashMap<PhysHandle, ChunkRef>,
     pub host: HostTier,
     pub policy: Box<dyn EvictionPolicy>,
     pub events: Arc<EventPool>,
@@ -126,6 +128,7 @@ impl Engine {
             clock: 0,
             pinned: 0,
             pool: ChunkPool::new(hbm_limit / chunk),
+            holders: HashMap::new(),
             host: HostTier::new(chunk, host_limit),
             policy: new_policy(config.policy, config.seed),
             events: EventPool::new(Arc::clone(&device)),
@@ -223,6 +226,7 @@ impl Engine {
             return Err(Error::Schedule { call: "set_schedule", detail: "a schedule needs at least one step".into() });
         }
         inner.schedule = Some(Schedule::new(steps));
+        inner.buffers.values_mut().flat_map(|b| &mut b.chunks).for_each(|c| c.streamed = false);
         Ok(())
     }
 

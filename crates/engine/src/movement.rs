@@ -82,6 +82,11 @@ impl Inner {
         if todo.is_empty() {
             return Ok(None);
         }
+        match (purpose, self.schedule.is_some()) {
+            (Purpose::Demand, true) => self.send_holders_home(call, &todo, wanted, 0)?,
+            (Purpose::Ahead { horizon }, true) => self.send_holders_home(call, &todo, wanted, horizon)?,
+            _ => {}
+        }
         match purpose {
             Purpose::Demand => self.make_room(call, todo.len(), wanted)?,
             Purpose::Prefetch => {}
@@ -297,6 +302,7 @@ impl Inner {
             };
             chunk.state = ChunkState::Device { phys: p, copy };
             chunk.alias = None;
+            self.holders.insert(p, r);
             self.buffers.get_mut(&r.0).expect("chunk of a live buffer").mapped += 1;
             match copied {
                 true => self.counters.page_ins += 1,
@@ -535,6 +541,7 @@ impl Inner {
     /// The bookkeeping of a chunk leaving HBM (its mapping is the caller's business).
     fn leave_hbm(&mut self, r: ChunkRef, phys: PhysHandle, slot: Option<Slot>) {
         self.pool.give(phys);
+        self.holders.remove(&phys);
         self.buffers.get_mut(&r.0).expect("chunk of a live buffer").mapped -= 1;
         let chunk = self.chunk_mut(r);
         chunk.state = match (slot, chunk.file) {
@@ -665,15 +672,24 @@ impl Inner {
         }
         let mut victims: Vec<ChunkRef> = self.select_victims(&candidates, count).into_iter().map(|i| refs[i]).collect();
         victims.sort_unstable();
+        self.evict_now(call, &victims)?;
+        Ok(true)
+    }
+
+    /// Sends `victims` (sorted) down and waits until they have left. With a schedule they are
+    /// marked as streamed (homes.rs).
+    pub(crate) fn evict_now(&mut self, call: &'static str, victims: &[ChunkRef]) -> Result<()> {
         self.counters.evictions += victims.len() as u64;
-        let fences = self.send_down(call, &victims)?;
+        if self.schedule.is_some() {
+            victims.iter().for_each(|&r| self.chunk_mut(r).streamed = true);
+        }
+        let fences = self.send_down(call, victims)?;
         let started = std::time::Instant::now();
         for fence in fences {
             fence.wait().during(call)?;
         }
         self.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
-        self.reap()?;
-        Ok(true)
+        self.reap()
     }
 
     /// The policy's choice among `candidates`; Belady's while a schedule is set.

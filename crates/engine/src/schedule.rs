@@ -21,7 +21,9 @@
 //! is counted in bytes of the schedule, not of page-ins: a budget of missing bytes would walk
 //! past the resident steps and bring in chunks far ahead, each evicting the chunk just used —
 //! and Belady's resident set would erode one chunk per step until everything streamed.
-//! With a window of `w` chunks, a pass streams about (bytes used − HBM + `w`).
+//! With a window of `w` chunks, a pass streams about (bytes used − HBM + `w` + the step in
+//! use). Streamed chunks come back to the physical chunks they left (homes.rs), so once a
+//! pass has settled, streaming makes no driver call but the copies.
 
 use crate::BufferId;
 use std::collections::HashMap;
