@@ -121,6 +121,10 @@ def test_file_tier_from_python(tmp_path):
     assert pool.stats()["transfers"]["file_writes"] >= 2
     for i, b in enumerate(bufs):
         assert b.read() == pattern(i, 2 * CHUNK)
+    # Asynchronously: the write runs in the background until finish.
+    pool.finish(pool.page_out_to_file_start(bufs[1]))
+    assert pool.stats()["buffers"][1]["in_file"] == 2
+    assert bufs[1].read() == pattern(1, 2 * CHUNK)
 
 
 @pytest.mark.skipif(os.environ.get("TIERMEM_TEST_BACKEND") != "cuda", reason="needs a GPU (TIERMEM_TEST_BACKEND=cuda)")

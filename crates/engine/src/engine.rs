@@ -4,6 +4,7 @@ use crate::chunk_pool::ChunkPool;
 use crate::error::Context;
 use crate::fence::{EventPool, Fence};
 use crate::file_tier::FileTier;
+use crate::file_writes::FileWrite;
 use crate::host_tier::{HostTier, Slot};
 use crate::schedule::Schedule;
 use crate::stats::Counters;
@@ -79,10 +80,12 @@ pub(crate) struct Inner {
     pub schedule: Option<Schedule>,
 }
 
-/// What `finish` waits for: fences, then chunks to spill to the file tier.
+/// What `finish` waits for: fences, a background file write, then chunks to spill to the
+/// file tier (those the write covered move without another write).
 #[derive(Default)]
 pub(crate) struct TicketWork {
     pub fences: Vec<Arc<Fence>>,
+    pub file_write: Option<FileWrite>,
     pub then_to_file: Vec<ChunkRef>,
 }
 
@@ -286,12 +289,18 @@ impl Engine {
             // Complete each group as soon as it lands, so unmapping overlaps later copies.
             self.lock().reap().map_err(|e| retag(e, "finish"))?;
         }
+        if let Some(write) = work.file_write {
+            let (items, outcome) = write.join();
+            self.lock().commit_file_write(items, outcome)?;
+        }
         if work.then_to_file.is_empty() {
             return Ok(());
         }
         let mut inner = self.lock();
         inner.reap()?;
-        inner.spill_chunks("finish", &work.then_to_file)
+        // Buffers freed since the start have nothing left to move.
+        let live: Vec<ChunkRef> = work.then_to_file.into_iter().filter(|r| inner.buffers.contains_key(&r.0)).collect();
+        inner.spill_chunks("finish", &live)
     }
 
     /// Moves `target` out of HBM and out of the host tier into the file tier, and waits.
@@ -301,7 +310,8 @@ impl Engine {
         self.finish(ticket)
     }
 
-    /// Starts the copies out of HBM; `finish` waits for them and writes the file.
+    /// Starts the copies out of HBM and, in the background, the file write after them; returns
+    /// at once. `finish` waits for both and drops the host copies the file now holds.
     pub fn page_out_to_file_start(&self, target: Target) -> Result<Ticket> {
         self.lock().page_out_to_file_start(target)
     }
@@ -370,7 +380,7 @@ fn open_file_tier(config: &EngineConfig, path: &std::path::Path, chunk: usize) -
     })
     .map_err(|source| Error::File { call: "Engine::new", source })?;
     let staging = HostTier::new(chunk, 2 * crate::file_tier::STAGED_BATCHES * config.batch_chunks.max(1) * chunk);
-    Ok(FileTier { store, staging, retiring: VecDeque::new() })
+    Ok(FileTier { store: Arc::new(store), staging, retiring: VecDeque::new() })
 }
 
 /// Half of the host's available memory, as `/proc/meminfo` tells it (8 GiB if unreadable).
@@ -724,7 +734,7 @@ impl Inner {
     }
 
     fn ticket(&mut self, fences: Vec<Arc<Fence>>) -> Ticket {
-        self.ticket_for(TicketWork { fences, then_to_file: Vec::new() })
+        self.ticket_for(TicketWork { fences, ..TicketWork::default() })
     }
 
     fn ticket_for(&mut self, work: TicketWork) -> Ticket {
@@ -742,7 +752,8 @@ impl Inner {
         let refs = self.outgoing_refs(call, target)?;
         self.reap()?;
         let fences = self.send_down_resident(call, &refs)?;
-        Ok(self.ticket_for(TicketWork { fences, then_to_file: refs }))
+        let file_write = self.start_file_write(call, &refs, &fences)?;
+        Ok(self.ticket_for(TicketWork { fences, file_write, then_to_file: refs }))
     }
 
     pub fn describe_tiers(&self) -> String {
@@ -766,7 +777,13 @@ impl Inner {
             buffer.chunks.iter_mut().for_each(|c| c.pins = 0);
         }
         self.pinned = 0;
-        self.tickets.clear();
+        // Background writes read host slots: they end before anything is unpinned.
+        for (_, work) in std::mem::take(&mut self.tickets) {
+            if let Some(write) = work.file_write {
+                let (items, outcome) = write.join();
+                let _ = self.commit_file_write(items, outcome);
+            }
+        }
         let ids: Vec<BufferId> = self.buffers.keys().copied().collect();
         let mut first_error = None;
         for id in ids {

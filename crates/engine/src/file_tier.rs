@@ -12,8 +12,9 @@
 //! overlaps the copies up of the one before. The chunk keeps its file slot: evicting it again,
 //! unless it was acquired for writing, is an unmap and writes nothing.
 //!
-//! File I/O is synchronous in the calling thread (io_uring or a thread pool keeps many slots
-//! in flight within each call); only the copies between staging and HBM are asynchronous.
+//! Reads and spills run in the calling thread (io_uring or a thread pool keeps many slots in
+//! flight within each call); only the copies between staging and HBM are asynchronous. The
+//! write of `page_out_to_file_start` runs in the background (file_writes.rs).
 
 use crate::chunk::ChunkState;
 use crate::engine::{ChunkRef, Inner};
@@ -30,7 +31,8 @@ use tiermem_policy::Candidate;
 pub(crate) const STAGED_BATCHES: usize = 4;
 
 pub(crate) struct FileTier {
-    pub store: FileStore,
+    /// Shared with background writes (file_writes.rs).
+    pub store: Arc<FileStore>,
     pub staging: HostTier,
     /// Staging slots to free once the copy up reading them has completed.
     pub retiring: VecDeque<(Arc<Fence>, Slot)>,

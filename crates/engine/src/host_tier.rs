@@ -4,7 +4,7 @@
 //! to the host cap, and kept. A page-out of n chunks asks for n slots and gets a contiguous
 //! run when one is free, so that adjacent chunks travel in one copy.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use tiermem_mechanism::{Device, HostPtr, Result};
 
 /// Index of one chunk-sized slot of pinned host memory.
@@ -17,6 +17,9 @@ pub(crate) struct HostTier {
     cap_slots: usize,
     slabs: Vec<HostPtr>,
     free: BTreeSet<Slot>,
+    /// Slots a background file write is reading: `free` leaves them taken until `unhold`
+    /// (`true`: freed meanwhile, to be freed then).
+    held: HashMap<Slot, bool>,
 }
 
 impl HostTier {
@@ -24,7 +27,7 @@ impl HostTier {
         // Slabs of up to 1 GiB (at 2 MiB chunks); the cap is rounded down to whole slabs.
         let slab_slots = (cap_bytes / chunk).clamp(1, 512);
         let cap_slots = cap_bytes / chunk / slab_slots * slab_slots;
-        Self { chunk, slab_slots, cap_slots, slabs: Vec::new(), free: BTreeSet::new() }
+        Self { chunk, slab_slots, cap_slots, slabs: Vec::new(), free: BTreeSet::new(), held: HashMap::new() }
     }
 
     pub fn cap(&self) -> usize {
@@ -79,8 +82,31 @@ impl HostTier {
     }
 
     pub fn free(&mut self, slot: Slot) {
+        if let Some(freed) = self.held.get_mut(&slot) {
+            debug_assert!(!*freed, "host slot {slot:?} freed twice");
+            *freed = true;
+            return;
+        }
         let fresh = self.free.insert(slot);
         debug_assert!(fresh, "host slot {slot:?} freed twice");
+    }
+
+    /// Keeps `slot` from being reused until [`HostTier::unhold`], even if it is freed.
+    pub fn hold(&mut self, slot: Slot) {
+        let fresh = self.held.insert(slot, false).is_none();
+        debug_assert!(fresh, "host slot {slot:?} held twice");
+    }
+
+    /// Ends a [`HostTier::hold`]; a slot freed meanwhile is freed now.
+    pub fn unhold(&mut self, slot: Slot) {
+        if self.held.remove(&slot) == Some(true) {
+            self.free(slot);
+        }
+    }
+
+    /// Whether `slot` was freed while held (its chunk no longer owns it).
+    pub fn freed_while_held(&self, slot: Slot) -> bool {
+        self.held.get(&slot) == Some(&true)
     }
 
     /// Unpins every slab; the engine calls this once no slot is in use.

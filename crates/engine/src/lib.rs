@@ -25,6 +25,7 @@ mod engine;
 mod error;
 mod fence;
 mod file_tier;
+mod file_writes;
 mod homes;
 mod host_tier;
 mod movement;

@@ -376,3 +376,98 @@ fn file_tier_io_errors_lose_nothing() {
     assert!(sim.live().is_empty(), "{:?}", sim.live());
     scenario.teardown();
 }
+
+/// Runs `f` on a thread of its own and returns its result, failing the test if it takes more
+/// than ten seconds (a call that waits for a paused write would hang forever).
+fn within_seconds<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(f()));
+    rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap_or_else(|_| panic!("{what} waited for the disk"))
+}
+
+fn file_world(name: &str) -> (Arc<Engine>, Arc<SimDevice>) {
+    let path = support::file_tier_path(name);
+    let config = EngineConfig { batch_chunks: 2, file: Some(path), file_limit: 32 * CHUNK, ..EngineConfig::default() };
+    let (engine, sim) = support::sim_engine(8 + 4, 8, 8, config);
+    (Arc::new(engine), sim)
+}
+
+/// `page_out_to_file_start` returns while the file write is still going (here: paused), other
+/// calls go on meanwhile, and `finish` completes it: the chunks are in the file, and back from
+/// it byte for byte.
+#[test]
+fn a_page_out_to_file_writes_in_the_background() {
+    let (_guard, scenario) = scenario();
+    let (engine, sim) = file_world("background-write");
+    let (a, _) = engine.alloc(4 * CHUNK, AllocOptions::default()).unwrap();
+    let a_bytes = fill(&engine, a, 4 * CHUNK, 21);
+    let (b, _) = engine.alloc(2 * CHUNK, AllocOptions::default()).unwrap();
+    let b_bytes = fill(&engine, b, 2 * CHUNK, 22);
+
+    fail::cfg("file_store::write", "pause").unwrap();
+    let e = Arc::clone(&engine);
+    let ticket = within_seconds("page_out_to_file_start", move || e.page_out_to_file_start(Target::Buffer(a))).unwrap();
+    // The write is paused, yet the engine serves other buffers.
+    let e = Arc::clone(&engine);
+    within_seconds("an acquire during the write", move || assert_contents(&e, b, &b_bytes));
+    assert_eq!(engine.stats().transfers.file_writes, 0, "the write cannot have completed");
+
+    let e = Arc::clone(&engine);
+    let finished = std::thread::spawn(move || e.finish(ticket));
+    fail::remove("file_store::write");
+    finished.join().unwrap().unwrap();
+    assert_eq!(buffer_stats(&engine, a).in_file, 4, "{:?}", buffer_stats(&engine, a));
+    assert_eq!(engine.stats().transfers.file_writes, 4);
+    assert_contents(&engine, a, &a_bytes);
+    done(Arc::into_inner(engine).unwrap(), sim);
+    scenario.teardown();
+}
+
+/// Chunks written to, or freed, while their background write runs: the write's file copies of
+/// them are discarded, the new bytes stand, and nothing leaks. A failed write leaves every
+/// chunk in the host tier and names `finish` and the file tier; retried, it succeeds.
+#[test]
+fn a_background_write_never_overrides_what_changed_meanwhile() {
+    let (_guard, scenario) = scenario();
+    let (engine, sim) = file_world("background-write-races");
+    let (a, _) = engine.alloc(2 * CHUNK, AllocOptions::default()).unwrap();
+    fill(&engine, a, 2 * CHUNK, 31);
+    let (b, _) = engine.alloc(2 * CHUNK, AllocOptions::default()).unwrap();
+    fill(&engine, b, 2 * CHUNK, 32);
+
+    fail::cfg("file_store::write", "pause").unwrap();
+    let ticket = engine.page_out_to_file_start(Target::All).unwrap();
+    let a_new = fill(&engine, a, 2 * CHUNK, 33);
+    engine.free(b).unwrap();
+    let e = Arc::clone(&engine);
+    let finished = std::thread::spawn(move || e.finish(ticket));
+    fail::remove("file_store::write");
+    finished.join().unwrap().unwrap();
+    assert_eq!(engine.stats().transfers.file_writes, 0, "both chunks changed: no file copy may stand");
+    assert_contents(&engine, a, &a_new);
+
+    fail::cfg("file_store::write", "return").unwrap();
+    let ticket = engine.page_out_to_file_start(Target::Buffer(a)).unwrap();
+    let err = engine.finish(ticket).unwrap_err();
+    assert!(matches!(err, Error::File { call: "finish", .. }), "{err:?}");
+    assert_eq!(buffer_stats(&engine, a).in_host, 2, "a failed write keeps the host copies");
+    fail::remove("file_store::write");
+    assert_contents(&engine, a, &a_new);
+    engine.page_out_to_file(Target::Buffer(a)).unwrap();
+    assert_eq!(buffer_stats(&engine, a).in_file, 2);
+    assert_contents(&engine, a, &a_new);
+    done(Arc::into_inner(engine).unwrap(), sim);
+    scenario.teardown();
+}
+
+/// An engine dropped with a background write unfinished waits for it before unpinning.
+#[test]
+fn dropping_the_engine_joins_an_unfinished_write() {
+    let (_guard, scenario) = scenario();
+    let (engine, sim) = file_world("background-write-drop");
+    let (a, _) = engine.alloc(4 * CHUNK, AllocOptions::default()).unwrap();
+    fill(&engine, a, 4 * CHUNK, 41);
+    let _unfinished = engine.page_out_to_file_start(Target::Buffer(a)).unwrap();
+    done(Arc::into_inner(engine).unwrap(), sim);
+    scenario.teardown();
+}

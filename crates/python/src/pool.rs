@@ -254,7 +254,14 @@ impl Pool {
         Ok(self.engine.page_out_start(self.target(buffer)?).map_err(to_py)?.0)
     }
 
-    /// Waits for a ticket of `page_in_start` or `page_out_start`.
+    /// Starts paging `buffer` (default: every buffer) out to the file tier; the file write runs
+    /// in the background. Returns a ticket for `finish`.
+    #[pyo3(signature = (buffer=None))]
+    fn page_out_to_file_start(&self, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<u64> {
+        Ok(self.engine.page_out_to_file_start(self.target(buffer)?).map_err(to_py)?.0)
+    }
+
+    /// Waits for a ticket of `page_in_start`, `page_out_start` or `page_out_to_file_start`.
     fn finish(&self, py: Python<'_>, ticket: u64) -> PyResult<()> {
         py.allow_threads(|| self.engine.finish(Ticket(ticket))).map_err(to_py)
     }

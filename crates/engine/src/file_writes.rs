@@ -1,0 +1,127 @@
+//! Background file writes: `page_out_to_file_start` returns while the disk works.
+//!
+//! `page_out_to_file_start` enqueues the copies out of HBM, as any page-out does, and hands
+//! the file write to a thread of its own: it waits for those copies (on their fences, on the
+//! device) and writes the chunks' host slots to freshly allocated file slots, without the
+//! engine's lock — the program goes on acquiring, computing and paging meanwhile. `finish`
+//! joins the thread and, under the lock, records the file copies and drops the host copies
+//! (the Bakita paper's asynchronous page-out: start, then finish where the schedule needs the
+//! room).
+//!
+//! What keeps the bytes right while the thread reads host slots the engine still owns:
+//! * the slots are *held* (`HostTier::hold`): a chunk that lets its slot go meanwhile — freed,
+//!   acquired for writing, spilled by host pressure — frees it only when the write is done,
+//!   so nobody copies new bytes into a slot being written;
+//! * at `finish`, a chunk whose slot was let go gets no file copy (its file slot is recycled):
+//!   its bytes may have changed, and whoever let the slot go put them elsewhere;
+//! * a write that fails leaves every chunk as it was, with its bytes in its host slot, and
+//!   recycles the file slots. Nothing leaves the host tier before its file copy is written.
+//!
+//! Dropping the engine joins unfinished writes before it unpins anything.
+
+use crate::chunk::ChunkState;
+use crate::engine::{ChunkRef, Inner};
+use crate::fence::Fence;
+use crate::host_tier::Slot;
+use crate::{Error, Result};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use tiermem_mechanism::file_store::FileSlot;
+
+/// A file write running in the background.
+pub(crate) struct FileWrite {
+    thread: JoinHandle<Result<()>>,
+    /// Each chunk written, the host slot read, the file slot written.
+    items: Vec<(ChunkRef, Slot, FileSlot)>,
+}
+
+impl Inner {
+    /// Starts writing to the file the chunks of `refs` that have no file copy yet, from the
+    /// host slots their copies out of HBM (`fences`) are filling. `None` if there is nothing
+    /// to write. The file slots are taken now: a full file tier is an error here, not later.
+    pub(crate) fn start_file_write(
+        &mut self,
+        call: &'static str,
+        refs: &[ChunkRef],
+        fences: &[Arc<Fence>],
+    ) -> Result<Option<FileWrite>> {
+        let sources: Vec<(ChunkRef, Slot)> = refs
+            .iter()
+            .filter_map(|&r| {
+                let chunk = self.chunk_mut(r);
+                let slot = match chunk.state {
+                    ChunkState::Host { slot } | ChunkState::PagingOut { slot: Some(slot), .. } => slot,
+                    _ => return None,
+                };
+                chunk.file.is_none().then_some((r, slot))
+            })
+            .collect();
+        if sources.is_empty() {
+            return Ok(None);
+        }
+        let tier = self.file.as_ref().expect("checked by the caller");
+        let store = Arc::clone(&tier.store);
+        let fslots = store.alloc(sources.len()).ok_or_else(|| Error::OutOfMemory {
+            call,
+            detail: format!(
+                "{} chunks must go to the file tier, which is full; {}",
+                sources.len(),
+                self.describe_tiers()
+            ),
+        })?;
+        let writes: Vec<(FileSlot, usize)> =
+            fslots.iter().zip(&sources).map(|(&f, &(_, s))| (f, self.host.addr(s))).collect();
+        let fences = fences.to_vec();
+        let thread = std::thread::Builder::new().name("tiermem-file-write".into()).spawn(move || {
+            for fence in &fences {
+                fence.wait().map_err(|source| Error::Device { call: "finish", source })?;
+            }
+            let items: Vec<(FileSlot, *const u8)> = writes.iter().map(|&(f, addr)| (f, addr as *const u8)).collect();
+            // SAFETY: each source is a whole host slot (pinned, page-aligned), held so that
+            // nothing is copied into it and it is not unpinned until `finish` has joined this
+            // thread; the copies filling it completed above.
+            unsafe { store.write(&items) }.map_err(|source| Error::File { call: "finish", source })
+        });
+        let thread = match thread {
+            Ok(thread) => thread,
+            Err(e) => {
+                let _ = tier.store.recycle(&fslots);
+                return Err(Error::Config(format!("{call}: could not start a file-write thread: {e}")));
+            }
+        };
+        sources.iter().for_each(|&(_, s)| self.host.hold(s));
+        let items = sources.into_iter().zip(fslots).map(|((r, s), f)| (r, s, f)).collect();
+        Ok(Some(FileWrite { thread, items }))
+    }
+
+    /// Records the file copies of a finished write and ends its holds; on a failed write,
+    /// recycles its file slots and returns the error (every chunk keeps its host copy).
+    pub(crate) fn commit_file_write(
+        &mut self,
+        items: Vec<(ChunkRef, Slot, FileSlot)>,
+        outcome: Result<()>,
+    ) -> Result<()> {
+        let mut unused = Vec::new();
+        for &(r, slot, fslot) in &items {
+            let owned = outcome.is_ok() && !self.host.freed_while_held(slot);
+            match owned {
+                true => self.chunk_mut(r).file = Some(fslot),
+                false => unused.push(fslot),
+            }
+            self.host.unhold(slot);
+        }
+        self.counters.file_writes += (items.len() - unused.len()) as u64;
+        self.free_file_slots(&unused);
+        outcome
+    }
+}
+
+impl FileWrite {
+    /// Waits for the write; the caller must not hold the engine's lock.
+    pub(crate) fn join(self) -> (Vec<(ChunkRef, Slot, FileSlot)>, Result<()>) {
+        let outcome = self.thread.join().unwrap_or_else(|_| {
+            Err(Error::Config("finish: the background file write panicked; the chunks keep their host copies".into()))
+        });
+        (self.items, outcome)
+    }
+}
