@@ -195,7 +195,9 @@ def inference(args, results):
     metrics["host_seconds_per_step"] = {name: round(t, 4) for name, t in timer.seconds.items()}
     metrics["host_calls_per_step"] = dict(timer.calls)
     log(f"host time in engine calls over two passes (prefill and one decode step): {metrics['host_seconds_per_step']}")
-    best = min(runs, key=lambda w: runs[w][0])
+    # The headline is the first window (the default), not the fastest of the sweep: one
+    # configuration must meet every target, and a wider window buys little speed for its traffic.
+    best = args.prefetch[0]
     tm_step, moved, tm_tokens, tm_logits = runs[best]
     handle.prefetch_bytes = best
     metrics["tiermem_decode_tok_s"] = batch / tm_step
@@ -277,7 +279,7 @@ def main():
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--prefetch", type=lambda v: [int(x) << 20 for x in v.split(",")], default=[256 << 20, 512 << 20, 1024 << 20],
-                        help="prefetch windows to try for decoding, in MiB, comma-separated")
+                        help="prefetch windows to try for decoding, in MiB, comma-separated; the first is the headline")
     parser.add_argument("--small", action="store_true")
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
