@@ -171,10 +171,7 @@ impl Inner {
         let written = match to_write.len() {
             0 => Vec::new(),
             n => {
-                let fslots = tier.store.alloc(n).ok_or_else(|| Error::OutOfMemory {
-                    call,
-                    detail: format!("{n} chunks must go to the file tier, which is full; {}", self.describe_tiers()),
-                })?;
+                let fslots = self.file_slots(call, n)?;
                 let items: Vec<(FileSlot, *const u8)> =
                     fslots.iter().zip(&to_write).map(|(&f, &(_, s))| (f, self.host.addr(s) as *const u8)).collect();
                 // SAFETY: each source is a whole host slot holding a `Host` chunk's bytes; no
@@ -195,6 +192,15 @@ impl Inner {
             self.host.free(slot);
         }
         Ok(())
+    }
+
+    /// `n` free slots of the file tier, or an error saying it is full.
+    pub fn file_slots(&self, call: &'static str, n: usize) -> Result<Vec<FileSlot>> {
+        let tier = self.file.as_ref().expect("the caller checked for a file tier");
+        tier.store.alloc(n).ok_or_else(|| Error::OutOfMemory {
+            call,
+            detail: format!("{n} chunks must go to the file tier, which is full; {}", self.describe_tiers()),
+        })
     }
 
     /// Gives file slots back for reuse (their chunks' bytes changed or were discarded). Their

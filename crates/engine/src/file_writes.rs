@@ -59,16 +59,9 @@ impl Inner {
         if sources.is_empty() {
             return Ok(None);
         }
-        let tier = self.file.as_ref().expect("checked by the caller");
+        let fslots = self.file_slots(call, sources.len())?;
+        let tier = self.file.as_ref().expect("file_slots checked");
         let store = Arc::clone(&tier.store);
-        let fslots = store.alloc(sources.len()).ok_or_else(|| Error::OutOfMemory {
-            call,
-            detail: format!(
-                "{} chunks must go to the file tier, which is full; {}",
-                sources.len(),
-                self.describe_tiers()
-            ),
-        })?;
         let writes: Vec<(FileSlot, usize)> =
             fslots.iter().zip(&sources).map(|(&f, &(_, s))| (f, self.host.addr(s))).collect();
         let fences = fences.to_vec();

@@ -385,6 +385,14 @@ fn within_seconds<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 
     rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap_or_else(|_| panic!("{what} waited for the disk"))
 }
 
+/// Calls `finish` on another thread, then lifts the paused write it waits for.
+fn finish_once_resumed(engine: &Arc<Engine>, ticket: tiermem::Ticket) -> Result<(), Error> {
+    let e = Arc::clone(engine);
+    let finished = std::thread::spawn(move || e.finish(ticket));
+    fail::remove("file_store::write");
+    finished.join().expect("finish panicked")
+}
+
 fn file_world(name: &str) -> (Arc<Engine>, Arc<SimDevice>) {
     let path = support::file_tier_path(name);
     let config = EngineConfig { batch_chunks: 2, file: Some(path), file_limit: 32 * CHUNK, ..EngineConfig::default() };
@@ -412,10 +420,7 @@ fn a_page_out_to_file_writes_in_the_background() {
     within_seconds("an acquire during the write", move || assert_contents(&e, b, &b_bytes));
     assert_eq!(engine.stats().transfers.file_writes, 0, "the write cannot have completed");
 
-    let e = Arc::clone(&engine);
-    let finished = std::thread::spawn(move || e.finish(ticket));
-    fail::remove("file_store::write");
-    finished.join().unwrap().unwrap();
+    finish_once_resumed(&engine, ticket).unwrap();
     assert_eq!(buffer_stats(&engine, a).in_file, 4, "{:?}", buffer_stats(&engine, a));
     assert_eq!(engine.stats().transfers.file_writes, 4);
     assert_contents(&engine, a, &a_bytes);
@@ -439,10 +444,7 @@ fn a_background_write_never_overrides_what_changed_meanwhile() {
     let ticket = engine.page_out_to_file_start(Target::All).unwrap();
     let a_new = fill(&engine, a, 2 * CHUNK, 33);
     engine.free(b).unwrap();
-    let e = Arc::clone(&engine);
-    let finished = std::thread::spawn(move || e.finish(ticket));
-    fail::remove("file_store::write");
-    finished.join().unwrap().unwrap();
+    finish_once_resumed(&engine, ticket).unwrap();
     assert_eq!(engine.stats().transfers.file_writes, 0, "both chunks changed: no file copy may stand");
     assert_contents(&engine, a, &a_new);
 
