@@ -3,6 +3,7 @@ use crate::chunk::{Chunk, ChunkState};
 use crate::chunk_pool::ChunkPool;
 use crate::error::Context;
 use crate::fence::{EventPool, Fence};
+use crate::file_reads::FileReader;
 use crate::file_tier::FileTier;
 use crate::file_writes::FileWrite;
 use crate::host_tier::{HostTier, Slot};
@@ -115,7 +116,7 @@ impl Engine {
         }
         let file = match &config.file {
             None => None,
-            Some(path) => Some(open_file_tier(config, path, chunk)?),
+            Some(path) => Some(open_file_tier(&device, config, path, chunk)?),
         };
         let streams = Streams {
             up: device.create_stream(StreamPriority::High).during("Engine::new")?,
@@ -284,14 +285,23 @@ impl Engine {
     pub fn finish(&self, ticket: Ticket) -> Result<()> {
         let work =
             self.lock().tickets.remove(&ticket.0).ok_or(Error::UnknownTicket { call: "finish", ticket: ticket.0 })?;
+        let mut failed_read = None;
         for fence in &work.fences {
             fence.wait().during("finish")?;
+            failed_read = failed_read.or(fence.recorded().err());
             // Complete each group as soon as it lands, so unmapping overlaps later copies.
             self.lock().reap().map_err(|e| retag(e, "finish"))?;
         }
         if let Some(write) = work.file_write {
             let (items, outcome) = write.join();
             self.lock().commit_file_write(items, outcome)?;
+        }
+        if let Some(failure) = failed_read {
+            // The chunks that did not arrive go back to the file, which still holds their bytes.
+            let mut inner = self.lock();
+            let all = inner.target_refs("finish", Target::All)?;
+            inner.undo_failed_reads(&all);
+            return Err(retag(failure, "finish"));
         }
         if work.then_to_file.is_empty() {
             return Ok(());
@@ -355,6 +365,7 @@ fn retag(error: Error, call: &'static str) -> Error {
     match error {
         Error::Device { source, .. } => Error::Device { call, source },
         Error::OutOfMemory { detail, .. } => Error::OutOfMemory { call, detail },
+        Error::File { source, .. } => Error::File { call, source },
         other => other,
     }
 }
@@ -368,8 +379,13 @@ impl Drop for Engine {
     }
 }
 
-/// Creates the file tier's store (one slot per chunk) and its staging area (two groups of batches).
-fn open_file_tier(config: &EngineConfig, path: &std::path::Path, chunk: usize) -> Result<FileTier> {
+/// Creates the file tier's store (one slot per chunk) and its background reader.
+fn open_file_tier(
+    device: &Arc<dyn Device>,
+    config: &EngineConfig,
+    path: &std::path::Path,
+    chunk: usize,
+) -> Result<FileTier> {
     use tiermem_mechanism::file_store::{FileStore, FileStoreConfig};
     let store = FileStore::open(FileStoreConfig {
         path: path.to_owned(),
@@ -379,8 +395,10 @@ fn open_file_tier(config: &EngineConfig, path: &std::path::Path, chunk: usize) -
         io: config.file_io,
     })
     .map_err(|source| Error::File { call: "Engine::new", source })?;
-    let staging = HostTier::new(chunk, 2 * crate::file_tier::STAGED_BATCHES * config.batch_chunks.max(1) * chunk);
-    Ok(FileTier { store: Arc::new(store), staging, retiring: VecDeque::new() })
+    let store = Arc::new(store);
+    let group_chunks = crate::file_reads::GROUP_BATCHES * config.batch_chunks.max(1);
+    let reader = FileReader::start(Arc::clone(device), Arc::clone(&store), group_chunks)?;
+    Ok(FileTier { store, reader })
 }
 
 /// Half of the host's available memory, as `/proc/meminfo` tells it (8 GiB if unreadable).
@@ -503,7 +521,7 @@ impl Inner {
             self.reap()?;
             self.bring_in("acquire", &refs, crate::movement::Purpose::Demand)?;
         }
-        self.pin(&refs, access, stream)
+        self.pin("acquire", &refs, access, stream)
     }
 
     /// `acquire` for a synchronous host copy: returns the buffer's address.
@@ -518,7 +536,7 @@ impl Inner {
         self.check_fits(call, &refs)?;
         self.reap()?;
         self.bring_in(call, &refs, crate::movement::Purpose::Demand)?;
-        self.pin(&refs, access, stream)?;
+        self.pin(call, &refs, access, stream)?;
         Ok(self.buffers[&regions[0].buffer].va)
     }
 
@@ -549,8 +567,12 @@ impl Inner {
         Ok(())
     }
 
-    /// Pins resident chunks and makes `stream` wait for those still arriving.
-    fn pin(&mut self, refs: &[ChunkRef], access: Access, stream: StreamHandle) -> Result<()> {
+    /// Pins resident chunks and makes `stream` wait for those still arriving. Refused, pinning
+    /// nothing, if a read from the file for any of them failed.
+    fn pin(&mut self, call: &'static str, refs: &[ChunkRef], access: Access, stream: StreamHandle) -> Result<()> {
+        if let Some(failure) = self.undo_failed_reads(refs) {
+            return Err(retag(failure, call));
+        }
         self.clock += 1;
         let clock = self.clock;
         let mut waits: Vec<Arc<Fence>> = Vec::new();
@@ -580,13 +602,31 @@ impl Inner {
                         self.retire(slot, reader);
                     }
                 }
-                // File reads are synchronous, so no transfer still reads the slot.
+                // Its read from the file, if any, is done: `undo_failed_reads` waited for it.
                 self.free_file_slots(stale_file.as_slice());
             }
             // `pinned` counts chunks, not pins: a chunk acquired twice takes one chunk of HBM.
             self.pinned += usize::from(newly_pinned);
         }
         Ok(())
+    }
+
+    /// Sends back to `File` those of `refs` whose background read from the file failed: their
+    /// bytes are still in the file, their HBM goes back to the pool. Waits for reads not yet
+    /// done with the disk. Returns the first failure.
+    pub fn undo_failed_reads(&mut self, refs: &[ChunkRef]) -> Option<Error> {
+        let mut failure = None;
+        let mut undo = Vec::new();
+        for &r in refs {
+            let chunk = self.chunk_mut(r);
+            let Some(Err(e)) = chunk.ready.as_ref().map(|fence| fence.recorded()) else { continue };
+            if let ChunkState::Device { phys, .. } = chunk.state {
+                undo.push((r, phys, None));
+            }
+            failure.get_or_insert(e);
+        }
+        self.detach_chunks(&undo);
+        failure
     }
 
     /// Frees a host slot now, or once `reader` (a copy from it) has completed.
@@ -685,8 +725,8 @@ impl Inner {
         let refs = self.target_refs("page_in", target)?;
         self.check_cap("page_in", refs.len())?;
         self.reap()?;
-        let fence = self.bring_in("page_in", &refs, crate::movement::Purpose::Demand)?;
-        Ok(self.ticket(fence.into_iter().collect()))
+        let fences = self.bring_in("page_in", &refs, crate::movement::Purpose::Demand)?;
+        Ok(self.ticket(fences))
     }
 
     fn page_out_start(&mut self, target: Target) -> Result<Ticket> {
@@ -727,8 +767,7 @@ impl Inner {
         // 17 ms instead of 0.35 ms during a 1 GiB copy down), while copies up do not delay it.
         // So the incoming chunks are mapped first, their copies up streaming meanwhile, and only
         // then are the outgoing copies issued: the two directions overlap.
-        let mut fences: Vec<Arc<Fence>> =
-            self.bring_in(call, &inc, crate::movement::Purpose::Demand)?.into_iter().collect();
+        let mut fences = self.bring_in(call, &inc, crate::movement::Purpose::Demand)?;
         fences.extend(self.send_down_resident(call, &out)?);
         Ok(self.ticket(fences))
     }
@@ -752,7 +791,7 @@ impl Inner {
         let refs = self.outgoing_refs(call, target)?;
         self.reap()?;
         let fences = self.send_down_resident(call, &refs)?;
-        let file_write = self.start_file_write(call, &refs, &fences)?;
+        let file_write = self.start_file_write(call, &refs)?;
         Ok(self.ticket_for(TicketWork { fences, file_write, then_to_file: refs }))
     }
 
@@ -801,10 +840,7 @@ impl Inner {
         }
         self.timings.clear();
         if let Some(tier) = self.file.as_mut() {
-            while let Some((_, slot)) = tier.retiring.pop_front() {
-                tier.staging.free(slot);
-            }
-            tier.staging.release_all(self.device.as_ref()).during("shutdown")?;
+            tier.reader.stop();
         }
         self.pool.release_all(self.device.as_ref()).during("shutdown")?;
         self.host.release_all(self.device.as_ref()).during("shutdown")?;

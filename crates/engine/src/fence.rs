@@ -4,9 +4,17 @@
 //! done", "the user's kernels are done with me"); the engine asks `is_done` (never blocks)
 //! before moving a chunk and `wait`s only where it must. Events are pooled: recording a fence
 //! reuses an event whose last fence has been dropped.
+//!
+//! A *later* fence is handed out before its event is recorded: the background file reader
+//! (file_reads.rs) records it once the disk has delivered and the copy up is enqueued, or
+//! marks it failed. Until then it is not done, and whoever needs its event (`event`, `wait`)
+//! blocks until it is recorded — a stream must never wait on an event not yet recorded,
+//! which CUDA would treat as already complete. A failed fence counts as done (nothing is in
+//! flight behind it) and carries the error, for `acquire` and `finish` to report.
 
+use crate::Error;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use tiermem_mechanism::{Device, EventHandle, Result, StreamHandle};
 
 pub(crate) struct EventPool {
@@ -21,16 +29,25 @@ impl EventPool {
 
     /// Records a fence after the work enqueued so far on `stream`.
     pub fn record(self: &Arc<Self>, stream: StreamHandle) -> Result<Arc<Fence>> {
-        let reused = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let event = match reused {
-            Some(e) => e,
-            None => self.device.create_event(true)?,
-        };
+        let event = self.take_event()?;
         if let Err(e) = self.device.record_event(event, stream) {
             self.recycle(event);
             return Err(e);
         }
-        Ok(Arc::new(Fence { event, done: AtomicBool::new(false), pool: Arc::clone(self) }))
+        Ok(Arc::new(Fence { event, done: AtomicBool::new(false), pool: Arc::clone(self), later: None }))
+    }
+
+    /// A fence to be recorded later, by another thread ([`Fence::record_later`] or [`Fence::fail`]).
+    pub fn later(self: &Arc<Self>) -> Result<Arc<Fence>> {
+        let event = self.take_event()?;
+        let later = Some(Later { outcome: Mutex::new(None), recorded: Condvar::new() });
+        Ok(Arc::new(Fence { event, done: AtomicBool::new(false), pool: Arc::clone(self), later }))
+    }
+
+    /// An idle event, or a new one.
+    fn take_event(&self) -> Result<EventHandle> {
+        let reused = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        reused.map_or_else(|| self.device.create_event(true), Ok)
     }
 
     fn recycle(&self, event: EventHandle) {
@@ -50,17 +67,67 @@ pub(crate) struct Fence {
     event: EventHandle,
     done: AtomicBool,
     pool: Arc<EventPool>,
+    later: Option<Later>,
+}
+
+/// The state of a later fence: `None` until it is recorded, then `Ok` or the failure.
+struct Later {
+    outcome: Mutex<Option<Result<(), Error>>>,
+    recorded: Condvar,
 }
 
 impl Fence {
+    /// The event, once recorded (a later fence blocks until then).
     pub fn event(&self) -> EventHandle {
+        let _ = self.recorded();
         self.event
     }
 
-    /// Whether the fenced work has completed; caches a `true`.
+    /// Blocks until the fence is recorded (at once for an ordinary fence); a later fence's
+    /// failure is returned here.
+    pub fn recorded(&self) -> Result<(), Error> {
+        let Some(later) = &self.later else { return Ok(()) };
+        let mut outcome = later.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            match &*outcome {
+                Some(result) => return result.clone(),
+                None => outcome = later.recorded.wait(outcome).unwrap_or_else(|p| p.into_inner()),
+            }
+        }
+    }
+
+    /// Whether a later fence has yet to be recorded.
+    fn unrecorded(&self) -> bool {
+        self.later.as_ref().is_some_and(|l| l.outcome.lock().unwrap_or_else(|p| p.into_inner()).is_none())
+    }
+
+    /// Records a later fence after the work enqueued so far on `stream` and wakes its waiters.
+    /// On an error nothing is recorded: the caller fails the fence.
+    pub fn record_later(&self, stream: StreamHandle) -> Result<()> {
+        self.pool.device.record_event(self.event, stream)?;
+        self.publish(Ok(()));
+        Ok(())
+    }
+
+    /// Ends a later fence as failed: done (nothing runs behind it), carrying `error`.
+    pub fn fail(&self, error: Error) {
+        self.done.store(true, Ordering::Release);
+        self.publish(Err(error));
+    }
+
+    fn publish(&self, outcome: Result<(), Error>) {
+        let later = self.later.as_ref().expect("only later fences are recorded later");
+        *later.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        later.recorded.notify_all();
+    }
+
+    /// Whether the fenced work has completed; caches a `true`. Never blocks.
     pub fn is_done(&self) -> Result<bool> {
         if self.done.load(Ordering::Acquire) {
             return Ok(true);
+        }
+        if self.unrecorded() {
+            return Ok(false);
         }
         let done = self.pool.device.event_done(self.event)?;
         if done {
@@ -69,8 +136,10 @@ impl Fence {
         Ok(done)
     }
 
-    /// Blocks the calling thread until the fenced work has completed.
+    /// Blocks the calling thread until the fenced work has completed (or a later fence failed:
+    /// see [`Fence::recorded`]).
     pub fn wait(&self) -> Result<()> {
+        let _ = self.recorded();
         if !self.done.load(Ordering::Acquire) {
             self.pool.device.synchronize_event(self.event)?;
             self.done.store(true, Ordering::Release);

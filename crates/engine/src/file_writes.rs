@@ -1,8 +1,9 @@
 //! Background file writes: `page_out_to_file_start` returns while the disk works.
 //!
 //! `page_out_to_file_start` enqueues the copies out of HBM, as any page-out does, and hands
-//! the file write to a thread of its own: it waits for those copies (on their fences, on the
-//! device) and writes the chunks' host slots to freshly allocated file slots, without the
+//! the file write to a thread of its own: it waits for the copies filling the host slots it
+//! will write — this call's, or those of an earlier page-out still in flight — on their
+//! fences, and writes the slots to freshly allocated file slots, without the
 //! engine's lock — the program goes on acquiring, computing and paging meanwhile. `finish`
 //! joins the thread and, under the lock, records the file copies and drops the host copies
 //! (the Bakita paper's asynchronous page-out: start, then finish where the schedule needs the
@@ -36,21 +37,25 @@ pub(crate) struct FileWrite {
 }
 
 impl Inner {
-    /// Starts writing to the file the chunks of `refs` that have no file copy yet, from the
-    /// host slots their copies out of HBM (`fences`) are filling. `None` if there is nothing
-    /// to write. The file slots are taken now: a full file tier is an error here, not later.
-    pub(crate) fn start_file_write(
-        &mut self,
-        call: &'static str,
-        refs: &[ChunkRef],
-        fences: &[Arc<Fence>],
-    ) -> Result<Option<FileWrite>> {
+    /// Starts writing to the file the chunks of `refs` that have no file copy yet, from their
+    /// host slots, once the copies filling those slots have completed (a chunk still moving
+    /// down — sent by this call or an earlier one — is written after its own fence). `None` if
+    /// there is nothing to write. The file slots are taken now: a full file tier is an error
+    /// here, not later.
+    pub(crate) fn start_file_write(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<Option<FileWrite>> {
+        let mut fences: Vec<Arc<Fence>> = Vec::new();
         let sources: Vec<(ChunkRef, Slot)> = refs
             .iter()
             .filter_map(|&r| {
                 let chunk = self.chunk_mut(r);
-                let slot = match chunk.state {
-                    ChunkState::Host { slot } | ChunkState::PagingOut { slot: Some(slot), .. } => slot,
+                let slot = match &chunk.state {
+                    ChunkState::Host { slot } => *slot,
+                    ChunkState::PagingOut { slot: Some(slot), fence, .. } => {
+                        if chunk.file.is_none() && !fences.iter().any(|f| Arc::ptr_eq(f, fence)) {
+                            fences.push(Arc::clone(fence));
+                        }
+                        *slot
+                    }
                     _ => return None,
                 };
                 chunk.file.is_none().then_some((r, slot))
@@ -64,7 +69,6 @@ impl Inner {
         let store = Arc::clone(&tier.store);
         let writes: Vec<(FileSlot, usize)> =
             fslots.iter().zip(&sources).map(|(&f, &(_, s))| (f, self.host.addr(s))).collect();
-        let fences = fences.to_vec();
         let thread = std::thread::Builder::new().name("tiermem-file-write".into()).spawn(move || {
             for fence in &fences {
                 fence.wait().map_err(|source| Error::Device { call: "finish", source })?;

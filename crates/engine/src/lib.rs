@@ -6,6 +6,7 @@
 //!     ├── movement.rs: batched, coalesced copies up and down; eviction by policy
 //!     ├── schedule.rs: known step order → paging ahead, Belady eviction
 //!     ├── chunk_pool.rs (HBM chunks, capped) · host_tier.rs (pinned slots, capped)
+//!     ├── file_tier.rs (spills to NVMe) · file_reads.rs / file_writes.rs (in the background)
 //!     └── tiermem-policy (which chunks to evict) · tiermem-mechanism (the device)
 //! ```
 //!
@@ -24,6 +25,7 @@ mod config;
 mod engine;
 mod error;
 mod fence;
+mod file_reads;
 mod file_tier;
 mod file_writes;
 mod homes;

@@ -38,6 +38,7 @@ use crate::host_tier::Slot;
 use crate::BufferId;
 use crate::{Error, Result};
 use std::sync::Arc;
+use tiermem_mechanism::file_store::FileSlot;
 use tiermem_mechanism::{DeviceError, DevicePtr, HostPtr, PhysHandle, StreamHandle};
 use tiermem_policy::{new_policy, Candidate, PolicyKind};
 
@@ -54,13 +55,8 @@ pub(crate) enum Purpose {
 
 impl Inner {
     /// Makes `wanted` (sorted) resident, or as many as free HBM allows for a prefetch.
-    /// Returns the fence after the copies, if anything was copied.
-    pub fn bring_in(
-        &mut self,
-        call: &'static str,
-        wanted: &[ChunkRef],
-        purpose: Purpose,
-    ) -> Result<Option<Arc<Fence>>> {
+    /// Returns the fences after which every chunk brought in has arrived (none if nothing moved).
+    pub fn bring_in(&mut self, call: &'static str, wanted: &[ChunkRef], purpose: Purpose) -> Result<Vec<Arc<Fence>>> {
         debug_assert!(wanted.windows(2).all(|w| w[0] < w[1]), "chunk lists are sorted");
         let mut todo = Vec::new();
         for &r in wanted {
@@ -80,7 +76,7 @@ impl Inner {
             }
         }
         if todo.is_empty() {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         match (purpose, self.schedule.is_some()) {
             (Purpose::Demand, true) => self.send_holders_home(call, &todo, wanted, 0)?,
@@ -112,7 +108,7 @@ impl Inner {
         }
         todo.truncate(phys.len());
         if todo.is_empty() {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         let stream = match purpose {
             Purpose::Demand => self.streams.up,
@@ -122,58 +118,51 @@ impl Inner {
             Purpose::Demand => Some(self.events.record(stream).during(call)?),
             Purpose::Prefetch | Purpose::Ahead { .. } => None,
         };
-        let mut phys = phys.into_iter();
-        let mut landed = Vec::new();
-        let mut failure = None;
-        let all: Vec<&[ChunkRef]> = batches(&todo, self.batch).collect();
-        // Chunks coming from the file are read a group of batches at a time, so that each read
-        // keeps the disk busy with many slots; the staging area holds two groups.
-        'groups: for group in all.chunks(crate::file_tier::STAGED_BATCHES) {
-            let refs: Vec<ChunkRef> = group.concat();
-            let mut staged = match self.stage_from_file(call, &refs) {
-                Ok(staged) => staged.into_iter(),
+        // Chunks coming from the file are read in the background (file_reads.rs), a group at a
+        // time, each behind a fence of its own; those fences are made first, so that nothing
+        // is mapped unless every read can be queued.
+        let group = crate::file_reads::GROUP_BATCHES * self.batch;
+        let from_file = todo.iter().filter(|&&r| matches!(self.chunk_mut(r).state, ChunkState::File)).count();
+        let mut read_fences = Vec::with_capacity(from_file.div_ceil(group));
+        for _ in 0..from_file.div_ceil(group) {
+            match self.events.later() {
+                Ok(fence) => read_fences.push(fence),
                 Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            };
-            for batch in group {
-                let batch_phys: Vec<PhysHandle> = phys.by_ref().take(batch.len()).collect();
-                let batch_staged: Vec<Option<Slot>> = staged.by_ref().take(batch.len()).collect();
-                let staging: Vec<Slot> = batch_staged.iter().flatten().copied().collect();
-                let outcome = self.copy_up(batch, &batch_phys, &batch_staged, stream);
-                let fence = match (&outcome, staging.is_empty()) {
-                    (Ok(()), false) => Some(self.events.record(stream)),
-                    _ => None,
-                };
-                match (outcome, fence) {
-                    (Ok(()), None) => landed.extend_from_slice(batch),
-                    // This batch's staging slots are free again once its copy has completed.
-                    (Ok(()), Some(Ok(fence))) => {
-                        landed.extend_from_slice(batch);
-                        self.retire_staging(staging, Some(&fence));
-                    }
-                    (Ok(()), Some(Err(e))) => {
-                        landed.extend_from_slice(batch);
-                        self.device.synchronize_stream(stream).during(call)?;
-                        self.retire_staging(staging, None);
-                        failure = Some(Error::Device { call, source: e });
-                    }
-                    (Err(e), _) => {
-                        self.retire_staging(staging, None);
-                        failure = Some(Error::Device { call, source: e });
-                    }
-                }
-                if failure.is_some() {
-                    let unused: Vec<Slot> = staged.flatten().collect();
-                    self.retire_staging(unused, None);
-                    break 'groups;
+                    phys.into_iter().for_each(|p| self.pool.give(p));
+                    return Err(Error::Device { call, source: e });
                 }
             }
         }
+        let mut read_fences = read_fences.into_iter();
+        let mut phys = phys.into_iter();
+        let (mut landed, mut reads, mut fences) = (Vec::new(), Vec::new(), Vec::new());
+        let mut failure = None;
+        for batch in batches(&todo, self.batch) {
+            let batch_phys: Vec<PhysHandle> = phys.by_ref().take(batch.len()).collect();
+            let file_chunks: Vec<(ChunkRef, Option<FileSlot>)> = batch
+                .iter()
+                .filter_map(|&r| {
+                    let chunk = self.chunk_mut(r);
+                    matches!(chunk.state, ChunkState::File).then_some((r, chunk.file))
+                })
+                .collect();
+            if let Err(e) = self.copy_up(batch, &batch_phys, stream) {
+                failure = Some(Error::Device { call, source: e });
+                break;
+            }
+            landed.extend(batch.iter().copied().filter(|r| !file_chunks.iter().any(|(f, _)| f == r)));
+            reads.extend(file_chunks);
+            while reads.len() >= group {
+                let rest = reads.split_off(group);
+                fences.push(self.queue_read(call, std::mem::replace(&mut reads, rest), &mut read_fences));
+            }
+        }
+        if !reads.is_empty() {
+            fences.push(self.queue_read(call, reads, &mut read_fences));
+        }
         phys.for_each(|p| self.pool.give(p));
         if landed.is_empty() {
-            return failure.map_or(Ok(None), Err);
+            return failure.map_or(Ok(fences), Err);
         }
         let fence = match self.events.record(stream) {
             Ok(fence) => fence,
@@ -190,7 +179,28 @@ impl Inner {
             Some(start) => self.timings.push_back((start, Arc::clone(&fence))),
             None => self.counters.prefetched += landed.len() as u64,
         }
-        failure.map_or(Ok(Some(fence)), Err)
+        fences.push(fence);
+        failure.map_or(Ok(fences), Err)
+    }
+
+    /// Hands `reads` (chunks just mapped, whose bytes are only in the file) to the background
+    /// reader behind the next of `fences`, which becomes their `ready` fence. Returns it.
+    fn queue_read(
+        &mut self,
+        call: &'static str,
+        reads: Vec<(ChunkRef, Option<FileSlot>)>,
+        fences: &mut impl Iterator<Item = Arc<Fence>>,
+    ) -> Arc<Fence> {
+        let fence = fences.next().expect("one fence was made per group");
+        let mut items = Vec::with_capacity(reads.len());
+        for (r, file) in reads {
+            items.push((file.expect("a File chunk has a file slot"), self.chunk_va(r)));
+            self.chunk_mut(r).ready = Some(Arc::clone(&fence));
+        }
+        self.counters.file_reads += items.len() as u64;
+        let tier = self.file.as_ref().expect("File chunks exist only with a file tier");
+        tier.reader.submit(crate::file_reads::ReadGroup { call, items, fence: Arc::clone(&fence) });
+        fence
     }
 
     /// Physical chunks for `todo`, one each, for as many of its first chunks as the pool can
@@ -216,15 +226,10 @@ impl Inner {
     }
 
     /// Maps one batch of consecutive chunks of one buffer and enqueues their copies up: from
-    /// their host slots, from `staged` staging slots (chunks read from the file), or zeros.
-    /// On failure every chunk of the batch is as before and its physical chunks are back in the pool.
-    fn copy_up(
-        &mut self,
-        batch: &[ChunkRef],
-        phys: &[PhysHandle],
-        staged: &[Option<Slot>],
-        stream: StreamHandle,
-    ) -> Result<(), DeviceError> {
+    /// their host slots, or zeros. Chunks whose bytes are in the file are only mapped: the
+    /// caller queues their reads. On failure every chunk of the batch is as before and its
+    /// physical chunks are back in the pool.
+    fn copy_up(&mut self, batch: &[ChunkRef], phys: &[PhysHandle], stream: StreamHandle) -> Result<(), DeviceError> {
         let g = self.chunk;
         let va0 = self.chunk_va(batch[0]);
         let device = Arc::clone(&self.device);
@@ -262,22 +267,22 @@ impl Inner {
             self.counters.map_ms += started.elapsed().as_secs_f64() * 1e3;
         }
         if outcome.is_ok() {
-            let sources: Vec<Option<HostPtr>> = batch
+            let sources: Vec<Source> = batch
                 .iter()
-                .zip(staged)
-                .map(|(&r, staged)| match (&self.chunk_mut(r).state, staged) {
-                    (&ChunkState::Host { slot }, _) => Some(self.host.addr(slot)),
-                    (_, Some(s)) => self.file.as_ref().map(|tier| tier.staging.addr(*s)),
-                    _ => None,
+                .map(|&r| match self.chunk_mut(r).state {
+                    ChunkState::Host { slot } => Source::Host(self.host.addr(slot)),
+                    ChunkState::File => Source::File,
+                    _ => Source::Zeros,
                 })
                 .collect();
             for (k, n, source) in coalesce(&sources, g) {
                 let dst = va0 + (k * g) as u64;
                 outcome = match source {
-                    // SAFETY: the slots are pinned memory owned by these chunks (host tier) or by
-                    // this batch (staging); they are freed only after this copy's fence.
-                    Some(src) => unsafe { device.copy_to_device_async(dst, src, n * g, stream) },
-                    None => device.memset_async(dst, 0, n * g, stream),
+                    // SAFETY: the slots are pinned memory owned by these chunks, freed only
+                    // after this copy's fence.
+                    Source::Host(src) => unsafe { device.copy_to_device_async(dst, src, n * g, stream) },
+                    Source::Zeros => device.memset_async(dst, 0, n * g, stream),
+                    Source::File => Ok(()),
                 };
                 if outcome.is_err() {
                     // Copies already enqueued must not land in chunks handed to someone else.
@@ -415,9 +420,9 @@ impl Inner {
     fn copy_down(&mut self, batch: &[ChunkRef], slots: &[Slot], stream: StreamHandle) -> Result<(), DeviceError> {
         let g = self.chunk;
         let va0 = self.chunk_va(batch[0]);
-        let targets: Vec<Option<HostPtr>> = slots.iter().map(|&s| Some(self.host.addr(s))).collect();
+        let targets: Vec<Source> = slots.iter().map(|&s| Source::Host(self.host.addr(s))).collect();
         for (k, n, dst) in coalesce(&targets, g) {
-            let dst = dst.expect("every chunk has a slot");
+            let Source::Host(dst) = dst else { unreachable!("every chunk has a slot") };
             // SAFETY: the slots were just allocated for these chunks and nothing else uses them;
             // the chunks stay mapped (PagingOut) until this copy's fence has completed.
             let copied = unsafe { self.device.copy_to_host_async(dst, va0 + (k * g) as u64, n * g, stream) };
@@ -610,9 +615,6 @@ impl Inner {
             let (_, slot) = self.retiring.pop_front().expect("checked");
             self.host.free(slot);
         }
-        if let Some(tier) = self.file.as_mut() {
-            tier.reap()?;
-        }
         while let Some((start, end)) = self.timings.front() {
             if !end.is_done().during("reap")? {
                 break;
@@ -794,23 +796,34 @@ pub(crate) fn batches(refs: &[ChunkRef], max: usize) -> impl Iterator<Item = &[C
     })
 }
 
-/// Groups consecutive chunks into single transfers: runs whose host addresses are adjacent
-/// (`Some`), or runs with no host side (`None`: zero-fill). Yields `(first, count, address)`.
-pub(crate) fn coalesce(addresses: &[Option<HostPtr>], chunk: usize) -> Vec<(usize, usize, Option<HostPtr>)> {
-    let mut out: Vec<(usize, usize, Option<HostPtr>)> = Vec::new();
-    for (k, &address) in addresses.iter().enumerate() {
+/// Where a chunk coming up gets its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// A pinned host slot.
+    Host(HostPtr),
+    /// Never written: zeros.
+    Zeros,
+    /// The file: the background reader copies it (file_reads.rs).
+    File,
+}
+
+/// Groups consecutive chunks into single transfers: runs of host slots at adjacent addresses,
+/// runs of zero-fills, runs read from the file. Yields `(first, count, source of the first)`.
+pub(crate) fn coalesce(sources: &[Source], chunk: usize) -> Vec<(usize, usize, Source)> {
+    let mut out: Vec<(usize, usize, Source)> = Vec::new();
+    for (k, &source) in sources.iter().enumerate() {
         if let Some((_, n, start)) = out.last_mut() {
-            let extends = match (*start, address) {
-                (Some(s), Some(a)) => a == s + *n * chunk,
-                (None, None) => true,
-                _ => false,
+            let extends = match (*start, source) {
+                (Source::Host(s), Source::Host(a)) => a == s + *n * chunk,
+                (Source::Host(_), _) | (_, Source::Host(_)) => false,
+                (a, b) => a == b,
             };
             if extends {
                 *n += 1;
                 continue;
             }
         }
-        out.push((k, 1, address));
+        out.push((k, 1, source));
     }
     out
 }
@@ -829,12 +842,20 @@ mod tests {
     }
 
     #[test]
-    fn coalesce_joins_adjacent_slots_and_zero_runs() {
+    fn coalesce_joins_adjacent_slots_zero_runs_and_file_runs() {
         let g = 0x10;
-        let addrs = [Some(0x100), Some(0x110), Some(0x200), None, None, Some(0x210)];
+        use Source::{File, Host, Zeros};
+        let sources = [Host(0x100), Host(0x110), Host(0x200), Zeros, Zeros, Host(0x210), File, File, Zeros];
         assert_eq!(
-            coalesce(&addrs, g),
-            vec![(0, 2, Some(0x100)), (2, 1, Some(0x200)), (3, 2, None), (5, 1, Some(0x210))]
+            coalesce(&sources, g),
+            vec![
+                (0, 2, Host(0x100)),
+                (2, 1, Host(0x200)),
+                (3, 2, Zeros),
+                (5, 1, Host(0x210)),
+                (6, 2, File),
+                (8, 1, Zeros)
+            ]
         );
     }
 }

@@ -129,3 +129,30 @@ fn page_out_to_file_without_a_file_tier_is_refused() {
     assert!(e.to_string().contains("TIERMEM_FILE"), "{e}");
     support::assert_no_leaks(engine, sim);
 }
+
+/// A page-out to the file right after a page-out still in flight writes what that page-out
+/// copies down, not what its host slots held before (the write waits for the earlier copies).
+#[test]
+fn a_file_write_waits_for_an_earlier_page_out_still_copying() {
+    for round in 0..4u64 {
+        let (config, _path) = config(16);
+        let (engine, sim) = support::engine(8, 8, config);
+        let (a, _) = engine.alloc(6 * CHUNK, AllocOptions::default()).unwrap();
+        let bytes = pattern(round, 6 * CHUNK);
+        engine.write(a, 0, &bytes).unwrap();
+        if let Some(sim) = &sim {
+            sim.set_background_progress(false); // copies run only when waited for
+        }
+        let earlier = engine.page_out_start(Target::Buffer(a)).unwrap();
+        let to_file = engine.page_out_to_file_start(Target::Buffer(a)).unwrap();
+        engine.finish(to_file).unwrap();
+        engine.finish(earlier).unwrap();
+        assert_eq!(engine.stats().buffers[0].in_file, 6, "round {round}: every chunk is in the file");
+        let mut back = vec![0u8; 6 * CHUNK];
+        for part in 0..6 {
+            engine.read(a, part * CHUNK, &mut back[part * CHUNK..(part + 1) * CHUNK]).unwrap();
+        }
+        assert!(back == bytes, "round {round}: the file holds bytes from before the page-out");
+        support::assert_no_leaks(engine, sim);
+    }
+}

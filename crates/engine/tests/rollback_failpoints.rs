@@ -385,11 +385,12 @@ fn within_seconds<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 
     rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap_or_else(|_| panic!("{what} waited for the disk"))
 }
 
-/// Calls `finish` on another thread, then lifts the paused write it waits for.
-fn finish_once_resumed(engine: &Arc<Engine>, ticket: tiermem::Ticket) -> Result<(), Error> {
+/// Calls `finish` on another thread, then lifts the paused failpoint (a write or a read) it
+/// waits for.
+fn finish_once_resumed(engine: &Arc<Engine>, ticket: tiermem::Ticket, paused: &str) -> Result<(), Error> {
     let e = Arc::clone(engine);
     let finished = std::thread::spawn(move || e.finish(ticket));
-    fail::remove("file_store::write");
+    fail::remove(paused);
     finished.join().expect("finish panicked")
 }
 
@@ -420,7 +421,7 @@ fn a_page_out_to_file_writes_in_the_background() {
     within_seconds("an acquire during the write", move || assert_contents(&e, b, &b_bytes));
     assert_eq!(engine.stats().transfers.file_writes, 0, "the write cannot have completed");
 
-    finish_once_resumed(&engine, ticket).unwrap();
+    finish_once_resumed(&engine, ticket, "file_store::write").unwrap();
     assert_eq!(buffer_stats(&engine, a).in_file, 4, "{:?}", buffer_stats(&engine, a));
     assert_eq!(engine.stats().transfers.file_writes, 4);
     assert_contents(&engine, a, &a_bytes);
@@ -444,7 +445,7 @@ fn a_background_write_never_overrides_what_changed_meanwhile() {
     let ticket = engine.page_out_to_file_start(Target::All).unwrap();
     let a_new = fill(&engine, a, 2 * CHUNK, 33);
     engine.free(b).unwrap();
-    finish_once_resumed(&engine, ticket).unwrap();
+    finish_once_resumed(&engine, ticket, "file_store::write").unwrap();
     assert_eq!(engine.stats().transfers.file_writes, 0, "both chunks changed: no file copy may stand");
     assert_contents(&engine, a, &a_new);
 
@@ -471,5 +472,80 @@ fn dropping_the_engine_joins_an_unfinished_write() {
     fill(&engine, a, 4 * CHUNK, 41);
     let _unfinished = engine.page_out_to_file_start(Target::Buffer(a)).unwrap();
     done(Arc::into_inner(engine).unwrap(), sim);
+    scenario.teardown();
+}
+
+/// `page_in_start` from the file returns while the disk is still reading (here: paused), other
+/// buffers are served meanwhile, and `finish` completes it: back byte for byte, without taking
+/// room in the host tier.
+#[test]
+fn a_page_in_from_the_file_reads_in_the_background() {
+    let (_guard, scenario) = scenario();
+    let (engine, sim) = file_world("background-read");
+    let (a, _) = engine.alloc(4 * CHUNK, AllocOptions::default()).unwrap();
+    let a_bytes = fill(&engine, a, 4 * CHUNK, 51);
+    let (b, _) = engine.alloc(2 * CHUNK, AllocOptions::default()).unwrap();
+    let b_bytes = fill(&engine, b, 2 * CHUNK, 52);
+    engine.page_out_to_file(Target::Buffer(a)).unwrap();
+
+    fail::cfg("file_store::read", "pause").unwrap();
+    let e = Arc::clone(&engine);
+    let ticket = within_seconds("page_in_start", move || e.page_in_start(Target::Buffer(a))).unwrap();
+    let e = Arc::clone(&engine);
+    within_seconds("an acquire during the read", move || assert_contents(&e, b, &b_bytes));
+    assert_eq!(buffer_stats(&engine, a).in_hbm, 4, "mapped at once, its bytes on their way");
+
+    finish_once_resumed(&engine, ticket, "file_store::read").unwrap();
+    assert_eq!(engine.stats().transfers.file_reads, 4);
+    assert_eq!(buffer_stats(&engine, a).in_host, 0, "a page-in from the file skips the host tier");
+    assert_contents(&engine, a, &a_bytes);
+    done(Arc::into_inner(engine).unwrap(), sim);
+    scenario.teardown();
+}
+
+/// A background read that fails is reported by whoever needs its chunks — `finish`, or an
+/// `acquire` — with the file tier's error; the chunks go back to the file, whose bytes are
+/// intact, and come back whole once the disk works again.
+#[test]
+fn a_failed_background_read_loses_nothing() {
+    let (_guard, scenario) = scenario();
+    let (engine, sim) = file_world("background-read-fails");
+    let (a, _) = engine.alloc(4 * CHUNK, AllocOptions::default()).unwrap();
+    let a_bytes = fill(&engine, a, 4 * CHUNK, 61);
+    engine.page_out_to_file(Target::Buffer(a)).unwrap();
+
+    fail::cfg("file_store::read", "return").unwrap();
+    let ticket = engine.page_in_start(Target::Buffer(a)).unwrap();
+    let err = engine.finish(ticket).unwrap_err();
+    assert!(matches!(err, Error::File { call: "finish", .. }), "{err:?}");
+    assert_eq!(buffer_stats(&engine, a).in_file, 4, "{:?}", buffer_stats(&engine, a));
+    assert_hbm_accounted(&engine);
+
+    let _unfinished = engine.page_in_start(Target::Buffer(a)).unwrap();
+    let whole = [Region::whole(a)];
+    let err = engine.acquire(&whole, Access::ReadOnly, StreamHandle(0)).unwrap_err();
+    assert!(matches!(err, Error::File { call: "acquire", .. }), "{err:?}");
+    assert!(err.to_string().contains("file tier"), "{err}");
+    assert_eq!(buffer_stats(&engine, a).in_file, 4, "{:?}", buffer_stats(&engine, a));
+
+    fail::remove("file_store::read");
+    assert_contents(&engine, a, &a_bytes);
+    done(Arc::into_inner(engine).unwrap(), sim);
+    scenario.teardown();
+}
+
+/// An engine dropped while a read is queued behind a paused one waits for both.
+#[test]
+fn dropping_the_engine_waits_for_queued_reads() {
+    let (_guard, scenario) = scenario();
+    let (engine, sim) = file_world("background-read-drop");
+    let (a, _) = engine.alloc(4 * CHUNK, AllocOptions::default()).unwrap();
+    fill(&engine, a, 4 * CHUNK, 71);
+    engine.page_out_to_file(Target::Buffer(a)).unwrap();
+    fail::cfg("file_store::read", "pause").unwrap();
+    let _unfinished = engine.page_in_start(Target::Buffer(a)).unwrap();
+    let dropped = std::thread::spawn(move || done(Arc::into_inner(engine).unwrap(), sim));
+    fail::remove("file_store::read");
+    dropped.join().expect("dropping the engine panicked");
     scenario.teardown();
 }

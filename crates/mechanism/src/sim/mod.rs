@@ -130,6 +130,13 @@ impl SimDevice {
         Ok(Self { info, capacity_chunks, memfd, state: Mutex::new(state) })
     }
 
+    /// With `false`, queued work runs only when someone waits for it (a synchronisation, a
+    /// synchronous copy), never in the background: the slowest GPU allowed, for tests that
+    /// must see a missing wait every time. On by default.
+    pub fn set_background_progress(&self, on: bool) {
+        self.lock().queues.set_background(on);
+    }
+
     /// What is still allocated; all zero once every user has cleaned up.
     pub fn live(&self) -> SimLive {
         let s = self.lock();

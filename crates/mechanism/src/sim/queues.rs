@@ -32,13 +32,15 @@ pub(super) struct Queues {
     streams: BTreeMap<u64, VecDeque<Work>>,
     events: HashMap<u64, EventState>,
     rng: u64,
+    /// Whether work runs in the background at all (`background_steps`).
+    background: bool,
 }
 
 impl Queues {
     pub fn new(seed: u64) -> Self {
         let mut streams = BTreeMap::new();
         streams.insert(0, VecDeque::new());
-        Self { streams, events: HashMap::new(), rng: seed | 1 }
+        Self { streams, events: HashMap::new(), rng: seed | 1, background: true }
     }
 
     /// Streams and events the user created (the legacy stream 0 is not counted).
@@ -141,8 +143,16 @@ impl Queues {
         })
     }
 
-    /// How many steps of background progress to make at this call: 0 to 2.
+    /// How many steps of background progress to make at this call: 0 to 2 (none while
+    /// background progress is off).
     pub fn background_steps(&mut self) -> usize {
-        (self.random() % 3) as usize
+        match self.background {
+            true => (self.random() % 3) as usize,
+            false => 0,
+        }
+    }
+
+    pub fn set_background(&mut self, on: bool) {
+        self.background = on;
     }
 }
