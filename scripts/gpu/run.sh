@@ -32,7 +32,7 @@ fi
 want python && { step "Python tests on the GPU"; TIERMEM_TEST_BACKEND=cuda run python3 -m pytest -q -rs python/tests; }
 want demo && { step "tiermem demo"; run "$dist/tiermem" demo; }
 want engine && { step "tiermem bench engine"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench engine --json "$out/results"; }
-want nvme && { step "tiermem bench nvme"; df -T "$scratch" | tail -1; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench nvme --json "$out/results" --dir "$scratch"; }
+want nvme && { step "tiermem bench nvme"; df -T "$scratch" | tail -1; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench nvme --json "$out/results" --dir "$scratch" --reps 5; }
 want torch-small && { step "torch benchmark (small)"; run python3 bench/torch_bench.py --json "$out/results" --commit "$commit" --small; }
 want torch && { step "torch benchmark"; run python3 bench/torch_bench.py --json "$out/results" --commit "$commit"; }
 step "done: status $status"

@@ -214,16 +214,11 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
         size >> 20
     );
 
-    let (disk_read, read_depth) = disk_ceiling(&data, size, reps, false)?;
-    let (disk_write, write_depth) = disk_ceiling(&scratch, size, reps, true)?;
-    println!("disk O_DIRECT: read {disk_read:.2} GB/s (queue depth {read_depth}), write {disk_write:.2} GB/s (queue depth {write_depth})");
-    let gb = size as f64 / 1e9;
-    let directio_in = gb / median((0..reps).map(|_| direct_io(&device, &data, size, true)).collect::<Result<_, _>>()?);
-    let directio_out =
-        gb / median((0..reps).map(|_| direct_io(&device, &scratch, size, false)).collect::<Result<_, _>>()?);
-    let demand_in = gb / median((0..reps).map(|_| demand_paging(&device, &data, size)).collect::<Result<_, _>>()?);
-    println!("direct I/O: in {directio_in:.2} GB/s, out {directio_out:.2} GB/s; demand paging in {demand_in:.2} GB/s");
-
+    // The disk's speed drifts within a run (a virtual disk), so after the sweep for the best
+    // queue depths every measurement is taken once per round, all of them in each round: each
+    // median compares numbers taken side by side.
+    let (_, read_depth) = disk_ceiling(&data, size, reps, false)?;
+    let (_, write_depth) = disk_ceiling(&scratch, size, reps, true)?;
     let fail = |e: tiermem::Error| format!("bench nvme: {e}");
     let stream = device.create_stream(StreamPriority::High).map_err(|e| e.to_string())?;
     let (a, _) = engine.alloc(size, AllocOptions { name: Some("A".into()), ..Default::default() }).map_err(fail)?;
@@ -231,45 +226,53 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
     pattern::fill(a.0, 0, &mut bytes);
     engine.write(a, 0, &bytes).map_err(fail)?;
     let whole = [Region::whole(a)];
-    let (mut outs, mut ins, mut clean, mut first, mut starts) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for rep in 0..reps + 1 {
+    let mut samples: [Vec<f64>; 10] = Default::default();
+    let [disk_reads, disk_writes, direct_ins, direct_outs, demands, outs, ins, clean, first, starts] = &mut samples;
+    for round in 0..reps + 1 {
+        let warm_up = round == 0;
+        let keep = |into: &mut Vec<f64>, seconds: f64| {
+            if !warm_up {
+                into.push(seconds);
+            }
+        };
+        keep(disk_reads, raw_pass(&data, size, read_depth, false)?);
+        keep(disk_writes, raw_pass(&scratch, size, write_depth, true)?);
+        keep(direct_ins, direct_io(&device, &data, size, true)?);
+        keep(direct_outs, direct_io(&device, &scratch, size, false)?);
+        keep(demands, demand_paging(&device, &data, size)?);
         // Dirty, as after a kernel that wrote it: the page-out must write the file.
         engine.acquire(&whole, Access::ReadWrite, stream).map_err(fail)?;
         engine.release(&whole, stream).map_err(fail)?;
         let t = Instant::now();
         engine.page_out_to_file(Target::Buffer(a)).map_err(fail)?;
-        let out_s = t.elapsed().as_secs_f64();
+        keep(outs, t.elapsed().as_secs_f64());
         let t = Instant::now();
         engine.acquire(&[Region::bytes(a, 0, 1)], Access::ReadOnly, stream).map_err(fail)?;
         device.synchronize_stream(stream).map_err(|e| e.to_string())?;
-        let first_s = t.elapsed().as_secs_f64();
+        keep(first, t.elapsed().as_secs_f64());
         engine.release(&[Region::bytes(a, 0, 1)], stream).map_err(fail)?;
         engine.page_out_to_file(Target::Buffer(a)).map_err(fail)?;
         // Asynchronous: the caller is free once `page_in_start` returns (the paper's overhead).
         let t = Instant::now();
         let ticket = engine.page_in_start(Target::Buffer(a)).map_err(fail)?;
-        let start_s = t.elapsed().as_secs_f64();
+        keep(starts, t.elapsed().as_secs_f64());
         engine.finish(ticket).map_err(fail)?;
-        let in_s = t.elapsed().as_secs_f64();
+        keep(ins, t.elapsed().as_secs_f64());
         // Unchanged since it came from the file: leaving again writes nothing.
         let t = Instant::now();
         engine.page_out_to_file(Target::Buffer(a)).map_err(fail)?;
-        let clean_s = t.elapsed().as_secs_f64();
+        keep(clean, t.elapsed().as_secs_f64());
         engine.page_in(Target::Buffer(a)).map_err(fail)?;
-        if rep >= 1 {
-            outs.push(out_s);
-            ins.push(in_s);
-            clean.push(clean_s);
-            first.push(first_s);
-            starts.push(start_s);
-        }
     }
-    let page_out = gb / median(outs);
-    let page_in = gb / median(ins);
-    let clean_ms = median(clean) * 1e3;
-    let first_ms = median(first) * 1e3;
-    let start_ms = median(starts) * 1e3;
+    let gb = size as f64 / 1e9;
+    let rate = |v: &Vec<f64>| gb / median(v.clone());
+    let (disk_read, disk_write) = (rate(disk_reads), rate(disk_writes));
+    println!("disk O_DIRECT: read {disk_read:.2} GB/s (queue depth {read_depth}), write {disk_write:.2} GB/s (queue depth {write_depth})");
+    let (directio_in, directio_out, demand_in) = (rate(direct_ins), rate(direct_outs), rate(demands));
+    println!("direct I/O: in {directio_in:.2} GB/s, out {directio_out:.2} GB/s; demand paging in {demand_in:.2} GB/s");
+    let (page_out, page_in) = (rate(outs), rate(ins));
+    let ms = |v: &Vec<f64>| median(v.clone()) * 1e3;
+    let (clean_ms, first_ms, start_ms) = (ms(clean), ms(first), ms(starts));
     let demand_ms = gb / demand_in * 1e3;
     println!("tiermem ({file_io}): page-in {page_in:.2} GB/s, page-out {page_out:.2} GB/s, clean page-out {clean_ms:.2} ms, first usable byte after {first_ms:.2} ms");
     println!("page_in_start returns after {start_ms:.2} ms (demand paging holds the caller {demand_ms:.0} ms)");
