@@ -398,6 +398,16 @@ fn describe_difference(got: &[u8], want: &[u8]) -> String {
     )
 }
 
+/// With `TIERMEM_TEST_LAZY=1`, the simulated device runs queued work only when someone waits
+/// for it: the slowest GPU allowed, where a missing wait shows every time rather than by
+/// chance. Opt-in for now: at 1500 cases it finds two failures not yet understood (bytes of
+/// another chunk, or a write lost), which the default mode has never shown.
+fn slow_device(sim: &Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>) {
+    if let (Some(sim), Some(_)) = (sim, std::env::var_os("TIERMEM_TEST_LAZY")) {
+        sim.set_background_progress(false);
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
 
@@ -405,6 +415,7 @@ proptest! {
     fn every_byte_survives_any_sequence_of_moves(ops in prop::collection::vec(op(), 100), policy in 0usize..4) {
         let policy = tiermem::policy::PolicyKind::ALL[policy];
         let (engine, sim) = support::engine(HBM_CHUNKS, HOST_CHUNKS, EngineConfig { policy, batch_chunks: 3, ..EngineConfig::default() });
+        slow_device(&sim);
         run(&engine, &ops, HOST_CHUNKS, None)?;
         support::assert_no_leaks(engine, sim);
     }
@@ -417,6 +428,7 @@ proptest! {
         let path = support::file_tier_path("property");
         let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, ..EngineConfig::default() };
         let (engine, sim) = support::engine(HBM_CHUNKS, SMALL_HOST_CHUNKS, config);
+        slow_device(&sim);
         run(&engine, &ops, SMALL_HOST_CHUNKS, Some(FILE_CHUNKS))?;
         support::assert_no_leaks(engine, sim);
         prop_assert!(!path.exists(), "the file tier's file outlived the engine");
