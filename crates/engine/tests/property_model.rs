@@ -400,8 +400,9 @@ fn describe_difference(got: &[u8], want: &[u8]) -> String {
 
 /// With `TIERMEM_TEST_LAZY=1`, the simulated device runs queued work only when someone waits
 /// for it: the slowest GPU allowed, where a missing wait shows every time rather than by
-/// chance. Opt-in for now: at 1500 cases it finds two failures not yet understood (bytes of
-/// another chunk, or a write lost), which the default mode has never shown.
+/// chance. Opt-in for now: a run of 1500 cases per test, about half of them lazy, found two
+/// failures not yet understood (bytes of another pattern, or a written byte lost), which the
+/// default mode has never shown; they are rare (800 lazy cases of the first test then passed).
 fn slow_device(sim: &Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>) {
     if let (Some(sim), Some(_)) = (sim, std::env::var_os("TIERMEM_TEST_LAZY")) {
         sim.set_background_progress(false);
