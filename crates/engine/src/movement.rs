@@ -136,7 +136,7 @@ impl Inner {
         let mut read_fences = read_fences.into_iter();
         let mut phys = phys.into_iter();
         let (mut landed, mut reads, mut fences) = (Vec::new(), Vec::new(), Vec::new());
-        let mut failure = None;
+        let (mut read, mut failure) = (0, None);
         for batch in batches(&todo, self.batch) {
             let batch_phys: Vec<PhysHandle> = phys.by_ref().take(batch.len()).collect();
             let file_chunks: Vec<(ChunkRef, Option<FileSlot>)> = batch
@@ -151,6 +151,7 @@ impl Inner {
                 break;
             }
             landed.extend(batch.iter().copied().filter(|r| !file_chunks.iter().any(|(f, _)| f == r)));
+            read += file_chunks.len();
             reads.extend(file_chunks);
             while reads.len() >= group {
                 let rest = reads.split_off(group);
@@ -161,6 +162,9 @@ impl Inner {
             fences.push(self.queue_read(call, reads, &mut read_fences));
         }
         phys.for_each(|p| self.pool.give(p));
+        if start.is_none() {
+            self.counters.prefetched += (landed.len() + read) as u64;
+        }
         if landed.is_empty() {
             return failure.map_or(Ok(fences), Err);
         }
@@ -175,9 +179,8 @@ impl Inner {
         for &r in &landed {
             self.chunk_mut(r).ready = Some(Arc::clone(&fence));
         }
-        match start {
-            Some(start) => self.timings.push_back((start, Arc::clone(&fence))),
-            None => self.counters.prefetched += landed.len() as u64,
+        if let Some(start) = start {
+            self.timings.push_back((start, Arc::clone(&fence)));
         }
         fences.push(fence);
         failure.map_or(Ok(fences), Err)
