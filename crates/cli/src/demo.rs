@@ -20,7 +20,6 @@ pub struct DemoArgs {
 
 pub fn run(args: DemoArgs) -> Result<(), String> {
     let mut config = EngineConfig::from_env().map_err(|e| e.to_string())?;
-    config.host_limit.get_or_insert(16 << 30);
     let probe = Engine::new(config.clone()).map_err(|e| format!("demo: {e}"))?;
     let simulated = probe.device_info().backend == BackendKind::Sim;
     if let Some(why) = probe.fallback_reason() {

@@ -22,7 +22,8 @@ pub struct EngineConfig {
     pub policy: PolicyKind,
     /// Seed for the randomised policies.
     pub seed: u64,
-    /// Size of the simulated device's "HBM" (`TIERMEM_SIM_HBM`).
+    /// Size of the simulated device's "HBM" (`TIERMEM_SIM_HBM`), raised to `hbm_limit` if
+    /// that is larger. It must fit in the host's available memory, which stands in for it.
     pub sim_hbm: usize,
     /// Chunks per transfer batch: one `cuMemSetAccess` and one fence per batch.
     pub batch_chunks: usize,

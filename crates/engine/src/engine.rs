@@ -93,8 +93,10 @@ pub(crate) struct TicketWork {
 impl Engine {
     /// Opens the device that `config` names and sets up the tiers.
     pub fn new(config: EngineConfig) -> Result<Self> {
+        // A simulated device is at least as large as the HBM cap asked of it.
+        let sim_hbm = config.hbm_limit.map_or(config.sim_hbm, |limit| limit.max(config.sim_hbm));
         let (device, fallback) =
-            tiermem_mechanism::open(config.backend, config.device, config.sim_hbm).during("Engine::new")?;
+            tiermem_mechanism::open(config.backend, config.device, sim_hbm).during("Engine::new")?;
         let mut engine = Self::with_device(device, &config)?;
         engine.fallback = fallback;
         Ok(engine)
@@ -104,19 +106,13 @@ impl Engine {
     pub fn with_device(device: Arc<dyn Device>, config: &EngineConfig) -> Result<Self> {
         let chunk = device.info().granularity;
         let (free, _) = device.mem_info().during("Engine::new")?;
-        let hbm_limit = config.hbm_cap(device.info().backend, free);
-        if hbm_limit < chunk {
-            return Err(Error::Config(format!(
-                "HBM cap of {hbm_limit} bytes is less than one {chunk}-byte chunk (free on the device: {free})"
-            )));
-        }
-        let host_limit = config.host_limit.unwrap_or_else(default_host_limit);
-        if host_limit < chunk {
-            return Err(Error::Config(format!("host cap of {host_limit} bytes is less than one {chunk}-byte chunk")));
-        }
+        let caps = crate::limits::caps(config, device.info(), free)?;
         let file = match &config.file {
             None => None,
-            Some(path) => Some(open_file_tier(&device, config, path, chunk)?),
+            Some(path) => {
+                crate::limits::check_file(path, config.file_limit)?;
+                Some(open_file_tier(&device, config, path, chunk)?)
+            }
         };
         let streams = Streams {
             up: device.create_stream(StreamPriority::High).during("Engine::new")?,
@@ -131,9 +127,9 @@ impl Engine {
             next_buffer: 1,
             clock: 0,
             pinned: 0,
-            pool: ChunkPool::new(hbm_limit / chunk),
+            pool: ChunkPool::new(caps.hbm / chunk),
             holders: HashMap::new(),
-            host: HostTier::new(chunk, host_limit),
+            host: HostTier::new(chunk, caps.host),
             policy: new_policy(config.policy, config.seed),
             events: EventPool::new(Arc::clone(&device)),
             streams,
@@ -399,17 +395,6 @@ fn open_file_tier(
     let group_chunks = crate::file_reads::GROUP_BATCHES * config.batch_chunks.max(1);
     let reader = FileReader::start(Arc::clone(device), Arc::clone(&store), group_chunks)?;
     Ok(FileTier { store, reader })
-}
-
-/// Half of the host's available memory, as `/proc/meminfo` tells it (8 GiB if unreadable).
-fn default_host_limit() -> usize {
-    let available_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
-        text.lines()
-            .find(|l| l.starts_with("MemAvailable:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<usize>().ok())
-    });
-    available_kib.map_or(8 << 30, |kib| kib * 1024 / 2)
 }
 
 impl Inner {

@@ -159,6 +159,32 @@ impl Drop for Fence {
     }
 }
 
+/// One fence after every fence of `fences` that has not completed: none if all have, the
+/// fence itself if one has not, else a fence recorded on `stream` after it waits for each of
+/// them (on the device; the host does not wait, except for a later fence not yet recorded).
+pub(crate) fn after_all(
+    events: &Arc<EventPool>,
+    stream: StreamHandle,
+    fences: &[Arc<Fence>],
+) -> Result<Option<Arc<Fence>>> {
+    let mut pending: Vec<&Arc<Fence>> = Vec::new();
+    for fence in fences {
+        if !fence.is_done()? && !pending.iter().any(|p| Arc::ptr_eq(p, fence)) {
+            pending.push(fence);
+        }
+    }
+    match pending[..] {
+        [] => Ok(None),
+        [one] => Ok(Some(Arc::clone(one))),
+        _ => {
+            for fence in &pending {
+                events.device.stream_wait_event(stream, fence.event())?;
+            }
+            events.record(stream).map(Some)
+        }
+    }
+}
+
 /// Whether an optional fence is absent or completed.
 pub(crate) fn settled(fence: &Option<Arc<Fence>>) -> Result<bool> {
     fence.as_ref().map_or(Ok(true), |f| f.is_done())

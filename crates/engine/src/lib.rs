@@ -30,6 +30,7 @@ mod file_tier;
 mod file_writes;
 mod homes;
 mod host_tier;
+mod limits;
 mod movement;
 mod schedule;
 mod stats;

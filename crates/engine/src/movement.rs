@@ -33,7 +33,7 @@
 use crate::chunk::ChunkState;
 use crate::engine::{ChunkRef, Inner, PendingDown};
 use crate::error::Context;
-use crate::fence::{settled, Fence};
+use crate::fence::{after_all, settled, Fence};
 use crate::host_tier::Slot;
 use crate::BufferId;
 use crate::{Error, Result};
@@ -342,11 +342,13 @@ impl Inner {
             match clean {
                 None => dirty.push(r),
                 Some(slot) => {
-                    let unsettled = [&chunk.busy, &chunk.ready]
-                        .into_iter()
-                        .flatten()
-                        .find(|f| !matches!(f.is_done(), Ok(true)))
-                        .cloned();
+                    // It may leave only after both its last use and the copy that filled its
+                    // slot or its HBM (cancelled page-outs leave that copy in flight): the
+                    // first of them done proves nothing of the other.
+                    let in_flight: Vec<Arc<Fence>> =
+                        [&chunk.busy, &chunk.ready].into_iter().flatten().cloned().collect();
+                    let unsettled = after_all(&self.events, self.streams.down, &in_flight).during(call)?;
+                    let chunk = self.chunk_mut(r);
                     match unsettled {
                         None => drop_now.push((r, phys, slot)),
                         Some(fence) => {
@@ -641,8 +643,9 @@ impl Inner {
                 continue;
             }
             match self.next_settling(protect) {
-                Some(fence) => fence.wait().during(call)?,
-                None => {
+                Settling::Wait(fence) => fence.wait().during(call)?,
+                Settling::Now => {}
+                Settling::Never => {
                     return Err(Error::OutOfMemory {
                         call,
                         detail: format!(
@@ -767,20 +770,39 @@ impl Inner {
         Ok((refs, candidates))
     }
 
-    /// The fence whose completion will next make HBM evictable or free, if any.
-    fn next_settling(&self, protect: &[ChunkRef]) -> Option<Arc<Fence>> {
+    /// What to wait for before HBM can be made free: the next copy down to land, or the work
+    /// still running on a chunk that could then be evicted. `Now` if such a chunk has no work
+    /// left: it finished since the candidates were listed (the GPU does not wait for the
+    /// engine), so evicting again will find it.
+    fn next_settling(&self, protect: &[ChunkRef]) -> Settling {
         if let Some(group) = self.pending_down.first() {
-            return Some(Arc::clone(&group.fence));
+            return Settling::Wait(Arc::clone(&group.fence));
         }
-        self.buffers.iter().find_map(|(&id, buffer)| {
-            buffer.chunks.iter().enumerate().find_map(|(index, chunk)| {
-                let eligible = chunk.is_resident() && chunk.pins == 0 && protect.binary_search(&(id, index)).is_err();
-                let unsettled =
-                    [&chunk.busy, &chunk.ready].into_iter().flatten().find(|f| !matches!(f.is_done(), Ok(true)));
-                unsettled.filter(|_| eligible).cloned()
-            })
-        })
+        let mut settled = false;
+        for (&id, buffer) in &self.buffers {
+            for (index, chunk) in buffer.chunks.iter().enumerate() {
+                if !chunk.is_resident() || chunk.pins > 0 || protect.binary_search(&(id, index)).is_ok() {
+                    continue;
+                }
+                match [&chunk.busy, &chunk.ready].into_iter().flatten().find(|f| !matches!(f.is_done(), Ok(true))) {
+                    Some(fence) => return Settling::Wait(Arc::clone(fence)),
+                    None => settled = true,
+                }
+            }
+        }
+        if settled {
+            Settling::Now
+        } else {
+            Settling::Never
+        }
     }
+}
+
+/// See [`Inner::next_settling`].
+enum Settling {
+    Wait(Arc<Fence>),
+    Now,
+    Never,
 }
 
 /// Splits sorted chunk refs into batches of at most `max` consecutive chunks of one buffer.

@@ -4,6 +4,7 @@
 mod support;
 
 use support::{assert_contents, buffer_stats, fill, CHUNK};
+use tiermem::mechanism::Device;
 use tiermem::policy::{PolicyKind, LRU_COST_SELECTION_FACTOR};
 use tiermem::{Access, AllocOptions, BufferId, Counters, Engine, EngineConfig, Region, StreamHandle, Target};
 
@@ -189,9 +190,12 @@ fn paging_out_a_read_only_buffer_again_costs_no_copy() {
 
 #[test]
 fn the_pool_evicts_when_the_device_has_fewer_chunks_than_the_cap() {
-    // The device has 3 chunks, the cap says 6: cuMemCreate runs out of memory at the 4th,
-    // and the pool must shrink its cap and evict instead of failing.
-    let (engine, sim) = support::sim_engine(3, 6, 16, EngineConfig::default());
+    // The device has 6 chunks and the cap says 6, but someone else holds 3 of them: cuMemCreate
+    // runs out of memory at the 4th, and the pool must shrink its cap and evict instead of failing.
+    let sim = std::sync::Arc::new(tiermem::mechanism::sim::SimDevice::new(6 * CHUNK).unwrap());
+    let others: Vec<_> = (0..3).map(|_| sim.create_chunk().unwrap()).collect();
+    let config = EngineConfig { hbm_limit: Some(6 * CHUNK), host_limit: Some(16 * CHUNK), ..EngineConfig::default() };
+    let engine = Engine::with_device(sim.clone(), &config).unwrap();
     let (a, _) = engine.alloc(3 * CHUNK, AllocOptions::default()).unwrap();
     let (b, _) = engine.alloc(2 * CHUNK, AllocOptions::default()).unwrap();
     let a_bytes = fill(&engine, a, 3 * CHUNK, 1);
@@ -202,5 +206,7 @@ fn the_pool_evicts_when_the_device_has_fewer_chunks_than_the_cap() {
     assert_eq!(buffer_stats(&engine, b).in_hbm, 2);
     assert_contents(&engine, a, &a_bytes);
     assert_contents(&engine, b, &b_bytes);
-    support::assert_no_leaks(engine, Some(sim));
+    drop(engine);
+    others.into_iter().for_each(|chunk| sim.release_chunk(chunk).unwrap());
+    assert!(sim.live().is_empty(), "{:?}", sim.live());
 }

@@ -141,7 +141,7 @@ fn a_file_write_waits_for_an_earlier_page_out_still_copying() {
         let bytes = pattern(round, 6 * CHUNK);
         engine.write(a, 0, &bytes).unwrap();
         if let Some(sim) = &sim {
-            sim.set_background_progress(false); // copies run only when waited for
+            sim.set_timing(tiermem::mechanism::sim::Timing::Lazy); // copies run only when waited for
         }
         let earlier = engine.page_out_start(Target::Buffer(a)).unwrap();
         let to_file = engine.page_out_to_file_start(Target::Buffer(a)).unwrap();

@@ -5,6 +5,8 @@
 //!
 //! Tiny caps (8 HBM chunks, 24 host chunks, up to 8 buffers of up to 5 chunks) force constant eviction. 100 cases × 100 ops by
 //! default (`PROPTEST_CASES` scales it); `TIERMEM_TEST_BACKEND=cuda` runs it on a real GPU.
+//! On the simulated device each case runs with one of its timings (eager, lazy, random:
+//! `tiermem::mechanism::sim::Timing`), picked by the case; `TIERMEM_TEST_TIMING` forces one.
 
 mod support;
 
@@ -398,14 +400,18 @@ fn describe_difference(got: &[u8], want: &[u8]) -> String {
     )
 }
 
-/// With `TIERMEM_TEST_LAZY=1`, the simulated device runs queued work only when someone waits
-/// for it: the slowest GPU allowed, where a missing wait shows every time rather than by
-/// chance. Opt-in for now: a run of 1500 cases per test, about half of them lazy, found two
-/// failures not yet understood (bytes of another pattern, or a written byte lost), which the
-/// default mode has never shown; they are rare (800 lazy cases of the first test then passed).
-fn slow_device(sim: &Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>) {
-    if let (Some(sim), Some(_)) = (sim, std::env::var_os("TIERMEM_TEST_LAZY")) {
-        sim.set_background_progress(false);
+/// Sets the simulated device's timing for one case: `Timing::ALL[timing]`, unless
+/// `TIERMEM_TEST_TIMING` (eager, lazy or random) names one for every case.
+fn set_timing(sim: &Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>, timing: usize) {
+    use tiermem::mechanism::sim::Timing;
+    let forced = std::env::var("TIERMEM_TEST_TIMING").ok().map(|name| match name.as_str() {
+        "eager" => Timing::Eager,
+        "lazy" => Timing::Lazy,
+        "random" => Timing::Random,
+        other => panic!("TIERMEM_TEST_TIMING={other:?}: use eager, lazy or random"),
+    });
+    if let Some(sim) = sim {
+        sim.set_timing(forced.unwrap_or(Timing::ALL[timing % Timing::ALL.len()]));
     }
 }
 
@@ -413,10 +419,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
 
     #[test]
-    fn every_byte_survives_any_sequence_of_moves(ops in prop::collection::vec(op(), 100), policy in 0usize..4) {
+    fn every_byte_survives_any_sequence_of_moves(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3) {
         let policy = tiermem::policy::PolicyKind::ALL[policy];
         let (engine, sim) = support::engine(HBM_CHUNKS, HOST_CHUNKS, EngineConfig { policy, batch_chunks: 3, ..EngineConfig::default() });
-        slow_device(&sim);
+        set_timing(&sim, timing);
         run(&engine, &ops, HOST_CHUNKS, None)?;
         support::assert_no_leaks(engine, sim);
     }
@@ -424,12 +430,12 @@ proptest! {
     /// The same with a file tier under a host tier that cannot hold the data: chunks cross
     /// all three tiers.
     #[test]
-    fn every_byte_survives_moves_across_three_tiers(ops in prop::collection::vec(op(), 100), policy in 0usize..4) {
+    fn every_byte_survives_moves_across_three_tiers(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3) {
         let policy = tiermem::policy::PolicyKind::ALL[policy];
         let path = support::file_tier_path("property");
         let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, ..EngineConfig::default() };
         let (engine, sim) = support::engine(HBM_CHUNKS, SMALL_HOST_CHUNKS, config);
-        slow_device(&sim);
+        set_timing(&sim, timing);
         run(&engine, &ops, SMALL_HOST_CHUNKS, Some(FILE_CHUNKS))?;
         support::assert_no_leaks(engine, sim);
         prop_assert!(!path.exists(), "the file tier's file outlived the engine");

@@ -16,12 +16,14 @@ pub mod cuda;
 mod device;
 mod error;
 pub mod file_store;
+mod host_memory;
 pub mod sim;
 
 pub use device::{
     BackendKind, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, StreamHandle, StreamPriority,
 };
 pub use error::{DeviceError, Result};
+pub use host_memory::HostMemory;
 
 use std::sync::Arc;
 

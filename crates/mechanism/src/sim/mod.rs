@@ -24,6 +24,7 @@ use crate::{
 };
 mod queues;
 
+pub use queues::Timing;
 use queues::{Queues, Work};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -59,6 +60,13 @@ pub struct SimDevice {
     state: Mutex<SimState>,
 }
 
+/// What a synchronisation waits for.
+#[derive(Clone, Copy)]
+enum Need {
+    StreamIdle(u64),
+    EventDone(u64),
+}
+
 struct SimState {
     reservations: BTreeMap<DevicePtr, usize>,
     /// Granule-aligned VA → (chunk, accessible).
@@ -88,7 +96,15 @@ macro_rules! failpoint {
 
 impl SimDevice {
     /// A simulated device with `hbm_bytes` of memory (rounded down to whole granules).
+    /// Refused if host memory could not hold it: host memory stands in for its HBM.
     pub fn new(hbm_bytes: usize) -> Result<Self> {
+        if let Some(host) = crate::HostMemory::read().filter(|host| hbm_bytes > host.available) {
+            return Err(DeviceError::Config(format!(
+                "a simulated device of {:.2} GiB is more than the {:.2} GiB of host memory available, which stands in for its HBM: set TIERMEM_SIM_HBM (or the HBM cap the simulated device is sized from) lower",
+                hbm_bytes as f64 / (1u64 << 30) as f64,
+                host.available as f64 / (1u64 << 30) as f64
+            )));
+        }
         let capacity_chunks = hbm_bytes / SIM_GRANULARITY;
         // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new fd or -1.
         let fd = unsafe { libc::memfd_create(c"tiermem-sim-hbm".as_ptr(), libc::MFD_CLOEXEC) };
@@ -130,11 +146,16 @@ impl SimDevice {
         Ok(Self { info, capacity_chunks, memfd, state: Mutex::new(state) })
     }
 
-    /// With `false`, queued work runs only when someone waits for it (a synchronisation, a
-    /// synchronous copy), never in the background: the slowest GPU allowed, for tests that
-    /// must see a missing wait every time. On by default.
-    pub fn set_background_progress(&self, on: bool) {
-        self.lock().queues.set_background(on);
+    /// When queued work runs besides when it is waited for ([`Timing`]; `Eager` by default).
+    /// `Lazy` is the slowest GPU allowed, for tests that must see a missing wait every time.
+    pub fn set_timing(&self, timing: Timing) {
+        self.lock().queues.set_timing(timing);
+    }
+
+    /// Seeds the random choices of when and in which order queued work runs: the same calls
+    /// with the same seed run the same schedule.
+    pub fn set_seed(&self, seed: u64) {
+        self.lock().queues.set_seed(seed);
     }
 
     /// What is still allocated; all zero once every user has cleaned up.
@@ -268,15 +289,17 @@ impl SimDevice {
         }
     }
 
-    /// Runs work until `done` holds; an error if nothing can run before it does.
-    fn run_until(
-        s: &mut SimState,
-        call: &'static str,
-        stream: Option<u64>,
-        done: impl Fn(&SimState) -> bool,
-    ) -> Result<()> {
-        while !done(s) {
-            if !(stream.is_some_and(|id| Self::run_one(s, Some(id))) || Self::run_one(s, None)) {
+    /// Runs work until `need` is met, running only what it needs (the queues' `blocker`
+    /// chain); an error if that can never happen.
+    fn run_until(s: &mut SimState, call: &'static str, need: Need) -> Result<()> {
+        loop {
+            let next = match need {
+                Need::StreamIdle(id) if s.queues.stream_idle(id) => break,
+                Need::EventDone(e) if s.queues.event_done(e) => break,
+                Need::StreamIdle(id) => s.queues.blocker(id),
+                Need::EventDone(e) => s.queues.event_blocker(e),
+            };
+            if !next.is_some_and(|stream| Self::run_one(s, Some(stream))) {
                 return Err(DeviceError::Driver {
                     call,
                     code: "CUDA_ERROR_LAUNCH_TIMEOUT".into(),
@@ -545,7 +568,7 @@ impl Device for SimDevice {
         let mut s = self.lock();
         let id = Self::stream_of(&s, "cuStreamDestroy", stream)?;
         // As cuStreamDestroy: work already enqueued still completes.
-        Self::run_until(&mut s, "cuStreamDestroy", Some(id), |s| s.queues.stream_idle(id))?;
+        Self::run_until(&mut s, "cuStreamDestroy", Need::StreamIdle(id))?;
         if !s.queues.remove_stream(id) {
             return Err(Self::invalid("cuStreamDestroy", "the legacy stream cannot be destroyed".into()));
         }
@@ -591,13 +614,13 @@ impl Device for SimDevice {
     fn synchronize_event(&self, event: EventHandle) -> Result<()> {
         let mut s = self.lock();
         let e = Self::event_of(&s, "cuEventSynchronize", event)?;
-        Self::run_until(&mut s, "cuEventSynchronize", None, |s| s.queues.event_done(e))
+        Self::run_until(&mut s, "cuEventSynchronize", Need::EventDone(e))
     }
 
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<()> {
         let mut s = self.lock();
         let id = Self::stream_of(&s, "cuStreamSynchronize", stream)?;
-        Self::run_until(&mut s, "cuStreamSynchronize", Some(id), |s| s.queues.stream_idle(id))
+        Self::run_until(&mut s, "cuStreamSynchronize", Need::StreamIdle(id))
     }
 
     fn elapsed_ms(&self, _start: EventHandle, _end: EventHandle) -> Result<f32> {
@@ -641,7 +664,7 @@ impl Device for SimDevice {
     fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         let mut s = self.lock();
         // A synchronous copy runs on the legacy stream, after the work already there.
-        Self::run_until(&mut s, "cuMemcpyHtoD", Some(0), |s| s.queues.stream_idle(0))?;
+        Self::run_until(&mut s, "cuMemcpyHtoD", Need::StreamIdle(0))?;
         if !Self::device_range_ok(&s, dst, src.len()) {
             return Err(DeviceError::Fault(format!(
                 "cuMemcpyHtoD: device range 0x{dst:x}+{} is not mapped with access",
@@ -655,7 +678,7 @@ impl Device for SimDevice {
 
     fn read(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
         let mut s = self.lock();
-        Self::run_until(&mut s, "cuMemcpyDtoH", Some(0), |s| s.queues.stream_idle(0))?;
+        Self::run_until(&mut s, "cuMemcpyDtoH", Need::StreamIdle(0))?;
         if !Self::device_range_ok(&s, src, dst.len()) {
             return Err(DeviceError::Fault(format!(
                 "cuMemcpyDtoH: device range 0x{src:x}+{} is not mapped with access",
