@@ -1,7 +1,7 @@
 //! `tiermem demo`: twice the HBM cap of data, moved by acquire/release, every byte verified.
 
-use crate::pattern;
 use std::time::Instant;
+use tiermem::mechanism::pattern;
 use tiermem::mechanism::{BackendKind, StreamPriority};
 use tiermem::{format_size, parse_size, Access, AllocOptions, BufferId, Engine, EngineConfig, Region};
 

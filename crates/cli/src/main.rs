@@ -3,7 +3,7 @@
 mod bench;
 mod demo;
 mod info;
-mod pattern;
+mod soak;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -22,6 +22,9 @@ enum Command {
     /// Allocate twice the HBM cap, write known patterns, cycle acquire/release so data
     /// moves, verify every byte, print throughput and statistics.
     Demo(demo::DemoArgs),
+    /// Random operations on several threads across every tier, every byte verified by GPU
+    /// kernels and host reads; a non-zero exit on any mismatch, unexpected error or leak.
+    Soak(soak::SoakArgs),
     /// Run a benchmark suite and write its JSON report.
     Bench {
         #[command(subcommand)]
@@ -35,6 +38,7 @@ fn main() -> ExitCode {
     let outcome = std::panic::catch_unwind(|| match cli.command {
         Command::Info => info::run(),
         Command::Demo(args) => demo::run(args),
+        Command::Soak(args) => soak::run(args),
         Command::Bench { suite } => bench::run(suite),
     })
     .unwrap_or_else(|panic| {

@@ -127,6 +127,28 @@ pub trait Device: Send + Sync {
     /// Enqueues setting `len` bytes at `dst` to `value`.
     fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()>;
 
+    /// Enqueues a kernel that writes the pattern of `seed` ([`crate::pattern`]) over `words`
+    /// 8-byte words at `dst` (8-byte aligned), word `i` being pattern word `first + i`.
+    fn fill_pattern_async(
+        &self,
+        dst: DevicePtr,
+        words: usize,
+        seed: u64,
+        first: u64,
+        stream: StreamHandle,
+    ) -> Result<()>;
+    /// Enqueues a kernel that reads `words` words at `src` and adds to the `u32` at `counter`
+    /// (device memory, e.g. from [`Device::alloc_plain`]) how many differ from that pattern.
+    fn check_pattern_async(
+        &self,
+        src: DevicePtr,
+        words: usize,
+        seed: u64,
+        first: u64,
+        counter: DevicePtr,
+        stream: StreamHandle,
+    ) -> Result<()>;
+
     /// Copies ordinary (pageable) host bytes to device memory and waits for the copy.
     fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
     /// Copies device memory to ordinary host memory and waits for the copy.

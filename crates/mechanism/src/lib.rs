@@ -17,6 +17,7 @@ mod device;
 mod error;
 pub mod file_store;
 mod host_memory;
+pub mod pattern;
 pub mod sim;
 
 pub use device::{

@@ -2,12 +2,12 @@
 //! ceilings, an oversubscribed acquire cycle, and the cost of acquiring resident memory.
 
 use super::{median, raw, today};
-use crate::pattern;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::json;
 use std::path::Path;
 use std::time::Instant;
+use tiermem::mechanism::pattern;
 use tiermem::mechanism::{BackendKind, StreamHandle, StreamPriority};
 use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Region, Target};
 

@@ -3,7 +3,6 @@
 //! memory, then copy to the GPU) and demand paging (`mmap`, touch every 4 KiB page, copy).
 
 use super::{median, today};
-use crate::pattern;
 use serde_json::json;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -11,6 +10,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
+use tiermem::mechanism::pattern;
 use tiermem::mechanism::{BackendKind, Device, StreamPriority};
 use tiermem::{Access, AllocOptions, Engine, EngineConfig, Region, Target};
 

@@ -59,6 +59,10 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemcpyDtoH_v2",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
 ];
 
 /// Names of required symbols the loaded driver library lacks. Only call when

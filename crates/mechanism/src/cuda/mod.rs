@@ -17,6 +17,7 @@
 //! `CUDA_ERROR_OUT_OF_MEMORY` from device allocations becomes [`DeviceError::OutOfMemory`].
 
 mod driver;
+mod kernels;
 mod ops;
 #[cfg(test)]
 mod tests;
@@ -43,6 +44,8 @@ pub struct CudaDevice {
     /// `cuEventElapsedTime_v2` or, on older drivers, `cuEventElapsedTime`.
     elapsed: Option<(&'static str, ElapsedFn)>,
     info: DeviceInfo,
+    /// The pattern kernels, loaded at their first launch.
+    kernels: std::sync::OnceLock<kernels::Kernels>,
 }
 
 // SAFETY: the fields are plain integers and immutable driver handles. The driver API
@@ -195,6 +198,7 @@ impl CudaDevice {
                 vmm_supported: true,
                 peers: Vec::new(),
             },
+            kernels: std::sync::OnceLock::new(),
         };
         this.probe()?;
         Ok(this)
@@ -287,8 +291,26 @@ impl CudaDevice {
     }
 }
 
+impl CudaDevice {
+    /// The pattern kernels, loading them in this device's context at first use.
+    fn kernels(&self) -> Result<&kernels::Kernels> {
+        if let Some(k) = self.kernels.get() {
+            return Ok(k);
+        }
+        let _ctx = self.bind()?;
+        let loaded = kernels::Kernels::load()?;
+        // Two threads may load at once: the loser's module is unloaded here, in our context.
+        let _ = self.kernels.set(loaded);
+        Ok(self.kernels.get().expect("set above"))
+    }
+}
+
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        if let Some(kernels) = self.kernels.take() {
+            let _ctx = self.bind();
+            drop(kernels); // unloads the module while the context still exists
+        }
         // SAFETY: balances the cuDevicePrimaryCtxRetain of `open`; no context needs to be
         // current. Nothing can be reported from Drop, so the result is ignored.
         let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };

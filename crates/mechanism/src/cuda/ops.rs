@@ -232,6 +232,33 @@ impl Device for CudaDevice {
         check("cuMemcpyDtoHAsync_v2", r, || format!("dst=0x{dst:x} src=0x{src:x} len={len} stream=0x{:x}", stream.0))
     }
 
+    fn fill_pattern_async(
+        &self,
+        dst: DevicePtr,
+        words: usize,
+        seed: u64,
+        first: u64,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        let kernels = self.kernels()?;
+        let _ctx = self.bind()?;
+        kernels.fill(dst, words, seed, first, stream)
+    }
+
+    fn check_pattern_async(
+        &self,
+        src: DevicePtr,
+        words: usize,
+        seed: u64,
+        first: u64,
+        counter: DevicePtr,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        let kernels = self.kernels()?;
+        let _ctx = self.bind()?;
+        kernels.check(src, words, seed, first, counter, stream)
+    }
+
     fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()> {
         let _ctx = self.bind()?;
         // SAFETY: writes device memory only; the driver validates the range and stream. One

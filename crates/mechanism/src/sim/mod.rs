@@ -268,6 +268,47 @@ impl SimDevice {
                     (!ok).then(|| format!("asynchronous memset of 0x{dst:x}+{len}: memory not mapped when it ran")),
                 )
             }
+            Work::Fill { dst, words, seed, first } => {
+                let ok = Self::device_range_ok(s, dst, words * 8);
+                if ok {
+                    for i in 0..words {
+                        let word = crate::pattern::word(seed, first + i as u64);
+                        // SAFETY: the range was just checked to be mapped with access; 8-byte
+                        // writes need no alignment with write_unaligned.
+                        unsafe { std::ptr::write_unaligned((dst as *mut u64).add(i), word) };
+                    }
+                }
+                (
+                    0,
+                    None,
+                    0,
+                    (!ok).then(|| {
+                        format!("pattern fill kernel over 0x{dst:x}+{}: memory not mapped when it ran", words * 8)
+                    }),
+                )
+            }
+            Work::Check { src, words, seed, first, counter } => {
+                let ok = Self::device_range_ok(s, src, words * 8) && Self::device_range_ok(s, counter, 4);
+                if ok {
+                    // SAFETY: both ranges were just checked to be device memory with access.
+                    let differing = (0..words)
+                        .filter(|&i| unsafe { std::ptr::read_unaligned((src as *const u64).add(i)) } != crate::pattern::word(seed, first + i as u64))
+                        .count() as u32;
+                    // SAFETY: as above.
+                    unsafe {
+                        let c = counter as *mut u32;
+                        std::ptr::write_unaligned(c, std::ptr::read_unaligned(c).wrapping_add(differing));
+                    }
+                }
+                (
+                    0,
+                    None,
+                    0,
+                    (!ok).then(|| {
+                        format!("pattern check kernel over 0x{src:x}+{}: memory not mapped when it ran", words * 8)
+                    }),
+                )
+            }
             Work::Record { .. } | Work::Wait { .. } => return,
         };
         match (fault, src) {
@@ -658,6 +699,38 @@ impl Device for SimDevice {
         let mut s = self.lock_progressing();
         let id = Self::stream_of(&s, "cuMemsetD8Async", stream)?;
         s.queues.enqueue(id, Work::Memset { dst, value, len });
+        Ok(())
+    }
+
+    fn fill_pattern_async(
+        &self,
+        dst: DevicePtr,
+        words: usize,
+        seed: u64,
+        first: u64,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.check_device("tiermem_fill", dst, words * 8)?;
+        let mut s = self.lock_progressing();
+        let id = Self::stream_of(&s, "cuLaunchKernel", stream)?;
+        s.queues.enqueue(id, Work::Fill { dst, words, seed, first });
+        Ok(())
+    }
+
+    fn check_pattern_async(
+        &self,
+        src: DevicePtr,
+        words: usize,
+        seed: u64,
+        first: u64,
+        counter: DevicePtr,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.check_device("tiermem_check", src, words * 8)?;
+        self.check_device("tiermem_check", counter, 4)?;
+        let mut s = self.lock_progressing();
+        let id = Self::stream_of(&s, "cuLaunchKernel", stream)?;
+        s.queues.enqueue(id, Work::Check { src, words, seed, first, counter });
         Ok(())
     }
 

@@ -37,11 +37,43 @@ impl Timing {
 }
 
 pub(super) enum Work {
-    ToDevice { dst: u64, src: usize, len: usize },
-    ToHost { dst: usize, src: u64, len: usize },
-    Memset { dst: u64, value: u8, len: usize },
-    Record { event: u64, generation: u64 },
-    Wait { event: u64, generation: u64 },
+    ToDevice {
+        dst: u64,
+        src: usize,
+        len: usize,
+    },
+    ToHost {
+        dst: usize,
+        src: u64,
+        len: usize,
+    },
+    Memset {
+        dst: u64,
+        value: u8,
+        len: usize,
+    },
+    /// The pattern kernels (`Device::fill_pattern_async`, `Device::check_pattern_async`).
+    Fill {
+        dst: u64,
+        words: usize,
+        seed: u64,
+        first: u64,
+    },
+    Check {
+        src: u64,
+        words: usize,
+        seed: u64,
+        first: u64,
+        counter: u64,
+    },
+    Record {
+        event: u64,
+        generation: u64,
+    },
+    Wait {
+        event: u64,
+        generation: u64,
+    },
 }
 
 #[derive(Default)]

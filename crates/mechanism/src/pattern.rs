@@ -1,7 +1,10 @@
 //! Known byte patterns: every 8-byte word is a hash of (seed, word index), so any byte out of
-//! place — a chunk swapped, shifted or stale — is detected.
+//! place — a chunk swapped, shifted or stale — is detected. The device's pattern kernels
+//! ([`crate::Device::fill_pattern_async`], [`crate::Device::check_pattern_async`]) compute
+//! the same words on the GPU.
 
-fn word(seed: u64, index: u64) -> u64 {
+/// Word `index` of the pattern of `seed` (SplitMix64's finaliser over seed ⊕ index·φ).
+pub fn word(seed: u64, index: u64) -> u64 {
     let mut z = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

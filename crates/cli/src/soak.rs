@@ -1,0 +1,227 @@
+//! `tiermem soak`: tells a user that tiermem keeps every byte on this machine, as `fio
+//! --verify` or memtest do for disks and RAM.
+//!
+//! Several threads, each with its own stream and buffers, plus buffers all of them share, run
+//! random operations for a while over small caps, so chunks move between HBM, the host tier
+//! and the file tier all the time: kernels that write and check patterns through the buffers'
+//! device addresses (the pattern kernels, `Device::fill_pattern_async`), host writes and
+//! reads, prefetches, page-outs and page-ins (blocking and started-then-finished), exchanges,
+//! page-outs to the file, frees and new allocations. Every buffer's contents are known: each
+//! 64 KiB block holds the pattern of a seed the soak remembers, so every read and every
+//! check kernel verifies every byte it covers. Running out of memory under these caps is
+//! expected and counted; any other error is unexpected.
+//!
+//! At the end every buffer is checked whole and freed, the engine dropped, and what the soak
+//! started with is compared with what is left: open files, the device's free memory (whole
+//! chunks), the engine's own tiers, and on the simulated device everything it handed out.
+//! Any mismatch, unexpected error or leak makes the exit code non-zero.
+
+mod model;
+mod worker;
+
+use crate::bench;
+use model::Tally;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tiermem::mechanism::sim::{SimDevice, SimLive, Timing};
+use tiermem::mechanism::{BackendKind, Device};
+use tiermem::{format_size, parse_size, Engine, EngineConfig};
+
+#[derive(clap::Args)]
+pub struct SoakArgs {
+    /// How long to run, in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    seconds: f64,
+    /// Threads, each with its own stream and buffers (all of them also share a few buffers).
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// The file tier's file (default: one in the temporary directory). It must allow O_DIRECT.
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// Run without a file tier.
+    #[arg(long, conflicts_with = "file")]
+    no_file: bool,
+    /// HBM cap (default: 256MiB on a GPU, 32MiB on the simulated device); kept small so data moves.
+    #[arg(long, value_parser = parse_size)]
+    hbm_limit: Option<usize>,
+    /// Seed of the random operations (the same seed makes the same choices).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Folder to write soak-<yyyymmdd>-<shortsha>.json into.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Commit being tested, for the JSON (default: $TIERMEM_COMMIT, else "unknown").
+    #[arg(long)]
+    commit: Option<String>,
+}
+
+pub fn run(args: SoakArgs) -> Result<(), String> {
+    let env = EngineConfig::from_env().map_err(|e| format!("soak: {e}"))?;
+    let chunk = 2 << 20;
+    let (probe, fallback) =
+        tiermem::mechanism::open(env.backend, env.device, 64 << 20).map_err(|e| format!("soak: {e}"))?;
+    if let Some(why) = fallback {
+        println!("No GPU: {why}");
+    }
+    let simulated = probe.info().backend == BackendKind::Sim;
+    let hbm = args.hbm_limit.or(env.hbm_limit).unwrap_or(if simulated { 32 << 20 } else { 256 << 20 });
+    let hbm_chunks = (hbm / chunk).max(4);
+    // On the simulated device, work completes late and in random order (Timing::Random).
+    let sim = match simulated {
+        true => Some(Arc::new(SimDevice::new((hbm_chunks + 16) * chunk).map_err(|e| format!("soak: {e}"))?)),
+        false => None,
+    };
+    if let Some(sim) = &sim {
+        sim.set_timing(Timing::Random);
+        sim.set_seed(args.seed);
+    }
+    let device: Arc<dyn Device> = match &sim {
+        Some(sim) => sim.clone(),
+        None => probe,
+    };
+    if simulated {
+        println!("Running on the SIMULATED device: this checks tiermem's logic on this machine, not the GPU.");
+    }
+    let file = match (&args.file, args.no_file) {
+        (_, true) => None,
+        (Some(path), false) => Some(path.clone()),
+        (None, false) => Some(std::env::temp_dir().join(format!("tiermem-soak-{}", std::process::id()))),
+    };
+    let config = EngineConfig {
+        hbm_limit: Some(hbm_chunks * chunk),
+        host_limit: Some(hbm_chunks * chunk),
+        file: file.clone(),
+        file_limit: 4 * hbm_chunks * chunk,
+        batch_chunks: 4,
+        ..env
+    };
+    let before = Resources::measure(device.as_ref(), sim.as_deref());
+    let engine = Engine::with_device(Arc::clone(&device), &config).map_err(|e| format!("soak: {e}"))?;
+    let threads = args.threads.max(1);
+    println!(
+        "soak: {} | HBM cap {} | host tier {} | file tier {} | {threads} threads | {:.0} s | seed {}",
+        device.info().name,
+        format_size(hbm_chunks * chunk),
+        format_size(hbm_chunks * chunk),
+        file.as_ref().map_or("none".into(), |p| format!("{} at {}", format_size(4 * hbm_chunks * chunk), p.display())),
+        args.seconds,
+        args.seed
+    );
+
+    let tally = Tally::default();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(args.seconds.max(0.0));
+    let stop = AtomicBool::new(false);
+    let plan = worker::Plan::new(hbm_chunks, chunk, threads, file.is_some());
+    let shared = worker::SharedBuffers::new(&engine, &plan, args.seed)?;
+    std::thread::scope(|scope| -> Result<(), String> {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (engine, shared, tally, stop, plan) = (&engine, &shared, &tally, &stop, &plan);
+                let seed = args.seed.wrapping_mul(1000).wrapping_add(t as u64);
+                scope.spawn(move || worker::Worker::new(engine, shared, tally, plan, seed).run(stop))
+            })
+            .collect();
+        while Instant::now() < deadline && !workers.iter().all(|w| w.is_finished()) {
+            std::thread::sleep(Duration::from_millis(250).min(deadline.saturating_duration_since(Instant::now())));
+            if started.elapsed().as_millis() % 1000 < 250 {
+                println!("{}", tally.progress(started.elapsed().as_secs_f64()));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for worker in workers {
+            worker.join().map_err(|_| "soak: a worker thread panicked (a bug in tiermem's soak)".to_string())?;
+        }
+        Ok(())
+    })?;
+    shared.check_and_free(&engine, &tally);
+    let seconds = started.elapsed().as_secs_f64();
+    let stats = engine.stats();
+    let file_tier_ops = stats.transfers.file_reads + stats.transfers.file_writes;
+    let mut leaks = Vec::new();
+    let in_use = [("HBM", stats.hbm.chunks), ("host tier", stats.host.used_bytes / chunk)];
+    for (tier, chunks) in in_use.into_iter().chain(stats.file.map(|f| ("file tier", f.used_bytes / chunk))) {
+        if chunks > 0 {
+            leaks.push(format!("{tier}: {chunks} chunks still in use after every buffer was freed"));
+        }
+    }
+    drop(engine);
+    leaks.extend(before.leaks_since(device.as_ref(), sim.as_deref()));
+    if let Some(path) = file.as_ref().filter(|p| p.exists()) {
+        leaks.push(format!("the file tier's file {} outlived the engine", path.display()));
+    }
+
+    let summary = tally.summary(seconds, threads, file_tier_ops, leaks.len());
+    println!("\n{}", tally.progress(seconds));
+    for leak in &leaks {
+        println!("LEAK: {leak}");
+    }
+    let passed = summary.passed();
+    println!(
+        "soak {}: {} ops in {seconds:.1} s ({} GPU kernels, {file_tier_ops} chunk transfers to or from the file), {} mismatches, {} unexpected errors, {} leaks",
+        if passed { "PASSED" } else { "FAILED" },
+        summary.ops,
+        summary.gpu_kernel_ops,
+        summary.mismatches,
+        summary.unexpected_errors,
+        leaks.len()
+    );
+    if let Some(dir) = &args.json {
+        let commit = args.commit.clone().or_else(|| std::env::var("TIERMEM_COMMIT").ok()).unwrap_or("unknown".into());
+        let date = bench::today();
+        let metrics = serde_json::to_value(&summary).map_err(|e| e.to_string())?;
+        let report = bench::report("soak", &commit, &date, device.info(), metrics, serde_json::json!({}), passed);
+        let detail = serde_json::json!({
+            "config": { "hbm_limit": hbm_chunks * chunk, "host_limit": hbm_chunks * chunk, "file_limit": file.as_ref().map(|_| 4 * hbm_chunks * chunk), "threads": threads, "seed": args.seed, "simulated": simulated },
+            "ops_by_kind": tally.by_kind(),
+            "first_failures": tally.failures(),
+            "leaks": leaks,
+        });
+        bench::write_report(dir, "soak", &date, &commit, &report, &detail)?;
+    }
+    if passed {
+        Ok(())
+    } else {
+        Err(format!("soak failed: {}", tally.failures().first().cloned().unwrap_or_else(|| "leaks, above".into())))
+    }
+}
+
+/// What the process holds that the engine must give back.
+struct Resources {
+    fds: usize,
+    device_free: Option<usize>,
+    sim: Option<SimLive>,
+}
+
+impl Resources {
+    fn measure(device: &dyn Device, sim: Option<&SimDevice>) -> Self {
+        let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+        let device_free = match device.info().backend {
+            BackendKind::Cuda => device.mem_info().ok().map(|(free, _)| free),
+            BackendKind::Sim => None,
+        };
+        Self { fds, device_free, sim: sim.map(SimDevice::live) }
+    }
+
+    /// What is held now that was not before.
+    fn leaks_since(&self, device: &dyn Device, sim: Option<&SimDevice>) -> Vec<String> {
+        let now = Self::measure(device, sim);
+        let mut leaks = Vec::new();
+        if now.fds > self.fds {
+            leaks.push(format!("{} more open files than before the engine", now.fds - self.fds));
+        }
+        if let (Some(before), Some(after)) = (self.device_free, now.device_free) {
+            if before.saturating_sub(after) >= device.info().granularity {
+                leaks.push(format!("{} less device memory free than before the engine", format_size(before - after)));
+            }
+        }
+        if let (Some(before), Some(after)) = (&self.sim, &now.sim) {
+            if after != before {
+                leaks.push(format!("the simulated device still holds {after:?} (before: {before:?})"));
+            }
+        }
+        leaks
+    }
+}
