@@ -4,11 +4,11 @@
 #   DIST   folder made by scripts/gpu/build.sh (binaries, test binaries, wheels)
 #   OUT    folder for logs and JSON results
 #   COMMIT the commit being measured
-#   PHASES comma-separated, default all: rust,demo,soak,python,engine,nvme,torch (torch-small:
+#   PHASES comma-separated, default all: rust,demo,limits,soak,python,engine,nvme,torch (torch-small:
 #          the torch benchmark's smoke test)
 # SOAK_SECONDS (default 300) and SOAK_THREADS (default 8) size the soak.
 set -uo pipefail
-dist=$1 out=$2 commit=$3 phases=${4:-rust,demo,soak,python,engine,nvme,torch}
+dist=$1 out=$2 commit=$3 phases=${4:-rust,demo,limits,soak,python,engine,nvme,torch}
 want() { [[ ",$phases," == *",$1,"* ]]; }
 mkdir -p "$out/results"
 status=0
@@ -32,6 +32,12 @@ if want python || want torch || want torch-small; then
 fi
 want python && { step "Python tests on the GPU"; TIERMEM_TEST_BACKEND=cuda run python3 -m pytest -q -rs python/tests; }
 want demo && { step "tiermem demo"; run "$dist/tiermem" demo; }
+if want limits; then
+  step "caps beyond the machine are clear errors, before anything is allocated"
+  for setting in TIERMEM_HBM_LIMIT=100TiB TIERMEM_HOST_LIMIT=100TiB "TIERMEM_FILE=$scratch/f TIERMEM_FILE_LIMIT=100TiB"; do
+    echo "--- $setting"; env $setting "$dist/tiermem" demo --rounds 1 2>&1 | tail -2 | tee -a "$out/log.txt"
+  done
+fi
 want soak && { step "tiermem soak"; TIERMEM_COMMIT=$commit run "$dist/tiermem" soak --seconds "${SOAK_SECONDS:-300}" --threads "${SOAK_THREADS:-8}" --file "$scratch/soak-file" --json "$out/results"; }
 want engine && { step "tiermem bench engine"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench engine --json "$out/results"; }
 want nvme && { step "tiermem bench nvme"; df -T "$scratch" | tail -1; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench nvme --json "$out/results" --dir "$scratch" --reps 5; }

@@ -81,16 +81,20 @@ struct SimState {
     queues: Queues,
     /// The first fault of asynchronous work; sticky, like a CUDA context error.
     fault: Option<String>,
+    /// Driver calls that fail at random: one in this many (`SimDevice::inject_errors`).
+    inject_one_in: Option<u64>,
+    inject_rng: u64,
     next_handle: u64,
 }
 
 macro_rules! failpoint {
-    ($name:literal) => {
+    ($self:ident, $name:literal) => {
         fail::fail_point!($name, |_| Err(DeviceError::Driver {
             call: $name,
             code: "CUDA_ERROR_OUT_OF_MEMORY".into(),
             detail: "injected by failpoint".into(),
-        }))
+        }));
+        $self.injected($name)?;
     };
 }
 
@@ -141,6 +145,8 @@ impl SimDevice {
             plain: HashMap::new(),
             queues: Queues::new(0x5eed_cafe ^ hbm_bytes as u64),
             fault: None,
+            inject_one_in: None,
+            inject_rng: 0x1234_5678_9abc_def1,
             next_handle: 0,
         };
         Ok(Self { info, capacity_chunks, memfd, state: Mutex::new(state) })
@@ -150,6 +156,37 @@ impl SimDevice {
     /// `Lazy` is the slowest GPU allowed, for tests that must see a missing wait every time.
     pub fn set_timing(&self, timing: Timing) {
         self.lock().queues.set_timing(timing);
+    }
+
+    /// Makes about one in `one_in` of the driver calls that can fail on a GPU (those with a
+    /// failpoint: create, map, set access, unmap, pin, the asynchronous copies, reserve) fail
+    /// with an injected `CUDA_ERROR_UNKNOWN`, chosen by a generator seeded with `seed`; `None`
+    /// stops it. Per device, so tests running in parallel do not disturb each other.
+    pub fn inject_errors(&self, one_in: Option<u64>, seed: u64) {
+        let mut s = self.lock();
+        s.inject_one_in = one_in.filter(|&n| n > 0);
+        s.inject_rng = seed | 1;
+    }
+
+    pub fn injecting_errors(&self) -> bool {
+        self.lock().inject_one_in.is_some()
+    }
+
+    /// An injected failure of `call`, if this call is one of the unlucky ones.
+    fn injected(&self, call: &'static str) -> Result<()> {
+        let mut s = self.lock();
+        let Some(one_in) = s.inject_one_in else { return Ok(()) };
+        s.inject_rng ^= s.inject_rng << 13;
+        s.inject_rng ^= s.inject_rng >> 7;
+        s.inject_rng ^= s.inject_rng << 17;
+        if s.inject_rng % one_in != 0 {
+            return Ok(());
+        }
+        Err(DeviceError::Driver {
+            call,
+            code: "CUDA_ERROR_UNKNOWN".into(),
+            detail: "injected at random (SimDevice::inject_errors)".into(),
+        })
     }
 
     /// Seeds the random choices of when and in which order queued work runs: the same calls
@@ -414,7 +451,7 @@ impl Device for SimDevice {
     }
 
     fn reserve(&self, size: usize) -> Result<DevicePtr> {
-        failpoint!("cuMemAddressReserve");
+        failpoint!(self, "cuMemAddressReserve");
         let g = self.gran();
         if size == 0 || size % g != 0 {
             return Err(Self::invalid("cuMemAddressReserve", format!("size={size}")));
@@ -457,6 +494,7 @@ impl Device for SimDevice {
             call: "cuMemCreate",
             detail: "injected by failpoint".into(),
         }));
+        self.injected("cuMemCreate")?;
         let mut s = self.lock();
         if s.live_chunks.len() >= self.capacity_chunks {
             return Err(DeviceError::OutOfMemory {
@@ -504,7 +542,7 @@ impl Device for SimDevice {
     }
 
     fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()> {
-        failpoint!("cuMemMap");
+        failpoint!(self, "cuMemMap");
         let g = self.gran();
         self.check_aligned("cuMemMap", va, g)?;
         let mut s = self.lock_progressing();
@@ -537,7 +575,7 @@ impl Device for SimDevice {
     }
 
     fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
-        failpoint!("cuMemSetAccess");
+        failpoint!(self, "cuMemSetAccess");
         self.check_aligned("cuMemSetAccess", va, size)?;
         let mut s = self.lock_progressing();
         let g = self.gran() as u64;
@@ -557,7 +595,7 @@ impl Device for SimDevice {
     }
 
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
-        failpoint!("cuMemUnmap");
+        failpoint!(self, "cuMemUnmap");
         self.check_aligned("cuMemUnmap", va, size)?;
         let mut s = self.lock_progressing();
         let g = self.gran() as u64;
@@ -578,7 +616,7 @@ impl Device for SimDevice {
     }
 
     fn alloc_pinned(&self, size: usize) -> Result<HostPtr> {
-        failpoint!("cuMemHostAlloc");
+        failpoint!(self, "cuMemHostAlloc");
         if size == 0 {
             return Err(Self::invalid("cuMemHostAlloc", "size=0".into()));
         }
@@ -675,7 +713,7 @@ impl Device for SimDevice {
         len: usize,
         stream: StreamHandle,
     ) -> Result<()> {
-        failpoint!("cuMemcpyHtoDAsync");
+        failpoint!(self, "cuMemcpyHtoDAsync");
         self.check_device("cuMemcpyHtoDAsync", dst, len)?;
         self.check_pinned("cuMemcpyHtoDAsync", src, len)?;
         let mut s = self.lock_progressing();
@@ -685,7 +723,7 @@ impl Device for SimDevice {
     }
 
     unsafe fn copy_to_host_async(&self, dst: HostPtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()> {
-        failpoint!("cuMemcpyDtoHAsync");
+        failpoint!(self, "cuMemcpyDtoHAsync");
         self.check_device("cuMemcpyDtoHAsync", src, len)?;
         self.check_pinned("cuMemcpyDtoHAsync", dst, len)?;
         let mut s = self.lock_progressing();
