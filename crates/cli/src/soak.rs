@@ -97,6 +97,7 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
         batch_chunks: 4,
         ..env
     };
+    warm_up(device.as_ref(), args.threads.max(1)).map_err(|e| format!("soak: warming up the device: {e}"))?;
     let before = Resources::measure(device.as_ref(), sim.as_deref());
     let engine = Engine::with_device(Arc::clone(&device), &config).map_err(|e| format!("soak: {e}"))?;
     let threads = args.threads.max(1);
@@ -186,6 +187,26 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
     } else {
         Err(format!("soak failed: {}", tally.failures().first().cloned().unwrap_or_else(|| "leaks, above".into())))
     }
+}
+
+/// Does once, before the "before" measurement, what the soak does outside the engine: loads
+/// the kernels, creates the threads' streams, launches on them. The driver keeps memory for
+/// loaded modules and launch resources for the context's life; that is not the engine's to
+/// give back.
+fn warm_up(device: &dyn Device, threads: usize) -> tiermem::mechanism::Result<()> {
+    let scratch = device.alloc_plain(1 << 20)?;
+    let streams = (0..threads)
+        .map(|_| device.create_stream(tiermem::mechanism::StreamPriority::High))
+        .collect::<Result<Vec<_>, _>>()?;
+    for &stream in &streams {
+        device.fill_pattern_async(scratch + 8, 1000, 1, 0, stream)?;
+        device.check_pattern_async(scratch + 8, 1000, 1, 0, scratch, stream)?;
+        device.synchronize_stream(stream)?;
+    }
+    for stream in streams {
+        device.destroy_stream(stream)?;
+    }
+    device.free_plain(scratch)
 }
 
 /// What the process holds that the engine must give back.

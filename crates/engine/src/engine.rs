@@ -87,6 +87,8 @@ pub(crate) struct Inner {
 pub(crate) struct TicketWork {
     pub fences: Vec<Arc<Fence>>,
     pub file_write: Option<FileWrite>,
+    /// The outcome of `file_write` if it was completed early, to make room (file_writes.rs).
+    pub written: Option<Result<()>>,
     pub then_to_file: Vec<ChunkRef>,
 }
 
@@ -292,6 +294,7 @@ impl Engine {
             let (items, outcome) = write.join();
             self.lock().commit_file_write(items, outcome)?;
         }
+        work.written.unwrap_or(Ok(())).map_err(|e| retag(e, "finish"))?;
         if let Some(failure) = failed_read {
             // The chunks that did not arrive go back to the file, which still holds their bytes.
             let mut inner = self.lock();
@@ -777,7 +780,7 @@ impl Inner {
         self.reap()?;
         let fences = self.send_down_resident(call, &refs)?;
         let file_write = self.start_file_write(call, &refs)?;
-        Ok(self.ticket_for(TicketWork { fences, file_write, then_to_file: refs }))
+        Ok(self.ticket_for(TicketWork { fences, file_write, written: None, then_to_file: refs }))
     }
 
     pub fn describe_tiers(&self) -> String {

@@ -58,7 +58,10 @@ impl Inner {
                     }
                     _ => return None,
                 };
-                chunk.file.is_none().then_some((r, slot))
+                // A slot already held is being written by an earlier write still in flight:
+                // that write gives the chunk its file copy (or, if the chunk lets the slot go
+                // first, whoever spills it writes it then).
+                (chunk.file.is_none() && !self.host.is_held(slot)).then_some((r, slot))
             })
             .collect();
         if sources.is_empty() {
@@ -110,6 +113,29 @@ impl Inner {
         self.counters.file_writes += (items.len() - unused.len()) as u64;
         self.free_file_slots(&unused);
         outcome
+    }
+}
+
+impl Inner {
+    /// Completes the oldest background write whose host slots were let go meanwhile (they
+    /// come back only when it is committed), for a page-out that finds the host tier full of
+    /// them. Joins the writer under the engine lock, which the writer never takes; `finish`
+    /// reports the write's outcome later. `false` if there is none.
+    pub(crate) fn complete_a_file_write(&mut self) -> bool {
+        let oldest = self
+            .tickets
+            .iter()
+            .filter(|(_, work)| {
+                work.file_write.as_ref().is_some_and(|w| w.items.iter().any(|&(_, s, _)| self.host.freed_while_held(s)))
+            })
+            .map(|(&id, _)| id)
+            .min();
+        let Some(id) = oldest else { return false };
+        let work = self.tickets.get_mut(&id).expect("found above");
+        let (items, outcome) = work.file_write.take().expect("filtered above").join();
+        let committed = self.commit_file_write(items, outcome);
+        self.tickets.get_mut(&id).expect("found above").written = Some(committed);
+        true
     }
 }
 

@@ -104,6 +104,16 @@ impl HostTier {
         }
     }
 
+    /// Whether a background write holds `slot`.
+    pub fn is_held(&self, slot: Slot) -> bool {
+        self.held.contains_key(&slot)
+    }
+
+    /// Whether any slot was freed while held: it comes back when its write is committed.
+    pub fn has_freed_while_held(&self) -> bool {
+        self.held.values().any(|&freed| freed)
+    }
+
     /// Whether `slot` was freed while held (its chunk no longer owns it).
     pub fn freed_while_held(&self, slot: Slot) -> bool {
         self.held.get(&slot) == Some(&true)

@@ -461,6 +461,8 @@ impl Inner {
                     self.reap()?;
                 }
                 None if spilled => {}
+                // Slots spilled while a background write still reads them come back once it is done.
+                None if self.host.has_freed_while_held() && self.complete_a_file_write() => {}
                 None => {
                     // A copy up may have completed since `reclaim_host_copies` looked, freeing
                     // its copy for reclaiming: one more try before giving up.

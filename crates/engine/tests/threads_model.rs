@@ -450,13 +450,12 @@ fn every_byte_survives_threads_over_hbm_and_host() {
     run_configs(false);
 }
 
-/// Three tiers. FAILS on two engine bugs, each reproduced by one thread alone: a second
-/// `page_out_to_file_start` of a chunk before the first's `finish` holds its host slot twice
-/// (the debug assertion in `HostTier::hold`; in a release build the slot is freed while the
-/// second write still reads it, and a file slot leaks), and a `page_out` needing every host
-/// slot fails with `OutOfMemory` while a background file write holds one of them.
+/// Three tiers: chunks spill to the file while other threads page out to it in the background
+/// (it found two bugs, now regression tests in timing_races.rs). Ignored for now: it still
+/// finds, now and then, a chunk read back with another pattern (e.g. Eager, seed 2), not yet
+/// root-caused; run it with `--ignored`.
+#[ignore = "an intermittent mismatch with three tiers and threads, not yet root-caused"]
 #[test]
-#[ignore = "engine bugs with concurrent page_out_to_file: see the test's doc"]
 fn every_byte_survives_threads_over_three_tiers() {
     run_configs(true);
 }

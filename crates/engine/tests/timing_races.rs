@@ -67,3 +67,50 @@ fn making_room_never_fails_while_a_chunk_could_be_evicted() {
         support::assert_no_leaks(engine, Some(sim));
     }
 }
+
+/// Two page-outs to the file of one chunk, the second started before the first finished, used
+/// to hold its host slot twice (a debug assertion; in a release build the first finish could
+/// free the slot while the second write still read it). The second now leaves the chunk to
+/// the first write. Found by the threads model test.
+#[test]
+fn a_second_file_write_of_a_chunk_leaves_it_to_the_first() {
+    let path = support::file_tier_path("twice");
+    let config = EngineConfig { file: Some(path.clone()), file_limit: 8 * CHUNK, ..EngineConfig::default() };
+    let (engine, sim) = sim_engine(8, 4, 4, config);
+    sim.set_timing(Timing::Lazy);
+    let (a, _) = engine.alloc(CHUNK, AllocOptions::default()).unwrap();
+    let bytes = pattern(1, CHUNK);
+    engine.write(a, 0, &bytes).unwrap();
+    let first = engine.page_out_to_file_start(Target::Buffer(a)).unwrap();
+    let second = engine.page_out_to_file_start(Target::Buffer(a)).unwrap();
+    engine.finish(second).unwrap();
+    engine.finish(first).unwrap();
+    support::assert_contents(&engine, a, &bytes);
+    let file = engine.stats().file.expect("a file tier");
+    assert_eq!(file.used_bytes, CHUNK, "one file copy of the chunk, no file slot leaked");
+    engine.free(a).unwrap();
+    support::assert_no_leaks(engine, Some(sim));
+    assert!(!path.exists());
+}
+
+/// A page-out that needs host slots while a background write to the file still holds the
+/// slot of a chunk spilled meanwhile used to fail with "out of memory" (nothing it knew to wait
+/// for): it now completes that write, which gives the slot back.
+#[test]
+fn a_page_out_waits_for_a_file_write_holding_host_slots() {
+    let path = support::file_tier_path("held");
+    let config = EngineConfig { file: Some(path.clone()), file_limit: 16 * CHUNK, ..EngineConfig::default() };
+    let (engine, sim) = sim_engine(8, 4, 4, config);
+    let (a, _) = engine.alloc(CHUNK, AllocOptions::default()).unwrap();
+    let a_bytes = support::fill(&engine, a, CHUNK, 1);
+    let to_file = engine.page_out_to_file_start(Target::Buffer(a)).unwrap(); // holds a's host slot
+    let (b, _) = engine.alloc(4 * CHUNK, AllocOptions::default()).unwrap();
+    let b_bytes = support::fill(&engine, b, 4 * CHUNK, 2);
+    engine.page_out(Target::Buffer(b)).expect("4 host slots, one of them held by the write");
+    engine.finish(to_file).unwrap();
+    support::assert_contents(&engine, a, &a_bytes);
+    support::assert_contents(&engine, b, &b_bytes);
+    engine.free(a).unwrap();
+    engine.free(b).unwrap();
+    support::assert_no_leaks(engine, Some(sim));
+}
