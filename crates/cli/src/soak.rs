@@ -97,7 +97,7 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
         batch_chunks: 4,
         ..env
     };
-    warm_up(device.as_ref(), args.threads.max(1)).map_err(|e| format!("soak: warming up the device: {e}"))?;
+    warm_up(&device, &config, args.threads.max(1)).map_err(|e| format!("soak: warming up the device: {e}"))?;
     let before = Resources::measure(device.as_ref(), sim.as_deref());
     let engine = Engine::with_device(Arc::clone(&device), &config).map_err(|e| format!("soak: {e}"))?;
     let threads = args.threads.max(1);
@@ -189,24 +189,35 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
     }
 }
 
-/// Does once, before the "before" measurement, what the soak does outside the engine: loads
-/// the kernels, creates the threads' streams, launches on them. The driver keeps memory for
-/// loaded modules and launch resources for the context's life; that is not the engine's to
-/// give back.
-fn warm_up(device: &dyn Device, threads: usize) -> tiermem::mechanism::Result<()> {
-    let scratch = device.alloc_plain(1 << 20)?;
+/// Does once, before the "before" measurement, what the soak does outside its engine (loads
+/// the kernels, creates the threads' streams, launches on them) and one short engine's life
+/// (a buffer written, paged out and in, freed). The driver keeps memory for loaded modules,
+/// launch resources and its own VMM bookkeeping for the context's life; that is not the
+/// engine's to give back, and a leak of the engine's own shows again in the soak's engine.
+fn warm_up(device: &Arc<dyn Device>, config: &EngineConfig, threads: usize) -> Result<(), String> {
+    let text = |e: tiermem::mechanism::DeviceError| e.to_string();
+    let scratch = device.alloc_plain(1 << 20).map_err(text)?;
     let streams = (0..threads)
         .map(|_| device.create_stream(tiermem::mechanism::StreamPriority::High))
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(text)?;
     for &stream in &streams {
-        device.fill_pattern_async(scratch + 8, 1000, 1, 0, stream)?;
-        device.check_pattern_async(scratch + 8, 1000, 1, 0, scratch, stream)?;
-        device.synchronize_stream(stream)?;
+        device.fill_pattern_async(scratch + 8, 1000, 1, 0, stream).map_err(text)?;
+        device.check_pattern_async(scratch + 8, 1000, 1, 0, scratch, stream).map_err(text)?;
+        device.synchronize_stream(stream).map_err(text)?;
     }
     for stream in streams {
-        device.destroy_stream(stream)?;
+        device.destroy_stream(stream).map_err(text)?;
     }
-    device.free_plain(scratch)
+    device.free_plain(scratch).map_err(text)?;
+    let engine = Engine::with_device(Arc::clone(device), &EngineConfig { file: None, ..config.clone() })
+        .map_err(|e| e.to_string())?;
+    let size = 4 * device.info().granularity;
+    let (id, _) = engine.alloc(size, tiermem::AllocOptions::default()).map_err(|e| e.to_string())?;
+    engine.write(id, 0, &vec![7u8; size]).map_err(|e| e.to_string())?;
+    engine.page_out(tiermem::Target::Buffer(id)).map_err(|e| e.to_string())?;
+    engine.page_in(tiermem::Target::Buffer(id)).map_err(|e| e.to_string())?;
+    engine.free(id).map_err(|e| e.to_string())
 }
 
 /// What the process holds that the engine must give back.

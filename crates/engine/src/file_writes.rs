@@ -103,7 +103,10 @@ impl Inner {
     ) -> Result<()> {
         let mut unused = Vec::new();
         for &(r, slot, fslot) in &items {
-            let owned = outcome.is_ok() && !self.host.freed_while_held(slot);
+            // The chunk must still hold the slot as a copy of its bytes. A chunk acquired for
+            // writing lets its slot go through `retire`, which frees it only once copies
+            // reading it are done: until then the slot is neither free nor the chunk's.
+            let owned = outcome.is_ok() && !self.host.freed_while_held(slot) && self.holds_slot(r, slot);
             match owned {
                 true => self.chunk_mut(r).file = Some(fslot),
                 false => unused.push(fslot),
@@ -117,6 +120,16 @@ impl Inner {
 }
 
 impl Inner {
+    /// Whether chunk `r` (of a buffer still alive) holds `slot` as a copy of its bytes.
+    fn holds_slot(&self, (id, index): ChunkRef, slot: Slot) -> bool {
+        let Some(buffer) = self.buffers.get(&id) else { return false };
+        match buffer.chunks[index].state {
+            ChunkState::Host { slot: s } | ChunkState::Device { copy: Some(s), .. } => s == slot,
+            ChunkState::PagingOut { slot: Some(s), .. } => s == slot,
+            _ => false,
+        }
+    }
+
     /// Completes the oldest background write whose host slots were let go meanwhile (they
     /// come back only when it is committed), for a page-out that finds the host tier full of
     /// them. Joins the writer under the engine lock, which the writer never takes; `finish`
