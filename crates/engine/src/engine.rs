@@ -9,9 +9,9 @@ use crate::file_writes::FileWrite;
 use crate::host_tier::{HostTier, Slot};
 use crate::schedule::Schedule;
 use crate::stats::Counters;
+use crate::sync::{Arc, Mutex, MutexGuard};
 use crate::{EngineConfig, Error, Result};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
 use tiermem_mechanism::{Device, DeviceInfo, PhysHandle, StreamHandle, StreamPriority};
 use tiermem_policy::{new_policy, EvictionPolicy, PolicyKind};
 

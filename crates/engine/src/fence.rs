@@ -12,9 +12,8 @@
 //! which CUDA would treat as already complete. A failed fence counts as done (nothing is in
 //! flight behind it) and carries the error, for `acquire` and `finish` to report.
 
+use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering};
 use crate::Error;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 use tiermem_mechanism::{Device, EventHandle, Result, StreamHandle};
 
 pub(crate) struct EventPool {

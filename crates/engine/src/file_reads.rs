@@ -27,11 +27,10 @@
 use crate::error::Context;
 use crate::fence::Fence;
 use crate::host_tier::{HostTier, Slot};
+use crate::sync::mpsc::{channel, Receiver, Sender};
+use crate::sync::{thread, Arc};
 use crate::{Error, Result};
 use std::collections::VecDeque;
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use tiermem_mechanism::file_store::{FileSlot, FileStore};
 use tiermem_mechanism::{Device, DevicePtr, StreamHandle, StreamPriority};
 
@@ -52,7 +51,7 @@ pub(crate) struct ReadGroup {
 /// The queue of reads and the thread that serves it.
 pub(crate) struct FileReader {
     queue: Option<Sender<ReadGroup>>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<thread::JoinHandle<()>>,
 }
 
 impl FileReader {
@@ -70,7 +69,7 @@ impl FileReader {
             chunk,
         };
         let (queue, groups) = channel();
-        match std::thread::Builder::new().name("tiermem-file-read".into()).spawn(move || worker.run(groups)) {
+        match thread::Builder::new().name("tiermem-file-read".into()).spawn(move || worker.run(groups)) {
             Ok(thread) => Ok(Self { queue: Some(queue), thread: Some(thread) }),
             Err(e) => {
                 let _ = device.destroy_stream(stream);

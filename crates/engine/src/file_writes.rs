@@ -24,14 +24,13 @@ use crate::chunk::ChunkState;
 use crate::engine::{ChunkRef, Inner};
 use crate::fence::Fence;
 use crate::host_tier::Slot;
+use crate::sync::{thread, Arc};
 use crate::{Error, Result};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use tiermem_mechanism::file_store::FileSlot;
 
 /// A file write running in the background.
 pub(crate) struct FileWrite {
-    thread: JoinHandle<Result<()>>,
+    thread: thread::JoinHandle<Result<()>>,
     /// Each chunk written, the host slot read, the file slot written.
     items: Vec<(ChunkRef, Slot, FileSlot)>,
 }
@@ -72,7 +71,7 @@ impl Inner {
         let store = Arc::clone(&tier.store);
         let writes: Vec<(FileSlot, usize)> =
             fslots.iter().zip(&sources).map(|(&f, &(_, s))| (f, self.host.addr(s))).collect();
-        let thread = std::thread::Builder::new().name("tiermem-file-write".into()).spawn(move || {
+        let thread = thread::Builder::new().name("tiermem-file-write".into()).spawn(move || {
             for fence in &fences {
                 fence.wait().map_err(|source| Error::Device { call: "finish", source })?;
             }

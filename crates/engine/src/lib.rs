@@ -34,6 +34,7 @@ mod limits;
 mod movement;
 mod schedule;
 mod stats;
+mod sync;
 
 pub use buffer::{Access, AllocOptions, BufferId, Region};
 pub use config::{format_size, parse_size, EngineConfig};
