@@ -114,6 +114,18 @@ impl Fence {
         self.publish(Err(error));
     }
 
+    /// Fails a later fence that nobody has recorded or failed yet; does nothing to one that
+    /// has been. For the owner of a read that will never be served (file_reads.rs).
+    pub fn fail_unless_recorded(&self, error: Error) {
+        let later = self.later.as_ref().expect("only later fences are recorded later");
+        let mut outcome = later.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        if outcome.is_none() {
+            self.done.store(true, Ordering::Release);
+            *outcome = Some(Err(error));
+            later.recorded.notify_all();
+        }
+    }
+
     fn publish(&self, outcome: Result<(), Error>) {
         let later = self.later.as_ref().expect("only later fences are recorded later");
         *later.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);

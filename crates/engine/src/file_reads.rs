@@ -23,6 +23,11 @@
 //! bytes are still in the file, untouched: whoever sees the failure first — `acquire` or
 //! `finish` — sends those chunks back to `File` and reports it, so no chunk is ever used
 //! with bytes that did not arrive. A chunk evicted meanwhile goes back to `File` the usual way.
+//!
+//! **A panic** of the reader thread fails the group it was reading and those queued behind
+//! it, as each is dropped unserved ([`ReadGroup`]'s drop), and gives the staging area and the
+//! stream back as the thread unwinds; later reads fail at once, finding the queue gone. The
+//! reader is not restarted: the chunks stay in the file, unreadable by this engine.
 
 use crate::error::Context;
 use crate::fence::Fence;
@@ -46,6 +51,18 @@ pub(crate) struct ReadGroup {
     pub items: Vec<(FileSlot, DevicePtr)>,
     /// Recorded after the copies up, or failed.
     pub fence: Arc<Fence>,
+}
+
+/// A group dropped before its fence was recorded or failed — the reader thread panicked while
+/// reading it, or died with it still queued — fails its fence, or its chunks' waiters would
+/// wait forever.
+impl Drop for ReadGroup {
+    fn drop(&mut self) {
+        let call = self.call;
+        self.fence.fail_unless_recorded(Error::Config(format!(
+            "{call}: the file reader thread ended (it panicked) before these chunks were read; they stay in the file"
+        )));
+    }
 }
 
 /// The queue of reads and the thread that serves it.
@@ -104,7 +121,9 @@ impl Drop for FileReader {
     }
 }
 
-/// The reader thread's own state: nothing here is shared with the engine but the store.
+/// The reader thread's own state: nothing here is shared with the engine but the store. Its
+/// drop — at the end of `run`, or while a panic unwinds the thread — gives the staging area
+/// and the stream back.
 struct Worker {
     device: Arc<dyn Device>,
     store: Arc<FileStore>,
@@ -121,14 +140,6 @@ impl Worker {
             if let Err(e) = self.read(&group) {
                 group.fence.fail(e);
             }
-        }
-        for (fence, _) in std::mem::take(&mut self.in_flight) {
-            let _ = fence.wait();
-        }
-        let released = self.staging.release_all(self.device.as_ref());
-        let destroyed = self.device.destroy_stream(self.stream);
-        if let Err(e) = released.and(destroyed) {
-            eprintln!("tiermem: file reader: error while releasing its staging area: {e}");
         }
     }
 
@@ -196,6 +207,19 @@ impl Worker {
             let waited = fence.wait().during(call);
             slots.into_iter().for_each(|s| self.staging.free(s));
             waited?;
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Every copy out of staging is on the reader's stream: those of the groups in flight,
+        // and any of a group that a panic interrupted, which no fence covers.
+        let synced = self.device.synchronize_stream(self.stream);
+        let released = self.staging.release_all(self.device.as_ref());
+        let destroyed = self.device.destroy_stream(self.stream);
+        if let Err(e) = synced.and(released).and(destroyed) {
+            eprintln!("tiermem: file reader: error while releasing its staging area: {e}");
         }
     }
 }

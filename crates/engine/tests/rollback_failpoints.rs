@@ -549,3 +549,40 @@ fn dropping_the_engine_waits_for_queued_reads() {
     dropped.join().expect("dropping the engine panicked");
     scenario.teardown();
 }
+
+/// The file reader's thread panicking (here: in the file store's read) fails the read it had
+/// in hand and those queued behind it, so that `finish` and `acquire` report an error instead
+/// of waiting forever; reads from the file fail at once afterwards (the reader is gone), and
+/// dropping the engine still gives the device everything back. The shuttle model check
+/// `a_read_group_dropped_unserved_fails_its_fence` (model_checks.rs) checks the same protocol
+/// under many schedules.
+#[test]
+fn a_panicking_file_reader_fails_its_reads_instead_of_hanging() {
+    let (_guard, scenario) = scenario();
+    let (engine, sim) = file_world("reader-panic");
+    let (a, _) = engine.alloc(4 * CHUNK, AllocOptions::default()).unwrap();
+    fill(&engine, a, 4 * CHUNK, 81);
+    let (b, _) = engine.alloc(4 * CHUNK, AllocOptions::default()).unwrap();
+    fill(&engine, b, 4 * CHUNK, 82);
+    engine.page_out_to_file(Target::All).unwrap();
+
+    fail::cfg("file_store::read", "panic(model: the file reader panics)").unwrap();
+    let e = Arc::clone(&engine);
+    let outcomes = within_seconds("finish after the reader panicked", move || {
+        let (ta, tb) = (e.page_in_start(Target::Buffer(a)).unwrap(), e.page_in_start(Target::Buffer(b)).unwrap());
+        [e.finish(ta), e.finish(tb)]
+    });
+    for (outcome, id) in outcomes.into_iter().zip([a, b]) {
+        let err = outcome.expect_err("a read the reader never served fails");
+        assert!(err.to_string().contains("file reader"), "{err}");
+        assert_eq!(buffer_stats(&engine, id).in_file, 4, "chunks that did not arrive go back to the file");
+    }
+    fail::remove("file_store::read");
+    let e = Arc::clone(&engine);
+    let err = within_seconds("a read after the reader panicked", move || e.read(a, 0, &mut vec![0u8; CHUNK]))
+        .expect_err("the reader is gone");
+    assert!(err.to_string().contains("file reader thread has stopped"), "{err}");
+    assert_hbm_accounted(&engine);
+    done(Arc::into_inner(engine).unwrap(), sim);
+    scenario.teardown();
+}
