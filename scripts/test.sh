@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace --all-features
+# (--all-features includes `shuttle`: the model checks of the engine's threads,
+# crates/engine/src/model_checks.rs, run among the engine's unit tests.)
 # A short soak on the simulated device: threads, streams, kernels, every tier, every byte verified.
 cargo run --release --bin tiermem -- soak --seconds 20 --threads 3
 python3 -m pip install --quiet --root-user-action=ignore maturin pytest numpy

@@ -31,6 +31,8 @@ mod file_writes;
 mod homes;
 mod host_tier;
 mod limits;
+#[cfg(all(test, feature = "shuttle"))]
+mod model_checks;
 mod movement;
 mod schedule;
 mod stats;
