@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tiermem::mechanism::counting::CountingDevice;
 use tiermem::mechanism::sim::{SimDevice, SimLive, Timing};
 use tiermem::mechanism::{BackendKind, Device};
 use tiermem::{format_size, parse_size, Engine, EngineConfig};
@@ -99,7 +100,9 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
     };
     warm_up(&device, &config, args.threads.max(1)).map_err(|e| format!("soak: warming up the device: {e}"))?;
     let before = Resources::measure(device.as_ref(), sim.as_deref());
-    let engine = Engine::with_device(Arc::clone(&device), &config).map_err(|e| format!("soak: {e}"))?;
+    // Everything the soak and its engine take from the device is counted from here on.
+    let counting = Arc::new(CountingDevice::new(Arc::clone(&device)));
+    let engine = Engine::with_device(counting.clone(), &config).map_err(|e| format!("soak: {e}"))?;
     let threads = args.threads.max(1);
     println!(
         "soak: {} | HBM cap {} | host tier {} | file tier {} | {threads} threads | {:.0} s | seed {}",
@@ -149,7 +152,12 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
         }
     }
     drop(engine);
+    let held = counting.held();
+    if !held.is_empty() {
+        leaks.push(format!("driver objects not given back: {held:?}"));
+    }
     leaks.extend(before.leaks_since(device.as_ref(), sim.as_deref()));
+    let device_free_change = before.device_free_change(device.as_ref());
     if let Some(path) = file.as_ref().filter(|p| p.exists()) {
         leaks.push(format!("the file tier's file {} outlived the engine", path.display()));
     }
@@ -179,6 +187,8 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
             "ops_by_kind": tally.by_kind(),
             "first_failures": tally.failures(),
             "leaks": leaks,
+            "driver_objects_held_at_end": held,
+            "device_free_bytes_change": device_free_change,
         });
         bench::write_report(dir, "soak", &date, &commit, &report, &detail)?;
     }
@@ -237,17 +247,21 @@ impl Resources {
         Self { fds, device_free, sim: sim.map(SimDevice::live) }
     }
 
+    /// How the driver's free device memory changed since: reported, not counted as a leak,
+    /// because the driver keeps pools of its own (events, streams) for the context's life: on
+    /// the H200 it ended 2 MiB lower after a million operations whose every driver object was
+    /// given back (`CountingDevice`).
+    fn device_free_change(&self, device: &dyn Device) -> Option<i64> {
+        let now = Self::measure(device, None).device_free?;
+        Some(now as i64 - self.device_free? as i64)
+    }
+
     /// What is held now that was not before.
     fn leaks_since(&self, device: &dyn Device, sim: Option<&SimDevice>) -> Vec<String> {
         let now = Self::measure(device, sim);
         let mut leaks = Vec::new();
         if now.fds > self.fds {
             leaks.push(format!("{} more open files than before the engine", now.fds - self.fds));
-        }
-        if let (Some(before), Some(after)) = (self.device_free, now.device_free) {
-            if before.saturating_sub(after) >= device.info().granularity {
-                leaks.push(format!("{} less device memory free than before the engine", format_size(before - after)));
-            }
         }
         if let (Some(before), Some(after)) = (&self.sim, &now.sim) {
             if after != before {

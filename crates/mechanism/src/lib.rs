@@ -12,6 +12,7 @@
 //!
 //! Which one to use is the caller's choice ([`open`] implements `TIERMEM_BACKEND`).
 
+pub mod counting;
 pub mod cuda;
 mod device;
 mod error;
