@@ -136,6 +136,8 @@ impl Device for ModelDevice {
         fn synchronize_stream(&self, stream: StreamHandle) -> Result<()>;
         fn elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32>;
         fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()>;
+        fn fill_pattern_async(&self, dst: DevicePtr, words: usize, seed: u64, first: u64, stream: StreamHandle) -> Result<()>;
+        fn check_pattern_async(&self, src: DevicePtr, words: usize, seed: u64, first: u64, counter: DevicePtr, stream: StreamHandle) -> Result<()>;
         fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
         fn read(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()>;
         fn alloc_plain(&self, size: usize) -> Result<DevicePtr>;
