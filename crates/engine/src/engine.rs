@@ -5,7 +5,7 @@ use crate::error::Context;
 use crate::fence::{EventPool, Fence};
 use crate::file_reads::FileReader;
 use crate::file_tier::FileTier;
-use crate::file_writes::FileWrite;
+use crate::file_writes::BackgroundWrites;
 use crate::host_tier::{HostTier, Slot};
 use crate::schedule::Schedule;
 use crate::stats::Counters;
@@ -75,20 +75,20 @@ pub(crate) struct Inner {
     /// Demand transfers whose device time is added to `Counters::stall_ms` once complete.
     pub timings: VecDeque<(Arc<Fence>, Arc<Fence>)>,
     pub tickets: HashMap<u64, TicketWork>,
+    /// The background file writes of tickets (file_writes.rs).
+    pub writes: BackgroundWrites,
     pub next_ticket: u64,
     pub counters: Counters,
     pub file: Option<FileTier>,
     pub schedule: Option<Schedule>,
 }
 
-/// What `finish` waits for: fences, a background file write, then chunks to spill to the
-/// file tier (those the write covered move without another write).
+/// What `finish` waits for: fences, the ticket's background file write if any (kept in
+/// `Inner::writes`), then chunks to spill to the file tier (those the write covered move
+/// without another write).
 #[derive(Default)]
 pub(crate) struct TicketWork {
     pub fences: Vec<Arc<Fence>>,
-    pub file_write: Option<FileWrite>,
-    /// The outcome of `file_write` if it was completed early, to make room (file_writes.rs).
-    pub written: Option<Result<()>>,
     pub then_to_file: Vec<ChunkRef>,
 }
 
@@ -139,6 +139,7 @@ impl Engine {
             retiring: VecDeque::new(),
             timings: VecDeque::new(),
             tickets: HashMap::new(),
+            writes: BackgroundWrites::default(),
             next_ticket: 1,
             counters: Counters::default(),
             file,
@@ -290,11 +291,11 @@ impl Engine {
             // Complete each group as soon as it lands, so unmapping overlaps later copies.
             self.lock().reap().map_err(|e| retag(e, "finish"))?;
         }
-        if let Some(write) = work.file_write {
-            let (items, outcome) = write.join();
-            self.lock().commit_file_write(items, outcome)?;
+        // The write is waited for without the lock; another thread may complete it meanwhile.
+        if let Some(done) = self.lock().writes.done_signal(ticket.0) {
+            done.wait();
         }
-        work.written.unwrap_or(Ok(())).map_err(|e| retag(e, "finish"))?;
+        self.lock().commit_write_of(ticket.0).map_err(|e| retag(e, "finish"))?;
         if let Some(failure) = failed_read {
             // The chunks that did not arrive go back to the file, which still holds their bytes.
             let mut inner = self.lock();
@@ -780,7 +781,11 @@ impl Inner {
         self.reap()?;
         let fences = self.send_down_resident(call, &refs)?;
         let file_write = self.start_file_write(call, &refs)?;
-        Ok(self.ticket_for(TicketWork { fences, file_write, written: None, then_to_file: refs }))
+        let ticket = self.ticket_for(TicketWork { fences, then_to_file: refs });
+        if let Some(write) = file_write {
+            self.writes.insert(ticket.0, write);
+        }
+        Ok(ticket)
     }
 
     pub fn describe_tiers(&self) -> String {
@@ -805,11 +810,10 @@ impl Inner {
         }
         self.pinned = 0;
         // Background writes read host slots: they end before anything is unpinned.
-        for (_, work) in std::mem::take(&mut self.tickets) {
-            if let Some(write) = work.file_write {
-                let (items, outcome) = write.join();
-                let _ = self.commit_file_write(items, outcome);
-            }
+        self.tickets.clear();
+        for write in self.writes.take_running() {
+            let (items, outcome) = write.join();
+            let _ = self.commit_file_write(items, outcome);
         }
         let ids: Vec<BufferId> = self.buffers.keys().copied().collect();
         let mut first_error = None;

@@ -18,21 +18,81 @@
 //! * a write that fails leaves every chunk as it was, with its bytes in its host slot, and
 //!   recycles the file slots. Nothing leaves the host tier before its file copy is written.
 //!
+//! A write belongs to its ticket until `finish` commits it, but anyone may have to wait for
+//! it: a page-out that finds the host tier full of held slots completes the oldest such write
+//! itself, under the lock (the writer never takes it), and leaves the outcome for `finish`.
+//! So `finish` does not take the write out of the engine while it waits: it waits on the
+//! write's [`Done`] signal with the lock released, then commits under the lock whatever
+//! nobody committed meanwhile.
+//!
 //! Dropping the engine joins unfinished writes before it unpins anything.
 
 use crate::chunk::ChunkState;
 use crate::engine::{ChunkRef, Inner};
 use crate::fence::Fence;
 use crate::host_tier::Slot;
-use crate::sync::{thread, Arc};
+use crate::sync::{thread, Arc, Condvar, Mutex};
 use crate::{Error, Result};
+use std::collections::{BTreeMap, HashMap};
 use tiermem_mechanism::file_store::FileSlot;
 
 /// A file write running in the background.
 pub(crate) struct FileWrite {
     thread: thread::JoinHandle<Result<()>>,
+    done: Arc<Done>,
     /// Each chunk written, the host slot read, the file slot written.
     items: Vec<(ChunkRef, Slot, FileSlot)>,
+}
+
+/// The background writes of unfinished tickets, by ticket, and the outcomes of those
+/// completed early to make room, until their tickets are finished.
+#[derive(Default)]
+pub(crate) struct BackgroundWrites {
+    running: BTreeMap<u64, FileWrite>,
+    outcomes: HashMap<u64, Result<()>>,
+}
+
+impl BackgroundWrites {
+    pub(crate) fn insert(&mut self, ticket: u64, write: FileWrite) {
+        self.running.insert(ticket, write);
+    }
+
+    /// What `finish` of `ticket` waits on, with the engine's lock released; `None` if its
+    /// write is already over (or it had none).
+    pub(crate) fn done_signal(&self, ticket: u64) -> Option<Arc<Done>> {
+        self.running.get(&ticket).map(|w| Arc::clone(&w.done))
+    }
+
+    /// Every write still running, to join at shutdown.
+    pub(crate) fn take_running(&mut self) -> Vec<FileWrite> {
+        std::mem::take(&mut self.running).into_values().collect()
+    }
+}
+
+/// Set when a writer thread ends, however it ends (also when it panics).
+#[derive(Default)]
+pub(crate) struct Done {
+    over: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Done {
+    pub(crate) fn wait(&self) {
+        let mut over = self.over.lock().unwrap_or_else(|p| p.into_inner());
+        while !*over {
+            over = self.changed.wait(over).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// Signals [`Done`] when dropped: at the end of the writer thread, or as it unwinds.
+struct SignalOnDrop(Arc<Done>);
+
+impl Drop for SignalOnDrop {
+    fn drop(&mut self) {
+        *self.0.over.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.0.changed.notify_all();
+    }
 }
 
 impl Inner {
@@ -71,7 +131,10 @@ impl Inner {
         let store = Arc::clone(&tier.store);
         let writes: Vec<(FileSlot, usize)> =
             fslots.iter().zip(&sources).map(|(&f, &(_, s))| (f, self.host.addr(s))).collect();
+        let done = Arc::new(Done::default());
+        let signal = SignalOnDrop(Arc::clone(&done));
         let thread = thread::Builder::new().name("tiermem-file-write".into()).spawn(move || {
+            let _signal = signal;
             for fence in &fences {
                 fence.wait().map_err(|source| Error::Device { call: "finish", source })?;
             }
@@ -90,7 +153,7 @@ impl Inner {
         };
         sources.iter().for_each(|&(_, s)| self.host.hold(s));
         let items = sources.into_iter().zip(fslots).map(|((r, s), f)| (r, s, f)).collect();
-        Ok(Some(FileWrite { thread, items }))
+        Ok(Some(FileWrite { thread, done, items }))
     }
 
     /// Records the file copies of a finished write and ends its holds; on a failed write,
@@ -134,20 +197,30 @@ impl Inner {
     /// them. Joins the writer under the engine lock, which the writer never takes; `finish`
     /// reports the write's outcome later. `false` if there is none.
     pub(crate) fn complete_a_file_write(&mut self) -> bool {
+        let host = &self.host;
         let oldest = self
-            .tickets
+            .writes
+            .running
             .iter()
-            .filter(|(_, work)| {
-                work.file_write.as_ref().is_some_and(|w| w.items.iter().any(|&(_, s, _)| self.host.freed_while_held(s)))
-            })
-            .map(|(&id, _)| id)
-            .min();
-        let Some(id) = oldest else { return false };
-        let work = self.tickets.get_mut(&id).expect("found above");
-        let (items, outcome) = work.file_write.take().expect("filtered above").join();
+            .find(|(_, write)| write.items.iter().any(|&(_, s, _)| host.freed_while_held(s)))
+            .map(|(&ticket, _)| ticket);
+        let Some(ticket) = oldest else { return false };
+        let (items, outcome) = self.writes.running.remove(&ticket).expect("found above").join();
         let committed = self.commit_file_write(items, outcome);
-        self.tickets.get_mut(&id).expect("found above").written = Some(committed);
+        self.writes.outcomes.insert(ticket, committed);
         true
+    }
+
+    /// Commits the write of `ticket` (whose [`Done`] signal is set), or returns its outcome if
+    /// it was committed early; `Ok` if the ticket had no write.
+    pub(crate) fn commit_write_of(&mut self, ticket: u64) -> Result<()> {
+        match self.writes.running.remove(&ticket) {
+            Some(write) => {
+                let (items, outcome) = write.join();
+                self.commit_file_write(items, outcome)
+            }
+            None => self.writes.outcomes.remove(&ticket).unwrap_or(Ok(())),
+        }
     }
 }
 

@@ -111,7 +111,12 @@ impl HostTier {
 
     /// Whether any slot was freed while held: it comes back when its write is committed.
     pub fn has_freed_while_held(&self) -> bool {
-        self.held.values().any(|&freed| freed)
+        self.freed_while_held_count() > 0
+    }
+
+    /// How many slots were freed while held.
+    pub fn freed_while_held_count(&self) -> usize {
+        self.held.values().filter(|&&freed| freed).count()
     }
 
     /// Whether `slot` was freed while held (its chunk no longer owns it).

@@ -512,8 +512,10 @@ impl Inner {
             }
         }
         format!(
-            "held by {data} chunks' data, {copies} copies of resident chunks, {moving} chunks moving down, {} slots still read by copies",
-            self.retiring.len()
+            "held by {data} chunks' data, {copies} copies of resident chunks, {moving} chunks moving down, {} slots \
+             still read by copies, {} slots let go but still read by file writes",
+            self.retiring.len(),
+            self.host.freed_while_held_count()
         )
     }
 

@@ -451,10 +451,7 @@ fn every_byte_survives_threads_over_hbm_and_host() {
 }
 
 /// Three tiers: chunks spill to the file while other threads page out to it in the background
-/// (it found two bugs, now regression tests in timing_races.rs). Ignored for now: it still
-/// finds, now and then, a chunk read back with another pattern (e.g. Eager, seed 2), not yet
-/// root-caused; run it with `--ignored`.
-#[ignore = "an intermittent mismatch with three tiers and threads, not yet root-caused"]
+/// (it found three bugs, now regression tests in timing_races.rs and write_races.rs).
 #[test]
 fn every_byte_survives_threads_over_three_tiers() {
     run_configs(true);
