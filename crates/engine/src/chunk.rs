@@ -67,6 +67,9 @@ pub(crate) struct Chunk {
     pub file: Option<FileSlot>,
     /// Not resident, but its address still maps this physical chunk (a stale mapping).
     pub alias: Option<PhysHandle>,
+    /// The stale mapping was never given access (a page-in failed in `cuMemSetAccess` and
+    /// its unmap failed too): it must be unmapped before the chunk is mapped again.
+    pub alias_lacks_access: bool,
     /// Evicted since the schedule was set: it streams, so it may make way for an incoming
     /// chunk whose home it holds (homes.rs).
     pub streamed: bool,
@@ -82,6 +85,7 @@ impl Chunk {
             busy: None,
             file: None,
             alias: None,
+            alias_lacks_access: false,
             streamed: false,
         }
     }

@@ -354,6 +354,15 @@ impl Engine {
         copied
     }
 
+    /// For tests: about one file read or write in `one_in` fails with `EIO` from now on (the
+    /// same ones for the same `seed`); `None` stops it. Nothing happens without a file tier.
+    /// Engine calls then fail with [`Error::File`] and, as for any I/O error, lose no byte.
+    pub fn inject_file_errors(&self, one_in: Option<u64>, seed: u64) {
+        if let Some(tier) = self.lock().file.as_ref() {
+            tier.store.inject_errors(one_in, seed);
+        }
+    }
+
     /// Statistics: tiers, transfers, per-buffer residency.
     pub fn stats(&self) -> crate::Stats {
         self.lock().stats()

@@ -242,8 +242,9 @@ impl Inner {
         let mut outcome = Ok(());
         for (i, (&r, &p)) in batch.iter().zip(phys).enumerate() {
             let va = va0 + (i * g) as u64;
-            let alias = self.chunk_mut(r).alias;
-            if alias == Some(p) {
+            let chunk = self.chunk_mut(r);
+            let alias = chunk.alias;
+            if alias == Some(p) && !chunk.alias_lacks_access {
                 continue;
             }
             if alias.is_some() {
@@ -253,7 +254,8 @@ impl Inner {
                 if outcome.is_err() {
                     break;
                 }
-                self.chunk_mut(r).alias = None;
+                let chunk = self.chunk_mut(r);
+                (chunk.alias, chunk.alias_lacks_access) = (None, false);
             }
             let started = std::time::Instant::now();
             outcome = device.map(va, p);
@@ -261,7 +263,7 @@ impl Inner {
             if outcome.is_err() {
                 break;
             }
-            fresh.push(va);
+            fresh.push((r, p, va));
             self.counters.maps += 1;
         }
         if outcome.is_ok() && !fresh.is_empty() {
@@ -295,8 +297,14 @@ impl Inner {
             }
         }
         if let Err(e) = outcome {
-            for va in fresh {
-                let _ = device.unmap(va, g);
+            // An unmap that fails here leaves a mapping without access (if `cuMemSetAccess`
+            // failed): recorded as a stale mapping to unmap before the next map, and by `free`.
+            // (Unrecorded, it made freeing the buffer fail for ever.)
+            for (r, p, va) in fresh {
+                if device.unmap(va, g).is_err() {
+                    let chunk = self.chunk_mut(r);
+                    (chunk.alias, chunk.alias_lacks_access) = (Some(p), true);
+                }
             }
             phys.iter().for_each(|&p| self.pool.give(p));
             return Err(e);
@@ -585,7 +593,8 @@ impl Inner {
             let started = std::time::Instant::now();
             self.device.unmap(va, self.chunk)?;
             self.counters.unmap_ms += started.elapsed().as_secs_f64() * 1e3;
-            self.chunk_mut(r).alias = None;
+            let chunk = self.chunk_mut(r);
+            (chunk.alias, chunk.alias_lacks_access) = (None, false);
             if let Some((phys, slot)) = resident {
                 self.leave_hbm(r, phys, slot);
             }

@@ -118,8 +118,9 @@ struct Model {
     buffers: Vec<(BufferId, Vec<u8>, bool)>,
     holds: Vec<(Region, Access)>,
     tickets: Vec<Ticket>,
-    /// Driver calls fail at random (`SimDevice::inject_errors`): a device error is then a
-    /// legitimate outcome of any call, and must change no byte.
+    /// Driver calls and file I/O fail at random (`SimDevice::inject_errors`,
+    /// `Engine::inject_file_errors`): a device or file error is then a legitimate outcome of
+    /// any call, and must change no byte.
     injecting: bool,
     /// Buffers whose `free` failed (injected): freed again at the end.
     half_freed: Vec<BufferId>,
@@ -157,9 +158,9 @@ impl Model {
         }
     }
 
-    /// Whether `e` is a driver error injected on purpose.
+    /// Whether `e` is a driver or file error injected on purpose.
     fn injected(&self, e: &Error) -> bool {
-        self.injecting && matches!(e, Error::Device { .. })
+        self.injecting && matches!(e, Error::Device { .. } | Error::File { .. })
     }
 }
 
@@ -387,6 +388,7 @@ fn run(
     if let Some(sim) = sim {
         sim.inject_errors(None, 0);
     }
+    engine.inject_file_errors(None, 0);
     for ticket in std::mem::take(&mut m.tickets) {
         // A ticket of a transfer whose driver call failed may report that failure.
         if let Err(e) = engine.finish(ticket) {
@@ -453,10 +455,13 @@ fn set_timing(sim: &Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>, 
     }
 }
 
-/// In a quarter of the cases (`faults == 0`), about one in 40 driver calls fails at random.
-fn inject_errors(sim: &Sim, faults: u64, ops: &[Op]) {
+/// In a quarter of the cases (`faults == 0`), about one in 40 driver calls and one in 20 file
+/// reads and writes fail at random.
+/// `seed` picks which calls fail.
+fn inject_errors(engine: &Engine, sim: &Sim, faults: u64, seed: u64) {
     if let (Some(sim), 0) = (sim, faults) {
-        sim.inject_errors(Some(40), ops.len() as u64 ^ 0xfa17);
+        sim.inject_errors(Some(40), seed ^ 0xfa17);
+        engine.inject_file_errors(Some(20), seed ^ 0x10e4);
     }
 }
 
@@ -464,11 +469,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
 
     #[test]
-    fn every_byte_survives_any_sequence_of_moves(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4) {
+    fn every_byte_survives_any_sequence_of_moves(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4, fault_seed in any::<u64>()) {
         let policy = tiermem::policy::PolicyKind::ALL[policy];
         let (engine, sim) = support::engine(HBM_CHUNKS, HOST_CHUNKS, EngineConfig { policy, batch_chunks: 3, ..EngineConfig::default() });
         set_timing(&sim, timing);
-        inject_errors(&sim, faults, &ops);
+        inject_errors(&engine, &sim, faults, fault_seed);
         run(&engine, &sim, &ops, HOST_CHUNKS, None)?;
         support::assert_no_leaks(engine, sim);
     }
@@ -476,13 +481,13 @@ proptest! {
     /// The same with a file tier under a host tier that cannot hold the data: chunks cross
     /// all three tiers.
     #[test]
-    fn every_byte_survives_moves_across_three_tiers(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4) {
+    fn every_byte_survives_moves_across_three_tiers(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4, fault_seed in any::<u64>()) {
         let policy = tiermem::policy::PolicyKind::ALL[policy];
         let path = support::file_tier_path("property");
         let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, ..EngineConfig::default() };
         let (engine, sim) = support::engine(HBM_CHUNKS, SMALL_HOST_CHUNKS, config);
         set_timing(&sim, timing);
-        inject_errors(&sim, faults, &ops);
+        inject_errors(&engine, &sim, faults, fault_seed);
         run(&engine, &sim, &ops, SMALL_HOST_CHUNKS, Some(FILE_CHUNKS))?;
         support::assert_no_leaks(engine, sim);
         prop_assert!(!path.exists(), "the file tier's file outlived the engine");

@@ -159,6 +159,28 @@ fn cu_mem_map_failing_on_a_never_written_buffer_leaves_it_empty() {
     scenario.teardown();
 }
 
+/// A page-in whose `cuMemSetAccess` fails, and then the `cuMemUnmap` of its rollback too,
+/// used to leave a mapping that no chunk recorded: freeing the buffer then failed for ever
+/// (`cuMemAddressFree`: still mapped). The rollback now keeps the new mappings as stale ones.
+#[test]
+fn a_failed_page_in_whose_unmap_fails_too_still_frees() {
+    let (_g, scenario) = scenario();
+    let (engine, sim) = world(4, 2);
+    let (a, _) = engine.alloc(2 * CHUNK, AllocOptions::default()).unwrap(); // never mapped
+    fail::cfg("cuMemSetAccess", "return").unwrap();
+    fail::cfg("cuMemUnmap", "return").unwrap();
+    assert_device_error(engine.acquire(&[Region::whole(a)], Access::ReadWrite, S), "acquire", "cuMemSetAccess");
+    fail::remove("cuMemSetAccess");
+    fail::remove("cuMemUnmap");
+    assert_hbm_accounted(&engine);
+    check(&engine, &vec![(a, vec![0u8; 2 * CHUNK])]);
+    let bytes = fill(&engine, a, 2 * CHUNK, 9); // maps it again: with access this time
+    check(&engine, &vec![(a, bytes)]);
+    engine.free(a).expect("free after a failed page-in");
+    done(engine, sim);
+    scenario.teardown();
+}
+
 #[test]
 fn cu_memcpy_dtoh_failing_during_page_out_keeps_the_data_in_hbm() {
     for (actions, moved) in [("return", 0), ("1*off->return", 2)] {

@@ -16,6 +16,7 @@ pub mod counting;
 pub mod cuda;
 mod device;
 mod error;
+pub mod faults;
 pub mod file_store;
 mod host_memory;
 pub mod pattern;

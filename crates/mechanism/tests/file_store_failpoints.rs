@@ -48,7 +48,7 @@ fn injected_eio_on_write() {
         assert_eq!(err.errno(), Some(libc::EIO));
         let msg = err.to_string();
         assert!(msg.contains("failed on slot 2 (offset 131072): Input/output error"), "{msg}");
-        assert!(msg.contains("[injected by failpoint]"), "{msg}");
+        assert!(msg.contains("[injected: failpoint"), "{msg}");
         check(&store, slots[0], &new.as_slice()[..SLOT]);
         check(&store, slots[1], &new.as_slice()[SLOT..2 * SLOT]);
         let mut dst = AlignedBuf::new(SLOT);

@@ -70,6 +70,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use crate::faults::RandomFaults;
 use align::Alignment;
 use io::{Dir, Op, Outcome};
 use slots::{SlotState, Slots};
@@ -155,6 +156,8 @@ pub struct FileStore {
     slots: Mutex<Slots>,
     /// Cleared when the filesystem answers `EOPNOTSUPP` to punching holes.
     punch: AtomicBool,
+    /// Reads and writes that fail at random with `EIO`, for tests (`inject_errors`).
+    faults: Mutex<RandomFaults>,
 }
 
 impl std::fmt::Debug for FileStore {
@@ -237,6 +240,7 @@ impl FileStore {
             al,
             slots: Mutex::new(Slots::new(nslots as u32)),
             punch: AtomicBool::new(true),
+            faults: Mutex::new(RandomFaults::default()),
         })
     }
 
@@ -441,7 +445,8 @@ impl FileStore {
             let fired = match dir {
                 Dir::Write => injected_write(),
                 Dir::Read => injected_read(),
-            };
+            }
+            .or_else(|| self.random_fault());
             if let Some(errno) = fired {
                 cut = i;
                 injected = Some(errno);
@@ -463,6 +468,18 @@ impl FileStore {
             outcomes.resize(ops.len(), Outcome::NotAttempted);
         }
         outcomes
+    }
+
+    /// `EIO` for an op that [`FileStore::inject_errors`] makes fail.
+    fn random_fault(&self) -> Option<i32> {
+        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        faults.fires().then_some(libc::EIO)
+    }
+
+    /// For tests: from now on about one read or write op in `one_in` fails with `EIO` (as the
+    /// failpoints do, but for this store only), the same ops for the same `seed`; `None` stops it.
+    pub fn inject_errors(&self, one_in: Option<u64>, seed: u64) {
+        *self.faults.lock().unwrap_or_else(|p| p.into_inner()) = RandomFaults::new(one_in, seed);
     }
 
     fn call_name(&self, dir: Dir) -> &'static str {
@@ -498,7 +515,7 @@ impl FileStore {
                         detail = format!("{detail} after {done} of {len} bytes");
                     }
                     if injected {
-                        detail.push_str(" [injected by failpoint]");
+                        detail.push_str(" [injected: failpoint or inject_errors]");
                     }
                     let no_space = matches!(errno, libc::ENOSPC | libc::EDQUOT | libc::EFBIG);
                     return Err(if dir == Dir::Write && no_space {

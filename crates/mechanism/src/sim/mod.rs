@@ -25,6 +25,7 @@ use crate::{
 mod queues;
 mod work;
 
+use crate::faults::RandomFaults;
 pub use queues::Timing;
 use queues::{Queues, Work};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -82,9 +83,8 @@ struct SimState {
     queues: Queues,
     /// The first fault of asynchronous work; sticky, like a CUDA context error.
     fault: Option<String>,
-    /// Driver calls that fail at random: one in this many (`SimDevice::inject_errors`).
-    inject_one_in: Option<u64>,
-    inject_rng: u64,
+    /// Driver calls that fail at random (`SimDevice::inject_errors`).
+    faults: RandomFaults,
     next_handle: u64,
 }
 
@@ -146,8 +146,7 @@ impl SimDevice {
             plain: HashMap::new(),
             queues: Queues::new(0x5eed_cafe ^ hbm_bytes as u64),
             fault: None,
-            inject_one_in: None,
-            inject_rng: 0x1234_5678_9abc_def1,
+            faults: RandomFaults::default(),
             next_handle: 0,
         };
         Ok(Self { info, capacity_chunks, memfd, state: Mutex::new(state) })
@@ -164,23 +163,16 @@ impl SimDevice {
     /// with an injected `CUDA_ERROR_UNKNOWN`, chosen by a generator seeded with `seed`; `None`
     /// stops it. Per device, so tests running in parallel do not disturb each other.
     pub fn inject_errors(&self, one_in: Option<u64>, seed: u64) {
-        let mut s = self.lock();
-        s.inject_one_in = one_in.filter(|&n| n > 0);
-        s.inject_rng = seed | 1;
+        self.lock().faults = RandomFaults::new(one_in, seed);
     }
 
     pub fn injecting_errors(&self) -> bool {
-        self.lock().inject_one_in.is_some()
+        self.lock().faults.active()
     }
 
     /// An injected failure of `call`, if this call is one of the unlucky ones.
     fn injected(&self, call: &'static str) -> Result<()> {
-        let mut s = self.lock();
-        let Some(one_in) = s.inject_one_in else { return Ok(()) };
-        s.inject_rng ^= s.inject_rng << 13;
-        s.inject_rng ^= s.inject_rng >> 7;
-        s.inject_rng ^= s.inject_rng << 17;
-        if s.inject_rng % one_in != 0 {
+        if !self.lock().faults.fires() {
             return Ok(());
         }
         Err(DeviceError::Driver {
