@@ -198,3 +198,32 @@ def test_the_allocator_c_functions_never_crash_and_explain_failures(pool):
     assert _tiermem.allocator_error() is None
     assert _tiermem.allocator_live() == 0
     assert pool.stats()["buffers"] == []
+
+
+def test_release_idle_hbm_gives_hbm_back_and_no_byte_is_lost(pool):
+    buffers = [pool.alloc(3 * CHUNK, name=f"b{i}") for i in range(2)]
+    data = [pattern(i + 20, 3 * CHUNK) for i in range(2)]
+    for buf, d in zip(buffers, data):
+        buf.write(d)
+    pool.page_out()
+    assert pool.release_idle_hbm() == pool.hbm_cap, "every chunk created was idle after the page-out"
+    assert pool.release_idle_hbm() == 0
+    for buf, d in zip(buffers, data):
+        pool.page_in(buf)
+        assert buf.read() == d
+
+
+def test_a_closed_pool_refuses_every_call_with_its_name(pool):
+    buf = pool.alloc(CHUNK)
+    assert not pool.closed
+    pool.close()
+    pool.close()
+    assert pool.closed
+    for call, name in [
+        (lambda: pool.alloc(CHUNK), "alloc"),
+        (lambda: pool.acquire(buf), "acquire"),
+        (lambda: pool.page_in_start(buf), "page_in_start"),
+        (lambda: pool.release_idle_hbm(), "release_idle_hbm"),
+    ]:
+        with pytest.raises(tiermem.BufferStateError, match=f"{name}: the Pool is closed"):
+            call()

@@ -68,6 +68,14 @@ impl ChunkPool {
         self.idle.push(chunk);
     }
 
+    /// Releases the idle chunks (no mapping may use them any more) and returns how many; the
+    /// pool creates chunks again on later need, up to the cap.
+    pub fn release_idle(&mut self, device: &dyn Device) -> Result<usize> {
+        let idle = self.idle.len();
+        self.release_all(device)?;
+        Ok(idle)
+    }
+
     /// Releases every idle chunk; the engine calls this once all chunks are back.
     pub fn release_all(&mut self, device: &dyn Device) -> Result<()> {
         while let Some(chunk) = self.idle.pop() {

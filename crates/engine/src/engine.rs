@@ -257,6 +257,26 @@ impl Engine {
         self.lock().page_in_start(target)
     }
 
+    /// Gives the HBM of idle physical chunks back to the driver (for other users of the GPU)
+    /// and returns its bytes. Stale mappings of them are unmapped first; chunks brought in
+    /// later are created afresh, so the next pass maps again. Data is untouched.
+    pub fn release_idle_hbm(&self) -> Result<usize> {
+        let mut inner = self.lock();
+        inner.reap()?;
+        let g = inner.chunk;
+        let stale: Vec<(ChunkRef, u64)> = (inner.buffers.iter())
+            .flat_map(|(&id, b)| b.chunks.iter().enumerate().map(move |(i, c)| ((id, i), b.va, c.alias)))
+            .filter(|&(_, _, alias)| alias.is_some_and(|p| !inner.holders.contains_key(&p)))
+            .map(|(r, va, _)| (r, va + (r.1 * g) as u64))
+            .collect();
+        for (r, va) in stale {
+            inner.device.unmap(va, g).during("release_idle_hbm")?;
+            inner.chunk_mut(r).alias = None;
+        }
+        let Inner { pool, device, .. } = &mut *inner;
+        Ok(pool.release_idle(device.as_ref()).during("release_idle_hbm")? * g)
+    }
+
     /// Moves `target` out of HBM into the host tier and waits. Clean chunks leave with
     /// no copy. Acquired buffers are refused.
     pub fn page_out(&self, target: Target) -> Result<()> {

@@ -1,7 +1,8 @@
 use crate::buffer::Buffer;
-use crate::errors::{to_py, InvalidArgumentError};
+use crate::errors::{to_py, BufferStateError, InvalidArgumentError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tiermem::{
     parse_size, Access, AllocOptions, Engine, EngineConfig, Region, StreamHandle, Target, Ticket, TierStats,
@@ -12,6 +13,7 @@ use tiermem::{
 #[pyclass(module = "tiermem", frozen)]
 pub struct Pool {
     pub(crate) engine: Arc<Engine>,
+    closed: AtomicBool,
 }
 
 /// A size argument: an int, or a string such as "16GiB".
@@ -26,6 +28,14 @@ pub(crate) fn size_arg(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> 
 }
 
 impl Pool {
+    /// The engine, unless the Pool is closed.
+    fn open(&self, call: &str) -> PyResult<&Engine> {
+        match self.closed.load(Ordering::Acquire) {
+            true => Err(BufferStateError::new_err(format!("{call}: the Pool is closed"))),
+            false => Ok(&self.engine),
+        }
+    }
+
     /// Regions from a list of buffers or `(buffer, offset, length)` tuples of this pool.
     fn regions(&self, items: &Bound<'_, PyAny>) -> PyResult<Vec<Region>> {
         let list: Vec<Bound<'_, PyAny>> = match items.downcast::<Buffer>() {
@@ -112,7 +122,7 @@ impl Pool {
             config.file_limit = size_arg("file_limit", v)?;
         }
         let engine = py.allow_threads(|| Engine::new(config)).map_err(to_py)?;
-        Ok(Self { engine: Arc::new(engine) })
+        Ok(Self { engine: Arc::new(engine), closed: AtomicBool::new(false) })
     }
 
     /// "cuda" or "sim".
@@ -168,7 +178,8 @@ impl Pool {
     ) -> PyResult<Buffer> {
         let size = size_arg("size", size)?;
         let options = AllocOptions { priority, read_only, name: name.clone() };
-        let (id, ptr) = py.allow_threads(|| self.engine.alloc(size, options)).map_err(to_py)?;
+        let engine = self.open("alloc")?;
+        let (id, ptr) = py.allow_threads(|| engine.alloc(size, options)).map_err(to_py)?;
         Ok(Buffer::new(Arc::clone(&self.engine), id, ptr, size, name))
     }
 
@@ -178,13 +189,15 @@ impl Pool {
     fn acquire(&self, py: Python<'_>, regions: &Bound<'_, PyAny>, stream: u64, write: bool) -> PyResult<()> {
         let regions = self.regions(regions)?;
         let access = if write { Access::ReadWrite } else { Access::ReadOnly };
-        py.allow_threads(|| self.engine.acquire(&regions, access, StreamHandle(stream))).map_err(to_py)
+        let engine = self.open("acquire")?;
+        py.allow_threads(|| engine.acquire(&regions, access, StreamHandle(stream))).map_err(to_py)
     }
 
     #[pyo3(signature = (regions, stream=0))]
     fn release(&self, py: Python<'_>, regions: &Bound<'_, PyAny>, stream: u64) -> PyResult<()> {
         let regions = self.regions(regions)?;
-        py.allow_threads(|| self.engine.release(&regions, StreamHandle(stream))).map_err(to_py)
+        let engine = self.open("release")?;
+        py.allow_threads(|| engine.release(&regions, StreamHandle(stream))).map_err(to_py)
     }
 
     /// `with pool.acquired(regions, stream, write):` acquires on entry and releases on exit.
@@ -196,7 +209,8 @@ impl Pool {
 
     fn prefetch(&self, py: Python<'_>, regions: &Bound<'_, PyAny>) -> PyResult<()> {
         let regions = self.regions(regions)?;
-        py.allow_threads(|| self.engine.prefetch(&regions)).map_err(to_py)
+        let engine = self.open("prefetch")?;
+        py.allow_threads(|| engine.prefetch(&regions)).map_err(to_py)
     }
 
     /// Tells the pool the order its buffers are used in: a cycle of steps, each a list of
@@ -207,7 +221,8 @@ impl Pool {
             .try_iter()?
             .map(|step| Ok(self.regions(&step?)?.into_iter().map(|r| r.buffer).collect()))
             .collect::<PyResult<_>>()?;
-        py.allow_threads(|| self.engine.set_schedule(steps)).map_err(to_py)
+        let engine = self.open("set_schedule")?;
+        py.allow_threads(|| engine.set_schedule(steps)).map_err(to_py)
     }
 
     fn clear_schedule(&self) {
@@ -218,58 +233,84 @@ impl Pool {
     /// and the coming steps, `prefetch_bytes` of them. Returns the bytes it started copying.
     fn advance(&self, py: Python<'_>, step: usize, prefetch_bytes: &Bound<'_, PyAny>) -> PyResult<usize> {
         let budget = size_arg("prefetch_bytes", prefetch_bytes)?;
-        py.allow_threads(|| self.engine.advance(step, budget)).map_err(to_py)
+        let engine = self.open("advance")?;
+        py.allow_threads(|| engine.advance(step, budget)).map_err(to_py)
     }
 
     /// Pages `buffer` (default: every buffer) into HBM and waits.
     #[pyo3(signature = (buffer=None))]
     fn page_in(&self, py: Python<'_>, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<()> {
         let target = self.target(buffer)?;
-        py.allow_threads(|| self.engine.page_in(target)).map_err(to_py)
+        let engine = self.open("page_in")?;
+        py.allow_threads(|| engine.page_in(target)).map_err(to_py)
     }
 
     /// Pages `buffer` (default: every buffer) out of HBM and waits.
     #[pyo3(signature = (buffer=None))]
     fn page_out(&self, py: Python<'_>, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<()> {
         let target = self.target(buffer)?;
-        py.allow_threads(|| self.engine.page_out(target)).map_err(to_py)
+        let engine = self.open("page_out")?;
+        py.allow_threads(|| engine.page_out(target)).map_err(to_py)
     }
 
     /// Pages `buffer` (default: every buffer) out to the file tier and waits.
     #[pyo3(signature = (buffer=None))]
     fn page_out_to_file(&self, py: Python<'_>, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<()> {
         let target = self.target(buffer)?;
-        py.allow_threads(|| self.engine.page_out_to_file(target)).map_err(to_py)
+        let engine = self.open("page_out_to_file")?;
+        py.allow_threads(|| engine.page_out_to_file(target)).map_err(to_py)
     }
 
     /// Starts paging `buffer` in; returns a ticket for `finish`.
     #[pyo3(signature = (buffer=None))]
     fn page_in_start(&self, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<u64> {
-        Ok(self.engine.page_in_start(self.target(buffer)?).map_err(to_py)?.0)
+        Ok(self.open("page_in_start")?.page_in_start(self.target(buffer)?).map_err(to_py)?.0)
     }
 
     /// Starts paging `buffer` out; returns a ticket for `finish`.
     #[pyo3(signature = (buffer=None))]
     fn page_out_start(&self, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<u64> {
-        Ok(self.engine.page_out_start(self.target(buffer)?).map_err(to_py)?.0)
+        Ok(self.open("page_out_start")?.page_out_start(self.target(buffer)?).map_err(to_py)?.0)
     }
 
     /// Starts paging `buffer` (default: every buffer) out to the file tier; the file write runs
     /// in the background. Returns a ticket for `finish`.
     #[pyo3(signature = (buffer=None))]
     fn page_out_to_file_start(&self, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<u64> {
-        Ok(self.engine.page_out_to_file_start(self.target(buffer)?).map_err(to_py)?.0)
+        Ok(self.open("page_out_to_file_start")?.page_out_to_file_start(self.target(buffer)?).map_err(to_py)?.0)
     }
 
     /// Waits for a ticket of `page_in_start`, `page_out_start` or `page_out_to_file_start`.
     fn finish(&self, py: Python<'_>, ticket: u64) -> PyResult<()> {
-        py.allow_threads(|| self.engine.finish(Ticket(ticket))).map_err(to_py)
+        let engine = self.open("finish")?;
+        py.allow_threads(|| engine.finish(Ticket(ticket))).map_err(to_py)
     }
 
     /// Pages `outgoing` out and `incoming` in with one schedule, and waits.
     fn exchange(&self, py: Python<'_>, outgoing: &Bound<'_, Buffer>, incoming: &Bound<'_, Buffer>) -> PyResult<()> {
         let (out, inn) = (self.target(Some(outgoing))?, self.target(Some(incoming))?);
-        py.allow_threads(|| self.engine.exchange(out, inn)).map_err(to_py)
+        let engine = self.open("exchange")?;
+        py.allow_threads(|| engine.exchange(out, inn)).map_err(to_py)
+    }
+
+    /// Gives the HBM of idle physical chunks back to the driver, for other users of the GPU
+    /// (after `page_out`, that is all of it); returns the bytes given back. Chunks are created
+    /// again as buffers come back in.
+    fn release_idle_hbm(&self, py: Python<'_>) -> PyResult<usize> {
+        let engine = self.open("release_idle_hbm")?;
+        py.allow_threads(|| engine.release_idle_hbm()).map_err(to_py)
+    }
+
+    /// Closes the Pool: every later call through it is refused (`BufferStateError`). Its
+    /// memory goes back once the Pool and its Buffers have been collected (each Buffer keeps
+    /// the engine alive). Closing twice is harmless.
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Tiers, transfer counters and per-buffer residency, as a dict.

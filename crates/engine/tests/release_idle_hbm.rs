@@ -1,0 +1,48 @@
+//! `release_idle_hbm` gives idle physical chunks back to the driver (a model put to sleep
+//! frees its HBM for other users of the GPU): no byte is lost, chunks still in use stay, and
+//! later page-ins create chunks afresh.
+
+mod support;
+
+use support::{assert_contents, assert_no_leaks, fill, CHUNK};
+use tiermem::{Access, AllocOptions, EngineConfig, Region, StreamHandle, Target};
+
+const S: StreamHandle = StreamHandle(0);
+
+#[test]
+fn released_hbm_comes_back_on_page_in_with_every_byte() {
+    let (engine, sim) = support::engine(4, 16, EngineConfig::default());
+    let e = &engine;
+    let (a, _) = e.alloc(6 * CHUNK, AllocOptions::default()).unwrap();
+    let (b, _) = e.alloc(CHUNK + 5, AllocOptions { read_only: true, ..Default::default() }).unwrap();
+    let bytes_a = fill(e, a, 6 * CHUNK, 1);
+    let bytes_b = fill(e, b, CHUNK + 5, 2);
+    // Filling 7 chunks through a cap of 4 left stale mappings of chunks now held by others.
+    e.page_out(Target::All).unwrap();
+    let released = e.release_idle_hbm().unwrap();
+    assert_eq!(released, 4 * CHUNK, "every created chunk was idle");
+    if let Some(sim) = &sim {
+        let live = sim.live();
+        assert_eq!((live.chunks, live.mapped_chunks), (0, 0), "nothing physical left: {live:?}");
+    }
+    assert_eq!(e.release_idle_hbm().unwrap(), 0, "nothing left to give back");
+    assert_contents(e, a, &bytes_a);
+    assert_contents(e, b, &bytes_b);
+
+    // Chunks in use (acquired, or resident) stay; only the idle ones go.
+    e.page_out(Target::All).unwrap();
+    e.page_in(Target::Buffer(b)).unwrap();
+    e.acquire(&[Region::bytes(a, 0, CHUNK)], Access::ReadOnly, S).unwrap();
+    let in_use = 3; // two chunks of b, one of a
+    let released = e.release_idle_hbm().unwrap();
+    assert!(released <= (4 - in_use) * CHUNK, "released {released} bytes with {in_use} chunks in use");
+    if let Some(sim) = &sim {
+        assert_eq!(sim.live().chunks, in_use, "the chunks in use stay");
+    }
+    e.release(&[Region::bytes(a, 0, CHUNK)], S).unwrap();
+    let ticket = e.page_in_start(Target::Buffer(b)).unwrap();
+    e.finish(ticket).unwrap();
+    assert_contents(e, a, &bytes_a);
+    assert_contents(e, b, &bytes_b);
+    assert_no_leaks(engine, sim);
+}
