@@ -1,4 +1,5 @@
-use crate::errors::{to_py, BufferStateError};
+use crate::errors::{to_py, BufferStateError, InvalidArgumentError};
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,11 +56,22 @@ impl Buffer {
         format!("<tiermem.Buffer {}{name} {} bytes at 0x{:x}>", self.id, self.size, self.ptr)
     }
 
-    /// Writes `data` at `offset` from host memory (the buffer becomes resident).
+    /// Writes `data` at `offset` from host memory (the buffer becomes resident). `data` is
+    /// any C-contiguous object with the buffer protocol and byte items (`bytes`, `bytearray`,
+    /// a `memoryview`, a uint8 NumPy array), read in place: no copy is made of it.
     #[pyo3(signature = (data, offset=0))]
-    fn write(&self, py: Python<'_>, data: &[u8], offset: usize) -> PyResult<()> {
-        let data = data.to_vec();
-        py.allow_threads(|| self.engine.write(self.id, offset, &data)).map_err(to_py)
+    fn write(&self, py: Python<'_>, data: PyBuffer<u8>, offset: usize) -> PyResult<()> {
+        if !data.is_c_contiguous() {
+            return Err(InvalidArgumentError::new_err("write: data must be C-contiguous"));
+        }
+        let (ptr, len) = (data.buf_ptr() as usize, data.len_bytes());
+        py.allow_threads(|| {
+            // SAFETY: `data` holds the exporter's buffer (PEP 3118) until after this call, so
+            // the `len` bytes at `ptr` stay valid; they are only read.
+            let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+            self.engine.write(self.id, offset, bytes)
+        })
+        .map_err(to_py)
     }
 
     /// Reads `size` bytes (default: to the end) at `offset` into a `bytes` object.
