@@ -1,14 +1,22 @@
 """PyTorch on tiermem: models larger than the GPU, streamed at close to the PCIe link.
 
 * :func:`offload` moves a model's parameters (and buffers) into tiermem buffers, one buffer
-  per module that owns tensors. Hooks acquire a module's buffers just before it runs and release
-  them right after, on the current CUDA stream, so only what runs now must be in HBM. The first
+  per module that owns tensors, one per tied (shared) tensor and one per mixture-of-experts
+  block (:mod:`tiermem.units` explains why). Hooks acquire a module's buffers just before it
+  runs and release them right after, on the current CUDA stream, so only what runs now must
+  be in HBM. The first
   pass records the order in which modules run; from then on the engine knows the schedule:
   it pages ahead along it within ``prefetch_bytes`` and evicts the chunk whose next use is
   furthest away (Belady), so what fits stays resident and only the rest streams.
   With an optimizer, each module's gradients and Adam's moments get two more buffers (the
   forward pass acquires only the weights, backward the weights and gradients, the step all
   three), and :meth:`Offload.step` updates one module at a time.
+* :func:`from_pretrained` and :func:`load_checkpoint` (:mod:`tiermem.loading`) build a model
+  on the meta device and read its safetensors checkpoint straight into tiermem buffers: the
+  model never has to fit anywhere whole.
+* :meth:`Offload.sleep` pages a whole model out and gives its HBM back to other users of the
+  GPU; :meth:`Offload.wake` pages it back in at the PCIe link's speed, in the background if
+  asked (serving several models on one GPU).
 * :func:`offload_activations` keeps tensors saved for backward in tiermem buffers, so they can
   leave HBM between forward and backward; backward prefetches them in reverse order.
 * :func:`allocator` is a ``torch.cuda.memory.CUDAPluggableAllocator`` backed by a Pool (the
@@ -21,14 +29,13 @@ what runs when.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+import threading
 
 import torch
 
 from . import _tiermem
-from ._tiermem import InvalidArgumentError, Pool, TiermemError
-
-ALIGN = 256  # bytes; every tensor in a buffer starts at a multiple of this
+from ._tiermem import BufferStateError, InvalidArgumentError, Pool, TiermemError
+from .units import Site, Unit, plan
 _OFFLOADED = "_tiermem_offload"
 
 
@@ -80,55 +87,29 @@ def allocator_error() -> str | None:
     return _tiermem.allocator_error()
 
 
-# Which of a unit's buffers each phase acquires, and whether it writes them.
-_PHASES = {
-    "forward": (("weights", False),),
-    "backward": (("weights", False), ("grads", True)),
-    "step": (("weights", True), ("grads", True), ("state", True)),
-}
-
-
-@dataclass(eq=False)
-class _Unit:
-    """One module's own tensors: parameters and buffers in `weights`; when training, the
-    gradients in `grads` and the optimizer's moments in `state`."""
-
-    module: torch.nn.Module
-    name: str
-    params: list[tuple[str, torch.nn.Parameter]] = field(default_factory=list)
-    buffers: list[tuple[str, torch.Tensor]] = field(default_factory=list)
-    parts: dict = field(default_factory=dict)  # "weights" / "grads" / "state" -> tiermem Buffer
-    pending_grads: int = 0
-    held: list = field(default_factory=list)  # acquisitions not yet released, each a list of buffers
-
-    def phase(self, name: str) -> list[tuple[object, bool]]:
-        return [(self.parts[part], write) for part, write in _PHASES[name] if part in self.parts]
-
-
-def _owned(module: torch.nn.Module):
-    params = [(n, p) for n, p in module.named_parameters(recurse=False) if p is not None]
-    buffers = [(n, b) for n, b in module.named_buffers(recurse=False) if b is not None]
-    return params, buffers
-
-
-def _check_tensor(where: str, t: torch.Tensor, device: torch.device) -> None:
+def _check_tensor(call: str, where: str, t: torch.Tensor, device: torch.device, meta_ok: bool = False) -> None:
     if t.is_sparse or t.layout != torch.strided:
-        raise InvalidArgumentError(f"offload: {where} is sparse ({t.layout}); only dense tensors can be offloaded")
+        raise InvalidArgumentError(f"{call}: {where} is sparse ({t.layout}); only dense tensors can be offloaded")
     if not t.is_contiguous():
-        raise InvalidArgumentError(f"offload: {where} is not contiguous; call .contiguous() on it first")
-    if t.device.type not in ("cpu", "cuda") or (t.is_cuda and t.device.index not in (None, device.index)):
-        raise InvalidArgumentError(f"offload: {where} is on {t.device}, but the Pool is on {device}")
+        raise InvalidArgumentError(f"{call}: {where} is not contiguous; call .contiguous() on it first")
+    if t.is_meta and not meta_ok:
+        raise InvalidArgumentError(f"{call}: {where} is on the meta device (load it with tiermem.torch.load_checkpoint)")
+    if t.device.type not in ("cpu", "cuda", "meta") or (t.is_cuda and t.device.index not in (None, device.index)):
+        raise InvalidArgumentError(f"{call}: {where} is on {t.device}, but the Pool is on {device}")
 
 
 class Offload:
-    """What :func:`offload` returns: the hooks, the recorded schedule and the units."""
+    """What :func:`offload` returns: the hooks, the recorded schedule, the units and sites.
 
-    def __init__(self, model: torch.nn.Module, pool: Pool, prefetch_bytes: int, units: list[_Unit], optimizer):
+    Not thread-safe: run the model from one thread (a :class:`Waking` may finish meanwhile).
+    """
+
+    def __init__(self, model, pool: Pool, prefetch_bytes: int, units: list[Unit], sites: list[Site], optimizer):
         self.model, self.pool, self.prefetch_bytes = model, pool, prefetch_bytes
-        self.units, self.optimizer = units, optimizer
-        self._recording: list[tuple[_Unit, str]] | None = None  # (unit, phase) of the pass being recorded
-        self._steps: list[tuple[_Unit, str]] = []
-        self._uses: dict[tuple[int, str], list[int]] = {}  # (id(unit), phase) -> its steps
+        self.units, self.sites, self.optimizer = units, sites, optimizer
+        self._recording: list[tuple[object, str]] | None = None  # (site or unit, phase) of the pass being recorded
+        self._steps: list[tuple[object, str]] = []
+        self._uses: dict[tuple[int, str], list[int]] = {}  # (id(site or unit), phase) -> its steps
         self._position = 0
         self._backward_pending = False
         self._hooks = []
@@ -139,112 +120,123 @@ class Offload:
         """A root forward begins: the previous pass, if recorded, becomes the schedule."""
         if self._recording and not self._steps:
             self._steps = self._recording
-            for i, (unit, phase) in enumerate(self._steps):
-                self._uses.setdefault((id(unit), phase), []).append(i)
-            self.pool.set_schedule([[b for b, _ in unit.phase(phase)] for unit, phase in self._steps])
+            for i, (key, phase) in enumerate(self._steps):
+                self._uses.setdefault((id(key), phase), []).append(i)
+            self.pool.set_schedule([_buffers(key.phase(phase)) for key, phase in self._steps])
             self._recording = None
         if not self._steps:
             self._recording = []
         self._position = 0
 
-    def _step_of(self, unit: _Unit, phase: str) -> int | None:
-        """Where ``unit`` runs in the schedule: at the expected position, or its next use."""
-        uses = self._uses.get((id(unit), phase))
+    def _step_of(self, key, phase: str) -> int | None:
+        """Where ``key`` runs in the schedule: at the expected position, or its next use."""
+        uses = self._uses.get((id(key), phase))
         if not uses:
             return None
         n = len(self._steps)
-        if self._steps[self._position % n] == (unit, phase):
+        if self._steps[self._position % n] == (key, phase):
             return self._position % n
         later = [s for s in uses if s >= self._position]
         return later[0] if later else uses[0]
 
-    def _enter(self, unit: _Unit, phase: str) -> None:
+    def _enter(self, key, phase: str) -> None:
         if self._recording is not None and not self._steps:
-            self._recording.append((unit, phase))
-        step = self._step_of(unit, phase)
+            self._recording.append((key, phase))
+        step = self._step_of(key, phase)
         if step is not None:
             self._position = step + 1
             self.pool.advance(step, self.prefetch_bytes)
         stream, acquired = _stream(), []
         try:
-            for buffer, write in unit.phase(phase):
+            for buffer, write in _dedup(key.phase(phase)):
                 self.pool.acquire(buffer, stream, write)
                 acquired.append(buffer)
         except BaseException:
             if acquired:
                 self.pool.release(acquired, stream)
             raise
-        unit.held.append(acquired)
+        key.held.append(acquired)
 
-    def _exit(self, unit: _Unit) -> None:
-        if unit.held:
-            self.pool.release(unit.held.pop(), _stream())
+    def _exit(self, key) -> None:
+        if key.held:
+            acquired = key.held.pop()
+            if acquired:
+                self.pool.release(acquired, _stream())
 
     # --- hooks ----------------------------------------------------------------------------
 
     def _install(self) -> None:
         self._hooks.append(self.model.register_forward_pre_hook(lambda m, a: self._pass_starts()))
+        for site in self.sites:
+            self._hooks.append(site.module.register_forward_pre_hook(self._forward_pre(site)))
+            self._hooks.append(site.module.register_forward_hook(self._forward_post(site)))
         for unit in self.units:
-            self._hooks.append(unit.module.register_forward_pre_hook(self._forward_pre(unit)))
-            self._hooks.append(unit.module.register_forward_hook(self._forward_post(unit)))
-            for _, p in unit.params:
-                if p.requires_grad:
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_done(unit)))
+            for owned in unit.params:
+                if owned.tensor.requires_grad:
+                    users = [s for s in self.sites if unit in s.units]
+                    self._hooks.append(owned.tensor.register_post_accumulate_grad_hook(self._grad_done(users)))
 
-    def _forward_pre(self, unit: _Unit):
+    def _forward_pre(self, site: Site):
         def hook(module, args):
-            self._enter(unit, "forward")
+            self._enter(site, "forward")
 
         return hook
 
-    def _forward_post(self, unit: _Unit):
+    def _forward_post(self, site: Site):
         def hook(module, args, output):
-            self._exit(unit)
-            if torch.is_grad_enabled() and any(p.requires_grad for _, p in unit.params):
+            self._exit(site)
+            if torch.is_grad_enabled() and site.grad_params:
                 first = _first_grad_tensor(output)
                 if first is not None:
-                    first.register_hook(self._backward_pre(unit))
+                    first.register_hook(self._backward_pre(site))
 
         return hook
 
-    def _backward_pre(self, unit: _Unit):
+    def _backward_pre(self, site: Site):
         def hook(grad):
             if not self._backward_pending:
                 self._backward_pending = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
-            unit.pending_grads = sum(1 for _, p in unit.params if p.requires_grad)
-            self._enter(unit, "backward")
+            site.pending_grads = len(site.grad_params)
+            self._enter(site, "backward")
             return grad
 
         return hook
 
-    def _grad_done(self, unit: _Unit):
+    def _grad_done(self, users: list[Site]):
+        """A parameter's gradient is complete: sites whose gradients all are release them (a
+        tied tensor's gradient completes once, after all its uses)."""
+
         def hook(param):
-            unit.pending_grads -= 1
-            if unit.pending_grads == 0:
-                self._exit(unit)
+            for site in users:
+                if site.pending_grads > 0:
+                    site.pending_grads -= 1
+                    if site.pending_grads == 0:
+                        self._exit(site)
 
         return hook
 
     def _backward_done(self) -> None:
-        """End of a backward pass: release what a parameter without a gradient left held."""
+        """End of a backward pass: release what a parameter without a gradient (an expert no
+        token chose, say) left held."""
         self._backward_pending = False
-        for unit in self.units:
-            while unit.held:
-                self._exit(unit)
+        for site in self.sites:
+            site.pending_grads = 0
+            while site.held:
+                self._exit(site)
 
     # --- training -------------------------------------------------------------------------
 
     def step(self) -> None:
-        """``optimizer.step()``, one module at a time, each with its buffer acquired; then
-        zeroes that module's gradients while it is still resident (so no separate pass is
-        needed to zero them)."""
+        """``optimizer.step()``, one unit at a time, each with its buffers acquired; then
+        zeroes that unit's gradients while it is still resident (so no separate pass is
+        needed to zero them). A tied tensor is updated once."""
         if self.optimizer is None:
             raise InvalidArgumentError("Offload.step: offload() was given no optimizer")
         groups = [list(g["params"]) for g in self.optimizer.param_groups]
         try:
             for unit in self.units:
-                mine = {id(p) for _, p in unit.params}
+                mine = {id(o.tensor) for o in unit.params}
                 for g, params in zip(self.optimizer.param_groups, groups):
                     g["params"] = [p for p in params if id(p) in mine]
                 if not any(g["params"] for g in self.optimizer.param_groups):
@@ -252,9 +244,9 @@ class Offload:
                 self._enter(unit, "step")
                 try:
                     self.optimizer.step()
-                    for _, p in unit.params:
-                        if p.grad is not None:
-                            p.grad.zero_()
+                    for o in unit.params:
+                        if o.tensor.grad is not None:
+                            o.tensor.grad.zero_()
                 finally:
                     self._exit(unit)
         finally:
@@ -265,22 +257,24 @@ class Offload:
         """Zeroes the gradients in place (they live in tiermem: never set them to None)."""
         for unit in self.units:
             if "grads" in unit.parts:
-                self._enter(unit, "backward")
-                try:
-                    for _, p in unit.params:
-                        if p.grad is not None:
-                            p.grad.zero_()
-                finally:
-                    self._exit(unit)
+                with self.pool.acquired([unit.parts["grads"]], _stream(), write=True):
+                    for o in unit.params:
+                        if o.tensor.grad is not None:
+                            o.tensor.grad.zero_()
 
     def remove(self, device: str | torch.device = "cpu") -> None:
         """Undoes :func:`offload`: copies every parameter, buffer, gradient and optimizer
-        moment out to ordinary tensors on ``device``, removes the hooks and the schedule, and
-        lets the tiermem buffers go. The model can then be offloaded again."""
+        moment out to ordinary tensors on ``device`` (a tied tensor stays one tensor), removes
+        the hooks and the schedule, and lets the tiermem buffers go. The model can then be
+        offloaded again."""
         stream = _stream()
         for unit in self.units:
             with self.pool.acquired(list(unit.parts.values()), stream, write=False):
-                for name, p in unit.params:
+                for o in unit.tensors:
+                    p = o.tensor
+                    if o.role == "buffer":
+                        o.point_at(p.to(device, copy=True))
+                        continue
                     p.data = p.data.to(device, copy=True)
                     if p.grad is not None and "grads" in unit.parts:
                         p.grad = p.grad.to(device, copy=True)
@@ -288,8 +282,6 @@ class Offload:
                     for key in ("exp_avg", "exp_avg_sq"):
                         if key in state:
                             state[key] = state[key].to(device, copy=True)
-                for name, b in unit.buffers:
-                    unit.module._buffers[name] = unit.module._buffers[name].to(device, copy=True)
                 torch.cuda.current_stream().synchronize()
         for h in self._hooks:
             h.remove()
@@ -312,6 +304,94 @@ class Offload:
         chunk = self.pool.chunk_size
         return sum(-(-b.size // chunk) * chunk for u in self.units for b in u.parts.values())
 
+    # --- sleep and wake -------------------------------------------------------------------
+
+    def sleep(self, release_hbm: bool = True) -> int:
+        """Pages the whole model out of HBM (weights read since their last page-out are
+        clean: they leave with no copy) and, with ``release_hbm``, gives the HBM the pool no
+        longer uses back to the driver for other users of the GPU. Returns the bytes given
+        back. The model still runs while asleep (it pages in on demand); :meth:`wake` brings
+        it back at the PCIe link's speed."""
+        self._usable("Offload.sleep")
+        if any(k.held for k in self.sites + self.units):
+            raise InvalidArgumentError("Offload.sleep: the model is running (a module holds its buffers)")
+        tickets = [self.pool.page_out_start(b) for u in self.units for b in u.parts.values()]
+        for ticket in tickets:
+            self.pool.finish(ticket)
+        return self.pool.release_idle_hbm() if release_hbm else 0
+
+    def wake(self, block: bool = True) -> "Waking":
+        """Pages the weights in, in the order the model uses them, as far as HBM allows: every
+        buffer's copies are started before any is waited for, so they overlap and run at the
+        PCIe link's speed. ``block=False`` returns at once; the returned :class:`Waking`
+        says when the copies are done. Running the model before then is safe (it waits on
+        the device for what it needs)."""
+        self._usable("Offload.wake")
+        order = [b for key, phase in self._steps if phase == "forward" for b in _buffers(key.phase(phase))]
+        order += [u.parts["weights"] for u in self.units]
+        stats = self.pool.stats()
+        room = stats["hbm"]["capacity_bytes"] - stats["hbm"]["used_bytes"]
+        mine = {s["id"]: s["in_hbm"] * stats["chunk_size"] for s in stats["buffers"]}
+        tickets, seen, chunk, nbytes = [], set(), self.pool.chunk_size, 0
+        for buffer in order:
+            need = -(-buffer.size // chunk) * chunk - mine.get(buffer.id, 0)
+            if buffer.id in seen or need > room:
+                continue
+            seen.add(buffer.id)
+            room, nbytes = room - need, nbytes + need
+            tickets.append(self.pool.page_in_start(buffer))
+        waking = Waking(self.pool, tickets, nbytes)
+        if block:
+            waking.wait()
+        return waking
+
+    def _usable(self, call: str) -> None:
+        if getattr(self.model, _OFFLOADED, None) is not self:
+            raise InvalidArgumentError(f"{call}: this Offload was removed")
+        if self.pool.closed:
+            raise BufferStateError(f"{call}: the model's Pool is closed; offload the model into a new Pool")
+
+
+class Waking:
+    """A :meth:`Offload.wake` in progress: the copies finish on a background thread."""
+
+    def __init__(self, pool: Pool, tickets: list[int], nbytes: int):
+        self.bytes = nbytes
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._finish, args=(pool, tickets), name="tiermem-wake", daemon=True)
+        self._thread.start()
+
+    def _finish(self, pool: Pool, tickets: list[int]) -> None:
+        for ticket in tickets:
+            try:
+                pool.finish(ticket)
+            except BaseException as e:  # noqa: BLE001 - re-raised by wait()
+                self._error = self._error or e
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Waits for every copy; raises the first error of any."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def _buffers(entries) -> list:
+    return [b for b, _ in _dedup(entries)]
+
+
+def _dedup(entries):
+    """Entries ``(buffer, write)`` with each buffer once (writing if any entry writes)."""
+    out: dict[int, list] = {}
+    for buffer, write in entries:
+        if id(buffer) in out:
+            out[id(buffer)][1] |= write
+        else:
+            out[id(buffer)] = [buffer, write]
+    return [tuple(e) for e in out.values()]
+
 
 def _first_grad_tensor(output):
     if isinstance(output, torch.Tensor):
@@ -329,108 +409,95 @@ def _first_grad_tensor(output):
     return None
 
 
-def _layout(unit: _Unit, optimizer) -> dict[str, tuple[list, int]]:
-    """For each of the unit's buffers: its ``(role, name, like, offset)`` entries and its size."""
-    parts: dict[str, tuple[list, int]] = {}
-
-    def add(part, role, name, like):
-        entries, offset = parts.get(part, ([], 0))
-        entries.append((role, name, like, offset))
-        parts[part] = (entries, offset + -(-like.numel() * like.element_size() // ALIGN) * ALIGN)
-
-    for name, p in unit.params:
-        add("weights", "param", name, p)
-    for name, b in unit.buffers:
-        add("weights", "buffer", name, b)
-    if optimizer is not None:
-        for name, p in unit.params:
-            if p.requires_grad:
-                add("grads", "grad", name, p)
-                for key in ("exp_avg", "exp_avg_sq"):
-                    add("state", key, name, p)
-    return parts
-
-
-def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "1GiB", optimizer=None) -> Offload:
-    """Moves ``model``'s parameters and buffers into ``pool``, one buffer per module that owns
-    tensors, and hooks every such module so its buffer is acquired only while it runs.
-    Parameters stay ``nn.Parameter``s. ``prefetch_bytes``: how far ahead of the running
-    module the engine pages in, once the first pass has recorded the order. With an Adam or
-    AdamW ``optimizer``, gradients and the optimizer's moments live in the buffers too; call
-    :meth:`Offload.step` and :meth:`Offload.zero_grad` instead of the optimizer's.
-
-    Errors (the model is left unchanged): a model already offloaded, tensors on another
-    device, sparse or non-contiguous tensors, a Pool without a GPU.
-    """
-    device = _require_gpu(pool, "offload")
+def _prepare(call: str, model: torch.nn.Module, pool: Pool, optimizer, meta_ok: bool = False):
+    """Checks the model and plans its units; allocates nothing. Returns (units, sites)."""
+    device = _require_gpu(pool, call)
     if getattr(model, _OFFLOADED, None) is not None:
-        raise InvalidArgumentError("offload: this model is already offloaded (Offload.remove() first)")
+        raise InvalidArgumentError(f"{call}: this model is already offloaded (Offload.remove() first)")
     if optimizer is not None and type(optimizer).__name__ not in ("Adam", "AdamW"):
-        raise InvalidArgumentError(f"offload: optimizer state in tiermem supports Adam and AdamW, not {type(optimizer).__name__}")
-    prefetch_bytes = _tiermem.parse_size(prefetch_bytes)
-    units, owners = [], {}
-    for name, module in model.named_modules():
-        params, buffers = _owned(module)
-        if not params and not buffers:
-            continue
-        for n, t in params + buffers:
-            where = f"{name or type(model).__name__}.{n}"
-            _check_tensor(where, t, device)
-            if id(t) in owners:
-                raise InvalidArgumentError(f"offload: {where} is the same tensor as {owners[id(t)]} (tied weights are not supported)")
-            owners[id(t)] = where
-        units.append(_Unit(module, name, params=params, buffers=buffers))
+        raise InvalidArgumentError(f"{call}: optimizer state in tiermem supports Adam and AdamW, not {type(optimizer).__name__}")
+    units, sites = plan(model)
+    for unit in units:
+        for o in unit.tensors:
+            _check_tensor(call, o.name, o.tensor, device, meta_ok)
     if optimizer is not None:
-        owned = {id(p) for u in units for _, p in u.params}
+        owned = {id(o.tensor) for u in units for o in u.params}
         stray = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in owned]
         if stray:
-            raise InvalidArgumentError(f"offload: the optimizer has {len(stray)} parameters that are not the model's")
+            raise InvalidArgumentError(f"{call}: the optimizer has {len(stray)} parameters that are not the model's")
         if any(optimizer.state.get(p) for g in optimizer.param_groups for p in g["params"]):
-            raise InvalidArgumentError("offload: the optimizer has already stepped; offload before the first step")
-    layouts = [_layout(u, optimizer) for u in units]
+            raise InvalidArgumentError(f"{call}: the optimizer has already stepped; offload before the first step")
+    return units, sites
+
+
+def _allocate(pool: Pool, units: list[Unit], layouts: list[dict]) -> None:
+    """One tiermem buffer per part of each unit; on failure none is left."""
     try:
         for unit, layout in zip(units, layouts):
             for part, (_, size) in layout.items():
-                unit.parts[part] = pool.alloc(size, name=f"{unit.name or 'root'}.{part}")
-    except TiermemError:
-        for unit in units:
-            for buffer in unit.parts.values():
-                buffer.free()
-            unit.parts.clear()
+                unit.parts[part] = pool.alloc(size, name=f"{unit.name}.{part}")
+    except BaseException:
+        _free_all(units)
         raise
-    # From here on nothing can fail for a reason of the model's: copy and swap.
-    stream = _stream()
-    for unit, layout in zip(units, layouts):
-        for part, (entries, _) in layout.items():
-            _fill(pool, unit, unit.parts[part], entries, optimizer, stream)
-        unit.params = [(n, getattr(unit.module, n)) for n, _ in unit.params]
+
+
+def _free_all(units: list[Unit]) -> None:
+    for unit in units:
+        for buffer in unit.parts.values():
+            buffer.free()
+        unit.parts.clear()
+
+
+def _install(model, pool: Pool, prefetch_bytes: int, units, sites, optimizer) -> Offload:
+    for unit in units:
         _REGISTERED.add(unit.parts["weights"].ptr)
-    torch.cuda.current_stream().synchronize()
-    handle = Offload(model, pool, int(prefetch_bytes), units, optimizer)
+    handle = Offload(model, pool, int(prefetch_bytes), units, sites, optimizer)
     handle._install()
     setattr(model, _OFFLOADED, handle)
     return handle
 
 
-def _fill(pool: Pool, unit: _Unit, buffer, entries, optimizer, stream: int) -> None:
-    """Copies the unit's tensors into ``buffer`` (zeros for gradients and moments) and points
-    the module, its parameters' gradients and the optimizer's state at the copies."""
+def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "1GiB", optimizer=None) -> Offload:
+    """Moves ``model``'s parameters and buffers into ``pool`` (one buffer per module that owns
+    tensors, one per tied tensor, one per mixture-of-experts block: :mod:`tiermem.units`)
+    and hooks the modules so a buffer is acquired only while a module using it runs.
+    Parameters stay ``nn.Parameter``s; tied parameters stay one. ``prefetch_bytes``: how far
+    ahead of the running module the engine pages in, once the first pass has recorded the
+    order. With an Adam or AdamW ``optimizer``, gradients and the optimizer's moments live in
+    the buffers too; call :meth:`Offload.step` and :meth:`Offload.zero_grad` instead of the
+    optimizer's.
+
+    Errors (the model is left unchanged): a model already offloaded, tensors on another
+    device or on the meta device, sparse or non-contiguous tensors, a Pool without a GPU.
+    """
+    units, sites = _prepare("offload", model, pool, optimizer)
+    prefetch_bytes = _tiermem.parse_size(prefetch_bytes)
+    layouts = [u.layout(optimizer is not None) for u in units]
+    _allocate(pool, units, layouts)
+    # From here on nothing can fail for a reason of the model's: copy and swap.
+    stream = _stream()
+    for unit, layout in zip(units, layouts):
+        for part, (entries, _) in layout.items():
+            _fill(pool, unit.parts[part], entries, optimizer, stream)
+    torch.cuda.current_stream().synchronize()
+    return _install(model, pool, prefetch_bytes, units, sites, optimizer)
+
+
+def _fill(pool: Pool, buffer, entries, optimizer, stream: int) -> None:
+    """Copies the entries' tensors into ``buffer`` (zeros for gradients and moments) and
+    points the model, the parameters' gradients and the optimizer's state at the copies."""
     with pool.acquired(buffer, stream, write=True):
-        for role, name, t, offset in entries:
-            view = _view(buffer, offset, t)
+        for role, owned, offset in entries:
+            view = _view(buffer, offset, owned.tensor)
             if role in ("param", "buffer"):
-                view.copy_(t.detach())
-                if role == "param":
-                    getattr(unit.module, name).data = view
-                else:
-                    unit.module._buffers[name] = view
+                view.copy_(owned.tensor.detach())
+                owned.point_at(view)
             elif role == "grad":
                 view.zero_()
-                getattr(unit.module, name).grad = view
+                owned.tensor.grad = view
             else:
                 view.zero_()
-                p = getattr(unit.module, name)
-                state = optimizer.state[p]
+                state = optimizer.state[owned.tensor]
                 state.setdefault("step", torch.tensor(0.0))
                 state[role] = view
 
@@ -475,3 +542,6 @@ def offload_activations(pool: Pool, min_bytes: int = 1 << 20, prefetch: int = 2)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield
+
+
+from .loading import from_pretrained, load_checkpoint  # noqa: E402  (loading uses this module)

@@ -1,0 +1,385 @@
+"""Loading a safetensors checkpoint straight into tiermem buffers.
+
+A model larger than the GPU (or than host RAM) cannot be materialised first and offloaded
+after. :func:`from_pretrained` builds the model on the ``meta`` device (parameters without
+storage; buffers such as rotary tables stay real, through accelerate's
+``init_empty_weights(include_buffers=False)``), plans its tiermem units
+(:mod:`tiermem.units`), checks the checkpoint against the model from the file headers alone,
+and only then allocates and reads. :func:`load_checkpoint` does the same for a model the
+caller built on ``meta``.
+
+**What is read, and how.** Tensors are read with the ``safetensors`` library, unit by unit,
+into a pinned staging area of ``staging_bytes`` (small tensors of a unit share one write,
+large ones are cut at row boundaries), and written into the unit's buffer with one
+``Buffer.write``, which copies from the staging area without another copy. Two staging areas
+alternate: a thread reads the next piece while the current one is written, so reading the
+disk and the PCIe copies overlap, and at most ``2 × staging_bytes`` of host RAM and
+``staging_bytes`` of HBM are taken by staging at once. Writes go through the engine: a
+model larger than the HBM cap spills to the host tier (and to the file tier when the pool
+has one) as it loads.
+
+**Errors leave the model as it was.** A missing path or shard, a truncated shard, a tensor
+the model lacks or one it has that the checkpoint lacks, a wrong shape or a dtype the model
+cannot take: each is an ``InvalidArgumentError`` naming the tensor and the file, raised before
+anything is allocated (or, for a file that fails while being read, after every buffer made
+so far is freed). Floating-point tensors are converted to the model's dtype; others must
+match it. A tied tensor needs only one of its names in the checkpoint (transformers drops
+``lm_head.weight`` when it is tied to the embedding).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ._tiermem import InvalidArgumentError, Pool, TiermemError, parse_size
+from .units import ALIGN
+
+if TYPE_CHECKING:
+    from .torch import Offload
+
+def _tiermem_torch():
+    """tiermem.torch, imported when first needed (it imports this module at its end)."""
+    from . import torch as module
+
+    return module
+
+
+_DTYPES = {
+    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
+    "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+    "F8_E4M3": getattr(torch, "float8_e4m3fn", None), "F8_E5M2": getattr(torch, "float8_e5m2", None),
+}  # fmt: skip
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+@dataclass
+class Entry:
+    """A tensor of the checkpoint: its file, dtype (None if torch has none), shape and bytes."""
+
+    name: str
+    file: Path
+    dtype: torch.dtype | None
+    dtype_name: str
+    shape: tuple[int, ...]
+
+
+class Checkpoint:
+    """The tensors of a safetensors checkpoint: a directory (``model.safetensors`` or
+    ``model.safetensors.index.json`` with its shards), an index file, or one ``.safetensors``
+    file. Opening reads only the headers and checks every file is whole."""
+
+    def __init__(self, path: str | os.PathLike, call: str = "load_checkpoint"):
+        self.call, path = call, Path(path)
+        if not path.exists():
+            raise InvalidArgumentError(f"{call}: {path} does not exist")
+        if path.is_dir():
+            self.directory = path
+            if (path / INDEX).exists():
+                path = path / INDEX
+            elif (path / SINGLE).exists():
+                path = path / SINGLE
+            else:
+                raise InvalidArgumentError(f"{call}: {self.directory} holds neither {SINGLE} nor {INDEX}")
+        else:
+            self.directory = path.parent
+        self.entries: dict[str, Entry] = {}
+        if path.name.endswith(".json"):
+            self._read_index(path)
+        else:
+            self._read_header(path, None)
+        self.files = sorted({e.file for e in self.entries.values()})
+        self.bytes = sum(f.stat().st_size for f in self.files)
+
+    def _read_index(self, index: Path) -> None:
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            assert isinstance(weight_map, dict)
+        except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+            raise InvalidArgumentError(f"{self.call}: {index} is not a safetensors index (a JSON weight_map): {e}") from None
+        shards: dict[str, list[str]] = {}
+        for name, shard in weight_map.items():
+            shards.setdefault(shard, []).append(name)
+        for shard, names in shards.items():
+            file = index.parent / shard
+            if not file.exists():
+                raise InvalidArgumentError(f"{self.call}: {file} (a shard named by {index}) does not exist")
+            self._read_header(file, names)
+
+    def _read_header(self, file: Path, expected: list[str] | None) -> None:
+        """The header of ``file`` (the safetensors format: 8 bytes of length, then JSON),
+        checked against its size and, for a shard, against the names the index gives it."""
+        try:
+            with open(file, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                if n > 1 << 30:
+                    raise ValueError(f"a header of {n} bytes")
+                header = json.loads(f.read(n))
+            size = file.stat().st_size
+        except (OSError, ValueError, struct.error) as e:
+            raise InvalidArgumentError(f"{self.call}: {file} is not a readable safetensors file: {e}") from None
+        end = 0
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype_name, shape, (start, stop) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                raise InvalidArgumentError(f"{self.call}: {file}: the header entry of {name} is malformed") from None
+            end = max(end, stop)
+            self.entries[name] = Entry(name, file, _DTYPES.get(dtype_name), dtype_name, shape)
+        if 8 + n + end > size:
+            raise InvalidArgumentError(
+                f"{self.call}: {file} is truncated: it has {size} bytes, its header describes {8 + n + end}"
+            )
+        for name in expected or ():
+            if name not in header:
+                raise InvalidArgumentError(f"{self.call}: the index puts {name} in {file}, which does not hold it")
+
+
+def match(call: str, units, checkpoint: Checkpoint, ignore: list[str] = ()) -> dict[int, Entry | None]:
+    """Which checkpoint entry fills each of the units' tensors (None: keep the model's own
+    value, for a real tensor the checkpoint lacks). Raises an error listing mismatches."""
+    sources: dict[int, Entry | None] = {}
+    used: set[str] = set()
+    errors: list[str] = []
+    for unit in units:
+        for o in unit.tensors:
+            found = [n for n in o.names if n in checkpoint.entries]
+            used.update(found)
+            if not found:
+                if o.tensor.is_meta:
+                    hint = " (a buffer on the meta device: build the model with accelerate's init_empty_weights(), which keeps buffers real)" if o.role == "buffer" else ""  # noqa: E501
+                    errors.append(f"{o.name} is missing from the checkpoint in {checkpoint.directory}{hint}")
+                else:
+                    sources[id(o)] = None
+                continue
+            e = checkpoint.entries[found[0]]
+            sources[id(o)] = e
+            if tuple(e.shape) != tuple(o.tensor.shape):
+                errors.append(f"{e.name} in {e.file} has shape {list(e.shape)}, the model's is {list(o.tensor.shape)}")
+            elif e.dtype != o.tensor.dtype and not (
+                e.dtype is not None and e.dtype.is_floating_point and o.tensor.dtype.is_floating_point
+            ):
+                errors.append(f"{e.name} in {e.file} is {e.dtype_name}, which the model's {o.tensor.dtype} does not accept")
+    for name, e in checkpoint.entries.items():
+        if name not in used and not any(re.search(p, name) for p in ignore):
+            errors.append(f"{name} in {e.file} is unexpected: the model has no tensor of that name")
+    if errors:
+        more = f"; and {len(errors) - 5} more" if len(errors) > 5 else ""
+        raise InvalidArgumentError(f"{call}: the checkpoint does not match the model: " + "; ".join(errors[:5]) + more)
+    return sources
+
+
+@dataclass
+class _Piece:
+    """Bytes ``[start, start + length)`` of one buffer, made of whole tensors or rows of one."""
+
+    buffer: object
+    start: int
+    length: int
+    parts: list  # (offset in the piece, Owned, Entry or None, first row, end row)
+
+
+def pieces(units, layouts, sources: dict[int, Entry | None], staging: int) -> list[_Piece]:
+    """Cuts the units' weights into writes of at most ``staging`` bytes: a unit's small
+    tensors share one write; a tensor larger than ``staging`` is cut at row boundaries."""
+    out: list[_Piece] = []
+    for unit, layout in zip(units, layouts):
+        buffer = unit.parts.get("weights")
+        current = None
+        for _, owned, offset in layout["weights"][0]:
+            t = owned.tensor
+            nbytes = owned.nbytes()
+            rows = t.shape[0] if t.dim() > 0 else 1
+            row_bytes = max(1, nbytes // max(rows, 1))
+            if nbytes <= staging:
+                if current is None or offset + nbytes - current.start > staging:
+                    current = _Piece(buffer, offset, 0, [])
+                    out.append(current)
+                current.parts.append((offset - current.start, owned, sources[id(owned)], 0, rows))
+                current.length = offset + nbytes - current.start
+                continue
+            current = None
+            step = max(1, staging // row_bytes)
+            for r0 in range(0, rows, step):
+                r1 = min(rows, r0 + step)
+                out.append(_Piece(buffer, offset + r0 * row_bytes, (r1 - r0) * row_bytes, [(0, owned, sources[id(owned)], r0, r1)]))
+    return out
+
+
+class _Reader:
+    """Fills staging areas from the checkpoint's files (one ``safe_open`` handle per file)."""
+
+    def __init__(self):
+        from safetensors import safe_open
+
+        self._open, self._handles = safe_open, {}
+
+    def fill(self, piece: _Piece, stage: torch.Tensor) -> None:
+        for at, owned, entry, r0, r1 in piece.parts:
+            whole = r0 == 0 and r1 == (owned.tensor.shape[0] if owned.tensor.dim() else 1)
+            if entry is None:
+                src = owned.tensor.detach().to("cpu")
+                src = src if whole else src[r0:r1]
+            else:
+                handle = self._handles.get(entry.file)
+                if handle is None:
+                    handle = self._handles[entry.file] = self._open(str(entry.file), framework="pt", device="cpu")
+                src = handle.get_tensor(entry.name) if whole else handle.get_slice(entry.name)[r0:r1]
+            if src.dtype != owned.tensor.dtype:
+                src = src.to(owned.tensor.dtype)
+            raw = src.contiguous().reshape(-1).view(torch.uint8)
+            stage[at : at + raw.numel()].copy_(raw)
+
+
+class _Progress:
+    """Bytes, GB/s and ETA on stderr, at most twice a second."""
+
+    def __init__(self, total: int, quiet: bool):
+        self.total, self.quiet, self.done, self.start, self.shown = total, quiet, 0, time.perf_counter(), 0.0
+
+    def add(self, n: int) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if not self.quiet and (now - self.shown > 0.5 or self.done == self.total):
+            self.shown = now
+            rate = self.done / max(now - self.start, 1e-9)
+            eta = (self.total - self.done) / rate if rate else 0.0
+            print(
+                f"\rtiermem: loaded {self.done / 1e9:.2f} of {self.total / 1e9:.2f} GB, {rate / 1e9:.2f} GB/s, ETA {eta:.1f} s  ",
+                end="\n" if self.done == self.total else "", file=sys.stderr, flush=True,
+            )  # fmt: skip
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def _stream_in(call: str, plan: list[_Piece], staging: int, quiet: bool) -> _Progress:
+    """Reads every piece into a staging area on a thread while the previous one is written."""
+    progress = _Progress(sum(p.length for p in plan), quiet)
+    if not plan:
+        return progress
+    size = max(p.length for p in plan)
+    pin = torch.cuda.is_available()
+    stages = [torch.empty(size, dtype=torch.uint8, pin_memory=pin) for _ in range(min(2, len(plan)))]
+    reader = _Reader()
+
+    def fill(k: int) -> None:
+        try:
+            reader.fill(plan[k], stages[k % len(stages)])
+        except TiermemError:
+            raise
+        except Exception as e:  # safetensors and OS errors: name the file
+            files = sorted({str(entry.file) for _, _, entry, _, _ in plan[k].parts if entry is not None})
+            raise InvalidArgumentError(f"{call}: reading {', '.join(files)} failed: {e}") from e
+
+    with ThreadPoolExecutor(1, thread_name_prefix="tiermem-load") as pool:
+        pending = pool.submit(fill, 0)
+        for k, piece in enumerate(plan):
+            pending.result()
+            pending = pool.submit(fill, k + 1) if k + 1 < len(plan) else None
+            piece.buffer.write(stages[k % len(stages)][: piece.length].numpy(), piece.start)
+            progress.add(piece.length)
+    return progress
+
+
+def load_checkpoint(
+    model: torch.nn.Module,
+    checkpoint: str | os.PathLike | Checkpoint,
+    pool: Pool,
+    prefetch_bytes: int | str = "1GiB",
+    quiet: bool = False,
+    staging_bytes: int | str = "256MiB",
+) -> "Offload":
+    """Reads ``checkpoint`` into tiermem buffers for ``model`` (its parameters on the ``meta``
+    device, or real ones the checkpoint overwrites) and offloads it as :func:`offload`
+    does. Returns the :class:`Offload`; its ``load_seconds`` and ``load_bytes`` say how long
+    the reading took. Errors leave the model as it was (see the module docs)."""
+    _tt = _tiermem_torch()
+    call = "load_checkpoint" if not isinstance(checkpoint, Checkpoint) else checkpoint.call
+    units, sites = _tt._prepare(call, model, pool, None, meta_ok=True)
+    if not isinstance(checkpoint, Checkpoint):
+        checkpoint = Checkpoint(checkpoint, call)
+    ignore = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
+    sources = match(call, units, checkpoint, ignore)
+    prefetch_bytes = parse_size(prefetch_bytes)
+    staging = min(parse_size(staging_bytes), max(pool.chunk_size, pool.hbm_cap // 4))
+    staging = max(ALIGN, staging // ALIGN * ALIGN)
+    layouts = [u.layout(False) for u in units]
+    _tt._allocate(pool, units, layouts)
+    try:
+        progress = _stream_in(call, pieces(units, layouts, sources, staging), staging, quiet)
+    except BaseException:
+        _tt._free_all(units)
+        raise
+    for unit, layout in zip(units, layouts):
+        for _, owned, offset in layout["weights"][0]:
+            owned.point_at(_tt._view(unit.parts["weights"], offset, owned.tensor))
+    handle = _tt._install(model, pool, prefetch_bytes, units, sites, None)
+    handle.load_seconds, handle.load_bytes = progress.seconds, progress.total
+    return handle
+
+
+def build_on_meta(directory: str | os.PathLike, model_class=None, dtype: torch.dtype | None = None, call: str = "from_pretrained"):
+    """The model a transformers checkpoint directory describes (its ``config.json``), with
+    parameters on the ``meta`` device and buffers real; nothing from the hub."""
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise InvalidArgumentError(f"{call}: no usable config.json in {directory}: {e}") from None
+    if dtype is None:
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise InvalidArgumentError(f"{call}: dtype {dtype} is not a floating-point torch.dtype the model can take")
+    cls = model_class or transformers.AutoModelForCausalLM
+    factory = getattr(cls, "from_config", None) or cls._from_config
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    kwargs = {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
+    try:
+        from accelerate import init_empty_weights
+
+        empty = init_empty_weights(include_buffers=False)
+    except ImportError:
+        empty = torch.device("meta")  # buffers on meta too: load_checkpoint names any the checkpoint lacks
+    with empty:
+        model = factory(config, **kwargs)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()  # init_empty_weights re-creates each parameter it sees assigned, untying them
+    return model.eval()
+
+
+def from_pretrained(
+    path: str | os.PathLike,
+    pool: Pool,
+    model_class=None,
+    dtype: torch.dtype | None = None,
+    prefetch_bytes: int | str = "1GiB",
+    quiet: bool = False,
+    staging_bytes: int | str = "256MiB",
+) -> "Offload":
+    """A transformers model from a local checkpoint (a directory with ``config.json`` and
+    ``model.safetensors`` or ``model.safetensors.index.json`` and its shards), built on the
+    meta device and read straight into ``pool``: see the module docs. ``model_class``: the
+    class to build (default ``AutoModelForCausalLM``); ``dtype``: the parameters' dtype
+    (default the config's). Progress goes to stderr unless ``quiet``. Returns the
+    :class:`Offload`; the model is ``.model``."""
+    _tiermem_torch()._require_gpu(pool, "from_pretrained")
+    checkpoint = Checkpoint(path, "from_pretrained")
+    model = build_on_meta(checkpoint.directory, model_class, dtype)
+    return load_checkpoint(model, checkpoint, pool, prefetch_bytes, quiet, staging_bytes)

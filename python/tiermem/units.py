@@ -1,0 +1,179 @@
+"""How :mod:`tiermem.torch` cuts a model into tiermem buffers, and which modules acquire them.
+
+A **unit** is storage: a set of tensors laid out in one tiermem buffer (``weights``), plus,
+when training, a buffer for their gradients and one for Adam's moments. A **site** is a module
+with hooks: when it runs it acquires the units it needs. Usually a module is both: its own
+tensors are its unit, and it is its own site. Two cases make them differ:
+
+* **Tied and shared tensors.** A tensor that several sites use (an input embedding tied to
+  the output head; any tensor registered in two modules) is a unit of its own, and every site
+  using it lists it: whichever runs acquires it, and the recorded schedule holds both uses,
+  so the engine keeps it or brings it back in time for each. It lives once in tiermem, has one
+  gradient and one pair of moments, and stays one tensor after :meth:`Offload.remove`.
+* **Mixture-of-experts blocks.** Which experts run depends on the tokens, so hooks on expert
+  modules would record a different schedule every pass and the engine would page ahead the
+  wrong experts. A module with a child named ``experts`` (Mixtral's, Qwen-MoE's,
+  DeepSeek's sparse blocks, whether their experts are a ``ModuleList`` or one fused module) is
+  one site for its whole subtree, router included: the block's experts move as one step, the
+  schedule is the same every pass, and streaming runs at the dense model's fraction of the
+  PCIe link. The price is moving experts that a pass does not use; at decoding batch sizes
+  nearly all of a layer's experts are hit anyway.
+
+Everything here is pure bookkeeping on module structure (no GPU needed), so it also runs on
+models whose parameters are on the ``meta`` device (:mod:`tiermem.loading`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+ALIGN = 256  # bytes; every tensor in a buffer starts at a multiple of this
+
+# Which of a unit's buffers each phase acquires, and whether it writes them.
+PHASES = {
+    "forward": (("weights", False),),
+    "backward": (("weights", False), ("grads", True)),
+    "step": (("weights", True), ("grads", True), ("state", True)),
+}
+
+
+@dataclass(eq=False)
+class Owned:
+    """One tensor (a parameter or a buffer) and every place the model holds it."""
+
+    role: str  # "param" or "buffer"
+    tensor: torch.Tensor
+    refs: list[tuple[str, torch.nn.Module, str]]  # (qualified name, module, attribute)
+
+    @property
+    def name(self) -> str:
+        return self.refs[0][0]
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _, _ in self.refs]
+
+    def nbytes(self, dtype: torch.dtype | None = None) -> int:
+        size = torch.empty((), dtype=dtype).element_size() if dtype is not None else self.tensor.element_size()
+        return self.tensor.numel() * size
+
+    def point_at(self, tensor: torch.Tensor) -> None:
+        """Makes every holder of this tensor hold ``tensor`` instead (a parameter keeps its
+        identity where it can, so optimizers and ties still see one object)."""
+        if self.role == "buffer":
+            for _, module, attr in self.refs:
+                module._buffers[attr] = tensor
+            self.tensor = tensor
+        elif self.tensor.is_meta:  # .data cannot leave the meta device: a new Parameter
+            param = torch.nn.Parameter(tensor, requires_grad=self.tensor.requires_grad)
+            for _, module, attr in self.refs:
+                module._parameters[attr] = param
+            self.tensor = param
+        else:
+            self.tensor.data = tensor
+
+
+@dataclass(eq=False)
+class Unit:
+    """Tensors in one tiermem buffer; ``parts`` maps "weights"/"grads"/"state" to buffers."""
+
+    name: str
+    tensors: list[Owned] = field(default_factory=list)
+    parts: dict = field(default_factory=dict)
+    held: list = field(default_factory=list)  # acquisitions not yet released (the step phase)
+
+    @property
+    def params(self) -> list[Owned]:
+        return [o for o in self.tensors if o.role == "param"]
+
+    def phase(self, name: str) -> list[tuple[object, bool]]:
+        return [(self.parts[part], write) for part, write in PHASES[name] if part in self.parts]
+
+    def layout(self, training: bool) -> dict[str, tuple[list, int]]:
+        """For each buffer: its ``(role, owned, offset)`` entries and its size in bytes."""
+        parts: dict[str, tuple[list, int]] = {}
+
+        def add(part, role, owned):
+            entries, offset = parts.get(part, ([], 0))
+            entries.append((role, owned, offset))
+            parts[part] = (entries, offset + -(-owned.nbytes() // ALIGN) * ALIGN)
+
+        for owned in self.tensors:
+            add("weights", owned.role, owned)
+        if training:
+            for owned in self.params:
+                if owned.tensor.requires_grad:
+                    add("grads", "grad", owned)
+                    for key in ("exp_avg", "exp_avg_sq"):
+                        add("state", key, owned)
+        return parts
+
+
+@dataclass(eq=False)
+class Site:
+    """A hooked module and the units it acquires when it runs (its own first)."""
+
+    module: torch.nn.Module
+    name: str
+    units: list[Unit] = field(default_factory=list)
+    held: list = field(default_factory=list)
+    pending_grads: int = 0
+
+    def phase(self, name: str) -> list[tuple[object, bool]]:
+        return [entry for unit in self.units for entry in unit.phase(name)]
+
+    @property
+    def grad_params(self) -> list[Owned]:
+        return [o for u in self.units for o in u.params if o.tensor.requires_grad]
+
+
+def is_group(module: torch.nn.Module) -> bool:
+    """A mixture-of-experts block: its subtree is one site (see the module docs)."""
+    return isinstance(getattr(module, "experts", None), torch.nn.Module) and "experts" in module._modules
+
+
+def plan(model: torch.nn.Module) -> tuple[list[Unit], list[Site]]:
+    """Units and sites for ``model``, in the order of ``named_modules``."""
+    root_name = type(model).__name__
+    site_of: dict[int, Site] = {}  # id(module) -> the site its tensors are acquired by
+    sites: list[Site] = []
+    owned: dict[int, Owned] = {}  # id(tensor) -> Owned
+    users: dict[int, list[Site]] = {}  # id(tensor) -> sites using it, in order
+    order: list[int] = []
+    for name, module in model.named_modules():
+        parent = site_of.get(id(module))
+        tensors = [("param", n, t) for n, t in module._parameters.items() if t is not None]
+        tensors += [("buffer", n, t) for n, t in module._buffers.items() if t is not None]
+        if parent is None and (tensors or is_group(module)):
+            parent = Site(module, name or root_name)
+            sites.append(parent)
+        if parent is not None and is_group(module):
+            for sub in module.modules():
+                site_of.setdefault(id(sub), parent)
+        for role, attr, t in tensors:
+            qualified = f"{name}.{attr}" if name else attr
+            if id(t) not in owned:
+                owned[id(t)] = Owned(role, t, [])
+                order.append(id(t))
+            owned[id(t)].refs.append((qualified, module, attr))
+            if parent not in users.setdefault(id(t), []):
+                users[id(t)].append(parent)
+    units_of: dict[int, Unit] = {}  # id(site) -> its own unit
+    units: list[Unit] = []
+    for key in order:
+        o, using = owned[key], users[key]
+        if len(using) == 1:
+            unit = units_of.get(id(using[0]))
+            if unit is None:
+                unit = units_of[id(using[0])] = Unit(using[0].name)
+                units.append(unit)
+                using[0].units.insert(0, unit)
+            unit.tensors.append(o)
+        else:
+            unit = Unit(f"shared:{o.name}", [o])
+            units.append(unit)
+            for site in using:
+                site.units.append(unit)
+    return units, [s for s in sites if s.units]
