@@ -16,7 +16,7 @@ needs_gpu = pytest.mark.skipif(not GPU, reason="needs a GPU (TIERMEM_TEST_BACKEN
 MIB = 1 << 20
 
 
-def tiny_llama(seed: int = 0, layers: int = 6, dtype=torch.bfloat16):
+def tiny_llama(seed: int = 0, layers: int = 6, dtype=torch.bfloat16, tied: bool = False, device: str = "cuda"):
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
         vocab_size=512,
@@ -26,11 +26,31 @@ def tiny_llama(seed: int = 0, layers: int = 6, dtype=torch.bfloat16):
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     torch.manual_seed(seed)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = transformers.LlamaForCausalLM(config).to(dtype)
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+    return model.eval()
+
+
+def tiny_mixtral(seed: int = 0, device: str = "cuda"):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MixtralConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.MixtralForCausalLM(config).to(torch.bfloat16)
     return model.eval()
 
 
@@ -127,10 +147,6 @@ def test_bad_models_are_refused_and_left_unchanged():
         tt.offload(strided, pool)
     with pytest.raises(tiermem.InvalidArgumentError, match="sparse"):
         _sparse_case(pool)
-    tied = tiny_llama(layers=2)
-    tied.lm_head.weight = tied.model.embed_tokens.weight
-    with pytest.raises(tiermem.InvalidArgumentError, match="tied"):
-        tt.offload(tied, pool)
     with pytest.raises(tiermem.InvalidArgumentError, match="optimizer"):
         tt.offload(model, pool, optimizer=torch.optim.SGD(model.parameters(), lr=1))
     assert {n: p.data_ptr() for n, p in model.named_parameters()} == before
@@ -159,3 +175,126 @@ def test_without_a_gpu_offload_is_a_clear_error():
     assert model.weight.data_ptr() == weight
     with pytest.raises(tiermem.InvalidArgumentError, match="tiermem.Pool"):
         tt.offload(model, "not a pool")
+
+
+def _ids(batch=2, length=32, seed=1):
+    return torch.randint(0, 512, (batch, length), device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+
+
+def _same_outputs(reference, offloaded, passes=3):
+    """Logits of several passes (the first records the schedule) and greedy tokens equal."""
+    ids = _ids()
+    with torch.no_grad():
+        expected = reference(ids).logits
+        for _ in range(passes):
+            assert torch.equal(offloaded(ids).logits, expected)
+        tokens = offloaded.generate(ids, max_new_tokens=8, do_sample=False)
+        assert torch.equal(tokens, reference.generate(ids, max_new_tokens=8, do_sample=False))
+    return expected
+
+
+@needs_gpu
+def test_tied_weights_live_once_are_acquired_by_both_users_and_stay_tied_after_remove():
+    reference, model = tiny_llama(tied=True), tiny_llama(tied=True)
+    pool = tiermem.Pool(backend="cuda", hbm_limit=12 * MIB, host_limit="1GiB")
+    handle = tt.offload(model, pool, prefetch_bytes=4 * MIB)
+    assert handle.bytes > 2 * pool.hbm_cap
+    shared = [u for u in handle.units if u.name.startswith("shared:")]
+    assert [u.tensors[0].names for u in shared] == [["model.embed_tokens.weight", "lm_head.weight"]]
+    users = [s.name for s in handle.sites if shared[0] in s.units]
+    assert users == ["model.embed_tokens", "lm_head"]
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    expected = _same_outputs(reference, model)
+    steps = [key.name for key, phase in handle._steps]
+    assert "model.embed_tokens" in steps and "lm_head" in steps, "the schedule knows both uses"
+    handle.remove(device="cuda")
+    assert model.lm_head.weight is model.model.embed_tokens.weight, "remove() keeps the tie"
+    with torch.no_grad():
+        assert torch.equal(model(_ids()).logits, expected)
+
+
+@needs_gpu
+def test_training_a_tied_model_keeps_one_gradient_and_one_pair_of_moments_per_tensor():
+    def train(offload):
+        model = tiny_llama(dtype=torch.float32, layers=2, tied=True).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        handle = None
+        if offload:
+            pool = tiermem.Pool(backend="cuda", hbm_limit=24 * MIB, host_limit="1GiB")
+            handle = tt.offload(model, pool, prefetch_bytes=4 * MIB, optimizer=opt)
+        ids = torch.randint(0, 512, (4, 64), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+        losses = []
+        for _ in range(4):
+            with tt.offload_activations(pool) if offload else torch.enable_grad():
+                loss = model(ids, labels=ids).loss
+            loss.backward()
+            if offload:
+                handle.step()
+            else:
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+            losses.append(loss.item())
+        assert len(opt.state) == len(list(model.parameters())), "one state per distinct tensor"
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        return losses
+
+    expected, got = train(False), train(True)
+    assert got == pytest.approx(expected, rel=1e-2), (got, expected)
+
+
+@needs_gpu
+def test_a_mixture_of_experts_model_is_bitwise_the_resident_one_with_the_same_schedule_every_pass():
+    reference, model = tiny_mixtral(), tiny_mixtral()
+    pool = tiermem.Pool(backend="cuda", hbm_limit=16 * MIB, host_limit="1GiB")
+    handle = tt.offload(model, pool, prefetch_bytes=4 * MIB)
+    assert handle.bytes > 1.5 * pool.hbm_cap
+    moe = [s for s in handle.sites if s.name.endswith(".mlp") or s.name.endswith("block_sparse_moe")]
+    assert len(moe) == 4, [s.name for s in handle.sites]
+    assert not any("experts." in s.name for s in handle.sites), "no hooks on single experts"
+    _same_outputs(reference, model)
+    length = handle.schedule_length
+    with torch.no_grad():
+        model(_ids(seed=5))
+        model(_ids(seed=6))
+    assert handle.schedule_length == length
+
+
+@needs_gpu
+def test_sleep_gives_hbm_back_and_wake_brings_the_model_back_bitwise():
+    reference, model = tiny_llama(), tiny_llama()
+    pool = tiermem.Pool(backend="cuda", hbm_limit=64 * MIB, host_limit="1GiB")
+    handle = tt.offload(model, pool, prefetch_bytes=4 * MIB)
+    expected = _same_outputs(reference, model, passes=2)
+    given_back = handle.sleep()
+    assert given_back > 0
+    assert all(b["in_hbm"] == 0 for b in pool.stats()["buffers"])
+    assert pool.stats()["hbm"]["used_bytes"] == 0
+    waking = handle.wake(block=False)
+    waking.wait()
+    assert waking.done() and waking.bytes >= min(handle.bytes, pool.hbm_cap) // 2
+    assert sum(b["in_hbm"] for b in pool.stats()["buffers"]) > 0
+    with torch.no_grad():
+        assert torch.equal(model(_ids()).logits, expected)
+    handle.sleep(release_hbm=False)
+    handle.wake()
+    with torch.no_grad():
+        assert torch.equal(model(_ids()).logits, expected)
+    pool.close()
+    with pytest.raises(tiermem.BufferStateError, match="Offload.wake: the model's Pool is closed"):
+        handle.wake()
+    with pytest.raises(tiermem.BufferStateError, match="Offload.sleep: the model's Pool is closed"):
+        handle.sleep()
+
+
+def test_units_share_tied_tensors_and_group_experts_without_a_gpu():
+    from tiermem.units import plan
+
+    model = tiny_llama(layers=1, tied=True, device="cpu")
+    units, sites = plan(model)
+    shared = [u for u in units if len([s for s in sites if u in s.units]) > 1]
+    assert [u.name for u in shared] == ["shared:model.embed_tokens.weight"]
+    distinct = {id(t) for t in list(model.parameters()) + list(model.buffers())}
+    assert sorted(id(o.tensor) for u in units for o in u.tensors) == sorted(distinct), "every tensor once"
+    units, sites = plan(tiny_mixtral(device="cpu"))
+    moe = [s for s in sites if any("experts" in n for u in s.units for o in u.tensors for n in o.names)]
+    assert len(moe) == 4 and all(len(s.units) == 1 for s in moe)
