@@ -1,10 +1,12 @@
-"""The PyTorch benchmark (issue 3): a Llama-style decoder with random bf16 weights at least
-twice the HBM cap, run (a) fully resident, (b) with accelerate's cpu_offload — the competitor,
-(c) with tiermem.torch.offload; (d) the PCIe bound is the bytes that must cross per pass over
-the raw pinned host-to-device bandwidth measured in this run. Then a training run whose
-parameters, gradients and AdamW state are at least 1.5x the cap.
+"""The PyTorch benchmark (issues 3 and 15): a Llama-style decoder with random bf16 weights at
+least twice the HBM cap, run (a) fully resident, (b) with accelerate's cpu_offload — the
+competitor, (c) with tiermem.torch.offload; (d) the PCIe bound is the bytes that must cross per
+pass over the raw pinned host-to-device bandwidth measured in this run. Then a training run
+whose parameters, gradients and AdamW state are at least 1.5x the cap; a Mixtral-style model
+at least 1.5x its cap; and a tied-embedding Llama larger than its cap, saved, loaded by
+tiermem.torch.from_pretrained (against the disk's read speed), decoded, put to sleep and woken.
 
-Usage: python bench/torch_bench.py --json DIR [--commit SHA] [--small]
+Usage: python bench/torch_bench.py --json DIR [--commit SHA] [--small] [--scratch DIR]
 Writes DIR/torch-<yyyymmdd>-<commit>.json (keys: suite, commit, date, device, metrics,
 ratios, verified) and prints a summary. --small runs a model of a few hundred MiB (a smoke
 test of the script, not a measurement).
@@ -13,11 +15,16 @@ test of the script, not a measurement).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import gc
 import json
+import mmap
+import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +33,7 @@ import transformers
 
 import tiermem
 import tiermem.torch as tt
+from tiermem.loading import dtype_kwargs
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -274,6 +282,175 @@ def training(args, results):
     log(f"training: {step:.2f} s/step (resident {ref_step:.2f}), losses {losses} vs {ref_losses}")
 
 
+def drop_page_cache(paths) -> None:
+    """Asks the kernel to drop the files' pages (written back first): no root needed."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def cached_fraction(paths) -> float:
+    """The fraction of the files' pages in the page cache (mincore), to report honestly
+    whether the disk or the cache was measured."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    page, resident, total = os.sysconf("SC_PAGE_SIZE"), 0, 0
+    for path in paths:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as m:
+            pages = -(-size // page)
+            vec = (ctypes.c_ubyte * pages)()
+            addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+            if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
+                return float("nan")
+            resident += sum(v & 1 for v in vec)
+            total += pages
+    return resident / max(total, 1)
+
+
+def disk_read_GBps(paths, block=16 * MiB) -> float:
+    """Sequential buffered reads of the files, as a plain program reads them."""
+    buf = memoryview(bytearray(block))
+    total, t0 = 0, time.perf_counter()
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                total += n
+    return total / (time.perf_counter() - t0) / 1e9
+
+
+def largest_step(handle) -> int:
+    return max(b.size for u in handle.units for b in [u.parts["weights"]])
+
+
+def decode_vs_bound(metrics, key, model, prompt, steps, size, cap):
+    """Warm decode, then measured: (tokens, logits, tok/s, ratio to the PCIe bound)."""
+    decode(model, prompt, 2)
+    tokens, logits, step_s = decode(model, prompt, steps)
+    batch = prompt.shape[0]
+    bound = batch / ((size - cap) / (metrics["raw_h2d_GBps"] * 1e9))
+    metrics[f"{key}_decode_tok_s"], metrics[f"{key}_pcie_bound_decode_tok_s"] = batch / step_s, bound
+    return tokens, logits, batch / step_s / bound
+
+
+def tied_loading_and_sleep(args, results):
+    """A tied-embedding Llama (Llama-3.2's vocabulary) larger than the cap: saved with
+    save_pretrained; the disk's read speed measured on its file with the page cache dropped;
+    loaded by from_pretrained (load_vs_disk); decoded under the cap (tied_vs_pcie_bound); put
+    to sleep and woken (wake_vs_pcie); then compared with transformers' own loading of the
+    same checkpoint, fully resident (tied_identical, loaded_identical)."""
+    metrics, ratios, checks = results["metrics"], results["ratios"], results["checks"]
+    config = llama_config(*((512, 1408, 4, 8, 2) if args.small else (3072, 8192, 12, 24, 8)))
+    config.vocab_size, config.tie_word_embeddings = (32000 if args.small else 128256), True
+    cap = 48 * MiB if args.small else int(1.5 * GiB)
+    steps, gen = 8, torch.Generator("cuda").manual_seed(17)
+    prompt = torch.randint(0, config.vocab_size, (16, 32), device="cuda", generator=gen)
+    directory = Path(tempfile.mkdtemp(prefix="tiermem-bench-", dir=args.scratch))
+    try:
+        model = llama(config, 3, torch.bfloat16)
+        size = nbytes(model)
+        model.save_pretrained(directory)
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+        files = sorted(str(f) for f in directory.glob("*.safetensors"))
+        checkpoint_bytes = sum(os.path.getsize(f) for f in files)
+        drop_page_cache(files)
+        metrics["disk_page_cache_fraction"] = cached_fraction(files)
+        metrics["disk_read_GBps"] = disk_read_GBps(files)
+        drop_page_cache(files)
+        metrics["load_page_cache_fraction"] = cached_fraction(files)
+        pool = tiermem.Pool(hbm_limit=cap)
+        t0 = time.perf_counter()
+        handle = tt.from_pretrained(directory, pool, dtype=torch.bfloat16, prefetch_bytes=args.prefetch[0])
+        load_s = time.perf_counter() - t0
+        metrics["load_GBps"] = checkpoint_bytes / load_s / 1e9
+        metrics["load_seconds"], metrics["checkpoint_bytes"] = load_s, checkpoint_bytes
+        ratios["load_vs_disk"] = metrics["load_GBps"] / metrics["disk_read_GBps"]
+        log(f"load: {metrics['load_GBps']:.2f} GB/s, disk {metrics['disk_read_GBps']:.2f} GB/s "
+            f"(page cache {metrics['disk_page_cache_fraction']:.2f} / {metrics['load_page_cache_fraction']:.2f} before each)")
+        model = handle.model
+        handle.prefetch_bytes = max(args.prefetch[0], largest_step(handle))
+        metrics["tied_model_bytes"], metrics["tied_hbm_cap_bytes"], metrics["tied_prefetch_bytes"] = size, cap, handle.prefetch_bytes
+        with torch.no_grad():
+            loaded_logits = model(input_ids=prompt).logits.float()
+        tokens, logits, ratios["tied_vs_pcie_bound"] = decode_vs_bound(metrics, "tied", model, prompt, steps, size, cap)
+        log(f"tied: {metrics['tied_decode_tok_s']:.1f} tok/s = {ratios['tied_vs_pcie_bound']:.2f} of the PCIe bound")
+
+        # Sleep and wake: released HBM (the default), then kept HBM; the model must not change.
+        wakes, kept = [], []
+        for release in (True, True, True, False, False, False):
+            handle.sleep(release_hbm=release)
+            t0 = time.perf_counter()
+            waking = handle.wake()
+            (wakes if release else kept).append(waking.bytes / (time.perf_counter() - t0) / 1e9)
+        handle.sleep()
+        t0 = time.perf_counter()
+        waking = handle.wake(block=False)
+        metrics["wake_nonblocking_return_ms"] = (time.perf_counter() - t0) * 1e3
+        waking.wait()
+        metrics["wake_GBps"], metrics["wake_kept_hbm_GBps"] = statistics.median(wakes), statistics.median(kept)
+        metrics["wake_bytes"] = waking.bytes
+        ratios["wake_vs_pcie"] = metrics["wake_GBps"] / metrics["raw_h2d_GBps"]
+        log(f"wake: {metrics['wake_GBps']:.1f} GB/s ({metrics['wake_kept_hbm_GBps']:.1f} with HBM kept) of {waking.bytes / GiB:.2f} GiB")
+        woken_tokens, woken_logits, _ = decode(model, prompt, steps)
+        checks["sleep_wake_identical"] = torch.equal(woken_tokens, tokens) and torch.equal(woken_logits, logits)
+        del model, handle, pool, waking
+        gc.collect()
+        torch.cuda.empty_cache()
+
+        reference = transformers.AutoModelForCausalLM.from_pretrained(directory, **dtype_kwargs(torch.bfloat16)).cuda().eval()
+        with torch.no_grad():
+            checks["loaded_identical"] = torch.equal(reference(input_ids=prompt).logits.float(), loaded_logits)
+        ref_tokens, ref_logits, _ = decode(reference, prompt, steps)
+        checks["tied_identical"] = torch.equal(ref_tokens, tokens) and torch.equal(ref_logits, logits)
+        del reference
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def mixture_of_experts(args, results):
+    """A Mixtral-style model (8 experts, 2 per token) at least 1.5x the cap: resident, then
+    offloaded (each sparse block one step: tiermem.units), decoded at batch 16."""
+    metrics, ratios, checks = results["metrics"], results["ratios"], results["checks"]
+    hidden, mlp, layers, heads, kv = (512, 1024, 4, 8, 2) if args.small else (2048, 2816, 12, 16, 4)
+    config = transformers.MixtralConfig(
+        vocab_size=32000, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv, num_local_experts=8, num_experts_per_tok=2,
+        max_position_embeddings=4096,
+    )  # fmt: skip
+    cap = 64 * MiB if args.small else 2 * GiB
+    torch.manual_seed(4)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = transformers.MixtralForCausalLM(config).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    size = nbytes(model)
+    gen = torch.Generator("cuda").manual_seed(23)
+    prompt = torch.randint(0, config.vocab_size, (16, 32), device="cuda", generator=gen)
+    decode(model, prompt, 2)
+    ref_tokens, ref_logits, _ = decode(model, prompt, 8)
+    pool = tiermem.Pool(hbm_limit=cap)
+    handle = tt.offload(model, pool, prefetch_bytes=args.prefetch[0])
+    handle.prefetch_bytes = max(args.prefetch[0], largest_step(handle))
+    torch.cuda.empty_cache()
+    metrics["moe_model_bytes"], metrics["moe_hbm_cap_bytes"], metrics["moe_prefetch_bytes"] = size, cap, handle.prefetch_bytes
+    tokens, logits, ratios["moe_vs_pcie_bound"] = decode_vs_bound(metrics, "moe", model, prompt, 8, size, cap)
+    checks["moe_identical"] = torch.equal(tokens, ref_tokens) and torch.equal(logits, ref_logits)
+    log(f"MoE ({size / GiB:.2f} GiB, cap {cap / GiB:.2f}): {metrics['moe_decode_tok_s']:.1f} tok/s = {ratios['moe_vs_pcie_bound']:.2f} of the PCIe bound")
+    del model, handle, pool
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, required=True)
@@ -281,6 +458,7 @@ def main():
     parser.add_argument("--prefetch", type=lambda v: [int(x) << 20 for x in v.split(",")], default=[256 << 20, 512 << 20, 1024 << 20],
                         help="prefetch windows to try for decoding, in MiB, comma-separated; the first is the headline")
     parser.add_argument("--small", action="store_true")
+    parser.add_argument("--scratch", type=Path, default=None, help="where the checkpoint is saved and read back (a real disk)")
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
     results = {
@@ -296,6 +474,8 @@ def main():
     try:
         inference(args, results)
         training(args, results)
+        mixture_of_experts(args, results)
+        tied_loading_and_sleep(args, results)
     finally:
         results["verified"] = bool(results["checks"]) and all(results["checks"].values())
         args.json.mkdir(parents=True, exist_ok=True)

@@ -167,7 +167,7 @@ def test_staged_reads_put_every_byte_of_the_checkpoint_in_the_buffers(tmp_path):
 @needs_gpu
 def test_from_pretrained_gives_the_logits_of_transformers_loading_under_a_small_cap(tmp_path):
     path = saved(tmp_path / "m", shard="1MB", layers=6)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, **loading.dtype_kwargs(torch.bfloat16)).cuda().eval()
     pool = tiermem.Pool(backend="cuda", hbm_limit=12 * MIB, host_limit="1GiB")
     handle = tt.from_pretrained(path, pool, quiet=True, staging_bytes=1 * MIB)
     model = handle.model

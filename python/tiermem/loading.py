@@ -333,6 +333,14 @@ def load_checkpoint(
     return handle
 
 
+def dtype_kwargs(dtype: torch.dtype) -> dict:
+    """transformers' keyword for a model's dtype: ``dtype`` since 4.56, ``torch_dtype`` before."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
+
+
 def build_on_meta(directory: str | os.PathLike, model_class=None, dtype: torch.dtype | None = None, call: str = "from_pretrained"):
     """The model a transformers checkpoint directory describes (its ``config.json``), with
     parameters on the ``meta`` device and buffers real; nothing from the hub."""
@@ -349,8 +357,7 @@ def build_on_meta(directory: str | os.PathLike, model_class=None, dtype: torch.d
         raise InvalidArgumentError(f"{call}: dtype {dtype} is not a floating-point torch.dtype the model can take")
     cls = model_class or transformers.AutoModelForCausalLM
     factory = getattr(cls, "from_config", None) or cls._from_config
-    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-    kwargs = {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
+    kwargs = dtype_kwargs(dtype)
     try:
         from accelerate import init_empty_weights
 

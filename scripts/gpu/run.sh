@@ -41,7 +41,7 @@ fi
 want soak && { step "tiermem soak"; TIERMEM_COMMIT=$commit run "$dist/tiermem" soak --seconds "${SOAK_SECONDS:-300}" --threads "${SOAK_THREADS:-8}" --file "$scratch/soak-file" --json "$out/results"; }
 want engine && { step "tiermem bench engine"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench engine --json "$out/results"; }
 want nvme && { step "tiermem bench nvme"; df -T "$scratch" | tail -1; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench nvme --json "$out/results" --dir "$scratch" --reps 5; }
-want torch-small && { step "torch benchmark (small)"; run python3 bench/torch_bench.py --json "$out/results" --commit "$commit" --small; }
-want torch && { step "torch benchmark"; run python3 bench/torch_bench.py --json "$out/results" --commit "$commit"; }
+want torch-small && { step "torch benchmark (small)"; run python3 bench/torch_bench.py --json "$out/results" --commit "$commit" --small --scratch "$scratch"; }
+want torch && { step "torch benchmark"; run python3 bench/torch_bench.py --json "$out/results" --commit "$commit" --scratch "$scratch"; }
 step "done: status $status"
 exit $status
