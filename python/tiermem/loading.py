@@ -73,6 +73,8 @@ class Entry:
     dtype: torch.dtype | None
     dtype_name: str
     shape: tuple[int, ...]
+    start: int  # where its bytes begin in the file
+    stop: int
 
 
 class Checkpoint:
@@ -138,7 +140,7 @@ class Checkpoint:
             except (KeyError, TypeError, ValueError):
                 raise InvalidArgumentError(f"{self.call}: {file}: the header entry of {name} is malformed") from None
             end = max(end, stop)
-            self.entries[name] = Entry(name, file, _DTYPES.get(dtype_name), dtype_name, shape)
+            self.entries[name] = Entry(name, file, _DTYPES.get(dtype_name), dtype_name, shape, 8 + n + start, 8 + n + stop)
         if 8 + n + end > size:
             raise InvalidArgumentError(
                 f"{self.call}: {file} is truncated: it has {size} bytes, its header describes {8 + n + end}"
@@ -225,7 +227,25 @@ class _Reader:
     def __init__(self):
         from safetensors import safe_open
 
-        self._open, self._handles = safe_open, {}
+        self._open, self._handles, self._fds = safe_open, {}, {}
+
+    def advise(self, piece: _Piece) -> None:
+        """Starts the kernel reading ``piece``'s bytes (it is read next), so the disk stays busy."""
+        for _, owned, entry, r0, r1 in piece.parts:
+            if entry is None or not hasattr(os, "posix_fadvise"):
+                continue
+            fd = self._fds.get(entry.file)
+            if fd is None:
+                fd = self._fds[entry.file] = os.open(entry.file, os.O_RDONLY)
+            rows = entry.shape[0] if entry.shape else 1
+            row = (entry.stop - entry.start) // max(rows, 1)
+            os.posix_fadvise(fd, entry.start + r0 * row, (r1 - r0) * row, os.POSIX_FADV_WILLNEED)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._handles.clear()
 
     def fill(self, piece: _Piece, stage: torch.Tensor) -> None:
         for at, owned, entry, r0, r1 in piece.parts:
@@ -279,6 +299,8 @@ def _stream_in(call: str, plan: list[_Piece], staging: int, quiet: bool) -> _Pro
 
     def fill(k: int) -> None:
         try:
+            if k + 1 < len(plan):
+                reader.advise(plan[k + 1])
             reader.fill(plan[k], stages[k % len(stages)])
         except TiermemError:
             raise
@@ -286,13 +308,16 @@ def _stream_in(call: str, plan: list[_Piece], staging: int, quiet: bool) -> _Pro
             files = sorted({str(entry.file) for _, _, entry, _, _ in plan[k].parts if entry is not None})
             raise InvalidArgumentError(f"{call}: reading {', '.join(files)} failed: {e}") from e
 
-    with ThreadPoolExecutor(1, thread_name_prefix="tiermem-load") as pool:
-        pending = pool.submit(fill, 0)
-        for k, piece in enumerate(plan):
-            pending.result()
-            pending = pool.submit(fill, k + 1) if k + 1 < len(plan) else None
-            piece.buffer.write(stages[k % len(stages)][: piece.length].numpy(), piece.start)
-            progress.add(piece.length)
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="tiermem-load") as pool:
+            pending = pool.submit(fill, 0)
+            for k, piece in enumerate(plan):
+                pending.result()
+                pending = pool.submit(fill, k + 1) if k + 1 < len(plan) else None
+                piece.buffer.write(stages[k % len(stages)][: piece.length].numpy(), piece.start)
+                progress.add(piece.length)
+    finally:
+        reader.close()
     return progress
 
 
