@@ -268,7 +268,8 @@ class _Progress:
     """Bytes, GB/s and ETA on stderr, at most twice a second."""
 
     def __init__(self, total: int, quiet: bool):
-        self.total, self.quiet, self.done, self.start, self.shown = total, quiet, 0, time.perf_counter(), 0.0
+        self.total, self.quiet, self.done, self.start = total, quiet, 0, time.perf_counter()
+        self.shown = self.start
 
     def add(self, n: int) -> None:
         self.done += n

@@ -1,0 +1,175 @@
+"""tiermem.torch's own logic on the CPU, with a stand-in Pool whose buffers are CPU tensors:
+tied weights, mixture-of-experts blocks, generate, training with AdamW, sleep/wake, remove and
+from_pretrained give exactly the resident model's outputs, and every acquire is released.
+(The engine itself is not exercised here: test_torch.py does that on a GPU.)"""
+
+import itertools
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="tiermem.torch needs PyTorch")
+transformers = pytest.importorskip("transformers", reason="these tests build transformers models")
+import tiermem.torch as tt  # noqa: E402
+from tiermem import loading  # noqa: E402
+
+class FakeBuffer:
+    """A tiermem Buffer stand-in: bytes in a CPU tensor, exported through DLPack."""
+
+    ids = itertools.count(1)
+
+    def __init__(self, size, name):
+        self.t = torch.zeros(max(size, 1), dtype=torch.uint8)
+        self.size, self.name, self.id, self.ptr = size, name, next(self.ids), self.t.data_ptr()
+
+    def __dlpack__(self, **kwargs):
+        return self.t.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+    def write(self, data, offset=0):
+        a = torch.frombuffer(bytearray(memoryview(data)), dtype=torch.uint8)
+        self.t[offset : offset + len(a)] = a
+
+    def free(self):
+        pass
+
+
+class FakePool:
+    """A Pool stand-in that counts acquisitions (each must be released) and moves nothing."""
+
+    chunk_size, hbm_cap, closed, backend = 2 << 20, 64 << 20, False, "cuda"
+
+    def __init__(self):
+        self.acq = {}
+
+    def alloc(self, size, name=None):
+        return FakeBuffer(size, name)
+
+    def acquire(self, buffer, stream=0, write=False):
+        self.acq[buffer.id] = self.acq.get(buffer.id, 0) + 1
+
+    def release(self, buffers, stream=0):
+        for b in buffers if isinstance(buffers, list) else [buffers]:
+            assert self.acq.get(b.id, 0) > 0, "release of a buffer not acquired"
+            self.acq[b.id] -= 1
+
+    def acquired(self, buffers, stream=0, write=False):
+        pool = self
+
+        class Acquisition:
+            def __enter__(self):
+                for b in buffers if isinstance(buffers, list) else [buffers]:
+                    pool.acquire(b)
+
+            def __exit__(self, *exc):
+                pool.release(buffers)
+
+        return Acquisition()
+
+    def set_schedule(self, steps):
+        pass
+
+    def clear_schedule(self):
+        pass
+
+    def advance(self, step, budget):
+        return 0
+
+    def page_out_start(self, buffer):
+        return 1
+
+    def page_in_start(self, buffer):
+        return 2
+
+    def finish(self, ticket):
+        pass
+
+    def release_idle_hbm(self):
+        return 123
+
+    def stats(self):
+        return {"hbm": {"capacity_bytes": self.hbm_cap, "used_bytes": 0}, "chunk_size": self.chunk_size, "buffers": []}
+
+    def prefetch(self, buffers):
+        pass
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    monkeypatch.setattr(tt, "_require_gpu", lambda pool, call: torch.device("cpu"))
+    monkeypatch.setattr(tt, "_stream", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(synchronize=lambda: None, cuda_stream=0))
+
+
+def llama(tied, layers=2, dtype=torch.float32, seed=0):
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=tied)
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(cfg).to(dtype).eval()
+
+
+def mixtral():
+    cfg = transformers.MixtralConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    return transformers.MixtralForCausalLM(cfg).eval()
+
+
+IDS = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("make", [lambda: llama(True), lambda: llama(False), mixtral], ids=["tied", "untied", "moe"])
+def test_inference_sleep_wake_and_remove_give_the_resident_outputs(cpu, make):
+    ref, m = make(), make()
+    pool = FakePool()
+    h = tt.offload(m, pool, prefetch_bytes=1 << 20)
+    tied = m.lm_head.weight is m.model.embed_tokens.weight
+    with torch.no_grad():
+        e = ref(IDS).logits
+        for _ in range(3):
+            assert torch.equal(m(IDS).logits, e)
+        kw = dict(max_new_tokens=4, do_sample=False)
+        assert torch.equal(m.generate(IDS, **kw), ref.generate(IDS, **kw))
+    assert all(v == 0 for v in pool.acq.values()), pool.acq
+    assert h.sleep() == 123
+    w = h.wake(block=False)
+    w.wait()
+    assert w.done()
+    h.remove()
+    assert (m.lm_head.weight is m.model.embed_tokens.weight) == tied
+    with torch.no_grad():
+        assert torch.equal(m(IDS).logits, e)
+
+
+def test_training_a_tied_model_with_adamw_gives_the_same_losses(cpu):
+    def train(offload):
+        m = llama(True).train()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        pool = FakePool()
+        h = tt.offload(m, pool, optimizer=opt) if offload else None
+        losses = []
+        for _ in range(3):
+            loss = m(IDS, labels=IDS).loss
+            loss.backward()
+            if offload:
+                assert all(v == 0 for v in pool.acq.values()), pool.acq
+                h.step()
+            else:
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+            losses.append(loss.item())
+        assert len(opt.state) == len(list(m.parameters()))
+        return losses
+
+    assert train(True) == train(False)
+
+
+def test_from_pretrained_gives_the_logits_of_transformers_loading(cpu, tmp_path):
+    llama(True, dtype=torch.bfloat16).save_pretrained(tmp_path, max_shard_size="100KB")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, **loading.dtype_kwargs(torch.bfloat16)).eval()
+    h = tt.from_pretrained(tmp_path, FakePool(), quiet=True, staging_bytes=64 << 10)
+    assert h.model.lm_head.weight is h.model.model.embed_tokens.weight
+    with torch.no_grad():
+        assert torch.equal(h.model(IDS).logits, ref(IDS).logits)
