@@ -227,3 +227,15 @@ def test_a_closed_pool_refuses_every_call_with_its_name(pool):
     ]:
         with pytest.raises(tiermem.BufferStateError, match=f"{name}: the Pool is closed"):
             call()
+
+
+def test_write_takes_any_contiguous_byte_buffer_in_place(pool):
+    buf = pool.alloc(CHUNK)
+    data = pattern(30, 4096)
+    buf.write(bytearray(data))
+    buf.write(memoryview(data)[1024:2048], 1024)
+    np = pytest.importorskip("numpy")
+    buf.write(np.frombuffer(data, dtype=np.uint8)[2048:], 2048)
+    assert buf.read(4096) == data
+    with pytest.raises(tiermem.InvalidArgumentError, match="C-contiguous"):
+        buf.write(memoryview(data)[::2])
