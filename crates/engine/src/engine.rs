@@ -271,7 +271,8 @@ impl Engine {
             .collect();
         for (r, va) in stale {
             inner.device.unmap(va, g).during("release_idle_hbm")?;
-            inner.chunk_mut(r).alias = None;
+            let chunk = inner.chunk_mut(r);
+            (chunk.alias, chunk.alias_lacks_access) = (None, false);
         }
         let Inner { pool, device, .. } = &mut *inner;
         Ok(pool.release_idle(device.as_ref()).during("release_idle_hbm")? * g)
