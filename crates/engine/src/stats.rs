@@ -1,3 +1,7 @@
+//! The engine's statistics: tiers, transfer counters and per-buffer residency, as a snapshot
+//! ([`Stats`]) that prints as a table and serializes with serde (front ends turn it into a
+//! Python dict or JSON without copying it field by field).
+
 use crate::chunk::ChunkState;
 use crate::config::format_size;
 use crate::engine::Inner;
@@ -5,7 +9,7 @@ use crate::BufferId;
 use tiermem_policy::PolicyKind;
 
 /// Transfer counters since the engine started (chunks, except where a name says bytes).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Counters {
     /// Chunks copied host → HBM (demand, prefetch and page_in).
     pub page_ins: u64,
@@ -39,7 +43,7 @@ pub struct Counters {
 }
 
 /// One tier's use.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct TierStats {
     pub capacity_bytes: usize,
     pub used_bytes: usize,
@@ -47,8 +51,10 @@ pub struct TierStats {
 }
 
 /// Where one buffer's chunks are.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct BufferStats {
+    /// Serialized as the bare number.
+    #[serde(serialize_with = "buffer_number")]
     pub id: BufferId,
     pub name: Option<String>,
     pub size: usize,
@@ -64,8 +70,10 @@ pub struct BufferStats {
 }
 
 /// A snapshot of the engine. May miss transfers completed since the last engine call.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Stats {
+    /// Serialized as its name ("lru", …).
+    #[serde(serialize_with = "as_text")]
     pub policy: PolicyKind,
     pub chunk_size: usize,
     pub hbm: TierStats,
@@ -78,6 +86,14 @@ pub struct Stats {
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub buffers: Vec<BufferStats>,
+}
+
+fn buffer_number<S: serde::Serializer>(id: &BufferId, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_u64(id.0)
+}
+
+fn as_text<S: serde::Serializer>(value: &impl std::fmt::Display, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(value)
 }
 
 impl Inner {
