@@ -239,3 +239,56 @@ def test_write_takes_any_contiguous_byte_buffer_in_place(pool):
     assert buf.read(4096) == data
     with pytest.raises(tiermem.InvalidArgumentError, match="C-contiguous"):
         buf.write(memoryview(data)[::2])
+
+
+def test_start_calls_run_on_several_threads_at_once(tmp_path):
+    """page_in_start, page_out_start and page_out_to_file_start release the GIL like the other
+    calls; from four threads at once, over every tier, no byte is lost."""
+    import threading
+
+    pool = tiermem.Pool(backend="sim", hbm_limit=4 * CHUNK, host_limit=4 * CHUNK,
+                        file=str(tmp_path / "tier"), file_limit="64MiB")
+    buffers = [pool.alloc(CHUNK, name=f"t{i}") for i in range(4)]
+    data = [os.urandom(CHUNK) for _ in buffers]
+    for buf, d in zip(buffers, data):
+        buf.write(d)
+    start = threading.Barrier(len(buffers))
+    failures = []
+
+    def cycle(buf):
+        try:
+            start.wait()
+            for _ in range(10):
+                pool.finish(pool.page_in_start(buf))
+                pool.finish(pool.page_out_start(buf))
+                pool.finish(pool.page_out_to_file_start(buf))
+        except Exception as e:  # reported below, with the thread's buffer
+            failures.append((buf, e))
+
+    threads = [threading.Thread(target=cycle, args=(buf,)) for buf in buffers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a *_start call never returned"
+    assert failures == []
+    for buf, d in zip(buffers, data):
+        assert buf.read() == d
+    assert pool.stats()["transfers"]["file_writes"] >= len(buffers)
+
+
+def test_stats_keep_the_keys_front_ends_read(pool):
+    kept = pool.alloc(CHUNK, name="k")
+    kept.write(b"k")
+    stats = pool.stats()
+    assert set(stats) == {"policy", "chunk_size", "hbm", "host", "file", "host_pinned_bytes", "transfers", "buffers"}
+    assert stats["policy"] == "lru" and stats["file"] is None
+    assert set(stats["hbm"]) == {"capacity_bytes", "used_bytes", "chunks"}
+    assert set(stats["transfers"]) == {
+        "page_ins", "page_outs", "zero_fills", "clean_drops", "evictions", "prefetched", "file_writes",
+        "file_reads", "maps", "bytes_in", "bytes_out", "stall_ms", "map_ms", "unmap_ms", "evict_wait_ms"}
+    [buf] = stats["buffers"]
+    assert set(buf) == {"id", "name", "size", "priority", "read_only", "chunks", "in_hbm", "in_host", "in_file",
+                        "empty", "moving", "acquired"}
+    assert isinstance(buf["id"], int) and buf["name"] == "k" and buf["size"] == CHUNK
+    assert isinstance(stats["transfers"]["stall_ms"], float)

@@ -1,12 +1,13 @@
+//! `tiermem.Pool`: one engine, its configuration from keyword arguments over the `TIERMEM_*`
+//! variables, and its calls. Every call that can block (on the device, the file tier or the
+//! engine lock) runs with the GIL released, so other Python threads go on meanwhile.
+
 use crate::buffer::Buffer;
 use crate::errors::{to_py, BufferStateError, InvalidArgumentError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tiermem::{
-    parse_size, Access, AllocOptions, Engine, EngineConfig, Region, StreamHandle, Target, Ticket, TierStats,
-};
+use tiermem::{parse_size, Access, AllocOptions, Engine, EngineConfig, Region, StreamHandle, Target, Ticket};
 
 /// A tiermem engine on one GPU (or on the simulated device): the `TIERMEM_*` variables,
 /// overridden by the arguments given. Sizes are bytes or strings such as `"16GiB"`.
@@ -74,14 +75,6 @@ impl Pool {
             },
         }
     }
-}
-
-fn tier_dict<'py>(py: Python<'py>, tier: &TierStats) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("capacity_bytes", tier.capacity_bytes)?;
-    d.set_item("used_bytes", tier.used_bytes)?;
-    d.set_item("chunks", tier.chunks)?;
-    Ok(d)
 }
 
 #[pymethods]
@@ -263,21 +256,24 @@ impl Pool {
 
     /// Starts paging `buffer` in; returns a ticket for `finish`.
     #[pyo3(signature = (buffer=None))]
-    fn page_in_start(&self, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<u64> {
-        Ok(self.open("page_in_start")?.page_in_start(self.target(buffer)?).map_err(to_py)?.0)
+    fn page_in_start(&self, py: Python<'_>, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<u64> {
+        let (engine, target) = (self.open("page_in_start")?, self.target(buffer)?);
+        Ok(py.allow_threads(|| engine.page_in_start(target)).map_err(to_py)?.0)
     }
 
     /// Starts paging `buffer` out; returns a ticket for `finish`.
     #[pyo3(signature = (buffer=None))]
-    fn page_out_start(&self, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<u64> {
-        Ok(self.open("page_out_start")?.page_out_start(self.target(buffer)?).map_err(to_py)?.0)
+    fn page_out_start(&self, py: Python<'_>, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<u64> {
+        let (engine, target) = (self.open("page_out_start")?, self.target(buffer)?);
+        Ok(py.allow_threads(|| engine.page_out_start(target)).map_err(to_py)?.0)
     }
 
     /// Starts paging `buffer` (default: every buffer) out to the file tier; the file write runs
     /// in the background. Returns a ticket for `finish`.
     #[pyo3(signature = (buffer=None))]
-    fn page_out_to_file_start(&self, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<u64> {
-        Ok(self.open("page_out_to_file_start")?.page_out_to_file_start(self.target(buffer)?).map_err(to_py)?.0)
+    fn page_out_to_file_start(&self, py: Python<'_>, buffer: Option<&Bound<'_, Buffer>>) -> PyResult<u64> {
+        let (engine, target) = (self.open("page_out_to_file_start")?, self.target(buffer)?);
+        Ok(py.allow_threads(|| engine.page_out_to_file_start(target)).map_err(to_py)?.0)
     }
 
     /// Waits for a ticket of `page_in_start`, `page_out_start` or `page_out_to_file_start`.
@@ -313,61 +309,18 @@ impl Pool {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Tiers, transfer counters and per-buffer residency, as a dict.
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.engine.stats();
-        let d = PyDict::new(py);
-        d.set_item("policy", s.policy.to_string())?;
-        d.set_item("chunk_size", s.chunk_size)?;
-        d.set_item("hbm", tier_dict(py, &s.hbm)?)?;
-        d.set_item("host", tier_dict(py, &s.host)?)?;
-        d.set_item("file", s.file.as_ref().map(|t| tier_dict(py, t)).transpose()?)?;
-        d.set_item("host_pinned_bytes", s.host_pinned_bytes)?;
-        let t = &s.transfers;
-        let transfers = PyDict::new(py);
-        for (key, value) in [
-            ("page_ins", t.page_ins),
-            ("page_outs", t.page_outs),
-            ("zero_fills", t.zero_fills),
-            ("clean_drops", t.clean_drops),
-            ("evictions", t.evictions),
-            ("prefetched", t.prefetched),
-            ("file_writes", t.file_writes),
-            ("file_reads", t.file_reads),
-            ("maps", t.maps),
-        ] {
-            transfers.set_item(key, value)?;
-        }
-        transfers.set_item("bytes_in", s.bytes_in)?;
-        transfers.set_item("bytes_out", s.bytes_out)?;
-        transfers.set_item("stall_ms", t.stall_ms)?;
-        transfers.set_item("map_ms", t.map_ms)?;
-        transfers.set_item("unmap_ms", t.unmap_ms)?;
-        transfers.set_item("evict_wait_ms", t.evict_wait_ms)?;
-        d.set_item("transfers", transfers)?;
-        let buffers = PyList::empty(py);
-        for b in &s.buffers {
-            let e = PyDict::new(py);
-            e.set_item("id", b.id.0)?;
-            e.set_item("name", b.name.clone())?;
-            e.set_item("size", b.size)?;
-            e.set_item("priority", b.priority)?;
-            e.set_item("read_only", b.read_only)?;
-            for (key, value) in [
-                ("chunks", b.chunks),
-                ("in_hbm", b.in_hbm),
-                ("in_host", b.in_host),
-                ("in_file", b.in_file),
-                ("empty", b.empty),
-                ("moving", b.moving),
-                ("acquired", b.acquired),
-            ] {
-                e.set_item(key, value)?;
+    /// Tiers, transfer counters and per-buffer residency, as a dict: the engine's `Stats`
+    /// serialized, with `bytes_in` and `bytes_out` among the `transfers`.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let mut stats = serde_json::to_value(self.engine.stats())
+            .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(format!("stats: {e}")))?;
+        if let Some(top) = stats.as_object_mut() {
+            let moved: Vec<_> = ["bytes_in", "bytes_out"].iter().filter_map(|k| top.remove_entry(*k)).collect();
+            if let Some(transfers) = top.get_mut("transfers").and_then(|t| t.as_object_mut()) {
+                transfers.extend(moved);
             }
-            buffers.append(e)?;
         }
-        d.set_item("buffers", buffers)?;
-        Ok(d)
+        py.import("json")?.call_method1("loads", (stats.to_string(),))
     }
 
     fn __repr__(&self) -> String {
