@@ -20,7 +20,7 @@ enum Command {
     /// Probe the driver, the GPUs and the limits tiermem depends on.
     Info,
     /// Allocate twice the HBM cap, write known patterns, cycle acquire/release so data
-    /// moves, verify every byte, print throughput and statistics.
+    /// moves, time the steady rounds beside the link's ceiling, verify every byte.
     Demo(demo::DemoArgs),
     /// Random operations on several threads across every tier, every byte verified by GPU
     /// kernels and host reads; a non-zero exit on any mismatch, unexpected error or leak.

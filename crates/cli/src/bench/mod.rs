@@ -3,7 +3,7 @@
 
 mod engine;
 mod nvme;
-mod raw;
+pub(crate) mod raw;
 
 use std::path::PathBuf;
 
