@@ -124,6 +124,15 @@ enum TiermemStatus tiermem_page_in(uint64_t ptr);
 // `out_start` and `out_size` are NULL or valid for a write.
 enum TiermemStatus tiermem_lookup(uint64_t ptr, uint64_t *out_start, size_t *out_size);
 
+// The process engine's statistics as JSON (tiers, transfer counters, every buffer), written
+// NUL-terminated to `buf` of `capacity` bytes; `*needed` gets the size needed, NUL included.
+// With `buf` NULL only `*needed` is written (a size query); a `capacity` below it writes
+// nothing else and fails.
+//
+// # Safety
+// `buf` is NULL or valid for writes of `capacity` bytes; `needed` is valid for a write.
+enum TiermemStatus tiermem_stats_json(char *buf, size_t capacity, size_t *needed);
+
 // Allocations made through this C ABI and not yet freed (PyTorch's included).
 size_t tiermem_live_allocations(void);
 

@@ -10,7 +10,7 @@
 use crate::process;
 use crate::status::{entry, Failure, TiermemStatus};
 use std::ffi::{c_char, c_void, CStr};
-use tiermem::{Access, AllocOptions, EngineConfig, StreamHandle, Target};
+use tiermem::{Access, AllocOptions, Engine, EngineConfig, StreamHandle, Target};
 
 /// Settings of `tiermem_init`. Start from `tiermem_config_default()`: a NULL string, a zero
 /// size or a negative device keeps the matching `TIERMEM_*` environment variable (or its
@@ -86,7 +86,7 @@ fn invalid(field: &str, error: impl std::fmt::Display) -> Failure {
 /// The string fields are NULL or NUL-terminated strings alive for the call.
 unsafe fn config_from(c: &TiermemConfig) -> Result<EngineConfig, Failure> {
     let mut config = EngineConfig::from_env()?;
-    // SAFETY (the three blocks below): the caller promises the strings are NULL or valid.
+    // SAFETY: the caller promises the strings are NULL or valid NUL-terminated strings.
     if let Some(backend) = unsafe { optional_str("backend", c.backend)? } {
         config.backend = backend.parse().map_err(|e| invalid("backend", e))?;
     }
@@ -226,31 +226,29 @@ pub unsafe extern "C" fn tiermem_read(ptr: u64, dst: *mut c_void, len: usize) ->
     })
 }
 
-/// The target of a page call: the allocation containing `ptr`, or every buffer for 0.
-fn target(ptr: u64) -> Result<(std::sync::Arc<tiermem::Engine>, Target), Failure> {
-    if ptr == 0 {
-        return Ok((process::require_engine()?, Target::All));
-    }
-    let found = process::find(ptr)?;
-    Ok((found.value.engine, Target::Buffer(found.value.id)))
+/// Runs a page call on the allocation containing `ptr`, or on every buffer for 0.
+fn page(call: &'static str, ptr: u64, move_it: fn(&Engine, Target) -> tiermem::Result<()>) -> TiermemStatus {
+    entry(call, || {
+        let (engine, target) = if ptr == 0 {
+            (process::require_engine()?, Target::All)
+        } else {
+            let found = process::find(ptr)?;
+            (found.value.engine, Target::Buffer(found.value.id))
+        };
+        Ok(move_it(&engine, target)?)
+    })
 }
 
 /// Pages the allocation containing `ptr` (0: every buffer) out of HBM and waits.
 #[no_mangle]
 pub extern "C" fn tiermem_page_out(ptr: u64) -> TiermemStatus {
-    entry("tiermem_page_out", || {
-        let (engine, target) = target(ptr)?;
-        Ok(engine.page_out(target)?)
-    })
+    page("tiermem_page_out", ptr, Engine::page_out)
 }
 
 /// Pages the allocation containing `ptr` (0: every buffer) into HBM and waits.
 #[no_mangle]
 pub extern "C" fn tiermem_page_in(ptr: u64) -> TiermemStatus {
-    entry("tiermem_page_in", || {
-        let (engine, target) = target(ptr)?;
-        Ok(engine.page_in(target)?)
-    })
+    page("tiermem_page_in", ptr, Engine::page_in)
 }
 
 /// Which allocation `ptr` falls in: its start (the pointer `tiermem_alloc` returned) and
@@ -274,10 +272,46 @@ pub unsafe extern "C" fn tiermem_lookup(ptr: u64, out_start: *mut u64, out_size:
     })
 }
 
+/// The process engine's statistics as JSON (tiers, transfer counters, every buffer), written
+/// NUL-terminated to `buf` of `capacity` bytes; `*needed` gets the size needed, NUL included.
+/// With `buf` NULL only `*needed` is written (a size query); a `capacity` below it writes
+/// nothing else and fails.
+///
+/// # Safety
+/// `buf` is NULL or valid for writes of `capacity` bytes; `needed` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn tiermem_stats_json(buf: *mut c_char, capacity: usize, needed: *mut usize) -> TiermemStatus {
+    entry("tiermem_stats_json", || {
+        if needed.is_null() {
+            return Err(Failure::invalid("needed is NULL: pass where to store the size the JSON needs"));
+        }
+        let json = serde_json::to_string(&process::require_engine()?.stats())
+            .map_err(|e| Failure::new(TiermemStatus::Internal, format!("serializing the statistics: {e}")))?;
+        // SAFETY: checked non-null; the caller promises it is valid for a write.
+        unsafe { needed.write(json.len() + 1) };
+        if buf.is_null() {
+            return Ok(());
+        }
+        if capacity <= json.len() {
+            return Err(Failure::invalid(format!(
+                "a buffer of {capacity} bytes is too small: the statistics need {} (see *needed)",
+                json.len() + 1
+            )));
+        }
+        // SAFETY: `buf` is non-null and the caller promises `capacity` writable bytes, which
+        // hold the JSON and its NUL (checked just above); the JSON is a Rust string, not `buf`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), json.len());
+            buf.add(json.len()).write(0);
+        }
+        Ok(())
+    })
+}
+
 /// Allocations made through this C ABI and not yet freed (PyTorch's included).
 #[no_mangle]
 pub extern "C" fn tiermem_live_allocations() -> usize {
-    process::live_allocations()
+    std::panic::catch_unwind(process::live_allocations).unwrap_or(0)
 }
 
 #[cfg(test)]

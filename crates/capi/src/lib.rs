@@ -28,8 +28,8 @@ mod torch;
 
 pub use ffi::{
     tiermem_acquire, tiermem_alloc, tiermem_config_default, tiermem_free, tiermem_init, tiermem_live_allocations,
-    tiermem_lookup, tiermem_page_in, tiermem_page_out, tiermem_read, tiermem_release, tiermem_shutdown, tiermem_write,
-    TiermemAllocOptions, TiermemConfig,
+    tiermem_lookup, tiermem_page_in, tiermem_page_out, tiermem_read, tiermem_release, tiermem_shutdown,
+    tiermem_stats_json, tiermem_write, TiermemAllocOptions, TiermemConfig,
 };
 pub use index::{AddressIndex, Entry};
 pub use process::{engine, init, install, live_allocations, shutdown};

@@ -19,6 +19,7 @@
 use crate::process;
 use crate::status::{entry, Failure, TiermemStatus};
 use std::ffi::c_void;
+use std::io::Write;
 use std::sync::Mutex;
 use tiermem::{AllocOptions, StreamHandle};
 
@@ -34,7 +35,8 @@ fn torch_entry(call: &'static str, body: impl FnOnce() -> Result<(), Failure>) -
     let status = entry(call, body);
     if status != TiermemStatus::Ok {
         let message = crate::status::last_error_message().unwrap_or_default();
-        eprintln!("tiermem: {message}");
+        // Not eprintln!, which panics if stderr is gone: nothing here may unwind into PyTorch.
+        let _ = writeln!(std::io::stderr(), "tiermem: {message}");
         *LAST_TORCH_ERROR.lock().unwrap_or_else(|p| p.into_inner()) = Some(message);
     }
     status

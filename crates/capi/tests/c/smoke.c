@@ -88,6 +88,18 @@ int main(void) {
     CHECK(tiermem_lookup(ptrs[2] + 12345, &start, &size));
     EXPECT(start == ptrs[2] && size == SIZE);
 
+    /* The statistics as JSON: ask for the size, then fill a buffer of it. */
+    size_t needed = 0;
+    CHECK(tiermem_stats_json(NULL, 0, &needed));
+    char *json = malloc(needed);
+    EXPECT(json != NULL);
+    EXPECT_FAILS(tiermem_stats_json(json, needed - 1, &needed), TIERMEM_STATUS_INVALID_ARGUMENT,
+                 "tiermem_stats_json: ");
+    CHECK(tiermem_stats_json(json, needed, &needed));
+    EXPECT(strlen(json) + 1 == needed && strstr(json, "\"name\":\"c-smoke\"") != NULL);
+    EXPECT(strstr(json, "\"policy\":\"lru\"") != NULL);
+    free(json);
+
     /* Errors are statuses with a message naming the call; none changes anything. */
     EXPECT_FAILS(tiermem_acquire(ptrs[0], SIZE + 1, false, NULL), TIERMEM_STATUS_INVALID_ARGUMENT,
                  "tiermem_acquire: ");
