@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 use pyo3::{create_exception, PyErr};
 use tiermem::Error;
+use tiermem_capi::TiermemStatus;
 
 create_exception!(tiermem, TiermemError, pyo3::exceptions::PyException, "Base class of every tiermem error.");
 create_exception!(tiermem, OutOfMemoryError, TiermemError, "Every tier that could take the data is full.");
@@ -40,22 +41,17 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// The Python exception for an engine error.
+/// The Python exception for an engine error: the class is the C ABI's status for it, so every
+/// front end sorts errors the same way.
 pub fn to_py(error: Error) -> PyErr {
     let message = error.to_string();
-    match error {
-        Error::OutOfMemory { .. } => OutOfMemoryError::new_err(message),
-        Error::WouldNeverFit { .. } => WouldNeverFitError::new_err(message),
-        Error::ZeroSize { .. }
-        | Error::OutOfRange { .. }
-        | Error::UnknownTicket { .. }
-        | Error::Config(_)
-        | Error::Conflict { .. }
-        | Error::Schedule { .. } => InvalidArgumentError::new_err(message),
-        Error::UnknownBuffer { .. } | Error::Acquired { .. } | Error::NotAcquired { .. } | Error::ReadOnly { .. } => {
-            BufferStateError::new_err(message)
-        }
-        Error::Device { .. } => DeviceError::new_err(message),
-        Error::File { .. } => FileTierError::new_err(message),
+    match tiermem_capi::status_of(&error) {
+        TiermemStatus::OutOfMemory => OutOfMemoryError::new_err(message),
+        TiermemStatus::WouldNeverFit => WouldNeverFitError::new_err(message),
+        TiermemStatus::InvalidArgument | TiermemStatus::NotInitialized => InvalidArgumentError::new_err(message),
+        TiermemStatus::BufferState => BufferStateError::new_err(message),
+        TiermemStatus::Device => DeviceError::new_err(message),
+        TiermemStatus::FileTier => FileTierError::new_err(message),
+        TiermemStatus::Ok | TiermemStatus::Internal => TiermemError::new_err(message),
     }
 }

@@ -12,10 +12,10 @@ mod pool;
 
 use pyo3::prelude::*;
 
-/// The C ABI's symbols, exported by this shared library: `tiermem.torch.allocator` hands
-/// `_tiermem.__file__` to PyTorch, which looks up `tiermem_torch_malloc`/`tiermem_torch_free`
-/// in it, and one library in the process owns the tiermem state.
-pub use tiermem_capi::{tiermem_last_error, tiermem_torch_free, tiermem_torch_malloc};
+/// The C ABI (`tiermem-capi`) is linked into this shared library, which exports its `tiermem_*`
+/// symbols (`nm -D`), so one library in the process owns the tiermem state:
+/// `tiermem.torch.allocator` hands `_tiermem.__file__` to PyTorch, which looks up these two.
+pub use tiermem_capi::{tiermem_torch_free, tiermem_torch_malloc};
 
 /// Bytes in a size such as "16GiB" (or an int, returned as is).
 #[pyfunction]
