@@ -263,19 +263,18 @@ impl Engine {
     pub fn release_idle_hbm(&self) -> Result<usize> {
         let mut inner = self.lock();
         inner.reap()?;
-        let g = inner.chunk;
-        let stale: Vec<(ChunkRef, u64)> = (inner.buffers.iter())
-            .flat_map(|(&id, b)| b.chunks.iter().enumerate().map(move |(i, c)| ((id, i), b.va, c.alias)))
-            .filter(|&(_, _, alias)| alias.is_some_and(|p| !inner.holders.contains_key(&p)))
-            .map(|(r, va, _)| (r, va + (r.1 * g) as u64))
-            .collect();
-        for (r, va) in stale {
-            inner.device.unmap(va, g).during("release_idle_hbm")?;
-            let chunk = inner.chunk_mut(r);
-            (chunk.alias, chunk.alias_lacks_access) = (None, false);
-        }
-        let Inner { pool, device, .. } = &mut *inner;
-        Ok(pool.release_idle(device.as_ref()).during("release_idle_hbm")? * g)
+        Ok(inner.release_idle_beyond("release_idle_hbm", 0)? * inner.chunk)
+    }
+
+    /// Changes the HBM budget (the cap) to `bytes`, whole chunks, while the engine runs. A larger
+    /// budget is used from the next page-in on. A smaller one is met without waiting: no chunk
+    /// is handed out while more are in use than it allows, and the excess is sent down at once
+    /// (acquired chunks as they are released) and its HBM given back to the driver as the
+    /// copies land. `finish` on the ticket waits for those copies. See budget.rs.
+    pub fn set_hbm_budget(&self, bytes: usize) -> Result<Ticket> {
+        let mut inner = self.lock();
+        let fences = inner.set_hbm_budget(bytes)?;
+        Ok(inner.ticket(fences))
     }
 
     /// Moves `target` out of HBM into the host tier and waits. Clean chunks leave with
@@ -670,6 +669,12 @@ impl Inner {
             let unpinned = chunk.pins == 0;
             self.pinned -= usize::from(unpinned);
         }
+        if self.over_budget() {
+            // The budget shrank while these were acquired: they leave first (budget.rs). The
+            // release itself is done: if they cannot leave now (the tiers below are full, or
+            // the driver fails), they stay until a later call makes room.
+            let _ = self.shed_excess("release", &refs);
+        }
         Ok(())
     }
 
@@ -791,7 +796,7 @@ impl Inner {
         Ok(self.ticket(fences))
     }
 
-    fn ticket(&mut self, fences: Vec<Arc<Fence>>) -> Ticket {
+    pub(crate) fn ticket(&mut self, fences: Vec<Arc<Fence>>) -> Ticket {
         self.ticket_for(TicketWork { fences, ..TicketWork::default() })
     }
 

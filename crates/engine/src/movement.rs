@@ -633,6 +633,10 @@ impl Inner {
             let (_, slot) = self.retiring.pop_front().expect("checked");
             self.host.free(slot);
         }
+        // Chunks beyond a budget that shrank go back to the driver as they become idle.
+        if self.pool.releasable(self.pool.cap()) > 0 {
+            self.release_idle_beyond("reap", self.pool.cap())?;
+        }
         while let Some((start, end)) = self.timings.front() {
             if !end.is_done().during("reap")? {
                 break;
@@ -732,7 +736,7 @@ impl Inner {
     /// visited in Belady's order and only as many as give `count` chunks are offered (whole
     /// groups of equal next use, so the policy still breaks ties among all of them): an
     /// eviction looks at a few buffers, not at every chunk in HBM.
-    fn candidates(
+    pub(crate) fn candidates(
         &self,
         protect: &[ChunkRef],
         horizon: Option<u64>,

@@ -84,6 +84,10 @@ enum Op {
         step: usize,
         chunks: usize,
     },
+    /// The HBM budget becomes `chunks` chunks (also while chunks are held).
+    SetBudget {
+        chunks: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -108,6 +112,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), any::<bool>(), prop::bool::weighted(0.2))
             .prop_map(|(rotate, pairs, clear)| Op::Schedule { rotate, pairs, clear }),
         3 => (any::<usize>(), 0usize..6).prop_map(|(step, chunks)| Op::Advance { step, chunks }),
+        1 => (1usize..=HBM_CHUNKS).prop_map(|chunks| Op::SetBudget { chunks }),
     ]
 }
 
@@ -298,6 +303,10 @@ fn run(
                     prop_assert!(m.is_pressure(&e), "advance: {e}");
                 }
             }
+            Op::SetBudget { chunks } => match engine.set_hbm_budget(chunks * CHUNK) {
+                Ok(ticket) => m.tickets.push(ticket),
+                Err(e) => prop_assert!(m.injected(&e), "set_hbm_budget: {e}"),
+            },
             Op::Prefetch { buf } => {
                 let Some(i) = m.pick(buf) else { continue };
                 if let Err(e) = engine.prefetch(&[Region::whole(m.buffers[i].0)]) {
