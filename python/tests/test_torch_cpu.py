@@ -173,3 +173,13 @@ def test_from_pretrained_gives_the_logits_of_transformers_loading(cpu, tmp_path)
     assert h.model.lm_head.weight is h.model.model.embed_tokens.weight
     with torch.no_grad():
         assert torch.equal(h.model(IDS).logits, ref(IDS).logits)
+
+
+def test_from_pretrained_converts_a_float32_checkpoint_as_transformers_does(cpu, tmp_path):
+    """Tensors of another dtype are read raw and converted (rows cut by a small staging area)."""
+    llama(False).save_pretrained(tmp_path)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, **loading.dtype_kwargs(torch.bfloat16)).eval()
+    h = tt.from_pretrained(tmp_path, FakePool(), dtype=torch.bfloat16, quiet=True, staging_bytes=16 << 10)
+    assert h.model.lm_head.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        assert torch.equal(h.model(IDS).logits, ref(IDS).logits)
