@@ -332,15 +332,16 @@ class Offload:
         stats = self.pool.stats()
         room = stats["hbm"]["capacity_bytes"] - stats["hbm"]["used_bytes"]
         mine = {s["id"]: s["in_hbm"] * stats["chunk_size"] for s in stats["buffers"]}
-        tickets, seen, chunk, nbytes = [], set(), self.pool.chunk_size, 0
+        chosen, seen, chunk = [], set(), self.pool.chunk_size
         for buffer in order:
             need = -(-buffer.size // chunk) * chunk - mine.get(buffer.id, 0)
             if buffer.id in seen or need > room:
                 continue
             seen.add(buffer.id)
-            room, nbytes = room - need, nbytes + need
-            tickets.append(self.pool.page_in_start(buffer))
-        waking = Waking(self.pool, tickets, nbytes)
+            room -= need
+            chosen.append((buffer, need))
+        tickets = [self.pool.page_in_start(b) for b in _overlapping(chosen, chunk)]
+        waking = Waking(self.pool, tickets, sum(need for _, need in chosen))
         if block:
             waking.wait()
         return waking
@@ -376,6 +377,28 @@ class Waking:
         self._thread.join()
         if self._error is not None:
             raise self._error
+
+
+def _overlapping(chosen: list[tuple[object, int]], chunk: int) -> list:
+    """The buffers of ``chosen`` (``(buffer, bytes to bring in)``, in the order of use) in an
+    order whose page-ins keep the link busy. A page-in takes (creates, after a sleep that gave
+    HBM back) all its physical chunks before its first copy: ~11 µs each on the H200 against
+    ~38 µs to copy one, so a large buffer started first leaves the link idle while its chunks
+    are made (4 ms for a 0.73 GiB embedding). So a buffer waits until the copies already
+    started take at least as long as making its chunks, i.e. until the bytes started exceed a
+    third of its own (a batch of 16 chunks is always started at once); the order of use is
+    kept otherwise."""
+    out, waiting, started = [], [], 0
+    for buffer, need in chosen:
+        waiting.append((buffer, need))
+        while waiting:
+            ready = [i for i, (_, n) in enumerate(waiting) if n <= max(16 * chunk, 3 * started)]
+            if not ready:
+                break
+            b, n = waiting.pop(ready[0])
+            out.append(b)
+            started += n
+    return out + [b for b, _ in waiting]
 
 
 def _buffers(entries) -> list:
