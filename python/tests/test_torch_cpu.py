@@ -183,3 +183,15 @@ def test_from_pretrained_converts_a_float32_checkpoint_as_transformers_does(cpu,
     assert h.model.lm_head.weight.dtype == torch.bfloat16
     with torch.no_grad():
         assert torch.equal(h.model(IDS).logits, ref(IDS).logits)
+
+
+def test_the_window_paged_ahead_is_at_most_an_eighth_of_the_cap(cpu):
+    pool, steps = FakePool(), []
+    pool.advance = lambda step, budget: steps.append(budget) or 0
+    h = tt.offload(llama(True), pool, prefetch_bytes="1GiB")
+    for _ in range(2):
+        with torch.no_grad():
+            h.model(IDS)
+    assert h.window_bytes == pool.hbm_cap // 8 and steps and set(steps) == {pool.hbm_cap // 8}
+    h.prefetch_bytes = 1 << 20
+    assert h.window_bytes == 1 << 20
