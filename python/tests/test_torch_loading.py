@@ -140,7 +140,7 @@ def test_from_pretrained_refuses_a_pool_without_a_gpu_and_a_dtype_the_model_cann
 
 def test_staged_reads_put_every_byte_of_the_checkpoint_in_the_buffers(tmp_path):
     """The reading path without a GPU: pieces of a few tensors, rows of large ones, through
-    two staging areas, into buffers of a simulated pool."""
+    staging areas, into buffers of a simulated pool."""
     path = saved(tmp_path / "m", shard="300KB")
     model = meta_model()
     units, _ = plan(model)
@@ -151,7 +151,7 @@ def test_staged_reads_put_every_byte_of_the_checkpoint_in_the_buffers(tmp_path):
         unit.parts["weights"] = pool.alloc(layout["weights"][1])
     pieces = loading.pieces(units, layouts, sources, 64 << 10)
     assert any(len(p.parts) > 1 for p in pieces) and any(p.parts[0][3] > 0 for p in pieces)
-    loading._stream_in("load_checkpoint", pieces, 64 << 10, quiet=True)
+    loading._stream_in("load_checkpoint", pieces, quiet=True)
     from safetensors.torch import load_file
 
     files = loading.Checkpoint(path).files

@@ -8,16 +8,15 @@ storage; buffers such as rotary tables stay real, through accelerate's
 and only then allocates and reads. :func:`load_checkpoint` does the same for a model the
 caller built on ``meta``.
 
-**What is read, and how.** Tensors are read with large ``preadv`` calls straight into a
-pinned staging area of ``staging_bytes`` (small tensors of a unit share one write, large ones
-are cut at row boundaries), in the order they lie in the files, so the disk reads
-sequentially; each piece is written into its unit's buffer with one ``Buffer.write``, which
-copies from the staging area without another copy. Two staging areas
-alternate: a thread reads the next piece while the current one is written, so reading the
-disk and the PCIe copies overlap, and at most ``2 × staging_bytes`` of host RAM and
-``staging_bytes`` of HBM are taken by staging at once. Writes go through the engine: a
-model larger than the HBM cap spills to the host tier (and to the file tier when the pool
-has one) as it loads.
+**What is read, and how.** Tensors are read with large ``preadv`` calls straight into
+pinned staging areas (small tensors of a unit share one piece, large ones are cut at row
+boundaries), in the order they lie in the files, so the disk reads sequentially; each piece
+is written into its unit's buffer with one ``Buffer.write``, which copies from the staging
+area without another copy. ``staging_bytes`` is cut into four areas: a thread reads up to
+four pieces ahead while the main thread writes, so reading the disk and the PCIe copies
+overlap, and at most ``staging_bytes`` of host RAM and a quarter of it in HBM are taken by
+staging at once. Writes go through the engine: a model larger than the HBM cap spills to the
+host tier (and to the file tier when the pool has one) as it loads.
 
 **Errors leave the model as it was.** A missing path or shard, a truncated shard, a tensor
 the model lacks or one it has that the checkpoint lacks, a wrong shape or a dtype the model
@@ -32,18 +31,19 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import struct
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from ._tiermem import InvalidArgumentError, Pool, TiermemError, parse_size
+from ._tiermem import InvalidArgumentError, Pool, parse_size
 from .units import ALIGN
 
 if TYPE_CHECKING:
@@ -323,36 +323,60 @@ class _Progress:
         return time.perf_counter() - self.start
 
 
-def _stream_in(call: str, plan: list[_Piece], staging: int, quiet: bool) -> _Progress:
-    """Reads every piece into a staging area on a thread while the previous one is written."""
+DEPTH = 4  # staging areas: the reader runs this many pieces ahead of the writes
+
+
+def _stream_in(call: str, plan: list[_Piece], quiet: bool) -> _Progress:
+    """Reads the pieces in order into :data:`DEPTH` staging areas on a thread, while the
+    main thread writes the filled ones into their buffers. The reader runs ahead as far as
+    the areas allow, so a write that stalls (the host tier pinning a new slab as the load
+    spills past the HBM cap: hundreds of ms per GiB) does not stop the disk. The areas are
+    pinned by the reader as it first needs them, so reading starts at once."""
     progress = _Progress(sum(p.length for p in plan), quiet)
     if not plan:
         return progress
     size = max(p.length for p in plan)
     pin = torch.cuda.is_available()
-    stages = [torch.empty(size, dtype=torch.uint8, pin_memory=pin) for _ in range(min(2, len(plan)))]
-    reader = _Reader()
+    reader, free, filled = _Reader(), queue.Queue(), queue.Queue()
+    for _ in range(min(DEPTH, len(plan))):
+        free.put(None)  # an area not made yet
+    stop = threading.Event()
 
-    def fill(k: int) -> None:
+    def read_all() -> None:
+        k = 0
         try:
-            if k + 1 < len(plan):
-                reader.advise(plan[k + 1])
-            reader.fill(plan[k], stages[k % len(stages)])
-        except TiermemError:
-            raise
-        except Exception as e:  # safetensors and OS errors: name the file
-            files = sorted({str(entry.file) for _, _, entry, _, _ in plan[k].parts if entry is not None})
-            raise InvalidArgumentError(f"{call}: reading {', '.join(files)} failed: {e}") from e
-
-    try:
-        with ThreadPoolExecutor(1, thread_name_prefix="tiermem-load") as pool:
-            pending = pool.submit(fill, 0)
             for k, piece in enumerate(plan):
-                pending.result()
-                pending = pool.submit(fill, k + 1) if k + 1 < len(plan) else None
-                piece.buffer.write(stages[k % len(stages)][: piece.length].numpy(), piece.start)
-                progress.add(piece.length)
+                stage = free.get()
+                if stop.is_set():
+                    return
+                if stage is None:
+                    stage = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+                for ahead in plan[k + 1 : k + 3]:
+                    reader.advise(ahead)
+                reader.fill(piece, stage)
+                filled.put((stage, None))
+        except Exception as e:  # OS errors: name the file
+            files = sorted({str(entry.file) for _, _, entry, _, _ in plan[k].parts if entry is not None})
+            error = InvalidArgumentError(f"{call}: reading {', '.join(files)} failed: {e}")
+            error.__cause__ = e
+            filled.put((None, error))
+        except BaseException as e:  # noqa: BLE001 - re-raised by the writer
+            filled.put((None, e))
+
+    thread = threading.Thread(target=read_all, name="tiermem-load", daemon=True)
+    thread.start()
+    try:
+        for piece in plan:
+            stage, error = filled.get()
+            if error is not None:
+                raise error
+            piece.buffer.write(stage[: piece.length].numpy(), piece.start)
+            progress.add(piece.length)
+            free.put(stage)
     finally:
+        stop.set()
+        free.put(None)  # wakes a reader waiting for an area
+        thread.join()
         reader.close()
     return progress
 
@@ -377,13 +401,13 @@ def load_checkpoint(
     ignore = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
     sources = match(call, units, checkpoint, ignore)
     prefetch_bytes = parse_size(prefetch_bytes)
-    staging = min(parse_size(staging_bytes), max(pool.chunk_size, pool.hbm_cap // 4))
+    staging = min(parse_size(staging_bytes), max(pool.chunk_size, pool.hbm_cap // 4)) // DEPTH
     staging = max(ALIGN, staging // ALIGN * ALIGN)
     layouts = [u.layout(False) for u in units]
     _tt._allocate(pool, units, layouts)
     try:
         plan = sorted(pieces(units, layouts, sources, staging), key=_file_order)
-        progress = _stream_in(call, plan, staging, quiet)
+        progress = _stream_in(call, plan, quiet)
     except BaseException:
         _tt._free_all(units)
         raise
