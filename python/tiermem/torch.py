@@ -334,9 +334,10 @@ class Offload:
         return self.pool.release_idle_hbm() if release_hbm else 0
 
     def wake(self, block: bool = True) -> "Waking":
-        """Pages the weights in, in the order the model uses them, as far as HBM allows: every
-        buffer's copies are started before any is waited for, so they overlap and run at the
-        PCIe link's speed. ``block=False`` returns at once; the returned :class:`Waking`
+        """Pages the weights in, in about the order the model uses them (a large buffer waits
+        until copies already running hide the making of its chunks: :func:`_overlapping`), as
+        far as HBM allows: every buffer's copies are started before any is waited for, so
+        they overlap and run at the PCIe link's speed. ``block=False`` returns at once; the returned :class:`Waking`
         says when the copies are done. Running the model before then is safe (it waits on
         the device for what it needs)."""
         self._usable("Offload.wake")
