@@ -213,6 +213,25 @@ def test_release_idle_hbm_gives_hbm_back_and_no_byte_is_lost(pool):
         assert buf.read() == d
 
 
+def test_a_smaller_budget_is_met_and_a_larger_one_used_no_byte_lost(pool):
+    buf = pool.alloc(4 * CHUNK)
+    data = pattern(40, 4 * CHUNK)
+    buf.write(data)
+    pool.page_in(buf)
+    pool.finish(pool.set_hbm_budget(CHUNK))
+    assert pool.hbm_cap == CHUNK
+    assert pool.stats()["hbm"]["used_bytes"] <= CHUNK
+    with pytest.raises(tiermem.WouldNeverFitError):
+        pool.acquire([buf])
+    assert b"".join(buf.read(CHUNK, i * CHUNK) for i in range(4)) == data  # a chunk at a time
+    pool.finish(pool.set_hbm_budget("8MiB"))
+    pool.page_in(buf)
+    assert pool.stats()["hbm"]["used_bytes"] == 4 * CHUNK
+    assert buf.read() == data
+    with pytest.raises(tiermem.TiermemError, match="set_hbm_budget"):
+        pool.set_hbm_budget("100PiB")
+
+
 def test_a_closed_pool_refuses_every_call_with_its_name(pool):
     buf = pool.alloc(CHUNK)
     assert not pool.closed

@@ -297,6 +297,15 @@ impl Pool {
         py.allow_threads(|| engine.release_idle_hbm()).map_err(to_py)
     }
 
+    /// Changes the HBM budget (`hbm_cap`) to `size` bytes while the Pool runs (whole chunks).
+    /// A smaller budget sends the excess down and gives its HBM back as the copies land
+    /// (acquired memory stays until released); returns a ticket for `finish`, which waits for
+    /// those copies.
+    fn set_hbm_budget(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let (engine, bytes) = (self.open("set_hbm_budget")?, size_arg("size", size)?);
+        Ok(py.allow_threads(|| engine.set_hbm_budget(bytes)).map_err(to_py)?.0)
+    }
+
     /// Closes the Pool: every later call through it is refused (`BufferStateError`). Its
     /// memory goes back once the Pool and its Buffers have been collected (each Buffer keeps
     /// the engine alive). Closing twice is harmless.
