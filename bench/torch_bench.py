@@ -89,6 +89,8 @@ class _CallTimer:
 
     def __getattr__(self, name):
         fn = getattr(self._pool, name)
+        if not callable(fn):  # properties (hbm_cap, chunk_size, ...) pass through untimed
+            return fn
 
         def timed_call(*args, **kwargs):
             t0 = time.perf_counter()
