@@ -35,7 +35,7 @@ import torch
 
 from . import _tiermem
 from ._tiermem import BufferStateError, InvalidArgumentError, Pool, TiermemError
-from .units import Site, Unit, is_group, plan
+from .units import Site, Unit, plan
 _OFFLOADED = "_tiermem_offload"
 WINDOW_SHARE = 8  # the paging-ahead window is at most this fraction of the HBM cap (Offload.window_bytes)
 
@@ -111,7 +111,6 @@ class Offload:
         self._recording: list[tuple[object, str]] | None = None  # (site or unit, phase) of the pass being recorded
         self._steps: list[tuple[object, str]] = []
         self._uses: dict[tuple[int, str], list[int]] = {}  # (id(site or unit), phase) -> its steps
-        self._blocking: list[int] = []  # per step: bytes the window skips (see _pass_starts)
         self._position = 0
         self._backward_pending = False
         self._hooks = []
@@ -119,22 +118,11 @@ class Offload:
     # --- schedule -------------------------------------------------------------------------
 
     def _pass_starts(self) -> None:
-        """A root forward begins: the previous pass, if recorded, becomes the schedule.
-
-        A mixture-of-experts block waits on the host for its router (Mixtral's loop over the
-        experts it picked syncs several times), so while it runs nothing new is issued: its
-        window is counted after its own bytes, or the link idles through every block once the
-        block's bytes have arrived (a block of 264 MiB filled a window of 256 MiB by itself)."""
+        """A root forward begins: the previous pass, if recorded, becomes the schedule."""
         if self._recording and not self._steps:
             self._steps = self._recording
             for i, (key, phase) in enumerate(self._steps):
                 self._uses.setdefault((id(key), phase), []).append(i)
-            chunk = self.pool.chunk_size
-            self._blocking = [
-                sum(-(-b.size // chunk) * chunk for b in _buffers(key.phase(phase)))
-                if isinstance(key, Site) and is_group(key.module) else 0
-                for key, phase in self._steps
-            ]  # fmt: skip
             self.pool.set_schedule([_buffers(key.phase(phase)) for key, phase in self._steps])
             self._recording = None
         if not self._steps:
@@ -158,7 +146,7 @@ class Offload:
         step = self._step_of(key, phase)
         if step is not None:
             self._position = step + 1
-            self.pool.advance(step, self.window_bytes + self._blocking[step])
+            self.pool.advance(step, self.window_bytes)
         stream, acquired = _stream(), []
         try:
             for buffer, write in _dedup(key.phase(phase)):
