@@ -23,8 +23,10 @@ mod buffer;
 mod chunk;
 mod chunk_pool;
 mod config;
+mod down;
 mod engine;
 mod error;
+mod eviction;
 mod fence;
 mod file_reads;
 mod file_tier;
@@ -35,9 +37,11 @@ mod limits;
 #[cfg(all(test, feature = "shuttle"))]
 mod model_checks;
 mod movement;
+mod residency;
 mod schedule;
 mod stats;
 mod sync;
+mod transfers;
 
 pub use buffer::{Access, AllocOptions, BufferId, Region};
 pub use config::{format_size, parse_size, EngineConfig};

@@ -1,3 +1,9 @@
+//! The `Device` trait: everything tiermem asks of a GPU (virtual address reservations,
+//! physical chunks, mappings, pinned host memory, streams, events, asynchronous copies and the
+//! pattern kernels), so the engine is written once for the CUDA driver (cuda/) and the
+//! simulated device (sim/). Implementations decide nothing: they do what they are asked and
+//! report the driver's answer as a `DeviceError` naming the call.
+
 use crate::Result;
 
 /// A device virtual address (CUDA `CUdeviceptr`; on the simulated device, a host address).

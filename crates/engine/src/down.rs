@@ -1,0 +1,331 @@
+//! Moving chunks down: out of HBM into host slots, and the bookkeeping of chunks that have
+//! left (`reap`, `detach_chunks`, `unmap_buffer`). movement.rs says how a copy down is
+//! ordered; host_slots says what a page-out does when the host tier is full.
+
+use crate::chunk::ChunkState;
+use crate::engine::{ChunkRef, Inner, PendingDown};
+use crate::error::Context;
+use crate::fence::{after_all, settled, Fence};
+use crate::host_tier::Slot;
+use crate::movement::{batches, coalesce, Source};
+use crate::BufferId;
+use crate::{Error, Result};
+use std::sync::Arc;
+use tiermem_mechanism::{DeviceError, PhysHandle, StreamHandle};
+
+impl Inner {
+    /// Moves resident, unacquired chunks (sorted) out of HBM. Returns the fences after which
+    /// every chunk that did not leave at once will have left (copies down, or last uses).
+    pub fn send_down(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
+        let mut fences: Vec<Arc<Fence>> = Vec::new();
+        let mut drop_now = Vec::new();
+        let mut dirty = Vec::new();
+        for &r in refs {
+            let chunk = self.chunk_mut(r);
+            let ChunkState::Device { phys, copy } = chunk.state else { continue };
+            // Clean: an identical copy is in the host tier (`Some(slot)`) or only in the file (`None`).
+            let clean = match (copy, chunk.file) {
+                (Some(slot), _) => Some(Some(slot)),
+                (None, Some(_)) => Some(None),
+                (None, None) => None,
+            };
+            match clean {
+                None => dirty.push(r),
+                Some(slot) => {
+                    // It may leave only after both its last use and the copy that filled its
+                    // slot or its HBM (cancelled page-outs leave that copy in flight): the
+                    // first of them done proves nothing of the other.
+                    let in_flight: Vec<Arc<Fence>> =
+                        [&chunk.busy, &chunk.ready].into_iter().flatten().cloned().collect();
+                    let unsettled = after_all(&self.events, self.streams.down, &in_flight).during(call)?;
+                    let chunk = self.chunk_mut(r);
+                    match unsettled {
+                        None => drop_now.push((r, phys, slot)),
+                        Some(fence) => {
+                            chunk.state = ChunkState::PagingOut { phys, slot, fence: Arc::clone(&fence) };
+                            if !fences.iter().any(|f| Arc::ptr_eq(f, &fence)) {
+                                fences.push(Arc::clone(&fence));
+                            }
+                            self.pending_down.push(PendingDown { fence, chunks: vec![r] });
+                            self.counters.clean_drops += 1;
+                        }
+                    }
+                }
+            }
+        }
+        self.counters.clean_drops += drop_now.len() as u64;
+        self.detach_chunks(&drop_now);
+        let room = self.host.cap();
+        if dirty.len() <= room || self.file.is_none() {
+            fences.extend(self.copy_dirty_down(call, &dirty)?);
+            return Ok(fences);
+        }
+        // More than the host tier can ever hold at once: go down in rounds that fit, each
+        // waited for, so that the next round can spill the one before it to the file.
+        for round in dirty.chunks(room) {
+            let round_fences = self.copy_dirty_down(call, round)?;
+            for fence in &round_fences {
+                fence.wait().during(call)?;
+            }
+            self.reap()?;
+            fences.extend(round_fences);
+        }
+        Ok(fences)
+    }
+
+    /// Copies dirty resident chunks (sorted) down into host slots; returns one fence per batch.
+    fn copy_dirty_down(&mut self, call: &'static str, dirty: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
+        let slots = self.host_slots(call, dirty)?;
+        let mut fences = Vec::new();
+        let down = self.streams.down;
+        let mut awaited: Vec<Arc<Fence>> = Vec::new();
+        for &r in dirty {
+            let chunk = self.chunk_mut(r);
+            for fence in [&chunk.busy, &chunk.ready].into_iter().flatten() {
+                if !fence.is_done().during(call)? && !awaited.iter().any(|a| Arc::ptr_eq(a, fence)) {
+                    awaited.push(Arc::clone(fence));
+                }
+            }
+        }
+        for fence in &awaited {
+            self.device.stream_wait_event(down, fence.event()).during(call)?;
+        }
+        let mut next_slot = 0;
+        for batch in batches(dirty, self.batch) {
+            let batch_slots = &slots[next_slot..next_slot + batch.len()];
+            if let Err(e) = self.copy_down(batch, batch_slots, down) {
+                slots[next_slot..].iter().for_each(|&s| self.host.free(s));
+                return Err(Error::Device { call, source: e });
+            }
+            next_slot += batch.len();
+            let fence = self.events.record(down).during(call)?;
+            for (&r, &slot) in batch.iter().zip(batch_slots) {
+                let chunk = self.chunk_mut(r);
+                let ChunkState::Device { phys, .. } = chunk.state else { unreachable!("dirty chunks are resident") };
+                chunk.state = ChunkState::PagingOut { phys, slot: Some(slot), fence: Arc::clone(&fence) };
+            }
+            self.counters.page_outs += batch.len() as u64;
+            self.pending_down.push(PendingDown { fence: Arc::clone(&fence), chunks: batch.to_vec() });
+            fences.push(fence);
+        }
+        Ok(fences)
+    }
+
+    /// Enqueues the copies of one batch of consecutive chunks into `slots`.
+    fn copy_down(&mut self, batch: &[ChunkRef], slots: &[Slot], stream: StreamHandle) -> Result<(), DeviceError> {
+        let g = self.chunk;
+        let va0 = self.chunk_va(batch[0]);
+        let targets: Vec<Source> = slots.iter().map(|&s| Source::Host(self.host.addr(s))).collect();
+        for (k, n, dst) in coalesce(&targets, g) {
+            let Source::Host(dst) = dst else { unreachable!("every chunk has a slot") };
+            // SAFETY: the slots were just allocated for these chunks and nothing else uses them;
+            // the chunks stay mapped (PagingOut) until this copy's fence has completed.
+            let copied = unsafe { self.device.copy_to_host_async(dst, va0 + (k * g) as u64, n * g, stream) };
+            if let Err(e) = copied {
+                let _ = self.device.synchronize_stream(stream);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Host slots for `dirty`. When the tier is full: give up clean copies of resident chunks,
+    /// spill cold chunks to the file tier, and wait for slots that copies still read.
+    fn host_slots(&mut self, call: &'static str, dirty: &[ChunkRef]) -> Result<Vec<Slot>> {
+        let n = dirty.len();
+        loop {
+            if let Some(slots) = self.host.alloc(self.device.as_ref(), n).during(call)? {
+                return Ok(slots);
+            }
+            self.reclaim_host_copies(n);
+            if let Some(slots) = self.host.alloc(self.device.as_ref(), n).during(call)? {
+                return Ok(slots);
+            }
+            let spilled = self.spill_to_file(call, n)?;
+            if let Some(slots) = self.host.alloc(self.device.as_ref(), n).during(call)? {
+                return Ok(slots);
+            }
+            match self.next_host_release() {
+                Some(fence) => {
+                    fence.wait().during(call)?;
+                    self.reap()?;
+                }
+                None if spilled => {}
+                // Slots spilled while a background write still reads them come back once it is done.
+                None if self.host.has_freed_while_held() && self.complete_a_file_write() => {}
+                None => {
+                    // A copy up may have completed since `reclaim_host_copies` looked, freeing
+                    // its copy for reclaiming: one more try before giving up.
+                    self.reclaim_host_copies(n);
+                    if let Some(slots) = self.host.alloc(self.device.as_ref(), n).during(call)? {
+                        return Ok(slots);
+                    }
+                    return Err(Error::OutOfMemory {
+                        call,
+                        detail: format!(
+                            "{n} chunks must be copied to the host tier, which is full ({}); {}",
+                            self.host_holders(),
+                            self.describe_tiers()
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// The fence whose completion will next let a host slot be freed or spilled: a slot a copy
+    /// still reads, a chunk still being copied down, a clean copy a copy up still reads.
+    fn next_host_release(&self) -> Option<Arc<Fence>> {
+        if let Some((fence, _)) = self.retiring.front() {
+            return Some(Arc::clone(fence));
+        }
+        if let Some(group) = self.pending_down.first() {
+            return Some(Arc::clone(&group.fence));
+        }
+        self.buffers.values().flat_map(|b| &b.chunks).find_map(|chunk| match (&chunk.state, &chunk.ready) {
+            (ChunkState::Device { copy: Some(_), .. }, Some(ready)) if !matches!(ready.is_done(), Ok(true)) => {
+                Some(Arc::clone(ready))
+            }
+            _ => None,
+        })
+    }
+
+    /// Who holds the host tier's slots, for an out-of-memory message.
+    fn host_holders(&self) -> String {
+        let (mut data, mut copies, mut moving) = (0, 0, 0);
+        for chunk in self.buffers.values().flat_map(|b| &b.chunks) {
+            match chunk.state {
+                ChunkState::Host { .. } => data += 1,
+                ChunkState::Device { copy: Some(_), .. } => copies += 1,
+                ChunkState::PagingOut { slot: Some(_), .. } => moving += 1,
+                _ => {}
+            }
+        }
+        format!(
+            "held by {data} chunks' data, {copies} copies of resident chunks, {moving} chunks moving down, {} slots \
+             still read by copies, {} slots let go but still read by file writes",
+            self.retiring.len(),
+            self.host.freed_while_held_count()
+        )
+    }
+
+    /// Frees up to `wanted` host slots that only held copies of chunks still resident in HBM.
+    fn reclaim_host_copies(&mut self, wanted: usize) {
+        let mut freed = Vec::new();
+        'outer: for buffer in self.buffers.values_mut() {
+            for chunk in &mut buffer.chunks {
+                if freed.len() == wanted {
+                    break 'outer;
+                }
+                if let ChunkState::Device { copy, .. } = &mut chunk.state {
+                    if copy.is_some() && matches!(settled(&chunk.ready), Ok(true)) {
+                        freed.extend(copy.take());
+                    }
+                }
+            }
+        }
+        freed.into_iter().for_each(|s| self.host.free(s));
+    }
+
+    /// Chunks leave HBM: their physical chunks go back to the pool, and they become `Host` where
+    /// their data is safe in a slot, `File` where the file holds it. Their mappings stay, stale
+    /// (`alias`): no driver call. Nothing may still use them (their fences have completed).
+    pub fn detach_chunks(&mut self, items: &[(ChunkRef, PhysHandle, Option<Slot>)]) {
+        let mut items = items.to_vec();
+        items.sort_unstable_by_key(|&(r, _, _)| r);
+        // A chunk sent down, brought back and sent down again behind the same fence sits in two
+        // landed groups: detach it once.
+        items.dedup_by_key(|&mut (r, _, _)| r);
+        for (r, phys, slot) in items {
+            self.leave_hbm(r, phys, slot);
+            self.chunk_mut(r).alias = Some(phys);
+        }
+    }
+
+    /// The bookkeeping of a chunk leaving HBM (its mapping is the caller's business).
+    fn leave_hbm(&mut self, r: ChunkRef, phys: PhysHandle, slot: Option<Slot>) {
+        self.pool.give(phys);
+        self.holders.remove(&phys);
+        self.buffers.get_mut(&r.0).expect("chunk of a live buffer").mapped -= 1;
+        let chunk = self.chunk_mut(r);
+        chunk.state = match (slot, chunk.file) {
+            (Some(slot), _) => ChunkState::Host { slot },
+            (None, Some(_)) => ChunkState::File,
+            (None, None) => ChunkState::Empty,
+        };
+        (chunk.ready, chunk.busy) = (None, None);
+    }
+
+    /// Unmaps a buffer's chunks for `free`: resident ones leave HBM (`Empty` unless a slot or the
+    /// file holds their data), stale mappings go. Each chunk is marked as soon as it is
+    /// unmapped, so after a failure a retry unmaps only what is still mapped.
+    pub fn unmap_buffer(&mut self, id: BufferId) -> Result<(), DeviceError> {
+        for index in 0..self.buffers[&id].chunks.len() {
+            let r = (id, index);
+            let va = self.chunk_va(r);
+            let chunk = self.chunk_mut(r);
+            let resident = match chunk.state {
+                ChunkState::Device { phys, copy } => Some((phys, copy)),
+                ChunkState::PagingOut { phys, slot, .. } => Some((phys, slot)),
+                ChunkState::Empty | ChunkState::Host { .. } | ChunkState::File => None,
+            };
+            if resident.is_none() && chunk.alias.is_none() {
+                continue;
+            }
+            let started = std::time::Instant::now();
+            self.device.unmap(va, self.chunk)?;
+            self.counters.unmap_ms += started.elapsed().as_secs_f64() * 1e3;
+            let chunk = self.chunk_mut(r);
+            (chunk.alias, chunk.alias_lacks_access) = (None, false);
+            if let Some((phys, slot)) = resident {
+                self.leave_hbm(r, phys, slot);
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes whatever has finished: chunks whose copy down landed leave HBM, host slots
+    /// whose readers are done are freed, demand-copy timings are added up. Never blocks.
+    pub fn reap(&mut self) -> Result<()> {
+        let mut landed = Vec::new();
+        let mut i = 0;
+        while i < self.pending_down.len() {
+            if self.pending_down[i].fence.is_done().during("reap")? {
+                landed.push(self.pending_down.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        let mut items = Vec::new();
+        for group in &landed {
+            for &r in &group.chunks {
+                let Some(buffer) = self.buffers.get(&r.0) else { continue };
+                if let ChunkState::PagingOut { phys, slot, fence } = &buffer.chunks[r.1].state {
+                    if Arc::ptr_eq(fence, &group.fence) {
+                        items.push((r, *phys, *slot));
+                    }
+                }
+            }
+        }
+        self.detach_chunks(&items);
+        while let Some((fence, _)) = self.retiring.front() {
+            if !fence.is_done().during("reap")? {
+                break;
+            }
+            let (_, slot) = self.retiring.pop_front().expect("checked");
+            self.host.free(slot);
+        }
+        // Chunks beyond a budget that shrank go back to the driver as they become idle.
+        if self.pool.releasable(self.pool.cap()) > 0 {
+            self.release_idle_beyond("reap", self.pool.cap())?;
+        }
+        while let Some((start, end)) = self.timings.front() {
+            if !end.is_done().during("reap")? {
+                break;
+            }
+            self.counters.stall_ms += f64::from(end.elapsed_since(start).during("reap")?);
+            self.timings.pop_front();
+        }
+        Ok(())
+    }
+}
