@@ -129,6 +129,8 @@ struct Model {
     injecting: bool,
     /// Buffers whose `free` failed (injected): freed again at the end.
     half_freed: Vec<BufferId>,
+    /// Chunks those still hold in the tiers (their data is discarded, their room is not).
+    half_freed_chunks: usize,
 }
 
 impl Model {
@@ -148,10 +150,11 @@ impl Model {
     }
 
     /// Whether running out of memory is legitimate now: something is held, or the data no
-    /// longer fits in the host tier alone (then HBM and host together may be full).
+    /// longer fits in the tiers below HBM alone (then HBM and host together may be full; a
+    /// budget may leave HBM only one chunk). Buffers whose free failed still take room.
     fn may_run_out(&self) -> bool {
         let chunks: usize = self.buffers.iter().map(|(_, bytes, _)| bytes.len().div_ceil(CHUNK)).sum();
-        !self.holds.is_empty() || chunks > self.spill_chunks
+        !self.holds.is_empty() || chunks + self.half_freed_chunks > self.spill_chunks
     }
 
     /// Errors the engine may legitimately return for a valid request under tiny caps.
@@ -195,6 +198,7 @@ fn run(
         tickets: Vec::new(),
         injecting: sim.as_ref().is_some_and(|sim| sim.injecting_errors()),
         half_freed: Vec::new(),
+        half_freed_chunks: 0,
     };
     let mut scheduled = 0; // steps of the schedule set, 0 for none
     for op in ops {
@@ -387,8 +391,9 @@ fn run(
                         // A free that fails has discarded what it unmapped already (free's
                         // contract: retry it); the retry comes at the end, without injection.
                         prop_assert!(m.injected(&e), "free: {e}");
-                        m.buffers.remove(i);
+                        let (_, bytes, _) = m.buffers.remove(i);
                         m.half_freed.push(id);
+                        m.half_freed_chunks += bytes.len().div_ceil(CHUNK);
                     }
                 }
             }
