@@ -338,6 +338,27 @@ def decode_vs_bound(metrics, key, model, pool, prompt, steps, size, cap):
     return tokens, logits, batch / step_s / bound
 
 
+def where_time_goes(metrics, key, handle, pool, model, prompt, steps, size, cap):
+    """Diagnostics for a model whose decode falls short of the PCIe bound: the host time in
+    the engine calls the hooks make over one step, and the decode speed with the whole model
+    resident through tiermem (the budget raised above the model, then set back): the floor
+    that compute and the hooks leave, whatever the link does."""
+    timer = _CallTimer(pool)
+    handle.pool = timer
+    decode(model, prompt, 1)
+    handle.pool = pool
+    metrics[f"{key}_host_seconds_per_step"] = {name: round(t, 4) for name, t in timer.seconds.items()}
+    metrics[f"{key}_host_calls_per_step"] = dict(timer.calls)
+    pool.finish(pool.set_hbm_budget(size + GiB))
+    pool.page_in()
+    decode(model, prompt, 1)
+    _, _, step_s = decode(model, prompt, steps)
+    metrics[f"{key}_all_resident_decode_tok_s"] = prompt.shape[0] / step_s
+    pool.finish(pool.set_hbm_budget(cap))
+    log(f"{key}: host time in engine calls over two passes {metrics[f'{key}_host_seconds_per_step']}; "
+        f"all resident through tiermem {metrics[f'{key}_all_resident_decode_tok_s']:.1f} tok/s")
+
+
 def tied_loading_and_sleep(args, results):
     """A tied-embedding Llama (Llama-3.2's vocabulary) larger than the cap: saved with
     save_pretrained; the disk's read speed measured on its file with the page cache dropped;
@@ -381,6 +402,7 @@ def tied_loading_and_sleep(args, results):
         tokens, logits, ratios["tied_vs_pcie_bound"] = decode_vs_bound(metrics, "tied", model, pool, prompt, steps, size, cap)
         log(f"tied: {metrics['tied_decode_tok_s']:.1f} tok/s = {ratios['tied_vs_pcie_bound']:.2f} of the PCIe bound, "
             f"window {handle.window_bytes / MiB:.0f} MiB, {metrics['tied_traffic_vs_optimum']:.2f}x the optimum's traffic")
+        where_time_goes(metrics, "tied", handle, pool, model, prompt, steps, size, cap)
 
         # Sleep and wake: released HBM (the default), then kept HBM; the model must not change.
         wakes, kept = [], []
@@ -451,6 +473,7 @@ def mixture_of_experts(args, results):
     checks["moe_identical"] = torch.equal(tokens, ref_tokens) and torch.equal(logits, ref_logits)
     log(f"MoE ({size / GiB:.2f} GiB, cap {cap / GiB:.2f}): {metrics['moe_decode_tok_s']:.1f} tok/s = {ratios['moe_vs_pcie_bound']:.2f} of the PCIe bound, "
         f"window {handle.window_bytes / MiB:.0f} MiB, {metrics['moe_traffic_vs_optimum']:.2f}x the optimum's traffic")
+    where_time_goes(metrics, "moe", handle, pool, model, prompt, 8, size, cap)
     del model, handle, pool
     gc.collect()
     torch.cuda.empty_cache()
