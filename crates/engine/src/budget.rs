@@ -77,7 +77,8 @@ impl Inner {
             .take(need)
             .collect();
         if victims.len() < need {
-            let more = self.victims(call, need - victims.len())?;
+            // Without a schedule only settled chunks are offered; the others leave later.
+            let more = self.victims(call, need - victims.len(), &[], None)?;
             victims.extend(more.into_iter().filter(|r| !first.contains(r)));
             victims.truncate(need);
         }
@@ -86,20 +87,7 @@ impl Inner {
         if victims.is_empty() {
             return Ok(Vec::new());
         }
-        self.counters.evictions += victims.len() as u64;
-        if self.schedule.is_some() {
-            victims.iter().for_each(|&r| self.chunk_mut(r).streamed = true);
-        }
-        self.send_down(call, &victims)
-    }
-
-    /// Up to `count` resident, unacquired chunks, the policy's choice, sorted.
-    fn victims(&mut self, call: &'static str, count: usize) -> Result<Vec<ChunkRef>> {
-        let (refs, candidates) = self.candidates(&[], None, count).during(call)?;
-        let mut victims: Vec<ChunkRef> = self.select_victims(&candidates, count).into_iter().map(|i| refs[i]).collect();
-        // Without a schedule only settled chunks are candidates; the others leave on a later call.
-        victims.sort_unstable();
-        Ok(victims)
+        self.send_victims_down(call, &victims)
     }
 
     /// Gives idle physical chunks back to the driver until no more than `limit` exist (or no

@@ -64,30 +64,48 @@ impl Inner {
     /// by the policy (Belady while a schedule is set), and waits until they have left.
     /// `false` if there was nothing to evict.
     fn evict(&mut self, call: &'static str, count: usize, protect: &[ChunkRef], horizon: Option<u64>) -> Result<bool> {
-        let (refs, candidates) = self.candidates(protect, horizon, count).during(call)?;
-        if candidates.is_empty() {
+        let victims = self.victims(call, count, protect, horizon)?;
+        if victims.is_empty() {
             return Ok(false);
         }
-        let mut victims: Vec<ChunkRef> = self.select_victims(&candidates, count).into_iter().map(|i| refs[i]).collect();
-        victims.sort_unstable();
         self.evict_now(call, &victims)?;
         Ok(true)
     }
 
-    /// Sends `victims` (sorted) down and waits until they have left. With a schedule they are
-    /// marked as streamed (homes.rs).
+    /// Up to `count` chunks that may leave (as for [`Inner::candidates`]), the policy's
+    /// choice, sorted.
+    pub(crate) fn victims(
+        &mut self,
+        call: &'static str,
+        count: usize,
+        protect: &[ChunkRef],
+        horizon: Option<u64>,
+    ) -> Result<Vec<ChunkRef>> {
+        let (refs, candidates) = self.candidates(protect, horizon, count).during(call)?;
+        let mut victims: Vec<ChunkRef> = self.select_victims(&candidates, count).into_iter().map(|i| refs[i]).collect();
+        victims.sort_unstable();
+        Ok(victims)
+    }
+
+    /// Sends `victims` (sorted) down and waits until they have left.
     pub(crate) fn evict_now(&mut self, call: &'static str, victims: &[ChunkRef]) -> Result<()> {
-        self.counters.evictions += victims.len() as u64;
-        if self.schedule.is_some() {
-            victims.iter().for_each(|&r| self.chunk_mut(r).streamed = true);
-        }
-        let fences = self.send_down(call, victims)?;
+        let fences = self.send_victims_down(call, victims)?;
         let started = std::time::Instant::now();
         for fence in fences {
             fence.wait().during(call)?;
         }
         self.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
         self.reap()
+    }
+
+    /// Sends `victims` (sorted) down without waiting, counted as evictions; with a schedule
+    /// they are marked as streamed (homes.rs).
+    pub(crate) fn send_victims_down(&mut self, call: &'static str, victims: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
+        self.counters.evictions += victims.len() as u64;
+        if self.schedule.is_some() {
+            victims.iter().for_each(|&r| self.chunk_mut(r).streamed = true);
+        }
+        self.send_down(call, victims)
     }
 
     /// The policy's choice among `candidates`; Belady's while a schedule is set.
@@ -109,7 +127,7 @@ impl Inner {
     /// visited in Belady's order and only as many as give `count` chunks are offered (whole
     /// groups of equal next use, so the policy still breaks ties among all of them): an
     /// eviction looks at a few buffers, not at every chunk in HBM.
-    pub(crate) fn candidates(
+    fn candidates(
         &self,
         protect: &[ChunkRef],
         horizon: Option<u64>,
