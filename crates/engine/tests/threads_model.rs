@@ -451,7 +451,7 @@ fn every_byte_survives_threads_over_hbm_and_host() {
 }
 
 /// Three tiers: chunks spill to the file while other threads page out to it in the background
-/// (it found three bugs, now regression tests in timing_races.rs and write_races.rs).
+/// (it found three bugs, now regression tests in timing_races.rs and file_failpoints.rs).
 #[test]
 fn every_byte_survives_threads_over_three_tiers() {
     run_configs(true);

@@ -2,6 +2,9 @@
 //! `TIERMEM_TEST_BACKEND=cuda`), and deterministic byte patterns.
 #![allow(dead_code)]
 
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
+
 use std::sync::Arc;
 use tiermem::mechanism::{sim::SimDevice, BackendChoice, Device};
 use tiermem::{Engine, EngineConfig};
@@ -109,4 +112,11 @@ pub fn buffer_stats(engine: &Engine, buffer: tiermem::BufferId) -> tiermem::Buff
 /// Chunks acquired across all buffers.
 pub fn acquired_chunks(engine: &Engine) -> usize {
     engine.stats().buffers.iter().map(|b| b.acquired).sum()
+}
+
+/// HBM chunks in use must be exactly those the buffers hold (none lost by a rollback).
+pub fn assert_hbm_accounted(engine: &Engine) {
+    let stats = engine.stats();
+    let held: usize = stats.buffers.iter().map(|b| b.in_hbm + b.moving).sum();
+    assert_eq!(stats.hbm.chunks, held, "HBM chunks in use but owned by no chunk: {stats}");
 }
