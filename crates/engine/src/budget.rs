@@ -52,7 +52,9 @@ impl Inner {
     /// Whether more chunks are in use than the budget allows, counting those moving down as
     /// gone.
     pub(crate) fn over_budget(&self) -> bool {
-        self.pool.excess() > self.moving_down()
+        // `release` asks this every time: the common answer costs no scan.
+        let excess = self.pool.excess();
+        excess > 0 && excess > self.moving_down()
     }
 
     fn moving_down(&self) -> usize {
