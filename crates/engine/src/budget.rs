@@ -19,10 +19,10 @@
 //! below have no room for the excess, it stays in HBM (over budget) until they do: the budget
 //! change itself never fails for that, and neither does a `release`.
 
-use crate::chunk::ChunkState;
-use crate::engine::{ChunkRef, Inner};
+use crate::engine::Inner;
 use crate::error::Context;
 use crate::fence::Fence;
+use crate::state::ChunkRef;
 use crate::sync::Arc;
 use crate::{Error, Result};
 use std::collections::HashSet;
@@ -73,8 +73,8 @@ impl Inner {
             .iter()
             .copied()
             .filter(|&r| {
-                let chunk = self.chunk_mut(r);
-                chunk.pins == 0 && matches!(chunk.state, ChunkState::Device { .. })
+                let chunk = self.state.chunk(r);
+                chunk.pins() == 0 && chunk.is_resident()
             })
             .take(need)
             .collect();
@@ -109,23 +109,15 @@ impl Inner {
     fn release_chunks(&mut self, chunks: &[PhysHandle]) -> std::result::Result<usize, tiermem_mechanism::DeviceError> {
         let g = self.chunk;
         let idle: HashSet<PhysHandle> = chunks.iter().copied().collect();
-        let stale: Vec<(ChunkRef, u64)> = self
-            .buffers
-            .iter()
-            .flat_map(|(&id, b)| {
-                b.chunks.iter().enumerate().map(move |(i, c)| ((id, i), b.va + (i * g) as u64, c.alias))
-            })
-            .filter(|&(_, _, alias)| alias.is_some_and(|p| idle.contains(&p)))
-            .map(|(r, va, _)| (r, va))
-            .collect();
+        let stale: Vec<ChunkRef> =
+            self.state.chunks().filter(|(_, c)| c.alias().is_some_and(|p| idle.contains(&p))).map(|(r, _)| r).collect();
         let mut outcome = Ok(());
-        for (r, va) in stale {
-            outcome = self.device.unmap(va, g);
+        for r in stale {
+            outcome = self.device.unmap(self.state.va(r), g);
             if outcome.is_err() {
                 break;
             }
-            let chunk = self.chunk_mut(r);
-            (chunk.alias, chunk.alias_lacks_access) = (None, false);
+            self.state.unmapped(r);
         }
         let mut released = 0;
         for &p in chunks {

@@ -1,6 +1,3 @@
-use crate::chunk::Chunk;
-use tiermem_mechanism::DevicePtr;
-
 /// Identifies a buffer for its whole life; never reused within one engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BufferId(pub u64);
@@ -56,14 +53,4 @@ impl From<BufferId> for Region {
     fn from(buffer: BufferId) -> Self {
         Region::whole(buffer)
     }
-}
-
-pub(crate) struct Buffer {
-    pub va: DevicePtr,
-    pub size: usize,
-    pub reserved: usize,
-    pub options: AllocOptions,
-    pub chunks: Vec<Chunk>,
-    /// Chunks mapped in HBM (`Device` or `PagingOut`), so eviction can skip buffers with none.
-    pub mapped: usize,
 }

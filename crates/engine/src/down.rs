@@ -2,16 +2,17 @@
 //! left (`reap`, `detach_chunks`, `unmap_buffer`). movement.rs says how a copy down is
 //! ordered; host_slots says what a page-out does when the host tier is full.
 
-use crate::chunk::ChunkState;
-use crate::engine::{ChunkRef, Inner, PendingDown};
+use crate::engine::{Inner, PendingDown};
 use crate::error::Context;
 use crate::fence::{after_all, settled, Fence};
 use crate::host_tier::Slot;
 use crate::movement::{batches, coalesce, Source};
+use crate::state::ChunkRef;
+use crate::state::Location;
 use crate::BufferId;
 use crate::{Error, Result};
 use std::sync::Arc;
-use tiermem_mechanism::{DeviceError, PhysHandle, StreamHandle};
+use tiermem_mechanism::{DeviceError, StreamHandle};
 
 impl Inner {
     /// Moves resident, unacquired chunks (sorted) out of HBM. Returns the fences after which
@@ -21,28 +22,22 @@ impl Inner {
         let mut drop_now = Vec::new();
         let mut dirty = Vec::new();
         for &r in refs {
-            let chunk = self.chunk_mut(r);
-            let ChunkState::Device { phys, copy } = chunk.state else { continue };
-            // Clean: an identical copy is in the host tier (`Some(slot)`) or only in the file (`None`).
-            let clean = match (copy, chunk.file) {
-                (Some(slot), _) => Some(Some(slot)),
-                (None, Some(_)) => Some(None),
-                (None, None) => None,
-            };
-            match clean {
-                None => dirty.push(r),
-                Some(slot) => {
+            let chunk = self.state.chunk(r);
+            if !chunk.is_resident() {
+                continue;
+            }
+            match chunk.is_clean() {
+                false => dirty.push(r),
+                true => {
                     // It may leave only after both its last use and the copy that filled its
                     // slot or its HBM (cancelled page-outs leave that copy in flight): the
                     // first of them done proves nothing of the other.
-                    let in_flight: Vec<Arc<Fence>> =
-                        [&chunk.busy, &chunk.ready].into_iter().flatten().cloned().collect();
+                    let in_flight: Vec<Arc<Fence>> = chunk.in_flight().cloned().collect();
                     let unsettled = after_all(&self.events, self.streams.down, &in_flight).during(call)?;
-                    let chunk = self.chunk_mut(r);
                     match unsettled {
-                        None => drop_now.push((r, phys, slot)),
+                        None => drop_now.push(r),
                         Some(fence) => {
-                            chunk.state = ChunkState::PagingOut { phys, slot, fence: Arc::clone(&fence) };
+                            self.state.start_leaving(r, Arc::clone(&fence), None);
                             if !fences.iter().any(|f| Arc::ptr_eq(f, &fence)) {
                                 fences.push(Arc::clone(&fence));
                             }
@@ -80,8 +75,7 @@ impl Inner {
         let down = self.streams.down;
         let mut awaited: Vec<Arc<Fence>> = Vec::new();
         for &r in dirty {
-            let chunk = self.chunk_mut(r);
-            for fence in [&chunk.busy, &chunk.ready].into_iter().flatten() {
+            for fence in self.state.chunk(r).in_flight() {
                 if !fence.is_done().during(call)? && !awaited.iter().any(|a| Arc::ptr_eq(a, fence)) {
                     awaited.push(Arc::clone(fence));
                 }
@@ -100,9 +94,7 @@ impl Inner {
             next_slot += batch.len();
             let fence = self.events.record(down).during(call)?;
             for (&r, &slot) in batch.iter().zip(batch_slots) {
-                let chunk = self.chunk_mut(r);
-                let ChunkState::Device { phys, .. } = chunk.state else { unreachable!("dirty chunks are resident") };
-                chunk.state = ChunkState::PagingOut { phys, slot: Some(slot), fence: Arc::clone(&fence) };
+                self.state.start_leaving(r, Arc::clone(&fence), Some(slot));
             }
             self.counters.page_outs += batch.len() as u64;
             self.pending_down.push(PendingDown { fence: Arc::clone(&fence), chunks: batch.to_vec() });
@@ -114,7 +106,7 @@ impl Inner {
     /// Enqueues the copies of one batch of consecutive chunks into `slots`.
     fn copy_down(&mut self, batch: &[ChunkRef], slots: &[Slot], stream: StreamHandle) -> Result<(), DeviceError> {
         let g = self.chunk;
-        let va0 = self.chunk_va(batch[0]);
+        let va0 = self.state.va(batch[0]);
         let targets: Vec<Source> = slots.iter().map(|&s| Source::Host(self.host.addr(s))).collect();
         for (k, n, dst) in coalesce(&targets, g) {
             let Source::Host(dst) = dst else { unreachable!("every chunk has a slot") };
@@ -182,8 +174,8 @@ impl Inner {
         if let Some(group) = self.pending_down.first() {
             return Some(Arc::clone(&group.fence));
         }
-        self.buffers.values().flat_map(|b| &b.chunks).find_map(|chunk| match (&chunk.state, &chunk.ready) {
-            (ChunkState::Device { copy: Some(_), .. }, Some(ready)) if !matches!(ready.is_done(), Ok(true)) => {
+        self.state.chunks().find_map(|(_, chunk)| match chunk.ready() {
+            Some(ready) if chunk.is_resident() && chunk.host().is_some() && !matches!(ready.is_done(), Ok(true)) => {
                 Some(Arc::clone(ready))
             }
             _ => None,
@@ -193,11 +185,11 @@ impl Inner {
     /// Who holds the host tier's slots, for an out-of-memory message.
     fn host_holders(&self) -> String {
         let (mut data, mut copies, mut moving) = (0, 0, 0);
-        for chunk in self.buffers.values().flat_map(|b| &b.chunks) {
-            match chunk.state {
-                ChunkState::Host { .. } => data += 1,
-                ChunkState::Device { copy: Some(_), .. } => copies += 1,
-                ChunkState::PagingOut { slot: Some(_), .. } => moving += 1,
+        for (_, chunk) in self.state.chunks() {
+            match (chunk.location(), chunk.host()) {
+                (Location::Host(_), _) => data += 1,
+                (Location::Hbm { leaving: false, .. }, Some(_)) => copies += 1,
+                (Location::Hbm { leaving: true, .. }, Some(_)) => moving += 1,
                 _ => {}
             }
         }
@@ -211,75 +203,54 @@ impl Inner {
 
     /// Frees up to `wanted` host slots that only held copies of chunks still resident in HBM.
     fn reclaim_host_copies(&mut self, wanted: usize) {
-        let mut freed = Vec::new();
-        'outer: for buffer in self.buffers.values_mut() {
-            for chunk in &mut buffer.chunks {
-                if freed.len() == wanted {
-                    break 'outer;
-                }
-                if let ChunkState::Device { copy, .. } = &mut chunk.state {
-                    if copy.is_some() && matches!(settled(&chunk.ready), Ok(true)) {
-                        freed.extend(copy.take());
-                    }
-                }
-            }
+        let spare: Vec<ChunkRef> = self
+            .state
+            .chunks()
+            .filter(|(_, c)| c.is_resident() && c.host().is_some() && matches!(settled(c.ready()), Ok(true)))
+            .map(|(r, _)| r)
+            .take(wanted)
+            .collect();
+        for r in spare {
+            let slot = self.state.drop_host_copy(r).expect("a host copy");
+            self.host.free(slot);
         }
-        freed.into_iter().for_each(|s| self.host.free(s));
     }
 
-    /// Chunks leave HBM: their physical chunks go back to the pool, and they become `Host` where
-    /// their data is safe in a slot, `File` where the file holds it. Their mappings stay, stale
-    /// (`alias`): no driver call. Nothing may still use them (their fences have completed).
-    pub fn detach_chunks(&mut self, items: &[(ChunkRef, PhysHandle, Option<Slot>)]) {
-        let mut items = items.to_vec();
-        items.sort_unstable_by_key(|&(r, _, _)| r);
+    /// Chunks leave HBM: their physical chunks go back to the pool, and their bytes are where
+    /// their copies are (host or file). Their mappings stay, stale (`alias`): no driver call.
+    /// Nothing may still use them (their fences have completed).
+    pub fn detach_chunks(&mut self, refs: &[ChunkRef]) {
+        let mut refs = refs.to_vec();
+        refs.sort_unstable();
         // A chunk sent down, brought back and sent down again behind the same fence sits in two
         // landed groups: detach it once.
-        items.dedup_by_key(|&mut (r, _, _)| r);
-        for (r, phys, slot) in items {
-            self.leave_hbm(r, phys, slot);
-            self.chunk_mut(r).alias = Some(phys);
+        refs.dedup();
+        for r in refs {
+            let phys = self.state.leave_hbm(r);
+            self.pool.give(phys);
         }
-    }
-
-    /// The bookkeeping of a chunk leaving HBM (its mapping is the caller's business).
-    fn leave_hbm(&mut self, r: ChunkRef, phys: PhysHandle, slot: Option<Slot>) {
-        self.pool.give(phys);
-        self.holders.remove(&phys);
-        self.buffers.get_mut(&r.0).expect("chunk of a live buffer").mapped -= 1;
-        let chunk = self.chunk_mut(r);
-        chunk.state = match (slot, chunk.file) {
-            (Some(slot), _) => ChunkState::Host { slot },
-            (None, Some(_)) => ChunkState::File,
-            (None, None) => ChunkState::Empty,
-        };
-        (chunk.ready, chunk.busy) = (None, None);
     }
 
     /// Unmaps a buffer's chunks for `free`: resident ones leave HBM (`Empty` unless a slot or the
     /// file holds their data), stale mappings go. Each chunk is marked as soon as it is
     /// unmapped, so after a failure a retry unmaps only what is still mapped.
     pub fn unmap_buffer(&mut self, id: BufferId) -> Result<(), DeviceError> {
-        for index in 0..self.buffers[&id].chunks.len() {
+        let chunks = self.state.buffer(id).expect("a live buffer").chunks().len();
+        for index in 0..chunks {
             let r = (id, index);
-            let va = self.chunk_va(r);
-            let chunk = self.chunk_mut(r);
-            let resident = match chunk.state {
-                ChunkState::Device { phys, copy } => Some((phys, copy)),
-                ChunkState::PagingOut { phys, slot, .. } => Some((phys, slot)),
-                ChunkState::Empty | ChunkState::Host { .. } | ChunkState::File => None,
-            };
-            if resident.is_none() && chunk.alias.is_none() {
+            let chunk = self.state.chunk(r);
+            let in_hbm = chunk.phys().is_some();
+            if !in_hbm && chunk.alias().is_none() {
                 continue;
             }
             let started = std::time::Instant::now();
-            self.device.unmap(va, self.chunk)?;
+            self.device.unmap(self.state.va(r), self.chunk)?;
             self.counters.unmap_ms += started.elapsed().as_secs_f64() * 1e3;
-            let chunk = self.chunk_mut(r);
-            (chunk.alias, chunk.alias_lacks_access) = (None, false);
-            if let Some((phys, slot)) = resident {
-                self.leave_hbm(r, phys, slot);
+            if in_hbm {
+                let phys = self.state.leave_hbm(r);
+                self.pool.give(phys);
             }
+            self.state.unmapped(r);
         }
         Ok(())
     }
@@ -299,11 +270,9 @@ impl Inner {
         let mut items = Vec::new();
         for group in &landed {
             for &r in &group.chunks {
-                let Some(buffer) = self.buffers.get(&r.0) else { continue };
-                if let ChunkState::PagingOut { phys, slot, fence } = &buffer.chunks[r.1].state {
-                    if Arc::ptr_eq(fence, &group.fence) {
-                        items.push((r, *phys, *slot));
-                    }
+                let Some(buffer) = self.state.buffer(r.0) else { continue };
+                if buffer.chunks()[r.1].leaving().is_some_and(|fence| Arc::ptr_eq(fence, &group.fence)) {
+                    items.push(r);
                 }
             }
         }

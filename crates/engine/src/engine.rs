@@ -10,7 +10,7 @@
 //! block while holding the lock, and what they wait for, are listed in ARCHITECTURE.md
 //! ("Locking"); the engine's own threads (the file reader, file writers) never take the lock.
 
-use crate::buffer::{Access, AllocOptions, Buffer, BufferId, Region};
+use crate::buffer::{Access, AllocOptions, BufferId, Region};
 use crate::chunk_pool::ChunkPool;
 use crate::error::Context;
 use crate::fence::{EventPool, Fence};
@@ -19,15 +19,13 @@ use crate::file_tier::FileTier;
 use crate::file_writes::BackgroundWrites;
 use crate::host_tier::{HostTier, Slot};
 use crate::schedule::Schedule;
+use crate::state::{ChunkRef, ChunkTable};
 use crate::stats::Counters;
 use crate::sync::{Arc, Mutex, MutexGuard};
 use crate::{EngineConfig, Error, Result};
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use tiermem_mechanism::{Device, DeviceInfo, PhysHandle, StreamHandle, StreamPriority};
+use std::collections::{HashMap, VecDeque};
+use tiermem_mechanism::{Device, DeviceInfo, StreamHandle, StreamPriority};
 use tiermem_policy::{new_policy, EvictionPolicy, PolicyKind};
-
-/// A chunk: its buffer and its index in the buffer.
-pub(crate) type ChunkRef = (BufferId, usize);
 
 /// What `page_in` and `page_out` act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,14 +66,9 @@ pub(crate) struct Inner {
     pub device: Arc<dyn Device>,
     pub chunk: usize,
     pub batch: usize,
-    pub buffers: BTreeMap<BufferId, Buffer>,
-    pub next_buffer: u64,
-    pub clock: u64,
-    /// Chunks acquired at least once (`pins > 0`): HBM that eviction cannot free.
-    pub pinned: usize,
+    /// Buffers and their chunks: the only writer of chunk state (state.rs).
+    pub state: ChunkTable,
     pub pool: ChunkPool,
-    /// The chunk each physical chunk in use serves (`Device` or `PagingOut`): homes.rs.
-    pub holders: HashMap<PhysHandle, ChunkRef>,
     pub host: HostTier,
     pub policy: Box<dyn EvictionPolicy>,
     pub events: Arc<EventPool>,
@@ -136,12 +129,8 @@ impl Engine {
             device: Arc::clone(&device),
             chunk,
             batch: config.batch_chunks.max(1),
-            buffers: BTreeMap::new(),
-            next_buffer: 1,
-            clock: 0,
-            pinned: 0,
+            state: ChunkTable::new(chunk),
             pool: ChunkPool::new(caps.hbm / chunk),
-            holders: HashMap::new(),
             host: HostTier::new(chunk, caps.host),
             policy: new_policy(config.policy, config.seed),
             events: EventPool::new(Arc::clone(&device)),
@@ -240,7 +229,7 @@ impl Engine {
             return Err(Error::Schedule { call: "set_schedule", detail: "a schedule needs at least one step".into() });
         }
         inner.schedule = Some(Schedule::new(steps));
-        inner.buffers.values_mut().flat_map(|b| &mut b.chunks).for_each(|c| c.streamed = false);
+        inner.state.forget_streaming();
         Ok(())
     }
 
@@ -340,7 +329,7 @@ impl Engine {
         let mut inner = self.lock();
         inner.reap()?;
         // Buffers freed since the start have nothing left to move.
-        let live: Vec<ChunkRef> = work.then_to_file.into_iter().filter(|r| inner.buffers.contains_key(&r.0)).collect();
+        let live: Vec<ChunkRef> = work.then_to_file.into_iter().filter(|r| inner.state.buffer(r.0).is_some()).collect();
         inner.spill_chunks("finish", &live)
     }
 

@@ -3,10 +3,10 @@
 //! This and a page-in ahead of the schedule (which waits for its victims to pace the caller
 //! to the GPU) are where the host waits for copies.
 
-use crate::chunk::ChunkState;
-use crate::engine::{ChunkRef, Inner};
+use crate::engine::Inner;
 use crate::error::Context;
 use crate::fence::{settled, Fence};
+use crate::state::ChunkRef;
 use crate::BufferId;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -103,7 +103,7 @@ impl Inner {
     pub(crate) fn send_victims_down(&mut self, call: &'static str, victims: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
         self.counters.evictions += victims.len() as u64;
         if self.schedule.is_some() {
-            victims.iter().for_each(|&r| self.chunk_mut(r).streamed = true);
+            victims.iter().for_each(|&r| self.state.mark_streamed(r));
         }
         self.send_down(call, victims)
     }
@@ -134,8 +134,8 @@ impl Inner {
         count: usize,
     ) -> Result<(Vec<ChunkRef>, Vec<Candidate>), DeviceError> {
         let mut order: Vec<(Option<std::cmp::Reverse<u64>>, BufferId)> = Vec::new();
-        for (&id, buffer) in &self.buffers {
-            if buffer.mapped == 0 {
+        for (id, buffer) in self.state.buffers() {
+            if buffer.mapped() == 0 {
                 continue;
             }
             let next_use = self.schedule.as_ref().and_then(|s| s.next_use(id));
@@ -156,19 +156,18 @@ impl Inner {
                 break;
             }
             group = Some(key);
-            let buffer = &self.buffers[&id];
-            for (index, chunk) in buffer.chunks.iter().enumerate() {
-                let ChunkState::Device { copy, .. } = chunk.state else { continue };
-                if chunk.pins > 0 || protect.binary_search(&(id, index)).is_ok() {
+            let buffer = self.state.buffer(id).expect("a live buffer");
+            for (index, chunk) in buffer.chunks().iter().enumerate() {
+                if !chunk.is_resident() || chunk.pins() > 0 || protect.binary_search(&(id, index)).is_ok() {
                     continue;
                 }
-                if self.schedule.is_none() && (!settled(&chunk.ready)? || !settled(&chunk.busy)?) {
+                if self.schedule.is_none() && (!settled(chunk.ready())? || !settled(chunk.busy())?) {
                     continue;
                 }
                 candidates.push(Candidate {
                     key: refs.len() as u64,
-                    last_use: chunk.last_use,
-                    clean: copy.is_some(),
+                    last_use: chunk.last_use(),
+                    clean: chunk.host().is_some(),
                     priority: buffer.options.priority,
                     next_use: key.map(|r| r.0),
                 });
@@ -187,15 +186,13 @@ impl Inner {
             return Settling::Wait(Arc::clone(&group.fence));
         }
         let mut settled = false;
-        for (&id, buffer) in &self.buffers {
-            for (index, chunk) in buffer.chunks.iter().enumerate() {
-                if !chunk.is_resident() || chunk.pins > 0 || protect.binary_search(&(id, index)).is_ok() {
-                    continue;
-                }
-                match [&chunk.busy, &chunk.ready].into_iter().flatten().find(|f| !matches!(f.is_done(), Ok(true))) {
-                    Some(fence) => return Settling::Wait(Arc::clone(fence)),
-                    None => settled = true,
-                }
+        for (r, chunk) in self.state.chunks() {
+            if !chunk.is_resident() || chunk.pins() > 0 || protect.binary_search(&r).is_ok() {
+                continue;
+            }
+            match chunk.in_flight().find(|f| !matches!(f.is_done(), Ok(true))) {
+                Some(fence) => return Settling::Wait(Arc::clone(fence)),
+                None => settled = true,
             }
         }
         if settled {

@@ -197,6 +197,6 @@ pub(crate) fn after_all(
 }
 
 /// Whether an optional fence is absent or completed.
-pub(crate) fn settled(fence: &Option<Arc<Fence>>) -> Result<bool> {
-    fence.as_ref().map_or(Ok(true), |f| f.is_done())
+pub(crate) fn settled(fence: Option<&Arc<Fence>>) -> Result<bool> {
+    fence.map_or(Ok(true), |f| f.is_done())
 }

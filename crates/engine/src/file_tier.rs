@@ -14,10 +14,10 @@
 //! within each call); the write of `page_out_to_file_start` runs in the background
 //! (file_writes.rs).
 
-use crate::chunk::ChunkState;
-use crate::engine::{ChunkRef, Inner};
+use crate::engine::Inner;
 use crate::file_reads::FileReader;
 use crate::host_tier::Slot;
+use crate::state::{ChunkRef, Location};
 use crate::{Error, Result};
 use std::sync::Arc;
 use tiermem_mechanism::file_store::{FileSlot, FileStore};
@@ -41,14 +41,14 @@ impl Inner {
             return Ok(false);
         }
         let (mut refs, mut candidates) = (Vec::new(), Vec::new());
-        for (&id, buffer) in &self.buffers {
-            for (index, chunk) in buffer.chunks.iter().enumerate() {
-                if let ChunkState::Host { .. } = chunk.state {
+        for (id, buffer) in self.state.buffers() {
+            for (index, chunk) in buffer.chunks().iter().enumerate() {
+                if let Location::Host(_) = chunk.location() {
                     let key = refs.len() as u64;
                     candidates.push(Candidate {
                         key,
-                        last_use: chunk.last_use,
-                        clean: chunk.file.is_some(),
+                        last_use: chunk.last_use(),
+                        clean: chunk.file().is_some(),
                         priority: buffer.options.priority,
                         next_use: self.schedule.as_ref().and_then(|s| s.next_use(id)),
                     });
@@ -72,9 +72,9 @@ impl Inner {
         let host_chunks: Vec<(ChunkRef, Slot, Option<FileSlot>)> = refs
             .iter()
             .filter_map(|&r| {
-                let chunk = self.chunk_mut(r);
-                match chunk.state {
-                    ChunkState::Host { slot } => Some((r, slot, chunk.file)),
+                let chunk = self.state.chunk(r);
+                match chunk.location() {
+                    Location::Host(slot) => Some((r, slot, chunk.file())),
                     _ => None,
                 }
             })
@@ -101,10 +101,10 @@ impl Inner {
         };
         self.counters.file_writes += written.len() as u64;
         for (&(r, _), &fslot) in to_write.iter().zip(&written) {
-            self.chunk_mut(r).file = Some(fslot);
+            self.state.add_file_copy(r, fslot);
         }
-        for (r, slot, _) in host_chunks {
-            self.chunk_mut(r).state = ChunkState::File;
+        for (r, _, _) in host_chunks {
+            let slot = self.state.leave_host(r);
             self.host.free(slot);
         }
         Ok(())

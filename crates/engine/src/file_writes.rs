@@ -27,10 +27,10 @@
 //!
 //! Dropping the engine joins unfinished writes before it unpins anything.
 
-use crate::chunk::ChunkState;
-use crate::engine::{ChunkRef, Inner};
+use crate::engine::Inner;
 use crate::fence::Fence;
 use crate::host_tier::Slot;
+use crate::state::{ChunkRef, Location};
 use crate::sync::{thread, Arc, Condvar, Mutex};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
@@ -106,21 +106,21 @@ impl Inner {
         let sources: Vec<(ChunkRef, Slot)> = refs
             .iter()
             .filter_map(|&r| {
-                let chunk = self.chunk_mut(r);
-                let slot = match &chunk.state {
-                    ChunkState::Host { slot } => *slot,
-                    ChunkState::PagingOut { slot: Some(slot), fence, .. } => {
-                        if chunk.file.is_none() && !fences.iter().any(|f| Arc::ptr_eq(f, fence)) {
+                let chunk = self.state.chunk(r);
+                let slot = match (chunk.location(), chunk.host(), chunk.leaving()) {
+                    (Location::Host(slot), _, _) => slot,
+                    (Location::Hbm { leaving: true, .. }, Some(slot), Some(fence)) => {
+                        if chunk.file().is_none() && !fences.iter().any(|f| Arc::ptr_eq(f, fence)) {
                             fences.push(Arc::clone(fence));
                         }
-                        *slot
+                        slot
                     }
                     _ => return None,
                 };
                 // A slot already held is being written by an earlier write still in flight:
                 // that write gives the chunk its file copy (or, if the chunk lets the slot go
                 // first, whoever spills it writes it then).
-                (chunk.file.is_none() && !self.host.is_held(slot)).then_some((r, slot))
+                (chunk.file().is_none() && !self.host.is_held(slot)).then_some((r, slot))
             })
             .collect();
         if sources.is_empty() {
@@ -168,9 +168,9 @@ impl Inner {
             // The chunk must still hold the slot as a copy of its bytes. A chunk acquired for
             // writing lets its slot go through `retire`, which frees it only once copies
             // reading it are done: until then the slot is neither free nor the chunk's.
-            let owned = outcome.is_ok() && !self.host.freed_while_held(slot) && self.holds_slot(r, slot);
+            let owned = outcome.is_ok() && !self.host.freed_while_held(slot) && self.state.holds_slot(r, slot);
             match owned {
-                true => self.chunk_mut(r).file = Some(fslot),
+                true => self.state.add_file_copy(r, fslot),
                 false => unused.push(fslot),
             }
             self.host.unhold(slot);
@@ -182,16 +182,6 @@ impl Inner {
 }
 
 impl Inner {
-    /// Whether chunk `r` (of a buffer still alive) holds `slot` as a copy of its bytes.
-    fn holds_slot(&self, (id, index): ChunkRef, slot: Slot) -> bool {
-        let Some(buffer) = self.buffers.get(&id) else { return false };
-        match buffer.chunks[index].state {
-            ChunkState::Host { slot: s } | ChunkState::Device { copy: Some(s), .. } => s == slot,
-            ChunkState::PagingOut { slot: Some(s), .. } => s == slot,
-            _ => false,
-        }
-    }
-
     /// Completes the oldest background write whose host slots were let go meanwhile (they
     /// come back only when it is committed), for a page-out that finds the host tier full of
     /// them. Joins the writer under the engine lock, which the writer never takes; `finish`

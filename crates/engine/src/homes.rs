@@ -21,7 +21,8 @@
 //! A holder that may not leave (needed sooner, or acquired) leaves its home taken: the
 //! incoming chunk gets whatever Belady frees and maps afresh, as before.
 
-use crate::engine::{ChunkRef, Inner};
+use crate::engine::Inner;
+use crate::state::ChunkRef;
 use crate::Result;
 
 impl Inner {
@@ -37,15 +38,15 @@ impl Inner {
         let schedule = self.schedule.as_ref().expect("homes matter only with a schedule");
         let mut holders: Vec<ChunkRef> = todo
             .iter()
-            .filter_map(|&r| self.holders.get(&self.buffers[&r.0].chunks[r.1].alias?).copied())
-            .filter(|&(id, index)| {
-                let chunk = &self.buffers[&id].chunks[index];
-                let may_leave = schedule.next_use(id).is_none_or(|next| next > horizon);
-                chunk.streamed
-                    && chunk.pins == 0
+            .filter_map(|&r| self.state.holder(self.state.chunk(r).alias()?))
+            .filter(|&holder| {
+                let chunk = self.state.chunk(holder);
+                let may_leave = schedule.next_use(holder.0).is_none_or(|next| next > horizon);
+                chunk.streamed()
+                    && chunk.pins() == 0
                     && may_leave
                     && chunk.is_resident()
-                    && protect.binary_search(&(id, index)).is_err()
+                    && protect.binary_search(&holder).is_err()
             })
             .collect();
         if holders.is_empty() {

@@ -20,7 +20,6 @@
 
 mod budget;
 mod buffer;
-mod chunk;
 mod chunk_pool;
 mod config;
 mod down;
@@ -39,6 +38,7 @@ mod model_checks;
 mod movement;
 mod residency;
 mod schedule;
+mod state;
 mod stats;
 mod sync;
 mod transfers;

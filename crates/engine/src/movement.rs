@@ -28,14 +28,14 @@
 //! have left (`reap`), are in down.rs. Streams: `up` for demand, `prefetch` (low priority) for prefetches,
 //! `down` for page-outs, so the two directions overlap on the two copy engines.
 
-use crate::chunk::ChunkState;
-use crate::engine::{ChunkRef, Inner};
+use crate::engine::Inner;
 use crate::error::Context;
 use crate::fence::Fence;
+use crate::state::{ChunkRef, Fill, Location};
 use crate::{Error, Result};
 use std::sync::Arc;
 use tiermem_mechanism::file_store::FileSlot;
-use tiermem_mechanism::{DeviceError, DevicePtr, HostPtr, PhysHandle, StreamHandle};
+use tiermem_mechanism::{DeviceError, HostPtr, PhysHandle, StreamHandle};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Purpose {
@@ -55,19 +55,12 @@ impl Inner {
         debug_assert!(wanted.windows(2).all(|w| w[0] < w[1]), "chunk lists are sorted");
         let mut todo = Vec::new();
         for &r in wanted {
-            let chunk = self.chunk_mut(r);
-            match std::mem::replace(&mut chunk.state, ChunkState::Empty) {
+            match self.state.chunk(r).location() {
                 // Still in HBM: cancel the move. Its slot holds (or will, once the fence is done)
                 // an identical copy, so it stays clean; users wait for the copy before writing.
-                ChunkState::PagingOut { phys, slot, fence } => {
-                    chunk.state = ChunkState::Device { phys, copy: slot };
-                    chunk.ready = Some(fence);
-                }
-                state @ (ChunkState::Empty | ChunkState::Host { .. } | ChunkState::File) => {
-                    chunk.state = state;
-                    todo.push(r);
-                }
-                state @ ChunkState::Device { .. } => chunk.state = state,
+                Location::Hbm { leaving: true, .. } => self.state.cancel_leaving(r),
+                Location::Hbm { leaving: false, .. } => {}
+                Location::Empty | Location::Host(_) | Location::File(_) => todo.push(r),
             }
         }
         if todo.is_empty() {
@@ -117,7 +110,7 @@ impl Inner {
         // time, each behind a fence of its own; those fences are made first, so that nothing
         // is mapped unless every read can be queued.
         let group = crate::file_reads::GROUP_BATCHES * self.batch;
-        let from_file = todo.iter().filter(|&&r| matches!(self.chunk_mut(r).state, ChunkState::File)).count();
+        let from_file = todo.iter().filter(|&&r| matches!(self.state.chunk(r).location(), Location::File(_))).count();
         let mut read_fences = Vec::with_capacity(from_file.div_ceil(group));
         for _ in 0..from_file.div_ceil(group) {
             match self.events.later() {
@@ -134,11 +127,11 @@ impl Inner {
         let (mut read, mut failure) = (0, None);
         for batch in batches(&todo, self.batch) {
             let batch_phys: Vec<PhysHandle> = phys.by_ref().take(batch.len()).collect();
-            let file_chunks: Vec<(ChunkRef, Option<FileSlot>)> = batch
+            let file_chunks: Vec<(ChunkRef, FileSlot)> = batch
                 .iter()
-                .filter_map(|&r| {
-                    let chunk = self.chunk_mut(r);
-                    matches!(chunk.state, ChunkState::File).then_some((r, chunk.file))
+                .filter_map(|&r| match self.state.chunk(r).location() {
+                    Location::File(slot) => Some((r, slot)),
+                    _ => None,
                 })
                 .collect();
             if let Err(e) = self.copy_up(batch, &batch_phys, stream) {
@@ -172,7 +165,7 @@ impl Inner {
             }
         };
         for &r in &landed {
-            self.chunk_mut(r).ready = Some(Arc::clone(&fence));
+            self.state.set_ready(r, Some(Arc::clone(&fence)));
         }
         if let Some(start) = start {
             self.timings.push_back((start, Arc::clone(&fence)));
@@ -186,14 +179,14 @@ impl Inner {
     fn queue_read(
         &mut self,
         call: &'static str,
-        reads: Vec<(ChunkRef, Option<FileSlot>)>,
+        reads: Vec<(ChunkRef, FileSlot)>,
         fences: &mut impl Iterator<Item = Arc<Fence>>,
     ) -> Arc<Fence> {
         let fence = fences.next().expect("one fence was made per group");
         let mut items = Vec::with_capacity(reads.len());
         for (r, file) in reads {
-            items.push((file.expect("a File chunk has a file slot"), self.chunk_va(r)));
-            self.chunk_mut(r).ready = Some(Arc::clone(&fence));
+            items.push((file, self.state.va(r)));
+            self.state.set_ready(r, Some(Arc::clone(&fence)));
         }
         self.counters.file_reads += items.len() as u64;
         let tier = self.file.as_ref().expect("File chunks exist only with a file tier");
@@ -205,7 +198,7 @@ impl Inner {
     /// serve: a chunk whose stale mapping points at an idle physical chunk takes that one (it
     /// needs no driver call), the others whatever is idle or can still be created.
     fn take_phys(&mut self, call: &'static str, todo: &[ChunkRef]) -> Result<Vec<PhysHandle>> {
-        let aliases: Vec<Option<PhysHandle>> = todo.iter().map(|&r| self.chunk_mut(r).alias).collect();
+        let aliases: Vec<Option<PhysHandle>> = todo.iter().map(|&r| self.state.chunk(r).alias()).collect();
         let mut phys: Vec<Option<PhysHandle>> =
             aliases.into_iter().map(|alias| alias.filter(|&p| self.pool.take_exact(p))).collect();
         for slot in phys.iter_mut().filter(|slot| slot.is_none()) {
@@ -229,7 +222,7 @@ impl Inner {
     /// physical chunks are back in the pool.
     fn copy_up(&mut self, batch: &[ChunkRef], phys: &[PhysHandle], stream: StreamHandle) -> Result<(), DeviceError> {
         let g = self.chunk;
-        let va0 = self.chunk_va(batch[0]);
+        let va0 = self.state.va(batch[0]);
         let device = Arc::clone(&self.device);
         // Chunks still mapped at their physical chunk need nothing; a stale mapping elsewhere
         // is unmapped first.
@@ -237,20 +230,18 @@ impl Inner {
         let mut outcome = Ok(());
         for (i, (&r, &p)) in batch.iter().zip(phys).enumerate() {
             let va = va0 + (i * g) as u64;
-            let chunk = self.chunk_mut(r);
-            let alias = chunk.alias;
-            if alias == Some(p) && !chunk.alias_lacks_access {
+            let chunk = self.state.chunk(r);
+            if chunk.maps(p) {
                 continue;
             }
-            if alias.is_some() {
+            if chunk.alias().is_some() {
                 let started = std::time::Instant::now();
                 outcome = device.unmap(va, g);
                 self.counters.unmap_ms += started.elapsed().as_secs_f64() * 1e3;
                 if outcome.is_err() {
                     break;
                 }
-                let chunk = self.chunk_mut(r);
-                (chunk.alias, chunk.alias_lacks_access) = (None, false);
+                self.state.unmapped(r);
             }
             let started = std::time::Instant::now();
             outcome = device.map(va, p);
@@ -269,10 +260,10 @@ impl Inner {
         if outcome.is_ok() {
             let sources: Vec<Source> = batch
                 .iter()
-                .map(|&r| match self.chunk_mut(r).state {
-                    ChunkState::Host { slot } => Source::Host(self.host.addr(slot)),
-                    ChunkState::File => Source::File,
-                    _ => Source::Zeros,
+                .map(|&r| match self.state.chunk(r).location() {
+                    Location::Host(slot) => Source::Host(self.host.addr(slot)),
+                    Location::File(_) => Source::File,
+                    Location::Empty | Location::Hbm { .. } => Source::Zeros,
                 })
                 .collect();
             for (k, n, source) in coalesce(&sources, g) {
@@ -297,34 +288,19 @@ impl Inner {
             // (Unrecorded, it made freeing the buffer fail for ever.)
             for (r, p, va) in fresh {
                 if device.unmap(va, g).is_err() {
-                    let chunk = self.chunk_mut(r);
-                    (chunk.alias, chunk.alias_lacks_access) = (Some(p), true);
+                    self.state.mapped_without_access(r, p);
                 }
             }
             phys.iter().for_each(|&p| self.pool.give(p));
             return Err(e);
         }
         for (&r, &p) in batch.iter().zip(phys) {
-            let chunk = self.chunk_mut(r);
-            let (copy, copied) = match chunk.state {
-                ChunkState::Host { slot } => (Some(slot), true),
-                ChunkState::File => (None, true),
-                _ => (None, false),
-            };
-            chunk.state = ChunkState::Device { phys: p, copy };
-            chunk.alias = None;
-            self.holders.insert(p, r);
-            self.buffers.get_mut(&r.0).expect("chunk of a live buffer").mapped += 1;
-            match copied {
-                true => self.counters.page_ins += 1,
-                false => self.counters.zero_fills += 1,
+            match self.state.enter_hbm(r, p) {
+                Fill::Copied => self.counters.page_ins += 1,
+                Fill::Zeroed => self.counters.zero_fills += 1,
             }
         }
         Ok(())
-    }
-
-    pub fn chunk_va(&self, (id, index): ChunkRef) -> DevicePtr {
-        self.buffers[&id].va + (index * self.chunk) as u64
     }
 }
 

@@ -2,23 +2,19 @@
 //! chunks are acquired (made resident and pinned, the user's stream made to wait for them),
 //! released, prefetched and paged ahead along a schedule (`advance`).
 
-use crate::buffer::{Access, AllocOptions, Buffer, BufferId, Region};
-use crate::chunk::{Chunk, ChunkState};
-use crate::engine::{retag, ChunkRef, Inner};
+use crate::buffer::{Access, AllocOptions, BufferId, Region};
+use crate::engine::{retag, Inner};
 use crate::error::Context;
 use crate::fence::Fence;
 use crate::host_tier::Slot;
+use crate::state::{Buffer, ChunkRef};
 use crate::sync::Arc;
 use crate::{Error, Result};
 use tiermem_mechanism::StreamHandle;
 
 impl Inner {
     pub(crate) fn buffer(&self, call: &'static str, id: BufferId) -> Result<&Buffer> {
-        self.buffers.get(&id).ok_or(Error::UnknownBuffer { call, buffer: id })
-    }
-
-    pub(crate) fn chunk_mut(&mut self, (id, index): ChunkRef) -> &mut Chunk {
-        &mut self.buffers.get_mut(&id).expect("chunk of a live buffer").chunks[index]
+        self.state.buffer(id).ok_or(Error::UnknownBuffer { call, buffer: id })
     }
 
     pub(crate) fn alloc(&mut self, size: usize, options: AllocOptions) -> Result<(BufferId, u64)> {
@@ -38,25 +34,17 @@ impl Inner {
         }
         let reserved = size.next_multiple_of(self.chunk);
         let va = self.device.reserve(reserved).during("alloc")?;
-        let id = BufferId(self.next_buffer);
-        self.next_buffer += 1;
-        let chunks = (0..reserved / self.chunk).map(|_| Chunk::new()).collect();
-        self.buffers.insert(id, Buffer { va, size, reserved, options, chunks, mapped: 0 });
-        Ok((id, va))
+        Ok((self.state.add_buffer(va, size, reserved, options), va))
     }
 
     pub(crate) fn free(&mut self, id: BufferId) -> Result<()> {
         let buffer = self.buffer("free", id)?;
-        let pinned_chunks = buffer.chunks.iter().filter(|c| c.pins > 0).count();
+        let pinned_chunks = buffer.chunks().iter().filter(|c| c.pins() > 0).count();
         if pinned_chunks > 0 {
             return Err(Error::Acquired { call: "free", buffer: id, pinned_chunks });
         }
-        for chunk in &buffer.chunks {
-            let moving = match &chunk.state {
-                ChunkState::PagingOut { fence, .. } => Some(fence),
-                _ => None,
-            };
-            for fence in [&chunk.ready, &chunk.busy].into_iter().flatten().chain(moving) {
+        for chunk in buffer.chunks() {
+            for fence in chunk.in_flight().chain(chunk.leaving()) {
                 fence.wait().during("free")?;
             }
         }
@@ -65,17 +53,11 @@ impl Inner {
         let (va, reserved) = (buffer.va, buffer.reserved);
         self.unmap_buffer(id).during("free")?;
         self.device.unreserve(va, reserved).during("free")?;
-        let buffer = self.buffers.remove(&id).expect("checked above");
+        let (slots, file_slots) = self.state.remove_buffer(id);
         if let Some(schedule) = self.schedule.as_mut() {
             schedule.forget(id);
         }
-        let mut file_slots = Vec::new();
-        for chunk in buffer.chunks {
-            if let ChunkState::Host { slot } = chunk.state {
-                self.host.free(slot);
-            }
-            file_slots.extend(chunk.file);
-        }
+        slots.into_iter().for_each(|slot| self.host.free(slot));
         self.free_file_slots(&file_slots);
         Ok(())
     }
@@ -112,12 +94,14 @@ impl Inner {
     pub(crate) fn acquire(&mut self, regions: &[Region], access: Access, stream: StreamHandle) -> Result<()> {
         let refs = self.resolve("acquire", regions)?;
         if access == Access::ReadWrite {
-            if let Some(r) = regions.iter().find(|r| self.buffers[&r.buffer].options.read_only) {
+            if let Some(r) =
+                regions.iter().find(|r| self.buffer("acquire", r.buffer).is_ok_and(|b| b.options.read_only))
+            {
                 return Err(Error::ReadOnly { call: "acquire", buffer: r.buffer });
             }
         }
         self.check_fits("acquire", &refs)?;
-        if refs.iter().any(|&r| !self.chunk_mut(r).is_resident()) {
+        if refs.iter().any(|&r| !self.state.chunk(r).is_resident()) {
             self.reap()?;
             self.bring_in("acquire", &refs, crate::movement::Purpose::Demand)?;
         }
@@ -137,7 +121,7 @@ impl Inner {
         self.reap()?;
         self.bring_in(call, &refs, crate::movement::Purpose::Demand)?;
         self.pin(call, &refs, access, stream)?;
-        Ok(self.buffers[&regions[0].buffer].va)
+        Ok(self.state.va((regions[0].buffer, 0)))
     }
 
     /// Refuses `chunks` chunks that could never be resident at once, whatever is evicted.
@@ -152,14 +136,15 @@ impl Inner {
     /// Refuses an acquire that could never be resident, or not while others hold their pins.
     fn check_fits(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<()> {
         self.check_cap(call, refs.len())?;
-        let already = refs.iter().filter(|&&r| self.chunk_mut(r).pins > 0).count();
-        if self.pinned - already + refs.len() > self.pool.cap() {
+        let already = refs.iter().filter(|&&r| self.state.chunk(r).pins() > 0).count();
+        let pinned = self.state.pinned();
+        if pinned - already + refs.len() > self.pool.cap() {
             return Err(Error::OutOfMemory {
                 call,
                 detail: format!(
                     "{} bytes requested while {} bytes are acquired by others; {}",
                     refs.len() * self.chunk,
-                    (self.pinned - already) * self.chunk,
+                    (pinned - already) * self.chunk,
                     self.describe_tiers()
                 ),
             });
@@ -173,14 +158,11 @@ impl Inner {
         if let Some(failure) = self.undo_failed_reads(refs) {
             return Err(retag(failure, call));
         }
-        self.clock += 1;
-        let clock = self.clock;
         let mut waits: Vec<Arc<Fence>> = Vec::new();
         for &r in refs {
-            let chunk = self.chunk_mut(r);
-            if let Some(fence) = &chunk.ready {
+            if let Some(fence) = self.state.chunk(r).ready() {
                 if fence.is_done().during("acquire")? {
-                    chunk.ready = None;
+                    self.state.set_ready(r, None);
                 } else if !waits.iter().any(|w| Arc::ptr_eq(w, fence)) {
                     waits.push(Arc::clone(fence));
                 }
@@ -189,24 +171,17 @@ impl Inner {
         for fence in &waits {
             self.device.stream_wait_event(stream, fence.event()).during("acquire")?;
         }
-        for &r in refs {
-            let chunk = self.chunk_mut(r);
-            chunk.pins += 1;
-            chunk.last_use = clock;
-            let newly_pinned = chunk.pins == 1;
-            if access == Access::ReadWrite {
-                let stale_file = chunk.file.take();
-                if let ChunkState::Device { copy, .. } = &mut chunk.state {
-                    if let Some(slot) = copy.take() {
-                        let reader = chunk.ready.clone();
-                        self.retire(slot, reader);
-                    }
+        self.state.pin_all(refs);
+        if access == Access::ReadWrite {
+            for &r in refs {
+                let reader = self.state.chunk(r).ready().cloned();
+                let (host, file) = self.state.drop_copies(r);
+                if let Some(slot) = host {
+                    self.retire(slot, reader);
                 }
                 // Its read from the file, if any, is done: `undo_failed_reads` waited for it.
-                self.free_file_slots(stale_file.as_slice());
+                self.free_file_slots(file.as_slice());
             }
-            // `pinned` counts chunks, not pins: a chunk acquired twice takes one chunk of HBM.
-            self.pinned += usize::from(newly_pinned);
         }
         Ok(())
     }
@@ -218,10 +193,10 @@ impl Inner {
         let mut failure = None;
         let mut undo = Vec::new();
         for &r in refs {
-            let chunk = self.chunk_mut(r);
-            let Some(Err(e)) = chunk.ready.as_ref().map(|fence| fence.recorded()) else { continue };
-            if let ChunkState::Device { phys, .. } = chunk.state {
-                undo.push((r, phys, None));
+            let chunk = self.state.chunk(r);
+            let Some(Err(e)) = chunk.ready().map(|fence| fence.recorded()) else { continue };
+            if chunk.is_resident() {
+                undo.push(r);
             }
             failure.get_or_insert(e);
         }
@@ -239,17 +214,13 @@ impl Inner {
 
     pub(crate) fn release(&mut self, regions: &[Region], stream: StreamHandle) -> Result<()> {
         let refs = self.resolve("release", regions)?;
-        if let Some(&(buffer, index)) = refs.iter().find(|&&r| self.chunk_mut(r).pins == 0) {
+        if let Some(&(buffer, index)) = refs.iter().find(|&&r| self.state.chunk(r).pins() == 0) {
             let (offset, len) = (index * self.chunk, self.chunk);
             return Err(Error::NotAcquired { buffer, offset, len });
         }
         let fence = self.events.record(stream).during("release")?;
         for &r in &refs {
-            let chunk = self.chunk_mut(r);
-            chunk.pins -= 1;
-            chunk.busy = Some(Arc::clone(&fence));
-            let unpinned = chunk.pins == 0;
-            self.pinned -= usize::from(unpinned);
+            self.state.unpin(r, Arc::clone(&fence));
         }
         if self.over_budget() {
             // The budget shrank while these were acquired: they leave first (budget.rs). The
@@ -286,7 +257,8 @@ impl Inner {
         'steps: for (distance, ids) in schedule.ahead() {
             let mut missing = Vec::new();
             for &id in ids {
-                for (index, chunk) in self.buffers[&id].chunks.iter().enumerate() {
+                let buffer = self.state.buffer(id).expect("scheduled buffers are live");
+                for (index, chunk) in buffer.chunks().iter().enumerate() {
                     window += self.chunk;
                     if window > budget {
                         plan.push((distance, missing));
@@ -307,7 +279,7 @@ impl Inner {
                 continue;
             }
             self.bring_in(call, &refs, crate::movement::Purpose::Ahead { horizon: distance })?;
-            let landed = refs.iter().filter(|&&r| self.chunk_mut(r).is_resident()).count();
+            let landed = refs.iter().filter(|&&r| self.state.chunk(r).is_resident()).count();
             started += landed * self.chunk;
             if landed < refs.len() {
                 break; // No room without evicting something needed sooner.

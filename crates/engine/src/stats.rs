@@ -2,9 +2,9 @@
 //! ([`Stats`]) that prints as a table and serializes with serde (front ends turn it into a
 //! Python dict or JSON without copying it field by field).
 
-use crate::chunk::ChunkState;
 use crate::config::format_size;
 use crate::engine::Inner;
+use crate::state::Location;
 use crate::BufferId;
 use tiermem_policy::PolicyKind;
 
@@ -100,23 +100,23 @@ impl Inner {
     pub fn stats(&self) -> Stats {
         let g = self.chunk;
         let buffers: Vec<BufferStats> = self
-            .buffers
-            .iter()
-            .map(|(&id, b)| {
-                let count = |f: fn(&ChunkState) -> bool| b.chunks.iter().filter(|c| f(&c.state)).count();
+            .state
+            .buffers()
+            .map(|(id, b)| {
+                let count = |f: fn(Location) -> bool| b.chunks().iter().filter(|c| f(c.location())).count();
                 BufferStats {
                     id,
                     name: b.options.name.clone(),
                     size: b.size,
                     priority: b.options.priority,
                     read_only: b.options.read_only,
-                    chunks: b.chunks.len(),
-                    in_hbm: count(|s| matches!(s, ChunkState::Device { .. })),
-                    in_host: count(|s| matches!(s, ChunkState::Host { .. })),
-                    in_file: count(|s| matches!(s, ChunkState::File)),
-                    empty: count(|s| matches!(s, ChunkState::Empty)),
-                    moving: count(|s| matches!(s, ChunkState::PagingOut { .. })),
-                    acquired: b.chunks.iter().filter(|c| c.pins > 0).count(),
+                    chunks: b.chunks().len(),
+                    in_hbm: count(|l| matches!(l, Location::Hbm { leaving: false, .. })),
+                    in_host: count(|l| matches!(l, Location::Host(_))),
+                    in_file: count(|l| matches!(l, Location::File(_))),
+                    empty: count(|l| matches!(l, Location::Empty)),
+                    moving: count(|l| matches!(l, Location::Hbm { leaving: true, .. })),
+                    acquired: b.chunks().iter().filter(|c| c.pins() > 0).count(),
                 }
             })
             .collect();

@@ -2,9 +2,10 @@
 //! `page_out_to_file_start`; `Engine::finish` waits for them), and the engine's shutdown.
 
 use crate::buffer::BufferId;
-use crate::engine::{ChunkRef, Inner, Target, Ticket, TicketWork};
+use crate::engine::{Inner, Target, Ticket, TicketWork};
 use crate::error::Context;
 use crate::fence::Fence;
+use crate::state::ChunkRef;
 use crate::sync::Arc;
 use crate::{Error, Result};
 
@@ -15,9 +16,10 @@ impl Inner {
                 self.buffer(call, id)?;
                 vec![id]
             }
-            Target::All => self.buffers.keys().copied().collect(),
+            Target::All => self.state.ids(),
         };
-        Ok(ids.into_iter().flat_map(|id| (0..self.buffers[&id].chunks.len()).map(move |i| (id, i))).collect())
+        let chunks = |id| self.state.buffer(id).expect("a live buffer").chunks().len();
+        Ok(ids.into_iter().flat_map(|id| (0..chunks(id)).map(move |i| (id, i))).collect())
     }
 
     pub(crate) fn page_in_start(&mut self, target: Target) -> Result<Ticket> {
@@ -38,7 +40,7 @@ impl Inner {
     /// The chunks of an outgoing target; refused if any of them is acquired.
     fn outgoing_refs(&self, call: &'static str, target: Target) -> Result<Vec<ChunkRef>> {
         let refs = self.target_refs(call, target)?;
-        let pinned: Vec<&ChunkRef> = refs.iter().filter(|r| self.buffers[&r.0].chunks[r.1].pins > 0).collect();
+        let pinned: Vec<&ChunkRef> = refs.iter().filter(|&&r| self.state.chunk(r).pins() > 0).collect();
         if let Some(&&(buffer, _)) = pinned.first() {
             let pinned_chunks = pinned.iter().filter(|r| r.0 == buffer).count();
             return Err(Error::Acquired { call, buffer, pinned_chunks });
@@ -48,8 +50,7 @@ impl Inner {
 
     /// Sends down those of `refs` that are resident now.
     fn send_down_resident(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
-        let resident: Vec<ChunkRef> =
-            refs.iter().copied().filter(|r| self.buffers[&r.0].chunks[r.1].is_resident()).collect();
+        let resident: Vec<ChunkRef> = refs.iter().copied().filter(|&r| self.state.chunk(r).is_resident()).collect();
         self.send_down(call, &resident)
     }
 
@@ -107,7 +108,7 @@ impl Inner {
             "HBM {} of {} bytes in use ({} acquired), host {} of {} bytes in use{file}",
             self.pool.in_use() * g,
             self.pool.cap() * g,
-            self.pinned * g,
+            self.state.pinned() * g,
             self.host.in_use() * g,
             self.host.cap() * g
         )
@@ -115,22 +116,18 @@ impl Inner {
 
     /// Frees every buffer and gives every device resource back.
     pub(crate) fn shutdown(&mut self) -> Result<()> {
-        for (_, buffer) in self.buffers.iter_mut() {
-            buffer.chunks.iter_mut().for_each(|c| c.pins = 0);
-        }
-        self.pinned = 0;
+        self.state.unpin_everything();
         // Background writes read host slots: they end before anything is unpinned.
         self.tickets.clear();
         for write in self.writes.take_running() {
             let (items, outcome) = write.join();
             let _ = self.commit_file_write(items, outcome);
         }
-        let ids: Vec<BufferId> = self.buffers.keys().copied().collect();
         let mut first_error = None;
-        for id in ids {
+        for id in self.state.ids() {
             if let Err(e) = self.free(id) {
                 first_error.get_or_insert(e);
-                self.buffers.remove(&id);
+                self.state.forget_buffer(id);
             }
         }
         for stream in [self.streams.up, self.streams.down, self.streams.prefetch] {
