@@ -21,6 +21,7 @@
 
 use crate::engine::Inner;
 use crate::error::Context;
+use crate::eviction::Among;
 use crate::fence::Fence;
 use crate::state::ChunkRef;
 use crate::sync::Arc;
@@ -58,7 +59,7 @@ impl Inner {
     }
 
     fn moving_down(&self) -> usize {
-        self.pending_down.iter().map(|group| group.chunks.len()).sum()
+        self.in_flight.chunks_moving_down()
     }
 
     /// Sends down, without waiting, as many unacquired resident chunks as the pool holds beyond
@@ -80,7 +81,7 @@ impl Inner {
             .collect();
         if victims.len() < need {
             // Without a schedule only settled chunks are offered; the others leave later.
-            let more = self.victims(call, need - victims.len(), &[], None)?;
+            let more = self.victims(Among::Resident, call, need - victims.len(), &[], None)?;
             victims.extend(more.into_iter().filter(|r| !first.contains(r)));
             victims.truncate(need);
         }

@@ -2,11 +2,11 @@
 //! left (`reap`, `detach_chunks`, `unmap_buffer`). movement.rs says how a copy down is
 //! ordered; host_slots says what a page-out does when the host tier is full.
 
-use crate::engine::{Inner, PendingDown};
+use crate::engine::Inner;
 use crate::error::Context;
 use crate::fence::{after_all, settled, Fence};
 use crate::host_tier::Slot;
-use crate::movement::{batches, coalesce, Source};
+use crate::runs::{batches, coalesce, Source};
 use crate::state::ChunkRef;
 use crate::state::Location;
 use crate::BufferId;
@@ -41,7 +41,7 @@ impl Inner {
                             if !fences.iter().any(|f| Arc::ptr_eq(f, &fence)) {
                                 fences.push(Arc::clone(&fence));
                             }
-                            self.pending_down.push(PendingDown { fence, chunks: vec![r] });
+                            self.in_flight.moving_down(fence, vec![r]);
                             self.counters.clean_drops += 1;
                         }
                     }
@@ -97,7 +97,7 @@ impl Inner {
                 self.state.start_leaving(r, Arc::clone(&fence), Some(slot));
             }
             self.counters.page_outs += batch.len() as u64;
-            self.pending_down.push(PendingDown { fence: Arc::clone(&fence), chunks: batch.to_vec() });
+            self.in_flight.moving_down(Arc::clone(&fence), batch.to_vec());
             fences.push(fence);
         }
         Ok(fences)
@@ -168,11 +168,8 @@ impl Inner {
     /// The fence whose completion will next let a host slot be freed or spilled: a slot a copy
     /// still reads, a chunk still being copied down, a clean copy a copy up still reads.
     fn next_host_release(&self) -> Option<Arc<Fence>> {
-        if let Some((fence, _)) = self.retiring.front() {
+        if let Some(fence) = self.in_flight.next_retired().or(self.in_flight.next_landing()) {
             return Some(Arc::clone(fence));
-        }
-        if let Some(group) = self.pending_down.first() {
-            return Some(Arc::clone(&group.fence));
         }
         self.state.chunks().find_map(|(_, chunk)| match chunk.ready() {
             Some(ready) if chunk.is_resident() && chunk.host().is_some() && !matches!(ready.is_done(), Ok(true)) => {
@@ -196,7 +193,7 @@ impl Inner {
         format!(
             "held by {data} chunks' data, {copies} copies of resident chunks, {moving} chunks moving down, {} slots \
              still read by copies, {} slots let go but still read by file writes",
-            self.retiring.len(),
+            self.in_flight.retiring(),
             self.host.freed_while_held_count()
         )
     }
@@ -258,15 +255,7 @@ impl Inner {
     /// Completes whatever has finished: chunks whose copy down landed leave HBM, host slots
     /// whose readers are done are freed, demand-copy timings are added up. Never blocks.
     pub fn reap(&mut self) -> Result<()> {
-        let mut landed = Vec::new();
-        let mut i = 0;
-        while i < self.pending_down.len() {
-            if self.pending_down[i].fence.is_done().during("reap")? {
-                landed.push(self.pending_down.swap_remove(i));
-            } else {
-                i += 1;
-            }
-        }
+        let landed = self.in_flight.landed().during("reap")?;
         let mut items = Vec::new();
         for group in &landed {
             for &r in &group.chunks {
@@ -277,24 +266,14 @@ impl Inner {
             }
         }
         self.detach_chunks(&items);
-        while let Some((fence, _)) = self.retiring.front() {
-            if !fence.is_done().during("reap")? {
-                break;
-            }
-            let (_, slot) = self.retiring.pop_front().expect("checked");
+        for slot in self.in_flight.retired().during("reap")? {
             self.host.free(slot);
         }
         // Chunks beyond a budget that shrank go back to the driver as they become idle.
         if self.pool.releasable(self.pool.cap()) > 0 {
             self.release_idle_beyond("reap", self.pool.cap())?;
         }
-        while let Some((start, end)) = self.timings.front() {
-            if !end.is_done().during("reap")? {
-                break;
-            }
-            self.counters.stall_ms += f64::from(end.elapsed_since(start).during("reap")?);
-            self.timings.pop_front();
-        }
+        self.counters.stall_ms += self.in_flight.timed_ms().during("reap")?;
         Ok(())
     }
 }

@@ -14,16 +14,16 @@ use crate::buffer::{Access, AllocOptions, BufferId, Region};
 use crate::chunk_pool::ChunkPool;
 use crate::error::Context;
 use crate::fence::{EventPool, Fence};
-use crate::file_reads::FileReader;
 use crate::file_tier::FileTier;
 use crate::file_writes::BackgroundWrites;
-use crate::host_tier::{HostTier, Slot};
+use crate::host_tier::HostTier;
+use crate::in_flight::InFlight;
 use crate::schedule::Schedule;
 use crate::state::{ChunkRef, ChunkTable};
 use crate::stats::Counters;
 use crate::sync::{Arc, Mutex, MutexGuard};
 use crate::{EngineConfig, Error, Result};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use tiermem_mechanism::{Device, DeviceInfo, StreamHandle, StreamPriority};
 use tiermem_policy::{new_policy, EvictionPolicy, PolicyKind};
 
@@ -56,12 +56,6 @@ pub(crate) struct Streams {
     pub prefetch: StreamHandle,
 }
 
-/// A group of chunks moving down behind one fence.
-pub(crate) struct PendingDown {
-    pub fence: Arc<Fence>,
-    pub chunks: Vec<ChunkRef>,
-}
-
 pub(crate) struct Inner {
     pub device: Arc<dyn Device>,
     pub chunk: usize,
@@ -73,11 +67,8 @@ pub(crate) struct Inner {
     pub policy: Box<dyn EvictionPolicy>,
     pub events: Arc<EventPool>,
     pub streams: Streams,
-    pub pending_down: Vec<PendingDown>,
-    /// Host slots to free once a copy still reading them has finished.
-    pub retiring: VecDeque<(Arc<Fence>, Slot)>,
-    /// Demand transfers whose device time is added to `Counters::stall_ms` once complete.
-    pub timings: VecDeque<(Arc<Fence>, Arc<Fence>)>,
+    /// Moves down, slots still read by copies, demand copies being timed (in_flight.rs).
+    pub in_flight: InFlight,
     pub tickets: HashMap<u64, TicketWork>,
     /// The background file writes of tickets (file_writes.rs).
     pub writes: BackgroundWrites,
@@ -117,7 +108,7 @@ impl Engine {
             None => None,
             Some(path) => {
                 crate::limits::check_file(path, config.file_limit)?;
-                Some(open_file_tier(&device, config, path, chunk)?)
+                Some(FileTier::open(&device, config, path, chunk)?)
             }
         };
         let streams = Streams {
@@ -135,9 +126,7 @@ impl Engine {
             policy: new_policy(config.policy, config.seed),
             events: EventPool::new(Arc::clone(&device)),
             streams,
-            pending_down: Vec::new(),
-            retiring: VecDeque::new(),
-            timings: VecDeque::new(),
+            in_flight: InFlight::default(),
             tickets: HashMap::new(),
             writes: BackgroundWrites::default(),
             next_ticket: 1,
@@ -385,7 +374,15 @@ impl Engine {
 
     /// Statistics: tiers, transfers, per-buffer residency.
     pub fn stats(&self) -> crate::Stats {
-        self.lock().stats()
+        let g = self.lock();
+        crate::Stats::collect(crate::stats::Sources {
+            state: &g.state,
+            hbm: &g.pool,
+            host: &g.host,
+            file: g.file.as_ref().map(|tier| tier.store.as_ref()),
+            policy: g.policy.kind(),
+            counters: &g.counters,
+        })
     }
 }
 
@@ -406,26 +403,4 @@ impl Drop for Engine {
             eprintln!("tiermem: error while releasing device resources: {e}");
         }
     }
-}
-
-/// Creates the file tier's store (one slot per chunk) and its background reader.
-fn open_file_tier(
-    device: &Arc<dyn Device>,
-    config: &EngineConfig,
-    path: &std::path::Path,
-    chunk: usize,
-) -> Result<FileTier> {
-    use tiermem_mechanism::file_store::{FileStore, FileStoreConfig};
-    let store = FileStore::open(FileStoreConfig {
-        path: path.to_owned(),
-        capacity: config.file_limit / chunk * chunk,
-        slot_size: chunk,
-        queue_depth: config.file_queue_depth.max(1),
-        io: config.file_io,
-    })
-    .map_err(|source| Error::File { call: "Engine::new", source })?;
-    let store = Arc::new(store);
-    let group_chunks = crate::file_reads::GROUP_BATCHES * config.batch_chunks.max(1);
-    let reader = FileReader::start(Arc::clone(device), Arc::clone(&store), group_chunks)?;
-    Ok(FileTier { store, reader })
 }

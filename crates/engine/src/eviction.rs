@@ -6,7 +6,7 @@
 use crate::engine::Inner;
 use crate::error::Context;
 use crate::fence::{settled, Fence};
-use crate::state::ChunkRef;
+use crate::state::{ChunkRef, Location};
 use crate::BufferId;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -64,7 +64,7 @@ impl Inner {
     /// by the policy (Belady while a schedule is set), and waits until they have left.
     /// `false` if there was nothing to evict.
     fn evict(&mut self, call: &'static str, count: usize, protect: &[ChunkRef], horizon: Option<u64>) -> Result<bool> {
-        let victims = self.victims(call, count, protect, horizon)?;
+        let victims = self.victims(Among::Resident, call, count, protect, horizon)?;
         if victims.is_empty() {
             return Ok(false);
         }
@@ -76,12 +76,13 @@ impl Inner {
     /// choice, sorted.
     pub(crate) fn victims(
         &mut self,
+        among: Among,
         call: &'static str,
         count: usize,
         protect: &[ChunkRef],
         horizon: Option<u64>,
     ) -> Result<Vec<ChunkRef>> {
-        let (refs, candidates) = self.candidates(protect, horizon, count).during(call)?;
+        let (refs, candidates) = self.candidates(among, protect, horizon, count).during(call)?;
         let mut victims: Vec<ChunkRef> = self.select_victims(&candidates, count).into_iter().map(|i| refs[i]).collect();
         victims.sort_unstable();
         Ok(victims)
@@ -116,8 +117,10 @@ impl Inner {
         }
     }
 
-    /// Chunks that may be evicted, with their metadata: resident, not acquired, not protected,
-    /// and next used beyond `horizon` steps (if given). Without a schedule only chunks whose
+    /// Chunks that may leave their tier, with their metadata: located in the tier `among`
+    /// names, not acquired, not protected, and next used beyond `horizon` steps (if given).
+    /// A resident chunk is clean if the host holds a copy; a host-located one if the file
+    /// does (the cost of the move is then no copy). Without a schedule only resident chunks whose
     /// fences have completed are offered (the policy prefers what can leave at once); with one,
     /// every chunk is, because Belady's order matters more than a wait: in a loop the chunk
     /// just released is the one needed furthest away, and passing it over for an idle one
@@ -129,13 +132,14 @@ impl Inner {
     /// eviction looks at a few buffers, not at every chunk in HBM.
     fn candidates(
         &self,
+        among: Among,
         protect: &[ChunkRef],
         horizon: Option<u64>,
         count: usize,
     ) -> Result<(Vec<ChunkRef>, Vec<Candidate>), DeviceError> {
         let mut order: Vec<(Option<std::cmp::Reverse<u64>>, BufferId)> = Vec::new();
         for (id, buffer) in self.state.buffers() {
-            if buffer.mapped() == 0 {
+            if among == Among::Resident && buffer.mapped() == 0 {
                 continue;
             }
             let next_use = self.schedule.as_ref().and_then(|s| s.next_use(id));
@@ -158,16 +162,21 @@ impl Inner {
             group = Some(key);
             let buffer = self.state.buffer(id).expect("a live buffer");
             for (index, chunk) in buffer.chunks().iter().enumerate() {
-                if !chunk.is_resident() || chunk.pins() > 0 || protect.binary_search(&(id, index)).is_ok() {
+                let (here, clean) = match among {
+                    Among::Resident => (chunk.is_resident(), chunk.host().is_some()),
+                    Among::OnHost => (matches!(chunk.location(), Location::Host(_)), chunk.file().is_some()),
+                };
+                if !here || chunk.pins() > 0 || protect.binary_search(&(id, index)).is_ok() {
                     continue;
                 }
-                if self.schedule.is_none() && (!settled(chunk.ready())? || !settled(chunk.busy())?) {
+                let unsettled = || Ok::<_, DeviceError>(!settled(chunk.ready())? || !settled(chunk.busy())?);
+                if among == Among::Resident && self.schedule.is_none() && unsettled()? {
                     continue;
                 }
                 candidates.push(Candidate {
                     key: refs.len() as u64,
                     last_use: chunk.last_use(),
-                    clean: chunk.host().is_some(),
+                    clean,
                     priority: buffer.options.priority,
                     next_use: key.map(|r| r.0),
                 });
@@ -182,8 +191,8 @@ impl Inner {
     /// left: it finished since the candidates were listed (the GPU does not wait for the
     /// engine), so evicting again will find it.
     fn next_settling(&self, protect: &[ChunkRef]) -> Settling {
-        if let Some(group) = self.pending_down.first() {
-            return Settling::Wait(Arc::clone(&group.fence));
+        if let Some(fence) = self.in_flight.next_landing() {
+            return Settling::Wait(Arc::clone(fence));
         }
         let mut settled = false;
         for (r, chunk) in self.state.chunks() {
@@ -201,6 +210,15 @@ impl Inner {
             Settling::Never
         }
     }
+}
+
+/// Which chunks may be chosen to leave their tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Among {
+    /// Resident in HBM (evicted to the host, or dropped if clean).
+    Resident,
+    /// Located in the host tier (spilled to the file, or dropped if the file holds them).
+    OnHost,
 }
 
 /// See [`Inner::next_settling`].

@@ -32,6 +32,7 @@
 use crate::error::Context;
 use crate::fence::Fence;
 use crate::host_tier::{HostTier, Slot};
+use crate::runs::runs;
 use crate::sync::mpsc::{channel, Receiver, Sender};
 use crate::sync::{thread, Arc};
 use crate::{Error, Result};
@@ -169,22 +170,23 @@ impl Worker {
         let g = self.chunk;
         let pairs: Vec<(DevicePtr, usize)> =
             group.items.iter().zip(slots).map(|(&(_, va), &s)| (va, self.staging.addr(s))).collect();
-        let mut k = 0;
-        let outcome = loop {
-            let Some(&(va, src)) = pairs.get(k) else { break group.fence.record_later(self.stream) };
-            let run = 1 + pairs[k + 1..]
-                .iter()
-                .enumerate()
-                .take_while(|&(i, &(v, s))| v == va + ((i + 1) * g) as u64 && s == src + (i + 1) * g)
-                .count();
+        let continues = |first: &(DevicePtr, usize), k: usize, &(va, src): &(DevicePtr, usize)| {
+            va == first.0 + (k * g) as u64 && src == first.1 + k * g
+        };
+        let mut outcome = Ok(());
+        for (start, len) in runs(&pairs, usize::MAX, continues) {
+            let (va, src) = pairs[start];
             // SAFETY: the source is this group's staging slots, freed only after the fence
             // recorded behind this copy; the destination is mapped to the chunks being read,
             // which stay in HBM until that fence.
-            if let Err(e) = unsafe { self.device.copy_to_device_async(va, src, run * g, self.stream) } {
-                break Err(e);
+            outcome = unsafe { self.device.copy_to_device_async(va, src, len * g, self.stream) };
+            if outcome.is_err() {
+                break;
             }
-            k += run;
-        };
+        }
+        if outcome.is_ok() {
+            outcome = group.fence.record_later(self.stream);
+        }
         if outcome.is_err() {
             // Copies already enqueued must end before the staging slots are reused.
             let _ = self.device.synchronize_stream(self.stream);

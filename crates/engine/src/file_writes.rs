@@ -27,14 +27,13 @@
 //!
 //! Dropping the engine joins unfinished writes before it unpins anything.
 
-use crate::engine::Inner;
 use crate::fence::Fence;
 use crate::host_tier::Slot;
-use crate::state::{ChunkRef, Location};
+use crate::state::ChunkRef;
 use crate::sync::{thread, Arc, Condvar, Mutex};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
-use tiermem_mechanism::file_store::FileSlot;
+use tiermem_mechanism::file_store::{FileSlot, FileStore};
 
 /// A file write running in the background.
 pub(crate) struct FileWrite {
@@ -61,6 +60,25 @@ impl BackgroundWrites {
     /// write is already over (or it had none).
     pub(crate) fn done_signal(&self, ticket: u64) -> Option<Arc<Done>> {
         self.running.get(&ticket).map(|w| Arc::clone(&w.done))
+    }
+
+    /// Takes out the oldest running write that reads a slot for which `let_go(slot)` holds.
+    pub(crate) fn take_oldest(&mut self, let_go: impl Fn(Slot) -> bool) -> Option<(u64, FileWrite)> {
+        let ticket = *self.running.iter().find(|(_, w)| w.items.iter().any(|&(_, s, _)| let_go(s)))?.0;
+        self.running.remove(&ticket).map(|write| (ticket, write))
+    }
+
+    /// Keeps the outcome of `ticket`'s write, committed before its `finish`.
+    pub(crate) fn keep_outcome(&mut self, ticket: u64, outcome: Result<()>) {
+        self.outcomes.insert(ticket, outcome);
+    }
+
+    /// The write of `ticket` if it still runs, else its outcome (`Ok` if it had none).
+    pub(crate) fn take(&mut self, ticket: u64) -> std::result::Result<FileWrite, Result<()>> {
+        match self.running.remove(&ticket) {
+            Some(write) => Ok(write),
+            None => Err(self.outcomes.remove(&ticket).unwrap_or(Ok(()))),
+        }
     }
 
     /// Every write still running, to join at shutdown.
@@ -95,42 +113,16 @@ impl Drop for SignalOnDrop {
     }
 }
 
-impl Inner {
-    /// Starts writing to the file the chunks of `refs` that have no file copy yet, from their
-    /// host slots, once the copies filling those slots have completed (a chunk still moving
-    /// down — sent by this call or an earlier one — is written after its own fence). `None` if
-    /// there is nothing to write. The file slots are taken now: a full file tier is an error
-    /// here, not later.
-    pub(crate) fn start_file_write(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<Option<FileWrite>> {
-        let mut fences: Vec<Arc<Fence>> = Vec::new();
-        let sources: Vec<(ChunkRef, Slot)> = refs
-            .iter()
-            .filter_map(|&r| {
-                let chunk = self.state.chunk(r);
-                let slot = match (chunk.location(), chunk.host(), chunk.leaving()) {
-                    (Location::Host(slot), _, _) => slot,
-                    (Location::Hbm { leaving: true, .. }, Some(slot), Some(fence)) => {
-                        if chunk.file().is_none() && !fences.iter().any(|f| Arc::ptr_eq(f, fence)) {
-                            fences.push(Arc::clone(fence));
-                        }
-                        slot
-                    }
-                    _ => return None,
-                };
-                // A slot already held is being written by an earlier write still in flight:
-                // that write gives the chunk its file copy (or, if the chunk lets the slot go
-                // first, whoever spills it writes it then).
-                (chunk.file().is_none() && !self.host.is_held(slot)).then_some((r, slot))
-            })
-            .collect();
-        if sources.is_empty() {
-            return Ok(None);
-        }
-        let fslots = self.file_slots(call, sources.len())?;
-        let tier = self.file.as_ref().expect("file_slots checked");
-        let store = Arc::clone(&tier.store);
-        let writes: Vec<(FileSlot, usize)> =
-            fslots.iter().zip(&sources).map(|(&f, &(_, s))| (f, self.host.addr(s))).collect();
+impl FileWrite {
+    /// Starts a thread that waits for `fences` (the copies filling the host slots), then writes
+    /// each `(file slot, host address)` of `writes`; `items` says which chunk each belongs to.
+    pub(crate) fn spawn(
+        call: &'static str,
+        store: Arc<FileStore>,
+        fences: Vec<Arc<Fence>>,
+        writes: Vec<(FileSlot, usize)>,
+        items: Vec<(ChunkRef, Slot, FileSlot)>,
+    ) -> Result<FileWrite> {
         let done = Arc::new(Done::default());
         let signal = SignalOnDrop(Arc::clone(&done));
         let thread = thread::Builder::new().name("tiermem-file-write".into()).spawn(move || {
@@ -144,77 +136,12 @@ impl Inner {
             // thread; the copies filling it completed above.
             unsafe { store.write(&items) }.map_err(|source| Error::File { call: "finish", source })
         });
-        let thread = match thread {
-            Ok(thread) => thread,
-            Err(e) => {
-                let _ = tier.store.recycle(&fslots);
-                return Err(Error::Config(format!("{call}: could not start a file-write thread: {e}")));
-            }
-        };
-        sources.iter().for_each(|&(_, s)| self.host.hold(s));
-        let items = sources.into_iter().zip(fslots).map(|((r, s), f)| (r, s, f)).collect();
-        Ok(Some(FileWrite { thread, done, items }))
-    }
-
-    /// Records the file copies of a finished write and ends its holds; on a failed write,
-    /// recycles its file slots and returns the error (every chunk keeps its host copy).
-    pub(crate) fn commit_file_write(
-        &mut self,
-        items: Vec<(ChunkRef, Slot, FileSlot)>,
-        outcome: Result<()>,
-    ) -> Result<()> {
-        let mut unused = Vec::new();
-        for &(r, slot, fslot) in &items {
-            // The chunk must still hold the slot as a copy of its bytes. A chunk acquired for
-            // writing lets its slot go through `retire`, which frees it only once copies
-            // reading it are done: until then the slot is neither free nor the chunk's.
-            let owned = outcome.is_ok() && !self.host.freed_while_held(slot) && self.state.holds_slot(r, slot);
-            match owned {
-                true => self.state.add_file_copy(r, fslot),
-                false => unused.push(fslot),
-            }
-            self.host.unhold(slot);
-        }
-        self.counters.file_writes += (items.len() - unused.len()) as u64;
-        self.free_file_slots(&unused);
-        outcome
-    }
-}
-
-impl Inner {
-    /// Completes the oldest background write whose host slots were let go meanwhile (they
-    /// come back only when it is committed), for a page-out that finds the host tier full of
-    /// them. Joins the writer under the engine lock, which the writer never takes; `finish`
-    /// reports the write's outcome later. `false` if there is none.
-    pub(crate) fn complete_a_file_write(&mut self) -> bool {
-        let host = &self.host;
-        let oldest = self
-            .writes
-            .running
-            .iter()
-            .find(|(_, write)| write.items.iter().any(|&(_, s, _)| host.freed_while_held(s)))
-            .map(|(&ticket, _)| ticket);
-        let Some(ticket) = oldest else { return false };
-        let (items, outcome) = self.writes.running.remove(&ticket).expect("found above").join();
-        let committed = self.commit_file_write(items, outcome);
-        self.writes.outcomes.insert(ticket, committed);
-        true
-    }
-
-    /// Commits the write of `ticket` (whose [`Done`] signal is set), or returns its outcome if
-    /// it was committed early; `Ok` if the ticket had no write.
-    pub(crate) fn commit_write_of(&mut self, ticket: u64) -> Result<()> {
-        match self.writes.running.remove(&ticket) {
-            Some(write) => {
-                let (items, outcome) = write.join();
-                self.commit_file_write(items, outcome)
-            }
-            None => self.writes.outcomes.remove(&ticket).unwrap_or(Ok(())),
+        match thread {
+            Ok(thread) => Ok(FileWrite { thread, done, items }),
+            Err(e) => Err(Error::Config(format!("{call}: could not start a file-write thread: {e}"))),
         }
     }
-}
 
-impl FileWrite {
     /// Waits for the write; the caller must not hold the engine's lock.
     pub(crate) fn join(self) -> (Vec<(ChunkRef, Slot, FileSlot)>, Result<()>) {
         let outcome = self.thread.join().unwrap_or_else(|_| {

@@ -32,12 +32,15 @@ mod file_tier;
 mod file_writes;
 mod homes;
 mod host_tier;
+mod in_flight;
 mod limits;
 #[cfg(all(test, feature = "shuttle"))]
 mod model_checks;
 mod movement;
 mod residency;
+mod runs;
 mod schedule;
+mod spill;
 mod state;
 mod stats;
 mod sync;

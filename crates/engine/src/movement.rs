@@ -31,11 +31,12 @@
 use crate::engine::Inner;
 use crate::error::Context;
 use crate::fence::Fence;
+use crate::runs::{batches, coalesce, Source};
 use crate::state::{ChunkRef, Fill, Location};
 use crate::{Error, Result};
 use std::sync::Arc;
 use tiermem_mechanism::file_store::FileSlot;
-use tiermem_mechanism::{DeviceError, HostPtr, PhysHandle, StreamHandle};
+use tiermem_mechanism::{DeviceError, PhysHandle, StreamHandle};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Purpose {
@@ -168,7 +169,7 @@ impl Inner {
             self.state.set_ready(r, Some(Arc::clone(&fence)));
         }
         if let Some(start) = start {
-            self.timings.push_back((start, Arc::clone(&fence)));
+            self.in_flight.time(start, Arc::clone(&fence));
         }
         fences.push(fence);
         failure.map_or(Ok(fences), Err)
@@ -301,85 +302,5 @@ impl Inner {
             }
         }
         Ok(())
-    }
-}
-
-/// Splits sorted chunk refs into batches of at most `max` consecutive chunks of one buffer.
-pub(crate) fn batches(refs: &[ChunkRef], max: usize) -> impl Iterator<Item = &[ChunkRef]> {
-    let mut rest = refs;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let n = (1..rest.len().min(max))
-            .find(|&k| rest[k].0 != rest[0].0 || rest[k].1 != rest[0].1 + k)
-            .unwrap_or(rest.len().min(max));
-        let (batch, tail) = rest.split_at(n);
-        rest = tail;
-        Some(batch)
-    })
-}
-
-/// Where a chunk coming up gets its bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Source {
-    /// A pinned host slot.
-    Host(HostPtr),
-    /// Never written: zeros.
-    Zeros,
-    /// The file: the background reader copies it (file_reads.rs).
-    File,
-}
-
-/// Groups consecutive chunks into single transfers: runs of host slots at adjacent addresses,
-/// runs of zero-fills, runs read from the file. Yields `(first, count, source of the first)`.
-pub(crate) fn coalesce(sources: &[Source], chunk: usize) -> Vec<(usize, usize, Source)> {
-    let mut out: Vec<(usize, usize, Source)> = Vec::new();
-    for (k, &source) in sources.iter().enumerate() {
-        if let Some((_, n, start)) = out.last_mut() {
-            let extends = match (*start, source) {
-                (Source::Host(s), Source::Host(a)) => a == s + *n * chunk,
-                (Source::Host(_), _) | (_, Source::Host(_)) => false,
-                (a, b) => a == b,
-            };
-            if extends {
-                *n += 1;
-                continue;
-            }
-        }
-        out.push((k, 1, source));
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::BufferId;
-
-    #[test]
-    fn batches_split_at_buffer_gaps_and_size() {
-        let (a, b) = (BufferId(1), BufferId(2));
-        let refs = [(a, 0), (a, 1), (a, 2), (a, 4), (b, 0), (b, 1)];
-        let got: Vec<&[ChunkRef]> = batches(&refs, 2).collect();
-        assert_eq!(got, vec![&refs[0..2], &refs[2..3], &refs[3..4], &refs[4..6]]);
-    }
-
-    #[test]
-    fn coalesce_joins_adjacent_slots_zero_runs_and_file_runs() {
-        let g = 0x10;
-        use Source::{File, Host, Zeros};
-        let sources = [Host(0x100), Host(0x110), Host(0x200), Zeros, Zeros, Host(0x210), File, File, Zeros];
-        assert_eq!(
-            coalesce(&sources, g),
-            vec![
-                (0, 2, Host(0x100)),
-                (2, 1, Host(0x200)),
-                (3, 2, Zeros),
-                (5, 1, Host(0x210)),
-                (6, 2, File),
-                (8, 1, Zeros)
-            ]
-        );
     }
 }

@@ -207,7 +207,7 @@ impl Inner {
     /// Frees a host slot now, or once `reader` (a copy from it) has completed.
     fn retire(&mut self, slot: Slot, reader: Option<Arc<Fence>>) {
         match reader {
-            Some(fence) if !matches!(fence.is_done(), Ok(true)) => self.retiring.push_back((fence, slot)),
+            Some(fence) if !matches!(fence.is_done(), Ok(true)) => self.in_flight.retire(fence, slot),
             _ => self.host.free(slot),
         }
     }

@@ -229,6 +229,11 @@ impl ChunkTable {
         Self { chunk, buffers: BTreeMap::new(), next_buffer: 1, clock: 0, pinned: 0, holders: HashMap::new() }
     }
 
+    /// The size of a chunk in bytes.
+    pub fn chunk_size(&self) -> usize {
+        self.chunk
+    }
+
     // --- reading ----------------------------------------------------------------------------
 
     pub fn buffer(&self, id: BufferId) -> Option<&Buffer> {

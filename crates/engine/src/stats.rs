@@ -2,10 +2,12 @@
 //! ([`Stats`]) that prints as a table and serializes with serde (front ends turn it into a
 //! Python dict or JSON without copying it field by field).
 
+use crate::chunk_pool::ChunkPool;
 use crate::config::format_size;
-use crate::engine::Inner;
-use crate::state::Location;
+use crate::host_tier::HostTier;
+use crate::state::{ChunkTable, Location};
 use crate::BufferId;
+use tiermem_mechanism::file_store::FileStore;
 use tiermem_policy::PolicyKind;
 
 /// Transfer counters since the engine started (chunks, except where a name says bytes).
@@ -96,10 +98,20 @@ fn as_text<S: serde::Serializer>(value: &impl std::fmt::Display, serializer: S) 
     serializer.collect_str(value)
 }
 
-impl Inner {
-    pub fn stats(&self) -> Stats {
-        let g = self.chunk;
-        let buffers: Vec<BufferStats> = self
+/// What a snapshot is taken of.
+pub(crate) struct Sources<'a> {
+    pub state: &'a ChunkTable,
+    pub hbm: &'a ChunkPool,
+    pub host: &'a HostTier,
+    pub file: Option<&'a FileStore>,
+    pub policy: PolicyKind,
+    pub counters: &'a Counters,
+}
+
+impl Stats {
+    pub(crate) fn collect(from: Sources<'_>) -> Stats {
+        let g = from.state.chunk_size();
+        let buffers: Vec<BufferStats> = from
             .state
             .buffers()
             .map(|(id, b)| {
@@ -120,21 +132,21 @@ impl Inner {
                 }
             })
             .collect();
-        let in_use = self.pool.in_use();
-        let host_used = self.host.in_use();
+        let in_use = from.hbm.in_use();
+        let host_used = from.host.in_use();
         Stats {
-            policy: self.policy.kind(),
+            policy: from.policy,
             chunk_size: g,
-            hbm: TierStats { capacity_bytes: self.pool.cap() * g, used_bytes: in_use * g, chunks: in_use },
-            host: TierStats { capacity_bytes: self.host.cap() * g, used_bytes: host_used * g, chunks: host_used },
-            file: self.file.as_ref().map(|tier| {
-                let used = tier.store.used_slots();
-                TierStats { capacity_bytes: tier.store.capacity_slots() * g, used_bytes: used * g, chunks: used }
+            hbm: TierStats { capacity_bytes: from.hbm.cap() * g, used_bytes: in_use * g, chunks: in_use },
+            host: TierStats { capacity_bytes: from.host.cap() * g, used_bytes: host_used * g, chunks: host_used },
+            file: from.file.map(|store| {
+                let used = store.used_slots();
+                TierStats { capacity_bytes: store.capacity_slots() * g, used_bytes: used * g, chunks: used }
             }),
-            host_pinned_bytes: self.host.pinned_bytes(),
-            bytes_in: self.counters.page_ins * g as u64,
-            bytes_out: self.counters.page_outs * g as u64,
-            transfers: self.counters.clone(),
+            host_pinned_bytes: from.host.pinned_bytes(),
+            bytes_in: from.counters.page_ins * g as u64,
+            bytes_out: from.counters.page_outs * g as u64,
+            transfers: from.counters.clone(),
             buffers,
         }
     }

@@ -134,10 +134,9 @@ impl Inner {
             self.device.synchronize_stream(stream).during("shutdown")?;
         }
         self.reap()?;
-        while let Some((_, slot)) = self.retiring.pop_front() {
+        for slot in self.in_flight.drain_retiring() {
             self.host.free(slot);
         }
-        self.timings.clear();
         if let Some(tier) = self.file.as_mut() {
             tier.reader.stop();
         }

@@ -1,0 +1,107 @@
+//! The index of work in flight that the engine must come back to: chunks moving down (they
+//! leave HBM when their fence completes), host slots still read by a copy (freed when it
+//! completes) and demand copies being timed (their device time is added to the stall
+//! counter). `reap` collects what has completed; a call that must wait asks here for the next
+//! fence to wait on. Nothing here waits.
+
+use crate::fence::Fence;
+use crate::host_tier::Slot;
+use crate::state::ChunkRef;
+use crate::sync::Arc;
+use std::collections::VecDeque;
+use tiermem_mechanism::Result;
+
+/// A group of chunks moving down behind one fence.
+pub(crate) struct PendingDown {
+    pub fence: Arc<Fence>,
+    pub chunks: Vec<ChunkRef>,
+}
+
+#[derive(Default)]
+pub(crate) struct InFlight {
+    down: Vec<PendingDown>,
+    retiring: VecDeque<(Arc<Fence>, Slot)>,
+    timed: VecDeque<(Arc<Fence>, Arc<Fence>)>,
+}
+
+impl InFlight {
+    /// `chunks` move down behind `fence`.
+    pub fn moving_down(&mut self, fence: Arc<Fence>, chunks: Vec<ChunkRef>) {
+        self.down.push(PendingDown { fence, chunks });
+    }
+
+    /// How many chunks are moving down (a chunk sent down twice behind two fences counts twice).
+    pub fn chunks_moving_down(&self) -> usize {
+        self.down.iter().map(|group| group.chunks.len()).sum()
+    }
+
+    /// The groups whose move down has completed, taken out of the index.
+    pub fn landed(&mut self) -> Result<Vec<PendingDown>> {
+        let mut landed = Vec::new();
+        let mut i = 0;
+        while i < self.down.len() {
+            if self.down[i].fence.is_done()? {
+                landed.push(self.down.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        Ok(landed)
+    }
+
+    /// The fence of a move down still in flight, if any.
+    pub fn next_landing(&self) -> Option<&Arc<Fence>> {
+        self.down.first().map(|group| &group.fence)
+    }
+
+    /// `slot` is freed once `reader` (a copy from it) has completed.
+    pub fn retire(&mut self, reader: Arc<Fence>, slot: Slot) {
+        self.retiring.push_back((reader, slot));
+    }
+
+    /// The retired slots whose readers have completed, taken out of the index, oldest first.
+    pub fn retired(&mut self) -> Result<Vec<Slot>> {
+        let mut slots = Vec::new();
+        while let Some((fence, _)) = self.retiring.front() {
+            if !fence.is_done()? {
+                break;
+            }
+            slots.extend(self.retiring.pop_front().map(|(_, slot)| slot));
+        }
+        Ok(slots)
+    }
+
+    /// The fence after which the oldest retired slot is free.
+    pub fn next_retired(&self) -> Option<&Arc<Fence>> {
+        self.retiring.front().map(|(fence, _)| fence)
+    }
+
+    /// How many slots wait for their readers.
+    pub fn retiring(&self) -> usize {
+        self.retiring.len()
+    }
+
+    /// Every retired slot, whatever its reader (shutdown, after every stream is synchronised).
+    pub fn drain_retiring(&mut self) -> Vec<Slot> {
+        self.timed.clear();
+        self.retiring.drain(..).map(|(_, slot)| slot).collect()
+    }
+
+    /// A demand copy between `start` and `end`, to be added to the stall time.
+    pub fn time(&mut self, start: Arc<Fence>, end: Arc<Fence>) {
+        self.timed.push_back((start, end));
+    }
+
+    /// Milliseconds of device time of the timed copies that have completed, taken out.
+    pub fn timed_ms(&mut self) -> Result<f64> {
+        let mut ms = 0.0;
+        while let Some((start, end)) = self.timed.front() {
+            if !end.is_done()? {
+                break;
+            }
+            ms += f64::from(end.elapsed_since(start)?);
+            self.timed.pop_front();
+        }
+        Ok(ms)
+    }
+}
