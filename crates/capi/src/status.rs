@@ -74,6 +74,7 @@ pub fn status_of(error: &Error) -> TiermemStatus {
         }
         Error::Device { .. } => TiermemStatus::Device,
         Error::File { .. } => TiermemStatus::FileTier,
+        Error::MustWait(_) => TiermemStatus::Internal,
     }
 }
 

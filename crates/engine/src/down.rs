@@ -139,7 +139,7 @@ impl Inner {
             }
             match self.next_host_release() {
                 Some(fence) => {
-                    fence.wait().during(call)?;
+                    self.wait_for(call, vec![fence])?;
                     self.reap()?;
                 }
                 None if spilled => {}

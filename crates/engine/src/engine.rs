@@ -5,10 +5,15 @@
 //! file-tier modules.
 //!
 //! # Locking
-//! Every call takes the lock for its whole length except `finish`, which waits for fences and
-//! background file writes with the lock released and commits under it. The calls that can
-//! block while holding the lock, and what they wait for, are listed in ARCHITECTURE.md
-//! ("Locking"); the engine's own threads (the file reader, file writers) never take the lock.
+//! Calls plan under the lock, wait without it, and commit under it where they can:
+//! `finish` waits for fences and background file writes with the lock released and commits
+//! under it; `acquire`, `page_in_start` and `advance` run through `unlocked_waits`, so where
+//! they must wait for eviction's copies down or for a host slot still read by a copy, they
+//! return the fences (`Error::MustWait`, internal), wait with the lock released and run
+//! again — an acquire of resident memory never waits for another thread's transfers
+//! (tests/unlocked_waits.rs). The calls that still block while holding the lock, and what they
+//! wait for, are listed in ARCHITECTURE.md ("Locking"); the engine's own threads (the file
+//! reader, file writers) never take the lock.
 
 use crate::buffer::{Access, AllocOptions, BufferId, Region};
 use crate::chunk_pool::ChunkPool;
@@ -76,6 +81,9 @@ pub(crate) struct Inner {
     pub counters: Counters,
     pub file: Option<FileTier>,
     pub schedule: Option<Schedule>,
+    /// Set while the façade runs a call that waits with the lock released
+    /// (`Engine::unlocked_waits`): waits are returned to it instead of done here.
+    pub wait_unlocked: bool,
 }
 
 /// What `finish` waits for: fences, the ticket's background file write if any (kept in
@@ -133,6 +141,7 @@ impl Engine {
             counters: Counters::default(),
             file,
             schedule: None,
+            wait_unlocked: false,
         };
         Ok(Self { device, inner: Mutex::new(inner), fallback: None })
     }
@@ -170,6 +179,30 @@ impl Engine {
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Runs `op` under the lock; where it must wait for transfers (eviction's copies down, a
+    /// host slot still read), it returns them instead ([`Error::MustWait`]), and this waits with
+    /// the lock released and runs `op` again. `op` must leave a consistent engine wherever it
+    /// stops: what it did before stopping is kept (chunks sent down stay sent).
+    fn unlocked_waits<T>(&self, mut op: impl FnMut(&mut Inner) -> Result<T>) -> Result<T> {
+        loop {
+            let waits = {
+                let mut inner = self.lock();
+                inner.wait_unlocked = true;
+                let outcome = op(&mut inner);
+                inner.wait_unlocked = false;
+                match outcome {
+                    Err(Error::MustWait(waits)) => waits,
+                    other => return other,
+                }
+            };
+            let started = std::time::Instant::now();
+            for fence in &waits.fences {
+                fence.wait().during(waits.call)?;
+            }
+            self.lock().counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
+        }
+    }
+
     /// Allocates `size` bytes behind a device address that stays valid until `free`.
     /// Nothing is resident yet: each chunk reads as zeros when first made resident.
     pub fn alloc(&self, size: usize, options: AllocOptions) -> Result<(BufferId, u64)> {
@@ -191,7 +224,7 @@ impl Engine {
     /// the host blocks only when HBM must first be freed by copying other chunks down.
     /// If everything is resident this makes no driver call.
     pub fn acquire(&self, regions: &[Region], access: Access, stream: StreamHandle) -> Result<()> {
-        self.lock().acquire(regions, access, stream)
+        self.unlocked_waits(|inner| inner.acquire(regions, access, stream))
     }
 
     /// Ends an `acquire`: the chunks may move once the work enqueued on `stream` so far is done.
@@ -233,7 +266,7 @@ impl Engine {
     /// finish with them (so a caller that advances before each step runs at the GPU's pace);
     /// never waits for the copies it starts. Returns the bytes it started copying.
     pub fn advance(&self, step: usize, prefetch_bytes: usize) -> Result<usize> {
-        self.lock().advance(step, prefetch_bytes)
+        self.unlocked_waits(|inner| inner.advance(step, prefetch_bytes))
     }
 
     /// Copies `target` into HBM (evicting others as needed) and waits.
@@ -243,7 +276,7 @@ impl Engine {
     }
 
     pub fn page_in_start(&self, target: Target) -> Result<Ticket> {
-        self.lock().page_in_start(target)
+        self.unlocked_waits(|inner| inner.page_in_start(target))
     }
 
     /// Gives the HBM of idle physical chunks back to the driver (for other users of the GPU)

@@ -36,6 +36,11 @@ pub enum Error {
     Schedule { call: &'static str, detail: String },
     #[error("configuration: {0}")]
     Config(String),
+    /// Internal: the call must wait for transfers with the engine's lock released, then try
+    /// again (engine.rs, "Locking"). Never returned by a public call.
+    #[doc(hidden)]
+    #[error("{}: must wait for transfers in flight (internal; please report this as a bug)", .0.call)]
+    MustWait(crate::fence::Waits),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

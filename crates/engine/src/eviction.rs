@@ -5,7 +5,7 @@
 
 use crate::engine::Inner;
 use crate::error::Context;
-use crate::fence::{settled, Fence};
+use crate::fence::{settled, Fence, Waits};
 use crate::state::{ChunkRef, Location};
 use crate::BufferId;
 use crate::{Error, Result};
@@ -27,7 +27,7 @@ impl Inner {
                 continue;
             }
             match self.next_settling(protect) {
-                Settling::Wait(fence) => fence.wait().during(call)?,
+                Settling::Wait(fence) => self.wait_for(call, vec![fence])?,
                 Settling::Now => {}
                 Settling::Never => {
                     return Err(Error::OutOfMemory {
@@ -91,12 +91,25 @@ impl Inner {
     /// Sends `victims` (sorted) down and waits until they have left.
     pub(crate) fn evict_now(&mut self, call: &'static str, victims: &[ChunkRef]) -> Result<()> {
         let fences = self.send_victims_down(call, victims)?;
+        self.wait_for(call, fences)?;
+        self.reap()
+    }
+
+    /// Waits for `fences`: with the lock released if the façade retries this call (returned
+    /// to it as [`Error::MustWait`]), else here, under the lock. Counted as eviction waits.
+    pub(crate) fn wait_for(&mut self, call: &'static str, fences: Vec<Arc<Fence>>) -> Result<()> {
+        if fences.is_empty() {
+            return Ok(());
+        }
+        if self.wait_unlocked {
+            return Err(Error::MustWait(Waits { call, fences }));
+        }
         let started = std::time::Instant::now();
         for fence in fences {
             fence.wait().during(call)?;
         }
         self.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
-        self.reap()
+        Ok(())
     }
 
     /// Sends `victims` (sorted) down without waiting, counted as evictions; with a schedule

@@ -196,6 +196,29 @@ pub(crate) fn after_all(
     }
 }
 
+/// Fences that `call` must wait for with the engine's lock released before it tries again.
+#[derive(Clone)]
+pub struct Waits {
+    pub(crate) call: &'static str,
+    pub(crate) fences: Vec<Arc<Fence>>,
+}
+
+impl std::fmt::Debug for Waits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Waits({}: {} fences)", self.call, self.fences.len())
+    }
+}
+
+impl PartialEq for Waits {
+    fn eq(&self, other: &Self) -> bool {
+        self.call == other.call
+            && self.fences.len() == other.fences.len()
+            && self.fences.iter().zip(&other.fences).all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+}
+
+impl Eq for Waits {}
+
 /// Whether an optional fence is absent or completed.
 pub(crate) fn settled(fence: Option<&Arc<Fence>>) -> Result<bool> {
     fence.map_or(Ok(true), |f| f.is_done())

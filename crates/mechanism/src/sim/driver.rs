@@ -270,6 +270,8 @@ impl Device for SimDevice {
     }
 
     fn synchronize_event(&self, event: EventHandle) -> Result<()> {
+        // Tests pause a host that waits for a fence here (the engine's tests/unlocked_waits.rs).
+        fail::fail_point!("cuEventSynchronize::wait");
         let mut s = self.lock();
         let e = Self::event_of(&s, "cuEventSynchronize", event)?;
         Self::run_until(&mut s, "cuEventSynchronize", Need::EventDone(e))
