@@ -1,6 +1,6 @@
 //! The pool of physical HBM chunks. `cuMemCreate` costs ~11 µs a chunk, so chunks are created
 //! on first need up to the HBM cap and then reused. The cap is the engine's HBM *budget*: it
-//! may shrink or grow while the engine runs (budget.rs); chunks beyond a shrunk budget are
+//! may shrink or grow while the engine runs (calls.rs, "The HBM budget"); chunks beyond a shrunk budget are
 //! released as they become idle, and none is handed out while the budget is exceeded.
 
 use tiermem_mechanism::{Device, DeviceError, PhysHandle, Result};

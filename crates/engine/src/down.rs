@@ -1,28 +1,42 @@
-//! Moving chunks down: out of HBM into host slots, and the bookkeeping of chunks that have
-//! left (`reap`, `detach_chunks`, `unmap_buffer`). movement.rs says how a copy down is
-//! ordered; host_slots says what a page-out does when the host tier is full.
+//! Moving chunks down: the tiers' mechanism (`impl Tiers`) for copies out of HBM into host
+//! slots, from the host tier to the file (spills and background writes, file_writes.rs),
+//! and the bookkeeping of what has landed (`reap`, `detach_chunks`, `unmap_buffer`, giving
+//! HBM beyond the budget back). movement.rs says how a copy down is ordered; placement.rs
+//! (`host_slots`) what a page-out does when the host tier is full.
 
-use crate::engine::Inner;
 use crate::error::Context;
 use crate::fence::{after_all, settled, Fence};
+use crate::file_writes::FileWrite;
 use crate::host_tier::Slot;
 use crate::runs::{batches, coalesce, Source};
-use crate::state::ChunkRef;
-use crate::state::Location;
+use crate::state::{ChunkRef, ChunkTable, Location};
+use crate::tiers::Tiers;
 use crate::BufferId;
 use crate::{Error, Result};
+use std::collections::HashSet;
 use std::sync::Arc;
-use tiermem_mechanism::{DeviceError, StreamHandle};
+use tiermem_mechanism::file_store::FileSlot;
+use tiermem_mechanism::{DeviceError, PhysHandle, StreamHandle};
 
-impl Inner {
-    /// Moves resident, unacquired chunks (sorted) out of HBM. Returns the fences after which
-    /// every chunk that did not leave at once will have left (copies down, or last uses).
-    pub fn send_down(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
+fn file_error(call: &'static str) -> impl Fn(tiermem_mechanism::file_store::FileStoreError) -> Error {
+    move |source| Error::File { call, source }
+}
+
+impl Tiers {
+    /// Moves the clean chunks among `refs` (resident, unacquired, sorted) out of HBM: at once if
+    /// nothing can still touch them, else behind a fence. Returns the dirty ones, which need
+    /// host slots, and the fences after which the clean ones will have left.
+    pub fn send_clean_down(
+        &mut self,
+        state: &mut ChunkTable,
+        call: &'static str,
+        refs: &[ChunkRef],
+    ) -> Result<(Vec<ChunkRef>, Vec<Arc<Fence>>)> {
         let mut fences: Vec<Arc<Fence>> = Vec::new();
         let mut drop_now = Vec::new();
         let mut dirty = Vec::new();
         for &r in refs {
-            let chunk = self.state.chunk(r);
+            let chunk = state.chunk(r);
             if !chunk.is_resident() {
                 continue;
             }
@@ -37,7 +51,7 @@ impl Inner {
                     match unsettled {
                         None => drop_now.push(r),
                         Some(fence) => {
-                            self.state.start_leaving(r, Arc::clone(&fence), None);
+                            state.start_leaving(r, Arc::clone(&fence), None);
                             if !fences.iter().any(|f| Arc::ptr_eq(f, &fence)) {
                                 fences.push(Arc::clone(&fence));
                             }
@@ -49,33 +63,23 @@ impl Inner {
             }
         }
         self.counters.clean_drops += drop_now.len() as u64;
-        self.detach_chunks(&drop_now);
-        let room = self.host.cap();
-        if dirty.len() <= room || self.file.is_none() {
-            fences.extend(self.copy_dirty_down(call, &dirty)?);
-            return Ok(fences);
-        }
-        // More than the host tier can ever hold at once: go down in rounds that fit, each
-        // waited for, so that the next round can spill the one before it to the file.
-        for round in dirty.chunks(room) {
-            let round_fences = self.copy_dirty_down(call, round)?;
-            for fence in &round_fences {
-                fence.wait().during(call)?;
-            }
-            self.reap()?;
-            fences.extend(round_fences);
-        }
-        Ok(fences)
+        self.detach_chunks(state, &drop_now);
+        Ok((dirty, fences))
     }
 
-    /// Copies dirty resident chunks (sorted) down into host slots; returns one fence per batch.
-    fn copy_dirty_down(&mut self, call: &'static str, dirty: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
-        let slots = self.host_slots(call, dirty)?;
+    /// Copies dirty resident chunks (sorted) down into `slots` (one each); returns one fence per batch.
+    pub fn copy_dirty_down(
+        &mut self,
+        state: &mut ChunkTable,
+        call: &'static str,
+        dirty: &[ChunkRef],
+        slots: Vec<Slot>,
+    ) -> Result<Vec<Arc<Fence>>> {
         let mut fences = Vec::new();
         let down = self.streams.down;
         let mut awaited: Vec<Arc<Fence>> = Vec::new();
         for &r in dirty {
-            for fence in self.state.chunk(r).in_flight() {
+            for fence in state.chunk(r).in_flight() {
                 if !fence.is_done().during(call)? && !awaited.iter().any(|a| Arc::ptr_eq(a, fence)) {
                     awaited.push(Arc::clone(fence));
                 }
@@ -87,14 +91,14 @@ impl Inner {
         let mut next_slot = 0;
         for batch in batches(dirty, self.batch) {
             let batch_slots = &slots[next_slot..next_slot + batch.len()];
-            if let Err(e) = self.copy_down(batch, batch_slots, down) {
+            if let Err(e) = self.copy_down(state, batch, batch_slots, down) {
                 slots[next_slot..].iter().for_each(|&s| self.host.free(s));
                 return Err(Error::Device { call, source: e });
             }
             next_slot += batch.len();
             let fence = self.events.record(down).during(call)?;
             for (&r, &slot) in batch.iter().zip(batch_slots) {
-                self.state.start_leaving(r, Arc::clone(&fence), Some(slot));
+                state.start_leaving(r, Arc::clone(&fence), Some(slot));
             }
             self.counters.page_outs += batch.len() as u64;
             self.in_flight.moving_down(Arc::clone(&fence), batch.to_vec());
@@ -104,9 +108,15 @@ impl Inner {
     }
 
     /// Enqueues the copies of one batch of consecutive chunks into `slots`.
-    fn copy_down(&mut self, batch: &[ChunkRef], slots: &[Slot], stream: StreamHandle) -> Result<(), DeviceError> {
+    pub(crate) fn copy_down(
+        &mut self,
+        state: &mut ChunkTable,
+        batch: &[ChunkRef],
+        slots: &[Slot],
+        stream: StreamHandle,
+    ) -> Result<(), DeviceError> {
         let g = self.chunk;
-        let va0 = self.state.va(batch[0]);
+        let va0 = state.va(batch[0]);
         let targets: Vec<Source> = slots.iter().map(|&s| Source::Host(self.host.addr(s))).collect();
         for (k, n, dst) in coalesce(&targets, g) {
             let Source::Host(dst) = dst else { unreachable!("every chunk has a slot") };
@@ -121,57 +131,13 @@ impl Inner {
         Ok(())
     }
 
-    /// Host slots for `dirty`. When the tier is full: give up clean copies of resident chunks,
-    /// spill cold chunks to the file tier, and wait for slots that copies still read.
-    fn host_slots(&mut self, call: &'static str, dirty: &[ChunkRef]) -> Result<Vec<Slot>> {
-        let n = dirty.len();
-        loop {
-            if let Some(slots) = self.host.alloc(self.device.as_ref(), n).during(call)? {
-                return Ok(slots);
-            }
-            self.reclaim_host_copies(n);
-            if let Some(slots) = self.host.alloc(self.device.as_ref(), n).during(call)? {
-                return Ok(slots);
-            }
-            let spilled = self.spill_to_file(call, n)?;
-            if let Some(slots) = self.host.alloc(self.device.as_ref(), n).during(call)? {
-                return Ok(slots);
-            }
-            match self.next_host_release() {
-                Some(fence) => {
-                    self.wait_for(call, vec![fence])?;
-                    self.reap()?;
-                }
-                None if spilled => {}
-                // Slots spilled while a background write still reads them come back once it is done.
-                None if self.host.has_freed_while_held() && self.complete_a_file_write() => {}
-                None => {
-                    // A copy up may have completed since `reclaim_host_copies` looked, freeing
-                    // its copy for reclaiming: one more try before giving up.
-                    self.reclaim_host_copies(n);
-                    if let Some(slots) = self.host.alloc(self.device.as_ref(), n).during(call)? {
-                        return Ok(slots);
-                    }
-                    return Err(Error::OutOfMemory {
-                        call,
-                        detail: format!(
-                            "{n} chunks must be copied to the host tier, which is full ({}); {}",
-                            self.host_holders(),
-                            self.describe_tiers()
-                        ),
-                    });
-                }
-            }
-        }
-    }
-
     /// The fence whose completion will next let a host slot be freed or spilled: a slot a copy
     /// still reads, a chunk still being copied down, a clean copy a copy up still reads.
-    fn next_host_release(&self) -> Option<Arc<Fence>> {
+    pub(crate) fn next_host_release(&self, state: &ChunkTable) -> Option<Arc<Fence>> {
         if let Some(fence) = self.in_flight.next_retired().or(self.in_flight.next_landing()) {
             return Some(Arc::clone(fence));
         }
-        self.state.chunks().find_map(|(_, chunk)| match chunk.ready() {
+        state.chunks().find_map(|(_, chunk)| match chunk.ready() {
             Some(ready) if chunk.is_resident() && chunk.host().is_some() && !matches!(ready.is_done(), Ok(true)) => {
                 Some(Arc::clone(ready))
             }
@@ -180,9 +146,9 @@ impl Inner {
     }
 
     /// Who holds the host tier's slots, for an out-of-memory message.
-    fn host_holders(&self) -> String {
+    pub(crate) fn host_holders(&self, state: &ChunkTable) -> String {
         let (mut data, mut copies, mut moving) = (0, 0, 0);
-        for (_, chunk) in self.state.chunks() {
+        for (_, chunk) in state.chunks() {
             match (chunk.location(), chunk.host()) {
                 (Location::Host(_), _) => data += 1,
                 (Location::Hbm { leaving: false, .. }, Some(_)) => copies += 1,
@@ -199,16 +165,15 @@ impl Inner {
     }
 
     /// Frees up to `wanted` host slots that only held copies of chunks still resident in HBM.
-    fn reclaim_host_copies(&mut self, wanted: usize) {
-        let spare: Vec<ChunkRef> = self
-            .state
+    pub(crate) fn reclaim_host_copies(&mut self, state: &mut ChunkTable, wanted: usize) {
+        let spare: Vec<ChunkRef> = state
             .chunks()
             .filter(|(_, c)| c.is_resident() && c.host().is_some() && matches!(settled(c.ready()), Ok(true)))
             .map(|(r, _)| r)
             .take(wanted)
             .collect();
         for r in spare {
-            let slot = self.state.drop_host_copy(r).expect("a host copy");
+            let slot = state.drop_host_copy(r).expect("a host copy");
             self.host.free(slot);
         }
     }
@@ -216,14 +181,14 @@ impl Inner {
     /// Chunks leave HBM: their physical chunks go back to the pool, and their bytes are where
     /// their copies are (host or file). Their mappings stay, stale (`alias`): no driver call.
     /// Nothing may still use them (their fences have completed).
-    pub fn detach_chunks(&mut self, refs: &[ChunkRef]) {
+    pub fn detach_chunks(&mut self, state: &mut ChunkTable, refs: &[ChunkRef]) {
         let mut refs = refs.to_vec();
         refs.sort_unstable();
         // A chunk sent down, brought back and sent down again behind the same fence sits in two
         // landed groups: detach it once.
         refs.dedup();
         for r in refs {
-            let phys = self.state.leave_hbm(r);
+            let phys = state.leave_hbm(r);
             self.pool.give(phys);
         }
     }
@@ -231,49 +196,289 @@ impl Inner {
     /// Unmaps a buffer's chunks for `free`: resident ones leave HBM (`Empty` unless a slot or the
     /// file holds their data), stale mappings go. Each chunk is marked as soon as it is
     /// unmapped, so after a failure a retry unmaps only what is still mapped.
-    pub fn unmap_buffer(&mut self, id: BufferId) -> Result<(), DeviceError> {
-        let chunks = self.state.buffer(id).expect("a live buffer").chunks().len();
+    pub fn unmap_buffer(&mut self, state: &mut ChunkTable, id: BufferId) -> Result<(), DeviceError> {
+        let chunks = state.buffer(id).expect("a live buffer").chunks().len();
         for index in 0..chunks {
             let r = (id, index);
-            let chunk = self.state.chunk(r);
+            let chunk = state.chunk(r);
             let in_hbm = chunk.phys().is_some();
             if !in_hbm && chunk.alias().is_none() {
                 continue;
             }
             let started = std::time::Instant::now();
-            self.device.unmap(self.state.va(r), self.chunk)?;
+            self.device.unmap(state.va(r), self.chunk)?;
             self.counters.unmap_ms += started.elapsed().as_secs_f64() * 1e3;
             if in_hbm {
-                let phys = self.state.leave_hbm(r);
+                let phys = state.leave_hbm(r);
                 self.pool.give(phys);
             }
-            self.state.unmapped(r);
+            state.unmapped(r);
         }
         Ok(())
     }
 
     /// Completes whatever has finished: chunks whose copy down landed leave HBM, host slots
     /// whose readers are done are freed, demand-copy timings are added up. Never blocks.
-    pub fn reap(&mut self) -> Result<()> {
+    pub fn reap(&mut self, state: &mut ChunkTable) -> Result<()> {
         let landed = self.in_flight.landed().during("reap")?;
         let mut items = Vec::new();
         for group in &landed {
             for &r in &group.chunks {
-                let Some(buffer) = self.state.buffer(r.0) else { continue };
+                let Some(buffer) = state.buffer(r.0) else { continue };
                 if buffer.chunks()[r.1].leaving().is_some_and(|fence| Arc::ptr_eq(fence, &group.fence)) {
                     items.push(r);
                 }
             }
         }
-        self.detach_chunks(&items);
+        self.detach_chunks(state, &items);
         for slot in self.in_flight.retired().during("reap")? {
             self.host.free(slot);
         }
         // Chunks beyond a budget that shrank go back to the driver as they become idle.
         if self.pool.releasable(self.pool.cap()) > 0 {
-            self.release_idle_beyond("reap", self.pool.cap())?;
+            self.release_idle_beyond(state, "reap", self.pool.cap())?;
         }
         self.counters.stall_ms += self.in_flight.timed_ms().during("reap")?;
         Ok(())
+    }
+
+    /// Gives idle physical chunks back to the driver until no more than `limit` exist (or no
+    /// idle one is left); stale mappings of them are unmapped first. Returns how many.
+    pub(crate) fn release_idle_beyond(
+        &mut self,
+        state: &mut ChunkTable,
+        call: &'static str,
+        limit: usize,
+    ) -> Result<usize> {
+        let chunks = self.pool.take_idle(self.pool.releasable(limit));
+        if chunks.is_empty() {
+            return Ok(0);
+        }
+        let released = self.release_chunks(state, &chunks);
+        let count = *released.as_ref().unwrap_or(&0);
+        released.during(call).map(|_| count)
+    }
+
+    /// Unmaps the stale mappings of `chunks` (taken from the idle pool) and releases them; on a
+    /// failure the chunks not yet released go back to the pool. Returns how many were released.
+    pub(crate) fn release_chunks(
+        &mut self,
+        state: &mut ChunkTable,
+        chunks: &[PhysHandle],
+    ) -> std::result::Result<usize, tiermem_mechanism::DeviceError> {
+        let g = self.chunk;
+        let idle: HashSet<PhysHandle> = chunks.iter().copied().collect();
+        let stale: Vec<ChunkRef> =
+            state.chunks().filter(|(_, c)| c.alias().is_some_and(|p| idle.contains(&p))).map(|(r, _)| r).collect();
+        let mut outcome = Ok(());
+        for r in stale {
+            outcome = self.device.unmap(state.va(r), g);
+            if outcome.is_err() {
+                break;
+            }
+            state.unmapped(r);
+        }
+        let mut released = 0;
+        for &p in chunks {
+            if outcome.is_ok() {
+                outcome = self.pool.release(self.device.as_ref(), p);
+                released += usize::from(outcome.is_ok());
+                if outcome.is_ok() {
+                    continue;
+                }
+            }
+            self.pool.give(p);
+        }
+        outcome.map(|()| released)
+    }
+
+    /// Frees a host slot now, or once `reader` (a copy from it) has completed.
+    pub(crate) fn retire(&mut self, slot: Slot, reader: Option<Arc<Fence>>) {
+        match reader {
+            Some(fence) if !matches!(fence.is_done(), Ok(true)) => self.in_flight.retire(fence, slot),
+            _ => self.host.free(slot),
+        }
+    }
+
+    /// Sends back to `File` those of `refs` whose background read from the file failed: their
+    /// bytes are still in the file, their HBM goes back to the pool. Waits for reads not yet
+    /// done with the disk. Returns the first failure.
+    pub(crate) fn undo_failed_reads(&mut self, state: &mut ChunkTable, refs: &[ChunkRef]) -> Option<Error> {
+        let mut failure = None;
+        let mut undo = Vec::new();
+        for &r in refs {
+            let chunk = state.chunk(r);
+            let Some(Err(e)) = chunk.ready().map(|fence| fence.recorded()) else { continue };
+            if chunk.is_resident() {
+                undo.push(r);
+            }
+            failure.get_or_insert(e);
+        }
+        self.detach_chunks(state, &undo);
+        failure
+    }
+
+    /// Moves the `Host` chunks among `refs` to the file: written if the file does not hold
+    /// their bytes yet, then their host slots are freed. On an error nothing has moved.
+    pub fn spill_chunks(&mut self, state: &mut ChunkTable, call: &'static str, refs: &[ChunkRef]) -> Result<()> {
+        let host_chunks: Vec<(ChunkRef, Slot, Option<FileSlot>)> = refs
+            .iter()
+            .filter_map(|&r| {
+                let chunk = state.chunk(r);
+                match chunk.location() {
+                    Location::Host(slot) => Some((r, slot, chunk.file())),
+                    _ => None,
+                }
+            })
+            .collect();
+        let to_write: Vec<(ChunkRef, Slot)> =
+            host_chunks.iter().filter(|(_, _, f)| f.is_none()).map(|&(r, s, _)| (r, s)).collect();
+        let Some(tier) = self.file.as_ref() else {
+            return Err(Error::Config(format!("{call}: there is no file tier (set TIERMEM_FILE)")));
+        };
+        let written = match to_write.len() {
+            0 => Vec::new(),
+            n => {
+                let fslots = self.file_slots(state, call, n)?;
+                let items: Vec<(FileSlot, *const u8)> =
+                    fslots.iter().zip(&to_write).map(|(&f, &(_, s))| (f, self.host.addr(s) as *const u8)).collect();
+                // SAFETY: each source is a whole host slot holding a `Host` chunk's bytes; no
+                // copy touches it (the chunk is unmapped and not moving) until the write returns.
+                if let Err(e) = unsafe { tier.store.write(&items) } {
+                    let _ = tier.store.free(&fslots);
+                    return Err(file_error(call)(e));
+                }
+                fslots
+            }
+        };
+        self.counters.file_writes += written.len() as u64;
+        for (&(r, _), &fslot) in to_write.iter().zip(&written) {
+            state.add_file_copy(r, fslot);
+        }
+        for (r, _, _) in host_chunks {
+            let slot = state.leave_host(r);
+            self.host.free(slot);
+        }
+        Ok(())
+    }
+
+    /// `n` free slots of the file tier, or an error saying it is full.
+    pub fn file_slots(&self, state: &ChunkTable, call: &'static str, n: usize) -> Result<Vec<FileSlot>> {
+        let tier = self.file.as_ref().expect("the caller checked for a file tier");
+        tier.store.alloc(n).ok_or_else(|| Error::OutOfMemory {
+            call,
+            detail: format!("{n} chunks must go to the file tier, which is full; {}", self.describe_tiers(state)),
+        })
+    }
+
+    /// Gives file slots back for reuse (their chunks' bytes changed or were discarded). Their
+    /// disk space stays allocated: rewriting a slot then overwrites blocks instead of
+    /// allocating them, and the file never grows past its preallocated size anyway.
+    pub fn free_file_slots(&mut self, slots: &[FileSlot]) {
+        if let (Some(tier), false) = (self.file.as_ref(), slots.is_empty()) {
+            // Only bad slot numbers can fail here, and these come from the store itself.
+            let _ = tier.store.recycle(slots);
+        }
+    }
+
+    /// Starts writing to the file the chunks of `refs` that have no file copy yet, from their
+    /// host slots, once the copies filling those slots have completed (a chunk still moving
+    /// down — sent by this call or an earlier one — is written after its own fence). `None` if
+    /// there is nothing to write. The file slots are taken now: a full file tier is an error
+    /// here, not later.
+    pub(crate) fn start_file_write(
+        &mut self,
+        state: &mut ChunkTable,
+        call: &'static str,
+        refs: &[ChunkRef],
+    ) -> Result<Option<FileWrite>> {
+        let mut fences: Vec<Arc<Fence>> = Vec::new();
+        let sources: Vec<(ChunkRef, Slot)> = refs
+            .iter()
+            .filter_map(|&r| {
+                let chunk = state.chunk(r);
+                let slot = match (chunk.location(), chunk.host(), chunk.leaving()) {
+                    (Location::Host(slot), _, _) => slot,
+                    (Location::Hbm { leaving: true, .. }, Some(slot), Some(fence)) => {
+                        if chunk.file().is_none() && !fences.iter().any(|f| Arc::ptr_eq(f, fence)) {
+                            fences.push(Arc::clone(fence));
+                        }
+                        slot
+                    }
+                    _ => return None,
+                };
+                // A slot already held is being written by an earlier write still in flight:
+                // that write gives the chunk its file copy (or, if the chunk lets the slot go
+                // first, whoever spills it writes it then).
+                (chunk.file().is_none() && !self.host.is_held(slot)).then_some((r, slot))
+            })
+            .collect();
+        if sources.is_empty() {
+            return Ok(None);
+        }
+        let fslots = self.file_slots(state, call, sources.len())?;
+        let tier = self.file.as_ref().expect("file_slots checked");
+        let writes: Vec<(FileSlot, usize)> =
+            fslots.iter().zip(&sources).map(|(&f, &(_, s))| (f, self.host.addr(s))).collect();
+        let items = sources.iter().zip(&fslots).map(|(&(r, s), &f)| (r, s, f)).collect();
+        let write = match FileWrite::spawn(call, Arc::clone(&tier.store), fences, writes, items) {
+            Ok(write) => write,
+            Err(e) => {
+                let _ = tier.store.recycle(&fslots);
+                return Err(e);
+            }
+        };
+        sources.iter().for_each(|&(_, s)| self.host.hold(s));
+        Ok(Some(write))
+    }
+
+    /// Records the file copies of a finished write and ends its holds; on a failed write,
+    /// recycles its file slots and returns the error (every chunk keeps its host copy).
+    pub(crate) fn commit_file_write(
+        &mut self,
+        state: &mut ChunkTable,
+        items: Vec<(ChunkRef, Slot, FileSlot)>,
+        outcome: Result<()>,
+    ) -> Result<()> {
+        let mut unused = Vec::new();
+        for &(r, slot, fslot) in &items {
+            // The chunk must still hold the slot as a copy of its bytes. A chunk acquired for
+            // writing lets its slot go through `retire`, which frees it only once copies
+            // reading it are done: until then the slot is neither free nor the chunk's.
+            let owned = outcome.is_ok() && !self.host.freed_while_held(slot) && state.holds_slot(r, slot);
+            match owned {
+                true => state.add_file_copy(r, fslot),
+                false => unused.push(fslot),
+            }
+            self.host.unhold(slot);
+        }
+        self.counters.file_writes += (items.len() - unused.len()) as u64;
+        self.free_file_slots(&unused);
+        outcome
+    }
+
+    /// Completes the oldest background write whose host slots were let go meanwhile (they
+    /// come back only when it is committed), for a page-out that finds the host tier full of
+    /// them. Joins the writer under the engine lock, which the writer never takes; `finish`
+    /// reports the write's outcome later. `false` if there is none.
+    pub(crate) fn complete_a_file_write(&mut self, state: &mut ChunkTable) -> bool {
+        let host = &self.host;
+        let Some((ticket, write)) = self.writes.take_oldest(|slot| host.freed_while_held(slot)) else { return false };
+        let (items, outcome) = write.join();
+        let committed = self.commit_file_write(state, items, outcome);
+        self.writes.keep_outcome(ticket, committed);
+        true
+    }
+
+    /// Commits the write of `ticket` (whose [`Done`] signal is set), or returns its outcome if
+    /// it was committed early; `Ok` if the ticket had no write.
+    pub(crate) fn commit_write_of(&mut self, state: &mut ChunkTable, ticket: u64) -> Result<()> {
+        match self.writes.take(ticket) {
+            Ok(write) => {
+                let (items, outcome) = write.join();
+                self.commit_file_write(state, items, outcome)
+            }
+            Err(outcome) => outcome,
+        }
     }
 }

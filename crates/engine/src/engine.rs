@@ -1,8 +1,7 @@
 //! The façade: [`Engine`], the one lock over the engine's state (`Inner`), and the public
-//! calls, each of which names itself in its errors. The work is done by `Inner`'s methods in
-//! residency.rs (alloc, free, acquire, release, advance), transfers.rs (tickets, shutdown),
-//! movement.rs / down.rs / eviction.rs (copies up and down, making room), budget.rs and the
-//! file-tier modules.
+//! calls, each of which names itself in its errors. `Inner` plans each call (calls.rs) and
+//! what moves where (placement.rs); its tiers (tiers.rs) do the moving, and its chunk table
+//! (state.rs) alone changes chunk state. The module docs of lib.rs draw the layers.
 //!
 //! # Locking
 //! Calls plan under the lock, wait without it, and commit under it where they can:
@@ -27,6 +26,7 @@ use crate::schedule::Schedule;
 use crate::state::{ChunkRef, ChunkTable};
 use crate::stats::Counters;
 use crate::sync::{Arc, Mutex, MutexGuard};
+use crate::tiers::{Streams, Tiers};
 use crate::{EngineConfig, Error, Result};
 use std::collections::HashMap;
 use tiermem_mechanism::{Device, DeviceInfo, StreamHandle, StreamPriority};
@@ -55,32 +55,15 @@ pub struct Engine {
     fallback: Option<String>,
 }
 
-pub(crate) struct Streams {
-    pub up: StreamHandle,
-    pub down: StreamHandle,
-    pub prefetch: StreamHandle,
-}
-
 pub(crate) struct Inner {
-    pub device: Arc<dyn Device>,
-    pub chunk: usize,
-    pub batch: usize,
     /// Buffers and their chunks: the only writer of chunk state (state.rs).
     pub state: ChunkTable,
-    pub pool: ChunkPool,
-    pub host: HostTier,
+    /// The tiers and the machinery that moves chunks between them (tiers.rs).
+    pub tiers: Tiers,
     pub policy: Box<dyn EvictionPolicy>,
-    pub events: Arc<EventPool>,
-    pub streams: Streams,
-    /// Moves down, slots still read by copies, demand copies being timed (in_flight.rs).
-    pub in_flight: InFlight,
-    pub tickets: HashMap<u64, TicketWork>,
-    /// The background file writes of tickets (file_writes.rs).
-    pub writes: BackgroundWrites,
-    pub next_ticket: u64,
-    pub counters: Counters,
-    pub file: Option<FileTier>,
     pub schedule: Option<Schedule>,
+    pub tickets: HashMap<u64, TicketWork>,
+    pub next_ticket: u64,
     /// Set while the façade runs a call that waits with the lock released
     /// (`Engine::unlocked_waits`): waits are returned to it instead of done here.
     pub wait_unlocked: bool,
@@ -124,23 +107,26 @@ impl Engine {
             down: device.create_stream(StreamPriority::High).during("Engine::new")?,
             prefetch: device.create_stream(StreamPriority::Low).during("Engine::new")?,
         };
-        let inner = Inner {
+        let tiers = Tiers {
             device: Arc::clone(&device),
             chunk,
             batch: config.batch_chunks.max(1),
-            state: ChunkTable::new(chunk),
             pool: ChunkPool::new(caps.hbm / chunk),
             host: HostTier::new(chunk, caps.host),
-            policy: new_policy(config.policy, config.seed),
+            file,
+            writes: BackgroundWrites::default(),
             events: EventPool::new(Arc::clone(&device)),
             streams,
             in_flight: InFlight::default(),
-            tickets: HashMap::new(),
-            writes: BackgroundWrites::default(),
-            next_ticket: 1,
             counters: Counters::default(),
-            file,
+        };
+        let inner = Inner {
+            state: ChunkTable::new(chunk),
+            tiers,
+            policy: new_policy(config.policy, config.seed),
             schedule: None,
+            tickets: HashMap::new(),
+            next_ticket: 1,
             wait_unlocked: false,
         };
         Ok(Self { device, inner: Mutex::new(inner), fallback: None })
@@ -166,13 +152,13 @@ impl Engine {
 
     /// The size of one chunk (the device's VMM granularity).
     pub fn chunk_size(&self) -> usize {
-        self.lock().chunk
+        self.lock().tiers.chunk
     }
 
     /// The HBM cap in bytes.
     pub fn hbm_cap(&self) -> usize {
         let g = self.lock();
-        g.pool.cap() * g.chunk
+        g.tiers.pool.cap() * g.tiers.chunk
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -199,7 +185,7 @@ impl Engine {
             for fence in &waits.fences {
                 fence.wait().during(waits.call)?;
             }
-            self.lock().counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
+            self.lock().tiers.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
         }
     }
 
@@ -283,16 +269,17 @@ impl Engine {
     /// and returns its bytes. Stale mappings of them are unmapped first; chunks brought in
     /// later are created afresh, so the next pass maps again. Data is untouched.
     pub fn release_idle_hbm(&self) -> Result<usize> {
-        let mut inner = self.lock();
-        inner.reap()?;
-        Ok(inner.release_idle_beyond("release_idle_hbm", 0)? * inner.chunk)
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        inner.tiers.reap(&mut inner.state)?;
+        Ok(inner.tiers.release_idle_beyond(&mut inner.state, "release_idle_hbm", 0)? * inner.tiers.chunk)
     }
 
     /// Changes the HBM budget (the cap) to `bytes`, whole chunks, while the engine runs. A larger
     /// budget is used from the next page-in on. A smaller one is met without waiting: no chunk
     /// is handed out while more are in use than it allows, and the excess is sent down at once
     /// (acquired chunks as they are released) and its HBM given back to the driver as the
-    /// copies land. `finish` on the ticket waits for those copies. See budget.rs.
+    /// copies land. `finish` on the ticket waits for those copies. See calls.rs ("The HBM budget").
     pub fn set_hbm_budget(&self, bytes: usize) -> Result<Ticket> {
         let mut inner = self.lock();
         let fences = inner.set_hbm_budget(bytes)?;
@@ -331,28 +318,36 @@ impl Engine {
             fence.wait().during("finish")?;
             failed_read = failed_read.or(fence.recorded().err());
             // Complete each group as soon as it lands, so unmapping overlaps later copies.
-            self.lock().reap().map_err(|e| retag(e, "finish"))?;
+            let mut guard = self.lock();
+            let inner = &mut *guard;
+            inner.tiers.reap(&mut inner.state).map_err(|e| retag(e, "finish"))?;
         }
         // The write is waited for without the lock; another thread may complete it meanwhile.
-        if let Some(done) = self.lock().writes.done_signal(ticket.0) {
+        if let Some(done) = self.lock().tiers.writes.done_signal(ticket.0) {
             done.wait();
         }
-        self.lock().commit_write_of(ticket.0).map_err(|e| retag(e, "finish"))?;
+        {
+            let mut guard = self.lock();
+            let inner = &mut *guard;
+            inner.tiers.commit_write_of(&mut inner.state, ticket.0).map_err(|e| retag(e, "finish"))?;
+        }
         if let Some(failure) = failed_read {
             // The chunks that did not arrive go back to the file, which still holds their bytes.
-            let mut inner = self.lock();
+            let mut guard = self.lock();
+            let inner = &mut *guard;
             let all = inner.target_refs("finish", Target::All)?;
-            inner.undo_failed_reads(&all);
+            inner.tiers.undo_failed_reads(&mut inner.state, &all);
             return Err(retag(failure, "finish"));
         }
         if work.then_to_file.is_empty() {
             return Ok(());
         }
-        let mut inner = self.lock();
-        inner.reap()?;
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        inner.tiers.reap(&mut inner.state)?;
         // Buffers freed since the start have nothing left to move.
         let live: Vec<ChunkRef> = work.then_to_file.into_iter().filter(|r| inner.state.buffer(r.0).is_some()).collect();
-        inner.spill_chunks("finish", &live)
+        inner.tiers.spill_chunks(&mut inner.state, "finish", &live)
     }
 
     /// Moves `target` out of HBM and out of the host tier into the file tier, and waits.
@@ -400,7 +395,7 @@ impl Engine {
     /// same ones for the same `seed`); `None` stops it. Nothing happens without a file tier.
     /// Engine calls then fail with [`Error::File`] and, as for any I/O error, lose no byte.
     pub fn inject_file_errors(&self, one_in: Option<u64>, seed: u64) {
-        if let Some(tier) = self.lock().file.as_ref() {
+        if let Some(tier) = self.lock().tiers.file.as_ref() {
             tier.store.inject_errors(one_in, seed);
         }
     }
@@ -410,11 +405,11 @@ impl Engine {
         let g = self.lock();
         crate::Stats::collect(crate::stats::Sources {
             state: &g.state,
-            hbm: &g.pool,
-            host: &g.host,
-            file: g.file.as_ref().map(|tier| tier.store.as_ref()),
+            hbm: &g.tiers.pool,
+            host: &g.tiers.host,
+            file: g.tiers.file.as_ref().map(|tier| tier.store.as_ref()),
             policy: g.policy.kind(),
-            counters: &g.counters,
+            counters: &g.tiers.counters,
         })
     }
 }

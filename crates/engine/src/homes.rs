@@ -1,7 +1,7 @@
 //! Stable homes for streamed chunks: a loop that streams part of its buffers through HBM
 //! every pass should make no driver call but the copies.
 //!
-//! A chunk that leaves HBM keeps its mapping, stale (`Chunk::alias`), and costs no driver call
+//! A chunk that leaves HBM keeps its mapping, stale (`Chunk::alias`, state.rs), and costs no driver call
 //! when it comes back to the same physical chunk. But Belady alone hands each incoming chunk
 //! the physical chunk of the chunk just evicted for it — in a loop, the one used just before —
 //! and unless the streamed bytes are a multiple of the window, that is a different physical
@@ -21,39 +21,32 @@
 //! A holder that may not leave (needed sooner, or acquired) leaves its home taken: the
 //! incoming chunk gets whatever Belady frees and maps afresh, as before.
 
-use crate::engine::Inner;
-use crate::state::ChunkRef;
-use crate::Result;
+use crate::schedule::Schedule;
+use crate::state::{ChunkRef, ChunkTable};
 
-impl Inner {
-    /// Evicts the streamed holders of the homes of `todo` (chunks about to come in) that may
-    /// leave: needed after `horizon` steps, not acquired, not in `protect`.
-    pub(crate) fn send_holders_home(
-        &mut self,
-        call: &'static str,
-        todo: &[ChunkRef],
-        protect: &[ChunkRef],
-        horizon: u64,
-    ) -> Result<()> {
-        let schedule = self.schedule.as_ref().expect("homes matter only with a schedule");
-        let mut holders: Vec<ChunkRef> = todo
-            .iter()
-            .filter_map(|&r| self.state.holder(self.state.chunk(r).alias()?))
-            .filter(|&holder| {
-                let chunk = self.state.chunk(holder);
-                let may_leave = schedule.next_use(holder.0).is_none_or(|next| next > horizon);
-                chunk.streamed()
-                    && chunk.pins() == 0
-                    && may_leave
-                    && chunk.is_resident()
-                    && protect.binary_search(&holder).is_err()
-            })
-            .collect();
-        if holders.is_empty() {
-            return Ok(());
-        }
-        holders.sort_unstable();
-        holders.dedup();
-        self.evict_now(call, &holders)
-    }
+/// The streamed holders of the homes of `todo` (chunks about to come in) that may leave:
+/// needed after `horizon` steps, not acquired, not in `protect`. Sorted.
+pub(crate) fn holders_to_send_home(
+    state: &ChunkTable,
+    schedule: &Schedule,
+    todo: &[ChunkRef],
+    protect: &[ChunkRef],
+    horizon: u64,
+) -> Vec<ChunkRef> {
+    let mut holders: Vec<ChunkRef> = todo
+        .iter()
+        .filter_map(|&r| state.holder(state.chunk(r).alias()?))
+        .filter(|&holder| {
+            let chunk = state.chunk(holder);
+            let may_leave = schedule.next_use(holder.0).is_none_or(|next| next > horizon);
+            chunk.streamed()
+                && chunk.pins() == 0
+                && may_leave
+                && chunk.is_resident()
+                && protect.binary_search(&holder).is_err()
+        })
+        .collect();
+    holders.sort_unstable();
+    holders.dedup();
+    holders
 }

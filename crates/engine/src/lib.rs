@@ -1,13 +1,17 @@
 //! tiermem's engine: GPU buffers larger than HBM, at device addresses that never change.
 //!
 //! ```text
-//!  Engine ── buffers (reserved VA, 2 MiB chunks) ── chunk state machine (chunk.rs)
-//!     │            residency API: acquire / release / prefetch / page_in / page_out
-//!     ├── movement.rs: batched, coalesced copies up and down; eviction by policy
-//!     ├── schedule.rs: known step order → paging ahead, Belady eviction
-//!     ├── chunk_pool.rs (HBM chunks, capped) · host_tier.rs (pinned slots, capped)
-//!     ├── file_tier.rs (spills to NVMe) · file_reads.rs / file_writes.rs (in the background)
-//!     └── tiermem-policy (which chunks to evict) · tiermem-mechanism (the device)
+//!  engine.rs   the façade: Engine, the lock, waits with the lock released
+//!     │
+//!  calls.rs     the calls, planned: alloc / free / acquire / release / advance, tickets, budget
+//!  placement.rs what comes in and what leaves: making room by policy, host slots, spills
+//!     │                                  (schedule.rs: known step order, Belady; homes.rs)
+//!  tiers.rs     the tiers and their mechanism: movement.rs (up), down.rs (down, reap, file),
+//!     │         chunk_pool.rs (HBM, budgeted) · host_tier.rs · file_tier.rs, file_reads.rs,
+//!     │         file_writes.rs · in_flight.rs (work in flight) · runs.rs (the coalescer)
+//!  state.rs     the chunk table: the only writer of chunk state (a chunk's tiers as data)
+//!     │
+//!  tiermem-policy (which chunks leave) · tiermem-mechanism (the device, the file store)
 //! ```
 //!
 //! A program allocates buffers ([`Engine::alloc`]), gets their device pointers, and brackets
@@ -18,14 +22,13 @@
 //! [`Engine::exchange`] (one out, another in, both directions at once) move whole buffers
 //! explicitly, synchronously or with `*_start` + [`Engine::finish`] (the Bakita paper's API).
 
-mod budget;
 mod buffer;
+mod calls;
 mod chunk_pool;
 mod config;
 mod down;
 mod engine;
 mod error;
-mod eviction;
 mod fence;
 mod file_reads;
 mod file_tier;
@@ -37,14 +40,13 @@ mod limits;
 #[cfg(all(test, feature = "shuttle"))]
 mod model_checks;
 mod movement;
-mod residency;
+mod placement;
 mod runs;
 mod schedule;
-mod spill;
 mod state;
 mod stats;
 mod sync;
-mod transfers;
+mod tiers;
 
 pub use buffer::{Access, AllocOptions, BufferId, Region};
 pub use config::{format_size, parse_size, EngineConfig};

@@ -1,5 +1,5 @@
-//! Moving chunks between HBM and the host tier: bringing them in here, sending them down in
-//! down.rs, choosing what leaves in eviction.rs.
+//! Moving chunks up: the tiers' mechanism (`impl Tiers`) for bringing chunks into HBM, once
+//! placement.rs has planned what comes in and made room for it. Chunks go down in down.rs.
 //!
 //! **Up** (`bring_in`): take physical chunks from the pool (evicting if a demand needs it; a
 //! prefetch takes only what is free), then per batch of up to `batch_chunks` consecutive
@@ -15,7 +15,7 @@
 //! (device-side), the copy is enqueued, and a fence per batch marks it. The chunk stays
 //! mapped, `PagingOut`, until its fence completes; `reap` then returns its HBM chunk to the
 //! pool. Leaving HBM makes no driver call: the mapping stays, stale (`Chunk::alias`), and a
-//! chunk coming back to the same physical chunk needs no mapping either (chunk.rs says why).
+//! chunk coming back to the same physical chunk needs no mapping either (state.rs says why).
 //!
 //! **A driver fact that shapes the schedule** (H200, driver 580): `cuMemMap`/`cuMemSetAccess`
 //! wait for copies *to the host* that are in flight — during a 1 GiB copy down, mapping 16
@@ -24,15 +24,15 @@
 //! it issues its outgoing copies, and evictions finish their copies before the freed chunks
 //! are mapped again.
 //!
-//! **Room**: eviction.rs (`make_room`). The copies down, and the bookkeeping of chunks that
+//! **Room**: placement.rs (`make_room`). The copies down, and the bookkeeping of chunks that
 //! have left (`reap`), are in down.rs. Streams: `up` for demand, `prefetch` (low priority) for prefetches,
 //! `down` for page-outs, so the two directions overlap on the two copy engines.
 
-use crate::engine::Inner;
 use crate::error::Context;
 use crate::fence::Fence;
 use crate::runs::{batches, coalesce, Source};
-use crate::state::{ChunkRef, Fill, Location};
+use crate::state::{ChunkRef, ChunkTable, Fill, Location};
+use crate::tiers::Tiers;
 use crate::{Error, Result};
 use std::sync::Arc;
 use tiermem_mechanism::file_store::FileSlot;
@@ -49,56 +49,18 @@ pub(crate) enum Purpose {
     Ahead { horizon: u64 },
 }
 
-impl Inner {
-    /// Makes `wanted` (sorted) resident, or as many as free HBM allows for a prefetch.
-    /// Returns the fences after which every chunk brought in has arrived (none if nothing moved).
-    pub fn bring_in(&mut self, call: &'static str, wanted: &[ChunkRef], purpose: Purpose) -> Result<Vec<Arc<Fence>>> {
-        debug_assert!(wanted.windows(2).all(|w| w[0] < w[1]), "chunk lists are sorted");
-        let mut todo = Vec::new();
-        for &r in wanted {
-            match self.state.chunk(r).location() {
-                // Still in HBM: cancel the move. Its slot holds (or will, once the fence is done)
-                // an identical copy, so it stays clean; users wait for the copy before writing.
-                Location::Hbm { leaving: true, .. } => self.state.cancel_leaving(r),
-                Location::Hbm { leaving: false, .. } => {}
-                Location::Empty | Location::Host(_) | Location::File(_) => todo.push(r),
-            }
-        }
-        if todo.is_empty() {
-            return Ok(Vec::new());
-        }
-        match (purpose, self.schedule.is_some()) {
-            (Purpose::Demand, true) => self.send_holders_home(call, &todo, wanted, 0)?,
-            (Purpose::Ahead { horizon }, true) => self.send_holders_home(call, &todo, wanted, horizon)?,
-            _ => {}
-        }
-        match purpose {
-            Purpose::Demand => self.make_room(call, todo.len(), wanted)?,
-            Purpose::Prefetch => {}
-            Purpose::Ahead { horizon } => {
-                while self.pool.available() < todo.len() {
-                    let short = todo.len() - self.pool.available();
-                    if !self.evict_beyond(call, short, wanted, horizon)? {
-                        break;
-                    }
-                }
-            }
-        }
-        let mut phys = self.take_phys(call, &todo)?;
-        // The driver may give fewer chunks than the cap promised (the cap then shrinks): a demand
-        // evicts for the rest.
-        while purpose == Purpose::Demand && phys.len() < todo.len() {
-            if let Err(e) = self.make_room(call, todo.len() - phys.len(), wanted) {
-                phys.into_iter().for_each(|p| self.pool.give(p));
-                return Err(e);
-            }
-            let more = self.take_phys(call, &todo[phys.len()..])?;
-            phys.extend(more);
-        }
-        todo.truncate(phys.len());
-        if todo.is_empty() {
-            return Ok(Vec::new());
-        }
+impl Tiers {
+    /// Maps `todo` (sorted, none in HBM) at `phys` (one each) and copies their bytes up: from
+    /// host slots, zeros, or the file through the background reader. Returns the fences after
+    /// which every chunk has arrived.
+    pub fn copy_in(
+        &mut self,
+        state: &mut ChunkTable,
+        call: &'static str,
+        todo: &[ChunkRef],
+        phys: Vec<PhysHandle>,
+        purpose: Purpose,
+    ) -> Result<Vec<Arc<Fence>>> {
         let stream = match purpose {
             Purpose::Demand => self.streams.up,
             Purpose::Prefetch | Purpose::Ahead { .. } => self.streams.prefetch,
@@ -111,7 +73,7 @@ impl Inner {
         // time, each behind a fence of its own; those fences are made first, so that nothing
         // is mapped unless every read can be queued.
         let group = crate::file_reads::GROUP_BATCHES * self.batch;
-        let from_file = todo.iter().filter(|&&r| matches!(self.state.chunk(r).location(), Location::File(_))).count();
+        let from_file = todo.iter().filter(|&&r| matches!(state.chunk(r).location(), Location::File(_))).count();
         let mut read_fences = Vec::with_capacity(from_file.div_ceil(group));
         for _ in 0..from_file.div_ceil(group) {
             match self.events.later() {
@@ -126,16 +88,16 @@ impl Inner {
         let mut phys = phys.into_iter();
         let (mut landed, mut reads, mut fences) = (Vec::new(), Vec::new(), Vec::new());
         let (mut read, mut failure) = (0, None);
-        for batch in batches(&todo, self.batch) {
+        for batch in batches(todo, self.batch) {
             let batch_phys: Vec<PhysHandle> = phys.by_ref().take(batch.len()).collect();
             let file_chunks: Vec<(ChunkRef, FileSlot)> = batch
                 .iter()
-                .filter_map(|&r| match self.state.chunk(r).location() {
+                .filter_map(|&r| match state.chunk(r).location() {
                     Location::File(slot) => Some((r, slot)),
                     _ => None,
                 })
                 .collect();
-            if let Err(e) = self.copy_up(batch, &batch_phys, stream) {
+            if let Err(e) = self.copy_up(state, batch, &batch_phys, stream) {
                 failure = Some(Error::Device { call, source: e });
                 break;
             }
@@ -144,11 +106,11 @@ impl Inner {
             reads.extend(file_chunks);
             while reads.len() >= group {
                 let rest = reads.split_off(group);
-                fences.push(self.queue_read(call, std::mem::replace(&mut reads, rest), &mut read_fences));
+                fences.push(self.queue_read(state, call, std::mem::replace(&mut reads, rest), &mut read_fences));
             }
         }
         if !reads.is_empty() {
-            fences.push(self.queue_read(call, reads, &mut read_fences));
+            fences.push(self.queue_read(state, call, reads, &mut read_fences));
         }
         phys.for_each(|p| self.pool.give(p));
         if start.is_none() {
@@ -166,7 +128,7 @@ impl Inner {
             }
         };
         for &r in &landed {
-            self.state.set_ready(r, Some(Arc::clone(&fence)));
+            state.set_ready(r, Some(Arc::clone(&fence)));
         }
         if let Some(start) = start {
             self.in_flight.time(start, Arc::clone(&fence));
@@ -177,8 +139,9 @@ impl Inner {
 
     /// Hands `reads` (chunks just mapped, whose bytes are only in the file) to the background
     /// reader behind the next of `fences`, which becomes their `ready` fence. Returns it.
-    fn queue_read(
+    pub(crate) fn queue_read(
         &mut self,
+        state: &mut ChunkTable,
         call: &'static str,
         reads: Vec<(ChunkRef, FileSlot)>,
         fences: &mut impl Iterator<Item = Arc<Fence>>,
@@ -186,8 +149,8 @@ impl Inner {
         let fence = fences.next().expect("one fence was made per group");
         let mut items = Vec::with_capacity(reads.len());
         for (r, file) in reads {
-            items.push((file, self.state.va(r)));
-            self.state.set_ready(r, Some(Arc::clone(&fence)));
+            items.push((file, state.va(r)));
+            state.set_ready(r, Some(Arc::clone(&fence)));
         }
         self.counters.file_reads += items.len() as u64;
         let tier = self.file.as_ref().expect("File chunks exist only with a file tier");
@@ -198,8 +161,13 @@ impl Inner {
     /// Physical chunks for `todo`, one each, for as many of its first chunks as the pool can
     /// serve: a chunk whose stale mapping points at an idle physical chunk takes that one (it
     /// needs no driver call), the others whatever is idle or can still be created.
-    fn take_phys(&mut self, call: &'static str, todo: &[ChunkRef]) -> Result<Vec<PhysHandle>> {
-        let aliases: Vec<Option<PhysHandle>> = todo.iter().map(|&r| self.state.chunk(r).alias()).collect();
+    pub(crate) fn take_phys(
+        &mut self,
+        state: &ChunkTable,
+        call: &'static str,
+        todo: &[ChunkRef],
+    ) -> Result<Vec<PhysHandle>> {
+        let aliases: Vec<Option<PhysHandle>> = todo.iter().map(|&r| state.chunk(r).alias()).collect();
         let mut phys: Vec<Option<PhysHandle>> =
             aliases.into_iter().map(|alias| alias.filter(|&p| self.pool.take_exact(p))).collect();
         for slot in phys.iter_mut().filter(|slot| slot.is_none()) {
@@ -221,9 +189,15 @@ impl Inner {
     /// their host slots, or zeros. Chunks whose bytes are in the file are only mapped: the
     /// caller queues their reads. On failure every chunk of the batch is as before and its
     /// physical chunks are back in the pool.
-    fn copy_up(&mut self, batch: &[ChunkRef], phys: &[PhysHandle], stream: StreamHandle) -> Result<(), DeviceError> {
+    pub(crate) fn copy_up(
+        &mut self,
+        state: &mut ChunkTable,
+        batch: &[ChunkRef],
+        phys: &[PhysHandle],
+        stream: StreamHandle,
+    ) -> Result<(), DeviceError> {
         let g = self.chunk;
-        let va0 = self.state.va(batch[0]);
+        let va0 = state.va(batch[0]);
         let device = Arc::clone(&self.device);
         // Chunks still mapped at their physical chunk need nothing; a stale mapping elsewhere
         // is unmapped first.
@@ -231,7 +205,7 @@ impl Inner {
         let mut outcome = Ok(());
         for (i, (&r, &p)) in batch.iter().zip(phys).enumerate() {
             let va = va0 + (i * g) as u64;
-            let chunk = self.state.chunk(r);
+            let chunk = state.chunk(r);
             if chunk.maps(p) {
                 continue;
             }
@@ -242,7 +216,7 @@ impl Inner {
                 if outcome.is_err() {
                     break;
                 }
-                self.state.unmapped(r);
+                state.unmapped(r);
             }
             let started = std::time::Instant::now();
             outcome = device.map(va, p);
@@ -261,7 +235,7 @@ impl Inner {
         if outcome.is_ok() {
             let sources: Vec<Source> = batch
                 .iter()
-                .map(|&r| match self.state.chunk(r).location() {
+                .map(|&r| match state.chunk(r).location() {
                     Location::Host(slot) => Source::Host(self.host.addr(slot)),
                     Location::File(_) => Source::File,
                     Location::Empty | Location::Hbm { .. } => Source::Zeros,
@@ -289,18 +263,33 @@ impl Inner {
             // (Unrecorded, it made freeing the buffer fail for ever.)
             for (r, p, va) in fresh {
                 if device.unmap(va, g).is_err() {
-                    self.state.mapped_without_access(r, p);
+                    state.mapped_without_access(r, p);
                 }
             }
             phys.iter().for_each(|&p| self.pool.give(p));
             return Err(e);
         }
         for (&r, &p) in batch.iter().zip(phys) {
-            match self.state.enter_hbm(r, p) {
+            match state.enter_hbm(r, p) {
                 Fill::Copied => self.counters.page_ins += 1,
                 Fill::Zeroed => self.counters.zero_fills += 1,
             }
         }
         Ok(())
+    }
+
+    pub(crate) fn describe_tiers(&self, state: &ChunkTable) -> String {
+        let g = self.chunk;
+        let file = self.file.as_ref().map_or(String::new(), |tier| {
+            format!(", file {} of {} bytes in use", tier.store.used_slots() * g, tier.store.capacity_slots() * g)
+        });
+        format!(
+            "HBM {} of {} bytes in use ({} acquired), host {} of {} bytes in use{file}",
+            self.pool.in_use() * g,
+            self.pool.cap() * g,
+            state.pinned() * g,
+            self.host.in_use() * g,
+            self.host.cap() * g
+        )
     }
 }

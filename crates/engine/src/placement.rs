@@ -1,11 +1,19 @@
-//! Making room in HBM: victims chosen by the policy (Belady's choice while a schedule is set)
-//! among chunks that are resident, not acquired and not protected, sent down and waited for.
-//! This and a page-in ahead of the schedule (which waits for its victims to pace the caller
-//! to the GPU) are where the host waits for copies.
+//! Placement: what comes into HBM and what leaves it. Bringing chunks in (cancelling moves
+//! down, keeping streamed chunks' homes, making room), sending chunks down (finding host slots,
+//! spilling the host tier to the file when it is full), and making room: victims chosen by the
+//! policy (Belady's choice while a schedule is set) among chunks that are resident, not
+//! acquired and not protected — or, for a spill, located on the host — sent down and waited
+//! for. The copies themselves are the tiers' (movement.rs, down.rs).
+//!
+//! This and a page-in ahead of the schedule (which waits for its victims to pace the caller to
+//! the GPU) are where the host waits for copies: through `wait_for`, which in `acquire`,
+//! `page_in` and `advance` hands the wait to the façade to do with the lock released.
 
 use crate::engine::Inner;
 use crate::error::Context;
 use crate::fence::{settled, Fence, Waits};
+use crate::host_tier::Slot;
+use crate::movement::Purpose;
 use crate::state::{ChunkRef, Location};
 use crate::BufferId;
 use crate::{Error, Result};
@@ -14,11 +22,152 @@ use tiermem_mechanism::DeviceError;
 use tiermem_policy::{new_policy, Candidate, PolicyKind};
 
 impl Inner {
+    /// Makes `wanted` (sorted) resident, or as many as free HBM allows for a prefetch: cancels
+    /// moves down, makes room by policy, takes physical chunks; the tiers then copy.
+    /// Returns the fences after which every chunk brought in has arrived (none if nothing moved).
+    pub fn bring_in(&mut self, call: &'static str, wanted: &[ChunkRef], purpose: Purpose) -> Result<Vec<Arc<Fence>>> {
+        debug_assert!(wanted.windows(2).all(|w| w[0] < w[1]), "chunk lists are sorted");
+        let mut todo = Vec::new();
+        for &r in wanted {
+            match self.state.chunk(r).location() {
+                // Still in HBM: cancel the move. Its slot holds (or will, once the fence is done)
+                // an identical copy, so it stays clean; users wait for the copy before writing.
+                Location::Hbm { leaving: true, .. } => self.state.cancel_leaving(r),
+                Location::Hbm { leaving: false, .. } => {}
+                Location::Empty | Location::Host(_) | Location::File(_) => todo.push(r),
+            }
+        }
+        if todo.is_empty() {
+            return Ok(Vec::new());
+        }
+        let horizon = match purpose {
+            Purpose::Demand => Some(0),
+            Purpose::Ahead { horizon } => Some(horizon),
+            Purpose::Prefetch => None,
+        };
+        if let (Some(schedule), Some(horizon)) = (self.schedule.as_ref(), horizon) {
+            let holders = crate::homes::holders_to_send_home(&self.state, schedule, &todo, wanted, horizon);
+            if !holders.is_empty() {
+                self.evict_now(call, &holders)?;
+            }
+        }
+        match purpose {
+            Purpose::Demand => self.make_room(call, todo.len(), wanted)?,
+            Purpose::Prefetch => {}
+            Purpose::Ahead { horizon } => {
+                while self.tiers.pool.available() < todo.len() {
+                    let short = todo.len() - self.tiers.pool.available();
+                    if !self.evict_beyond(call, short, wanted, horizon)? {
+                        break;
+                    }
+                }
+            }
+        }
+        let mut phys = self.tiers.take_phys(&self.state, call, &todo)?;
+        // The driver may give fewer chunks than the cap promised (the cap then shrinks): a demand
+        // evicts for the rest.
+        while purpose == Purpose::Demand && phys.len() < todo.len() {
+            if let Err(e) = self.make_room(call, todo.len() - phys.len(), wanted) {
+                phys.into_iter().for_each(|p| self.tiers.pool.give(p));
+                return Err(e);
+            }
+            let more = self.tiers.take_phys(&self.state, call, &todo[phys.len()..])?;
+            phys.extend(more);
+        }
+        todo.truncate(phys.len());
+        if todo.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.tiers.copy_in(&mut self.state, call, &todo, phys, purpose)
+    }
+
+    /// Moves resident, unacquired chunks (sorted) out of HBM. Returns the fences after which
+    /// every chunk that did not leave at once will have left (copies down, or last uses).
+    pub fn send_down(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
+        let (dirty, mut fences) = self.tiers.send_clean_down(&mut self.state, call, refs)?;
+        // More than the host tier can ever hold at once, with a file tier below: go down in
+        // rounds that fit, each waited for, so that the next round can spill the one before it.
+        let room = self.tiers.host.cap().max(1);
+        let in_rounds = dirty.len() > room && self.tiers.file.is_some();
+        let round = if in_rounds { room } else { dirty.len().max(1) };
+        for dirty in dirty.chunks(round) {
+            let slots = self.host_slots(call, dirty)?;
+            let round_fences = self.tiers.copy_dirty_down(&mut self.state, call, dirty, slots)?;
+            if in_rounds {
+                for fence in &round_fences {
+                    fence.wait().during(call)?;
+                }
+                self.tiers.reap(&mut self.state)?;
+            }
+            fences.extend(round_fences);
+        }
+        Ok(fences)
+    }
+
+    /// Host slots for `dirty`. When the tier is full: give up clean copies of resident chunks,
+    /// spill cold chunks to the file tier, and wait for slots that copies still read.
+    fn host_slots(&mut self, call: &'static str, dirty: &[ChunkRef]) -> Result<Vec<Slot>> {
+        let n = dirty.len();
+        loop {
+            if let Some(slots) = self.tiers.host.alloc(self.tiers.device.as_ref(), n).during(call)? {
+                return Ok(slots);
+            }
+            self.tiers.reclaim_host_copies(&mut self.state, n);
+            if let Some(slots) = self.tiers.host.alloc(self.tiers.device.as_ref(), n).during(call)? {
+                return Ok(slots);
+            }
+            let spilled = self.spill_to_file(call, n)?;
+            if let Some(slots) = self.tiers.host.alloc(self.tiers.device.as_ref(), n).during(call)? {
+                return Ok(slots);
+            }
+            match self.tiers.next_host_release(&self.state) {
+                Some(fence) => {
+                    self.wait_for(call, vec![fence])?;
+                    self.tiers.reap(&mut self.state)?;
+                }
+                None if spilled => {}
+                // Slots spilled while a background write still reads them come back once it is done.
+                None if self.tiers.host.has_freed_while_held() && self.tiers.complete_a_file_write(&mut self.state) => {
+                }
+                None => {
+                    // A copy up may have completed since `reclaim_host_copies` looked, freeing
+                    // its copy for reclaiming: one more try before giving up.
+                    self.tiers.reclaim_host_copies(&mut self.state, n);
+                    if let Some(slots) = self.tiers.host.alloc(self.tiers.device.as_ref(), n).during(call)? {
+                        return Ok(slots);
+                    }
+                    return Err(Error::OutOfMemory {
+                        call,
+                        detail: format!(
+                            "{n} chunks must be copied to the host tier, which is full ({}); {}",
+                            self.tiers.host_holders(&self.state),
+                            self.tiers.describe_tiers(&self.state)
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Makes room for `needed` host slots by spilling the coldest `Host` chunks to the file.
+    /// `false` if there is no file tier or nothing to spill.
+    pub fn spill_to_file(&mut self, call: &'static str, needed: usize) -> Result<bool> {
+        if self.tiers.file.is_none() {
+            return Ok(false);
+        }
+        let victims = self.victims(Among::OnHost, call, needed, &[], None)?;
+        if victims.is_empty() {
+            return Ok(false);
+        }
+        self.tiers.spill_chunks(&mut self.state, call, &victims)?;
+        Ok(true)
+    }
+
     /// Frees HBM until `need` chunks can be taken from the pool, evicting by policy.
     pub(crate) fn make_room(&mut self, call: &'static str, need: usize, protect: &[ChunkRef]) -> Result<()> {
         loop {
-            self.reap()?;
-            let available = self.pool.available();
+            self.tiers.reap(&mut self.state)?;
+            let available = self.tiers.pool.available();
             if available >= need {
                 return Ok(());
             }
@@ -34,8 +183,8 @@ impl Inner {
                         call,
                         detail: format!(
                         "{} more bytes of HBM are needed and every resident chunk is acquired or being acquired; {}",
-                        short * self.chunk,
-                        self.describe_tiers()
+                        short * self.tiers.chunk,
+                        self.tiers.describe_tiers(&self.state)
                     ),
                     })
                 }
@@ -56,7 +205,7 @@ impl Inner {
         protect: &[ChunkRef],
         horizon: u64,
     ) -> Result<bool> {
-        self.reap()?;
+        self.tiers.reap(&mut self.state)?;
         self.evict(call, need, protect, Some(horizon))
     }
 
@@ -92,7 +241,7 @@ impl Inner {
     pub(crate) fn evict_now(&mut self, call: &'static str, victims: &[ChunkRef]) -> Result<()> {
         let fences = self.send_victims_down(call, victims)?;
         self.wait_for(call, fences)?;
-        self.reap()
+        self.tiers.reap(&mut self.state)
     }
 
     /// Waits for `fences`: with the lock released if the façade retries this call (returned
@@ -108,14 +257,14 @@ impl Inner {
         for fence in fences {
             fence.wait().during(call)?;
         }
-        self.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
+        self.tiers.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
         Ok(())
     }
 
     /// Sends `victims` (sorted) down without waiting, counted as evictions; with a schedule
     /// they are marked as streamed (homes.rs).
     pub(crate) fn send_victims_down(&mut self, call: &'static str, victims: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
-        self.counters.evictions += victims.len() as u64;
+        self.tiers.counters.evictions += victims.len() as u64;
         if self.schedule.is_some() {
             victims.iter().for_each(|&r| self.state.mark_streamed(r));
         }
@@ -204,7 +353,7 @@ impl Inner {
     /// left: it finished since the candidates were listed (the GPU does not wait for the
     /// engine), so evicting again will find it.
     fn next_settling(&self, protect: &[ChunkRef]) -> Settling {
-        if let Some(fence) = self.in_flight.next_landing() {
+        if let Some(fence) = self.tiers.in_flight.next_landing() {
             return Settling::Wait(Arc::clone(fence));
         }
         let mut settled = false;
