@@ -10,7 +10,8 @@
 //! they must wait for eviction's copies down or for a host slot still read by a copy, they
 //! return the fences (`Error::MustWait`, internal), wait with the lock released and run
 //! again — an acquire of resident memory never waits for another thread's transfers
-//! (tests/unlocked_waits.rs). The calls that still block while holding the lock, and what they
+//! (tests/unlocked_waits.rs). The schedule recorder (recorder.rs) has its own lock, always
+//! taken before the engine's, never after. The calls that still block while holding the lock, and what they
 //! wait for, are listed in ARCHITECTURE.md ("Locking"); the engine's own threads (the file
 //! reader, file writers) never take the lock.
 
@@ -22,6 +23,7 @@ use crate::file_tier::FileTier;
 use crate::file_writes::BackgroundWrites;
 use crate::host_tier::HostTier;
 use crate::in_flight::InFlight;
+use crate::recorder::Recorder;
 use crate::schedule::Schedule;
 use crate::state::{ChunkRef, ChunkTable};
 use crate::stats::Counters;
@@ -52,6 +54,8 @@ pub struct Ticket(pub u64);
 pub struct Engine {
     device: Arc<dyn Device>,
     inner: Mutex<Inner>,
+    /// Learns the schedule from the first pass (`pass_begins`, `step_enters`).
+    recorder: Mutex<Recorder>,
     fallback: Option<String>,
 }
 
@@ -129,7 +133,7 @@ impl Engine {
             next_ticket: 1,
             wait_unlocked: false,
         };
-        Ok(Self { device, inner: Mutex::new(inner), fallback: None })
+        Ok(Self { device, inner: Mutex::new(inner), recorder: Mutex::new(Recorder::default()), fallback: None })
     }
 
     pub fn device_info(&self) -> &DeviceInfo {
@@ -227,23 +231,66 @@ impl Engine {
     /// Tells the engine the order in which the program uses its buffers: a cycle of steps, each
     /// the buffers one step uses (e.g. one model layer each). Until [`Engine::clear_schedule`],
     /// eviction takes the chunk whose next use is furthest away (Belady), and
-    /// [`Engine::advance`] pages ahead along it. The position starts at step 0.
+    /// [`Engine::advance`] pages ahead along it. The position starts at step 0. Replaces a
+    /// schedule recorded by [`Engine::step_enters`] (the recorder starts afresh).
     pub fn set_schedule(&self, steps: Vec<Vec<BufferId>>) -> Result<()> {
+        let mut recorder = self.recorder();
+        recorder.forget();
+        self.install_schedule("set_schedule", steps)
+    }
+
+    fn install_schedule(&self, call: &'static str, steps: Vec<Vec<BufferId>>) -> Result<()> {
         let mut inner = self.lock();
         for &id in steps.iter().flatten() {
-            inner.buffer("set_schedule", id)?;
+            inner.buffer(call, id)?;
         }
         if steps.is_empty() {
-            return Err(Error::Schedule { call: "set_schedule", detail: "a schedule needs at least one step".into() });
+            return Err(Error::Schedule { call, detail: "a schedule needs at least one step".into() });
         }
         inner.schedule = Some(Schedule::new(steps));
         inner.state.forget_streaming();
         Ok(())
     }
 
-    /// Forgets the schedule: eviction goes back to the engine's policy.
+    /// Forgets the schedule, set or recorded: eviction goes back to the engine's policy, and
+    /// the next pass (`pass_begins`) is recorded afresh.
     pub fn clear_schedule(&self) {
+        let mut recorder = self.recorder();
+        recorder.forget();
         self.lock().schedule = None;
+    }
+
+    /// A pass of the program begins (a model's forward, say): for a program that does not
+    /// know its schedule but repeats its steps, which it names in [`Engine::step_enters`].
+    /// The first pass after this is recorded; when the next one begins, the recorded steps
+    /// become the schedule (as [`Engine::set_schedule`] sets it). See recorder.rs.
+    pub fn pass_begins(&self) -> Result<()> {
+        let mut recorder = self.recorder();
+        let Some(steps) = recorder.pass_begins() else { return Ok(()) };
+        // A buffer of the recording freed since: record again rather than keep half a schedule.
+        self.install_schedule("pass_begins", steps).inspect_err(|_| recorder.forget())
+    }
+
+    /// The program enters the step named `key` (any number the caller chooses; the same for
+    /// the same step every pass), which uses `buffers`. While the first pass is recorded this
+    /// only notes the step; once the schedule is known it finds the step in it and
+    /// [`Engine::advance`]s there with `prefetch_bytes`, returning the step (`None` for a step
+    /// the schedule does not have).
+    pub fn step_enters(&self, key: u64, buffers: &[BufferId], prefetch_bytes: usize) -> Result<Option<usize>> {
+        let mut recorder = self.recorder();
+        let Some(step) = recorder.enters(key, buffers) else { return Ok(None) };
+        self.unlocked_waits(|inner| inner.advance(step, prefetch_bytes)).map_err(|e| retag(e, "step_enters"))?;
+        Ok(Some(step))
+    }
+
+    /// The keys of the recorded schedule's steps, in order (empty until a pass is recorded).
+    pub fn recorded_steps(&self) -> Vec<u64> {
+        self.recorder().keys().to_vec()
+    }
+
+    fn recorder(&self) -> MutexGuard<'_, Recorder> {
+        // The recorder stays consistent across a panic: a poisoned lock is taken as it is.
+        self.recorder.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Tells the engine the program is at `step` of its schedule, and starts paging in what is

@@ -5,7 +5,8 @@
 //!     │
 //!  calls.rs     the calls, planned: alloc / free / acquire / release / advance, tickets, budget
 //!  placement.rs what comes in and what leaves: making room by policy, host slots, spills
-//!     │                                  (schedule.rs: known step order, Belady; homes.rs)
+//!     │                                  (schedule.rs: known step order, Belady; homes.rs;
+//!     │                                   recorder.rs: the order learnt from a first pass)
 //!  tiers.rs     the tiers and their mechanism: movement.rs (up), down.rs (down, reap, file),
 //!     │         chunk_pool.rs (HBM, budgeted) · host_tier.rs · file_tier.rs, file_reads.rs,
 //!     │         file_writes.rs · in_flight.rs (work in flight) · runs.rs (the coalescer)
@@ -41,6 +42,7 @@ mod limits;
 mod model_checks;
 mod movement;
 mod placement;
+mod recorder;
 mod runs;
 mod schedule;
 mod state;

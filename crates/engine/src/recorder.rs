@@ -1,0 +1,190 @@
+//! The schedule recorder: a program that runs the same steps in the same order every pass (a
+//! model's modules, forward then backward) says only when a pass begins and which step it
+//! enters; the recorder learns the order from the first pass and from then on says where in
+//! that order the program is, so the engine can evict by next use and page ahead
+//! (schedule.rs) without the program writing its schedule down.
+//!
+//! A step is named by an opaque `u64` key chosen by the caller (`tiermem.torch` numbers its
+//! modules and phases) and carries the buffers it uses.
+//!
+//! * **Recording.** From the first [`Recorder::pass_begins`] on, every step entered is kept,
+//!   in order, with its buffers (each once). At the next `pass_begins`, if anything was
+//!   recorded, the recorded steps become the schedule: `pass_begins` returns them once, for
+//!   [`crate::Engine::set_schedule`]. A pass that entered no step records on.
+//! * **Locating.** Once the schedule is known, [`Recorder::enters`] returns the step the
+//!   program is at: the expected next step if its key matches, else the key's next use at or
+//!   after the expected position, else its first use (a pass that skips or repeats steps, as
+//!   generation does, finds its place again). A key the schedule never saw is not located.
+//!   Each pass starts looking at step 0.
+//!
+//! Invariants: the schedule is recorded once and never changes until [`Recorder::forget`];
+//! `uses[key]` lists, ascending, the steps whose key is `key`; a located step is
+//! `< keys.len()`. The recorder is pure (no device, no lock): the engine keeps it under its
+//! own mutex, taken before the engine's lock.
+
+use crate::BufferId;
+use std::collections::HashMap;
+
+/// Learns a program's step order from its first pass, then locates its steps in it.
+#[derive(Debug, Default)]
+pub(crate) struct Recorder {
+    /// The pass being recorded: `(key, buffers)` per step; `None` before the first pass and
+    /// once the schedule is known.
+    recording: Option<Vec<(u64, Vec<BufferId>)>>,
+    /// The keys of the schedule's steps, in order; empty until a pass has been recorded.
+    keys: Vec<u64>,
+    /// For each key, the steps that have it, ascending.
+    uses: HashMap<u64, Vec<usize>>,
+    /// The step expected next.
+    position: usize,
+}
+
+impl Recorder {
+    /// A pass begins. Returns the schedule's steps (each the buffers it uses) when the pass
+    /// that just ended was the first recorded one; the caller sets them as the schedule.
+    pub fn pass_begins(&mut self) -> Option<Vec<Vec<BufferId>>> {
+        let mut schedule = None;
+        if self.keys.is_empty() {
+            match self.recording.take() {
+                Some(steps) if !steps.is_empty() => {
+                    let (keys, buffers): (Vec<u64>, Vec<Vec<BufferId>>) = steps.into_iter().unzip();
+                    for (step, &key) in keys.iter().enumerate() {
+                        self.uses.entry(key).or_default().push(step);
+                    }
+                    self.keys = keys;
+                    schedule = Some(buffers);
+                }
+                _ => self.recording = Some(Vec::new()),
+            }
+        }
+        self.position = 0;
+        schedule
+    }
+
+    /// The step `key` (using `buffers`) is entered: recorded while the first pass runs, located
+    /// in the schedule once it is known. Returns the step located, if any.
+    pub fn enters(&mut self, key: u64, buffers: &[BufferId]) -> Option<usize> {
+        if let Some(steps) = self.recording.as_mut() {
+            let mut once: Vec<BufferId> = Vec::with_capacity(buffers.len());
+            for &id in buffers {
+                if !once.contains(&id) {
+                    once.push(id);
+                }
+            }
+            steps.push((key, once));
+            return None;
+        }
+        let uses = self.uses.get(&key)?;
+        let expected = self.position % self.keys.len();
+        let step = if self.keys[expected] == key {
+            expected
+        } else {
+            match uses.partition_point(|&s| s < self.position) {
+                i if i < uses.len() => uses[i],
+                _ => uses[0],
+            }
+        };
+        self.position = step + 1;
+        Some(step)
+    }
+
+    /// The keys of the schedule's steps, in order; empty until a pass has been recorded.
+    pub fn keys(&self) -> &[u64] {
+        &self.keys
+    }
+
+    /// Forgets the schedule and any recording: the next pass records afresh.
+    pub fn forget(&mut self) {
+        *self = Self::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: u64 = 10;
+    const B: u64 = 11;
+    const C: u64 = 12;
+
+    fn ids(n: &[u64]) -> Vec<BufferId> {
+        n.iter().map(|&i| BufferId(i)).collect()
+    }
+
+    /// Runs one pass over `keys` (each using buffer `key`) and returns the steps located.
+    fn pass(r: &mut Recorder, keys: &[u64]) -> (Option<Vec<Vec<BufferId>>>, Vec<Option<usize>>) {
+        let schedule = r.pass_begins();
+        (schedule, keys.iter().map(|&k| r.enters(k, &ids(&[k]))).collect())
+    }
+
+    #[test]
+    fn the_first_pass_is_recorded_and_becomes_the_schedule_at_the_next() {
+        let mut r = Recorder::default();
+        assert_eq!(r.enters(A, &ids(&[1])), None, "nothing is recorded before the first pass");
+        assert_eq!(r.pass_begins(), None);
+        assert_eq!(r.enters(A, &ids(&[1, 2, 1])), None);
+        assert_eq!(r.enters(B, &ids(&[3])), None);
+        assert_eq!(r.enters(A, &ids(&[2])), None);
+        assert!(r.keys().is_empty(), "the schedule is not known while the pass runs");
+        let schedule = r.pass_begins();
+        assert_eq!(schedule, Some(vec![ids(&[1, 2]), ids(&[3]), ids(&[2])]), "buffers once per step, in order");
+        assert_eq!(r.keys(), &[A, B, A]);
+        assert_eq!([r.enters(A, &[]), r.enters(B, &[]), r.enters(A, &[])], [Some(0), Some(1), Some(2)]);
+        let (again, located) = pass(&mut r, &[A, B, A]);
+        assert_eq!((again, located), (None, vec![Some(0), Some(1), Some(2)]), "the schedule is given once");
+    }
+
+    #[test]
+    fn a_pass_that_entered_nothing_records_on() {
+        let mut r = Recorder::default();
+        assert_eq!(pass(&mut r, &[]), (None, vec![]));
+        assert_eq!(pass(&mut r, &[A, B]), (None, vec![None, None]));
+        assert_eq!(r.pass_begins(), Some(vec![ids(&[A]), ids(&[B])]));
+    }
+
+    #[test]
+    fn a_step_off_the_expected_position_is_found_at_its_next_use_else_its_first() {
+        let mut r = Recorder::default();
+        pass(&mut r, &[A, B, C, B]);
+        let (_, located) = pass(&mut r, &[A, B, B, C, A]);
+        // The second B: step 2 (C) is expected, and B's next use from there is 3. Then C: step
+        // 0 is expected and C has no use at or after 4, so its first use, 2. Then A: expected
+        // 3 (B), no use of A at or after 3, so its first use, 0.
+        assert_eq!(located, vec![Some(0), Some(1), Some(3), Some(2), Some(0)]);
+        assert_eq!(r.enters(B, &[]), Some(1));
+        assert_eq!(r.enters(C, &[]), Some(2));
+        assert_eq!(r.enters(B, &[]), Some(3));
+        assert_eq!(r.enters(A, &[]), Some(0), "past the last step the expected position wraps to 0");
+    }
+
+    #[test]
+    fn an_unknown_key_is_not_located_and_does_not_move_the_position() {
+        let mut r = Recorder::default();
+        pass(&mut r, &[A, B]);
+        let (_, located) = pass(&mut r, &[A, C, B]);
+        assert_eq!(located, vec![Some(0), None, Some(1)]);
+    }
+
+    #[test]
+    fn each_pass_starts_at_step_zero() {
+        let mut r = Recorder::default();
+        pass(&mut r, &[A, B, A]);
+        r.pass_begins();
+        assert_eq!(r.enters(B, &[]), Some(1));
+        // A new pass: A is expected at 0, not at 2 (its next use after the B above).
+        assert_eq!(pass(&mut r, &[A]).1, vec![Some(0)]);
+    }
+
+    #[test]
+    fn forget_records_afresh() {
+        let mut r = Recorder::default();
+        pass(&mut r, &[A]);
+        assert_eq!(r.pass_begins(), Some(vec![ids(&[A])]));
+        r.forget();
+        assert!(r.keys().is_empty());
+        assert_eq!(r.enters(A, &[]), None);
+        assert_eq!(pass(&mut r, &[B, C]), (None, vec![None, None]));
+        assert_eq!(r.pass_begins(), Some(vec![ids(&[B]), ids(&[C])]));
+        assert_eq!(r.keys(), &[B, C]);
+    }
+}

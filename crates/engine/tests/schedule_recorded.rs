@@ -1,0 +1,106 @@
+//! A schedule recorded from the program's first pass (`pass_begins`, `step_enters`) pages as a
+//! schedule set by hand does (schedule.rs), and every byte survives. Runs on the GPU too.
+
+mod support;
+
+use support::{assert_contents, fill, CHUNK};
+use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Error, Region, StreamHandle, Target};
+
+const S: StreamHandle = StreamHandle(0);
+const LAYERS: usize = 10;
+const CAP: usize = 4;
+/// The key of layer `i` is `KEY + i`: any numbers do, the same every pass.
+const KEY: u64 = 1000;
+
+/// `LAYERS` read-only one-chunk layers with known contents, all paged out.
+fn layers(engine: &Engine) -> Vec<(BufferId, Vec<u8>)> {
+    let options = AllocOptions { read_only: true, ..AllocOptions::default() };
+    let layers: Vec<(BufferId, Vec<u8>)> = (0..LAYERS)
+        .map(|i| {
+            let (id, _) = engine.alloc(CHUNK, options.clone()).unwrap();
+            (id, fill(engine, id, CHUNK, 20 + i as u64))
+        })
+        .collect();
+    engine.page_out(Target::All).unwrap();
+    layers
+}
+
+/// One pass over `order` (indices into `layers`), each step entered before it is acquired;
+/// returns the pass's page-ins and the steps located.
+fn pass(engine: &Engine, layers: &[(BufferId, Vec<u8>)], order: &[usize]) -> (u64, Vec<Option<usize>>) {
+    let before = engine.stats().transfers.page_ins;
+    engine.pass_begins().unwrap();
+    let located = order
+        .iter()
+        .map(|&i| {
+            let id = layers[i].0;
+            let step = engine.step_enters(KEY + i as u64, &[id, id], 0).unwrap();
+            let region = [Region::whole(id)];
+            engine.acquire(&region, Access::ReadOnly, S).unwrap();
+            engine.release(&region, S).unwrap();
+            step
+        })
+        .collect();
+    (engine.stats().transfers.page_ins - before, located)
+}
+
+#[test]
+fn a_recorded_schedule_streams_only_the_excess_as_a_set_one_does() {
+    let (engine, sim) = support::engine(CAP, 64, EngineConfig::default());
+    let layers = layers(&engine);
+    let order: Vec<usize> = (0..LAYERS).collect();
+    // The first pass is recorded: nothing is located and LRU streams every layer.
+    assert_eq!(pass(&engine, &layers, &order), (LAYERS as u64, vec![None; LAYERS]));
+    assert!(engine.recorded_steps().is_empty(), "the schedule is known only when the next pass begins");
+    let mut last = 0;
+    for _ in 0..3 {
+        let (page_ins, located) = pass(&engine, &layers, &order);
+        assert_eq!(located, order.iter().map(|&i| Some(i)).collect::<Vec<_>>());
+        last = page_ins;
+    }
+    assert_eq!(engine.recorded_steps(), order.iter().map(|&i| KEY + i as u64).collect::<Vec<_>>());
+    // Belady keeps CAP - 1 layers resident for good; the last slot streams the rest.
+    assert_eq!(last, (LAYERS - CAP + 1) as u64);
+    for (id, bytes) in &layers {
+        assert_contents(&engine, *id, bytes);
+    }
+    support::assert_no_leaks(engine, sim);
+}
+
+#[test]
+fn a_forgotten_schedule_is_recorded_again_and_a_freed_buffer_fails_by_name() {
+    let (engine, sim) = support::engine(CAP, 64, EngineConfig::default());
+    let layers = layers(&engine);
+    let forward: Vec<usize> = (0..LAYERS).collect();
+    pass(&engine, &layers, &forward);
+    engine.pass_begins().unwrap();
+    assert_eq!(engine.recorded_steps().len(), LAYERS);
+
+    // clear_schedule forgets the recording too: the next pass records afresh.
+    engine.clear_schedule();
+    assert!(engine.recorded_steps().is_empty());
+    assert!(matches!(engine.advance(0, 0), Err(Error::Schedule { call: "advance", .. })));
+    let backward: Vec<usize> = (0..LAYERS).rev().collect();
+    assert_eq!(pass(&engine, &layers, &backward).1, vec![None; LAYERS]);
+
+    // A buffer of the recording freed before it becomes the schedule: refused, naming the
+    // call; nothing is set, and the pass after is recorded again.
+    engine.free(layers[3].0).unwrap();
+    let err = engine.pass_begins().unwrap_err();
+    assert!(matches!(err, Error::UnknownBuffer { call: "pass_begins", .. }), "{err}");
+    assert!(engine.recorded_steps().is_empty());
+    assert!(engine.advance(0, 0).is_err(), "no schedule was set");
+    let live: Vec<usize> = backward.iter().copied().filter(|&i| i != 3).collect();
+    pass(&engine, &layers, &live);
+    let (_, located) = pass(&engine, &layers, &live);
+    assert_eq!(located, (0..LAYERS - 1).map(Some).collect::<Vec<_>>());
+
+    // A schedule set by hand replaces the recorded one.
+    engine.set_schedule(vec![vec![layers[0].0]]).unwrap();
+    assert!(engine.recorded_steps().is_empty());
+    assert_eq!(engine.step_enters(KEY, &[layers[0].0], 0).unwrap(), None);
+    for (id, bytes) in layers.iter().filter(|(id, _)| *id != layers[3].0) {
+        assert_contents(&engine, *id, bytes);
+    }
+    support::assert_no_leaks(engine, sim);
+}
