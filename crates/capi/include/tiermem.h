@@ -136,6 +136,26 @@ enum TiermemStatus tiermem_stats_json(char *buf, size_t capacity, size_t *needed
 // Allocations made through this C ABI and not yet freed (PyTorch's included).
 size_t tiermem_live_allocations(void);
 
+// A pass of the program begins (a model's forward, say). The first pass after this is
+// recorded from `tiermem_step_enters`; when the next pass begins, the recorded steps become
+// the engine's schedule.
+enum TiermemStatus tiermem_pass_begins(void);
+
+// The program enters the step named `key` (any number, the same for the same step every
+// pass), which uses the `count` allocations containing `ptrs[0..count]`. While the first pass
+// is recorded this notes the step; once the schedule is known it finds the step and starts
+// paging in what is missing from the coming steps, `prefetch_bytes` of them. `*out_step`
+// (if not NULL) gets the step found, or -1 (recording, or a step the schedule lacks).
+//
+// # Safety
+// `ptrs` is valid for reads of `count` values (it may be NULL when `count` is 0); `out_step`
+// is NULL or valid for a write.
+enum TiermemStatus tiermem_step_enters(uint64_t key,
+                                       const uint64_t *ptrs,
+                                       size_t count,
+                                       size_t prefetch_bytes,
+                                       int64_t *out_step);
+
 // The message of the last call that failed on this thread, or NULL if none has. The string
 // belongs to tiermem and stays valid until the next failing call on this thread.
 const char *tiermem_last_error(void);

@@ -3,7 +3,7 @@
 //! ```text
 //!  C programs · PyTorch's pluggable allocator · (later) the preload library
 //!        │ device pointers
-//!  ffi.rs / torch.rs   entry points: never unwind, check pointers, return a status
+//!  ffi.rs / schedule.rs / torch.rs   entry points: never unwind, check pointers, return a status
 //!        │
 //!  process.rs          the process-wide engine · index.rs: device pointer → allocation
 //!        │
@@ -13,6 +13,8 @@
 //! A C program calls `tiermem_init` once (or sets `TIERMEM_*` variables and passes NULL),
 //! then `tiermem_alloc`s buffers whose device addresses never change, and brackets GPU work
 //! with `tiermem_acquire` / `tiermem_release` on its stream, naming ranges by device pointer.
+//! A program that repeats its steps every pass can have its schedule recorded
+//! (`tiermem_pass_begins`, `tiermem_step_enters`: schedule.rs), so tiermem pages ahead of it.
 //! Every call returns a `TiermemStatus`; on failure `tiermem_last_error()` says which call
 //! failed, why, and what to do (status.rs).
 //!
@@ -23,6 +25,7 @@
 mod ffi;
 mod index;
 mod process;
+mod schedule;
 mod status;
 mod torch;
 
@@ -33,5 +36,6 @@ pub use ffi::{
 };
 pub use index::{AddressIndex, Entry};
 pub use process::{engine, init, install, live_allocations, shutdown};
+pub use schedule::{tiermem_pass_begins, tiermem_step_enters};
 pub use status::{status_of, take_last_error, tiermem_last_error, Failure, TiermemStatus};
 pub use torch::{take_torch_error, tiermem_torch_free, tiermem_torch_malloc};

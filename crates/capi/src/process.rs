@@ -186,7 +186,7 @@ pub(crate) fn free(ptr: u64, torch: bool, stream: StreamHandle) -> Result<(), Fa
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The process state is global: the tests that use it run one at a time.

@@ -71,6 +71,17 @@ int main(void) {
             CHECK(tiermem_release(ptrs[i], SIZE, NULL));
         }
     }
+    /* The schedule recorder: the first pass is recorded, the next ones find their steps. */
+    for (int pass = 0; pass < 3; pass++) {
+        CHECK(tiermem_pass_begins());
+        for (unsigned i = 0; i < COUNT; i++) {
+            int64_t step = -2;
+            CHECK(tiermem_step_enters(100 + i, &ptrs[i], 1, 2 * MIB, &step));
+            EXPECT(step == (pass == 0 ? -1 : (int64_t)i));
+            CHECK(tiermem_acquire(ptrs[i], SIZE, false, NULL));
+            CHECK(tiermem_release(ptrs[i], SIZE, NULL));
+        }
+    }
     /* Half a buffer, named by a pointer into its middle. */
     CHECK(tiermem_acquire(ptrs[1] + SIZE / 2, SIZE / 2, false, NULL));
     CHECK(tiermem_release(ptrs[1] + SIZE / 2, SIZE / 2, NULL));
@@ -108,6 +119,7 @@ int main(void) {
     EXPECT_FAILS(tiermem_alloc(SIZE, NULL, NULL), TIERMEM_STATUS_INVALID_ARGUMENT, "tiermem_alloc: ");
     EXPECT_FAILS(tiermem_read(ptrs[0], NULL, 1), TIERMEM_STATUS_INVALID_ARGUMENT, "tiermem_read: ");
     EXPECT_FAILS(tiermem_lookup(12345, NULL, NULL), TIERMEM_STATUS_INVALID_ARGUMENT, "tiermem_lookup: ");
+    EXPECT_FAILS(tiermem_step_enters(1, NULL, 1, 0, NULL), TIERMEM_STATUS_INVALID_ARGUMENT, "tiermem_step_enters: ");
     uint64_t huge = 0;
     CHECK(tiermem_alloc(16 * MIB, NULL, &huge));
     EXPECT_FAILS(tiermem_acquire(huge, 16 * MIB, false, NULL), TIERMEM_STATUS_WOULD_NEVER_FIT, "tiermem_acquire: ");
