@@ -6,7 +6,7 @@
 //! # Locking
 //! Calls plan under the lock, wait without it, and commit under it where they can:
 //! `finish` waits for fences and background file writes with the lock released and commits
-//! under it; `acquire`, `page_in_start` and `advance` run through `unlocked_waits`, so where
+//! under it; `acquire`, `write`, `read`, `page_in_start` and `advance` run through `unlocked_waits`, so where
 //! they must wait for eviction's copies down or for a host slot still read by a copy, they
 //! return the fences (`Error::MustWait`, internal), wait with the lock released and run
 //! again — an acquire of resident memory never waits for another thread's transfers
@@ -432,7 +432,7 @@ impl Engine {
         copy: impl FnOnce(u64) -> tiermem_mechanism::Result<()>,
     ) -> Result<()> {
         let (regions, stream) = ([region], StreamHandle(0));
-        let va = self.lock().acquire_for_host(&regions, access, stream, call)?;
+        let va = self.unlocked_waits(|inner| inner.acquire_for_host(&regions, access, stream, call))?;
         let copied = copy(va + region.offset as u64).during(call);
         self.release(&regions, stream)?;
         copied
