@@ -296,6 +296,31 @@ def test_start_calls_run_on_several_threads_at_once(tmp_path):
     assert pool.stats()["transfers"]["file_writes"] >= len(buffers)
 
 
+def test_the_first_pass_is_recorded_and_later_passes_are_paged_ahead(pool):
+    """pass_begins / step_enters: the engine records the steps of the first pass, makes them
+    the schedule when the next begins, and from then on finds each step and pages ahead."""
+    layers = [pool.alloc(CHUNK, name=f"l{i}", read_only=True) for i in range(8)]
+    data = [pattern(40 + i, CHUNK) for i in range(8)]
+    for buf, d in zip(layers, data):
+        buf.write(d)
+    pool.page_out()
+    located = []
+    for _ in range(3):
+        pool.pass_begins()
+        located.append([pool.step_enters(100 + i, [buf, buf], "2MiB") for i, buf in enumerate(layers)])
+        for buf in layers:
+            with pool.acquired(buf):
+                pass
+    assert located == [[None] * 8, list(range(8)), list(range(8))]
+    assert pool.recorded_steps == [100 + i for i in range(8)]
+    assert pool.stats()["transfers"]["prefetched"] > 0, "nothing was paged ahead"
+    assert pool.step_enters(7, [], 0) is None, "a step the schedule lacks is not found"
+    pool.clear_schedule()
+    assert pool.recorded_steps == []
+    for buf, d in zip(layers, data):
+        assert buf.read() == d
+
+
 def test_stats_keep_the_keys_front_ends_read(pool):
     kept = pool.alloc(CHUNK, name="k")
     kept.write(b"k")

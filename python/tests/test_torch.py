@@ -205,7 +205,7 @@ def test_tied_weights_live_once_are_acquired_by_both_users_and_stay_tied_after_r
     assert users == ["model.embed_tokens", "lm_head"]
     assert model.lm_head.weight is model.model.embed_tokens.weight
     expected = _same_outputs(reference, model)
-    steps = [key.name for key, phase in handle._steps]
+    steps = [key.name for key, phase in handle.schedule]
     assert "model.embed_tokens" in steps and "lm_head" in steps, "the schedule knows both uses"
     handle.remove(device="cuda")
     assert model.lm_head.weight is model.model.embed_tokens.weight, "remove() keeps the tie"

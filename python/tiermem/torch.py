@@ -4,10 +4,10 @@
   per module that owns tensors, one per tied (shared) tensor and one per mixture-of-experts
   block (:mod:`tiermem.units` explains why). Hooks acquire a module's buffers just before it
   runs and release them right after, on the current CUDA stream, so only what runs now must
-  be in HBM. The first
-  pass records the order in which modules run; from then on the engine knows the schedule:
-  it pages ahead along it within ``prefetch_bytes`` and evicts the chunk whose next use is
-  furthest away (Belady), so what fits stays resident and only the rest streams.
+  be in HBM. The engine records the order in which modules run on the first pass
+  (``Pool.pass_begins``, ``Pool.step_enters``); from then on it knows the schedule: it pages
+  ahead along it within ``prefetch_bytes`` and evicts the chunk whose next use is furthest
+  away (Belady), so what fits stays resident and only the rest streams.
   With an optimizer, each module's gradients and Adam's moments get two more buffers (the
   forward pass acquires only the weights, backward the weights and gradients, the step all
   three), and :meth:`Offload.step` updates one module at a time.
@@ -29,6 +29,7 @@ what runs when.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 
 import torch
@@ -37,6 +38,7 @@ from . import _tiermem
 from ._tiermem import BufferStateError, InvalidArgumentError, Pool, TiermemError
 from .units import Site, Unit, plan
 _OFFLOADED = "_tiermem_offload"
+_STEP_KEYS = itertools.count(1)  # the engine's keys of the steps (Offload._key)
 WINDOW_SHARE = 8  # the paging-ahead window is at most this fraction of the HBM cap (Offload.window_bytes)
 
 
@@ -108,48 +110,34 @@ class Offload:
     def __init__(self, model, pool: Pool, prefetch_bytes: int, units: list[Unit], sites: list[Site], optimizer):
         self.model, self.pool, self.prefetch_bytes = model, pool, prefetch_bytes
         self.units, self.sites, self.optimizer = units, sites, optimizer
-        self._recording: list[tuple[object, str]] | None = None  # (site or unit, phase) of the pass being recorded
-        self._steps: list[tuple[object, str]] = []
-        self._uses: dict[tuple[int, str], list[int]] = {}  # (id(site or unit), phase) -> its steps
-        self._position = 0
+        self._keys: dict[tuple[int, str], int] = {}  # (id(site or unit), phase) -> its step key
+        self._named: dict[int, tuple[object, str]] = {}  # step key -> (site or unit, phase)
         self._backward_pending = False
         self._hooks = []
 
     # --- schedule -------------------------------------------------------------------------
+    # The engine records the order in which the steps run on the first pass and finds each
+    # step in it on later passes (Pool.pass_begins, Pool.step_enters); this only names them.
 
     def _pass_starts(self) -> None:
         """A root forward begins: the previous pass, if recorded, becomes the schedule."""
-        if self._recording and not self._steps:
-            self._steps = self._recording
-            for i, (key, phase) in enumerate(self._steps):
-                self._uses.setdefault((id(key), phase), []).append(i)
-            self.pool.set_schedule([_buffers(key.phase(phase)) for key, phase in self._steps])
-            self._recording = None
-        if not self._steps:
-            self._recording = []
-        self._position = 0
+        self.pool.pass_begins()
 
-    def _step_of(self, key, phase: str) -> int | None:
-        """Where ``key`` runs in the schedule: at the expected position, or its next use."""
-        uses = self._uses.get((id(key), phase))
-        if not uses:
-            return None
-        n = len(self._steps)
-        if self._steps[self._position % n] == (key, phase):
-            return self._position % n
-        later = [s for s in uses if s >= self._position]
-        return later[0] if later else uses[0]
+    def _key(self, key, phase: str) -> int:
+        """The engine's key for ``(key, phase)``: a number unique in the process, so that two
+        models in one Pool never name each other's steps."""
+        found = self._keys.get((id(key), phase))
+        if found is None:
+            found = self._keys[(id(key), phase)] = next(_STEP_KEYS)
+            self._named[found] = (key, phase)
+        return found
 
     def _enter(self, key, phase: str) -> None:
-        if self._recording is not None and not self._steps:
-            self._recording.append((key, phase))
-        step = self._step_of(key, phase)
-        if step is not None:
-            self._position = step + 1
-            self.pool.advance(step, self.window_bytes)
+        entries = _dedup(key.phase(phase))
+        self.pool.step_enters(self._key(key, phase), [b for b, _ in entries], self.window_bytes)
         stream, acquired = _stream(), []
         try:
-            for buffer, write in _dedup(key.phase(phase)):
+            for buffer, write in entries:
                 self.pool.acquire(buffer, stream, write)
                 acquired.append(buffer)
         except BaseException:
@@ -308,8 +296,14 @@ class Offload:
         return min(self.prefetch_bytes, self.pool.hbm_cap // WINDOW_SHARE)
 
     @property
+    def schedule(self) -> list[tuple[object, str]]:
+        """The recorded schedule: ``(site or unit, phase)`` per step (empty until the second
+        pass begins)."""
+        return [self._named[k] for k in self.pool.recorded_steps if k in self._named]
+
+    @property
     def schedule_length(self) -> int:
-        return len(self._steps)
+        return len(self.schedule)
 
     @property
     def bytes(self) -> int:
@@ -341,7 +335,7 @@ class Offload:
         says when the copies are done. Running the model before then is safe (it waits on
         the device for what it needs)."""
         self._usable("Offload.wake")
-        order = [b for key, phase in self._steps if phase == "forward" for b in _buffers(key.phase(phase))]
+        order = [b for key, phase in self.schedule if phase == "forward" for b in _buffers(key.phase(phase))]
         order += [u.parts["weights"] for u in self.units]
         stats = self.pool.stats()
         room = stats["hbm"]["capacity_bytes"] - stats["hbm"]["used_bytes"]

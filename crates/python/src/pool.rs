@@ -218,8 +218,10 @@ impl Pool {
         py.allow_threads(|| engine.set_schedule(steps)).map_err(to_py)
     }
 
-    fn clear_schedule(&self) {
-        self.engine.clear_schedule();
+    /// Forgets the schedule, set or recorded: eviction goes back to the policy, and the next
+    /// pass (`pass_begins`) is recorded afresh.
+    fn clear_schedule(&self, py: Python<'_>) {
+        py.allow_threads(|| self.engine.clear_schedule());
     }
 
     /// The program is at `step` of the schedule: starts paging in what is missing from this
@@ -228,6 +230,37 @@ impl Pool {
         let budget = size_arg("prefetch_bytes", prefetch_bytes)?;
         let engine = self.open("advance")?;
         py.allow_threads(|| engine.advance(step, budget)).map_err(to_py)
+    }
+
+    /// A pass of the program begins (a model's forward, say). The first pass after this is
+    /// recorded from `step_enters`; when the next pass begins, the recorded steps become the
+    /// schedule (as `set_schedule` sets it).
+    fn pass_begins(&self, py: Python<'_>) -> PyResult<()> {
+        let engine = self.open("pass_begins")?;
+        py.allow_threads(|| engine.pass_begins()).map_err(to_py)
+    }
+
+    /// The program enters the step `key` (an int, the same for the same step every pass),
+    /// which uses `buffers`. While the first pass is recorded this notes the step; once the
+    /// schedule is known it finds the step and `advance`s there with `prefetch_bytes`.
+    /// Returns the step found, or None (recording, or a step the schedule lacks).
+    fn step_enters(
+        &self,
+        py: Python<'_>,
+        key: u64,
+        buffers: &Bound<'_, PyAny>,
+        prefetch_bytes: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<usize>> {
+        let ids: Vec<tiermem::BufferId> = self.regions(buffers)?.into_iter().map(|r| r.buffer).collect();
+        let budget = size_arg("prefetch_bytes", prefetch_bytes)?;
+        let engine = self.open("step_enters")?;
+        py.allow_threads(|| engine.step_enters(key, &ids, budget)).map_err(to_py)
+    }
+
+    /// The keys of the recorded schedule's steps, in order (empty until a pass is recorded).
+    #[getter]
+    fn recorded_steps(&self, py: Python<'_>) -> Vec<u64> {
+        py.allow_threads(|| self.engine.recorded_steps())
     }
 
     /// Pages `buffer` (default: every buffer) into HBM and waits.
