@@ -11,6 +11,8 @@
 //!   chunk and VA semantics (an unmapped chunk cannot be touched; access is per range).
 //!
 //! Which one to use is the caller's choice ([`open`] implements `TIERMEM_BACKEND`).
+//! Adaptors wrap a device and add one concern each: [`counting::CountingDevice`] counts what
+//! is held (leak checks), [`timing::TimedDevice`] adds up the time spent in driver calls.
 
 pub mod counting;
 pub mod cuda;
@@ -21,6 +23,7 @@ pub mod file_store;
 mod host_memory;
 pub mod pattern;
 pub mod sim;
+pub mod timing;
 
 pub use device::{
     BackendKind, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, StreamHandle, StreamPriority,
