@@ -205,9 +205,7 @@ impl Tiers {
             if !in_hbm && chunk.alias().is_none() {
                 continue;
             }
-            let started = std::time::Instant::now();
             self.device.unmap(state.va(r), self.chunk)?;
-            self.counters.unmap_ms += started.elapsed().as_secs_f64() * 1e3;
             if in_hbm {
                 let phys = state.leave_hbm(r);
                 self.pool.give(phys);

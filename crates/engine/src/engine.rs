@@ -31,6 +31,7 @@ use crate::sync::{Arc, Mutex, MutexGuard};
 use crate::tiers::{Streams, Tiers};
 use crate::{EngineConfig, Error, Result};
 use std::collections::HashMap;
+use tiermem_mechanism::timing::{DriverTimes, TimedDevice};
 use tiermem_mechanism::{Device, DeviceInfo, StreamHandle, StreamPriority};
 use tiermem_policy::{new_policy, EvictionPolicy, PolicyKind};
 
@@ -52,7 +53,10 @@ pub struct Ticket(pub u64);
 /// Thread safety: `Engine` is `Send + Sync`; calls are serialised on one internal lock,
 /// except `finish`, which waits with the lock released.
 pub struct Engine {
+    /// `timed`, as the engine and its threads use it.
     device: Arc<dyn Device>,
+    /// The device wrapped in the timing adaptor: every driver call the engine makes is timed.
+    timed: Arc<TimedDevice>,
     inner: Mutex<Inner>,
     /// Learns the schedule from the first pass (`pass_begins`, `step_enters`).
     recorder: Mutex<Recorder>,
@@ -95,7 +99,9 @@ impl Engine {
     }
 
     /// An engine over an already opened device (tests use this with a `SimDevice`).
-    pub fn with_device(device: Arc<dyn Device>, config: &EngineConfig) -> Result<Self> {
+    pub fn with_device(untimed: Arc<dyn Device>, config: &EngineConfig) -> Result<Self> {
+        let timed = Arc::new(TimedDevice::new(untimed));
+        let device: Arc<dyn Device> = timed.clone();
         let chunk = device.info().granularity;
         let (free, _) = device.mem_info().during("Engine::new")?;
         let caps = crate::limits::caps(config, device.info(), free)?;
@@ -133,14 +139,15 @@ impl Engine {
             next_ticket: 1,
             wait_unlocked: false,
         };
-        Ok(Self { device, inner: Mutex::new(inner), recorder: Mutex::new(Recorder::default()), fallback: None })
+        Ok(Self { device, timed, inner: Mutex::new(inner), recorder: Mutex::new(Recorder::default()), fallback: None })
     }
 
     pub fn device_info(&self) -> &DeviceInfo {
         self.device.info()
     }
 
-    /// The device itself, for callers that launch their own work (streams, copies).
+    /// The device itself, for callers that launch their own work (streams, copies); wrapped in
+    /// the engine's timing adaptor, so driver calls made through it count in [`Engine::driver_times`].
     pub fn device(&self) -> &Arc<dyn Device> {
         &self.device
     }
@@ -457,7 +464,14 @@ impl Engine {
             file: g.tiers.file.as_ref().map(|tier| tier.store.as_ref()),
             policy: g.policy.kind(),
             counters: &g.tiers.counters,
+            driver: &self.timed.times(),
         })
+    }
+
+    /// The wall time spent in each kind of memory-management driver call the engine has made
+    /// (`Stats` reports map and unmap time from these).
+    pub fn driver_times(&self) -> DriverTimes {
+        self.timed.times()
     }
 }
 

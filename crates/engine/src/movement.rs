@@ -210,17 +210,13 @@ impl Tiers {
                 continue;
             }
             if chunk.alias().is_some() {
-                let started = std::time::Instant::now();
                 outcome = device.unmap(va, g);
-                self.counters.unmap_ms += started.elapsed().as_secs_f64() * 1e3;
                 if outcome.is_err() {
                     break;
                 }
                 state.unmapped(r);
             }
-            let started = std::time::Instant::now();
             outcome = device.map(va, p);
-            self.counters.map_ms += started.elapsed().as_secs_f64() * 1e3;
             if outcome.is_err() {
                 break;
             }
@@ -228,9 +224,7 @@ impl Tiers {
             self.counters.maps += 1;
         }
         if outcome.is_ok() && !fresh.is_empty() {
-            let started = std::time::Instant::now();
             outcome = device.set_access(va0, batch.len() * g);
-            self.counters.map_ms += started.elapsed().as_secs_f64() * 1e3;
         }
         if outcome.is_ok() {
             let sources: Vec<Source> = batch

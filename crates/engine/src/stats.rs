@@ -8,6 +8,7 @@ use crate::host_tier::HostTier;
 use crate::state::{ChunkTable, Location};
 use crate::BufferId;
 use tiermem_mechanism::file_store::FileStore;
+use tiermem_mechanism::timing::DriverTimes;
 use tiermem_policy::PolicyKind;
 
 /// Transfer counters since the engine started (chunks, except where a name says bytes).
@@ -35,9 +36,10 @@ pub struct Counters {
     /// Chunks mapped afresh (`cuMemMap`); a chunk coming back to the physical chunk its stale
     /// mapping points at is not.
     pub maps: u64,
-    /// Host time spent mapping chunks and setting their access (driver calls), in milliseconds.
+    /// Host time spent mapping chunks and setting their access (driver calls), in milliseconds,
+    /// as the device's timing adaptor measured it ([`crate::Engine::driver_times`]).
     pub map_ms: f64,
-    /// Host time spent unmapping chunks, in milliseconds.
+    /// Host time spent unmapping chunks, in milliseconds (from the timing adaptor too).
     pub unmap_ms: f64,
     /// Host time spent waiting for evicted chunks to leave (the GPU's last use of them, or
     /// their copy down), in milliseconds.
@@ -106,6 +108,9 @@ pub(crate) struct Sources<'a> {
     pub file: Option<&'a FileStore>,
     pub policy: PolicyKind,
     pub counters: &'a Counters,
+    /// Driver-call times from the device's timing adaptor: `map_ms` and `unmap_ms` come from
+    /// here, not from `counters`.
+    pub driver: &'a DriverTimes,
 }
 
 impl Stats {
@@ -146,7 +151,11 @@ impl Stats {
             host_pinned_bytes: from.host.pinned_bytes(),
             bytes_in: from.counters.page_ins * g as u64,
             bytes_out: from.counters.page_outs * g as u64,
-            transfers: from.counters.clone(),
+            transfers: Counters {
+                map_ms: from.driver.map.ms + from.driver.set_access.ms,
+                unmap_ms: from.driver.unmap.ms,
+                ..from.counters.clone()
+            },
             buffers,
         }
     }
