@@ -3,9 +3,9 @@
 //! ```text
 //!  C programs · PyTorch's pluggable allocator · (later) the preload library
 //!        │ device pointers
-//!  ffi.rs / schedule.rs / torch.rs   entry points: never unwind, check pointers, return a status
+//!  ffi.rs · schedule.rs · torch.rs   entry points: never unwind, check pointers, return a status
 //!        │
-//!  process.rs          the process-wide engine · index.rs: device pointer → allocation
+//!  process.rs                         the process-wide engine · index.rs: device pointer → allocation
 //!        │
 //!  tiermem (the engine)
 //! ```
