@@ -163,7 +163,11 @@ def match(call: str, units, checkpoint: Checkpoint, ignore: list[str] = ()) -> d
             used.update(found)
             if not found:
                 if o.tensor.is_meta:
-                    hint = " (a buffer on the meta device: build the model with accelerate's init_empty_weights(), which keeps buffers real)" if o.role == "buffer" else ""  # noqa: E501
+                    hint = (
+                        " (a buffer on the meta device: build the model with accelerate's init_empty_weights(), which keeps"
+                        " buffers real; from_pretrained does so when accelerate is installed: pip install accelerate)"
+                    )
+                    hint = hint if o.role == "buffer" else ""
                     errors.append(f"{o.name} is missing from the checkpoint in {checkpoint.directory}{hint}")
                 else:
                     sources[id(o)] = None
