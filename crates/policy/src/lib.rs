@@ -27,6 +27,9 @@
 //!   leaves just before it is needed again); Belady keeps what fits resident and streams only
 //!   the rest. Chunks the schedule never uses go first (oldest first); with no schedule at all
 //!   this is LRU.
+//!
+//! Beside eviction, [`share`] divides a tier among tenants (the node daemon's weighted fair
+//! share, GPrioSwap §4).
 
 use std::fmt;
 use std::str::FromStr;
@@ -36,6 +39,7 @@ mod lru;
 mod lru_cost;
 mod priority;
 mod random;
+pub mod share;
 
 /// Fraction of the LRU stack (its least recently used end) that LRU-COST re-sorts by cost.
 pub const LRU_COST_SELECTION_FACTOR: f64 = 0.2;
