@@ -1,0 +1,223 @@
+//! The messages, in both directions. Every size is in bytes. `docs/protocol.md` shows each one
+//! as it travels (JSON, tagged by `"type"`).
+
+use serde::{Deserialize, Serialize};
+
+/// The version this build speaks. A peer with another version is refused at `hello`/`welcome`
+/// ([`crate::ProtocolError::VersionMismatch`]); the number changes with any change that an
+/// older peer would misread.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A tier of memory a budget is given for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// The HBM of the tenant's GPU.
+    Hbm,
+    /// Pinned host memory (node-wide).
+    Host,
+    /// The file (NVMe) tier (node-wide).
+    File,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 3] = [Tier::Hbm, Tier::Host, Tier::File];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Hbm => "hbm",
+            Tier::Host => "host",
+            Tier::File => "file",
+        }
+    }
+}
+
+/// The GPU a tenant's engine runs on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuId {
+    /// The device ordinal (CUDA index).
+    pub index: u32,
+    /// The GPU's UUID, when the driver gives one.
+    pub uuid: Option<String>,
+    /// The GPU's memory: the daemon's default capacity for it is this less a reserve.
+    pub total_bytes: u64,
+    /// The simulated device (tests, machines without a GPU).
+    pub simulated: bool,
+}
+
+/// Bytes of one tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierBytes {
+    pub tier: Tier,
+    pub bytes: u64,
+}
+
+/// A tenant's use of one tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TierUsage {
+    /// Bytes held now.
+    pub used: u64,
+    /// Bytes held acquired: they cannot be taken away (the floor of its share).
+    pub acquired: u64,
+    /// Bytes it would hold if it could (its allocations).
+    pub demand: u64,
+}
+
+/// One tier's budget for a tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierBudget {
+    pub tier: Tier,
+    /// The bytes it may hold from now on.
+    pub bytes: u64,
+    /// Its fair share, which `bytes` reaches once other tenants have given memory back.
+    pub target: u64,
+}
+
+/// Tenant (or `tiermem status`) → daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientMessage {
+    /// Always first.
+    Hello { version: u32, client: String },
+    /// Makes this connection a tenant: one engine on one GPU.
+    Register {
+        pid: u32,
+        /// A name the configuration may match (`TIERMEM_LABEL`).
+        label: Option<String>,
+        gpu: GpuId,
+        /// The engine's chunk: budgets are whole chunks.
+        chunk_bytes: u64,
+        /// The caps the engine would use alone (its own limits): never exceeded.
+        wants: Vec<TierBytes>,
+    },
+    /// What the tenant holds, per tier; sent when it changes (at most every ~50 ms).
+    Usage { hbm: TierUsage, host: TierUsage, file: TierUsage },
+    /// The budget `seq` is met (what exceeded it has left the tier).
+    BudgetMet { seq: u64 },
+    /// Asks for a [`DaemonMessage::Status`].
+    StatusRequest,
+}
+
+impl ClientMessage {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Hello { .. } => "hello",
+            Self::Register { .. } => "register",
+            Self::Usage { .. } => "usage",
+            Self::BudgetMet { .. } => "budget_met",
+            Self::StatusRequest => "status_request",
+        }
+    }
+}
+
+/// Why the daemon refused something; after an error it closes the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    VersionMismatch,
+    Malformed,
+    TooLarge,
+    OutOfOrder,
+    Refused,
+    Internal,
+}
+
+/// Daemon → tenant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum DaemonMessage {
+    /// The answer to `hello`.
+    Welcome {
+        version: u32,
+        daemon: String,
+    },
+    /// The answer to `register`: the tenant's id and the configured tenant it matched.
+    Registered {
+        tenant: u64,
+        name: String,
+    },
+    /// New budgets. Smaller ones are to be met (excess evicted) within `deadline_ms`, then
+    /// acknowledged with `budget_met`.
+    Budget {
+        seq: u64,
+        tiers: Vec<TierBudget>,
+        deadline_ms: u64,
+    },
+    Status(StatusReport),
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
+}
+
+impl DaemonMessage {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Welcome { .. } => "welcome",
+            Self::Registered { .. } => "registered",
+            Self::Budget { .. } => "budget",
+            Self::Status(_) => "status",
+            Self::Error { .. } => "error",
+        }
+    }
+}
+
+/// The daemon's view, as `tiermem status` shows it. Tenants the asker may not see are left
+/// out and counted in `hidden_tenants` (their bytes still count in `held` of each pool).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub daemon: String,
+    pub uptime_ms: u64,
+    pub pools: Vec<PoolStatus>,
+    pub tenants: Vec<TenantStatus>,
+    pub hidden_tenants: u32,
+}
+
+/// One tier of one GPU (`gpu`: None for the node-wide tiers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolStatus {
+    pub tier: Tier,
+    pub gpu: Option<u32>,
+    pub capacity: u64,
+    /// Bytes every tenant's budget allows together (what the daemon has handed out).
+    pub budgeted: u64,
+    pub used: u64,
+    pub shares: Vec<ShareStatus>,
+}
+
+/// One tenant's part of a pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShareStatus {
+    pub tenant: u64,
+    pub used: u64,
+    pub acquired: u64,
+    pub demand: u64,
+    /// The budget in force.
+    pub budget: u64,
+    /// The fair share it converges to.
+    pub target: u64,
+    /// Its own part if every tenant wanted all it may have.
+    pub entitled: u64,
+    /// Of its own part, lent to others (entitled − target).
+    pub lent: u64,
+    /// Borrowed from others' idle parts (target − entitled).
+    pub borrowed: u64,
+}
+
+/// A connected tenant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantStatus {
+    pub tenant: u64,
+    /// The configured tenant it matched (or "default").
+    pub name: String,
+    pub pid: u32,
+    pub uid: u32,
+    pub cgroup: Option<String>,
+    pub label: Option<String>,
+    pub gpu: u32,
+    pub weight: u32,
+    pub priority: i32,
+    pub connected_ms: u64,
+    /// A budget cut not met within its deadline.
+    pub late: bool,
+}
