@@ -1,6 +1,6 @@
 //! The protocol between tiermem tenants and the node daemon `tiermemd`: plain messages
 //! ([`ClientMessage`], [`DaemonMessage`]), their framing ([`frame`]) and their order
-//! ([`session`]). Pure: no sockets, no runtime; the daemon (tokio) and the tenant (a blocking
+//! ([`session`]), and where to meet ([`paths`]). Pure: no sockets, no runtime; the daemon (tokio) and the tenant (a blocking
 //! thread) bring their own I/O. The wire format is documented in `docs/protocol.md`.
 //!
 //! Invariants: every byte sequence a peer sends either decodes to a message or is a
@@ -9,6 +9,7 @@
 
 pub mod frame;
 mod messages;
+pub mod paths;
 pub mod session;
 
 pub use frame::{encode, write_message, FrameDecoder, FrameReader, MAX_FRAME_BYTES};

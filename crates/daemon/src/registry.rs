@@ -1,0 +1,318 @@
+//! The daemon's state: the tenants, what each holds and may hold, and the budgets to send.
+//! No sockets and no clock of its own (callers pass `now`): the server (server.rs) feeds it
+//! events and delivers what it returns, so everything here is tested without a socket.
+//!
+//! # Pools and budgets
+//! A *pool* is one tier of one GPU (HBM) or of the node (host, file: only when the config
+//! gives them a capacity). After every event that can change a share (register, usage, a met
+//! budget, a disconnect, a missed deadline) [`Registry::rebalance`] recomputes each pool's fair
+//! shares (`tiermem_policy::share`, in whole chunks) and stages them: a tenant above its share
+//! gets the smaller budget at once; one below grows only into memory no tenant may still be
+//! holding. A tenant *holds* its budget in force; after a cut it still holds the old one until
+//! it says the new one is met (`budget_met`) or its deadline passes (then it is marked late and
+//! holds what it reports using). So the daemon never promises a byte twice, and a tenant that
+//! leaves gives back everything at once.
+
+use crate::config::{Config, Identity, TenantRule};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tiermem_policy::share::{fair_shares, stage_grants, Claim};
+use tiermem_protocol::{
+    DaemonMessage, GpuId, PoolStatus, ShareStatus, StatusReport, TenantStatus, Tier, TierBudget, TierBytes, TierUsage,
+};
+
+pub type TenantId = u64;
+
+/// One tenant's place in one tier.
+#[derive(Debug, Clone, Copy, Default)]
+struct TierSlot {
+    usage: TierUsage,
+    /// The budget last sent.
+    budget: u64,
+    /// The fair share it is moving to, and its own part.
+    target: u64,
+    entitled: u64,
+    /// What it may hold now: the budget, or a larger old one until a cut is met.
+    holding: u64,
+    /// A cut not yet met: its sequence number and deadline.
+    pending: Option<(u64, Instant)>,
+    /// In a pool (the tier has a capacity): budgets are sent for it.
+    pooled: bool,
+}
+
+struct Tenant {
+    who: Identity,
+    gpu: GpuId,
+    chunk: u64,
+    rule: TenantRule,
+    /// The engine's own caps, never exceeded.
+    wants: BTreeMap<Tier, u64>,
+    /// Until the first usage report, demand is taken to be `wants`.
+    reported: bool,
+    tiers: BTreeMap<Tier, TierSlot>,
+    seq: u64,
+    connected: Instant,
+    late: bool,
+}
+
+/// Which pool: a tier, and the GPU for HBM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct PoolKey {
+    tier: Tier,
+    gpu: Option<u32>,
+}
+
+pub struct Registry {
+    config: Config,
+    started: Instant,
+    tenants: BTreeMap<TenantId, Tenant>,
+    next_id: TenantId,
+    /// The daemon's own uid: it may see every tenant.
+    daemon_uid: u32,
+}
+
+/// Messages to deliver, each to one tenant.
+pub type Outbox = Vec<(TenantId, DaemonMessage)>;
+
+impl Registry {
+    pub fn new(config: Config, now: Instant, daemon_uid: u32) -> Self {
+        Self { config, started: now, tenants: BTreeMap::new(), next_id: 1, daemon_uid }
+    }
+
+    pub fn tenant_count(&self) -> usize {
+        self.tenants.len()
+    }
+
+    /// Makes a connection a tenant; returns its id, the name of the rule it matched, and the
+    /// budgets that change (its first among them).
+    pub fn register(
+        &mut self,
+        who: Identity,
+        gpu: GpuId,
+        chunk_bytes: u64,
+        wants: &[TierBytes],
+        now: Instant,
+    ) -> (TenantId, String, Outbox) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let rule = self.config.rule_for(&who).clone();
+        let name = rule.name.clone();
+        let tenant = Tenant {
+            who,
+            gpu,
+            chunk: chunk_bytes.max(1),
+            rule,
+            wants: wants.iter().map(|w| (w.tier, w.bytes)).collect(),
+            reported: false,
+            tiers: Tier::ALL.iter().map(|&t| (t, TierSlot::default())).collect(),
+            seq: 0,
+            connected: now,
+            late: false,
+        };
+        self.tenants.insert(id, tenant);
+        (id, name, self.rebalance(now))
+    }
+
+    pub fn usage(&mut self, id: TenantId, usage: [(Tier, TierUsage); 3], now: Instant) -> Outbox {
+        let Some(tenant) = self.tenants.get_mut(&id) else { return Vec::new() };
+        tenant.reported = true;
+        for (tier, u) in usage {
+            if let Some(slot) = tenant.tiers.get_mut(&tier) {
+                slot.usage = u;
+            }
+        }
+        self.rebalance(now)
+    }
+
+    /// The tenant met budget `seq`: what it held beyond it is free.
+    pub fn budget_met(&mut self, id: TenantId, seq: u64, now: Instant) -> Outbox {
+        let Some(tenant) = self.tenants.get_mut(&id) else { return Vec::new() };
+        for slot in tenant.tiers.values_mut() {
+            if slot.pending.is_some_and(|(pending, _)| pending <= seq) {
+                slot.pending = None;
+                slot.holding = slot.budget;
+            }
+        }
+        if tenant.tiers.values().all(|s| s.pending.is_none()) {
+            tenant.late = false;
+        }
+        self.rebalance(now)
+    }
+
+    /// The tenant is gone: everything it held is free at once.
+    pub fn disconnect(&mut self, id: TenantId, now: Instant) -> Outbox {
+        match self.tenants.remove(&id) {
+            Some(_) => self.rebalance(now),
+            None => Vec::new(),
+        }
+    }
+
+    /// Cuts not met in time: the tenant is late and holds what it reports using. Returns the
+    /// late tenants (for the log) and the budgets that change.
+    pub fn expire_deadlines(&mut self, now: Instant) -> (Vec<TenantId>, Outbox) {
+        let mut late = Vec::new();
+        for (&id, tenant) in &mut self.tenants {
+            for slot in tenant.tiers.values_mut() {
+                if slot.pending.is_some_and(|(_, deadline)| deadline <= now) {
+                    slot.pending = None;
+                    slot.holding = slot.budget.max(slot.usage.used);
+                    if !tenant.late {
+                        late.push(id);
+                    }
+                    tenant.late = true;
+                }
+            }
+        }
+        let outbox = if late.is_empty() { Vec::new() } else { self.rebalance(now) };
+        (late, outbox)
+    }
+
+    fn pools(&self) -> BTreeMap<PoolKey, u64> {
+        let mut pools = BTreeMap::new();
+        for t in self.tenants.values() {
+            let capacity = self.config.hbm_capacity(t.gpu.index, t.gpu.total_bytes, t.gpu.simulated);
+            pools.entry(PoolKey { tier: Tier::Hbm, gpu: Some(t.gpu.index) }).or_insert(capacity);
+        }
+        for tier in [Tier::Host, Tier::File] {
+            if let Some(capacity) = self.config.node_capacity(tier) {
+                pools.insert(PoolKey { tier, gpu: None }, capacity);
+            }
+        }
+        pools
+    }
+
+    fn members(&self, pool: PoolKey) -> Vec<TenantId> {
+        self.tenants.iter().filter(|(_, t)| pool.gpu.is_none_or(|gpu| t.gpu.index == gpu)).map(|(&id, _)| id).collect()
+    }
+
+    /// Recomputes every pool's shares and stages the budgets; returns the budget messages of
+    /// the tenants whose budget or target changed.
+    pub fn rebalance(&mut self, now: Instant) -> Outbox {
+        let mut changed: BTreeMap<TenantId, ()> = BTreeMap::new();
+        for (pool, capacity) in self.pools() {
+            let ids = self.members(pool);
+            // Budgets are whole units: the largest chunk among the pool's tenants.
+            let unit = ids.iter().map(|id| self.tenants[id].chunk).max().unwrap_or(1);
+            let claims: Vec<Claim> = ids.iter().map(|id| self.claim(&self.tenants[id], pool.tier, unit)).collect();
+            let shares = fair_shares(capacity / unit, &claims);
+            let holding: Vec<u64> =
+                ids.iter().map(|id| self.tenants[id].tiers[&pool.tier].holding.div_ceil(unit)).collect();
+            let targets: Vec<u64> = shares.iter().map(|s| s.budget).collect();
+            let granted = stage_grants(capacity / unit, &targets, &holding);
+            for (i, id) in ids.iter().enumerate() {
+                let Some(slot) = self.tenants.get_mut(id).and_then(|t| t.tiers.get_mut(&pool.tier)) else { continue };
+                let (budget, target) = (granted[i] * unit, targets[i] * unit);
+                slot.entitled = shares[i].entitled * unit;
+                if !slot.pooled || budget != slot.budget || target != slot.target {
+                    changed.insert(*id, ());
+                }
+                slot.pooled = true;
+                slot.budget = budget;
+                slot.target = target;
+            }
+        }
+        let deadline = Duration::from_millis(self.config.deadline_ms);
+        let mut outbox = Vec::new();
+        for id in changed.into_keys() {
+            let Some(tenant) = self.tenants.get_mut(&id) else { continue };
+            tenant.seq += 1;
+            let seq = tenant.seq;
+            let mut tiers = Vec::new();
+            for (&tier, slot) in tenant.tiers.iter_mut().filter(|(_, s)| s.pooled) {
+                if slot.budget >= slot.holding {
+                    slot.holding = slot.budget;
+                    slot.pending = None;
+                } else {
+                    slot.pending = Some((seq, now + deadline));
+                }
+                tiers.push(TierBudget { tier, bytes: slot.budget, target: slot.target });
+            }
+            outbox.push((id, DaemonMessage::Budget { seq, tiers, deadline_ms: self.config.deadline_ms }));
+        }
+        outbox
+    }
+
+    fn claim(&self, tenant: &Tenant, tier: Tier, unit: u64) -> Claim {
+        let slot = &tenant.tiers[&tier];
+        let want = tenant.wants.get(&tier).copied();
+        let demand = match tenant.reported {
+            true => slot.usage.demand,
+            false => want.unwrap_or(u64::MAX),
+        };
+        let quota = [tenant.rule.quota.get(&tier).map(|s| s.0), want].into_iter().flatten().min();
+        Claim {
+            weight: tenant.rule.weight,
+            demand: demand.div_ceil(unit),
+            floor: slot.usage.acquired.div_ceil(unit),
+            quota: quota.map(|q| q / unit),
+            priority: tenant.rule.priority,
+        }
+    }
+
+    /// What `viewer` may see: everything for root, the daemon's user, a public status or a
+    /// tenant whose rule says `see_all`; otherwise the tenants of its own uid.
+    pub fn status(&self, viewer_uid: u32, viewer: Option<TenantId>, now: Instant) -> StatusReport {
+        let sees_all = viewer_uid == 0
+            || viewer_uid == self.daemon_uid
+            || self.config.status.public
+            || viewer.and_then(|id| self.tenants.get(&id)).is_some_and(|t| t.rule.see_all);
+        let visible = |t: &Tenant| sees_all || t.who.uid == viewer_uid;
+        let ms = |since: Instant| now.saturating_duration_since(since).as_millis() as u64;
+        let pools = self
+            .pools()
+            .into_iter()
+            .map(|(pool, capacity)| {
+                let ids = self.members(pool);
+                let slots: Vec<(TenantId, &Tenant, &TierSlot)> =
+                    ids.iter().map(|id| (*id, &self.tenants[id], &self.tenants[id].tiers[&pool.tier])).collect();
+                PoolStatus {
+                    tier: pool.tier,
+                    gpu: pool.gpu,
+                    capacity,
+                    budgeted: slots.iter().map(|(_, _, s)| s.budget).sum(),
+                    used: slots.iter().map(|(_, _, s)| s.usage.used).sum(),
+                    shares: slots
+                        .iter()
+                        .filter(|(_, t, _)| visible(t))
+                        .map(|&(tenant, _, s)| ShareStatus {
+                            tenant,
+                            used: s.usage.used,
+                            acquired: s.usage.acquired,
+                            demand: s.usage.demand,
+                            budget: s.budget,
+                            target: s.target,
+                            entitled: s.entitled,
+                            lent: s.entitled.saturating_sub(s.target),
+                            borrowed: s.target.saturating_sub(s.entitled),
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        let tenants: Vec<TenantStatus> = self
+            .tenants
+            .iter()
+            .filter(|(_, t)| visible(t))
+            .map(|(&tenant, t)| TenantStatus {
+                tenant,
+                name: t.rule.name.clone(),
+                pid: t.who.pid,
+                uid: t.who.uid,
+                cgroup: t.who.cgroup.clone(),
+                label: t.who.label.clone(),
+                gpu: t.gpu.index,
+                weight: t.rule.weight,
+                priority: t.rule.priority,
+                connected_ms: ms(t.connected),
+                late: t.late,
+            })
+            .collect();
+        StatusReport {
+            daemon: crate::DAEMON_NAME.to_owned(),
+            uptime_ms: ms(self.started),
+            hidden_tenants: (self.tenants.len() - tenants.len()) as u32,
+            pools,
+            tenants,
+        }
+    }
+}

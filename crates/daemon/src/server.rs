@@ -1,0 +1,239 @@
+//! The mechanism: the Unix socket, one task per connection, a timer for deadlines. Every
+//! decision is the registry's (registry.rs); this file reads frames, checks their order
+//! (`tiermem_protocol::ServerSession`), feeds the registry and delivers what it returns.
+//!
+//! A connection that breaks the protocol gets an `error` and is closed; nothing a client sends
+//! can stop the daemon. A tenant whose connection closes (exit, crash, `kill -9`) is removed
+//! at once and its memory re-shared. The registry lock is a std mutex held only for one
+//! registry call, never across an await.
+
+use crate::config::{Config, Identity};
+use crate::registry::{Outbox, Registry, TenantId};
+use crate::{log, DaemonError, DAEMON_NAME};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tiermem_protocol::{
+    encode, ClientMessage, DaemonMessage, FrameDecoder, ProtocolError, ServerSession, Tier, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+
+/// A connection has this long to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often deadlines are checked.
+const TICK: Duration = Duration::from_millis(50);
+
+/// The registry and the way to each tenant's connection.
+struct Hub {
+    registry: Registry,
+    outboxes: HashMap<TenantId, mpsc::UnboundedSender<DaemonMessage>>,
+}
+
+type SharedHub = Arc<Mutex<Hub>>;
+
+fn lock(hub: &SharedHub) -> MutexGuard<'_, Hub> {
+    // Every registry call leaves it consistent before returning: a panic cannot tear it.
+    hub.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Hub {
+    fn deliver(&self, outbox: Outbox) {
+        for (id, message) in outbox {
+            if let Some(tx) = self.outboxes.get(&id) {
+                // A closed connection is being removed by its own task.
+                let _ = tx.send(message);
+            }
+        }
+    }
+}
+
+/// Binds the socket at `path` (replacing a stale one; refusing while a daemon answers there)
+/// with the config's permission bits.
+pub fn bind(path: &Path, config: &Config) -> Result<UnixListener, DaemonError> {
+    let socket = |source| DaemonError::Socket { path: path.to_owned(), source };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(socket)?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(DaemonError::AlreadyRunning(path.to_owned()));
+        }
+        std::fs::remove_file(path).map_err(socket)?;
+    }
+    let listener = UnixListener::bind(path).map_err(socket)?;
+    let mode = config.socket_mode_bits().map_err(DaemonError::Config)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(socket)?;
+    Ok(listener)
+}
+
+/// Serves `listener` until `shutdown` resolves (never, for `tiermem daemon`).
+pub async fn serve(listener: UnixListener, config: Config, shutdown: impl std::future::Future<Output = ()>) {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let hub =
+        Arc::new(Mutex::new(Hub { registry: Registry::new(config, Instant::now(), uid), outboxes: HashMap::new() }));
+    let ticker = tokio::spawn(expire_deadlines(Arc::clone(&hub)));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    tokio::spawn(connection(stream, Arc::clone(&hub)));
+                }
+                // Out of descriptors and the like: the next accept may succeed.
+                Err(e) => {
+                    log(&format!("accept: {e}"));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    ticker.abort();
+}
+
+async fn expire_deadlines(hub: SharedHub) {
+    let mut interval = tokio::time::interval(TICK);
+    loop {
+        interval.tick().await;
+        let mut hub = lock(&hub);
+        let (late, outbox) = hub.registry.expire_deadlines(Instant::now());
+        for id in late {
+            log(&format!("tenant {id} did not meet its smaller budget in time: counted at its reported use"));
+        }
+        hub.deliver(outbox);
+    }
+}
+
+/// The kernel's word on who is at the other end, and its cgroup.
+fn identify(stream: &UnixStream) -> Identity {
+    let cred = stream.peer_cred().ok();
+    let pid = cred.as_ref().and_then(|c| c.pid()).unwrap_or(0).max(0) as u32;
+    Identity { uid: cred.map_or(u32::MAX, |c| c.uid()), pid, cgroup: crate::peer::cgroup_of(pid), label: None }
+}
+
+async fn connection(stream: UnixStream, hub: SharedHub) {
+    let mut who = identify(&stream);
+    let (mut reader, mut writer) = stream.into_split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<DaemonMessage>();
+    let write_task = tokio::spawn(async move {
+        while let Some(message) = rx.recv().await {
+            let last = matches!(message, DaemonMessage::Error { .. });
+            let Ok(frame) = encode(&message) else { break };
+            if writer.write_all(&frame).await.is_err() || last {
+                break;
+            }
+        }
+        let _ = writer.shutdown().await;
+    });
+    let mut session = ServerSession::new();
+    let mut decoder = FrameDecoder::new();
+    let mut tenant: Option<TenantId> = None;
+    let mut buffer = vec![0u8; 16 * 1024];
+    let outcome: Result<(), ProtocolError> = async {
+        loop {
+            while let Some(message) = decoder.next_message::<ClientMessage>()? {
+                session.accept(&message)?;
+                handle(message, &mut who, &mut tenant, &tx, &hub);
+            }
+            let read = reader.read(&mut buffer);
+            let n = match tenant {
+                None if session.state() == tiermem_protocol::SessionState::AwaitHello => {
+                    tokio::time::timeout(HELLO_TIMEOUT, read).await.map_err(|_| ProtocolError::Timeout)??
+                }
+                _ => read.await?,
+            };
+            if n == 0 {
+                return Ok(());
+            }
+            decoder.extend(&buffer[..n]);
+        }
+    }
+    .await;
+    if let Some(id) = tenant {
+        let mut hub = lock(&hub);
+        hub.outboxes.remove(&id);
+        let outbox = hub.registry.disconnect(id, Instant::now());
+        hub.deliver(outbox);
+        log(&format!("tenant {id} (pid {}) left; {} tenants", who.pid, hub.registry.tenant_count()));
+    }
+    if let Err(error) = outcome {
+        if !matches!(error, ProtocolError::Io(_) | ProtocolError::Closed) {
+            log(&format!("closing a connection from pid {} (uid {}): {error}", who.pid, who.uid));
+            let _ = tx.send(error.to_message());
+        }
+    }
+    drop(tx);
+    let _ = tokio::time::timeout(Duration::from_secs(1), write_task).await;
+}
+
+/// One message, in order (the session checked it).
+fn handle(
+    message: ClientMessage,
+    who: &mut Identity,
+    tenant: &mut Option<TenantId>,
+    tx: &mpsc::UnboundedSender<DaemonMessage>,
+    hub: &SharedHub,
+) {
+    let now = Instant::now();
+    match message {
+        ClientMessage::Hello { .. } => {
+            let _ = tx.send(DaemonMessage::Welcome { version: PROTOCOL_VERSION, daemon: DAEMON_NAME.into() });
+        }
+        ClientMessage::Register { pid, label, gpu, chunk_bytes, wants } => {
+            if who.pid == 0 {
+                who.pid = pid; // no SO_PEERCRED pid: take the tenant's word
+            }
+            who.label = label;
+            let mut hub = lock(hub);
+            let (id, name, outbox) = hub.registry.register(who.clone(), gpu.clone(), chunk_bytes, &wants, now);
+            *tenant = Some(id);
+            hub.outboxes.insert(id, tx.clone());
+            let _ = tx.send(DaemonMessage::Registered { tenant: id, name: name.clone() });
+            hub.deliver(outbox);
+            log(&format!(
+                "tenant {id} registered: pid {} uid {} gpu {} as {name:?}{}; {} tenants",
+                who.pid,
+                who.uid,
+                gpu.index,
+                who.label.as_deref().map(|l| format!(" (label {l:?})")).unwrap_or_default(),
+                hub.registry.tenant_count()
+            ));
+        }
+        ClientMessage::Usage { hbm, host, file } => {
+            let Some(id) = *tenant else { return };
+            let mut hub = lock(hub);
+            let outbox = hub.registry.usage(id, [(Tier::Hbm, hbm), (Tier::Host, host), (Tier::File, file)], now);
+            hub.deliver(outbox);
+        }
+        ClientMessage::BudgetMet { seq } => {
+            let Some(id) = *tenant else { return };
+            let mut hub = lock(hub);
+            let outbox = hub.registry.budget_met(id, seq, now);
+            hub.deliver(outbox);
+        }
+        ClientMessage::StatusRequest => {
+            let report = lock(hub).registry.status(who.uid, *tenant, now);
+            let _ = tx.send(DaemonMessage::Status(report));
+        }
+    }
+}
+
+/// Runs the daemon in the foreground on a runtime of its own thread, until the process ends.
+pub fn run(config: Config, socket: Option<PathBuf>) -> Result<(), DaemonError> {
+    let path = socket.or_else(tiermem_protocol::paths::daemon_socket).ok_or(DaemonError::NoSocketPath)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| DaemonError::Socket { path: path.clone(), source: e })?;
+    runtime.block_on(async {
+        let listener = bind(&path, &config)?;
+        log(&format!("listening on {} (protocol {PROTOCOL_VERSION})", path.display()));
+        serve(listener, config, std::future::pending()).await;
+        Ok(())
+    })
+}

@@ -1,0 +1,141 @@
+//! The daemon over its socket, in-process: clients that send garbage, oversized frames,
+//! another version or messages out of order get an error and are closed; the daemon goes on
+//! serving well-behaved clients, and a tenant that disconnects gives its budget back.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tiermem_daemon::Config;
+use tiermem_protocol::*;
+
+/// A daemon on a socket of its own, served by a runtime on a background thread.
+fn start_daemon(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tiermemd-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("d.sock");
+    let config = Config::parse("[[gpu]]\nindex = 0\nhbm = \"64MiB\"", "test").unwrap();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let socket = path.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let listener = tiermem_daemon::bind(&socket, &config).unwrap();
+            ready_tx.send(()).unwrap();
+            tiermem_daemon::serve(listener, config, std::future::pending()).await;
+        });
+    });
+    ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    path
+}
+
+fn connect(path: &PathBuf) -> (UnixStream, FrameReader<UnixStream>) {
+    let stream = UnixStream::connect(path).unwrap();
+    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let reader = FrameReader::new(stream.try_clone().unwrap());
+    (stream, reader)
+}
+
+fn deadline() -> Instant {
+    Instant::now() + Duration::from_secs(10)
+}
+
+/// Reads until an error message arrives, then expects the connection to close.
+fn expect_error_and_close(reader: &mut FrameReader<UnixStream>) -> ErrorKind {
+    let kind = loop {
+        match reader.wait::<DaemonMessage>(deadline()).unwrap() {
+            DaemonMessage::Error { kind, .. } => break kind,
+            _ => continue,
+        }
+    };
+    let closed = loop {
+        match reader.wait::<DaemonMessage>(deadline()) {
+            Err(ProtocolError::Closed) => break true,
+            Err(ProtocolError::Timeout) => break false,
+            _ => continue,
+        }
+    };
+    assert!(closed, "the daemon closes after an error");
+    kind
+}
+
+fn hello(stream: &mut UnixStream, reader: &mut FrameReader<UnixStream>) {
+    write_message(stream, &ClientMessage::Hello { version: PROTOCOL_VERSION, client: "test".into() }).unwrap();
+    check_welcome(reader.wait(deadline()).unwrap()).unwrap();
+}
+
+fn register(stream: &mut UnixStream, reader: &mut FrameReader<UnixStream>) -> (u64, u64) {
+    hello(stream, reader);
+    let gpu = GpuId { index: 0, uuid: None, total_bytes: 1 << 30, simulated: true };
+    let register = ClientMessage::Register { pid: 1, label: None, gpu, chunk_bytes: 2 << 20, wants: vec![] };
+    write_message(stream, &register).unwrap();
+    let DaemonMessage::Registered { tenant, .. } = reader.wait(deadline()).unwrap() else { panic!("registered") };
+    let DaemonMessage::Budget { tiers, .. } = reader.wait(deadline()).unwrap() else { panic!("a budget") };
+    (tenant, tiers[0].bytes)
+}
+
+#[test]
+fn bad_clients_are_refused_and_the_daemon_survives() {
+    let path = start_daemon("bad");
+    let (mut s, mut r) = connect(&path);
+    s.write_all(&[0, 0, 0, 8, b'g', b'a', b'r', b'b', b'a', b'g', b'e', b'!']).unwrap();
+    assert_eq!(expect_error_and_close(&mut r), ErrorKind::Malformed);
+
+    let (mut s, mut r) = connect(&path);
+    s.write_all(&u32::MAX.to_be_bytes()).unwrap();
+    assert_eq!(expect_error_and_close(&mut r), ErrorKind::TooLarge);
+
+    let (mut s, mut r) = connect(&path);
+    write_message(&mut s, &ClientMessage::Hello { version: PROTOCOL_VERSION + 7, client: "future".into() }).unwrap();
+    assert_eq!(expect_error_and_close(&mut r), ErrorKind::VersionMismatch);
+
+    let (mut s, mut r) = connect(&path);
+    write_message(&mut s, &ClientMessage::BudgetMet { seq: 1 }).unwrap();
+    assert_eq!(expect_error_and_close(&mut r), ErrorKind::OutOfOrder);
+
+    let (mut s, mut r) = connect(&path);
+    hello(&mut s, &mut r);
+    write_message(
+        &mut s,
+        &ClientMessage::Usage { hbm: TierUsage::default(), host: TierUsage::default(), file: TierUsage::default() },
+    )
+    .unwrap();
+    assert_eq!(expect_error_and_close(&mut r), ErrorKind::OutOfOrder);
+
+    // A client that vanishes mid-frame.
+    let (mut s, _) = connect(&path);
+    s.write_all(&[0, 0, 1]).unwrap();
+    drop(s);
+
+    // Still serving.
+    let (mut s, mut r) = connect(&path);
+    let (_, budget) = register(&mut s, &mut r);
+    assert_eq!(budget, 64 << 20);
+}
+
+#[test]
+fn a_tenant_that_disconnects_gives_its_budget_back_at_once() {
+    let path = start_daemon("leave");
+    let (mut a, mut ra) = connect(&path);
+    let (_, alone) = register(&mut a, &mut ra);
+    assert_eq!(alone, 64 << 20);
+    let (mut b, mut rb) = connect(&path);
+    register(&mut b, &mut rb);
+    // A is cut to half; meeting it lets B grow to its half.
+    let DaemonMessage::Budget { seq, tiers, .. } = ra.wait(deadline()).unwrap() else { panic!("a cut") };
+    assert_eq!(tiers[0].bytes, 32 << 20);
+    write_message(&mut a, &ClientMessage::BudgetMet { seq }).unwrap();
+    let DaemonMessage::Budget { tiers, .. } = rb.wait(deadline()).unwrap() else { panic!("a grant") };
+    assert_eq!(tiers[0].bytes, 32 << 20);
+    drop((a, ra));
+    let DaemonMessage::Budget { tiers, .. } = rb.wait(deadline()).unwrap() else { panic!("everything") };
+    assert_eq!(tiers[0].bytes, 64 << 20);
+
+    // Status from another connection sees B alone (the test runs as the daemon's user).
+    let (mut c, mut rc) = connect(&path);
+    hello(&mut c, &mut rc);
+    write_message(&mut c, &ClientMessage::StatusRequest).unwrap();
+    let DaemonMessage::Status(report) = rc.wait(deadline()).unwrap() else { panic!("status") };
+    assert_eq!(report.tenants.len(), 1);
+    assert_eq!(report.pools[0].budgeted, 64 << 20);
+}

@@ -1,0 +1,155 @@
+//! The registry without sockets: shares converge to weighted fair shares through staged
+//! grants, cuts wait for `budget_met` or the deadline, leavers give everything back, and
+//! status shows each viewer what it may see.
+
+use std::time::{Duration, Instant};
+use tiermem_daemon::config::{Config, Identity};
+use tiermem_daemon::registry::{Outbox, Registry, TenantId};
+use tiermem_protocol::{DaemonMessage, GpuId, Tier, TierUsage};
+
+const MIB: u64 = 1 << 20;
+const CHUNK: u64 = 2 * MIB;
+
+fn config() -> Config {
+    Config::parse(
+        r#"
+        deadline_ms = 100
+        [[gpu]]
+        index = 0
+        hbm = "600MiB"
+        [[tenant]]
+        name = "heavy"
+        label = "heavy"
+        weight = 2
+        [[tenant]]
+        name = "capped"
+        label = "capped"
+        quota = { hbm = "100MiB" }
+        "#,
+        "test",
+    )
+    .unwrap()
+}
+
+fn gpu() -> GpuId {
+    GpuId { index: 0, uuid: None, total_bytes: 1 << 30, simulated: true }
+}
+
+fn who(uid: u32, label: Option<&str>) -> Identity {
+    Identity { uid, pid: 100 + uid, cgroup: None, label: label.map(str::to_owned) }
+}
+
+/// The HBM budget (bytes, target) each message gives, by tenant; the last one wins.
+fn budgets(outbox: &Outbox) -> Vec<(TenantId, u64, u64, u64)> {
+    outbox
+        .iter()
+        .filter_map(|(id, m)| match m {
+            DaemonMessage::Budget { seq, tiers, .. } => {
+                tiers.iter().find(|t| t.tier == Tier::Hbm).map(|t| (*id, *seq, t.bytes, t.target))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn demand(bytes: u64) -> [(Tier, TierUsage); 3] {
+    let hbm = TierUsage { used: 0, acquired: 0, demand: bytes };
+    [(Tier::Hbm, hbm), (Tier::Host, TierUsage::default()), (Tier::File, TierUsage::default())]
+}
+
+fn register(r: &mut Registry, uid: u32, label: Option<&str>, now: Instant) -> (TenantId, Outbox) {
+    let (id, _, outbox) = r.register(who(uid, label), gpu(), CHUNK, &[], now);
+    (id, outbox)
+}
+
+#[test]
+fn a_lone_tenant_gets_the_gpu_and_shares_it_by_weight_when_others_come() {
+    let now = Instant::now();
+    let mut r = Registry::new(config(), now, 0);
+    let (a, outbox) = register(&mut r, 1, None, now);
+    assert_eq!(budgets(&outbox), vec![(a, 1, 600 * MIB, 600 * MIB)], "alone: the whole GPU");
+    let outbox = r.usage(a, demand(1 << 40), now);
+    assert!(budgets(&outbox).is_empty(), "nothing changes");
+
+    // A tenant of weight 2 arrives: A is cut to 200 MiB at once; B gets nothing until A met it.
+    let (b, outbox) = register(&mut r, 2, Some("heavy"), now);
+    assert_eq!(budgets(&outbox), vec![(a, 2, 200 * MIB, 200 * MIB), (b, 1, 0, 400 * MIB)]);
+    let outbox = r.budget_met(a, 2, now);
+    assert_eq!(budgets(&outbox), vec![(b, 2, 400 * MIB, 400 * MIB)], "then B grows into it");
+
+    // B asks for little: its unused part is lent to A, and returned when B wants it back.
+    let outbox = r.usage(b, demand(100 * MIB), now);
+    assert_eq!(budgets(&outbox), vec![(a, 3, 200 * MIB, 500 * MIB), (b, 3, 100 * MIB, 100 * MIB)]);
+    let outbox = r.budget_met(b, 3, now);
+    assert_eq!(budgets(&outbox), vec![(a, 4, 500 * MIB, 500 * MIB)]);
+    let outbox = r.usage(b, demand(1 << 40), now);
+    assert_eq!(budgets(&outbox), vec![(a, 5, 200 * MIB, 200 * MIB), (b, 4, 100 * MIB, 400 * MIB)]);
+
+    // A leaves: B gets everything at once (nothing to wait for).
+    let outbox = r.disconnect(a, now);
+    assert_eq!(budgets(&outbox), vec![(b, 5, 600 * MIB, 600 * MIB)]);
+}
+
+#[test]
+fn quotas_hold_and_the_rest_goes_to_the_others() {
+    let now = Instant::now();
+    let mut r = Registry::new(config(), now, 0);
+    let (capped, _) = register(&mut r, 1, Some("capped"), now);
+    let (other, _) = register(&mut r, 2, None, now);
+    r.budget_met(capped, 2, now);
+    let status = r.status(0, None, now);
+    let hbm = &status.pools[0];
+    let share = |id| hbm.shares.iter().find(|s| s.tenant == id).unwrap().target;
+    assert_eq!((share(capped), share(other)), (100 * MIB, 500 * MIB));
+}
+
+#[test]
+fn a_cut_not_met_in_time_stops_being_reserved() {
+    let now = Instant::now();
+    let mut r = Registry::new(config(), now, 0);
+    let (a, _) = register(&mut r, 1, None, now);
+    // A uses 250 MiB and never answers the cut.
+    let used = TierUsage { used: 250 * MIB, acquired: 0, demand: 1 << 40 };
+    r.usage(a, [(Tier::Hbm, used), (Tier::Host, TierUsage::default()), (Tier::File, TierUsage::default())], now);
+    let (b, outbox) = register(&mut r, 2, None, now);
+    assert_eq!(budgets(&outbox), vec![(a, 2, 300 * MIB, 300 * MIB), (b, 1, 0, 300 * MIB)]);
+    let (late, outbox) = r.expire_deadlines(now + Duration::from_millis(50));
+    assert!(late.is_empty() && outbox.is_empty(), "not yet");
+    let (late, outbox) = r.expire_deadlines(now + Duration::from_millis(150));
+    assert_eq!(late, vec![a]);
+    // A is counted at 300 MiB (its budget, above its 250 MiB use): B gets the other 300.
+    assert_eq!(budgets(&outbox), vec![(b, 2, 300 * MIB, 300 * MIB)]);
+    assert!(r.status(0, None, now).tenants.iter().any(|t| t.tenant == a && t.late));
+}
+
+#[test]
+fn acquired_memory_is_a_floor() {
+    let now = Instant::now();
+    let mut r = Registry::new(config(), now, 0);
+    let (a, _) = register(&mut r, 1, None, now);
+    let pinned = TierUsage { used: 500 * MIB, acquired: 500 * MIB, demand: 1 << 40 };
+    r.usage(a, [(Tier::Hbm, pinned), (Tier::Host, TierUsage::default()), (Tier::File, TierUsage::default())], now);
+    let (b, outbox) = register(&mut r, 2, None, now);
+    assert_eq!(
+        budgets(&outbox),
+        vec![(a, 2, 500 * MIB, 500 * MIB), (b, 1, 0, 100 * MIB)],
+        "A keeps its 500 acquired MiB"
+    );
+    assert_eq!(budgets(&r.budget_met(a, 2, now)), vec![(b, 2, 100 * MIB, 100 * MIB)]);
+}
+
+#[test]
+fn status_shows_others_only_to_those_allowed() {
+    let now = Instant::now();
+    let mut r = Registry::new(config(), now, 500);
+    let (a, _) = register(&mut r, 1, None, now);
+    let (_b, _) = register(&mut r, 2, None, now);
+    r.budget_met(a, 2, now);
+    let own = r.status(1, Some(a), now);
+    assert_eq!((own.tenants.len(), own.hidden_tenants), (1, 1));
+    assert_eq!(own.pools[0].shares.len(), 1);
+    assert_eq!(own.pools[0].budgeted, 600 * MIB, "hidden tenants still count in the totals");
+    assert_eq!(r.status(0, None, now).tenants.len(), 2, "root");
+    assert_eq!(r.status(500, None, now).tenants.len(), 2, "the daemon's user");
+    assert_eq!(r.status(3, None, now).tenants.len(), 0, "a stranger");
+}
