@@ -6,7 +6,8 @@
 //! A *pool* is one tier of one GPU (HBM) or of the node (host, file: only when the config
 //! gives them a capacity). After every event that can change a share (register, usage, a met
 //! budget, a disconnect, a missed deadline) [`Registry::rebalance`] recomputes each pool's fair
-//! shares (`tiermem_policy::share`, in whole chunks) and stages them: a tenant above its share
+//! shares (`tiermem_policy::share`, in whole chunks; what nobody demands is spread on top as
+//! headroom, so that a tenant can grow without a round trip) and stages them: a tenant above its share
 //! gets the smaller budget at once; one below grows only into memory no tenant may still be
 //! holding. A tenant *holds* its budget in force; after a cut it still holds the old one until
 //! it says the new one is met (`budget_met`) or its deadline passes (then it is marked late and
@@ -16,7 +17,7 @@
 use crate::config::{Config, Identity, TenantRule};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use tiermem_policy::share::{fair_shares, stage_grants, Claim};
+use tiermem_policy::share::{fair_shares, spread_spare, stage_grants, Claim};
 use tiermem_protocol::{
     DaemonMessage, GpuId, PoolStatus, ShareStatus, StatusReport, TenantStatus, Tier, TierBudget, TierBytes, TierUsage,
 };
@@ -29,8 +30,11 @@ struct TierSlot {
     usage: TierUsage,
     /// The budget last sent.
     budget: u64,
-    /// The fair share it is moving to, and its own part.
+    /// What it is moving to: its fair share of what tenants demand, plus its part of what
+    /// nobody demands (headroom, taken back first).
     target: u64,
+    /// Its fair share of the demand alone, and its own part (if everyone wanted all).
+    share: u64,
     entitled: u64,
     /// What it may hold now: the budget, or a larger old one until a cut is met.
     holding: u64,
@@ -197,12 +201,14 @@ impl Registry {
             let shares = fair_shares(capacity / unit, &claims);
             let holding: Vec<u64> =
                 ids.iter().map(|id| self.tenants[id].tiers[&pool.tier].holding.div_ceil(unit)).collect();
-            let targets: Vec<u64> = shares.iter().map(|s| s.budget).collect();
+            let spare = spread_spare(capacity / unit, &claims, &shares);
+            let targets: Vec<u64> = shares.iter().zip(&spare).map(|(s, x)| s.budget + x).collect();
             let granted = stage_grants(capacity / unit, &targets, &holding);
             for (i, id) in ids.iter().enumerate() {
                 let Some(slot) = self.tenants.get_mut(id).and_then(|t| t.tiers.get_mut(&pool.tier)) else { continue };
                 let (budget, target) = (granted[i] * unit, targets[i] * unit);
                 slot.entitled = shares[i].entitled * unit;
+                slot.share = shares[i].budget * unit;
                 if !slot.pooled || budget != slot.budget || target != slot.target {
                     changed.insert(*id, ());
                 }
@@ -282,8 +288,8 @@ impl Registry {
                             budget: s.budget,
                             target: s.target,
                             entitled: s.entitled,
-                            lent: s.entitled.saturating_sub(s.target),
-                            borrowed: s.target.saturating_sub(s.entitled),
+                            lent: s.entitled.saturating_sub(s.share),
+                            borrowed: s.share.saturating_sub(s.entitled),
                         })
                         .collect(),
                 }

@@ -153,3 +153,19 @@ fn status_shows_others_only_to_those_allowed() {
     assert_eq!(r.status(500, None, now).tenants.len(), 2, "the daemon's user");
     assert_eq!(r.status(3, None, now).tenants.len(), 0, "a stranger");
 }
+
+#[test]
+fn memory_nobody_demands_is_headroom_taken_back_first() {
+    let now = Instant::now();
+    let mut r = Registry::new(config(), now, 0);
+    let (a, _) = register(&mut r, 1, None, now);
+    let (b, _) = register(&mut r, 2, None, now);
+    r.budget_met(a, 2, now);
+    r.usage(a, demand(100 * MIB), now);
+    let outbox = r.usage(b, demand(50 * MIB), now);
+    assert_eq!(budgets(&outbox), vec![(a, 4, 300 * MIB, 300 * MIB), (b, 4, 300 * MIB, 300 * MIB)], "both idle");
+    let outbox = r.usage(a, demand(1 << 40), now);
+    assert_eq!(budgets(&outbox), vec![(a, 5, 300 * MIB, 550 * MIB), (b, 5, 50 * MIB, 50 * MIB)]);
+    let outbox = r.budget_met(b, 5, now);
+    assert_eq!(budgets(&outbox), vec![(a, 6, 550 * MIB, 550 * MIB)]);
+}

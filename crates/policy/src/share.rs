@@ -16,6 +16,10 @@
 //! * when the floors alone exceed the capacity (they cannot all be met), the capacity is
 //!   water-filled over the floors instead, so no tenant is starved for another's pins.
 //!
+//! What no tenant demands is *spare*: [`spread_spare`] water-fills it on top of the shares
+//! (by weight, within quotas) as headroom, so a tenant can grow at once without waiting for the daemon,
+//! and the next computation takes the headroom back first when someone's demand grows.
+//!
 //! Shares are whole units (the daemon counts 2 MiB chunks). The units left over after rounding
 //! down (fewer than the tenants on the slope) go one each to the largest remainders, then
 //! higher priority, then lower index: equal claims get equal shares up to that one unit, and
@@ -81,16 +85,24 @@ impl Share {
 
 /// The fair shares of `capacity` units among `claims` (same order).
 pub fn fair_shares(capacity: u64, claims: &[Claim]) -> Vec<Share> {
-    let budgets = water_fill(capacity, claims, |c| c.floor, Claim::high);
-    let entitled =
-        water_fill(capacity, claims, |c| c.floor, |c| c.floor.max(c.quota.unwrap_or(capacity).min(capacity)));
+    let budgets = water_fill(capacity, claims, claims.iter().map(|c| (c.floor, c.high())).collect());
+    let own_part = |c: &Claim| c.floor.max(c.quota.unwrap_or(capacity).min(capacity));
+    let entitled = water_fill(capacity, claims, claims.iter().map(|c| (c.floor, own_part(c))).collect());
     budgets.into_iter().zip(entitled).map(|(budget, entitled)| Share { budget, entitled }).collect()
 }
 
-/// Water-fills `capacity` over `claims` between `low` and `high` (with `low ≤ high`); when the
-/// lows alone do not fit, fills up to the lows instead.
-fn water_fill(capacity: u64, claims: &[Claim], low: impl Fn(&Claim) -> u64, high: impl Fn(&Claim) -> u64) -> Vec<u64> {
-    let bounds: Vec<(u64, u64)> = claims.iter().map(|c| (low(c), high(c).max(low(c)))).collect();
+/// The units of `capacity` that `shares` (from [`fair_shares`]) leave over, water-filled on
+/// top of the shares by weight within the quotas: each tenant's headroom above its share.
+pub fn spread_spare(capacity: u64, claims: &[Claim], shares: &[Share]) -> Vec<u64> {
+    let bounds =
+        claims.iter().zip(shares).map(|(c, s)| (s.budget, s.budget.max(c.quota.unwrap_or(capacity).min(capacity))));
+    let with_spare = water_fill(capacity, claims, bounds.collect());
+    with_spare.iter().zip(shares).map(|(total, share)| total.saturating_sub(share.budget)).collect()
+}
+
+/// Water-fills `capacity` over `claims` between the `(low, high)` of each (`low ≤ high`);
+/// when the lows alone do not fit, fills up to the lows instead.
+fn water_fill(capacity: u64, claims: &[Claim], bounds: Vec<(u64, u64)>) -> Vec<u64> {
     let lows: u128 = bounds.iter().map(|b| u128::from(b.0)).sum();
     if lows > u128::from(capacity) {
         let floors_only: Vec<(u64, u64)> = bounds.iter().map(|&(lo, _)| (0, lo)).collect();

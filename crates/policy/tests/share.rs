@@ -1,7 +1,7 @@
 //! Fair share (share.rs): worked examples, then the properties water-filling must have.
 
 use proptest::prelude::*;
-use tiermem_policy::share::{fair_shares, give_back_order, stage_grants, Claim};
+use tiermem_policy::share::{fair_shares, give_back_order, spread_spare, stage_grants, Claim};
 
 fn claim(weight: u32, demand: u64) -> Claim {
     Claim { weight, demand, floor: 0, quota: None, priority: 0 }
@@ -151,5 +151,34 @@ proptest! {
             holding = granted; // every shrink met
         }
         prop_assert_eq!(holding, targets);
+    }
+}
+
+#[test]
+fn spare_is_split_by_weight_within_quotas() {
+    let claims = [claim(1, 10), claim(2, 10), Claim { quota: Some(15), ..claim(1, 10) }];
+    let shares = fair_shares(100, &claims);
+    let spare = spread_spare(100, &claims, &shares);
+    // 70 spare: the capped tenant may take 5; the others' totals (share + spare) come out
+    // 1:2, 28 and 57 (the spare is water-filled on top of the shares).
+    assert_eq!(spare, vec![18, 47, 5]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn spare_fills_what_quotas_allow_and_never_more(capacity in 0u64..1000, claims in claims()) {
+        let shares = fair_shares(capacity, &claims);
+        let spare = spread_spare(capacity, &claims, &shares);
+        let total: u64 = shares.iter().zip(&spare).map(|(s, x)| s.budget + x).sum();
+        prop_assert!(total <= capacity);
+        let room: u64 = claims.iter().zip(&shares).map(|(c, s)| s.budget.max(c.quota.unwrap_or(capacity).min(capacity))).sum();
+        prop_assert_eq!(total, capacity.min(room.max(shares.iter().map(|s| s.budget).sum())));
+        for ((c, s), x) in claims.iter().zip(&shares).zip(&spare) {
+            if *x > 0 {
+                prop_assert!(s.budget + x <= c.quota.unwrap_or(u64::MAX), "spare beyond the quota of {c:?}");
+            }
+        }
     }
 }

@@ -194,13 +194,14 @@ pub struct ShareStatus {
     pub demand: u64,
     /// The budget in force.
     pub budget: u64,
-    /// The fair share it converges to.
+    /// What the budget converges to: its fair share of what tenants demand, plus its part of
+    /// what nobody demands (headroom).
     pub target: u64,
     /// Its own part if every tenant wanted all it may have.
     pub entitled: u64,
-    /// Of its own part, lent to others (entitled − target).
+    /// Of its own part, lent to others (entitled − its share of the demand).
     pub lent: u64,
-    /// Borrowed from others' idle parts (target − entitled).
+    /// Borrowed from others' idle parts (its share of the demand − entitled).
     pub borrowed: u64,
 }
 

@@ -1,0 +1,158 @@
+//! The tenant side of `tiermemd`: an engine leases its HBM budget from the node daemon.
+//!
+//! [`DaemonLink::attach`] starts one thread (blocking std sockets, no async runtime, so the
+//! Python extension and the C library carry none) that registers the engine, reports what it
+//! holds (on change, at most every [`REPORT_EVERY`]), applies each budget with
+//! `Engine::set_hbm_budget` + `Engine::finish` and acknowledges it once met, and reconnects
+//! when the daemon restarts, keeping its current budget meanwhile. Dropping the link (or the
+//! engine) ends the thread; the daemon sees the socket close and re-shares the memory.
+//!
+//! `TIERMEM_DAEMON` chooses ([`DaemonSetting`]): `auto` (the default) links when the daemon's
+//! socket exists and otherwise runs standalone with the engine's own caps, silently; `off`
+//! never links; anything else is a socket path to link to, waiting for a daemon there if there
+//! is none yet. `TIERMEM_LABEL` names the tenant for the daemon's configuration.
+//!
+//! The engine knows nothing of this crate: the front ends (C ABI, Python) call [`attach_from_env`]
+//! where they create their engine.
+
+mod client;
+mod link;
+
+pub use client::{query_status, Connection};
+use link::{Options, Shared};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use tiermem::Engine;
+
+/// How often usage is looked at (and sent when it changed).
+pub const REPORT_EVERY: Duration = Duration::from_millis(50);
+/// How long [`attach_from_env`] waits for the first budget to reach its fair share.
+pub const SETTLE: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error(
+        "connecting to tiermemd at {path}: {source} (is `tiermem daemon` running? TIERMEM_DAEMON=off runs without it)"
+    )]
+    Connect { path: PathBuf, source: std::io::Error },
+    #[error("talking to tiermemd: {0}")]
+    Protocol(#[from] tiermem_protocol::ProtocolError),
+    #[error("tiermemd sent {0} out of turn")]
+    Unexpected(&'static str),
+}
+
+/// `TIERMEM_DAEMON`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DaemonSetting {
+    Off,
+    Auto,
+    Socket(PathBuf),
+}
+
+impl DaemonSetting {
+    pub fn from_env() -> Self {
+        match std::env::var("TIERMEM_DAEMON").ok().as_deref().map(str::trim) {
+            None | Some("") | Some("auto") => Self::Auto,
+            Some("off") | Some("0") | Some("no") => Self::Off,
+            Some(path) => Self::Socket(PathBuf::from(path)),
+        }
+    }
+
+    /// The socket to link to now, if any.
+    pub fn socket(&self) -> Option<PathBuf> {
+        match self {
+            Self::Off => None,
+            Self::Auto => tiermem_protocol::paths::client_socket().filter(|p| p.exists()),
+            Self::Socket(path) => Some(path.clone()),
+        }
+    }
+}
+
+/// What the link knows, for callers and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkState {
+    pub connected: bool,
+    /// The id the daemon gave in the current (or last) session.
+    pub tenant: Option<u64>,
+    /// Sessions opened so far (more than one: the daemon restarted, or the link broke).
+    pub sessions: u64,
+    /// The HBM budget last applied, and the fair share it is moving to.
+    pub budget: Option<u64>,
+    pub target: Option<u64>,
+    pub budgets_applied: u64,
+    /// Attempts to reach the daemon that failed.
+    pub failed_attempts: u64,
+}
+
+/// A running link between one engine and the daemon. Dropping it ends the link.
+pub struct DaemonLink {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DaemonLink {
+    /// Starts linking `engine` to the daemon at `socket`. Returns at once.
+    pub fn attach(engine: &Arc<Engine>, socket: PathBuf, label: Option<String>) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(LinkState::default()),
+            changed: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let options = Options { socket, label, report_every: REPORT_EVERY, wants_hbm: engine.hbm_cap() as u64 };
+        let weak = Arc::downgrade(engine);
+        let thread_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("tiermem-daemon-link".into())
+            .spawn(move || link::run(weak, thread_shared, options))?;
+        Ok(Self { shared, thread: Some(thread) })
+    }
+
+    pub fn state(&self) -> LinkState {
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits until `condition` holds of the link's state, or `timeout` passes; returns the
+    /// state it found.
+    pub fn wait_for(&self, timeout: Duration, condition: impl Fn(&LinkState) -> bool) -> LinkState {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        while !condition(&state) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self.shared.changed.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        state.clone()
+    }
+}
+
+impl Drop for DaemonLink {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Links `engine` as `TIERMEM_DAEMON` and `TIERMEM_LABEL` say; `None` when it runs
+/// standalone. When a daemon answers, waits (up to [`SETTLE`]) for the first budget to reach
+/// its fair share, so the engine starts within its budget.
+pub fn attach_from_env(engine: &Arc<Engine>) -> Option<DaemonLink> {
+    let socket = DaemonSetting::from_env().socket()?;
+    let label = std::env::var("TIERMEM_LABEL").ok().filter(|l| !l.trim().is_empty());
+    let link = match DaemonLink::attach(engine, socket, label) {
+        Ok(link) => link,
+        Err(e) => {
+            eprintln!("tiermem: could not start the daemon link thread: {e}; running standalone");
+            return None;
+        }
+    };
+    link.wait_for(SETTLE, |s| {
+        (s.budget.is_some() && s.budget == s.target) || (s.sessions == 0 && s.failed_attempts > 0)
+    });
+    Some(link)
+}

@@ -1,0 +1,154 @@
+//! The link's thread: register, report, apply budgets; reconnect when the daemon goes away.
+//!
+//! One thread per engine. It holds the engine only weakly (a strong reference for one loop
+//! iteration at a time), so dropping the engine's last owner ends the link. A budget is
+//! applied here, on this thread: `set_hbm_budget` starts sending the excess down and `finish`
+//! waits until the smaller budget is met; only then is it acknowledged (`budget_met`). While
+//! the daemon is away the engine keeps the budget it has, and the thread tries again with a
+//! growing pause (up to [`MAX_BACKOFF`]).
+
+use crate::client::Connection;
+use crate::{LinkError, LinkState};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+use tiermem::{Engine, Stats};
+use tiermem_protocol::{ClientMessage, DaemonMessage, GpuId, Tier, TierBytes, TierUsage};
+
+/// The longest pause between two attempts to reach the daemon.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+pub(crate) struct Shared {
+    pub state: Mutex<LinkState>,
+    pub changed: Condvar,
+    pub stop: AtomicBool,
+}
+
+impl Shared {
+    pub fn update(&self, change: impl FnOnce(&mut LinkState)) {
+        change(&mut self.state.lock().unwrap_or_else(|p| p.into_inner()));
+        self.changed.notify_all();
+    }
+}
+
+pub(crate) struct Options {
+    pub socket: PathBuf,
+    pub label: Option<String>,
+    pub report_every: Duration,
+    /// The engine's HBM cap before any budget: what it would use alone.
+    pub wants_hbm: u64,
+}
+
+/// Runs until `shared.stop` is set or the engine is gone.
+pub(crate) fn run(engine: Weak<Engine>, shared: Arc<Shared>, options: Options) {
+    let mut backoff = Duration::from_millis(50);
+    let mut last_error: Option<String> = None;
+    while !shared.stop.load(Ordering::Acquire) {
+        match session(&engine, &shared, &options) {
+            Ok(()) => return,
+            Err(error) => {
+                let was_connected = shared.state.lock().map(|s| s.connected).unwrap_or(false);
+                shared.update(|s| {
+                    s.connected = false;
+                    s.failed_attempts += 1;
+                });
+                let text = error.to_string();
+                if was_connected || last_error.as_deref() != Some(text.as_str()) {
+                    eprintln!("tiermem: daemon link: {text}; keeping the current budget, trying again");
+                }
+                last_error = Some(text);
+                if was_connected {
+                    backoff = Duration::from_millis(50);
+                }
+            }
+        }
+        let until = Instant::now() + backoff;
+        while Instant::now() < until && !shared.stop.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// One connection's life: `Ok` when the link should end (stopped, engine gone).
+fn session(weak: &Weak<Engine>, shared: &Shared, options: &Options) -> Result<(), LinkError> {
+    let mut connection = Connection::open(&options.socket, concat!("tiermem ", env!("CARGO_PKG_VERSION")))?;
+    let register = {
+        let Some(engine) = weak.upgrade() else { return Ok(()) };
+        let info = engine.device_info();
+        ClientMessage::Register {
+            pid: std::process::id(),
+            label: options.label.clone(),
+            gpu: GpuId {
+                index: info.ordinal as u32,
+                uuid: None,
+                total_bytes: info.total_bytes as u64,
+                simulated: info.backend == tiermem::mechanism::BackendKind::Sim,
+            },
+            chunk_bytes: engine.chunk_size() as u64,
+            wants: vec![TierBytes { tier: Tier::Hbm, bytes: options.wants_hbm }],
+        }
+    };
+    connection.send(&register)?;
+    let DaemonMessage::Registered { tenant, .. } = connection.wait()? else {
+        return Err(LinkError::Unexpected("a reply other than registered"));
+    };
+    shared.update(|s| {
+        s.connected = true;
+        s.tenant = Some(tenant);
+        s.sessions += 1;
+    });
+    let mut last_report: Option<[TierUsage; 3]> = None;
+    let mut next_report = Instant::now();
+    loop {
+        if shared.stop.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let Some(engine) = weak.upgrade() else { return Ok(()) };
+        if Instant::now() >= next_report {
+            let usage = usage_of(&engine.stats());
+            if last_report != Some(usage) {
+                let [hbm, host, file] = usage;
+                connection.send(&ClientMessage::Usage { hbm, host, file })?;
+                last_report = Some(usage);
+            }
+            next_report = Instant::now() + options.report_every;
+        }
+        drop(engine);
+        match connection.poll()? {
+            Some(DaemonMessage::Budget { seq, tiers, .. }) => {
+                let Some(hbm) = tiers.iter().find(|t| t.tier == Tier::Hbm) else { continue };
+                let Some(engine) = weak.upgrade() else { return Ok(()) };
+                let met = engine.set_hbm_budget(hbm.bytes as usize).and_then(|ticket| engine.finish(ticket));
+                match met {
+                    Ok(()) => connection.send(&ClientMessage::BudgetMet { seq })?,
+                    // Not acknowledged: the daemon's deadline marks this tenant late.
+                    Err(e) => eprintln!("tiermem: daemon link: budget of {} bytes: {e}", hbm.bytes),
+                }
+                shared.update(|s| {
+                    s.budget = Some(hbm.bytes);
+                    s.target = Some(hbm.target);
+                    s.budgets_applied += 1;
+                });
+                next_report = Instant::now(); // report what meeting it changed
+            }
+            Some(DaemonMessage::Error { kind, message }) => {
+                return Err(tiermem_protocol::ProtocolError::Refused { kind, message }.into())
+            }
+            Some(_) | None => {}
+        }
+    }
+}
+
+/// What the engine holds, per tier (HBM, host, file), as the daemon counts it.
+pub(crate) fn usage_of(stats: &Stats) -> [TierUsage; 3] {
+    let chunk = stats.chunk_size as u64;
+    let acquired: u64 = stats.buffers.iter().map(|b| b.acquired as u64).sum::<u64>() * chunk;
+    let allocated: u64 = stats.buffers.iter().map(|b| b.chunks as u64).sum::<u64>() * chunk;
+    let hbm = TierUsage { used: stats.hbm.used_bytes as u64, acquired, demand: allocated };
+    let host = TierUsage { used: stats.host.used_bytes as u64, acquired: 0, demand: stats.host.used_bytes as u64 };
+    let file_used = stats.file.as_ref().map_or(0, |f| f.used_bytes as u64);
+    let file = TierUsage { used: file_used, acquired: 0, demand: file_used };
+    [hbm, host, file]
+}

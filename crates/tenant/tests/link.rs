@@ -1,0 +1,109 @@
+//! Engines on the simulated device linked to an in-process daemon: budgets reach the engines
+//! and converge to fair shares, a tenant that leaves gives its share back, and a link survives
+//! the daemon's restart (keeping its budget while the daemon is away).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tiermem::{AllocOptions, Engine, EngineConfig};
+use tiermem_tenant::{DaemonLink, LinkState};
+
+const MIB: u64 = 1 << 20;
+const SETTLE: Duration = Duration::from_secs(20);
+
+/// A daemon on `path` until the returned sender is dropped (its runtime then closes every
+/// connection, as a daemon that exits does).
+fn start_daemon(path: &std::path::Path, hbm: &str) -> std::sync::mpsc::Sender<()> {
+    let config = tiermem_daemon::Config::parse(&format!("[[gpu]]\nindex = 0\nhbm = \"{hbm}\""), "test").unwrap();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let socket = path.to_owned();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let listener = tiermem_daemon::bind(&socket, &config).unwrap();
+            ready_tx.send(()).unwrap();
+            let stopped = async {
+                while stop_rx.try_recv() == Err(std::sync::mpsc::TryRecvError::Empty) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            tiermem_daemon::serve(listener, config, stopped).await;
+        });
+    });
+    ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    stop_tx
+}
+
+fn socket(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tiermem-link-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("d.sock")
+}
+
+fn engine() -> Arc<Engine> {
+    let config = EngineConfig {
+        backend: "sim".parse().unwrap(),
+        hbm_limit: Some(64 << 20),
+        sim_hbm: 64 << 20,
+        host_limit: Some(256 << 20),
+        ..EngineConfig::default()
+    };
+    Arc::new(Engine::new(config).unwrap())
+}
+
+fn settled_at(bytes: u64) -> impl Fn(&LinkState) -> bool {
+    move |s| s.budget == Some(bytes) && s.target == Some(bytes)
+}
+
+#[test]
+fn budgets_reach_the_engines_and_a_leaver_gives_its_share_back() {
+    let path = socket("share");
+    let _daemon = start_daemon(&path, "48MiB");
+    let a = engine();
+    let link_a = DaemonLink::attach(&a, path.clone(), None).unwrap();
+    let state = link_a.wait_for(SETTLE, settled_at(48 * MIB));
+    assert_eq!(state.budget, Some(48 * MIB), "{state:?}");
+    assert_eq!(a.hbm_cap() as u64, 48 * MIB);
+    // A fills its budget, then B comes: A shrinks to half (its data moves down), B grows.
+    let (buffer, _) = a.alloc(40 << 20, AllocOptions::default()).unwrap();
+    for offset in (0..40 << 20).step_by(8 << 20) {
+        a.write(buffer, offset, &[7u8; 8 << 20]).unwrap();
+    }
+    let b = engine();
+    let link_b = DaemonLink::attach(&b, path.clone(), None).unwrap();
+    let (b_buffer, _) = b.alloc(40 << 20, AllocOptions::default()).unwrap();
+    link_b.wait_for(SETTLE, settled_at(24 * MIB));
+    link_a.wait_for(SETTLE, settled_at(24 * MIB));
+    assert_eq!((a.hbm_cap() as u64, b.hbm_cap() as u64), (24 * MIB, 24 * MIB));
+    assert!(a.stats().hbm.used_bytes as u64 <= 24 * MIB, "A met its budget");
+    let mut back = vec![0u8; 8 << 20];
+    for offset in (0..40 << 20).step_by(8 << 20) {
+        a.read(buffer, offset, &mut back).unwrap();
+        assert!(back.iter().all(|&x| x == 7), "A's data survived the cut");
+    }
+    // B leaves (its link ends with it): A gets everything back.
+    drop(link_b);
+    b.free(b_buffer).unwrap();
+    drop(b);
+    let state = link_a.wait_for(SETTLE, settled_at(48 * MIB));
+    assert_eq!(state.budget, Some(48 * MIB), "{state:?}");
+}
+
+#[test]
+fn a_link_keeps_its_budget_while_the_daemon_restarts_and_reconnects() {
+    let path = socket("restart");
+    let daemon = start_daemon(&path, "32MiB");
+    let a = engine();
+    let link = DaemonLink::attach(&a, path.clone(), Some("restart-test".into())).unwrap();
+    link.wait_for(SETTLE, settled_at(32 * MIB));
+    drop(daemon);
+    let state = link.wait_for(SETTLE, |s| !s.connected);
+    assert!(!state.connected);
+    assert_eq!(a.hbm_cap() as u64, 32 * MIB, "the budget stays while the daemon is away");
+    let _daemon = start_daemon(&path, "20MiB");
+    let state = link.wait_for(SETTLE, |s| s.sessions == 2 && s.budget == Some(20 * MIB));
+    assert!(state.connected && state.sessions == 2, "{state:?}");
+    assert_eq!(a.hbm_cap() as u64, 20 * MIB);
+}
