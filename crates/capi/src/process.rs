@@ -28,10 +28,13 @@ pub(crate) struct Allocation {
 
 struct Process {
     engine: Option<Arc<Engine>>,
+    /// The engine's lease from the node daemon, when `tiermem_init` made the engine and a
+    /// daemon runs (`TIERMEM_DAEMON`); an installed engine brings its own (Python's Pool).
+    daemon: Option<tiermem_tenant::DaemonLink>,
     allocations: AddressIndex<Allocation>,
 }
 
-static PROCESS: Mutex<Process> = Mutex::new(Process { engine: None, allocations: AddressIndex::new() });
+static PROCESS: Mutex<Process> = Mutex::new(Process { engine: None, daemon: None, allocations: AddressIndex::new() });
 
 fn process() -> MutexGuard<'static, Process> {
     // The guarded data stays consistent across a panic (every change is one map operation).
@@ -64,6 +67,9 @@ pub fn install(engine: Arc<Engine>) -> Result<(), Failure> {
             )));
         }
     }
+    if !p.engine.as_ref().is_some_and(|current| Arc::ptr_eq(current, &engine)) {
+        p.daemon = None; // the replaced engine's lease ends with it
+    }
     p.engine = Some(engine);
     Ok(())
 }
@@ -76,6 +82,7 @@ pub fn init(config: EngineConfig) -> Result<Arc<Engine>, Failure> {
     }
     // Held across creation so that two threads calling init at once create one engine.
     let engine = Arc::new(Engine::new(config)?);
+    p.daemon = tiermem_tenant::attach_from_env(&engine);
     p.engine = Some(Arc::clone(&engine));
     Ok(engine)
 }
@@ -91,6 +98,7 @@ pub fn shutdown() -> Result<(), Failure> {
         ));
     }
     p.engine = None;
+    p.daemon = None;
     Ok(())
 }
 

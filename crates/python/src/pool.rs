@@ -15,6 +15,8 @@ use tiermem::{parse_size, Access, AllocOptions, Engine, EngineConfig, Region, St
 pub struct Pool {
     pub(crate) engine: Arc<Engine>,
     closed: AtomicBool,
+    /// The engine's lease from the node daemon, when one runs (`TIERMEM_DAEMON`).
+    _daemon: Option<tiermem_tenant::DaemonLink>,
 }
 
 /// A size argument: an int, or a string such as "16GiB".
@@ -114,8 +116,9 @@ impl Pool {
         if let Some(v) = file_limit {
             config.file_limit = size_arg("file_limit", v)?;
         }
-        let engine = py.allow_threads(|| Engine::new(config)).map_err(to_py)?;
-        Ok(Self { engine: Arc::new(engine), closed: AtomicBool::new(false) })
+        let engine = Arc::new(py.allow_threads(|| Engine::new(config)).map_err(to_py)?);
+        let daemon = py.allow_threads(|| tiermem_tenant::attach_from_env(&engine));
+        Ok(Self { engine, closed: AtomicBool::new(false), _daemon: daemon })
     }
 
     /// "cuda" or "sim".
