@@ -1,9 +1,11 @@
-//! `tiermem`: probe the machine, run the demo, run the benchmarks.
+//! `tiermem`: probe the machine, run the demo, run the benchmarks, run the node daemon.
 
 mod bench;
 mod demo;
 mod info;
+mod node;
 mod soak;
+mod tenant_demo;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -30,6 +32,14 @@ enum Command {
         #[command(subcommand)]
         suite: bench::Suite,
     },
+    /// Run the node daemon tiermemd in the foreground (logs on stderr): it shares each GPU's
+    /// HBM among the processes using tiermem (docs/daemon.md).
+    Daemon(node::DaemonArgs),
+    /// What the node daemon says of each GPU, tier and tenant: used, budget, lent.
+    Status(node::StatusArgs),
+    /// A tenant of the daemon with a verified working set (for tests and trying tiermemd).
+    #[command(hide = true)]
+    TenantDemo(tenant_demo::TenantDemoArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +50,9 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Soak(args) => soak::run(args),
         Command::Bench { suite } => bench::run(suite),
+        Command::Daemon(args) => node::daemon(args),
+        Command::Status(args) => node::status(args),
+        Command::TenantDemo(args) => tenant_demo::run(args),
     })
     .unwrap_or_else(|panic| {
         let what =

@@ -1,0 +1,125 @@
+//! `tiermem daemon` and `tiermem status`: the node daemon in the foreground (logs on stderr),
+//! and what it says of each GPU, tier and tenant: used, budget and lent memory, with bars.
+
+use std::path::PathBuf;
+use tiermem::format_size;
+use tiermem_protocol::{PoolStatus, StatusReport, TenantStatus};
+
+#[derive(clap::Args)]
+pub struct DaemonArgs {
+    /// The TOML configuration (docs/daemon.md); without it: one tenant class, all weights 1.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The socket to listen on (default: TIERMEM_SOCKET, else /run/tiermem/tiermemd.sock where
+    /// writable, else $XDG_RUNTIME_DIR/tiermem.sock).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+}
+
+pub fn daemon(args: DaemonArgs) -> Result<(), String> {
+    let config = match &args.config {
+        Some(path) => tiermem_daemon::Config::load(path).map_err(|e| e.to_string())?,
+        None => tiermem_daemon::Config::default(),
+    };
+    tiermem_daemon::run(config, args.socket).map_err(|e| e.to_string())
+}
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// Print the daemon's report as JSON (for scripts).
+    #[arg(long)]
+    json: bool,
+    /// The daemon's socket (default: as tenants find it, TIERMEM_SOCKET first).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+}
+
+pub fn status(args: StatusArgs) -> Result<(), String> {
+    let socket = args.socket.or_else(tiermem_protocol::paths::client_socket).ok_or(
+        "no tiermemd socket found (TIERMEM_SOCKET, /run/tiermem/tiermemd.sock, $XDG_RUNTIME_DIR/tiermem.sock): is `tiermem daemon` running?",
+    )?;
+    let report = tiermem_tenant::query_status(&socket).map_err(|e| format!("status: {e}"))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(())
+}
+
+const BAR: usize = 24;
+
+/// `[###===    ]`: `#` used, `=` budget not used, on the scale of the pool's capacity.
+fn bar(used: u64, budget: u64, capacity: u64) -> String {
+    let cells = |bytes: u64| ((bytes as f64 / capacity.max(1) as f64) * BAR as f64).round().min(BAR as f64) as usize;
+    let (used_cells, budget_cells) = (cells(used), cells(budget.max(used)));
+    format!("[{}{}{}]", "#".repeat(used_cells), "=".repeat(budget_cells - used_cells), " ".repeat(BAR - budget_cells))
+}
+
+fn render(report: &StatusReport) -> String {
+    let mut out = format!(
+        "{}, up {:.0} s, {} tenants{}\n",
+        report.daemon,
+        report.uptime_ms as f64 / 1000.0,
+        report.tenants.len(),
+        match report.hidden_tenants {
+            0 => String::new(),
+            n => format!(" ({n} more not shown to you)"),
+        }
+    );
+    for pool in &report.pools {
+        out += &render_pool(pool, &report.tenants);
+    }
+    if report.pools.is_empty() {
+        out += "no tenants yet: pools appear as engines register\n";
+    }
+    out
+}
+
+fn render_pool(pool: &PoolStatus, tenants: &[TenantStatus]) -> String {
+    let place = match pool.gpu {
+        Some(gpu) => format!("GPU {gpu} {}", pool.tier.name()),
+        None => format!("node {}", pool.tier.name()),
+    };
+    let mut out = format!(
+        "\n{place}: {} of {} used, {} budgeted  {}\n",
+        format_size(pool.used as usize),
+        format_size(pool.capacity as usize),
+        format_size(pool.budgeted as usize),
+        bar(pool.used, pool.budgeted, pool.capacity)
+    );
+    out += &format!(
+        "  {:>6} {:<12} {:>8} {:>3}  {:<26} {:>11} {:>11} {:>11} {:>11} {:>11}\n",
+        "tenant", "name", "pid", "w", "used / budget", "used", "budget", "target", "lent", "borrowed"
+    );
+    for share in &pool.shares {
+        let tenant = tenants.iter().find(|t| t.tenant == share.tenant);
+        let late = if tenant.is_some_and(|t| t.late) { "  LATE" } else { "" };
+        out += &format!(
+            "  {:>6} {:<12} {:>8} {:>3}  {} {:>11} {:>11} {:>11} {:>11} {:>11}{late}\n",
+            share.tenant,
+            tenant.map_or("?", |t| t.name.as_str()),
+            tenant.map_or(0, |t| t.pid),
+            tenant.map_or(0, |t| t.weight),
+            bar(share.used, share.budget, pool.capacity),
+            format_size(share.used as usize),
+            format_size(share.budget as usize),
+            format_size(share.target as usize),
+            format_size(share.lent as usize),
+            format_size(share.borrowed as usize),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bars_show_use_within_budget_on_the_capacity_scale() {
+        assert_eq!(bar(0, 0, 100), format!("[{}]", " ".repeat(BAR)));
+        assert_eq!(bar(25, 50, 100), format!("[{}{}{}]", "#".repeat(6), "=".repeat(6), " ".repeat(12)));
+        assert_eq!(bar(100, 50, 100), format!("[{}]", "#".repeat(BAR)), "over budget: all used");
+    }
+}
