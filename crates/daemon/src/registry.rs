@@ -123,6 +123,10 @@ impl Registry {
         for (tier, u) in usage {
             if let Some(slot) = tenant.tiers.get_mut(&tier) {
                 slot.usage = u;
+                if slot.pending.is_none() && slot.holding > slot.budget {
+                    // Late: it holds what it uses, down to its budget as it gives memory back.
+                    slot.holding = slot.budget.max(u.used);
+                }
             }
         }
         self.rebalance(now)

@@ -26,10 +26,30 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often deadlines are checked.
 const TICK: Duration = Duration::from_millis(50);
 
+/// Messages a connection may have queued unsent: a client that does not read its replies
+/// (budgets, status) is closed rather than let the daemon's memory grow.
+const QUEUED: usize = 64;
+
+/// The way to one connection's writer.
+#[derive(Clone)]
+struct Mailbox {
+    tx: mpsc::Sender<DaemonMessage>,
+    /// Told when the queue is full: the connection is then closed.
+    stalled: Arc<tokio::sync::Notify>,
+}
+
+impl Mailbox {
+    fn post(&self, message: DaemonMessage) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(message) {
+            self.stalled.notify_one();
+        }
+    }
+}
+
 /// The registry and the way to each tenant's connection.
 struct Hub {
     registry: Registry,
-    outboxes: HashMap<TenantId, mpsc::UnboundedSender<DaemonMessage>>,
+    outboxes: HashMap<TenantId, Mailbox>,
 }
 
 type SharedHub = Arc<Mutex<Hub>>;
@@ -42,9 +62,8 @@ fn lock(hub: &SharedHub) -> MutexGuard<'_, Hub> {
 impl Hub {
     fn deliver(&self, outbox: Outbox) {
         for (id, message) in outbox {
-            if let Some(tx) = self.outboxes.get(&id) {
-                // A closed connection is being removed by its own task.
-                let _ = tx.send(message);
+            if let Some(mailbox) = self.outboxes.get(&id) {
+                mailbox.post(message);
             }
         }
     }
@@ -119,11 +138,18 @@ fn identify(stream: &UnixStream) -> Identity {
 async fn connection(stream: UnixStream, hub: SharedHub) {
     let mut who = identify(&stream);
     let (mut reader, mut writer) = stream.into_split();
-    let (tx, mut rx) = mpsc::unbounded_channel::<DaemonMessage>();
+    let (tx, mut rx) = mpsc::channel::<DaemonMessage>(QUEUED);
+    let mailbox = Mailbox { tx, stalled: Arc::new(tokio::sync::Notify::new()) };
     let write_task = tokio::spawn(async move {
         while let Some(message) = rx.recv().await {
-            let last = matches!(message, DaemonMessage::Error { .. });
-            let Ok(frame) = encode(&message) else { break };
+            // A reply too large for a frame (a status of very many tenants) becomes an error.
+            let (frame, last) = match encode(&message) {
+                Ok(frame) => (frame, matches!(message, DaemonMessage::Error { .. })),
+                Err(e) => match encode(&e.to_message()) {
+                    Ok(frame) => (frame, true),
+                    Err(_) => break,
+                },
+            };
             if writer.write_all(&frame).await.is_err() || last {
                 break;
             }
@@ -138,11 +164,19 @@ async fn connection(stream: UnixStream, hub: SharedHub) {
         loop {
             while let Some(message) = decoder.next_message::<ClientMessage>()? {
                 session.accept(&message)?;
-                handle(message, &mut who, &mut tenant, &tx, &hub);
+                handle(message, &mut who, &mut tenant, &mailbox, &hub);
             }
-            let read = reader.read(&mut buffer);
-            let n = match tenant {
-                None if session.state() == tiermem_protocol::SessionState::AwaitHello => {
+            let read = async {
+                tokio::select! {
+                    read = reader.read(&mut buffer) => Ok(read?),
+                    _ = mailbox.stalled.notified() => Err(ProtocolError::Refused {
+                        kind: tiermem_protocol::ErrorKind::Refused,
+                        message: format!("more than {QUEUED} replies unread: a client must read what the daemon sends"),
+                    }),
+                }
+            };
+            let n = match session.state() {
+                tiermem_protocol::SessionState::AwaitHello => {
                     tokio::time::timeout(HELLO_TIMEOUT, read).await.map_err(|_| ProtocolError::Timeout)??
                 }
                 _ => read.await?,
@@ -164,10 +198,10 @@ async fn connection(stream: UnixStream, hub: SharedHub) {
     if let Err(error) = outcome {
         if !matches!(error, ProtocolError::Io(_) | ProtocolError::Closed) {
             log(&format!("closing a connection from pid {} (uid {}): {error}", who.pid, who.uid));
-            let _ = tx.send(error.to_message());
+            mailbox.post(error.to_message());
         }
     }
-    drop(tx);
+    drop(mailbox);
     let _ = tokio::time::timeout(Duration::from_secs(1), write_task).await;
 }
 
@@ -176,13 +210,13 @@ fn handle(
     message: ClientMessage,
     who: &mut Identity,
     tenant: &mut Option<TenantId>,
-    tx: &mpsc::UnboundedSender<DaemonMessage>,
+    mailbox: &Mailbox,
     hub: &SharedHub,
 ) {
     let now = Instant::now();
     match message {
         ClientMessage::Hello { .. } => {
-            let _ = tx.send(DaemonMessage::Welcome { version: PROTOCOL_VERSION, daemon: DAEMON_NAME.into() });
+            mailbox.post(DaemonMessage::Welcome { version: PROTOCOL_VERSION, daemon: DAEMON_NAME.into() });
         }
         ClientMessage::Register { pid, label, gpu, chunk_bytes, wants } => {
             if who.pid == 0 {
@@ -192,8 +226,8 @@ fn handle(
             let mut hub = lock(hub);
             let (id, name, outbox) = hub.registry.register(who.clone(), gpu.clone(), chunk_bytes, &wants, now);
             *tenant = Some(id);
-            hub.outboxes.insert(id, tx.clone());
-            let _ = tx.send(DaemonMessage::Registered { tenant: id, name: name.clone() });
+            hub.outboxes.insert(id, mailbox.clone());
+            mailbox.post(DaemonMessage::Registered { tenant: id, name: name.clone() });
             hub.deliver(outbox);
             log(&format!(
                 "tenant {id} registered: pid {} uid {} gpu {} as {name:?}{}; {} tenants",
@@ -218,7 +252,7 @@ fn handle(
         }
         ClientMessage::StatusRequest => {
             let report = lock(hub).registry.status(who.uid, *tenant, now);
-            let _ = tx.send(DaemonMessage::Status(report));
+            mailbox.post(DaemonMessage::Status(report));
         }
     }
 }

@@ -107,6 +107,25 @@ fn bad_clients_are_refused_and_the_daemon_survives() {
     s.write_all(&[0, 0, 1]).unwrap();
     drop(s);
 
+    // A client that asks and asks but never reads its replies is cut off.
+    let (mut s, mut r) = connect(&path);
+    hello(&mut s, &mut r);
+    let request = encode(&ClientMessage::StatusRequest).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    for _ in 0..20_000 {
+        if s.write_all(&request).is_err() {
+            break; // closed by the daemon
+        }
+    }
+    let closed = loop {
+        match r.wait::<DaemonMessage>(deadline()) {
+            Err(ProtocolError::Closed | ProtocolError::Io(_)) => break true,
+            Err(ProtocolError::Timeout) => break false,
+            _ => continue,
+        }
+    };
+    assert!(closed, "a client that does not read is closed");
+
     // Still serving.
     let (mut s, mut r) = connect(&path);
     let (_, budget) = register(&mut s, &mut r);

@@ -108,18 +108,24 @@ fn a_cut_not_met_in_time_stops_being_reserved() {
     let now = Instant::now();
     let mut r = Registry::new(config(), now, 0);
     let (a, _) = register(&mut r, 1, None, now);
-    // A uses 250 MiB and never answers the cut.
-    let used = TierUsage { used: 250 * MIB, acquired: 0, demand: 1 << 40 };
-    r.usage(a, [(Tier::Hbm, used), (Tier::Host, TierUsage::default()), (Tier::File, TierUsage::default())], now);
+    let using = |mib: u64| {
+        let hbm = TierUsage { used: mib * MIB, acquired: 0, demand: 1 << 40 };
+        [(Tier::Hbm, hbm), (Tier::Host, TierUsage::default()), (Tier::File, TierUsage::default())]
+    };
+    // A uses 400 MiB and never answers the cut.
+    r.usage(a, using(400), now);
     let (b, outbox) = register(&mut r, 2, None, now);
     assert_eq!(budgets(&outbox), vec![(a, 2, 300 * MIB, 300 * MIB), (b, 1, 0, 300 * MIB)]);
     let (late, outbox) = r.expire_deadlines(now + Duration::from_millis(50));
     assert!(late.is_empty() && outbox.is_empty(), "not yet");
     let (late, outbox) = r.expire_deadlines(now + Duration::from_millis(150));
     assert_eq!(late, vec![a]);
-    // A is counted at 300 MiB (its budget, above its 250 MiB use): B gets the other 300.
-    assert_eq!(budgets(&outbox), vec![(b, 2, 300 * MIB, 300 * MIB)]);
+    // A is counted at the 400 MiB it reports using: B gets the other 200 for now.
+    assert_eq!(budgets(&outbox), vec![(b, 2, 200 * MIB, 300 * MIB)]);
     assert!(r.status(0, None, now).tenants.iter().any(|t| t.tenant == a && t.late));
+    // A gives memory back after all: what it holds follows its use down, and B grows.
+    let outbox = r.usage(a, using(300), now);
+    assert_eq!(budgets(&outbox), vec![(b, 3, 300 * MIB, 300 * MIB)]);
 }
 
 #[test]
