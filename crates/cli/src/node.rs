@@ -14,13 +14,20 @@ pub struct DaemonArgs {
     /// writable, else $XDG_RUNTIME_DIR/tiermem.sock).
     #[arg(long)]
     socket: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDRESS/metrics (e.g. 127.0.0.1:9464); overrides the
+    /// config's `metrics`.
+    #[arg(long)]
+    metrics: Option<String>,
 }
 
 pub fn daemon(args: DaemonArgs) -> Result<(), String> {
-    let config = match &args.config {
+    let mut config = match &args.config {
         Some(path) => tiermem_daemon::Config::load(path).map_err(|e| e.to_string())?,
         None => tiermem_daemon::Config::default(),
     };
+    if args.metrics.is_some() {
+        config.metrics = args.metrics;
+    }
     tiermem_daemon::run(config, args.socket).map_err(|e| e.to_string())
 }
 

@@ -47,6 +47,8 @@ pub struct Config {
     /// The socket's permission bits (octal text, e.g. "0660"): who may connect.
     #[serde(default = "default_socket_mode")]
     pub socket_mode: String,
+    /// Where to serve Prometheus metrics (`GET /metrics`), e.g. "127.0.0.1:9464"; none: off.
+    pub metrics: Option<String>,
     #[serde(default)]
     pub status: StatusConfig,
     /// Node-wide capacities of the host and file tiers (shared out only when given).
@@ -142,6 +144,7 @@ impl Default for Config {
             deadline_ms: default_deadline_ms(),
             hbm_reserve: default_reserve(),
             socket_mode: default_socket_mode(),
+            metrics: None,
             status: StatusConfig::default(),
             tiers: NodeTiers::default(),
             gpus: Vec::new(),

@@ -11,6 +11,8 @@
 //!                               tiermem_policy::share (weighted max-min fair share)
 //! ```
 //!
+//! metrics.rs serves Prometheus metrics (`GET /metrics`) from the same registry.
+//!
 //! Each tenant registers its engine and reports what it holds; the daemon answers with
 //! budgets (`Engine::set_hbm_budget` on the tenant side, crate `tiermem-tenant`). A tenant
 //! that asks for more than its share (a hog) or never frees (a leak) is held to its share: the
@@ -19,12 +21,13 @@
 //! or from what tenants report of their GPU. See docs/daemon.md.
 
 pub mod config;
+mod metrics;
 mod peer;
 pub mod registry;
 pub mod server;
 
 pub use config::Config;
-pub use server::{bind, run, serve};
+pub use server::{bind, run, serve, serve_with_metrics};
 
 /// How the daemon introduces itself.
 pub const DAEMON_NAME: &str = concat!("tiermemd ", env!("CARGO_PKG_VERSION"));
@@ -37,6 +40,8 @@ pub enum DaemonError {
     Socket { path: std::path::PathBuf, source: std::io::Error },
     #[error("a tiermemd already answers on {0}: stop it first, or give this one another --socket")]
     AlreadyRunning(std::path::PathBuf),
+    #[error("tiermemd metrics on {address}: {source} (choose another address, or leave `metrics` out)")]
+    Metrics { address: String, source: std::io::Error },
     #[error("no socket path: set TIERMEM_SOCKET or XDG_RUNTIME_DIR, or pass --socket")]
     NoSocketPath,
 }

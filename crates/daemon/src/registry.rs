@@ -20,9 +20,13 @@ use std::time::{Duration, Instant};
 use tiermem_policy::share::{fair_shares, spread_spare, stage_grants, Claim};
 use tiermem_protocol::{
     DaemonMessage, GpuId, PoolStatus, ShareStatus, StatusReport, TenantStatus, Tier, TierBudget, TierBytes, TierUsage,
+    TransferCounters,
 };
 
 pub type TenantId = u64;
+
+/// Reclaim timings kept between two scrapes of the metrics (older ones are dropped).
+const MAX_RECLAIMS_KEPT: usize = 4096;
 
 /// One tenant's place in one tier.
 #[derive(Debug, Clone, Copy, Default)]
@@ -38,14 +42,24 @@ struct TierSlot {
     entitled: u64,
     /// What it may hold now: the budget, or a larger old one until a cut is met.
     holding: u64,
-    /// A cut not yet met: its sequence number and deadline.
-    pending: Option<(u64, Instant)>,
+    /// A cut not yet met: its sequence number, when it was sent and its deadline.
+    pending: Option<Pending>,
     /// In a pool (the tier has a capacity): budgets are sent for it.
     pooled: bool,
 }
 
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    seq: u64,
+    sent: Instant,
+    deadline: Instant,
+    /// Bytes to give back.
+    bytes: u64,
+}
+
 struct Tenant {
     who: Identity,
+    transfers: TransferCounters,
     gpu: GpuId,
     chunk: u64,
     rule: TenantRule,
@@ -73,6 +87,9 @@ pub struct Registry {
     next_id: TenantId,
     /// The daemon's own uid: it may see every tenant.
     daemon_uid: u32,
+    /// Cuts met since [`Registry::take_reclaims`] last took them: bytes given back, and how long
+    /// it took.
+    reclaims: Vec<(u64, Duration)>,
 }
 
 /// Messages to deliver, each to one tenant.
@@ -80,7 +97,7 @@ pub type Outbox = Vec<(TenantId, DaemonMessage)>;
 
 impl Registry {
     pub fn new(config: Config, now: Instant, daemon_uid: u32) -> Self {
-        Self { config, started: now, tenants: BTreeMap::new(), next_id: 1, daemon_uid }
+        Self { config, started: now, tenants: BTreeMap::new(), next_id: 1, daemon_uid, reclaims: Vec::new() }
     }
 
     pub fn tenant_count(&self) -> usize {
@@ -110,6 +127,7 @@ impl Registry {
             reported: false,
             tiers: Tier::ALL.iter().map(|&t| (t, TierSlot::default())).collect(),
             seq: 0,
+            transfers: TransferCounters::default(),
             connected: now,
             late: false,
         };
@@ -132,11 +150,31 @@ impl Registry {
         self.rebalance(now)
     }
 
+    /// The tenant's transfer counters (for metrics; they change no share).
+    pub fn record_transfers(&mut self, id: TenantId, transfers: TransferCounters) {
+        if let Some(tenant) = self.tenants.get_mut(&id) {
+            tenant.transfers = transfers;
+        }
+    }
+
+    /// The cuts met since the last call: bytes given back and how long it took.
+    pub fn take_reclaims(&mut self) -> Vec<(u64, Duration)> {
+        std::mem::take(&mut self.reclaims)
+    }
+
+    /// Every tenant's transfer counters, by id.
+    pub fn transfers(&self) -> Vec<(TenantId, TransferCounters)> {
+        self.tenants.iter().map(|(&id, t)| (id, t.transfers)).collect()
+    }
+
     /// The tenant met budget `seq`: what it held beyond it is free.
     pub fn budget_met(&mut self, id: TenantId, seq: u64, now: Instant) -> Outbox {
         let Some(tenant) = self.tenants.get_mut(&id) else { return Vec::new() };
         for slot in tenant.tiers.values_mut() {
-            if slot.pending.is_some_and(|(pending, _)| pending <= seq) {
+            if let Some(pending) = slot.pending.filter(|p| p.seq <= seq) {
+                if self.reclaims.len() < MAX_RECLAIMS_KEPT {
+                    self.reclaims.push((pending.bytes, now.saturating_duration_since(pending.sent)));
+                }
                 slot.pending = None;
                 slot.holding = slot.budget;
             }
@@ -161,7 +199,7 @@ impl Registry {
         let mut late = Vec::new();
         for (&id, tenant) in &mut self.tenants {
             for slot in tenant.tiers.values_mut() {
-                if slot.pending.is_some_and(|(_, deadline)| deadline <= now) {
+                if slot.pending.is_some_and(|p| p.deadline <= now) {
                     slot.pending = None;
                     slot.holding = slot.budget.max(slot.usage.used);
                     if !tenant.late {
@@ -233,7 +271,9 @@ impl Registry {
                     slot.holding = slot.budget;
                     slot.pending = None;
                 } else {
-                    slot.pending = Some((seq, now + deadline));
+                    let sent = slot.pending.map_or(now, |p| p.sent);
+                    let bytes = slot.holding - slot.budget;
+                    slot.pending = Some(Pending { seq, sent, deadline: now + deadline, bytes });
                 }
                 tiers.push(TierBudget { tier, bytes: slot.budget, target: slot.target });
             }

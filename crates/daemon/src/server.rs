@@ -91,11 +91,26 @@ pub fn bind(path: &Path, config: &Config) -> Result<UnixListener, DaemonError> {
 
 /// Serves `listener` until `shutdown` resolves (never, for `tiermem daemon`).
 pub async fn serve(listener: UnixListener, config: Config, shutdown: impl std::future::Future<Output = ()>) {
+    serve_with_metrics(listener, None, config, shutdown).await
+}
+
+/// [`serve`], and Prometheus metrics on `metrics` (metrics.rs).
+pub async fn serve_with_metrics(
+    listener: UnixListener,
+    metrics: Option<tokio::net::TcpListener>,
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
     let hub =
         Arc::new(Mutex::new(Hub { registry: Registry::new(config, Instant::now(), uid), outboxes: HashMap::new() }));
     let ticker = tokio::spawn(expire_deadlines(Arc::clone(&hub)));
+    let metrics_task = metrics.map(|listener| {
+        let (hub, metrics) = (Arc::clone(&hub), crate::metrics::Metrics::default());
+        let render = Arc::new(move || metrics.render(&mut lock(&hub).registry));
+        tokio::spawn(crate::metrics::serve_http(listener, render))
+    });
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -113,6 +128,9 @@ pub async fn serve(listener: UnixListener, config: Config, shutdown: impl std::f
         }
     }
     ticker.abort();
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
 }
 
 async fn expire_deadlines(hub: SharedHub) {
@@ -238,9 +256,10 @@ fn handle(
                 hub.registry.tenant_count()
             ));
         }
-        ClientMessage::Usage { hbm, host, file } => {
+        ClientMessage::Usage { hbm, host, file, transfers } => {
             let Some(id) = *tenant else { return };
             let mut hub = lock(hub);
+            hub.registry.record_transfers(id, transfers);
             let outbox = hub.registry.usage(id, [(Tier::Hbm, hbm), (Tier::Host, host), (Tier::File, file)], now);
             hub.deliver(outbox);
         }
@@ -267,7 +286,17 @@ pub fn run(config: Config, socket: Option<PathBuf>) -> Result<(), DaemonError> {
     runtime.block_on(async {
         let listener = bind(&path, &config)?;
         log(&format!("listening on {} (protocol {PROTOCOL_VERSION})", path.display()));
-        serve(listener, config, std::future::pending()).await;
+        let metrics = match &config.metrics {
+            None => None,
+            Some(address) => {
+                let metrics = tokio::net::TcpListener::bind(address.as_str())
+                    .await
+                    .map_err(|source| DaemonError::Metrics { address: address.clone(), source })?;
+                log(&format!("metrics on http://{address}/metrics"));
+                Some(metrics)
+            }
+        };
+        serve_with_metrics(listener, metrics, config, std::future::pending()).await;
         Ok(())
     })
 }

@@ -2,81 +2,15 @@
 //! another version or messages out of order get an error and are closed; the daemon goes on
 //! serving well-behaved clients, and a tenant that disconnects gives its budget back.
 
+mod support;
 use std::io::Write;
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
-use tiermem_daemon::Config;
+use std::time::Duration;
+use support::*;
 use tiermem_protocol::*;
-
-/// A daemon on a socket of its own, served by a runtime on a background thread.
-fn start_daemon(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tiermemd-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let path = dir.join("d.sock");
-    let config = Config::parse("[[gpu]]\nindex = 0\nhbm = \"64MiB\"", "test").unwrap();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let socket = path.clone();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(async {
-            let listener = tiermem_daemon::bind(&socket, &config).unwrap();
-            ready_tx.send(()).unwrap();
-            tiermem_daemon::serve(listener, config, std::future::pending()).await;
-        });
-    });
-    ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
-    path
-}
-
-fn connect(path: &PathBuf) -> (UnixStream, FrameReader<UnixStream>) {
-    let stream = UnixStream::connect(path).unwrap();
-    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let reader = FrameReader::new(stream.try_clone().unwrap());
-    (stream, reader)
-}
-
-fn deadline() -> Instant {
-    Instant::now() + Duration::from_secs(10)
-}
-
-/// Reads until an error message arrives, then expects the connection to close.
-fn expect_error_and_close(reader: &mut FrameReader<UnixStream>) -> ErrorKind {
-    let kind = loop {
-        match reader.wait::<DaemonMessage>(deadline()).unwrap() {
-            DaemonMessage::Error { kind, .. } => break kind,
-            _ => continue,
-        }
-    };
-    let closed = loop {
-        match reader.wait::<DaemonMessage>(deadline()) {
-            Err(ProtocolError::Closed) => break true,
-            Err(ProtocolError::Timeout) => break false,
-            _ => continue,
-        }
-    };
-    assert!(closed, "the daemon closes after an error");
-    kind
-}
-
-fn hello(stream: &mut UnixStream, reader: &mut FrameReader<UnixStream>) {
-    write_message(stream, &ClientMessage::Hello { version: PROTOCOL_VERSION, client: "test".into() }).unwrap();
-    check_welcome(reader.wait(deadline()).unwrap()).unwrap();
-}
-
-fn register(stream: &mut UnixStream, reader: &mut FrameReader<UnixStream>) -> (u64, u64) {
-    hello(stream, reader);
-    let gpu = GpuId { index: 0, uuid: None, total_bytes: 1 << 30, simulated: true };
-    let register = ClientMessage::Register { pid: 1, label: None, gpu, chunk_bytes: 2 << 20, wants: vec![] };
-    write_message(stream, &register).unwrap();
-    let DaemonMessage::Registered { tenant, .. } = reader.wait(deadline()).unwrap() else { panic!("registered") };
-    let DaemonMessage::Budget { tiers, .. } = reader.wait(deadline()).unwrap() else { panic!("a budget") };
-    (tenant, tiers[0].bytes)
-}
 
 #[test]
 fn bad_clients_are_refused_and_the_daemon_survives() {
-    let path = start_daemon("bad");
+    let (path, _) = start_daemon("bad", false);
     let (mut s, mut r) = connect(&path);
     s.write_all(&[0, 0, 0, 8, b'g', b'a', b'r', b'b', b'a', b'g', b'e', b'!']).unwrap();
     assert_eq!(expect_error_and_close(&mut r), ErrorKind::Malformed);
@@ -97,7 +31,12 @@ fn bad_clients_are_refused_and_the_daemon_survives() {
     hello(&mut s, &mut r);
     write_message(
         &mut s,
-        &ClientMessage::Usage { hbm: TierUsage::default(), host: TierUsage::default(), file: TierUsage::default() },
+        &ClientMessage::Usage {
+            hbm: TierUsage::default(),
+            host: TierUsage::default(),
+            file: TierUsage::default(),
+            transfers: TransferCounters::default(),
+        },
     )
     .unwrap();
     assert_eq!(expect_error_and_close(&mut r), ErrorKind::OutOfOrder);
@@ -134,7 +73,7 @@ fn bad_clients_are_refused_and_the_daemon_survives() {
 
 #[test]
 fn a_tenant_that_disconnects_gives_its_budget_back_at_once() {
-    let path = start_daemon("leave");
+    let (path, _) = start_daemon("leave", false);
     let (mut a, mut ra) = connect(&path);
     let (_, alone) = register(&mut a, &mut ra);
     assert_eq!(alone, 64 << 20);

@@ -63,6 +63,18 @@ pub struct TierUsage {
     pub demand: u64,
 }
 
+/// A tenant engine's transfer counters since it started (for the daemon's metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TransferCounters {
+    /// Bytes copied into HBM, and out of it.
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// Chunks evicted by the engine's policy.
+    pub evictions: u64,
+    /// Device time that acquiring streams waited on demand copies, in microseconds.
+    pub stall_us: u64,
+}
+
 /// One tier's budget for a tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TierBudget {
@@ -91,7 +103,13 @@ pub enum ClientMessage {
         wants: Vec<TierBytes>,
     },
     /// What the tenant holds, per tier; sent when it changes (at most every ~50 ms).
-    Usage { hbm: TierUsage, host: TierUsage, file: TierUsage },
+    Usage {
+        hbm: TierUsage,
+        host: TierUsage,
+        file: TierUsage,
+        #[serde(default)]
+        transfers: TransferCounters,
+    },
     /// The budget `seq` is met (what exceeded it has left the tier).
     BudgetMet { seq: u64 },
     /// Asks for a [`DaemonMessage::Status`].

@@ -21,7 +21,16 @@ fn client_message() -> impl Strategy<Value = ClientMessage> {
         (any::<u32>(), prop::option::of(".{0,30}"), gpu, any::<u64>(), wants).prop_map(
             |(pid, label, gpu, chunk_bytes, wants)| ClientMessage::Register { pid, label, gpu, chunk_bytes, wants }
         ),
-        (usage(), usage(), usage()).prop_map(|(hbm, host, file)| ClientMessage::Usage { hbm, host, file }),
+        (usage(), usage(), usage(), any::<[u64; 4]>()).prop_map(
+            |(hbm, host, file, [bytes_in, bytes_out, evictions, stall_us])| {
+                ClientMessage::Usage {
+                    hbm,
+                    host,
+                    file,
+                    transfers: TransferCounters { bytes_in, bytes_out, evictions, stall_us },
+                }
+            }
+        ),
         any::<u64>().prop_map(|seq| ClientMessage::BudgetMet { seq }),
         Just(ClientMessage::StatusRequest),
     ]
@@ -128,8 +137,12 @@ fn garbage_is_malformed() {
 #[test]
 fn the_session_enforces_hello_then_register_then_usage() {
     let hello = ClientMessage::Hello { version: PROTOCOL_VERSION, client: "test".into() };
-    let usage =
-        ClientMessage::Usage { hbm: TierUsage::default(), host: TierUsage::default(), file: TierUsage::default() };
+    let usage = ClientMessage::Usage {
+        hbm: TierUsage::default(),
+        host: TierUsage::default(),
+        file: TierUsage::default(),
+        transfers: TransferCounters::default(),
+    };
     let register = ClientMessage::Register {
         pid: 1,
         label: None,

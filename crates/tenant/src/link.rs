@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tiermem::{Engine, Stats};
-use tiermem_protocol::{ClientMessage, DaemonMessage, GpuId, Tier, TierBytes, TierUsage};
+use tiermem_protocol::{ClientMessage, DaemonMessage, GpuId, Tier, TierBytes, TierUsage, TransferCounters};
 
 /// The longest pause between two attempts to reach the daemon.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
@@ -99,7 +99,7 @@ fn session(weak: &Weak<Engine>, shared: &Shared, options: &Options) -> Result<()
         s.tenant = Some(tenant);
         s.sessions += 1;
     });
-    let mut last_report: Option<[TierUsage; 3]> = None;
+    let mut last_report: Option<([TierUsage; 3], TransferCounters)> = None;
     let mut next_report = Instant::now();
     loop {
         if shared.stop.load(Ordering::Acquire) {
@@ -107,11 +107,12 @@ fn session(weak: &Weak<Engine>, shared: &Shared, options: &Options) -> Result<()
         }
         let Some(engine) = weak.upgrade() else { return Ok(()) };
         if Instant::now() >= next_report {
-            let usage = usage_of(&engine.stats());
-            if last_report != Some(usage) {
-                let [hbm, host, file] = usage;
-                connection.send(&ClientMessage::Usage { hbm, host, file })?;
-                last_report = Some(usage);
+            let stats = engine.stats();
+            let report = (usage_of(&stats), transfers_of(&stats));
+            if last_report != Some(report) {
+                let ([hbm, host, file], transfers) = report;
+                connection.send(&ClientMessage::Usage { hbm, host, file, transfers })?;
+                last_report = Some(report);
             }
             next_report = Instant::now() + options.report_every;
         }
@@ -151,4 +152,13 @@ pub(crate) fn usage_of(stats: &Stats) -> [TierUsage; 3] {
     let file_used = stats.file.as_ref().map_or(0, |f| f.used_bytes as u64);
     let file = TierUsage { used: file_used, acquired: 0, demand: file_used };
     [hbm, host, file]
+}
+
+pub(crate) fn transfers_of(stats: &Stats) -> TransferCounters {
+    TransferCounters {
+        bytes_in: stats.bytes_in,
+        bytes_out: stats.bytes_out,
+        evictions: stats.transfers.evictions,
+        stall_us: (stats.transfers.stall_ms * 1000.0) as u64,
+    }
 }

@@ -1,0 +1,56 @@
+//! Prometheus metrics: `GET /metrics` shows pools, budgets, tenants' use and transfers, and
+//! how long cuts took to be met; other paths are 404.
+
+mod support;
+use std::io::{Read, Write};
+use support::*;
+use tiermem_protocol::*;
+
+fn get(address: std::net::SocketAddr, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+#[test]
+fn metrics_show_budgets_use_transfers_and_reclaims() {
+    let (path, address) = start_daemon("metrics", true);
+    let address = address.unwrap();
+    let (mut a, mut ra) = connect(&path);
+    register(&mut a, &mut ra);
+    let usage = TierUsage { used: 10 << 20, acquired: 2 << 20, demand: 1 << 30 };
+    let transfers = TransferCounters { bytes_in: 123 << 20, bytes_out: 45 << 20, evictions: 7, stall_us: 900 };
+    let report = ClientMessage::Usage { hbm: usage, host: TierUsage::default(), file: TierUsage::default(), transfers };
+    write_message(&mut a, &report).unwrap();
+    let (mut b, mut rb) = connect(&path);
+    register(&mut b, &mut rb);
+    // A is cut to half and meets it: one reclaim of 32 MiB.
+    let cut = loop {
+        if let DaemonMessage::Budget { seq, tiers, .. } = ra.wait(deadline()).unwrap() {
+            if tiers[0].bytes == 32 << 20 {
+                break seq;
+            }
+        }
+    };
+    write_message(&mut a, &ClientMessage::BudgetMet { seq: cut }).unwrap();
+    let DaemonMessage::Budget { .. } = rb.wait(deadline()).unwrap() else { panic!("B grows") };
+
+    let text = get(address, "/metrics");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    for expected in [
+        r#"tiermem_pool_capacity_bytes{tier="hbm",gpu="0"} 67108864"#,
+        r#"tiermem_tenant_budget_bytes{tier="hbm",gpu="0",tenant="1",name="default"} 33554432"#,
+        r#"tiermem_tenant_used_bytes{tier="hbm",gpu="0",tenant="1",name="default"} 10485760"#,
+        r#"tiermem_tenant_acquired_bytes{tier="hbm",gpu="0",tenant="1",name="default"} 2097152"#,
+        r#"tiermem_tenant_page_in_bytes_total{tenant="1",name="default"} 128974848"#,
+        r#"tiermem_tenant_evictions_total{tenant="1",name="default"} 7"#,
+        r#"tiermem_tenants{name="default"} 2"#,
+        "tiermem_reclaim_seconds_count 1",
+        "tiermem_reclaimed_bytes_total 33554432",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    assert!(get(address, "/").starts_with("HTTP/1.1 404"));
+}
