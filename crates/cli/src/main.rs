@@ -6,6 +6,7 @@ mod info;
 mod node;
 mod soak;
 mod tenant_demo;
+mod top;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -37,6 +38,8 @@ enum Command {
     Daemon(node::DaemonArgs),
     /// What the node daemon says of each GPU, tier and tenant: used, budget, lent.
     Status(node::StatusArgs),
+    /// `status`, refreshed live in the terminal (q quits).
+    Top(top::TopArgs),
     /// A tenant of the daemon with a verified working set (for tests and trying tiermemd).
     #[command(hide = true)]
     TenantDemo(tenant_demo::TenantDemoArgs),
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Command::Bench { suite } => bench::run(suite),
         Command::Daemon(args) => node::daemon(args),
         Command::Status(args) => node::status(args),
+        Command::Top(args) => top::run(args),
         Command::TenantDemo(args) => tenant_demo::run(args),
     })
     .unwrap_or_else(|panic| {

@@ -57,7 +57,7 @@ pub fn status(args: StatusArgs) -> Result<(), String> {
 const BAR: usize = 24;
 
 /// `[###===    ]`: `#` used, `=` budget not used, on the scale of the pool's capacity.
-fn bar(used: u64, budget: u64, capacity: u64) -> String {
+pub fn bar(used: u64, budget: u64, capacity: u64) -> String {
     let cells = |bytes: u64| ((bytes as f64 / capacity.max(1) as f64) * BAR as f64).round().min(BAR as f64) as usize;
     let (used_cells, budget_cells) = (cells(used), cells(budget.max(used)));
     format!("[{}{}{}]", "#".repeat(used_cells), "=".repeat(budget_cells - used_cells), " ".repeat(BAR - budget_cells))

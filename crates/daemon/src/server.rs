@@ -292,7 +292,8 @@ pub fn run(config: Config, socket: Option<PathBuf>) -> Result<(), DaemonError> {
                 let metrics = tokio::net::TcpListener::bind(address.as_str())
                     .await
                     .map_err(|source| DaemonError::Metrics { address: address.clone(), source })?;
-                log(&format!("metrics on http://{address}/metrics"));
+                let bound = metrics.local_addr().map_or_else(|_| address.clone(), |a| a.to_string());
+                log(&format!("metrics on http://{bound}/metrics"));
                 Some(metrics)
             }
         };

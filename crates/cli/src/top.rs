@@ -1,0 +1,179 @@
+//! `tiermem top`: what `tiermem status` shows, refreshed live in the terminal (ratatui over
+//! crossterm). `q`, `Esc` or `Ctrl-C` quits; the terminal is restored on exit and on panic.
+//! While the daemon does not answer, the last report stays on screen with the reason.
+
+use crate::node::bar;
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::layout::{Constraint, Layout};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::Line;
+use ratatui::widgets::{Block, Borders, Row, Table};
+use ratatui::Frame;
+use std::path::PathBuf;
+use std::time::Duration;
+use tiermem::format_size;
+use tiermem_protocol::{PoolStatus, StatusReport};
+
+#[derive(clap::Args)]
+pub struct TopArgs {
+    /// The daemon's socket (default: as tenants find it, TIERMEM_SOCKET first).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Milliseconds between refreshes.
+    #[arg(long, default_value_t = 500)]
+    interval_ms: u64,
+}
+
+pub fn run(args: TopArgs) -> Result<(), String> {
+    let socket = args.socket.or_else(tiermem_protocol::paths::client_socket).ok_or(
+        "no tiermemd socket found (TIERMEM_SOCKET, /run/tiermem/tiermemd.sock, $XDG_RUNTIME_DIR/tiermem.sock): is `tiermem daemon` running?",
+    )?;
+    let mut terminal = ratatui::try_init().map_err(|e| format!("top: the terminal: {e}"))?;
+    let mut last: Option<StatusReport> = None;
+    let outcome = loop {
+        let problem = match tiermem_tenant::query_status(&socket) {
+            Ok(report) => {
+                last = Some(report);
+                None
+            }
+            Err(e) => Some(e.to_string()),
+        };
+        if let Err(e) = terminal.draw(|frame| draw(frame, last.as_ref(), problem.as_deref())) {
+            break Err(format!("top: drawing: {e}"));
+        }
+        match quit_requested(Duration::from_millis(args.interval_ms.max(50))) {
+            Ok(true) => break Ok(()),
+            Ok(false) => {}
+            Err(e) => break Err(format!("top: reading keys: {e}")),
+        }
+    };
+    ratatui::restore();
+    outcome
+}
+
+/// Waits up to `wait` for a key; whether it asks to quit.
+fn quit_requested(wait: Duration) -> std::io::Result<bool> {
+    if !event::poll(wait)? {
+        return Ok(false);
+    }
+    Ok(match event::read()? {
+        Event::Key(key) if key.kind == KeyEventKind::Press => {
+            matches!(key.code, KeyCode::Char('q') | KeyCode::Esc)
+                || (key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL))
+        }
+        _ => false,
+    })
+}
+
+fn draw(frame: &mut Frame, report: Option<&StatusReport>, problem: Option<&str>) {
+    let pools = report.map_or(&[][..], |r| &r.pools[..]);
+    let heights = pools.iter().map(|p| Constraint::Length(p.shares.len() as u16 + 3));
+    let areas = Layout::vertical(std::iter::once(Constraint::Length(1)).chain(heights).chain([Constraint::Min(0)]))
+        .split(frame.area());
+    let header = match (report, problem) {
+        (_, Some(problem)) => format!("tiermem top: {problem} (q quits)"),
+        (Some(r), None) => format!(
+            "{} | up {:.0} s | {} tenants{} | q quits",
+            r.daemon,
+            r.uptime_ms as f64 / 1000.0,
+            r.tenants.len(),
+            if r.hidden_tenants > 0 { format!(" ({} not shown to you)", r.hidden_tenants) } else { String::new() }
+        ),
+        (None, None) => "tiermem top".into(),
+    };
+    frame.render_widget(Line::from(header).style(Style::new().add_modifier(Modifier::BOLD)), areas[0]);
+    for (pool, area) in pools.iter().zip(&areas[1..]) {
+        frame.render_widget(pool_table(pool, report.map_or(&[][..], |r| &r.tenants[..])), *area);
+    }
+}
+
+fn pool_table<'a>(pool: &'a PoolStatus, tenants: &'a [tiermem_protocol::TenantStatus]) -> Table<'a> {
+    let place = match pool.gpu {
+        Some(gpu) => format!("GPU {gpu} {}", pool.tier.name()),
+        None => format!("node {}", pool.tier.name()),
+    };
+    let title = format!(
+        " {place}: {} of {} used, {} budgeted {} ",
+        format_size(pool.used as usize),
+        format_size(pool.capacity as usize),
+        format_size(pool.budgeted as usize),
+        bar(pool.used, pool.budgeted, pool.capacity)
+    );
+    let rows = pool.shares.iter().map(|share| {
+        let tenant = tenants.iter().find(|t| t.tenant == share.tenant);
+        Row::new(vec![
+            share.tenant.to_string(),
+            tenant.map_or("?".into(), |t| t.name.clone()),
+            tenant.map_or(0, |t| t.pid).to_string(),
+            tenant.map_or(0, |t| t.weight).to_string(),
+            bar(share.used, share.budget, pool.capacity),
+            format_size(share.used as usize),
+            format_size(share.budget as usize),
+            format_size(share.target as usize),
+            format_size(share.lent as usize),
+            format_size(share.borrowed as usize),
+            if tenant.is_some_and(|t| t.late) { "LATE".into() } else { String::new() },
+        ])
+    });
+    let header =
+        Row::new(["tenant", "name", "pid", "w", "used / budget", "used", "budget", "target", "lent", "borrowed", ""])
+            .style(Style::new().add_modifier(Modifier::UNDERLINED));
+    let widths = [6, 12, 8, 3, 26, 11, 11, 11, 11, 11, 4].map(Constraint::Length);
+    Table::new(rows, widths).header(header).block(Block::new().borders(Borders::ALL).title(title))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratatui::backend::TestBackend;
+    use tiermem_protocol::{ShareStatus, TenantStatus, Tier};
+
+    #[test]
+    fn the_screen_shows_each_pool_and_tenant() {
+        let share = ShareStatus {
+            tenant: 3,
+            used: 8 << 20,
+            acquired: 0,
+            demand: 64 << 20,
+            budget: 16 << 20,
+            target: 16 << 20,
+            entitled: 32 << 20,
+            lent: 0,
+            borrowed: 0,
+        };
+        let tenant = TenantStatus {
+            tenant: 3,
+            name: "training".into(),
+            pid: 4242,
+            uid: 0,
+            cgroup: None,
+            label: None,
+            gpu: 0,
+            weight: 2,
+            priority: 0,
+            connected_ms: 10,
+            late: true,
+        };
+        let pool = PoolStatus {
+            tier: Tier::Hbm,
+            gpu: Some(0),
+            capacity: 64 << 20,
+            budgeted: 16 << 20,
+            used: 8 << 20,
+            shares: vec![share],
+        };
+        let report = StatusReport {
+            daemon: "tiermemd test".into(),
+            uptime_ms: 5000,
+            pools: vec![pool],
+            tenants: vec![tenant],
+            hidden_tenants: 1,
+        };
+        let mut terminal = ratatui::Terminal::new(TestBackend::new(140, 10)).unwrap();
+        terminal.draw(|frame| draw(frame, Some(&report), None)).unwrap();
+        let screen: String = terminal.backend().buffer().content().iter().map(|cell| cell.symbol()).collect();
+        for expected in ["tiermemd test", "1 not shown to you", "GPU 0 hbm", "training", "4242", "16.00 MiB", "LATE"] {
+            assert!(screen.contains(expected), "{expected:?} missing from the screen:\n{screen}");
+        }
+    }
+}
