@@ -13,6 +13,11 @@
 //! it says the new one is met (`budget_met`) or its deadline passes (then it is marked late and
 //! holds what it reports using). So the daemon never promises a byte twice, and a tenant that
 //! leaves gives back everything at once.
+//!
+//! What tenants report is believed only as far as it cannot hurt the others: a floor (acquired
+//! memory) counts only up to what the tenant was allowed to hold, and a late tenant is never
+//! counted above what it held before the cut. A tenant that will not give back cannot be made
+//! to (reclaim is cooperative), but it cannot take more than its budget either.
 
 use crate::config::{Config, Identity, TenantRule};
 use std::collections::BTreeMap;
@@ -143,7 +148,7 @@ impl Registry {
                 slot.usage = u;
                 if slot.pending.is_none() && slot.holding > slot.budget {
                     // Late: it holds what it uses, down to its budget as it gives memory back.
-                    slot.holding = slot.budget.max(u.used);
+                    slot.holding = slot.budget.max(u.used).min(slot.holding);
                 }
             }
         }
@@ -201,7 +206,7 @@ impl Registry {
             for slot in tenant.tiers.values_mut() {
                 if slot.pending.is_some_and(|p| p.deadline <= now) {
                     slot.pending = None;
-                    slot.holding = slot.budget.max(slot.usage.used);
+                    slot.holding = slot.budget.max(slot.usage.used).min(slot.holding);
                     if !tenant.late {
                         late.push(id);
                     }
@@ -290,10 +295,12 @@ impl Registry {
             false => want.unwrap_or(u64::MAX),
         };
         let quota = [tenant.rule.quota.get(&tier).map(|s| s.0), want].into_iter().flatten().min();
+        // A tenant's word on what it holds acquired cannot pin more than it was allowed to hold.
+        let floor = slot.usage.acquired.min(slot.usage.used).min(slot.holding);
         Claim {
             weight: tenant.rule.weight,
             demand: demand.div_ceil(unit),
-            floor: slot.usage.acquired.div_ceil(unit),
+            floor: floor.div_ceil(unit),
             quota: quota.map(|q| q / unit),
             priority: tenant.rule.priority,
         }
@@ -320,7 +327,7 @@ impl Registry {
                     gpu: pool.gpu,
                     capacity,
                     budgeted: slots.iter().map(|(_, _, s)| s.budget).sum(),
-                    used: slots.iter().map(|(_, _, s)| s.usage.used).sum(),
+                    used: slots.iter().fold(0, |total: u64, (_, _, s)| total.saturating_add(s.usage.used)),
                     shares: slots
                         .iter()
                         .filter(|(_, t, _)| visible(t))

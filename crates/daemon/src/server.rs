@@ -23,6 +23,9 @@ use tokio::sync::mpsc;
 
 /// A connection has this long to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The chunk sizes a tenant may register with (a budget is whole chunks of the largest).
+const MIN_CHUNK: u64 = 4 << 10;
+const MAX_CHUNK: u64 = 1 << 30;
 /// How often deadlines are checked.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -182,7 +185,7 @@ async fn connection(stream: UnixStream, hub: SharedHub) {
         loop {
             while let Some(message) = decoder.next_message::<ClientMessage>()? {
                 session.accept(&message)?;
-                handle(message, &mut who, &mut tenant, &mailbox, &hub);
+                handle(message, &mut who, &mut tenant, &mailbox, &hub)?;
             }
             let read = async {
                 tokio::select! {
@@ -230,13 +233,19 @@ fn handle(
     tenant: &mut Option<TenantId>,
     mailbox: &Mailbox,
     hub: &SharedHub,
-) {
+) -> Result<(), ProtocolError> {
     let now = Instant::now();
     match message {
         ClientMessage::Hello { .. } => {
             mailbox.post(DaemonMessage::Welcome { version: PROTOCOL_VERSION, daemon: DAEMON_NAME.into() });
         }
         ClientMessage::Register { pid, label, gpu, chunk_bytes, wants } => {
+            if !chunk_bytes.is_power_of_two() || !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_bytes) {
+                return Err(ProtocolError::Refused {
+                    kind: tiermem_protocol::ErrorKind::Refused,
+                    message: format!("register: a chunk of {chunk_bytes} bytes (a power of two from 4 KiB to 1 GiB)"),
+                });
+            }
             if who.pid == 0 {
                 who.pid = pid; // no SO_PEERCRED pid: take the tenant's word
             }
@@ -257,14 +266,14 @@ fn handle(
             ));
         }
         ClientMessage::Usage { hbm, host, file, transfers } => {
-            let Some(id) = *tenant else { return };
+            let Some(id) = *tenant else { return Ok(()) };
             let mut hub = lock(hub);
             hub.registry.record_transfers(id, transfers);
             let outbox = hub.registry.usage(id, [(Tier::Hbm, hbm), (Tier::Host, host), (Tier::File, file)], now);
             hub.deliver(outbox);
         }
         ClientMessage::BudgetMet { seq } => {
-            let Some(id) = *tenant else { return };
+            let Some(id) = *tenant else { return Ok(()) };
             let mut hub = lock(hub);
             let outbox = hub.registry.budget_met(id, seq, now);
             hub.deliver(outbox);
@@ -274,6 +283,7 @@ fn handle(
             mailbox.post(DaemonMessage::Status(report));
         }
     }
+    Ok(())
 }
 
 /// Runs the daemon in the foreground on a runtime of its own thread, until the process ends.

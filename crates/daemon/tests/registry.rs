@@ -175,3 +175,30 @@ fn memory_nobody_demands_is_headroom_taken_back_first() {
     let outbox = r.budget_met(b, 5, now);
     assert_eq!(budgets(&outbox), vec![(a, 6, 550 * MIB, 550 * MIB)]);
 }
+
+#[test]
+fn a_tenant_lying_about_what_it_holds_cannot_take_more_than_it_was_given() {
+    let now = Instant::now();
+    let mut r = Registry::new(config(), now, 0);
+    let (a, _) = register(&mut r, 1, None, now);
+    r.usage(a, demand(1 << 40), now);
+    let (b, _) = register(&mut r, 2, None, now);
+    // B claims to hold the whole machine acquired: it was given nothing yet, so it pins nothing.
+    let everything = TierUsage { used: u64::MAX, acquired: u64::MAX, demand: u64::MAX };
+    let lie = [(Tier::Hbm, everything), (Tier::Host, everything), (Tier::File, everything)];
+    r.usage(b, lie, now);
+    r.budget_met(a, 2, now);
+    let status = r.status(0, None, now);
+    let target = |id| status.pools[0].shares.iter().find(|s| s.tenant == id).unwrap().target;
+    assert_eq!((target(a), target(b)), (300 * MIB, 300 * MIB));
+    assert_eq!(status.pools[0].used, u64::MAX, "sums saturate");
+    // A third tenant comes: B's claimed pins count only up to the 300 MiB it was given, and
+    // the others share the rest; nothing is promised twice.
+    let (c, _) = register(&mut r, 3, None, now);
+    r.usage(c, demand(1 << 40), now);
+    r.budget_met(a, 10, now);
+    let status = r.status(0, None, now);
+    let budget = |id| status.pools[0].shares.iter().find(|s| s.tenant == id).unwrap().budget;
+    assert_eq!((budget(a), budget(b), budget(c)), (150 * MIB, 300 * MIB, 150 * MIB));
+    assert!(status.pools[0].budgeted <= 600 * MIB, "never promised twice: {:?}", status.pools[0]);
+}
