@@ -4,11 +4,11 @@
 #   DIST   folder made by scripts/gpu/build.sh (binaries, test binaries, wheels)
 #   OUT    folder for logs and JSON results
 #   COMMIT the commit being measured
-#   PHASES comma-separated, default all: rust,demo,limits,soak,python,engine,nvme,torch (torch-small:
+#   PHASES comma-separated, default all: rust,demo,limits,soak,python,engine,tenants,nvme,torch (torch-small:
 #          the torch benchmark's smoke test)
-# SOAK_SECONDS (default 300) and SOAK_THREADS (default 8) size the soak.
+# SOAK_SECONDS (default 300) and SOAK_THREADS (default 8) size the soak; TENANTS_ARGS adds to bench tenants.
 set -uo pipefail
-dist=$1 out=$2 commit=$3 phases=${4:-rust,demo,limits,soak,python,engine,nvme,torch}
+dist=$1 out=$2 commit=$3 phases=${4:-rust,demo,limits,soak,python,engine,tenants,nvme,torch}
 want() { [[ ",$phases," == *",$1,"* ]]; }
 mkdir -p "$out/results"
 status=0
@@ -40,6 +40,7 @@ if want limits; then
 fi
 want soak && { step "tiermem soak"; TIERMEM_COMMIT=$commit run "$dist/tiermem" soak --seconds "${SOAK_SECONDS:-300}" --threads "${SOAK_THREADS:-8}" --file "$scratch/soak-file" --json "$out/results"; }
 want engine && { step "tiermem bench engine"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench engine --json "$out/results"; }
+want tenants && { step "tiermem bench tenants"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench tenants --json "$out/results" ${TENANTS_ARGS:-}; }
 want nvme && { step "tiermem bench nvme"; df -T "$scratch" | tail -1; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench nvme --json "$out/results" --dir "$scratch" --reps 5; }
 want torch-small && { step "torch benchmark (small)"; run python3 bench/torch_bench.py --json "$out/results" --commit "$commit" --small --scratch "$scratch"; }
 want torch && { step "torch benchmark"; run python3 bench/torch_bench.py --json "$out/results" --commit "$commit" --scratch "$scratch"; }

@@ -4,6 +4,8 @@
 mod engine;
 mod nvme;
 pub(crate) mod raw;
+mod tenant_worker;
+mod tenants;
 
 use std::path::PathBuf;
 
@@ -42,6 +44,31 @@ pub enum Suite {
         #[arg(long, value_parser = tiermem::parse_size, default_value = "1GiB")]
         size: usize,
     },
+    /// Processes sharing one GPU: static caps against tiermemd, serial runs, a hog, a leaker,
+    /// fair shares, pairs of jobs that together exceed the cap.
+    Tenants {
+        /// Folder to write tenants-<yyyymmdd>-<shortsha>.json into.
+        #[arg(long)]
+        json: PathBuf,
+        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        #[arg(long)]
+        commit: Option<String>,
+        /// The node's HBM cap that the tenants share.
+        #[arg(long, value_parser = tiermem::parse_size, default_value = "8GiB")]
+        cap: usize,
+        /// Size of each tenant's buffers.
+        #[arg(long, value_parser = tiermem::parse_size, default_value = "128MiB")]
+        buffer_size: usize,
+        /// Rounds of the shortest job (the others run 2× and 3× as many).
+        #[arg(long, default_value_t = 5)]
+        rounds: u64,
+        /// Host time per buffer's turn, in milliseconds (a job's work between its kernels).
+        #[arg(long, default_value_t = 2.0)]
+        think_ms: f64,
+    },
+    /// One tenant of `bench tenants` (a process of its own).
+    #[command(hide = true)]
+    TenantWorker(tenant_worker::WorkerArgs),
 }
 
 pub fn run(suite: Suite) -> Result<(), String> {
@@ -53,6 +80,11 @@ pub fn run(suite: Suite) -> Result<(), String> {
         Suite::Nvme { json, dir, commit: given, reps, size } => {
             nvme::run(&json, &dir, &commit(given), reps.max(1), size)
         }
+        Suite::Tenants { json, commit: given, cap, buffer_size, rounds, think_ms } => {
+            let setup = tenants::Setup { cap, buffer: buffer_size, rounds: rounds.max(1), think_ms: think_ms.max(0.0) };
+            tenants::run(&json, &commit(given), setup)
+        }
+        Suite::TenantWorker(args) => tenant_worker::run(args),
     }
 }
 

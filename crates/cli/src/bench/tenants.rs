@@ -1,0 +1,320 @@
+//! `tiermem bench tenants --json DIR`: processes sharing one GPU, with static caps and with
+//! tiermemd (issue 13; GDM §6, GPrioSwap §4). Every tenant is a process of its own
+//! (`tenant_worker.rs`) whose GPU kernels check every byte every round.
+//!
+//! * **Throughput**: three jobs of different lengths (rounds R, 2R, 3R over a working set of
+//!   0.6× the node's cap each) run together, each with a static third of the cap
+//!   (`throughput_static`) and under tiermemd sharing the whole cap (`throughput_tiermemd`), and
+//!   one after another with the whole cap each (`throughput_serial`). Bytes worked on ÷ the
+//!   wall time of the whole set (process start included, the same for every mode). With static
+//!   caps the memory of a job that has finished stays idle; with tiermemd the jobs still
+//!   running take it. Each job spends `think_ms` of host time before each buffer's kernels, as
+//!   real jobs do between kernels, so one job alone leaves the GPU partly idle.
+//! * **Hog**: two jobs that each fit in a third of the cap, with and without a third asking for
+//!   3× the cap (`hog_victim_speed`: their speed with it ÷ without). **Leak**: two jobs beside one that allocates without freeing
+//!   (`leak_victims_finished`).
+//! * **Fair share**: two equal tenants; `settle_ms` until both budgets are within 5% of half
+//!   the cap, `fair_share_error` the largest deviation seen over the next second.
+//! * `overhead_alone`: one job under tiermemd ÷ the same job standalone with the whole cap.
+//!   `pairs_finished`: GDM's test, pairs of jobs that together need more than the cap, run
+//!   together under tiermemd. `reclaim_ms_per_GiB`: an engine meeting a halved budget.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tiermem::{Access, AllocOptions, Engine, EngineConfig, Region, StreamHandle};
+use tiermem_protocol::Tier;
+
+pub struct Setup {
+    pub cap: usize,
+    pub buffer: usize,
+    pub rounds: u64,
+    /// Host time per buffer's turn in every job (`tenant_worker.rs`).
+    pub think_ms: f64,
+}
+
+/// A job: its working set, rounds (0: until stopped) and leak limit.
+#[derive(Clone)]
+struct Job {
+    working_set: usize,
+    rounds: u64,
+    leak: Option<usize>,
+}
+
+/// How the jobs of a set run: each with a static cap, or under the daemon on `socket`.
+#[derive(Clone)]
+enum Mode {
+    Static(usize),
+    Daemon(PathBuf),
+}
+
+#[derive(Debug, Clone, Default)]
+struct Outcome {
+    bytes: f64,
+    seconds: f64,
+    ok: bool,
+}
+
+impl Outcome {
+    fn speed(&self) -> f64 {
+        self.bytes / self.seconds.max(1e-9)
+    }
+}
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_daemon(dir: &Path, cap: usize) -> Result<Daemon, String> {
+    let config = dir.join("tiermemd.toml");
+    let socket = dir.join("tiermemd.sock");
+    let _ = std::fs::remove_file(&socket);
+    std::fs::write(&config, format!("deadline_ms = 2000\n\n[[gpu]]\nindex = 0\nhbm = \"{}MiB\"\n", cap >> 20))
+        .map_err(|e| format!("bench tenants: write {}: {e}", config.display()))?;
+    let child = Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+        .args(["daemon", "--config"])
+        .arg(&config)
+        .arg("--socket")
+        .arg(&socket)
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("bench tenants: start tiermem daemon: {e}"))?;
+    let daemon = Daemon { child, socket };
+    let until = Instant::now() + Duration::from_secs(30);
+    while tiermem_tenant::query_status(&daemon.socket).is_err() {
+        if Instant::now() > until {
+            return Err("bench tenants: the daemon did not answer within 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(daemon)
+}
+
+fn spawn_job(setup: &Setup, job: &Job, mode: &Mode, stop: &Path) -> Result<Child, String> {
+    let mut command = Command::new(std::env::current_exe().map_err(|e| e.to_string())?);
+    command.args(["bench", "tenant-worker", "--working-set", &job.working_set.to_string()]);
+    command.args(["--buffer-size", &setup.buffer.to_string(), "--rounds", &job.rounds.to_string()]);
+    command.args(["--think-ms", &setup.think_ms.to_string()]);
+    command.arg("--stop-file").arg(stop);
+    if let Some(limit) = job.leak {
+        command.args(["--leak", &limit.to_string()]);
+    }
+    // A simulated device as large as the node's cap (ignored on a GPU).
+    command.env("TIERMEM_SIM_HBM", setup.cap.to_string());
+    match mode {
+        Mode::Static(cap) => command.env("TIERMEM_DAEMON", "off").env("TIERMEM_HBM_LIMIT", cap.to_string()),
+        Mode::Daemon(socket) => command.env("TIERMEM_DAEMON", socket).env_remove("TIERMEM_HBM_LIMIT"),
+    };
+    command.stdout(Stdio::piped()).spawn().map_err(|e| format!("bench tenants: start a tenant: {e}"))
+}
+
+fn outcome(child: Child) -> Outcome {
+    let Ok(output) = child.wait_with_output() else { return Outcome::default() };
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text.lines().rev().find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+    let field = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+    match line {
+        Some(v) => Outcome {
+            bytes: field(&v, "bytes"),
+            seconds: field(&v, "seconds"),
+            ok: output.status.success() && v["mismatched_words"].as_u64() == Some(0),
+        },
+        None => Outcome::default(),
+    }
+}
+
+/// Runs `jobs` together; jobs with no rounds run until the others have finished. Returns
+/// each job's outcome and the wall time until the last bounded job finished.
+fn run_set(setup: &Setup, dir: &Path, jobs: &[Job], mode: &Mode) -> Result<(Vec<Outcome>, f64), String> {
+    let stop = dir.join("stop");
+    let _ = std::fs::remove_file(&stop);
+    let started = Instant::now();
+    let children = jobs.iter().map(|job| spawn_job(setup, job, mode, &stop)).collect::<Result<Vec<_>, _>>()?;
+    let (bounded, endless): (Vec<_>, Vec<_>) = children.into_iter().zip(jobs).partition(|(_, job)| job.rounds > 0);
+    let bounded: Vec<Outcome> = bounded.into_iter().map(|(child, _)| outcome(child)).collect();
+    let wall = started.elapsed().as_secs_f64();
+    std::fs::write(&stop, b"").map_err(|e| e.to_string())?;
+    let endless: Vec<Outcome> = endless.into_iter().map(|(child, _)| outcome(child)).collect();
+    Ok((bounded.into_iter().chain(endless).collect(), wall))
+}
+
+fn hbm_budgets(socket: &Path) -> Vec<u64> {
+    let Ok(report) = tiermem_tenant::query_status(socket) else { return Vec::new() };
+    report.pools.iter().filter(|p| p.tier == Tier::Hbm).flat_map(|p| p.shares.iter().map(|s| s.budget)).collect()
+}
+
+/// Two equal tenants, watched for three seconds from the second one's start: (ms until both
+/// budgets are, and stay, within 5% of half the cap; the largest deviation from half the cap
+/// over the last second, as a fraction of it).
+fn fair_share(setup: &Setup, dir: &Path) -> Result<(f64, f64), String> {
+    let daemon = spawn_daemon(dir, setup.cap)?;
+    let stop = dir.join("stop");
+    let _ = std::fs::remove_file(&stop);
+    let job = Job { working_set: setup.cap * 6 / 10, rounds: 0, leak: None };
+    let mode = Mode::Daemon(daemon.socket.clone());
+    let first = spawn_job(setup, &job, &mode, &stop)?;
+    let until = Instant::now() + Duration::from_secs(60);
+    while hbm_budgets(&daemon.socket).is_empty() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let second = spawn_job(setup, &job, &mode, &stop)?;
+    let started = Instant::now();
+    let half = setup.cap as f64 / 2.0;
+    let mut samples: Vec<(f64, f64)> = Vec::new(); // (ms since the second started, deviation)
+    while started.elapsed() < Duration::from_secs(3) {
+        let budgets = hbm_budgets(&daemon.socket);
+        let deviation = match budgets.len() {
+            2 => budgets.iter().map(|&x| (x as f64 - half).abs() / half).fold(0.0, f64::max),
+            _ => 1.0, // the second tenant not yet registered
+        };
+        samples.push((started.elapsed().as_secs_f64() * 1e3, deviation));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::fs::write(&stop, b"").map_err(|e| e.to_string())?;
+    let ok = outcome(first).ok & outcome(second).ok;
+    let settle =
+        samples.iter().rposition(|&(_, d)| d > 0.05).map_or(0.0, |i| samples.get(i + 1).map_or(f64::NAN, |s| s.0));
+    let last_second = samples.iter().filter(|&&(ms, _)| ms >= 2000.0).map(|&(_, d)| d).fold(0.0, f64::max);
+    match (settle.is_nan(), ok) {
+        (false, true) => Ok((settle, last_second)),
+        (true, _) => Err("bench tenants: two equal tenants were not within 5% of equal shares at the end".into()),
+        (_, false) => Err("bench tenants: a fair-share tenant failed or lost bytes".into()),
+    }
+}
+
+/// Milliseconds per GiB for an engine to meet a halved budget (its working set dirty in HBM).
+fn reclaim_ms_per_gib(setup: &Setup) -> Result<f64, String> {
+    let config = EngineConfig {
+        hbm_limit: Some(setup.cap),
+        sim_hbm: setup.cap,
+        ..EngineConfig::from_env().map_err(|e| e.to_string())?
+    };
+    let engine = Engine::new(config).map_err(|e| e.to_string())?;
+    let size = setup.cap * 8 / 10;
+    let (id, _) = engine.alloc(size, AllocOptions::default()).map_err(|e| e.to_string())?;
+    let stream = StreamHandle(0);
+    engine.acquire(&[Region::whole(id)], Access::ReadWrite, stream).map_err(|e| e.to_string())?;
+    engine.release(&[Region::whole(id)], stream).map_err(|e| e.to_string())?;
+    engine.device().synchronize_stream(stream).map_err(|e| e.to_string())?;
+    let before = engine.stats().hbm.used_bytes;
+    let started = Instant::now();
+    let ticket = engine.set_hbm_budget(setup.cap / 2).map_err(|e| e.to_string())?;
+    engine.finish(ticket).map_err(|e| e.to_string())?;
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    let shed = before.saturating_sub(engine.stats().hbm.used_bytes) as f64 / (1u64 << 30) as f64;
+    engine.free(id).map_err(|e| e.to_string())?;
+    Ok(ms / shed.max(1e-9))
+}
+
+pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
+    let scratch = std::env::temp_dir().join(format!("tiermem-bench-tenants-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
+    let result = measure(dir, commit, &setup, &scratch);
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<(), String> {
+    let (cap, r) = (setup.cap, setup.rounds);
+    let info = Engine::new(EngineConfig {
+        hbm_limit: Some(setup.buffer * 2),
+        sim_hbm: cap,
+        ..EngineConfig::from_env().map_err(|e| e.to_string())?
+    })
+    .map_err(|e| e.to_string())?
+    .device_info()
+    .clone();
+    println!("tenants on {} under a node cap of {} MiB, buffers of {} MiB", info.name, cap >> 20, setup.buffer >> 20);
+    let job = |share: usize, rounds: u64| Job { working_set: cap * share / 10, rounds, leak: None };
+    let set = [job(6, r), job(6, 2 * r), job(6, 3 * r)];
+    let total = |o: &[Outcome]| o.iter().map(|o| o.bytes).sum::<f64>();
+    let all_ok = |o: &[Outcome]| o.iter().all(|o| o.ok);
+    let mut verified = true;
+
+    let (stat, wall_static) = run_set(setup, scratch, &set, &Mode::Static(cap / 3))?;
+    let throughput_static = total(&stat) / wall_static / 1e9;
+    println!("static thirds: {throughput_static:.2} GB/s over {wall_static:.1} s");
+    let daemon = spawn_daemon(scratch, cap)?;
+    let shared = Mode::Daemon(daemon.socket.clone());
+    let (tmd, wall_tmd) = run_set(setup, scratch, &set, &shared)?;
+    let throughput_tiermemd = total(&tmd) / wall_tmd / 1e9;
+    println!("tiermemd: {throughput_tiermemd:.2} GB/s over {wall_tmd:.1} s");
+    let (mut serial, mut wall_serial) = (Vec::new(), 0.0);
+    for j in &set {
+        let (outcomes, wall) = run_set(setup, scratch, std::slice::from_ref(j), &Mode::Static(cap))?;
+        serial.extend(outcomes);
+        wall_serial += wall;
+    }
+    let throughput_serial = total(&serial) / wall_serial / 1e9;
+    println!("serial, whole cap each: {throughput_serial:.2} GB/s");
+    verified &= all_ok(&stat) && all_ok(&tmd) && all_ok(&serial);
+
+    // Two tenants that each fit in a third of the cap, beside one asking for 3× the cap.
+    let victims = [job(3, 2 * r), job(3, 2 * r)];
+    let (alone, _) = run_set(setup, scratch, &victims, &shared)?;
+    let hog = Job { working_set: 3 * cap, rounds: 0, leak: None };
+    let (with_hog, _) = run_set(setup, scratch, &[victims[0].clone(), victims[1].clone(), hog], &shared)?;
+    let hog_victim_speed = (with_hog[0].speed() / alone[0].speed()).min(with_hog[1].speed() / alone[1].speed());
+    println!("hog: the others at {hog_victim_speed:.2} of their speed without it");
+    let leaker = Job { working_set: cap / 10, rounds: 0, leak: Some(2 * cap) };
+    let (with_leak, _) = run_set(setup, scratch, &[victims[0].clone(), victims[1].clone(), leaker], &shared)?;
+    let leak_victims_finished = with_leak[0].ok && with_leak[1].ok;
+    println!("leak: the others finished with every byte: {leak_victims_finished}");
+    verified &= all_ok(&alone) && all_ok(&with_hog) && all_ok(&with_leak);
+
+    let one = [job(6, 2 * r)];
+    let (under_daemon, _) = run_set(setup, scratch, &one, &shared)?;
+    let (standalone, _) = run_set(setup, scratch, &one, &Mode::Static(cap))?;
+    let overhead_alone = under_daemon[0].seconds / standalone[0].seconds.max(1e-9);
+    let mut pairs_finished = 0;
+    let pair_shares = [6, 7, 8];
+    for share in pair_shares {
+        let (pair, _) = run_set(setup, scratch, &[job(share, r), job(share, r)], &shared)?;
+        pairs_finished += usize::from(all_ok(&pair));
+    }
+    println!("overhead alone {overhead_alone:.3}; pairs finished {pairs_finished} of {}", pair_shares.len());
+    verified &= all_ok(&under_daemon) && all_ok(&standalone);
+    drop(daemon);
+
+    let (settle_ms, fair_share_error) = fair_share(setup, scratch)?;
+    println!("fair share: settled in {settle_ms:.0} ms, then within {:.1}%", fair_share_error * 100.0);
+    let reclaim = reclaim_ms_per_gib(setup)?;
+    println!("reclaim: {reclaim:.1} ms per GiB");
+
+    let metrics = serde_json::json!({
+        "node_cap_bytes": cap, "working_set_bytes": cap * 6 / 10, "buffer_bytes": setup.buffer, "rounds_unit": r,
+        "think_ms_per_buffer": setup.think_ms, "wall_static_s": wall_static, "wall_tiermemd_s": wall_tmd,
+        "wall_serial_s": wall_serial,
+        "throughput_static_GBps": throughput_static, "throughput_tiermemd_GBps": throughput_tiermemd,
+        "throughput_serial_GBps": throughput_serial, "hog_victim_speed": hog_victim_speed,
+        "leak_victims_finished": leak_victims_finished, "fair_share_error": fair_share_error,
+        "settle_ms": settle_ms, "reclaim_ms_per_GiB": reclaim, "overhead_alone": overhead_alone,
+        "pairs_finished": pairs_finished, "pairs": pair_shares.len(),
+    });
+    let ratios = serde_json::json!({
+        "vs_static": throughput_tiermemd / throughput_static,
+        "vs_serial": throughput_tiermemd / throughput_serial,
+    });
+    let speeds = |o: &[Outcome]| {
+        o.iter().map(|o| serde_json::json!({"bytes": o.bytes, "seconds": o.seconds, "ok": o.ok})).collect::<Vec<_>>()
+    };
+    let detail = serde_json::json!({
+        "static": speeds(&stat), "tiermemd": speeds(&tmd), "serial": speeds(&serial), "victims_alone": speeds(&alone),
+        "victims_with_hog": speeds(&with_hog), "victims_with_leak": speeds(&with_leak),
+    });
+    let date = super::today();
+    let report = super::report("tenants", commit, &date, &info, metrics, ratios, verified && leak_victims_finished);
+    super::write_report(dir, "tenants", &date, commit, &report, &detail)?;
+    if !verified {
+        return Err("bench tenants: a tenant failed or a byte differed (see the detail JSON)".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,33 @@
+//! `tiermem bench tenants` end to end on the simulated device, small: every scenario runs
+//! (static caps, tiermemd, serial, hog, leak, pairs, fair share, reclaim), every tenant's
+//! bytes are checked by its kernels, and the report says so. The numbers mean nothing here.
+
+mod support;
+
+#[test]
+fn the_tenants_benchmark_runs_every_scenario_and_verifies_every_byte() {
+    let dir = support::TempDir::new("bench-tenants");
+    let output = support::tiermem()
+        .args(["bench", "tenants", "--cap", "64MiB", "--buffer-size", "4MiB", "--rounds", "1", "--think-ms", "0"])
+        .arg("--json")
+        .arg(&dir.0)
+        .env("TIERMEM_BACKEND", "sim")
+        .env("TIERMEM_COMMIT", "test")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bench tenants failed:\n{log}");
+    let report = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with("-test.json"))
+        .expect("the report");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+    assert_eq!(report["verified"], true, "{report}");
+    assert_eq!(report["metrics"]["leak_victims_finished"], true, "{report}");
+    assert_eq!(report["metrics"]["pairs_finished"], report["metrics"]["pairs"], "{report}");
+    assert!(report["metrics"]["fair_share_error"].as_f64().unwrap() <= 0.05, "{report}");
+    for key in ["vs_static", "vs_serial"] {
+        assert!(report["ratios"][key].as_f64().unwrap() > 0.0, "{key}: {report}");
+    }
+}
