@@ -47,7 +47,8 @@ use std::collections::HashSet;
 use tiermem_mechanism::file_store::{FileSlot, FileStore, FileStoreConfig, IoChoice};
 use tiermem_mechanism::sim::{SimDevice, Timing, SIM_GRANULARITY};
 use tiermem_mechanism::{
-    Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle, StreamPriority,
+    ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle,
+    StreamPriority,
 };
 
 /// Schedules tried by each of the two schedulers, per check and device timing (fewer for
@@ -124,10 +125,10 @@ impl Device for ModelDevice {
         fn mem_info(&self) -> Result<(usize, usize)>;
         fn reserve(&self, size: usize) -> Result<DevicePtr>;
         fn unreserve(&self, va: DevicePtr, size: usize) -> Result<()>;
-        fn create_chunk(&self) -> Result<PhysHandle>;
+        fn create_chunk_at(&self, location: ChunkLocation) -> Result<PhysHandle>;
         fn release_chunk(&self, chunk: PhysHandle) -> Result<()>;
         fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()>;
-        fn set_access(&self, va: DevicePtr, size: usize) -> Result<()>;
+        fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()>;
         fn unmap(&self, va: DevicePtr, size: usize) -> Result<()>;
         fn alloc_pinned(&self, size: usize) -> Result<HostPtr>;
         fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()>;
@@ -135,6 +136,7 @@ impl Device for ModelDevice {
         fn destroy_stream(&self, stream: StreamHandle) -> Result<()>;
         fn synchronize_stream(&self, stream: StreamHandle) -> Result<()>;
         fn elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32>;
+        fn copy_between_devices_async(&self, dst: DevicePtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()>;
         fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()>;
         fn fill_pattern_async(&self, dst: DevicePtr, words: usize, seed: u64, first: u64, stream: StreamHandle) -> Result<()>;
         fn check_pattern_async(&self, src: DevicePtr, words: usize, seed: u64, first: u64, counter: DevicePtr, stream: StreamHandle) -> Result<()>;

@@ -5,7 +5,10 @@
 //! objects instead of guessing from the driver's free memory, which also moves with the
 //! driver's private pools.
 
-use crate::{Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle, StreamPriority};
+use crate::{
+    ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle,
+    StreamPriority,
+};
 use std::sync::{Arc, Mutex};
 
 /// Counts of what is held through a [`CountingDevice`]; all zero once everything is back.
@@ -67,8 +70,8 @@ impl Device for CountingDevice {
     fn unreserve(&self, va: DevicePtr, size: usize) -> Result<()> {
         self.count(self.inner.unreserve(va, size), |h| h.reservations -= 1)
     }
-    fn create_chunk(&self) -> Result<PhysHandle> {
-        self.count(self.inner.create_chunk(), |h| h.chunks += 1)
+    fn create_chunk_at(&self, location: ChunkLocation) -> Result<PhysHandle> {
+        self.count(self.inner.create_chunk_at(location), |h| h.chunks += 1)
     }
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()> {
         self.count(self.inner.release_chunk(chunk), |h| h.chunks -= 1)
@@ -76,8 +79,8 @@ impl Device for CountingDevice {
     fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()> {
         self.count(self.inner.map(va, chunk), |h| h.mapped_granules += 1)
     }
-    fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
-        self.inner.set_access(va, size)
+    fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()> {
+        self.inner.set_access_from(va, size, gpus)
     }
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
         let granules = self.granules(size);
@@ -132,6 +135,15 @@ impl Device for CountingDevice {
     unsafe fn copy_to_host_async(&self, dst: HostPtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()> {
         // SAFETY: the caller's guarantees are passed on unchanged.
         unsafe { self.inner.copy_to_host_async(dst, src, len, stream) }
+    }
+    fn copy_between_devices_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.inner.copy_between_devices_async(dst, src, len, stream)
     }
     fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()> {
         self.inner.memset_async(dst, value, len, stream)

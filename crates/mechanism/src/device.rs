@@ -3,6 +3,18 @@
 //! pattern kernels), so the engine is written once for the CUDA driver (cuda/) and the
 //! simulated device (sim/). Implementations decide nothing: they do what they are asked and
 //! report the driver's answer as a `DeviceError` naming the call.
+//!
+//! A device is one GPU of a machine that may have several. Physical chunks have a
+//! [`ChunkLocation`]: the HBM of any GPU (this one's or a neighbour's) or pinned host memory.
+//! Wherever a chunk lives, it is mapped into a reservation like any other, and the GPUs named
+//! in [`Device::set_access_from`] may then touch it there: a chunk in a neighbour's HBM or in
+//! host memory stays addressable, only slower. Invariants the backends keep:
+//!
+//! * a mapping is touched only by GPUs given access to it: work run by another GPU (a copy,
+//!   a memset, a kernel, on that GPU's stream) is an error (on a GPU an illegal-address fault);
+//! * access from GPU `g` to a chunk in GPU `k`'s HBM needs `g == k` or peer access from `g`
+//!   to `k` ([`Device::peer_access`]); a chunk in host memory may be opened to any GPU;
+//! * `create_chunk`, `set_access` are this GPU's case of `create_chunk_at`, `set_access_from`.
 
 use crate::Result;
 
@@ -23,6 +35,25 @@ pub struct StreamHandle(pub u64);
 /// An event (`CUevent`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EventHandle(pub u64);
+
+/// Where a physical chunk's memory is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChunkLocation {
+    /// The HBM of the GPU of this ordinal (this device's own or another one's).
+    Gpu(usize),
+    /// Pinned host memory (on CUDA, `CU_MEM_LOCATION_TYPE_HOST_NUMA` on the NUMA node closest
+    /// to this GPU): slow to create, but mappable and addressable like device memory.
+    Host,
+}
+
+impl std::fmt::Display for ChunkLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChunkLocation::Gpu(ordinal) => write!(f, "GPU {ordinal}"),
+            ChunkLocation::Host => f.write_str("host memory"),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
@@ -77,6 +108,11 @@ pub struct DeviceInfo {
 /// completes every operation before returning, which is one valid schedule.
 pub trait Device: Send + Sync {
     fn info(&self) -> &DeviceInfo;
+    /// Whether this GPU can access memory of GPU `ordinal` directly (NVLink or PCIe peer
+    /// access, as probed at open: [`DeviceInfo::peers`]). False for this GPU itself.
+    fn peer_access(&self, ordinal: usize) -> bool {
+        self.info().peers.contains(&ordinal)
+    }
     /// Free and total device memory in bytes, as the driver reports them now.
     fn mem_info(&self) -> Result<(usize, usize)>;
 
@@ -85,15 +121,28 @@ pub trait Device: Send + Sync {
     /// Frees a reservation; nothing in it may still be mapped.
     fn unreserve(&self, va: DevicePtr, size: usize) -> Result<()>;
 
-    /// Creates one physical chunk of one granule in device memory.
-    fn create_chunk(&self) -> Result<PhysHandle>;
+    /// Creates one physical chunk of one granule at `location`. Errors name `cuMemCreate`;
+    /// a full GPU is [`DeviceError::OutOfMemory`](crate::DeviceError::OutOfMemory), a location
+    /// the driver cannot allocate at (host memory on an old driver) is `Unsupported`.
+    fn create_chunk_at(&self, location: ChunkLocation) -> Result<PhysHandle>;
+    /// Creates one physical chunk of one granule in this device's HBM.
+    fn create_chunk(&self) -> Result<PhysHandle> {
+        self.create_chunk_at(ChunkLocation::Gpu(self.info().ordinal))
+    }
     /// Releases a physical chunk; it must not be mapped anywhere.
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()>;
-    /// Maps `chunk` at `va` (granule-aligned, inside a reservation, not yet mapped).
-    /// The mapping is not accessible until [`Device::set_access`] covers it.
+    /// Maps `chunk` (of any location) at `va` (granule-aligned, inside a reservation, not yet
+    /// mapped). The mapping is not accessible until [`Device::set_access_from`] covers it.
     fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()>;
-    /// Makes `[va, va + size)`, all of it mapped, readable and writable by the device.
-    fn set_access(&self, va: DevicePtr, size: usize) -> Result<()>;
+    /// Makes `[va, va + size)`, all of it mapped, readable and writable by each GPU of
+    /// `gpus` (ordinals; at least one), in one `cuMemSetAccess`. Access already given to
+    /// other GPUs stays. Fails, changing nothing, if a GPU does not exist or cannot reach a
+    /// chunk of the range (no peer access to the GPU it lives on).
+    fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()>;
+    /// Makes `[va, va + size)`, all of it mapped, readable and writable by this device.
+    fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
+        self.set_access_from(va, size, &[self.info().ordinal])
+    }
     /// Unmaps `[va, va + size)`, which must consist of whole mapped chunks.
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()>;
 
@@ -130,6 +179,17 @@ pub trait Device: Send + Sync {
     /// `dst..dst+len` must be pinned memory from this device, valid and not otherwise
     /// accessed until the copy has completed on `stream`.
     unsafe fn copy_to_host_async(&self, dst: HostPtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()>;
+    /// Enqueues a copy of `len` bytes between two ranges of device memory (mapped chunks of
+    /// any location, or plain allocations), run by the GPU of `stream`, which needs access
+    /// to both: for instance from a chunk in this GPU's HBM to one in a neighbour's, over
+    /// NVLink. The ranges must not overlap.
+    fn copy_between_devices_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        stream: StreamHandle,
+    ) -> Result<()>;
     /// Enqueues setting `len` bytes at `dst` to `value`.
     fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()>;
 

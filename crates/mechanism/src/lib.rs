@@ -3,12 +3,15 @@
 //! A [`Device`] offers exactly the operations the engine needs to keep buffers at stable
 //! virtual addresses while their 2 MiB chunks move between HBM and pinned host memory:
 //! reserve a VA range, create and map physical chunks, set access once per range, copy
-//! asynchronously on streams, and order work with events. Two backends implement it:
+//! asynchronously on streams, and order work with events. A device is one GPU among several:
+//! chunks have a [`ChunkLocation`] (any GPU's HBM, or host memory), access can be given to
+//! several GPUs, and copies run between any two devices' memory. Two backends implement it:
 //!
 //! * [`cuda::CudaDevice`] — the CUDA driver API through `cudarc` with dynamic loading, so
 //!   builds need no CUDA and a machine without a driver gets a clear error at run time;
 //! * [`sim::SimDevice`] — a test double for CI: host memory stands in for HBM, with the same
-//!   chunk and VA semantics (an unmapped chunk cannot be touched; access is per range).
+//!   chunk and VA semantics (an unmapped chunk cannot be touched; access is per range and per
+//!   GPU), for one GPU or a node of several (`SimDevice::node`).
 //!
 //! Which one to use is the caller's choice ([`open`] implements `TIERMEM_BACKEND`).
 //! Adaptors wrap a device and add one concern each: [`counting::CountingDevice`] counts what
@@ -26,7 +29,8 @@ pub mod sim;
 pub mod timing;
 
 pub use device::{
-    BackendKind, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, StreamHandle, StreamPriority,
+    BackendKind, ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, StreamHandle,
+    StreamPriority,
 };
 pub use error::{DeviceError, Result};
 pub use host_memory::HostMemory;

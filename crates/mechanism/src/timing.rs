@@ -14,7 +14,10 @@
 //! ([`TimedDevice::times`]) reads each total on its own, so a call completing meanwhile may
 //! be in its count but not yet in its time.
 
-use crate::{Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle, StreamPriority};
+use crate::{
+    ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle,
+    StreamPriority,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -49,13 +52,13 @@ pub struct DriverTimes {
     pub reserve: CallTime,
     /// `cuMemAddressFree`.
     pub unreserve: CallTime,
-    /// `cuMemCreate`: one physical chunk each.
+    /// `cuMemCreate`: one physical chunk each, at any location (`create_chunk_at`).
     pub create_chunk: CallTime,
     /// `cuMemRelease`.
     pub release_chunk: CallTime,
     /// `cuMemMap`: one chunk each.
     pub map: CallTime,
-    /// `cuMemSetAccess`: one range of mapped chunks each.
+    /// `cuMemSetAccess`: one range of mapped chunks each, for one GPU or several (`set_access_from`).
     pub set_access: CallTime,
     /// `cuMemUnmap`: one range of mapped chunks each.
     pub unmap: CallTime,
@@ -131,8 +134,8 @@ impl Device for TimedDevice {
     fn unreserve(&self, va: DevicePtr, size: usize) -> Result<()> {
         self.timed(Call::Unreserve, || self.inner.unreserve(va, size))
     }
-    fn create_chunk(&self) -> Result<PhysHandle> {
-        self.timed(Call::CreateChunk, || self.inner.create_chunk())
+    fn create_chunk_at(&self, location: ChunkLocation) -> Result<PhysHandle> {
+        self.timed(Call::CreateChunk, || self.inner.create_chunk_at(location))
     }
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()> {
         self.timed(Call::ReleaseChunk, || self.inner.release_chunk(chunk))
@@ -140,8 +143,8 @@ impl Device for TimedDevice {
     fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()> {
         self.timed(Call::Map, || self.inner.map(va, chunk))
     }
-    fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
-        self.timed(Call::SetAccess, || self.inner.set_access(va, size))
+    fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()> {
+        self.timed(Call::SetAccess, || self.inner.set_access_from(va, size, gpus))
     }
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
         self.timed(Call::Unmap, || self.inner.unmap(va, size))
@@ -195,6 +198,15 @@ impl Device for TimedDevice {
     unsafe fn copy_to_host_async(&self, dst: HostPtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()> {
         // SAFETY: the caller's guarantees are passed on unchanged.
         unsafe { self.inner.copy_to_host_async(dst, src, len, stream) }
+    }
+    fn copy_between_devices_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.inner.copy_between_devices_async(dst, src, len, stream)
     }
     fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()> {
         self.inner.memset_async(dst, value, len, stream)

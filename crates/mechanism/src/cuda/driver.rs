@@ -54,6 +54,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuEventSynchronize",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
     "cuMemsetD8Async",
     "cuMemcpyHtoD_v2",
     "cuMemcpyDtoH_v2",

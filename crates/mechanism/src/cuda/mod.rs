@@ -5,8 +5,11 @@
 //! context (shared with the CUDA runtime, hence with PyTorch) and probes the device once into a
 //! [`DeviceInfo`]; every method then makes that context current on the calling thread, restoring
 //! a different context it found there. Physical chunks are VMM allocations of exactly one
-//! granule (`cuMemCreate`, pinned, located on this GPU), mapped into reservations from
-//! `cuMemAddressReserve`; access is granted with one `cuMemSetAccess` per range. The driver
+//! granule (`cuMemCreate`, pinned, located on this GPU, another GPU or host memory: see
+//! `locations`), mapped into reservations from `cuMemAddressReserve`; access is granted with
+//! one `cuMemSetAccess` per range, for one GPU or several. Reservations are in the process's
+//! unified address space, so a chunk on a neighbour mapped here is reached over NVLink by
+//! every GPU given access, and `cuMemcpyDtoDAsync` copies between any two such ranges. The driver
 //! documents that `cuMemUnmap` must cover "the entire contiguous address range that was mapped",
 //! so `unmap` unmaps one chunk mapping per call, as PyTorch's expandable segments do. (On the
 //! H200 with driver 580 one call over several mappings also returns success — but so does a
@@ -18,6 +21,7 @@
 
 mod driver;
 mod kernels;
+mod locations;
 mod ops;
 #[cfg(test)]
 mod tests;
@@ -35,8 +39,12 @@ pub struct CudaDevice {
     /// The retained primary context; released in `Drop`.
     ctx: sys::CUcontext,
     dev: sys::CUdevice,
-    /// Allocation properties of every chunk: pinned device memory on `dev`.
+    /// Allocation properties of chunks in this GPU's HBM: pinned device memory on `dev`.
     prop: sys::CUmemAllocationProp,
+    /// Allocation properties of chunks in host memory, or why there are none (`locations`).
+    host_prop: std::result::Result<sys::CUmemAllocationProp, String>,
+    /// The driver's handle of every GPU, by ordinal (this one's is `dev`).
+    devices: Vec<sys::CUdevice>,
     granularity: usize,
     /// `cuCtxGetStreamPriorityRange`: numerically, greatest <= least.
     least_priority: i32,
@@ -170,18 +178,9 @@ impl CudaDevice {
         let mut this = CudaDevice {
             ctx,
             dev,
-            prop: sys::CUmemAllocationProp {
-                type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-                requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-                location: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev },
-                win32HandleMetaData: ptr::null_mut(),
-                allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
-                    compressionType: 0,
-                    gpuDirectRDMACapable: 0,
-                    usage: 0,
-                    reserved: [0; 4],
-                },
-            },
+            prop: locations::allocation_prop(locations::device_location(dev)),
+            host_prop: Err("not probed".to_string()),
+            devices: Vec::new(),
             granularity: 0,
             least_priority: 0,
             greatest_priority: 0,
@@ -235,12 +234,16 @@ impl CudaDevice {
         check("cuDriverGetVersion", r, String::new)?;
         let cuda_version = driver::format_cuda_version(version);
 
-        let mut peers = Vec::new();
-        for j in (0..self.info.device_count).filter(|&j| j != ordinal) {
-            let mut peer: sys::CUdevice = 0;
+        let mut devices = Vec::with_capacity(self.info.device_count);
+        for j in 0..self.info.device_count {
+            let mut device: sys::CUdevice = 0;
             // SAFETY: valid out-pointer; `j < device_count`, which fits in i32.
-            let r = unsafe { sys::cuDeviceGet(&mut peer, j as i32) };
+            let r = unsafe { sys::cuDeviceGet(&mut device, j as i32) };
             check("cuDeviceGet", r, || format!("ordinal={j}"))?;
+            devices.push(device);
+        }
+        let mut peers = Vec::new();
+        for (j, &peer) in devices.iter().enumerate().filter(|&(j, _)| j != ordinal) {
             let mut can = 0;
             // SAFETY: valid out-pointer and devices.
             let r = unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.dev, peer) };
@@ -250,6 +253,8 @@ impl CudaDevice {
             }
         }
 
+        self.host_prop = locations::probe_host(self.dev, granularity);
+        self.devices = devices;
         self.granularity = granularity;
         self.least_priority = least;
         self.greatest_priority = greatest;

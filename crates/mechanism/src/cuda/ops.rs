@@ -9,7 +9,8 @@ use cudarc::driver::sys::{self, CUresult};
 use super::driver::check;
 use super::{event_ptr, stream_ptr, CudaDevice};
 use crate::{
-    Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle, StreamPriority,
+    ChunkLocation, Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle,
+    StreamPriority,
 };
 
 impl Device for CudaDevice {
@@ -42,12 +43,24 @@ impl Device for CudaDevice {
         check("cuMemAddressFree", r, || format!("va=0x{va:x} size={size}"))
     }
 
-    fn create_chunk(&self) -> Result<PhysHandle> {
+    fn create_chunk_at(&self, location: ChunkLocation) -> Result<PhysHandle> {
+        let prop = self.chunk_prop(location)?;
         let _ctx = self.bind()?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer; `prop` is fully initialised; size is one granule; flags 0.
-        let r = unsafe { sys::cuMemCreate(&mut handle, self.granularity, &self.prop, 0) };
-        check("cuMemCreate", r, || format!("size={} on GPU {}", self.granularity, self.info.ordinal))?;
+        let r = unsafe { sys::cuMemCreate(&mut handle, self.granularity, &prop, 0) };
+        check("cuMemCreate", r, || {
+            format!("size={} at {location} (through GPU {})", self.granularity, self.info.ordinal)
+        })
+        .map_err(|e| match (e, location) {
+            // Host memory ran out: say so rather than report HBM exhaustion.
+            (DeviceError::OutOfMemory { call, detail }, ChunkLocation::Host) => DeviceError::Driver {
+                call,
+                code: "CUDA_ERROR_OUT_OF_MEMORY".to_string(),
+                detail: format!("{detail}: host memory exhausted"),
+            },
+            (other, _) => other,
+        })?;
         Ok(PhysHandle(handle))
     }
 
@@ -68,16 +81,13 @@ impl Device for CudaDevice {
         check("cuMemMap", r, || format!("va=0x{va:x} size={g} handle=0x{:x}", chunk.0))
     }
 
-    fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
+    fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()> {
+        let descs = self.access_descs(gpus)?;
         let _ctx = self.bind()?;
-        let desc = sys::CUmemAccessDesc {
-            location: self.prop.location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: `desc` points to one initialised descriptor and count is 1; the driver
-        // validates that the range is mapped.
-        let r = unsafe { sys::cuMemSetAccess(va, size, &desc, 1) };
-        check("cuMemSetAccess", r, || format!("va=0x{va:x} size={size} GPU {} read-write", self.info.ordinal))
+        // SAFETY: `descs` holds `descs.len()` initialised descriptors; the driver validates that
+        // the range is mapped and that every GPU listed can reach its chunks.
+        let r = unsafe { sys::cuMemSetAccess(va, size, descs.as_ptr(), descs.len()) };
+        check("cuMemSetAccess", r, || format!("va=0x{va:x} size={size} GPUs {gpus:?} read-write"))
     }
 
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
@@ -257,6 +267,20 @@ impl Device for CudaDevice {
         let kernels = self.kernels()?;
         let _ctx = self.bind()?;
         kernels.check(src, words, seed, first, counter, stream)
+    }
+
+    fn copy_between_devices_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        let _ctx = self.bind()?;
+        // SAFETY: device memory only, on both sides; the driver validates the ranges (in the
+        // unified address space, on any GPU) and the stream.
+        let r = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, stream_ptr(stream)) };
+        check("cuMemcpyDtoDAsync_v2", r, || format!("dst=0x{dst:x} src=0x{src:x} len={len} stream=0x{:x}", stream.0))
     }
 
     fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()> {

@@ -61,6 +61,8 @@ fn gpu_open_reports_the_device() {
     assert!(info.granularity.is_power_of_two(), "{info:?}");
     assert!(info.total_bytes > 0);
     assert!(!info.peers.contains(&0));
+    eprintln!("host-located chunks: {:?}", dev.host_prop.as_ref().map(|prop| prop.location));
+    assert_eq!(dev.devices.len(), info.device_count);
     let (free, total) = dev.mem_info().unwrap();
     assert!(free <= total && total > 0);
     assert!(CudaDevice::open(info.device_count).is_err_and(|e| matches!(e, DeviceError::NoDevice(_))));

@@ -2,6 +2,7 @@
 //! pinned memory act at once; copies, memsets, kernels and event records are queued and run
 //! as mod.rs says.
 
+use super::work::Op;
 use super::*;
 
 /// Anonymous private mapping of `size` bytes with `prot`, at `fixed` if given.
@@ -25,8 +26,8 @@ impl Device for SimDevice {
     }
 
     fn mem_info(&self) -> Result<(usize, usize)> {
-        let used = self.lock().live_chunks.len();
-        Ok(((self.capacity_chunks - used) * self.gran(), self.info.total_bytes))
+        let used = self.lock().memory.used(self.info.ordinal);
+        Ok((self.info.total_bytes - used * self.gran(), self.info.total_bytes))
     }
 
     fn reserve(&self, size: usize) -> Result<DevicePtr> {
@@ -68,55 +69,24 @@ impl Device for SimDevice {
         Ok(())
     }
 
-    fn create_chunk(&self) -> Result<PhysHandle> {
+    fn create_chunk_at(&self, location: ChunkLocation) -> Result<PhysHandle> {
         fail::fail_point!("cuMemCreate", |_| Err(DeviceError::OutOfMemory {
             call: "cuMemCreate",
             detail: "injected by failpoint".into(),
         }));
         self.injected("cuMemCreate")?;
-        let mut s = self.lock();
-        if s.live_chunks.len() >= self.capacity_chunks {
-            return Err(DeviceError::OutOfMemory {
-                call: "cuMemCreate",
-                detail: format!("all {} simulated chunks are in use", self.capacity_chunks),
-            });
-        }
-        let slot = s.free_slots.pop().unwrap_or_else(|| {
-            s.next_slot += 1;
-            s.next_slot - 1
-        });
-        let poison = vec![POISON; self.gran()];
-        let offset = (slot as usize * self.gran()) as libc::off_t;
-        // SAFETY: writes our own buffer into our own memfd, inside its size.
-        let n = unsafe { libc::pwrite(self.memfd.as_raw_fd(), poison.as_ptr().cast(), poison.len(), offset) };
-        if n != poison.len() as isize {
-            s.free_slots.push(slot);
-            return Err(DeviceError::os("pwrite"));
-        }
-        s.live_chunks.insert(slot);
-        Ok(PhysHandle(slot))
+        self.lock().memory.create(location)
     }
 
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()> {
         let mut s = self.lock_progressing();
-        if !s.live_chunks.contains(&chunk.0) {
+        if !s.memory.is_live(chunk) {
             return Err(Self::invalid("cuMemRelease", format!("chunk {} is not live", chunk.0)));
         }
         if let Some(va) = s.mapped_chunks.get(&chunk.0).and_then(|vas| vas.first()) {
             return Err(Self::invalid("cuMemRelease", format!("chunk {} is still mapped at 0x{va:x}", chunk.0)));
         }
-        let offset = (chunk.0 as usize * self.gran()) as libc::off_t;
-        // SAFETY: punching a hole in our own memfd frees the chunk's memory; no mapping refers to it.
-        unsafe {
-            libc::fallocate(
-                self.memfd.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                offset,
-                self.gran() as libc::off_t,
-            )
-        };
-        s.live_chunks.remove(&chunk.0);
-        s.free_slots.push(chunk.0);
+        s.memory.release(chunk);
         Ok(())
     }
 
@@ -127,47 +97,62 @@ impl Device for SimDevice {
         let mut s = self.lock_progressing();
         let inside =
             s.reservations.range(..=va).next_back().is_some_and(|(&base, &size)| va + g as u64 <= base + size as u64);
-        if !inside || s.mappings.contains_key(&va) || !s.live_chunks.contains(&chunk.0) {
+        let backing = s.memory.backing(chunk).filter(|_| inside && !s.mappings.contains_key(&va));
+        let Some((memfd, offset)) = backing else {
             return Err(Self::invalid(
                 "cuMemMap",
                 format!("va=0x{va:x} chunk={} (outside a reservation, already mapped, or dead chunk)", chunk.0),
             ));
-        }
-        let offset = (chunk.0 as usize * g) as libc::off_t;
+        };
         // SAFETY: va..va+g lies inside a reservation of ours that holds no mapping there.
         let p = unsafe {
-            libc::mmap(
-                va as *mut libc::c_void,
-                g,
-                libc::PROT_NONE,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                self.memfd.as_raw_fd(),
-                offset,
-            )
+            libc::mmap(va as *mut libc::c_void, g, libc::PROT_NONE, libc::MAP_SHARED | libc::MAP_FIXED, memfd, offset)
         };
         if p == libc::MAP_FAILED {
             return Err(DeviceError::os("mmap"));
         }
-        s.mappings.insert(va, (chunk, false));
+        s.mappings.insert(va, Mapping { chunk, access: 0 });
         s.mapped_chunks.entry(chunk.0).or_default().push(va);
         Ok(())
     }
 
-    fn set_access(&self, va: DevicePtr, size: usize) -> Result<()> {
+    fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()> {
         failpoint!(self, "cuMemSetAccess");
         self.check_aligned("cuMemSetAccess", va, size)?;
         let mut s = self.lock_progressing();
         let g = self.gran() as u64;
-        if !(va..va + size as u64).step_by(g as usize).all(|a| s.mappings.contains_key(&a)) {
-            return Err(Self::invalid("cuMemSetAccess", format!("va=0x{va:x} size={size} is not fully mapped")));
+        let count = self.info.device_count;
+        if let Some(bad) = gpus.iter().find(|&&gpu| gpu >= count) {
+            return Err(DeviceError::Driver {
+                call: "cuMemSetAccess",
+                code: "CUDA_ERROR_INVALID_DEVICE".into(),
+                detail: format!("access from GPU {bad}, but the simulated node has {count} GPU(s)"),
+            });
         }
+        if gpus.is_empty() {
+            return Err(Self::invalid("cuMemSetAccess", format!("va=0x{va:x} size={size}: no GPU to give access to")));
+        }
+        for a in (va..va + size as u64).step_by(g as usize) {
+            let Some(m) = s.mappings.get(&a) else {
+                return Err(Self::invalid("cuMemSetAccess", format!("va=0x{va:x} size={size} is not fully mapped")));
+            };
+            let home = Memory::location(m.chunk);
+            if let Some(gpu) = gpus.iter().find(|&&gpu| !self.can_reach(gpu, home)) {
+                return Err(DeviceError::Driver {
+                    call: "cuMemSetAccess",
+                    code: "CUDA_ERROR_INVALID_DEVICE".into(),
+                    detail: format!("GPU {gpu} has no peer access to {home}, where the chunk at 0x{a:x} is"),
+                });
+            }
+        }
+        let access = gpus.iter().fold(0u64, |bits, gpu| bits | 1 << gpu);
         // SAFETY: the whole range consists of our own memfd mappings.
         if unsafe { libc::mprotect(va as *mut libc::c_void, size, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
             return Err(DeviceError::os("mprotect"));
         }
         for a in (va..va + size as u64).step_by(g as usize) {
             if let Some(m) = s.mappings.get_mut(&a) {
-                m.1 = true;
+                m.access |= access;
             }
         }
         Ok(())
@@ -183,7 +168,7 @@ impl Device for SimDevice {
         }
         anon_map(size, libc::PROT_NONE, Some(va as usize))?;
         for a in (va..va + size as u64).step_by(g as usize) {
-            if let Some((chunk, _)) = s.mappings.remove(&a) {
+            if let Some(Mapping { chunk, .. }) = s.mappings.remove(&a) {
                 let vas = s.mapped_chunks.get_mut(&chunk.0).expect("a mapped chunk has its addresses");
                 vas.retain(|&v| v != a);
                 if vas.is_empty() {
@@ -219,6 +204,7 @@ impl Device for SimDevice {
         let mut s = self.lock();
         let h = Self::new_handle(&mut s);
         s.queues.add_stream(h);
+        s.stream_gpus.insert(h, self.info.ordinal);
         Ok(StreamHandle(h))
     }
 
@@ -230,6 +216,7 @@ impl Device for SimDevice {
         if !s.queues.remove_stream(id) {
             return Err(Self::invalid("cuStreamDestroy", "the legacy stream cannot be destroyed".into()));
         }
+        s.stream_gpus.remove(&id);
         Ok(())
     }
 
@@ -295,30 +282,34 @@ impl Device for SimDevice {
         stream: StreamHandle,
     ) -> Result<()> {
         failpoint!(self, "cuMemcpyHtoDAsync");
-        self.check_device("cuMemcpyHtoDAsync", dst, len)?;
-        self.check_pinned("cuMemcpyHtoDAsync", src, len)?;
-        let mut s = self.lock_progressing();
-        let id = Self::stream_of(&s, "cuMemcpyHtoDAsync", stream)?;
-        s.queues.enqueue(id, Work::ToDevice { dst, src, len });
-        Ok(())
+        let op = Op::ToDevice { dst, src, len };
+        self.enqueue("cuMemcpyHtoDAsync", stream, op, &[(dst, len)], Some((src, len)))
     }
 
     unsafe fn copy_to_host_async(&self, dst: HostPtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()> {
         failpoint!(self, "cuMemcpyDtoHAsync");
-        self.check_device("cuMemcpyDtoHAsync", src, len)?;
-        self.check_pinned("cuMemcpyDtoHAsync", dst, len)?;
-        let mut s = self.lock_progressing();
-        let id = Self::stream_of(&s, "cuMemcpyDtoHAsync", stream)?;
-        s.queues.enqueue(id, Work::ToHost { dst, src, len });
-        Ok(())
+        let op = Op::ToHost { dst, src, len };
+        self.enqueue("cuMemcpyDtoHAsync", stream, op, &[(src, len)], Some((dst, len)))
+    }
+
+    fn copy_between_devices_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        failpoint!(self, "cuMemcpyDtoDAsync");
+        if dst < src + len as u64 && src < dst + len as u64 && len > 0 {
+            let detail = format!("dst=0x{dst:x} src=0x{src:x} len={len}: the ranges overlap");
+            return Err(Self::invalid("cuMemcpyDtoDAsync", detail));
+        }
+        let op = Op::Between { dst, src, len };
+        self.enqueue("cuMemcpyDtoDAsync", stream, op, &[(dst, len), (src, len)], None)
     }
 
     fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()> {
-        self.check_device("cuMemsetD8Async", dst, len)?;
-        let mut s = self.lock_progressing();
-        let id = Self::stream_of(&s, "cuMemsetD8Async", stream)?;
-        s.queues.enqueue(id, Work::Memset { dst, value, len });
-        Ok(())
+        self.enqueue("cuMemsetD8Async", stream, Op::Memset { dst, value, len }, &[(dst, len)], None)
     }
 
     fn fill_pattern_async(
@@ -329,11 +320,7 @@ impl Device for SimDevice {
         first: u64,
         stream: StreamHandle,
     ) -> Result<()> {
-        self.check_device("tiermem_fill", dst, words * 8)?;
-        let mut s = self.lock_progressing();
-        let id = Self::stream_of(&s, "cuLaunchKernel", stream)?;
-        s.queues.enqueue(id, Work::Fill { dst, words, seed, first });
-        Ok(())
+        self.enqueue("tiermem_fill", stream, Op::Fill { dst, words, seed, first }, &[(dst, words * 8)], None)
     }
 
     fn check_pattern_async(
@@ -345,24 +332,15 @@ impl Device for SimDevice {
         counter: DevicePtr,
         stream: StreamHandle,
     ) -> Result<()> {
-        self.check_device("tiermem_check", src, words * 8)?;
-        self.check_device("tiermem_check", counter, 4)?;
-        let mut s = self.lock_progressing();
-        let id = Self::stream_of(&s, "cuLaunchKernel", stream)?;
-        s.queues.enqueue(id, Work::Check { src, words, seed, first, counter });
-        Ok(())
+        let op = Op::Check { src, words, seed, first, counter };
+        self.enqueue("tiermem_check", stream, op, &[(src, words * 8), (counter, 4)], None)
     }
 
     fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         let mut s = self.lock();
         // A synchronous copy runs on the legacy stream, after the work already there.
         Self::run_until(&mut s, "cuMemcpyHtoD", Need::StreamIdle(0))?;
-        if !Self::device_range_ok(&s, dst, src.len()) {
-            return Err(DeviceError::Fault(format!(
-                "cuMemcpyHtoD: device range 0x{dst:x}+{} is not mapped with access",
-                src.len()
-            )));
-        }
+        Self::check_device(&s, "cuMemcpyHtoD", self.info.ordinal, dst, src.len())?;
         // SAFETY: the destination range was just checked to be mapped with access.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
         Ok(())
@@ -371,12 +349,7 @@ impl Device for SimDevice {
     fn read(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
         let mut s = self.lock();
         Self::run_until(&mut s, "cuMemcpyDtoH", Need::StreamIdle(0))?;
-        if !Self::device_range_ok(&s, src, dst.len()) {
-            return Err(DeviceError::Fault(format!(
-                "cuMemcpyDtoH: device range 0x{src:x}+{} is not mapped with access",
-                dst.len()
-            )));
-        }
+        Self::check_device(&s, "cuMemcpyDtoH", self.info.ordinal, src, dst.len())?;
         // SAFETY: the source range was just checked to be mapped with access.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
@@ -384,18 +357,44 @@ impl Device for SimDevice {
 
     fn alloc_plain(&self, size: usize) -> Result<DevicePtr> {
         let p = anon_map(size, libc::PROT_READ | libc::PROT_WRITE, None)? as DevicePtr;
-        self.lock().plain.insert(p, size);
+        self.lock().plain.insert(p, (size, self.info.ordinal));
         Ok(p)
     }
 
     fn free_plain(&self, ptr: DevicePtr) -> Result<()> {
-        let size = self
+        let (size, _) = self
             .lock()
             .plain
             .remove(&ptr)
             .ok_or_else(|| Self::invalid("cuMemFree", format!("0x{ptr:x} is not a plain allocation")))?;
         // SAFETY: our own anonymous mapping, no longer referenced.
         unsafe { libc::munmap(ptr as *mut libc::c_void, size) };
+        Ok(())
+    }
+}
+
+impl SimDevice {
+    /// Queues memory work `op` on `stream` (`call` names it in errors), after checking that
+    /// the stream's GPU may touch each of `device` ranges now and that `pinned` is pinned;
+    /// they are checked again when the work runs.
+    fn enqueue(
+        &self,
+        call: &'static str,
+        stream: StreamHandle,
+        op: Op,
+        device: &[(DevicePtr, usize)],
+        pinned: Option<(HostPtr, usize)>,
+    ) -> Result<()> {
+        let mut s = self.lock_progressing();
+        let id = Self::stream_of(&s, call, stream)?;
+        let gpu = self.gpu_of(&s, id);
+        for &(ptr, len) in device {
+            Self::check_device(&s, call, gpu, ptr, len)?;
+        }
+        if let Some((ptr, len)) = pinned {
+            Self::check_pinned(&s, call, ptr, len)?;
+        }
+        s.queues.enqueue(id, Work::Memory { gpu, op });
         Ok(())
     }
 }

@@ -1,36 +1,47 @@
-//! The simulated device: a test double with the CUDA VMM semantics tiermem relies on.
+//! The simulated device: a test double with the CUDA VMM semantics tiermem relies on, for
+//! one GPU or a node of several.
 //!
-//! "Device memory" is one sparse memfd of the simulated HBM size; a physical chunk is one
-//! granule of it. Reserving VA reserves host address space (`PROT_NONE`); mapping a chunk
-//! `mmap`s its part of the memfd at the address with no access, and `set_access` opens the
-//! range for reading and writing. So a device pointer is an ordinary host address whose
-//! bytes live exactly where the engine put them, and an engine bug — a copy to an unmapped
-//! chunk, a mapping over a mapping, a chunk released while mapped — is an error here
-//! (`Fault`, `Driver`), as it would be an illegal-address fault or an error code on a GPU.
+//! "Device memory" is a sparse memfd per GPU of the simulated HBM size, and one more for
+//! host-located chunks ([`memory`]); a physical chunk is one granule of its location's memfd.
+//! Reserving VA reserves host address space (`PROT_NONE`); mapping a chunk `mmap`s its part
+//! of the memfd at the address with no access, and `set_access_from` opens the range for
+//! reading and writing and records which GPUs may touch it. So a device pointer is an ordinary
+//! host address whose bytes live exactly where the engine put them, and an engine bug — a copy
+//! to an unmapped chunk, a mapping over a mapping, a chunk released while mapped, work on a GPU
+//! that was not given access to the mapping — is an error here (`Fault`, `Driver`), as it
+//! would be an illegal-address fault or an error code on a GPU.
+//!
+//! The GPUs of a node ([`SimDevice::node`]) share the address space, the chunks, the streams
+//! and the events; each has its own HBM capacity (`mem_info` counts the chunks made on it,
+//! through whichever GPU). Work runs on the GPU of its stream (the creator; the legacy stream
+//! 0 runs work for whoever enqueues it) and may touch only plain allocations of that GPU and
+//! mappings with access from it. Access from GPU `g` to a chunk on GPU `k` needs peer access
+//! (every pair, or none: [`SimDevice::node_without_peer_access`]); host chunks open to all.
 //!
 //! Freshly created chunks are filled with a poison byte, because `cuMemCreate` does not
 //! zero memory either: an engine that forgot to zero a never-written chunk fails its tests.
 //!
 //! Copies, memsets and event records are asynchronous, as on a GPU: they run later, in an
 //! order the simulated device picks at random among the streams that can proceed (see
-//! [`queues`]). A copy that finds its memory unmapped or unpinned when it runs is a sticky
-//! `Fault`, reported by every later synchronisation. Timings are meaningless: events report 0 ms.
-//! With the `failpoints` feature, each driver-call stand-in has a failpoint of the CUDA
-//! call's name (`cuMemCreate`, `cuMemMap`, …) so tests can fail any step.
+//! [`queues`]). A copy that finds its memory unmapped, without access or unpinned when it runs
+//! is a sticky `Fault`, reported by every later synchronisation. Timings are meaningless:
+//! events report 0 ms. With the `failpoints` feature, each driver-call stand-in has a failpoint
+//! of the CUDA call's name (`cuMemCreate`, `cuMemMap`, …) so tests can fail any step.
 
 use crate::{
-    BackendKind, Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle,
-    StreamPriority,
+    BackendKind, ChunkLocation, Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result,
+    StreamHandle, StreamPriority,
 };
+mod memory;
 mod queues;
 mod work;
 
 use crate::faults::RandomFaults;
+use memory::Memory;
 pub use queues::Timing;
 use queues::{Queues, Work};
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 /// The granule of the simulated device: the H200's VMM granularity.
 pub const SIM_GRANULARITY: usize = 2 << 20;
@@ -55,10 +66,17 @@ impl SimLive {
     }
 }
 
+/// One simulated GPU. GPUs made together by [`SimDevice::node`] share one address space,
+/// one set of physical chunks, streams and events; each has its own HBM.
 pub struct SimDevice {
     info: DeviceInfo,
-    capacity_chunks: usize,
-    memfd: OwnedFd,
+    node: Arc<Node>,
+}
+
+/// What the GPUs of a simulated node share.
+struct Node {
+    /// Whether every GPU of the node may access every other one's memory.
+    peer_access: bool,
     state: Mutex<SimState>,
 }
 
@@ -69,18 +87,28 @@ enum Need {
     EventDone(u64),
 }
 
+/// One granule of a reservation with a chunk mapped there.
+#[derive(Clone, Copy)]
+struct Mapping {
+    chunk: PhysHandle,
+    /// Bit `g` set: GPU `g` may touch the mapping (`set_access_from`).
+    access: u64,
+}
+
 struct SimState {
     reservations: BTreeMap<DevicePtr, usize>,
-    /// Granule-aligned VA → (chunk, accessible).
-    mappings: BTreeMap<DevicePtr, (PhysHandle, bool)>,
-    live_chunks: HashSet<u64>,
+    /// Granule-aligned VA → what is mapped there.
+    mappings: BTreeMap<DevicePtr, Mapping>,
+    memory: Memory,
     /// For each mapped chunk, the addresses it is mapped at (CUDA allows several).
     mapped_chunks: HashMap<u64, Vec<DevicePtr>>,
-    free_slots: Vec<u64>,
-    next_slot: u64,
     pinned: BTreeMap<HostPtr, usize>,
-    plain: HashMap<DevicePtr, usize>,
+    /// Plain allocations: size and the GPU that made them, the only one that may touch them.
+    plain: HashMap<DevicePtr, (usize, usize)>,
     queues: Queues,
+    /// The GPU that runs the work of each stream (its creator); work on the legacy stream 0
+    /// runs on the GPU that enqueued it.
+    stream_gpus: HashMap<u64, usize>,
     /// The first fault of asynchronous work; sticky, like a CUDA context error.
     fault: Option<String>,
     /// Driver calls that fail at random (`SimDevice::inject_errors`).
@@ -99,10 +127,37 @@ macro_rules! failpoint {
     };
 }
 
+/// The most GPUs a simulated node has (access is a bit per GPU).
+pub const SIM_MAX_GPUS: usize = 64;
+
 impl SimDevice {
     /// A simulated device with `hbm_bytes` of memory (rounded down to whole granules).
     /// Refused if host memory could not hold it: host memory stands in for its HBM.
     pub fn new(hbm_bytes: usize) -> Result<Self> {
+        let mut gpus = Self::build(1, hbm_bytes, true)?;
+        Ok(gpus.pop().expect("a node of one GPU"))
+    }
+
+    /// A simulated node of `gpus` GPUs with `hbm_per_gpu` bytes of HBM each, every one with
+    /// peer access to every other; element `i` is GPU `i`. They share one address space and
+    /// the physical chunks: a chunk made on GPU 1 can be mapped anywhere and touched by every
+    /// GPU given access to it. Streams, events, timing, seeds, injected errors and
+    /// [`SimDevice::live`] are the node's, whichever GPU is asked.
+    pub fn node(gpus: usize, hbm_per_gpu: usize) -> Result<Vec<Self>> {
+        Self::build(gpus, hbm_per_gpu, true)
+    }
+
+    /// As [`SimDevice::node`], but no GPU has peer access to another: each may touch only
+    /// chunks in its own HBM or in host memory (GPUs on separate PCIe roots).
+    pub fn node_without_peer_access(gpus: usize, hbm_per_gpu: usize) -> Result<Vec<Self>> {
+        Self::build(gpus, hbm_per_gpu, false)
+    }
+
+    fn build(gpus: usize, hbm_per_gpu: usize, peer_access: bool) -> Result<Vec<Self>> {
+        if !(1..=SIM_MAX_GPUS).contains(&gpus) {
+            return Err(DeviceError::Config(format!("a simulated node of {gpus} GPUs: between 1 and {SIM_MAX_GPUS}")));
+        }
+        let hbm_bytes = hbm_per_gpu.saturating_mul(gpus);
         if let Some(host) = crate::HostMemory::read().filter(|host| hbm_bytes > host.available) {
             return Err(DeviceError::Config(format!(
                 "a simulated device of {:.2} GiB is more than the {:.2} GiB of host memory available, which stands in for its HBM: set TIERMEM_SIM_HBM (or the HBM cap the simulated device is sized from) lower",
@@ -110,46 +165,37 @@ impl SimDevice {
                 host.available as f64 / (1u64 << 30) as f64
             )));
         }
-        let capacity_chunks = hbm_bytes / SIM_GRANULARITY;
-        // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new fd or -1.
-        let fd = unsafe { libc::memfd_create(c"tiermem-sim-hbm".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(DeviceError::os("memfd_create"));
-        }
-        // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
-        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let size = (capacity_chunks * SIM_GRANULARITY) as libc::off_t;
-        // SAFETY: plain syscall on an fd we own; the file stays sparse until written.
-        if unsafe { libc::ftruncate(memfd.as_raw_fd(), size) } != 0 {
-            return Err(DeviceError::os("ftruncate"));
-        }
-        let info = DeviceInfo {
-            backend: BackendKind::Sim,
-            ordinal: 0,
-            name: "tiermem simulated device".into(),
-            device_count: 1,
-            driver_version: "none (simulated)".into(),
-            cuda_version: "none (simulated)".into(),
-            total_bytes: capacity_chunks * SIM_GRANULARITY,
-            granularity: SIM_GRANULARITY,
-            vmm_supported: true,
-            peers: Vec::new(),
-        };
+        let capacity_chunks = hbm_per_gpu / SIM_GRANULARITY;
         let state = SimState {
             reservations: BTreeMap::new(),
             mappings: BTreeMap::new(),
-            live_chunks: HashSet::new(),
+            memory: Memory::new(gpus, capacity_chunks)?,
             mapped_chunks: HashMap::new(),
-            free_slots: Vec::new(),
-            next_slot: 0,
             pinned: BTreeMap::new(),
             plain: HashMap::new(),
-            queues: Queues::new(0x5eed_cafe ^ hbm_bytes as u64),
+            queues: Queues::new(0x5eed_cafe ^ hbm_per_gpu as u64 ^ ((gpus as u64 - 1) << 56)),
+            stream_gpus: HashMap::new(),
             fault: None,
             faults: RandomFaults::default(),
             next_handle: 0,
         };
-        Ok(Self { info, capacity_chunks, memfd, state: Mutex::new(state) })
+        let node = Arc::new(Node { peer_access, state: Mutex::new(state) });
+        let device = |ordinal: usize| SimDevice {
+            info: DeviceInfo {
+                backend: BackendKind::Sim,
+                ordinal,
+                name: "tiermem simulated device".into(),
+                device_count: gpus,
+                driver_version: "none (simulated)".into(),
+                cuda_version: "none (simulated)".into(),
+                total_bytes: capacity_chunks * SIM_GRANULARITY,
+                granularity: SIM_GRANULARITY,
+                vmm_supported: true,
+                peers: if peer_access { (0..gpus).filter(|&g| g != ordinal).collect() } else { Vec::new() },
+            },
+            node: Arc::clone(&node),
+        };
+        Ok((0..gpus).map(device).collect())
     }
 
     /// When queued work runs besides when it is waited for ([`Timing`]; `Eager` by default).
@@ -195,7 +241,7 @@ impl SimDevice {
         SimLive {
             reservations: s.reservations.len(),
             mapped_chunks: s.mappings.len(),
-            chunks: s.live_chunks.len(),
+            chunks: s.memory.live(),
             pinned_bytes: s.pinned.values().sum(),
             plain_allocations: s.plain.len(),
             streams,
@@ -204,7 +250,7 @@ impl SimDevice {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SimState> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.node.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn gran(&self) -> usize {
@@ -223,33 +269,49 @@ impl SimDevice {
         Ok(())
     }
 
-    /// Whether `[ptr, ptr+len)` is device memory the device may touch now.
-    fn device_range_ok(s: &SimState, ptr: DevicePtr, len: usize) -> bool {
-        if let Some((&base, &size)) = s.plain.iter().find(|(&b, &sz)| ptr >= b && ptr < b + sz as u64) {
-            return ptr + len as u64 <= base + size as u64;
+    /// Whether `[ptr, ptr+len)` is device memory GPU `gpu` may touch now: its own plain
+    /// allocation, or granules mapped with access from it.
+    fn device_range_ok(s: &SimState, gpu: usize, ptr: DevicePtr, len: usize) -> bool {
+        if let Some((&base, &(size, owner))) = s.plain.iter().find(|(&b, &(sz, _))| ptr >= b && ptr < b + sz as u64) {
+            return owner == gpu && ptr + len as u64 <= base + size as u64;
         }
         let g = SIM_GRANULARITY as u64;
         let (first, end) = (ptr - ptr % g, ptr + len as u64);
-        (first..end).step_by(g as usize).all(|va| matches!(s.mappings.get(&va), Some((_, true))))
+        (first..end).step_by(g as usize).all(|va| s.mappings.get(&va).is_some_and(|m| m.access & 1 << gpu != 0))
     }
 
     fn pinned_range_ok(s: &SimState, ptr: HostPtr, len: usize) -> bool {
         s.pinned.range(..=ptr).next_back().is_some_and(|(&base, &size)| ptr + len <= base + size)
     }
 
-    fn check_device(&self, call: &'static str, ptr: DevicePtr, len: usize) -> Result<()> {
-        if len == 0 || Self::device_range_ok(&self.lock(), ptr, len) {
+    fn check_device(s: &SimState, call: &'static str, gpu: usize, ptr: DevicePtr, len: usize) -> Result<()> {
+        if len == 0 || Self::device_range_ok(s, gpu, ptr, len) {
             Ok(())
         } else {
-            Err(DeviceError::Fault(format!("{call}: device range 0x{ptr:x}+{len} is not mapped with access")))
+            Err(DeviceError::Fault(format!(
+                "{call}: device range 0x{ptr:x}+{len} is not mapped with access from GPU {gpu}"
+            )))
         }
     }
 
-    fn check_pinned(&self, call: &'static str, ptr: HostPtr, len: usize) -> Result<()> {
-        if len == 0 || Self::pinned_range_ok(&self.lock(), ptr, len) {
+    fn check_pinned(s: &SimState, call: &'static str, ptr: HostPtr, len: usize) -> Result<()> {
+        if len == 0 || Self::pinned_range_ok(s, ptr, len) {
             Ok(())
         } else {
             Err(DeviceError::Fault(format!("{call}: host range 0x{ptr:x}+{len} is not pinned memory")))
+        }
+    }
+
+    /// The GPU that runs work enqueued on `stream` through this device.
+    fn gpu_of(&self, s: &SimState, stream: u64) -> usize {
+        s.stream_gpus.get(&stream).copied().unwrap_or(self.info.ordinal)
+    }
+
+    /// Whether GPU `gpu` may be given access to memory at `location`.
+    fn can_reach(&self, gpu: usize, location: ChunkLocation) -> bool {
+        match location {
+            ChunkLocation::Host => true,
+            ChunkLocation::Gpu(home) => home == gpu || self.node.peer_access,
         }
     }
 
@@ -325,16 +387,15 @@ impl SimDevice {
     }
 }
 
-impl Drop for SimDevice {
+impl Drop for SimState {
     fn drop(&mut self) {
-        let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        for (&va, &size) in &s.reservations {
+        for (&va, &size) in &self.reservations {
             // SAFETY: the range was mapped by `reserve` and nothing else refers to it now.
             unsafe { libc::munmap(va as *mut libc::c_void, size) };
         }
-        let host = s.pinned.iter().map(|(&p, &n)| (p, n));
-        for (ptr, size) in host.chain(s.plain.iter().map(|(&p, &n)| (p as usize, n))) {
-            // SAFETY: these are our own anonymous mappings, unreachable once the device is gone.
+        let host = self.pinned.iter().map(|(&p, &n)| (p, n));
+        for (ptr, size) in host.chain(self.plain.iter().map(|(&p, &(n, _))| (p as usize, n))) {
+            // SAFETY: these are our own anonymous mappings, unreachable once the node is gone.
             unsafe { libc::munmap(ptr as *mut libc::c_void, size) };
         }
     }

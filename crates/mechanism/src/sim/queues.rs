@@ -18,6 +18,7 @@
 //! Events follow CUDA: a record captures the work before it on its stream; a wait captures
 //! the event's most recent record at the time of the wait; an event never recorded is done.
 
+use super::work::Op;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 /// When queued work runs on the simulated device, besides when someone waits for it.
@@ -37,34 +38,11 @@ impl Timing {
 }
 
 pub(super) enum Work {
-    ToDevice {
-        dst: u64,
-        src: usize,
-        len: usize,
-    },
-    ToHost {
-        dst: usize,
-        src: u64,
-        len: usize,
-    },
-    Memset {
-        dst: u64,
-        value: u8,
-        len: usize,
-    },
-    /// The pattern kernels (`Device::fill_pattern_async`, `Device::check_pattern_async`).
-    Fill {
-        dst: u64,
-        words: usize,
-        seed: u64,
-        first: u64,
-    },
-    Check {
-        src: u64,
-        words: usize,
-        seed: u64,
-        first: u64,
-        counter: u64,
+    /// Copies, memsets and kernels ([`Op`]), run by GPU `gpu`: the memory they touch must
+    /// be accessible from it when they run.
+    Memory {
+        gpu: usize,
+        op: Op,
     },
     Record {
         event: u64,
