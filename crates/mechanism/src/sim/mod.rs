@@ -198,8 +198,9 @@ impl SimDevice {
         Ok((0..gpus).map(device).collect())
     }
 
-    /// When queued work runs besides when it is waited for ([`Timing`]; `Eager` by default).
-    /// `Lazy` is the slowest GPU allowed, for tests that must see a missing wait every time.
+    /// When queued work runs besides when it is waited for ([`Timing`]; `Eager` by default),
+    /// on every GPU of the node. `Lazy` is the slowest GPU allowed, for tests that must see a
+    /// missing wait every time.
     pub fn set_timing(&self, timing: Timing) {
         self.lock().queues.set_timing(timing);
     }
@@ -207,7 +208,8 @@ impl SimDevice {
     /// Makes about one in `one_in` of the driver calls that can fail on a GPU (those with a
     /// failpoint: create, map, set access, unmap, pin, the asynchronous copies, reserve) fail
     /// with an injected `CUDA_ERROR_UNKNOWN`, chosen by a generator seeded with `seed`; `None`
-    /// stops it. Per device, so tests running in parallel do not disturb each other.
+    /// stops it. Per device (per node: its GPUs share the generator), so tests running in
+    /// parallel do not disturb each other.
     pub fn inject_errors(&self, one_in: Option<u64>, seed: u64) {
         self.lock().faults = RandomFaults::new(one_in, seed);
     }
@@ -234,7 +236,8 @@ impl SimDevice {
         self.lock().queues.set_seed(seed);
     }
 
-    /// What is still allocated; all zero once every user has cleaned up.
+    /// What is still allocated on the whole node (chunks of every location included); all
+    /// zero once every user has cleaned up.
     pub fn live(&self) -> SimLive {
         let s = self.lock();
         let (streams, events) = s.queues.live();
