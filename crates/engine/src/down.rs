@@ -117,9 +117,9 @@ impl Tiers {
     ) -> Result<(), DeviceError> {
         let g = self.chunk;
         let va0 = state.va(batch[0]);
-        let targets: Vec<Source> = slots.iter().map(|&s| Source::Host(self.host.addr(s))).collect();
+        let targets: Vec<Source> = slots.iter().map(|&s| Source::Host(self.host.addr(s), self.host.slab(s))).collect();
         for (k, n, dst) in coalesce(&targets, g) {
-            let Source::Host(dst) = dst else { unreachable!("every chunk has a slot") };
+            let Source::Host(dst, _) = dst else { unreachable!("every chunk has a slot") };
             // SAFETY: the slots were just allocated for these chunks and nothing else uses them;
             // the chunks stay mapped (PagingOut) until this copy's fence has completed.
             let copied = unsafe { self.device.copy_to_host_async(dst, va0 + (k * g) as u64, n * g, stream) };

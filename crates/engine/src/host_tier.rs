@@ -47,6 +47,13 @@ impl HostTier {
         self.slabs[i / self.slab_slots] + (i % self.slab_slots) * self.chunk
     }
 
+    /// The pinned allocation (slab) `slot` is in: one copy never spans two of them, even where
+    /// the driver placed them next to each other (`cuMemcpy*Async` refuses such a range with
+    /// `CUDA_ERROR_INVALID_VALUE`).
+    pub fn slab(&self, slot: Slot) -> usize {
+        slot.0 as usize / self.slab_slots
+    }
+
     /// `n` slots, contiguous where possible; `None` (and nothing taken) if the cap forbids.
     pub fn alloc(&mut self, device: &dyn Device, n: usize) -> Result<Option<Vec<Slot>>> {
         while self.free.len() < n {

@@ -230,7 +230,7 @@ impl Tiers {
             let sources: Vec<Source> = batch
                 .iter()
                 .map(|&r| match state.chunk(r).location() {
-                    Location::Host(slot) => Source::Host(self.host.addr(slot)),
+                    Location::Host(slot) => Source::Host(self.host.addr(slot), self.host.slab(slot)),
                     Location::File(_) => Source::File,
                     Location::Empty | Location::Hbm { .. } => Source::Zeros,
                 })
@@ -240,7 +240,7 @@ impl Tiers {
                 outcome = match source {
                     // SAFETY: the slots are pinned memory owned by these chunks, freed only
                     // after this copy's fence.
-                    Source::Host(src) => unsafe { device.copy_to_device_async(dst, src, n * g, stream) },
+                    Source::Host(src, _) => unsafe { device.copy_to_device_async(dst, src, n * g, stream) },
                     Source::Zeros => device.memset_async(dst, 0, n * g, stream),
                     Source::File => Ok(()),
                 };

@@ -33,8 +33,8 @@ pub(crate) fn batches(refs: &[ChunkRef], max: usize) -> impl Iterator<Item = &[C
 /// Where a chunk coming up gets its bytes, or where a chunk going down puts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Source {
-    /// A pinned host slot at this address.
-    Host(HostPtr),
+    /// A pinned host slot at this address, in this slab (pinned allocation) of the host tier.
+    Host(HostPtr, usize),
     /// Never written: zeros.
     Zeros,
     /// The file: the background reader copies it (file_reads.rs).
@@ -42,12 +42,12 @@ pub(crate) enum Source {
 }
 
 /// Groups consecutive chunks into single transfers: runs of host slots at adjacent addresses
-/// (`chunk` bytes apart), runs of zero-fills, runs read from the file. Yields
+/// (`chunk` bytes apart) within one slab, runs of zero-fills, runs read from the file. Yields
 /// `(first, count, source of the first)`.
 pub(crate) fn coalesce(sources: &[Source], chunk: usize) -> Vec<(usize, usize, Source)> {
     let continues = |first: &Source, k: usize, source: &Source| match (*first, *source) {
-        (Source::Host(s), Source::Host(a)) => a == s + k * chunk,
-        (Source::Host(_), _) | (_, Source::Host(_)) => false,
+        (Source::Host(s, slab), Source::Host(a, other)) => slab == other && a == s + k * chunk,
+        (Source::Host(..), _) | (_, Source::Host(..)) => false,
         (a, b) => a == b,
     };
     runs(sources, usize::MAX, continues).into_iter().map(|(start, len)| (start, len, sources[start])).collect()
@@ -70,18 +70,21 @@ mod tests {
     fn coalesce_joins_adjacent_slots_zero_runs_and_file_runs() {
         let g = 0x10;
         use Source::{File, Host, Zeros};
-        let sources = [Host(0x100), Host(0x110), Host(0x200), Zeros, Zeros, Host(0x210), File, File, Zeros];
+        let h = |addr| Host(addr, 0);
+        let sources = [h(0x100), h(0x110), h(0x200), Zeros, Zeros, h(0x210), File, File, Zeros];
         assert_eq!(
             coalesce(&sources, g),
-            vec![
-                (0, 2, Host(0x100)),
-                (2, 1, Host(0x200)),
-                (3, 2, Zeros),
-                (5, 1, Host(0x210)),
-                (6, 2, File),
-                (8, 1, Zeros)
-            ]
+            vec![(0, 2, h(0x100)), (2, 1, h(0x200)), (3, 2, Zeros), (5, 1, h(0x210)), (6, 2, File), (8, 1, Zeros)]
         );
+    }
+
+    /// Two pinned slabs the driver placed back to back are still two allocations: one copy
+    /// spanning both fails on the GPU (the tenants benchmark saw `CUDA_ERROR_INVALID_VALUE`).
+    #[test]
+    fn coalesce_never_joins_slots_of_two_slabs() {
+        let g = 0x10;
+        let sources = [Source::Host(0x1f0, 0), Source::Host(0x200, 1), Source::Host(0x210, 1)];
+        assert_eq!(coalesce(&sources, g), vec![(0, 1, Source::Host(0x1f0, 0)), (1, 2, Source::Host(0x200, 1))]);
     }
 
     #[test]
