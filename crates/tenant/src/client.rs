@@ -25,6 +25,8 @@ impl Connection {
         let connect = |source| LinkError::Connect { path: path.to_owned(), source };
         let stream = UnixStream::connect(path).map_err(connect)?;
         stream.set_read_timeout(Some(POLL)).map_err(connect)?;
+        // A daemon that stops reading (stopped, hung) must not block the link for ever.
+        stream.set_write_timeout(Some(ANSWER)).map_err(connect)?;
         let reader = FrameReader::new(stream.try_clone().map_err(connect)?);
         let mut connection = Self { stream, reader };
         connection.send(&ClientMessage::Hello { version: PROTOCOL_VERSION, client: client.to_owned() })?;
