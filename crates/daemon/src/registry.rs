@@ -109,7 +109,8 @@ impl Registry {
         self.tenants.len()
     }
 
-    /// Makes a connection a tenant; returns its id, the name of the rule it matched, and the
+    /// Makes a connection a tenant (`held`: what it holds already, as after a daemon restart);
+    /// returns its id, the name of the rule it matched, and the
     /// budgets that change (its first among them).
     pub fn register(
         &mut self,
@@ -117,6 +118,7 @@ impl Registry {
         gpu: GpuId,
         chunk_bytes: u64,
         wants: &[TierBytes],
+        held: &[TierBytes],
         now: Instant,
     ) -> (TenantId, String, Outbox) {
         let id = self.next_id;
@@ -130,7 +132,15 @@ impl Registry {
             rule,
             wants: wants.iter().map(|w| (w.tier, w.bytes)).collect(),
             reported: false,
-            tiers: Tier::ALL.iter().map(|&t| (t, TierSlot::default())).collect(),
+            // What it holds already is its until it gives it back, within its own caps.
+            tiers: Tier::ALL
+                .iter()
+                .map(|&tier| {
+                    let holds = |list: &[TierBytes]| list.iter().find(|h| h.tier == tier).map(|h| h.bytes);
+                    let holding = holds(held).unwrap_or(0).min(holds(wants).unwrap_or(u64::MAX));
+                    (tier, TierSlot { holding, ..TierSlot::default() })
+                })
+                .collect(),
             seq: 0,
             transfers: TransferCounters::default(),
             connected: now,

@@ -239,7 +239,7 @@ fn handle(
         ClientMessage::Hello { .. } => {
             mailbox.post(DaemonMessage::Welcome { version: PROTOCOL_VERSION, daemon: DAEMON_NAME.into() });
         }
-        ClientMessage::Register { pid, label, gpu, chunk_bytes, wants } => {
+        ClientMessage::Register { pid, label, gpu, chunk_bytes, wants, held } => {
             if !chunk_bytes.is_power_of_two() || !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_bytes) {
                 return Err(ProtocolError::Refused {
                     kind: tiermem_protocol::ErrorKind::Refused,
@@ -251,7 +251,7 @@ fn handle(
             }
             who.label = label;
             let mut hub = lock(hub);
-            let (id, name, outbox) = hub.registry.register(who.clone(), gpu.clone(), chunk_bytes, &wants, now);
+            let (id, name, outbox) = hub.registry.register(who.clone(), gpu.clone(), chunk_bytes, &wants, &held, now);
             *tenant = Some(id);
             hub.outboxes.insert(id, mailbox.clone());
             mailbox.post(DaemonMessage::Registered { tenant: id, name: name.clone() });

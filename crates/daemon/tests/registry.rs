@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 use tiermem_daemon::config::{Config, Identity};
 use tiermem_daemon::registry::{Outbox, Registry, TenantId};
-use tiermem_protocol::{DaemonMessage, GpuId, Tier, TierUsage};
+use tiermem_protocol::{DaemonMessage, GpuId, Tier, TierBytes, TierUsage};
 
 const MIB: u64 = 1 << 20;
 const CHUNK: u64 = 2 * MIB;
@@ -58,7 +58,7 @@ fn demand(bytes: u64) -> [(Tier, TierUsage); 3] {
 }
 
 fn register(r: &mut Registry, uid: u32, label: Option<&str>, now: Instant) -> (TenantId, Outbox) {
-    let (id, _, outbox) = r.register(who(uid, label), gpu(), CHUNK, &[], now);
+    let (id, _, outbox) = r.register(who(uid, label), gpu(), CHUNK, &[], &[], now);
     (id, outbox)
 }
 
@@ -201,4 +201,17 @@ fn a_tenant_lying_about_what_it_holds_cannot_take_more_than_it_was_given() {
     let budget = |id| status.pools[0].shares.iter().find(|s| s.tenant == id).unwrap().budget;
     assert_eq!((budget(a), budget(b), budget(c)), (150 * MIB, 300 * MIB, 150 * MIB));
     assert!(status.pools[0].budgeted <= 600 * MIB, "never promised twice: {:?}", status.pools[0]);
+}
+
+#[test]
+fn tenants_reconnecting_to_a_restarted_daemon_keep_what_they_hold_until_they_give_it_back() {
+    let now = Instant::now();
+    let mut r = Registry::new(config(), now, 0);
+    let holding = |mib: u64| [TierBytes { tier: Tier::Hbm, bytes: mib * MIB }];
+    let (a, _, outbox) = r.register(who(1, None), gpu(), CHUNK, &[], &holding(400), now);
+    assert_eq!(budgets(&outbox), vec![(a, 1, 600 * MIB, 600 * MIB)]);
+    let (b, _, outbox) = r.register(who(2, None), gpu(), CHUNK, &[], &holding(200), now);
+    // A is cut to its half; B keeps its 200 MiB and grows only once A has given back.
+    assert_eq!(budgets(&outbox), vec![(a, 2, 300 * MIB, 300 * MIB), (b, 1, 200 * MIB, 300 * MIB)]);
+    assert_eq!(budgets(&r.budget_met(a, 2, now)), vec![(b, 2, 300 * MIB, 300 * MIB)]);
 }

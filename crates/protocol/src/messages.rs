@@ -101,6 +101,10 @@ pub enum ClientMessage {
         chunk_bytes: u64,
         /// The caps the engine would use alone (its own limits): never exceeded.
         wants: Vec<TierBytes>,
+        /// What it holds already (a tenant reconnecting to a restarted daemon keeps its budget
+        /// meanwhile): nothing is granted to others out of it until it gives it back.
+        #[serde(default)]
+        held: Vec<TierBytes>,
     },
     /// What the tenant holds, per tier; sent when it changes (at most every ~50 ms).
     Usage {

@@ -15,11 +15,19 @@ fn usage() -> impl Strategy<Value = TierUsage> {
 fn client_message() -> impl Strategy<Value = ClientMessage> {
     let gpu = (any::<u32>(), prop::option::of("[a-zA-Z0-9-]{0,40}"), any::<u64>(), any::<bool>())
         .prop_map(|(index, uuid, total_bytes, simulated)| GpuId { index, uuid, total_bytes, simulated });
-    let wants = prop::collection::vec((tier(), any::<u64>()).prop_map(|(tier, bytes)| TierBytes { tier, bytes }), 0..4);
+    let amounts =
+        || prop::collection::vec((tier(), any::<u64>()).prop_map(|(tier, bytes)| TierBytes { tier, bytes }), 0..4);
     prop_oneof![
         (any::<u32>(), ".{0,30}").prop_map(|(version, client)| ClientMessage::Hello { version, client }),
-        (any::<u32>(), prop::option::of(".{0,30}"), gpu, any::<u64>(), wants).prop_map(
-            |(pid, label, gpu, chunk_bytes, wants)| ClientMessage::Register { pid, label, gpu, chunk_bytes, wants }
+        (any::<u32>(), prop::option::of(".{0,30}"), gpu, any::<u64>(), amounts(), amounts()).prop_map(
+            |(pid, label, gpu, chunk_bytes, wants, held)| ClientMessage::Register {
+                pid,
+                label,
+                gpu,
+                chunk_bytes,
+                wants,
+                held
+            }
         ),
         (usage(), usage(), usage(), any::<[u64; 4]>()).prop_map(
             |(hbm, host, file, [bytes_in, bytes_out, evictions, stall_us])| {
@@ -149,6 +157,7 @@ fn the_session_enforces_hello_then_register_then_usage() {
         gpu: GpuId { index: 0, uuid: None, total_bytes: 1 << 30, simulated: true },
         chunk_bytes: 2 << 20,
         wants: vec![],
+        held: vec![],
     };
     let mut s = ServerSession::new();
     assert!(matches!(s.accept(&usage), Err(ProtocolError::OutOfOrder { expected: "hello", got: "usage" })));

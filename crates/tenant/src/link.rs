@@ -88,6 +88,7 @@ fn session(weak: &Weak<Engine>, shared: &Shared, options: &Options) -> Result<()
             },
             chunk_bytes: engine.chunk_size() as u64,
             wants: vec![TierBytes { tier: Tier::Hbm, bytes: options.wants_hbm }],
+            held: vec![TierBytes { tier: Tier::Hbm, bytes: engine.stats().hbm.used_bytes as u64 }],
         }
     };
     connection.send(&register)?;
