@@ -68,7 +68,7 @@ pub fn install(engine: Arc<Engine>) -> Result<(), Failure> {
         }
     }
     if !p.engine.as_ref().is_some_and(|current| Arc::ptr_eq(current, &engine)) {
-        p.daemon = None; // the replaced engine's lease ends with it
+        p.daemon = None; // the replaced engine's lease goes on while the engine lives, no longer
     }
     p.engine = Some(engine);
     Ok(())

@@ -4,8 +4,10 @@
 //! Python extension and the C library carry none) that registers the engine, reports what it
 //! holds (on change, at most every [`REPORT_EVERY`]), applies each budget with
 //! `Engine::set_hbm_budget` + `Engine::finish` and acknowledges it once met, and reconnects
-//! when the daemon restarts, keeping its current budget meanwhile. Dropping the link (or the
-//! engine) ends the thread; the daemon sees the socket close and re-shares the memory.
+//! when the daemon restarts, keeping its current budget meanwhile. The link lives as long as
+//! the engine (whose memory it leases), whoever owns the engine (a Python `Buffer` keeps it
+//! alive after its `Pool`): when the engine is dropped the thread ends within a poll, the daemon
+//! sees the socket close and re-shares the memory. [`DaemonLink::end`] ends it sooner.
 //!
 //! `TIERMEM_DAEMON` chooses ([`DaemonSetting`]): `auto` (the default) links when the daemon's
 //! socket exists and otherwise runs standalone with the engine's own caps, silently; `off`
@@ -86,7 +88,8 @@ pub struct LinkState {
     pub failed_attempts: u64,
 }
 
-/// A running link between one engine and the daemon. Dropping it ends the link.
+/// A running link between one engine and the daemon: a handle to watch it. Dropping the
+/// handle leaves the link running until the engine is dropped; [`DaemonLink::end`] ends it.
 pub struct DaemonLink {
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -129,8 +132,10 @@ impl DaemonLink {
     }
 }
 
-impl Drop for DaemonLink {
-    fn drop(&mut self) {
+impl DaemonLink {
+    /// Ends the link now (the daemon re-shares the engine's memory, though the engine may still
+    /// hold it: only for an engine about to be dropped, or tests) and waits for its thread.
+    pub fn end(mut self) {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();

@@ -58,7 +58,7 @@ fn settled_at(bytes: u64) -> impl Fn(&LinkState) -> bool {
 }
 
 #[test]
-fn budgets_reach_the_engines_and_a_leaver_gives_its_share_back() {
+fn budgets_reach_the_engines_and_a_leaver_gives_its_share_back_with_its_engine() {
     let path = socket("share");
     let _daemon = start_daemon(&path, "48MiB");
     let a = engine();
@@ -83,8 +83,11 @@ fn budgets_reach_the_engines_and_a_leaver_gives_its_share_back() {
         a.read(buffer, offset, &mut back).unwrap();
         assert!(back.iter().all(|&x| x == 7), "A's data survived the cut");
     }
-    // B leaves (its link ends with it): A gets everything back.
+    // B's handle goes, but B's engine still holds its memory: the lease stays.
     drop(link_b);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(link_a.state().budget, Some(24 * MIB), "B still leases its half");
+    // B's engine goes: its lease ends with it, and A gets everything back.
     b.free(b_buffer).unwrap();
     drop(b);
     let state = link_a.wait_for(SETTLE, settled_at(48 * MIB));
@@ -106,4 +109,11 @@ fn a_link_keeps_its_budget_while_the_daemon_restarts_and_reconnects() {
     let state = link.wait_for(SETTLE, |s| s.sessions == 2 && s.budget == Some(20 * MIB));
     assert!(state.connected && state.sessions == 2, "{state:?}");
     assert_eq!(a.hbm_cap() as u64, 20 * MIB);
+    // Ended on purpose: the daemon sees the tenant leave although its engine lives on.
+    link.end();
+    let deadline = std::time::Instant::now() + SETTLE;
+    while !tiermem_tenant::query_status(&path).unwrap().tenants.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the tenant should have left");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
