@@ -13,8 +13,9 @@
 //! * **Hog**: two jobs that each fit in a third of the cap, with and without a third asking for
 //!   3× the cap (`hog_victim_speed`: their speed with it ÷ without). **Leak**: two jobs beside one that allocates without freeing
 //!   (`leak_victims_finished`).
-//! * **Fair share**: two equal tenants; `settle_ms` until both budgets are within 5% of half
-//!   the cap, `fair_share_error` the largest deviation seen over the next second.
+//! * **Fair share**: two equal tenants; `settle_ms` from the daemon's first sight of the second
+//!   until both budgets are, and stay, within 5% of half the cap; `fair_share_error` the
+//!   largest deviation over the last of three seconds.
 //! * `overhead_alone`: one job under tiermemd ÷ the same job standalone with the whole cap.
 //!   `pairs_finished`: GDM's test, pairs of jobs that together need more than the cap, run
 //!   together under tiermemd. `reclaim_ms_per_GiB`: an engine meeting a halved budget.
@@ -151,9 +152,10 @@ fn hbm_budgets(socket: &Path) -> Vec<u64> {
     report.pools.iter().filter(|p| p.tier == Tier::Hbm).flat_map(|p| p.shares.iter().map(|s| s.budget)).collect()
 }
 
-/// Two equal tenants, watched for three seconds from the second one's start: (ms until both
-/// budgets are, and stay, within 5% of half the cap; the largest deviation from half the cap
-/// over the last second, as a fraction of it).
+/// Two equal tenants, watched for three seconds from the daemon's first sight of the second:
+/// (ms from then until both budgets are, and stay, within 5% of half the cap; the largest
+/// deviation from half the cap over the last second, as a fraction of it). The second
+/// tenant's process start (the CUDA context, its first allocations) is not counted.
 fn fair_share(setup: &Setup, dir: &Path) -> Result<(f64, f64), String> {
     let daemon = spawn_daemon(dir, setup.cap)?;
     let stop = dir.join("stop");
@@ -166,14 +168,17 @@ fn fair_share(setup: &Setup, dir: &Path) -> Result<(f64, f64), String> {
         std::thread::sleep(Duration::from_millis(5));
     }
     let second = spawn_job(setup, &job, &mode, &stop)?;
+    while hbm_budgets(&daemon.socket).len() < 2 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let started = Instant::now();
     let half = setup.cap as f64 / 2.0;
-    let mut samples: Vec<(f64, f64)> = Vec::new(); // (ms since the second started, deviation)
+    let mut samples: Vec<(f64, f64)> = Vec::new(); // (ms since the second registered, deviation)
     while started.elapsed() < Duration::from_secs(3) {
         let budgets = hbm_budgets(&daemon.socket);
         let deviation = match budgets.len() {
             2 => budgets.iter().map(|&x| (x as f64 - half).abs() / half).fold(0.0, f64::max),
-            _ => 1.0, // the second tenant not yet registered
+            _ => 1.0, // a tenant gone: counted as unsettled
         };
         samples.push((started.elapsed().as_secs_f64() * 1e3, deviation));
         std::thread::sleep(Duration::from_millis(5));
