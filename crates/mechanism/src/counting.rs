@@ -5,6 +5,7 @@
 //! objects instead of guessing from the driver's free memory, which also moves with the
 //! driver's private pools.
 
+use crate::forward::{forward_host_copies_to_inner, forward_to_inner};
 use crate::{
     ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle,
     StreamPriority,
@@ -58,12 +59,6 @@ impl CountingDevice {
 }
 
 impl Device for CountingDevice {
-    fn info(&self) -> &DeviceInfo {
-        self.inner.info()
-    }
-    fn mem_info(&self) -> Result<(usize, usize)> {
-        self.inner.mem_info()
-    }
     fn reserve(&self, size: usize) -> Result<DevicePtr> {
         self.count(self.inner.reserve(size), |h| h.reservations += 1)
     }
@@ -78,9 +73,6 @@ impl Device for CountingDevice {
     }
     fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()> {
         self.count(self.inner.map(va, chunk), |h| h.mapped_granules += 1)
-    }
-    fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()> {
-        self.inner.set_access_from(va, size, gpus)
     }
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
         let granules = self.granules(size);
@@ -104,81 +96,29 @@ impl Device for CountingDevice {
     fn destroy_event(&self, event: EventHandle) -> Result<()> {
         self.count(self.inner.destroy_event(event), |h| h.events -= 1)
     }
-    fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()> {
-        self.inner.record_event(event, stream)
-    }
-    fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()> {
-        self.inner.stream_wait_event(stream, event)
-    }
-    fn event_done(&self, event: EventHandle) -> Result<bool> {
-        self.inner.event_done(event)
-    }
-    fn synchronize_event(&self, event: EventHandle) -> Result<()> {
-        self.inner.synchronize_event(event)
-    }
-    fn synchronize_stream(&self, stream: StreamHandle) -> Result<()> {
-        self.inner.synchronize_stream(stream)
-    }
-    fn elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32> {
-        self.inner.elapsed_ms(start, end)
-    }
-    unsafe fn copy_to_device_async(
-        &self,
-        dst: DevicePtr,
-        src: HostPtr,
-        len: usize,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        // SAFETY: the caller's guarantees are passed on unchanged.
-        unsafe { self.inner.copy_to_device_async(dst, src, len, stream) }
-    }
-    unsafe fn copy_to_host_async(&self, dst: HostPtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()> {
-        // SAFETY: the caller's guarantees are passed on unchanged.
-        unsafe { self.inner.copy_to_host_async(dst, src, len, stream) }
-    }
-    fn copy_between_devices_async(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        len: usize,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        self.inner.copy_between_devices_async(dst, src, len, stream)
-    }
-    fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()> {
-        self.inner.memset_async(dst, value, len, stream)
-    }
-    fn fill_pattern_async(
-        &self,
-        dst: DevicePtr,
-        words: usize,
-        seed: u64,
-        first: u64,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        self.inner.fill_pattern_async(dst, words, seed, first, stream)
-    }
-    fn check_pattern_async(
-        &self,
-        src: DevicePtr,
-        words: usize,
-        seed: u64,
-        first: u64,
-        counter: DevicePtr,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        self.inner.check_pattern_async(src, words, seed, first, counter, stream)
-    }
-    fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        self.inner.write(dst, src)
-    }
-    fn read(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
-        self.inner.read(src, dst)
-    }
+    forward_host_copies_to_inner!();
     fn alloc_plain(&self, size: usize) -> Result<DevicePtr> {
         self.count(self.inner.alloc_plain(size), |h| h.plain_allocations += 1)
     }
     fn free_plain(&self, ptr: DevicePtr) -> Result<()> {
         self.count(self.inner.free_plain(ptr), |h| h.plain_allocations -= 1)
+    }
+
+    forward_to_inner! {
+        fn info(&self) -> &DeviceInfo;
+        fn mem_info(&self) -> Result<(usize, usize)>;
+        fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()>;
+        fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()>;
+        fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()>;
+        fn event_done(&self, event: EventHandle) -> Result<bool>;
+        fn synchronize_event(&self, event: EventHandle) -> Result<()>;
+        fn synchronize_stream(&self, stream: StreamHandle) -> Result<()>;
+        fn elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32>;
+        fn copy_between_devices_async(&self, dst: DevicePtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()>;
+        fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()>;
+        fn fill_pattern_async(&self, dst: DevicePtr, words: usize, seed: u64, first: u64, stream: StreamHandle) -> Result<()>;
+        fn check_pattern_async(&self, src: DevicePtr, words: usize, seed: u64, first: u64, counter: DevicePtr, stream: StreamHandle) -> Result<()>;
+        fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
+        fn read(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()>;
     }
 }

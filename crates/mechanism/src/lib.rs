@@ -23,6 +23,7 @@ mod device;
 mod error;
 pub mod faults;
 pub mod file_store;
+mod forward;
 mod host_memory;
 pub mod pattern;
 pub mod sim;

@@ -14,6 +14,7 @@
 //! ([`TimedDevice::times`]) reads each total on its own, so a call completing meanwhile may
 //! be in its count but not yet in its time.
 
+use crate::forward::{forward_host_copies_to_inner, forward_to_inner};
 use crate::{
     ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle,
     StreamPriority,
@@ -122,12 +123,6 @@ impl TimedDevice {
 }
 
 impl Device for TimedDevice {
-    fn info(&self) -> &DeviceInfo {
-        self.inner.info()
-    }
-    fn mem_info(&self) -> Result<(usize, usize)> {
-        self.inner.mem_info()
-    }
     fn reserve(&self, size: usize) -> Result<DevicePtr> {
         self.timed(Call::Reserve, || self.inner.reserve(size))
     }
@@ -155,94 +150,31 @@ impl Device for TimedDevice {
     fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()> {
         self.timed(Call::FreePinned, || self.inner.free_pinned(ptr, size))
     }
-    fn create_stream(&self, priority: StreamPriority) -> Result<StreamHandle> {
-        self.inner.create_stream(priority)
-    }
-    fn destroy_stream(&self, stream: StreamHandle) -> Result<()> {
-        self.inner.destroy_stream(stream)
-    }
-    fn create_event(&self, timing: bool) -> Result<EventHandle> {
-        self.inner.create_event(timing)
-    }
-    fn destroy_event(&self, event: EventHandle) -> Result<()> {
-        self.inner.destroy_event(event)
-    }
-    fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()> {
-        self.inner.record_event(event, stream)
-    }
-    fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()> {
-        self.inner.stream_wait_event(stream, event)
-    }
-    fn event_done(&self, event: EventHandle) -> Result<bool> {
-        self.inner.event_done(event)
-    }
-    fn synchronize_event(&self, event: EventHandle) -> Result<()> {
-        self.inner.synchronize_event(event)
-    }
-    fn synchronize_stream(&self, stream: StreamHandle) -> Result<()> {
-        self.inner.synchronize_stream(stream)
-    }
-    fn elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32> {
-        self.inner.elapsed_ms(start, end)
-    }
-    unsafe fn copy_to_device_async(
-        &self,
-        dst: DevicePtr,
-        src: HostPtr,
-        len: usize,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        // SAFETY: the caller's guarantees are passed on unchanged.
-        unsafe { self.inner.copy_to_device_async(dst, src, len, stream) }
-    }
-    unsafe fn copy_to_host_async(&self, dst: HostPtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()> {
-        // SAFETY: the caller's guarantees are passed on unchanged.
-        unsafe { self.inner.copy_to_host_async(dst, src, len, stream) }
-    }
-    fn copy_between_devices_async(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        len: usize,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        self.inner.copy_between_devices_async(dst, src, len, stream)
-    }
-    fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()> {
-        self.inner.memset_async(dst, value, len, stream)
-    }
-    fn fill_pattern_async(
-        &self,
-        dst: DevicePtr,
-        words: usize,
-        seed: u64,
-        first: u64,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        self.inner.fill_pattern_async(dst, words, seed, first, stream)
-    }
-    fn check_pattern_async(
-        &self,
-        src: DevicePtr,
-        words: usize,
-        seed: u64,
-        first: u64,
-        counter: DevicePtr,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        self.inner.check_pattern_async(src, words, seed, first, counter, stream)
-    }
-    fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        self.inner.write(dst, src)
-    }
-    fn read(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
-        self.inner.read(src, dst)
-    }
-    fn alloc_plain(&self, size: usize) -> Result<DevicePtr> {
-        self.inner.alloc_plain(size)
-    }
+    forward_host_copies_to_inner!();
     fn free_plain(&self, ptr: DevicePtr) -> Result<()> {
         self.inner.free_plain(ptr)
+    }
+
+    forward_to_inner! {
+        fn info(&self) -> &DeviceInfo;
+        fn mem_info(&self) -> Result<(usize, usize)>;
+        fn create_stream(&self, priority: StreamPriority) -> Result<StreamHandle>;
+        fn destroy_stream(&self, stream: StreamHandle) -> Result<()>;
+        fn create_event(&self, timing: bool) -> Result<EventHandle>;
+        fn destroy_event(&self, event: EventHandle) -> Result<()>;
+        fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()>;
+        fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()>;
+        fn event_done(&self, event: EventHandle) -> Result<bool>;
+        fn synchronize_event(&self, event: EventHandle) -> Result<()>;
+        fn synchronize_stream(&self, stream: StreamHandle) -> Result<()>;
+        fn elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32>;
+        fn copy_between_devices_async(&self, dst: DevicePtr, src: DevicePtr, len: usize, stream: StreamHandle) -> Result<()>;
+        fn memset_async(&self, dst: DevicePtr, value: u8, len: usize, stream: StreamHandle) -> Result<()>;
+        fn fill_pattern_async(&self, dst: DevicePtr, words: usize, seed: u64, first: u64, stream: StreamHandle) -> Result<()>;
+        fn check_pattern_async(&self, src: DevicePtr, words: usize, seed: u64, first: u64, counter: DevicePtr, stream: StreamHandle) -> Result<()>;
+        fn write(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
+        fn read(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()>;
+        fn alloc_plain(&self, size: usize) -> Result<DevicePtr>;
     }
 }
 
