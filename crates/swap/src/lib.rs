@@ -1,0 +1,45 @@
+//! CPU programs borrow idle VRAM (the GAME paper): host pages swapped into spare GPU memory.
+//!
+//! The bytes of a swap device live in a [`Blocks`] store over the tiermem engine: HBM first,
+//! spilling to the engine's file tier when VRAM is short or wanted back by GPU work. Front ends
+//! serve the store to the kernel as a block device (a FUSE file behind a loop device, where
+//! there is no ublk or nbd), and the kernel uses that device as swap.
+
+/// What a block device's front end needs from the store behind it. Offsets and lengths are
+/// bytes; the kernel sends whole sectors (512 B) and, for swap, whole pages.
+pub trait Blocks: Send + Sync {
+    /// The device's size in bytes.
+    fn size(&self) -> u64;
+    /// Fills `out` with the bytes at `offset`; bytes never written, or discarded since, read as
+    /// zeros.
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), SwapError>;
+    /// Stores `data` at `offset`.
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), SwapError>;
+    /// Forgets `len` bytes at `offset` (swap's discards, `fallocate(PUNCH_HOLE)`): they read
+    /// as zeros from now on, and memory that holds nothing else any more is given back.
+    fn discard(&self, offset: u64, len: u64) -> Result<(), SwapError>;
+}
+
+/// Why a block request failed. The front end answers the kernel with [`SwapError::errno`];
+/// nothing else in the store is affected.
+#[derive(Debug, thiserror::Error)]
+pub enum SwapError {
+    #[error("{call} of {len} bytes at {offset}: outside the device's {size} bytes")]
+    OutOfRange { call: &'static str, offset: u64, len: u64, size: u64 },
+    #[error("{call}: {source}")]
+    Engine {
+        call: &'static str,
+        #[source]
+        source: tiermem::Error,
+    },
+}
+
+impl SwapError {
+    /// The errno a front end answers the kernel with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            SwapError::OutOfRange { .. } => libc::EINVAL,
+            SwapError::Engine { .. } => libc::EIO,
+        }
+    }
+}
