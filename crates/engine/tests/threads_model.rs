@@ -24,6 +24,11 @@
 //! `WouldNeverFit` is never legitimate here; `prefetch`, `finish` and freeing a thread's own
 //! buffer must always succeed.
 //!
+//! Meanwhile one more thread moves the HBM budget at random between `BUDGET_FLOOR_CHUNKS` (the
+//! most chunks one call needs: its spans and buffers cover at most three) and the whole cap, as
+//! a node daemon would, and `finish`es some of its changes. No error is excused for it: a
+//! request the budget of the moment cannot hold alone must still be served by evicting.
+//!
 //! It runs every `Timing` of the simulated device, with and without a file tier, over a few
 //! seeds. A seed fixes each thread's random draws, not how the threads interleave: a failure
 //! may need a few runs to recur. `TIERMEM_THREADS_OPS` sets the operations per thread and
@@ -33,7 +38,7 @@ mod support;
 
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 use support::{pattern, CHUNK};
 use tiermem::mechanism::sim::Timing;
@@ -54,6 +59,8 @@ const SHARED_SIZES: [usize; 2] = [2 * CHUNK + 4096, 3 * CHUNK / 4 + 77];
 const MAX_SPAN: usize = 3 * CHUNK / 2;
 const SEEDS: [u64; 2] = [1, 2];
 const DEFAULT_OPS_PER_THREAD: usize = 480;
+/// The smallest budget the budget thread sets: one call's chunks at most.
+const BUDGET_FLOOR_CHUNKS: usize = 3;
 
 /// What a thread does in one step; `OPS` says how often.
 #[rustfmt::skip]
@@ -393,6 +400,25 @@ fn run_thread(world: &World, thread: usize, seed: u64, ops: usize) -> (Vec<(Buff
     (worker.own, ran)
 }
 
+/// Moves the HBM budget at random while `working`, then gives the whole cap back.
+fn move_budget(world: &World, seed: u64, working: &AtomicBool) {
+    let mut rng = Pcg64::seed_from_u64(seed << 8 | 0xb0);
+    let set = |chunks: usize| {
+        let ticket = world.engine.set_hbm_budget(chunks * CHUNK);
+        ticket.unwrap_or_else(|e| panic!("[{}] set_hbm_budget({chunks} chunks): {e}", world.label))
+    };
+    while working.load(Relaxed) {
+        let ticket = set(rng.random_range(BUDGET_FLOOR_CHUNKS..=HBM_CHUNKS));
+        if rng.random_bool(0.5) {
+            let finished = world.engine.finish(ticket);
+            finished.unwrap_or_else(|e| panic!("[{}] finish of a budget change: {e}", world.label));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(rng.random_range(0..300)));
+    }
+    let finished = world.engine.finish(set(HBM_CHUNKS));
+    finished.unwrap_or_else(|e| panic!("[{}] finish of the last budget change: {e}", world.label));
+}
+
 /// One configuration: `THREADS` threads over one engine, then every buffer checked and freed,
 /// and nothing leaked. Returns the operations run.
 fn run_config(timing: Timing, with_file: bool, seed: u64, ops_per_thread: usize) -> usize {
@@ -425,10 +451,16 @@ fn run_config(timing: Timing, with_file: bool, seed: u64, ops_per_thread: usize)
         excused_errors: AtomicUsize::new(0),
     };
     let world_ref = &world;
+    let working = AtomicBool::new(true);
     let results: Vec<_> = std::thread::scope(|scope| {
+        let budget = scope.spawn(|| move_budget(world_ref, seed, &working));
         let threads: Vec<_> =
             (0..THREADS).map(|t| scope.spawn(move || run_thread(world_ref, t, seed, ops_per_thread))).collect();
-        threads.into_iter().map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+        let results = threads.into_iter().map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+        let results = results.collect();
+        working.store(false, Relaxed);
+        budget.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        results
     });
     let ran = results.iter().map(|(_, ran)| ran).sum();
     let mut buffers: Vec<_> = results.into_iter().flat_map(|(own, _)| own).collect();

@@ -79,47 +79,45 @@ pub(super) fn probe_host(dev: sys::CUdevice, granularity: usize) -> Result<sys::
     Ok(prop)
 }
 
-impl CudaDevice {
-    /// The allocation properties of a chunk at `location`.
-    pub(super) fn chunk_prop(&self, location: ChunkLocation) -> Result<sys::CUmemAllocationProp> {
-        match location {
-            ChunkLocation::Gpu(ordinal) if ordinal == self.info.ordinal => Ok(self.prop),
-            ChunkLocation::Gpu(ordinal) => {
-                let dev = self.device_handle("cuMemCreate", ordinal)?;
-                Ok(allocation_prop(device_location(dev)))
-            }
-            ChunkLocation::Host => self
-                .host_prop
-                .clone()
-                .map_err(|why| DeviceError::Unsupported(format!("cuMemCreate in host memory: {why}"))),
+/// The allocation properties of a chunk of `device`'s at `location`.
+pub(super) fn chunk_prop(device: &CudaDevice, location: ChunkLocation) -> Result<sys::CUmemAllocationProp> {
+    match location {
+        ChunkLocation::Gpu(ordinal) if ordinal == device.info.ordinal => Ok(device.prop),
+        ChunkLocation::Gpu(ordinal) => {
+            let dev = device_handle(device, "cuMemCreate", ordinal)?;
+            Ok(allocation_prop(device_location(dev)))
         }
+        ChunkLocation::Host => device
+            .host_prop
+            .clone()
+            .map_err(|why| DeviceError::Unsupported(format!("cuMemCreate in host memory: {why}"))),
     }
+}
 
-    /// One read-write access descriptor per GPU of `gpus`.
-    pub(super) fn access_descs(&self, gpus: &[usize]) -> Result<Vec<sys::CUmemAccessDesc>> {
-        if gpus.is_empty() {
-            return Err(DeviceError::Driver {
-                call: "cuMemSetAccess",
-                code: "CUDA_ERROR_INVALID_VALUE".into(),
-                detail: "no GPU to give access to".into(),
-            });
-        }
-        gpus.iter()
-            .map(|&ordinal| {
-                Ok(sys::CUmemAccessDesc {
-                    location: device_location(self.device_handle("cuMemSetAccess", ordinal)?),
-                    flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-                })
+/// One read-write access descriptor per GPU of `gpus`.
+pub(super) fn access_descs(device: &CudaDevice, gpus: &[usize]) -> Result<Vec<sys::CUmemAccessDesc>> {
+    if gpus.is_empty() {
+        return Err(DeviceError::Driver {
+            call: "cuMemSetAccess",
+            code: "CUDA_ERROR_INVALID_VALUE".into(),
+            detail: "no GPU to give access to".into(),
+        });
+    }
+    gpus.iter()
+        .map(|&ordinal| {
+            Ok(sys::CUmemAccessDesc {
+                location: device_location(device_handle(device, "cuMemSetAccess", ordinal)?),
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
             })
-            .collect()
-    }
-
-    /// The driver's handle of GPU `ordinal`, for `call`'s error if there is no such GPU.
-    fn device_handle(&self, call: &'static str, ordinal: usize) -> Result<sys::CUdevice> {
-        self.devices.get(ordinal).copied().ok_or_else(|| DeviceError::Driver {
-            call,
-            code: "CUDA_ERROR_INVALID_DEVICE".into(),
-            detail: format!("GPU {ordinal}, but the driver sees {} GPU(s)", self.devices.len()),
         })
-    }
+        .collect()
+}
+
+/// The driver's handle of GPU `ordinal`, for `call`'s error if there is no such GPU.
+fn device_handle(device: &CudaDevice, call: &'static str, ordinal: usize) -> Result<sys::CUdevice> {
+    device.devices.get(ordinal).copied().ok_or_else(|| DeviceError::Driver {
+        call,
+        code: "CUDA_ERROR_INVALID_DEVICE".into(),
+        detail: format!("GPU {ordinal}, but the driver sees {} GPU(s)", device.devices.len()),
+    })
 }

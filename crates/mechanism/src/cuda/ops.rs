@@ -44,7 +44,7 @@ impl Device for CudaDevice {
     }
 
     fn create_chunk_at(&self, location: ChunkLocation) -> Result<PhysHandle> {
-        let prop = self.chunk_prop(location)?;
+        let prop = super::locations::chunk_prop(self, location)?;
         let _ctx = self.bind()?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer; `prop` is fully initialised; size is one granule; flags 0.
@@ -82,7 +82,7 @@ impl Device for CudaDevice {
     }
 
     fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()> {
-        let descs = self.access_descs(gpus)?;
+        let descs = super::locations::access_descs(self, gpus)?;
         let _ctx = self.bind()?;
         // SAFETY: `descs` holds `descs.len()` initialised descriptors; the driver validates that
         // the range is mapped and that every GPU listed can reach its chunks.

@@ -333,7 +333,7 @@ impl SimDevice {
             None => false,
             Some(None) => true,
             Some(Some(work)) => {
-                Self::perform(s, work);
+                work::perform(s, work);
                 true
             }
         }
