@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use tiermem::mechanism::counting::CountingDevice;
 use tiermem::mechanism::sim::{SimDevice, SimLive, Timing};
 use tiermem::mechanism::{BackendKind, Device};
+use tiermem::Tier;
 use tiermem::{format_size, parse_size, Engine, EngineConfig};
 
 #[derive(clap::Args)]
@@ -145,8 +146,10 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
     let stats = engine.stats();
     let file_tier_ops = stats.transfers.file_reads + stats.transfers.file_writes;
     let mut leaks = Vec::new();
-    let in_use = [("HBM", stats.hbm.chunks), ("host tier", stats.host.used_bytes / chunk)];
-    for (tier, chunks) in in_use.into_iter().chain(stats.file.map(|f| ("file tier", f.used_bytes / chunk))) {
+    let in_use = [("HBM", stats.tiers[Tier::Hbm].chunks), ("host tier", stats.tiers[Tier::Host].used_bytes / chunk)];
+    for (tier, chunks) in
+        in_use.into_iter().chain(stats.tiers.get(Tier::File).map(|f| ("file tier", f.used_bytes / chunk)))
+    {
         if chunks > 0 {
             leaks.push(format!("{tier}: {chunks} chunks still in use after every buffer was freed"));
         }

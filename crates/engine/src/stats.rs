@@ -1,15 +1,16 @@
-//! The engine's statistics: tiers, transfer counters and per-buffer residency, as a snapshot
-//! ([`Stats`]) that prints as a table and serializes with serde (front ends turn it into a
-//! Python dict or JSON without copying it field by field).
+//! The engine's statistics: each tier's use (indexed by [`Tier`]), transfer counters and
+//! per-buffer residency, as a snapshot ([`Stats`]) that prints as a table and serializes with
+//! serde (front ends turn it into a Python dict or JSON without copying it field by field).
 
 use crate::chunk_pool::ChunkPool;
 use crate::config::format_size;
 use crate::host_tier::HostTier;
 use crate::state::{ChunkTable, Location};
 use crate::BufferId;
+use std::collections::BTreeMap;
 use tiermem_mechanism::file_store::FileStore;
 use tiermem_mechanism::timing::DriverTimes;
-use tiermem_policy::PolicyKind;
+use tiermem_policy::{PolicyKind, Tier};
 
 /// Transfer counters since the engine started (chunks, except where a name says bytes).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -54,6 +55,44 @@ pub struct TierStats {
     pub chunks: usize,
 }
 
+/// The use of each tier the engine has (HBM and host always; the file tier if configured).
+/// Index it by tier (`stats.tiers[Tier::Hbm]`) or ask with [`PerTier::get`]. It serializes as
+/// one entry per tier of [`Tier::ALL`], `null` for a tier the engine does not have.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PerTier(BTreeMap<Tier, TierStats>);
+
+impl PerTier {
+    /// The tier's use, if the engine has it.
+    pub fn get(&self, tier: Tier) -> Option<&TierStats> {
+        self.0.get(&tier)
+    }
+
+    /// The tiers the engine has, fastest first.
+    pub fn iter(&self) -> impl Iterator<Item = (Tier, &TierStats)> {
+        self.0.iter().map(|(tier, stats)| (*tier, stats))
+    }
+}
+
+impl std::ops::Index<Tier> for PerTier {
+    type Output = TierStats;
+
+    /// Panics for a tier the engine does not have (only the file tier may be missing).
+    fn index(&self, tier: Tier) -> &TierStats {
+        self.get(tier).unwrap_or_else(|| panic!("the engine has no {tier} tier"))
+    }
+}
+
+impl serde::Serialize for PerTier {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(Tier::ALL.len()))?;
+        for tier in Tier::ALL {
+            map.serialize_entry(tier.name(), &self.get(tier))?;
+        }
+        map.end()
+    }
+}
+
 /// Where one buffer's chunks are.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct BufferStats {
@@ -80,10 +119,9 @@ pub struct Stats {
     #[serde(serialize_with = "as_text")]
     pub policy: PolicyKind,
     pub chunk_size: usize,
-    pub hbm: TierStats,
-    pub host: TierStats,
-    /// The file tier, if there is one.
-    pub file: Option<TierStats>,
+    /// Each tier's use; serialized as the keys `hbm`, `host` and `file` of the snapshot.
+    #[serde(flatten)]
+    pub tiers: PerTier,
     /// Pinned host memory held by the host tier (it is pinned in slabs, ahead of use).
     pub host_pinned_bytes: usize,
     pub transfers: Counters,
@@ -137,17 +175,18 @@ impl Stats {
                 }
             })
             .collect();
-        let in_use = from.hbm.in_use();
-        let host_used = from.host.in_use();
+        let tier = |used: usize, cap: usize| TierStats { capacity_bytes: cap * g, used_bytes: used * g, chunks: used };
+        let mut tiers = BTreeMap::from([
+            (Tier::Hbm, tier(from.hbm.in_use(), from.hbm.cap())),
+            (Tier::Host, tier(from.host.in_use(), from.host.cap())),
+        ]);
+        if let Some(store) = from.file {
+            tiers.insert(Tier::File, tier(store.used_slots(), store.capacity_slots()));
+        }
         Stats {
             policy: from.policy,
             chunk_size: g,
-            hbm: TierStats { capacity_bytes: from.hbm.cap() * g, used_bytes: in_use * g, chunks: in_use },
-            host: TierStats { capacity_bytes: from.host.cap() * g, used_bytes: host_used * g, chunks: host_used },
-            file: from.file.map(|store| {
-                let used = store.used_slots();
-                TierStats { capacity_bytes: store.capacity_slots() * g, used_bytes: used * g, chunks: used }
-            }),
+            tiers: PerTier(tiers),
             host_pinned_bytes: from.host.pinned_bytes(),
             bytes_in: from.counters.page_ins * g as u64,
             bytes_out: from.counters.page_outs * g as u64,
@@ -165,8 +204,7 @@ impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let t = &self.transfers;
         writeln!(f, "tier   {:>12} {:>12} {:>8}", "used", "capacity", "chunks")?;
-        for (name, tier) in [("hbm", Some(&self.hbm)), ("host", Some(&self.host)), ("file", self.file.as_ref())] {
-            let Some(tier) = tier else { continue };
+        for (name, tier) in self.tiers.iter() {
             writeln!(
                 f,
                 "{name:<6} {:>12} {:>12} {:>8}",

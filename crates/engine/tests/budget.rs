@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use support::{assert_contents, assert_no_leaks, fill, pattern, CHUNK};
+use tiermem::Tier;
 use tiermem::{Access, AllocOptions, Engine, EngineConfig, Error, Region, StreamHandle, Target};
 
 const S: StreamHandle = StreamHandle(0);
@@ -17,7 +18,7 @@ const S: StreamHandle = StreamHandle(0);
 fn chunks_held(engine: &Engine, sim: &Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>) -> usize {
     match sim {
         Some(sim) => sim.live().chunks,
-        None => engine.stats().hbm.chunks,
+        None => engine.stats().tiers[Tier::Hbm].chunks,
     }
 }
 
@@ -33,7 +34,7 @@ fn a_smaller_budget_is_met_and_its_hbm_given_back_without_losing_a_byte() {
     let ticket = e.set_hbm_budget(2 * CHUNK).unwrap();
     e.finish(ticket).unwrap();
     assert_eq!(e.hbm_cap(), 2 * CHUNK);
-    assert_eq!(e.stats().hbm.chunks, 2, "{}", e.stats());
+    assert_eq!(e.stats().tiers[Tier::Hbm].chunks, 2, "{}", e.stats());
     assert_eq!(chunks_held(e, &sim), 2, "the excess went back to the driver");
     assert_contents(e, a, &bytes);
     match e.acquire(&[Region::bytes(a, 0, 3 * CHUNK)], Access::ReadOnly, S) {
@@ -44,7 +45,7 @@ fn a_smaller_budget_is_met_and_its_hbm_given_back_without_losing_a_byte() {
     let ticket = e.set_hbm_budget(8 * CHUNK).unwrap();
     e.finish(ticket).unwrap();
     e.page_in(Target::Buffer(a)).unwrap();
-    assert_eq!(e.stats().hbm.chunks, 6, "a larger budget is used at once");
+    assert_eq!(e.stats().tiers[Tier::Hbm].chunks, 6, "a larger budget is used at once");
     assert_contents(e, a, &bytes);
     e.free(a).unwrap();
     assert_no_leaks(engine, sim);
@@ -59,10 +60,10 @@ fn acquired_chunks_stay_and_leave_once_released() {
     e.acquire(&[Region::whole(a)], Access::ReadOnly, S).unwrap();
     let ticket = e.set_hbm_budget(CHUNK).unwrap();
     e.finish(ticket).unwrap();
-    assert_eq!(e.stats().hbm.chunks, 4, "acquired chunks are never taken away");
+    assert_eq!(e.stats().tiers[Tier::Hbm].chunks, 4, "acquired chunks are never taken away");
     e.release(&[Region::whole(a)], S).unwrap();
     e.page_out(Target::All).unwrap(); // waits for what release sent down, and reaps
-    assert!(e.stats().hbm.chunks <= 1, "{}", e.stats());
+    assert!(e.stats().tiers[Tier::Hbm].chunks <= 1, "{}", e.stats());
     assert!(chunks_held(e, &sim) <= 1, "released chunks beyond the budget go back to the driver");
     assert_contents(e, a, &bytes);
     assert!(matches!(e.set_hbm_budget(usize::MAX), Err(Error::Config(m)) if m.contains("set_hbm_budget")));

@@ -6,6 +6,7 @@ mod support;
 use support::{assert_contents, buffer_stats, fill, CHUNK};
 use tiermem::mechanism::Device;
 use tiermem::policy::{PolicyKind, LRU_COST_SELECTION_FACTOR};
+use tiermem::Tier;
 use tiermem::{Access, AllocOptions, BufferId, Counters, Engine, EngineConfig, Region, StreamHandle, Target};
 
 const S: StreamHandle = StreamHandle(0);
@@ -54,7 +55,7 @@ fn old_dirty_and_clean(policy: PolicyKind, dirty_is_oldest: bool) -> Setup {
     }
     let filler_bytes = fill(&engine, filler, (CAP - 2) * CHUNK, 3); // newer than both
     let stats = engine.stats();
-    assert_eq!(stats.hbm.chunks, CAP, "HBM should be full: {stats}");
+    assert_eq!(stats.tiers[Tier::Hbm].chunks, CAP, "HBM should be full: {stats}");
     assert_eq!(buffer_stats(&engine, clean).in_hbm, 1);
     assert_eq!(buffer_stats(&engine, dirty).in_hbm, 1);
     let all = vec![(dirty, dirty_bytes), (clean, clean_bytes), (filler, filler_bytes)];
@@ -132,7 +133,7 @@ fn priority_evicts_low_priority_buffers_first() {
     // The high-priority buffer is used first, so recency alone would pick it.
     let high_bytes = fill(&engine, high, 2 * CHUNK, 1);
     let low_bytes = fill(&engine, low, 2 * CHUNK, 2);
-    assert_eq!(engine.stats().hbm.chunks, 4);
+    assert_eq!(engine.stats().tiers[Tier::Hbm].chunks, 4);
 
     let (mid, _) = engine.alloc(2 * CHUNK, opts(0)).unwrap();
     let before = engine.stats().transfers;
@@ -201,7 +202,7 @@ fn the_pool_evicts_when_the_device_has_fewer_chunks_than_the_cap() {
     let a_bytes = fill(&engine, a, 3 * CHUNK, 1);
     let b_bytes = fill(&engine, b, 2 * CHUNK, 2);
     let stats = engine.stats();
-    assert_eq!(stats.hbm.chunks, 3, "{stats}");
+    assert_eq!(stats.tiers[Tier::Hbm].chunks, 3, "{stats}");
     assert_eq!(stats.transfers.evictions, 2, "{stats}");
     assert_eq!(buffer_stats(&engine, b).in_hbm, 2);
     assert_contents(&engine, a, &a_bytes);

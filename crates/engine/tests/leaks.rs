@@ -6,6 +6,7 @@ mod support;
 
 use support::{assert_contents, buffer_stats, fill, CHUNK};
 use tiermem::policy::PolicyKind;
+use tiermem::Tier;
 use tiermem::{Access, AllocOptions, BufferId, EngineConfig, Error, Region, StreamHandle, Target};
 
 const S: StreamHandle = StreamHandle(0);
@@ -66,7 +67,11 @@ fn a_mixed_workload_gives_everything_back() {
             e.free(id).unwrap();
         }
         let stats = e.stats();
-        assert_eq!((stats.hbm.chunks, stats.host.chunks), (0, 0), "{policy}: chunks in use with no buffer: {stats}");
+        assert_eq!(
+            (stats.tiers[Tier::Hbm].chunks, stats.tiers[Tier::Host].chunks),
+            (0, 0),
+            "{policy}: chunks in use with no buffer: {stats}"
+        );
         if let Some(sim) = &sim {
             let now = sim.live();
             assert_eq!((now.reservations, now.mapped_chunks), (0, 0), "{policy}: {now:?}");
@@ -97,7 +102,7 @@ fn dropping_the_engine_with_buffers_allocated_acquired_and_moving_releases_every
     e.prefetch(&[Region::whole(ids[3])]).unwrap();
     let stats = e.stats();
     assert!(stats.buffers.iter().map(|b| b.acquired).sum::<usize>() == 2, "{stats}");
-    assert!(stats.host.chunks > 0 && stats.hbm.chunks > 0, "{stats}");
+    assert!(stats.tiers[Tier::Host].chunks > 0 && stats.tiers[Tier::Hbm].chunks > 0, "{stats}");
     if let Some(sim) = &sim {
         assert_eq!(sim.live().reservations, 5);
     }

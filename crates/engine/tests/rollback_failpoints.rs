@@ -16,6 +16,7 @@ use support::failpoints::scenario;
 use support::{acquired_chunks, assert_contents, assert_hbm_accounted, buffer_stats, fill, CHUNK};
 use tiermem::mechanism::sim::SimDevice;
 use tiermem::mechanism::DeviceError;
+use tiermem::Tier;
 use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Error, Region, StreamHandle, Target};
 
 const S: StreamHandle = StreamHandle(0);
@@ -182,7 +183,11 @@ fn cu_memcpy_dtoh_failing_during_page_out_keeps_the_data_in_hbm() {
         let s = buffer_stats(&engine, a);
         assert_eq!(s.in_hbm, 4 - moved, "{actions}: the chunks of the failed batch must stay in HBM: {stats}");
         assert_eq!(s.moving + s.in_host, moved, "{actions}: {stats}");
-        assert_eq!(stats.host.chunks, moved, "{actions}: host slots of the failed batch not returned: {stats}");
+        assert_eq!(
+            stats.tiers[Tier::Host].chunks,
+            moved,
+            "{actions}: host slots of the failed batch not returned: {stats}"
+        );
         fail::remove("cuMemcpyDtoHAsync");
         check(&engine, &contents);
         engine.page_out(Target::Buffer(a)).expect("page_out once the failpoint is gone");
@@ -206,7 +211,7 @@ fn cu_memcpy_dtoh_failing_during_eviction_fails_the_demand_and_keeps_the_victims
     assert_device_error(engine.page_in(Target::Buffer(b)), "page_in", "cuMemcpyDtoHAsync");
     assert_eq!(buffer_stats(&engine, a).in_hbm, 4, "victims must stay in HBM when their copy fails");
     assert_eq!(buffer_stats(&engine, b).in_hbm, 0);
-    assert_eq!(engine.stats().host.chunks, 0, "host slots of the failed copies not returned");
+    assert_eq!(engine.stats().tiers[Tier::Host].chunks, 0, "host slots of the failed copies not returned");
     assert_hbm_accounted(&engine);
     fail::remove("cuMemcpyDtoHAsync");
     check(&engine, &contents);
@@ -273,7 +278,7 @@ fn cu_mem_create_failing_falls_back_to_eviction() {
     fail::cfg("cuMemCreate", "return").unwrap();
     // HBM has room under the cap, but the device will not create more chunks: evict a's.
     contents.push((b, fill(&engine, b, 2 * CHUNK, 9)));
-    assert_eq!(engine.stats().hbm.chunks, 2);
+    assert_eq!(engine.stats().tiers[Tier::Hbm].chunks, 2);
     assert_eq!(buffer_stats(&engine, b).in_hbm, 2);
     check(&engine, &contents);
     fail::remove("cuMemCreate");

@@ -7,6 +7,7 @@ mod support;
 
 use support::{pattern, sim_engine, CHUNK};
 use tiermem::mechanism::sim::Timing;
+use tiermem::Tier;
 use tiermem::{Access, AllocOptions, EngineConfig, Region, StreamHandle, Target};
 
 /// A chunk sent down dirty, brought back before that copy landed, and sent down again (clean
@@ -86,7 +87,7 @@ fn a_second_file_write_of_a_chunk_leaves_it_to_the_first() {
     engine.finish(second).unwrap();
     engine.finish(first).unwrap();
     support::assert_contents(&engine, a, &bytes);
-    let file = engine.stats().file.expect("a file tier");
+    let file = engine.stats().tiers.get(Tier::File).cloned().expect("a file tier");
     assert_eq!(file.used_bytes, CHUNK, "one file copy of the chunk, no file slot leaked");
     engine.free(a).unwrap();
     support::assert_no_leaks(engine, Some(sim));

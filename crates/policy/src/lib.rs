@@ -40,6 +40,9 @@ mod lru_cost;
 mod priority;
 mod random;
 pub mod share;
+mod tier;
+
+pub use tier::Tier;
 
 /// Fraction of the LRU stack (its least recently used end) that LRU-COST re-sorts by cost.
 pub const LRU_COST_SELECTION_FACTOR: f64 = 0.2;

@@ -8,29 +8,8 @@ use serde::{Deserialize, Serialize};
 /// older peer would misread.
 pub const PROTOCOL_VERSION: u32 = 1;
 
-/// A tier of memory a budget is given for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Tier {
-    /// The HBM of the tenant's GPU.
-    Hbm,
-    /// Pinned host memory (node-wide).
-    Host,
-    /// The file (NVMe) tier (node-wide).
-    File,
-}
-
-impl Tier {
-    pub const ALL: [Tier; 3] = [Tier::Hbm, Tier::Host, Tier::File];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Tier::Hbm => "hbm",
-            Tier::Host => "host",
-            Tier::File => "file",
-        }
-    }
-}
+/// A tier of memory a budget is given for (the engine's and the policies' own).
+pub use tiermem_policy::Tier;
 
 /// The GPU a tenant's engine runs on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -88,7 +88,7 @@ fn session(weak: &Weak<Engine>, shared: &Shared, options: &Options) -> Result<()
             },
             chunk_bytes: engine.chunk_size() as u64,
             wants: vec![TierBytes { tier: Tier::Hbm, bytes: options.wants_hbm }],
-            held: vec![TierBytes { tier: Tier::Hbm, bytes: engine.stats().hbm.used_bytes as u64 }],
+            held: vec![TierBytes { tier: Tier::Hbm, bytes: engine.stats().tiers[Tier::Hbm].used_bytes as u64 }],
         }
     };
     connection.send(&register)?;
@@ -148,9 +148,13 @@ pub(crate) fn usage_of(stats: &Stats) -> [TierUsage; 3] {
     let chunk = stats.chunk_size as u64;
     let acquired: u64 = stats.buffers.iter().map(|b| b.acquired as u64).sum::<u64>() * chunk;
     let allocated: u64 = stats.buffers.iter().map(|b| b.chunks as u64).sum::<u64>() * chunk;
-    let hbm = TierUsage { used: stats.hbm.used_bytes as u64, acquired, demand: allocated };
-    let host = TierUsage { used: stats.host.used_bytes as u64, acquired: 0, demand: stats.host.used_bytes as u64 };
-    let file_used = stats.file.as_ref().map_or(0, |f| f.used_bytes as u64);
+    let hbm = TierUsage { used: stats.tiers[Tier::Hbm].used_bytes as u64, acquired, demand: allocated };
+    let host = TierUsage {
+        used: stats.tiers[Tier::Host].used_bytes as u64,
+        acquired: 0,
+        demand: stats.tiers[Tier::Host].used_bytes as u64,
+    };
+    let file_used = stats.tiers.get(Tier::File).map_or(0, |f| f.used_bytes as u64);
     let file = TierUsage { used: file_used, acquired: 0, demand: file_used };
     [hbm, host, file]
 }

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tiermem::Tier;
 use tiermem::{AllocOptions, Engine, EngineConfig};
 use tiermem_tenant::{DaemonLink, LinkState};
 
@@ -77,7 +78,7 @@ fn budgets_reach_the_engines_and_a_leaver_gives_its_share_back_with_its_engine()
     link_b.wait_for(SETTLE, settled_at(24 * MIB));
     link_a.wait_for(SETTLE, settled_at(24 * MIB));
     assert_eq!((a.hbm_cap() as u64, b.hbm_cap() as u64), (24 * MIB, 24 * MIB));
-    assert!(a.stats().hbm.used_bytes as u64 <= 24 * MIB, "A met its budget");
+    assert!(a.stats().tiers[Tier::Hbm].used_bytes as u64 <= 24 * MIB, "A met its budget");
     let mut back = vec![0u8; 8 << 20];
     for offset in (0..40 << 20).step_by(8 << 20) {
         a.read(buffer, offset, &mut back).unwrap();

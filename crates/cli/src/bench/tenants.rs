@@ -209,12 +209,12 @@ fn reclaim_ms_per_gib(setup: &Setup) -> Result<f64, String> {
     engine.acquire(&[Region::whole(id)], Access::ReadWrite, stream).map_err(|e| e.to_string())?;
     engine.release(&[Region::whole(id)], stream).map_err(|e| e.to_string())?;
     engine.device().synchronize_stream(stream).map_err(|e| e.to_string())?;
-    let before = engine.stats().hbm.used_bytes;
+    let before = engine.stats().tiers[Tier::Hbm].used_bytes;
     let started = Instant::now();
     let ticket = engine.set_hbm_budget(setup.cap / 2).map_err(|e| e.to_string())?;
     engine.finish(ticket).map_err(|e| e.to_string())?;
     let ms = started.elapsed().as_secs_f64() * 1e3;
-    let shed = before.saturating_sub(engine.stats().hbm.used_bytes) as f64 / (1u64 << 30) as f64;
+    let shed = before.saturating_sub(engine.stats().tiers[Tier::Hbm].used_bytes) as f64 / (1u64 << 30) as f64;
     engine.free(id).map_err(|e| e.to_string())?;
     Ok(ms / shed.max(1e-9))
 }

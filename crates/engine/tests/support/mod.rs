@@ -7,6 +7,7 @@ pub mod failpoints;
 
 use std::sync::Arc;
 use tiermem::mechanism::{sim::SimDevice, BackendChoice, Device};
+use tiermem::Tier;
 use tiermem::{Engine, EngineConfig};
 
 pub const MIB: usize = 1 << 20;
@@ -118,5 +119,5 @@ pub fn acquired_chunks(engine: &Engine) -> usize {
 pub fn assert_hbm_accounted(engine: &Engine) {
     let stats = engine.stats();
     let held: usize = stats.buffers.iter().map(|b| b.in_hbm + b.moving).sum();
-    assert_eq!(stats.hbm.chunks, held, "HBM chunks in use but owned by no chunk: {stats}");
+    assert_eq!(stats.tiers[Tier::Hbm].chunks, held, "HBM chunks in use but owned by no chunk: {stats}");
 }
