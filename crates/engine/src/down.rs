@@ -2,7 +2,8 @@
 //! slots, from the host tier to the file (spills and background writes, file_writes.rs),
 //! and the bookkeeping of what has landed (`reap`, `detach_chunks`, `unmap_buffer`, giving
 //! HBM beyond the budget back). movement.rs says how a copy down is ordered; placement.rs
-//! (`host_slots`) what a page-out does when the host tier is full.
+//! (`host_slots`) what a page-out does when the host tier is full; where each chunk goes is the
+//! policy crate's decision (`leave_hbm`).
 
 use crate::error::Context;
 use crate::fence::{after_all, settled, Fence};
@@ -14,6 +15,11 @@ use crate::tiers::Tiers;
 use crate::BufferId;
 use crate::{Error, Result};
 use std::collections::HashSet;
+use tiermem_policy::{leave_hbm, Leave, Tier};
+
+/// The tiers that take copies of dirty chunks leaving HBM, fastest first (a neighbour GPU's
+/// HBM comes first once the peer tier exists). The file tier is reached through the host tier.
+const COPIES_OUT_OF_HBM: [Tier; 1] = [Tier::Host];
 use std::sync::Arc;
 use tiermem_mechanism::file_store::FileSlot;
 use tiermem_mechanism::{DeviceError, PhysHandle, StreamHandle};
@@ -40,9 +46,12 @@ impl Tiers {
             if !chunk.is_resident() {
                 continue;
             }
-            match chunk.is_clean() {
-                false => dirty.push(r),
-                true => {
+            // The tiers below take its host copy; room there is made as the slots are taken
+            // (`Inner::host_slots` spills the host tier to the file).
+            match leave_hbm(chunk.copy_below(), &COPIES_OUT_OF_HBM, |_| true) {
+                Leave::CopyTo(Tier::Host) => dirty.push(r),
+                Leave::CopyTo(tier) => unreachable!("{tier} is not in the engine's order {COPIES_OUT_OF_HBM:?}"),
+                Leave::Drop { .. } => {
                     // It may leave only after both its last use and the copy that filled its
                     // slot or its HBM (cancelled page-outs leave that copy in flight): the
                     // first of them done proves nothing of the other.

@@ -56,6 +56,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use tiermem_mechanism::file_store::FileSlot;
 use tiermem_mechanism::{DevicePtr, PhysHandle};
+use tiermem_policy::Tier;
 
 /// A chunk: its buffer and its index in the buffer.
 pub(crate) type ChunkRef = (BufferId, usize);
@@ -146,7 +147,16 @@ impl Chunk {
 
     /// Resident with an identical copy below (host or file): evicting it copies nothing.
     pub fn is_clean(&self) -> bool {
-        self.host.is_some() || self.file.is_some()
+        self.copy_below().is_some()
+    }
+
+    /// The fastest tier below HBM holding an identical copy, if any.
+    pub fn copy_below(&self) -> Option<Tier> {
+        match (self.host, self.file) {
+            (Some(_), _) => Some(Tier::Host),
+            (None, Some(_)) => Some(Tier::File),
+            (None, None) => None,
+        }
     }
 
     pub fn pins(&self) -> u32 {

@@ -28,13 +28,15 @@
 //!   the rest. Chunks the schedule never uses go first (oldest first); with no schedule at all
 //!   this is LRU.
 //!
-//! Beside eviction, [`share`] divides a tier among tenants (the node daemon's weighted fair
+//! Beside eviction, [`leave_hbm`] decides where a victim goes (the tiers below HBM, in order),
+//! and [`share`] divides a tier among tenants (the node daemon's weighted fair
 //! share, GPrioSwap §4).
 
 use std::fmt;
 use std::str::FromStr;
 
 mod belady;
+mod destination;
 mod lru;
 mod lru_cost;
 mod priority;
@@ -42,6 +44,7 @@ mod random;
 pub mod share;
 mod tier;
 
+pub use destination::{leave_hbm, Leave};
 pub use tier::Tier;
 
 /// Fraction of the LRU stack (its least recently used end) that LRU-COST re-sorts by cost.
