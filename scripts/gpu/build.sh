@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, on the development machine, everything the GPU run needs into dist/ (git-ignored):
-# the release `tiermem` binary and the GPU-capable test binaries. Binaries built here run there.
+# the release `tiermem` binary, the GPU-capable test binaries and fio. Binaries built here run there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rm -rf dist && mkdir -p dist/tests
@@ -20,6 +20,8 @@ for line in sys.stdin:
     print("dist/tests/" + name)
 '
 strip dist/tiermem dist/tests/*
+# fio for `bench swap` (the GPU machine has none): static, cached outside the repository.
+scripts/gpu/fio/build.sh dist || echo "WARNING: no fio in dist/: bench swap will record its device measurements as missing"
 # The Python wheel (abi3: loads on the GPU machine's Python 3.12) and pytest, which that
 # machine may lack and cannot download.
 python3 -m pip wheel -q --no-deps -w dist/wheels .
