@@ -4,6 +4,7 @@
 mod engine;
 mod nvme;
 pub(crate) mod raw;
+mod swap_job;
 mod tenant_worker;
 mod tenants;
 
@@ -69,6 +70,9 @@ pub enum Suite {
     /// One tenant of `bench tenants` (a process of its own).
     #[command(hide = true)]
     TenantWorker(tenant_worker::WorkerArgs),
+    /// The swap-bound job of `bench swap` (a process of its own, in a memory-limited cgroup).
+    #[command(hide = true)]
+    SwapJob(swap_job::JobArgs),
 }
 
 pub fn run(suite: Suite) -> Result<(), String> {
@@ -85,6 +89,7 @@ pub fn run(suite: Suite) -> Result<(), String> {
             tenants::run(&json, &commit(given), setup)
         }
         Suite::TenantWorker(args) => tenant_worker::run(args),
+        Suite::SwapJob(args) => swap_job::run(args),
     }
 }
 
