@@ -4,7 +4,10 @@
 mod engine;
 mod nvme;
 pub(crate) mod raw;
+mod swap;
+mod swap_fio;
 mod swap_job;
+mod swap_sys;
 mod tenant_worker;
 mod tenants;
 
@@ -70,6 +73,42 @@ pub enum Suite {
     /// One tenant of `bench tenants` (a process of its own).
     #[command(hide = true)]
     TenantWorker(tenant_worker::WorkerArgs),
+    /// CPU programs borrowing idle VRAM as swap, against swap on the local disk and zram: fio
+    /// on each device, give-back, a swap-bound job with each (issue 14). Root; enables swap and
+    /// attaches loop devices, undoing it all at the end: run it on the GPU machine only, never
+    /// on a shared machine.
+    Swap {
+        /// Folder to write vramswap-<yyyymmdd>-<shortsha>.json into.
+        #[arg(long)]
+        json: PathBuf,
+        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        #[arg(long)]
+        commit: Option<String>,
+        /// Folder on the local disk (not tmpfs) for the disk device's file, the swap file and
+        /// the VRAM device's spill file (about 5× --size free).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Working set of each swap-bound job; its cgroup's memory.max is half of it
+        /// [default: 4GiB, 1GiB with --quick].
+        #[arg(long, value_parser = tiermem::parse_size)]
+        size: Option<usize>,
+        /// The job's random block updates, in passes over its array.
+        #[arg(long, default_value_t = 1.0)]
+        passes: f64,
+        /// Small sizes and 1-second fio runs: a smoke test of the whole benchmark.
+        #[arg(long)]
+        quick: bool,
+        /// fio's binary (default: fio on PATH).
+        #[arg(long)]
+        fio: Option<PathBuf>,
+        /// Added to every `tiermem swap on`, split at spaces (e.g. "--devices 4").
+        #[arg(long, allow_hyphen_values = true)]
+        swap_args: Option<String>,
+        /// Seconds after which parts not yet begun are skipped, and 100 s later the part under
+        /// way is stopped [default: 400, 180 with --quick].
+        #[arg(long)]
+        budget_s: Option<f64>,
+    },
     /// The swap-bound job of `bench swap` (a process of its own, in a memory-limited cgroup).
     #[command(hide = true)]
     SwapJob(swap_job::JobArgs),
@@ -89,6 +128,18 @@ pub fn run(suite: Suite) -> Result<(), String> {
             tenants::run(&json, &commit(given), setup)
         }
         Suite::TenantWorker(args) => tenant_worker::run(args),
+        Suite::Swap { json, commit: given, dir, size, passes, quick, fio, swap_args, budget_s } => {
+            let setup = swap::Setup {
+                dir,
+                size: size.map_or(if quick { 1 << 30 } else { 4 << 30 }, |s| s as u64),
+                passes: passes.max(0.0),
+                quick,
+                fio,
+                swap_args: swap_args.unwrap_or_default().split_whitespace().map(String::from).collect(),
+                budget_s: budget_s.unwrap_or(if quick { 180.0 } else { 400.0 }),
+            };
+            swap::run(&json, &commit(given), setup)
+        }
         Suite::SwapJob(args) => swap_job::run(args),
     }
 }
