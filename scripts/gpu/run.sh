@@ -5,8 +5,12 @@
 #   OUT    folder for logs and JSON results
 #   COMMIT the commit being measured
 #   PHASES comma-separated, default all: rust,demo,limits,soak,python,engine,tenants,nvme,torch (torch-small:
-#          the torch benchmark's smoke test)
-# SOAK_SECONDS (default 300) and SOAK_THREADS (default 8) size the soak; TENANTS_ARGS adds to bench tenants.
+#          the torch benchmark's smoke test). Not in the default, asked for by name: swap (bench swap:
+#          enables swap, loop devices, zram, cgroups as root, all undone at the end; about 6 minutes)
+#          and swap-quick (its smoke test, about 2 minutes).
+# SOAK_SECONDS (default 300) and SOAK_THREADS (default 8) size the soak; TENANTS_ARGS adds to bench tenants;
+# SWAP_ARGS adds to bench swap (e.g. --size 2GiB, --swap-args "--devices 4"); SWAP_TIMEOUT (default 550 s)
+# ends it (SIGTERM: it stops and undoes what it set up; SIGKILL 20 s later, then the cleanup here).
 set -uo pipefail
 dist=$1 out=$2 commit=$3 phases=${4:-rust,demo,limits,soak,python,engine,tenants,nvme,torch}
 want() { [[ ",$phases," == *",$1,"* ]]; }
@@ -42,6 +46,56 @@ want soak && { step "tiermem soak"; TIERMEM_COMMIT=$commit run "$dist/tiermem" s
 want engine && { step "tiermem bench engine"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench engine --json "$out/results"; }
 want tenants && { step "tiermem bench tenants"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench tenants --json "$out/results" ${TENANTS_ARGS:-}; }
 want nvme && { step "tiermem bench nvme"; df -T "$scratch" | tail -1; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench nvme --json "$out/results" --dir "$scratch" --reps 5; }
+# Undoes whatever a bench swap that was killed left behind: swap areas, loop devices over its
+# files, zram, zswap, cgroups, files (a finished run has undone it all itself).
+in_swaps() { awk -v s="$2" 'NR > 1 && $1 == s { found = 1 } END { exit !found }' "$1"; }
+swap_cleanup() {
+  [ -n "${swap_cleaned:-}" ] && return 0
+  swap_cleaned=1
+  echo "--- swap cleanup"
+  timeout 120 "$dist/tiermem" swap off 2>&1 | tail -3
+  tail -n +2 /proc/swaps | awk '{print $1}' | while read -r s; do
+    in_swaps "$out/swaps-before.txt" "$s" || { echo "swapoff $s"; timeout 300 swapoff "$s"; }
+  done
+  tail -n +2 "$out/swaps-before.txt" | while read -r s _ _ _ p; do
+    in_swaps /proc/swaps "$s" && continue
+    echo "swapon $s (it was on before)"
+    if [ "$p" -ge 0 ]; then swapon -p "$p" "$s"; else swapon "$s"; fi
+  done
+  losetup -n -O NAME,BACK-FILE -l 2>/dev/null | awk '$2 ~ /tiermem-swapbench-/ {print $1}' | while read -r d; do
+    echo "losetup -d $d"; losetup -d "$d"
+  done
+  for m in "$scratch"/tiermem-swapbench-zram-*; do
+    [ -e "$m" ] || continue
+    id=${m##*-}; echo "zram$id reset"
+    echo 1 >"/sys/block/zram$id/reset"; echo "$id" >/sys/class/zram-control/hot_remove 2>/dev/null
+  done
+  [ -e "$scratch/tiermem-swapbench-zswap-was-on" ] && echo Y >/sys/module/zswap/parameters/enabled
+  for g in /sys/fs/cgroup/tiermem-swapbench-*/; do
+    [ -d "$g" ] || continue
+    for c in "$g"*/; do
+      [ -d "$c" ] || continue
+      echo 1 >"$c/cgroup.kill" 2>/dev/null; sleep 0.5; rmdir "$c"
+    done
+    rmdir "$g"
+  done
+  rm -f "$scratch"/tiermem-swapbench-* /tmp/tiermem-swapbench-*
+  cat /proc/swaps; losetup -l; free -g
+}
+if want swap || want swap-quick; then
+  step "tiermem bench swap"
+  swap_args=(--json "$out/results" --dir "$scratch" --fio "$dist/fio")
+  want swap-quick && ! want swap && swap_args+=(--quick)
+  cat /proc/swaps >"$out/swaps-before.txt"
+  trap swap_cleanup EXIT
+  trap 'swap_cleanup; exit 1' INT TERM
+  df -T "$scratch" | tail -1
+  PATH="$dist:$PATH" TIERMEM_ALLOW_SWAP=1 TIERMEM_COMMIT=$commit run timeout -k 20 "${SWAP_TIMEOUT:-550}" "$dist/tiermem" bench swap "${swap_args[@]}" ${SWAP_ARGS:-}
+  swap_cleanup 2>&1 | tee -a "$out/log.txt"
+  trap - EXIT INT TERM
+  echo "--- kernel log: hung tasks, OOM kills, I/O errors"
+  dmesg 2>/dev/null | grep -iE "blocked for more than|hung_task|oom-kill|out of memory|I/O error|loop[0-9]+:|zram|fuse" | tail -30 | tee -a "$out/log.txt"
+fi
 want torch-small && { step "torch benchmark (small)"; run python3 bench/torch_bench.py --json "$out/results" --commit "$commit" --small --scratch "$scratch"; }
 want torch && { step "torch benchmark"; run python3 bench/torch_bench.py --json "$out/results" --commit "$commit" --scratch "$scratch"; }
 step "done: status $status"
