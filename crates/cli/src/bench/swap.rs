@@ -373,57 +373,11 @@ impl Bench {
         eprintln!("bench swap: fio on {} ({})", kind.name(), devices.join(", "));
         self.note(&["fio", kind.name(), "devices"], json!(devices));
         let watch = (kind == Kind::Vram).then(HungWatch::start);
-        let runtime = if self.setup.quick { 1000 } else { 3000 };
-        let timed = |name, rw, bs, depth| Job {
-            name,
-            rw,
-            bs,
-            depth,
-            size: area,
-            runtime_ms: Some(runtime),
-            verify: Verify::No,
-        };
         let rand_verify_size = match (engine, self.setup.quick) {
             (IoEngine::IoUring, false) => 256 * MIB,
             _ => 64 * MIB,
         };
-        let rand_verify = Job {
-            name: "rand4k-write-verify-qd32",
-            rw: "randwrite",
-            bs: 4096,
-            depth: 32,
-            size: rand_verify_size,
-            runtime_ms: None,
-            verify: Verify::WriteThenCheck,
-        };
-        let jobs = [
-            // Also fills the region, so that every later read finds written blocks.
-            Job {
-                name: "seq-write",
-                rw: "write",
-                bs: MIB,
-                depth: 16,
-                size: area,
-                runtime_ms: None,
-                verify: Verify::No,
-            },
-            timed("seq-read", "read", MIB, 16),
-            timed("rand4k-read-qd1", "randread", 4096, 1),
-            timed("rand4k-read-qd32", "randread", 4096, 32),
-            timed("rand4k-write-qd1", "randwrite", 4096, 1),
-            timed("rand4k-write-qd32", "randwrite", 4096, 32),
-            timed("rand32k-read-qd1", "randread", 32 << 10, 1),
-            Job {
-                name: "seq-write-verify",
-                rw: "write",
-                bs: MIB,
-                depth: 16,
-                size: area.min(GIB),
-                runtime_ms: None,
-                verify: Verify::WriteThenCheck,
-            },
-            rand_verify.clone(),
-        ];
+        let (jobs, rand_verify) = fio_jobs(area, if self.setup.quick { 1000 } else { 3000 }, rand_verify_size);
         let p = kind.prefix();
         let mut verify_errors: Option<u64> = Some(0);
         for job in &jobs {
@@ -808,6 +762,43 @@ impl Bench {
     }
 }
 
+/// The fio jobs run on each device, in order, and the random verify pass (the last of them,
+/// checked again after give-back). `area`: bytes over all the device's files.
+fn fio_jobs(area: u64, runtime_ms: u64, rand_verify_size: u64) -> (Vec<Job>, Job) {
+    let timed =
+        |name, rw, bs, depth| Job { name, rw, bs, depth, size: area, runtime_ms: Some(runtime_ms), verify: Verify::No };
+    let rand_verify = Job {
+        name: "rand4k-write-verify-qd32",
+        rw: "randwrite",
+        bs: 4096,
+        depth: 32,
+        size: rand_verify_size,
+        runtime_ms: None,
+        verify: Verify::WriteThenCheck,
+    };
+    let jobs = vec![
+        // Also fills the region, so that every later read finds written blocks.
+        Job { name: "seq-write", rw: "write", bs: MIB, depth: 16, size: area, runtime_ms: None, verify: Verify::No },
+        timed("seq-read", "read", MIB, 16),
+        timed("rand4k-read-qd1", "randread", 4096, 1),
+        timed("rand4k-read-qd32", "randread", 4096, 32),
+        timed("rand4k-write-qd1", "randwrite", 4096, 1),
+        timed("rand4k-write-qd32", "randwrite", 4096, 32),
+        timed("rand32k-read-qd1", "randread", 32 << 10, 1),
+        Job {
+            name: "seq-write-verify",
+            rw: "write",
+            bs: MIB,
+            depth: 16,
+            size: area.min(GIB),
+            runtime_ms: None,
+            verify: Verify::WriteThenCheck,
+        },
+        rand_verify.clone(),
+    ];
+    (jobs, rand_verify)
+}
+
 fn job_metric(kind: Kind, n: usize) -> String {
     match n {
         1 => format!("job_s_{}", kind.name()),
@@ -1057,5 +1048,35 @@ mod tests {
         b.record_verify("fio_verify_vram", Some(3));
         assert_eq!(b.fio_errors, Some(3));
         assert!(!b.verified());
+    }
+    /// The jobs as run on each device, over two plain files standing in for two loop devices,
+    /// with both engines; then the check after give-back. Skipped without fio (TIERMEM_FIO or
+    /// fio on PATH).
+    #[test]
+    fn the_fio_jobs_run_and_verify_on_plain_files() {
+        let Some(fio) = std::env::var_os("TIERMEM_FIO").map(PathBuf::from).or_else(|| sys::which("fio")) else {
+            eprintln!("skipped: no fio (set TIERMEM_FIO)");
+            return;
+        };
+        let dir = std::env::var_os("TIERMEM_TEST_FILE_DIR").map_or_else(std::env::temp_dir, Into::into);
+        let files: Vec<String> = (0..2)
+            .map(|k| dir.join(format!("tiermem-fio-jobs-{}-{k}", std::process::id())).display().to_string())
+            .collect();
+        for engine in [IoEngine::IoUring, IoEngine::Pvsync2] {
+            let (jobs, rand_verify) = fio_jobs(64 * MIB, 200, 8 * MIB);
+            for job in jobs.iter().chain([&Job { verify: Verify::CheckOnly, ..rand_verify.clone() }]) {
+                let o = swap_fio::run(&fio, engine, job, &files, Duration::from_secs(60))
+                    .unwrap_or_else(|e| panic!("{engine:?} {}: {e}", job.name));
+                assert_eq!(o.errors, 0, "{engine:?} {}: {o:?}", job.name);
+                let moved = if job.rw.contains("read") { o.read.io_bytes } else { o.write.io_bytes };
+                assert!(moved > 0.0, "{engine:?} {}: {o:?}", job.name);
+                if job.runtime_ms.is_none() && job.verify == Verify::No {
+                    assert_eq!(o.write.io_bytes as u64, job.size, "{engine:?} {} writes its region once", job.name);
+                }
+            }
+        }
+        for f in &files {
+            let _ = std::fs::remove_file(f);
+        }
     }
 }
