@@ -9,7 +9,7 @@
 //!   read at depth 1 (swap-in's request: `page-cluster` 3), then `verify=crc32c` passes that
 //!   write and check every block (sequential 1 MiB, random 4 KiB at depth 32).
 //! * **Give-back**: the VRAM device still full of fio's blocks, its HBM cap is forced to 0
-//!   (`tiermem swap cap 0`): bytes moved ÷ seconds; then the random verify pass's blocks are
+//!   (`tiermem swap cap 0 --json`): bytes moved ÷ seconds; then the random verify pass's blocks are
 //!   checked again, now from the spill file.
 //! * **The swap-bound job** (`swap_job.rs`) with each swap alone in turn (VRAM, a swap file on
 //!   the disk, zram), in a cgroup whose `memory.max` is half its working set; three at once

@@ -403,7 +403,7 @@ impl VramSwap {
         args.extend(extra.iter().map(String::as_str));
         let mut guard = VramSwap { exe: exe.to_path_buf(), devices: Vec::new() };
         // From here on, drop runs `swap off`, also if `swap on` failed half-way.
-        let stdout = must(exe_str, &args, Duration::from_secs(180))?;
+        let stdout = must(exe_str, &args, Duration::from_secs(300))?;
         guard.devices = parse_devices(&stdout);
         if guard.devices.is_empty() {
             return Err(format!("tiermem swap on printed no /dev/ device: {stdout:?}"));
@@ -423,26 +423,30 @@ impl VramSwap {
         }
     }
 
-    /// Forces the store's HBM cap to `bytes` (`tiermem swap cap BYTES`, which prints
-    /// `{"seconds": …, "bytes": …}`: how long moving the contents out took, and how many bytes
-    /// moved). Returns (seconds, bytes).
+    /// Forces the store's HBM cap to `bytes` (`tiermem swap cap BYTES --json`, whose reply is
+    /// `{"ok":true,"cap_bytes":N,"seconds":S,"moved_bytes":M,"hbm_bytes":H}`): (seconds the
+    /// move took, bytes moved to the file tier).
     pub fn set_cap(&self, bytes: u64) -> Result<(f64, f64), String> {
         let exe = self.exe.to_str().unwrap_or("tiermem");
-        let stdout = must(exe, &["swap", "cap", &bytes.to_string()], Duration::from_secs(300))?;
+        let stdout = must(exe, &["swap", "cap", &bytes.to_string(), "--json"], Duration::from_secs(300))?;
         parse_cap_reply(&stdout)
     }
 }
 
-/// The reply of `tiermem swap cap`: (seconds, bytes moved).
+/// The reply of `tiermem swap cap --json`: (seconds, bytes moved).
 pub fn parse_cap_reply(stdout: &str) -> Result<(f64, f64), String> {
     let value = stdout
         .lines()
         .rev()
         .find_map(|l| serde_json::from_str::<serde_json::Value>(l.trim()).ok())
         .ok_or_else(|| format!("tiermem swap cap printed no JSON: {stdout:?}"))?;
-    match (value["seconds"].as_f64(), value["bytes"].as_f64()) {
+    if value["ok"] == serde_json::json!(false) {
+        return Err(format!("tiermem swap cap: {value}"));
+    }
+    let moved = value["moved_bytes"].as_f64().or_else(|| value["bytes"].as_f64());
+    match (value["seconds"].as_f64(), moved) {
         (Some(s), Some(b)) => Ok((s, b)),
-        _ => Err(format!("tiermem swap cap: no seconds and bytes in {value}")),
+        _ => Err(format!("tiermem swap cap: no seconds and moved_bytes in {value}")),
     }
 }
 
@@ -783,7 +787,9 @@ mod tests {
         assert_eq!(parse_devices("/dev/loop3\n/dev/loop4\n"), vec!["/dev/loop3", "/dev/loop4"]);
         assert_eq!(parse_devices("serving on /dev/loop7, priority 100\n"), vec!["/dev/loop7"]);
         assert!(parse_devices("nothing\n").is_empty());
-        assert_eq!(parse_cap_reply("moving…\n{\"seconds\": 0.5, \"bytes\": 1000}\n"), Ok((0.5, 1000.0)));
+        let reply = r#"{"ok":true,"cap_bytes":0,"seconds":0.5,"moved_bytes":1000,"hbm_bytes":0}"#;
+        assert_eq!(parse_cap_reply(&format!("moving…\n{reply}\n")), Ok((0.5, 1000.0)));
+        assert!(parse_cap_reply(r#"{"ok":false,"error":"no file tier"}"#).is_err());
         assert!(parse_cap_reply("{\"ok\": true}").is_err());
     }
 
