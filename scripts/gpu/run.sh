@@ -6,10 +6,10 @@
 #   COMMIT the commit being measured
 #   PHASES comma-separated, default all: rust,demo,limits,soak,python,engine,tenants,nvme,torch (torch-small:
 #          the torch benchmark's smoke test). Not in the default, asked for by name: swap (bench swap:
-#          enables swap, loop devices, zram, cgroups as root, all undone at the end; about 6 minutes)
-#          and swap-quick (its smoke test, about 2 minutes).
+#          enables swap, loop devices, zram, cgroups as root, all undone at the end; at most 8 minutes)
+#          and swap-quick (its smoke test, at most 4 minutes).
 # SOAK_SECONDS (default 300) and SOAK_THREADS (default 8) size the soak; TENANTS_ARGS adds to bench tenants;
-# SWAP_ARGS adds to bench swap (e.g. --size 2GiB, --swap-args "--devices 4"); SWAP_TIMEOUT (default 550 s)
+# SWAP_ARGS adds to bench swap (e.g. "--size 2GiB --swap-args=--devices=4"); SWAP_TIMEOUT (default 480 s)
 # ends it (SIGTERM: it stops and undoes what it set up; SIGKILL 20 s later, then the cleanup here).
 set -uo pipefail
 dist=$1 out=$2 commit=$3 phases=${4:-rust,demo,limits,soak,python,engine,tenants,nvme,torch}
@@ -90,7 +90,7 @@ if want swap || want swap-quick; then
   trap swap_cleanup EXIT
   trap 'swap_cleanup; exit 1' INT TERM
   df -T "$scratch" | tail -1
-  PATH="$dist:$PATH" TIERMEM_ALLOW_SWAP=1 TIERMEM_COMMIT=$commit run timeout -k 20 "${SWAP_TIMEOUT:-550}" "$dist/tiermem" bench swap "${swap_args[@]}" ${SWAP_ARGS:-}
+  PATH="$dist:$PATH" TIERMEM_ALLOW_SWAP=1 TIERMEM_COMMIT=$commit run timeout -k 20 "${SWAP_TIMEOUT:-480}" "$dist/tiermem" bench swap "${swap_args[@]}" ${SWAP_ARGS:-}
   swap_cleanup 2>&1 | tee -a "$out/log.txt"
   trap - EXIT INT TERM
   echo "--- kernel log: hung tasks, OOM kills, I/O errors"

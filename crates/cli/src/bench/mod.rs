@@ -104,8 +104,8 @@ pub enum Suite {
         /// Added to every `tiermem swap on`, split at spaces (e.g. "--devices 4").
         #[arg(long, allow_hyphen_values = true)]
         swap_args: Option<String>,
-        /// Seconds after which parts not yet begun are skipped, and 100 s later the part under
-        /// way is stopped [default: 400, 180 with --quick].
+        /// Seconds after which parts not yet begun are skipped, and 90 s later the part under
+        /// way is stopped [default: 330, 150 with --quick].
         #[arg(long)]
         budget_s: Option<f64>,
     },
@@ -136,7 +136,7 @@ pub fn run(suite: Suite) -> Result<(), String> {
                 quick,
                 fio,
                 swap_args: swap_args.unwrap_or_default().split_whitespace().map(String::from).collect(),
-                budget_s: budget_s.unwrap_or(if quick { 180.0 } else { 400.0 }),
+                budget_s: budget_s.unwrap_or(if quick { 150.0 } else { 330.0 }),
             };
             swap::run(&json, &commit(given), setup)
         }

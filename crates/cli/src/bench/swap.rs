@@ -50,7 +50,7 @@ pub struct Setup {
     pub fio: Option<PathBuf>,
     /// Added to every `tiermem swap on`.
     pub swap_args: Vec<String>,
-    /// Seconds after which the parts not yet begun are skipped; 100 s later, the part under way
+    /// Seconds after which the parts not yet begun are skipped; 90 s later, the part under way
     /// is stopped.
     pub budget_s: f64,
 }
@@ -197,10 +197,10 @@ impl Bench {
         }
     }
 
-    /// `want`, cut short near the hard end of the run (the budget and 100 s for the last part
+    /// `want`, cut short near the hard end of the run (the budget and 90 s for the last part
     /// under way), but at least 20 s.
     fn limit(&self, want: Duration) -> Duration {
-        let left = self.setup.budget_s + 100.0 - self.elapsed();
+        let left = self.setup.budget_s + 90.0 - self.elapsed();
         want.min(Duration::from_secs_f64(left.max(20.0)))
     }
 
