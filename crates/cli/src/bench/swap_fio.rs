@@ -6,7 +6,7 @@
 //! from `pvsync2` with one thread per request in flight (`numjobs`, each on a slice of the
 //! device), which the report says.
 
-use super::swap_sys::{run_command, Output};
+use super::swap_sys::{run_interruptible, Output};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -193,7 +193,7 @@ pub fn parse(text: &str) -> Result<Outcome, String> {
 /// Runs one job; fio's own failures and failed checks come back in the outcome where fio
 /// still reported, an error otherwise.
 pub fn run(fio: &Path, engine: IoEngine, job: &Job, files: &[String], limit: Duration) -> Result<Outcome, String> {
-    let out: Output = run_command(Command::new(fio).args(args(engine, job, files)), limit)
+    let out: Output = run_interruptible(Command::new(fio).args(args(engine, job, files)), limit)
         .map_err(|e| format!("fio {}: {e}", job.name))?;
     match parse(&out.stdout) {
         Ok(outcome) if out.ok || outcome.errors > 0 => Ok(outcome),

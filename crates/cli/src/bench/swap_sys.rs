@@ -52,14 +52,24 @@ impl Output {
     }
 }
 
-/// Runs `program` with `args`, killed after `limit` (or on a signal to us). Its output goes to
+/// Runs `program` with `args`, killed after `limit`. Its output goes to
 /// files, not pipes, so that a server it leaves running cannot hold us on a pipe.
 pub fn run_for(program: &str, args: &[&str], limit: Duration) -> Result<Output, String> {
     run_command(Command::new(program).args(args), limit).map_err(|e| format!("{program} {}: {e}", args.join(" ")))
 }
 
-/// [`run_for`] of a prepared command.
+/// [`run_for`] of a prepared command. A signal to us does not stop it (undoing a setup must
+/// finish); only `limit` does.
 pub fn run_command(command: &mut Command, limit: Duration) -> Result<Output, String> {
+    run_inner(command, limit, false)
+}
+
+/// [`run_command`] that a signal to us also stops (a measurement).
+pub fn run_interruptible(command: &mut Command, limit: Duration) -> Result<Output, String> {
+    run_inner(command, limit, true)
+}
+
+fn run_inner(command: &mut Command, limit: Duration, interruptible: bool) -> Result<Output, String> {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let base = std::env::temp_dir().join(format!("{PREFIX}out-{}-{n}", std::process::id()));
@@ -73,10 +83,10 @@ pub fn run_command(command: &mut Command, limit: Duration) -> Result<Output, Str
         loop {
             match child.try_wait() {
                 Ok(Some(status)) => return Ok(status.success()),
-                Ok(None) if started.elapsed() > limit || interrupted() => {
+                Ok(None) if started.elapsed() > limit || (interruptible && interrupted()) => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    let why = if interrupted() { "interrupted" } else { "timed out" };
+                    let why = if started.elapsed() > limit { "timed out" } else { "interrupted" };
                     return Err(format!("{why} after {:.0} s", started.elapsed().as_secs_f64()));
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(10)),
