@@ -26,7 +26,7 @@ mod store;
 
 pub use areas::PAGE;
 pub use config::{StoreConfig, DEFAULT_HOST_STAGING, DEFAULT_POLL};
-pub use limits::{Limits, Pressure, Reading};
+pub use limits::{Decision, Limits, Pressure, Reading};
 pub use monitor::Applied;
 pub use stats::{GiveBack, GiveBacks, Requests, StoreStats};
 pub use store::VramStore;
