@@ -41,6 +41,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tiermem::Engine;
+use tiermem::Tier;
 
 /// What one step did.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -79,7 +80,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// HBM holding the store's data.
 pub(crate) fn held(engine: &Engine) -> u64 {
-    engine.stats().hbm.used_bytes as u64
+    engine.stats().tiers[Tier::Hbm].used_bytes as u64
 }
 
 impl Governor {

@@ -41,6 +41,7 @@ use crate::stats::{Counters, StoreStats};
 use crate::{Blocks, SwapError};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
+use tiermem::Tier;
 use tiermem::{format_size, AllocOptions, BufferId, Engine};
 
 static ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
@@ -115,7 +116,10 @@ impl VramStore {
         }
         let tiers = engine.stats();
         let vram = total.saturating_sub(config.limits.soft_free).max(floor);
-        let (host, file) = (tiers.host.capacity_bytes as u64, tiers.file.map_or(0, |f| f.capacity_bytes as u64));
+        let (host, file) = (
+            tiers.tiers[Tier::Host].capacity_bytes as u64,
+            tiers.tiers.get(Tier::File).map_or(0, |f| f.capacity_bytes as u64),
+        );
         if config.size > vram + host + file {
             return Err(refuse(format!(
                 "a device of {} cannot fit: the limits leave it {} of VRAM, the host staging tier holds {} and the spill file {}; give a larger spill file (file_limit) or a smaller size",
@@ -188,11 +192,11 @@ impl VramStore {
             areas: s.areas.len() as u64,
             areas_live: s.counters.areas_live.load(Relaxed),
             bytes_present: s.counters.pages_present.load(Relaxed) * PAGE,
-            hbm_bytes: engine.hbm.used_bytes as u64,
-            host_bytes: engine.host.used_bytes as u64,
-            file_bytes: engine.file.as_ref().map_or(0, |f| f.used_bytes as u64),
-            file_capacity: engine.file.as_ref().map_or(0, |f| f.capacity_bytes as u64),
-            hbm_budget: engine.hbm.capacity_bytes as u64,
+            hbm_bytes: engine.tiers[Tier::Hbm].used_bytes as u64,
+            host_bytes: engine.tiers[Tier::Host].used_bytes as u64,
+            file_bytes: engine.tiers.get(Tier::File).map_or(0, |f| f.used_bytes as u64),
+            file_capacity: engine.tiers.get(Tier::File).map_or(0, |f| f.capacity_bytes as u64),
+            hbm_budget: engine.tiers[Tier::Hbm].capacity_bytes as u64,
             limits: control.limits,
             external_cap: control.external_cap,
             gpu: control.reading,

@@ -5,6 +5,7 @@
 mod support;
 
 use support::{assert_device_holds, config, open, pattern, Model, CHUNK, MIB};
+use tiermem::Tier;
 use tiermem_swap::{Blocks, Limits, SwapError, VramStore, PAGE};
 
 fn engine_buffers(store: &VramStore) -> usize {
@@ -20,14 +21,14 @@ fn an_area_lives_from_its_first_write_until_its_last_page_is_discarded() {
     let stats = store.stats();
     assert_eq!((stats.areas_live, stats.bytes_present), (3, 4 * PAGE));
     assert_eq!(engine_buffers(&store), 3);
-    assert_eq!(store.engine().stats().hbm.chunks, 3);
+    assert_eq!(store.engine().stats().tiers[Tier::Hbm].chunks, 3);
 
     // Discarding one of the two pages of area 1 keeps it; the other frees it.
     store.discard(CHUNK + 5 * PAGE, PAGE).unwrap();
     assert_eq!((store.stats().areas_live, engine_buffers(&store)), (3, 3));
     store.discard(CHUNK + 6 * PAGE, PAGE).unwrap();
     assert_eq!((store.stats().areas_live, engine_buffers(&store)), (2, 2));
-    assert_eq!(store.engine().stats().hbm.chunks, 2, "the freed area's chunk holds no data any more");
+    assert_eq!(store.engine().stats().tiers[Tier::Hbm].chunks, 2, "the freed area's chunk holds no data any more");
 
     let mut page = vec![0xFFu8; PAGE as usize];
     store.read(CHUNK + 5 * PAGE, &mut page).unwrap();
@@ -39,7 +40,7 @@ fn an_area_lives_from_its_first_write_until_its_last_page_is_discarded() {
     assert_eq!((stats.areas_live, stats.bytes_present), (0, 0));
     assert_eq!(engine_buffers(&store), 0);
     let engine = store.engine().stats();
-    assert_eq!((engine.hbm.chunks, engine.host.chunks), (0, 0));
+    assert_eq!((engine.tiers[Tier::Hbm].chunks, engine.tiers[Tier::Host].chunks), (0, 0));
     store.engine().release_idle_hbm().unwrap();
     let (free, total) = store.engine().device().mem_info().unwrap();
     assert_eq!(free, total, "no HBM held once every area is gone");
