@@ -5,8 +5,10 @@
 //! serve the store to the kernel as a block device (a FUSE file behind a loop device, where
 //! there is no ublk or nbd), and the kernel uses that device as swap.
 
+pub mod control;
 pub mod fuse_server;
 pub mod mem_blocks;
+pub mod serve;
 pub mod system;
 
 pub use fuse_server::{DeviceFile, FuseOptions, FuseServer};
