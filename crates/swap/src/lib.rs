@@ -5,6 +5,10 @@
 //! serve the store to the kernel as a block device (a FUSE file behind a loop device, where
 //! there is no ublk or nbd), and the kernel uses that device as swap.
 
+pub mod limits;
+
+pub use limits::{Limits, Pressure, Reading};
+
 /// What a block device's front end needs from the store behind it. Offsets and lengths are
 /// bytes; the kernel sends whole sectors (512 B) and, for swap, whole pages.
 pub trait Blocks: Send + Sync {
