@@ -5,9 +5,20 @@
 //! serve the store to the kernel as a block device (a FUSE file behind a loop device, where
 //! there is no ublk or nbd), and the kernel uses that device as swap.
 
+mod areas;
+mod config;
+mod gate;
 pub mod limits;
+mod monitor;
+mod stats;
+mod store;
 
+pub use areas::PAGE;
+pub use config::{StoreConfig, DEFAULT_HOST_STAGING, DEFAULT_POLL};
 pub use limits::{Limits, Pressure, Reading};
+pub use monitor::Applied;
+pub use stats::{GiveBack, GiveBacks, Requests, StoreStats};
+pub use store::VramStore;
 
 /// What a block device's front end needs from the store behind it. Offsets and lengths are
 /// bytes; the kernel sends whole sectors (512 B) and, for swap, whole pages.
@@ -36,6 +47,16 @@ pub enum SwapError {
         #[source]
         source: tiermem::Error,
     },
+    /// Settings that cannot work (a size that is not whole pages, limits that contradict each
+    /// other, a device the tiers cannot hold); the message says which and what to change.
+    #[error("{call}: {detail}")]
+    Config { call: &'static str, detail: String },
+    #[error("{call}: {source}")]
+    Os {
+        call: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl SwapError {
@@ -43,7 +64,8 @@ impl SwapError {
     pub fn errno(&self) -> i32 {
         match self {
             SwapError::OutOfRange { .. } => libc::EINVAL,
-            SwapError::Engine { .. } => libc::EIO,
+            SwapError::Engine { .. } | SwapError::Os { .. } => libc::EIO,
+            SwapError::Config { .. } => libc::EINVAL,
         }
     }
 }
