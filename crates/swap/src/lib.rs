@@ -4,6 +4,17 @@
 //! spilling to the engine's file tier when VRAM is short or wanted back by GPU work. Front ends
 //! serve the store to the kernel as a block device (a FUSE file behind a loop device, where
 //! there is no ublk or nbd), and the kernel uses that device as swap.
+//!
+//! The store, [`VramStore`]:
+//!
+//! ```text
+//!  store.rs    VramStore: requests split by area, the Blocks calls, open, stats (stats.rs)
+//!    │  areas.rs   areas (an engine buffer each, once written) and present bits per page
+//!    │  gate.rs    no more engine copies in flight than the least budget holds
+//!  monitor.rs  reads the GPU, applies the budget, records give-backs; a thread or on demand
+//!  limits.rs   the budget as a pure function of free VRAM: soft, hard, grant (GAME §III)
+//!  config.rs   StoreConfig
+//! ```
 
 mod areas;
 mod config;
