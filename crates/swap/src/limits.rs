@@ -36,11 +36,9 @@
 //!
 //! # What "held" means
 //!
-//! `held` is the HBM holding the store's data (the engine's chunks in use). The engine also
-//! keeps idle chunks for reuse, which this function sees as others' memory; the monitor hands
-//! them back to the driver before a budget falls and whenever free memory is below
-//! `soft_free` (monitor.rs), so under pressure `held` is all the store takes from the GPU, and
-//! `total - free - held` is what everyone else uses.
+//! `held` is the HBM holding the store's data (the engine's chunks in use). The monitor hands
+//! the engine's idle chunks back to the driver before each reading (monitor.rs), so `held` is
+//! all the store takes from the GPU, and `total - free - held` is what everyone else uses.
 //!
 //! # Properties (tests/store_limits.rs)
 //!

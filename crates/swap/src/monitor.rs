@@ -4,13 +4,16 @@
 //!
 //! # One step
 //!
-//! 1. Read free and total memory from the driver (`cuMemGetInfo`; the simulated device counts
-//!    its chunks) and what the store's data holds in HBM (the engine's chunks in use).
-//! 2. The engine also keeps idle chunks (holding no data, kept for reuse: an area freed by a
-//!    discard leaves one); to the driver they are used memory, so step 1 counts them as
-//!    others'. Before a step lowers the budget, and whenever free memory is below the soft
-//!    level, those are handed back to the driver and the GPU read again: a budget never falls
-//!    because of memory the store keeps idle, and under pressure it keeps nothing it does not use.
+//! 1. Hand the engine's idle chunks back to the driver. The engine keeps chunks that hold no
+//!    data for reuse (an area freed by a discard leaves one); to the driver they are used
+//!    memory, and no reading could tell them from other processes' memory, so the store keeps
+//!    none: as GAME releases an area's memory once its last page is discarded, the chunk goes
+//!    back within one step. Reusing it would have saved its creation and mapping when a new
+//!    area is first written (~60 µs of driver time per 2 MiB area on a GPU, a cost paid once
+//!    per area, against 512 page writes it can hold).
+//! 2. Read free and total memory from the driver (`cuMemGetInfo`; the simulated device counts
+//!    its chunks) and what the store's data holds in HBM (the engine's chunks in use): with
+//!    no idle chunk, `total - free - held` is exactly what others use.
 //! 3. Decide (pure: [`crate::limits::hbm_budget`]) and, if the budget changes, apply it:
 //!    `Engine::set_hbm_budget` sends what exceeds it down at once (the coldest areas first: the
 //!    engine's LRU) and `Engine::finish` waits for the copies and gives their HBM back. A step
@@ -25,7 +28,7 @@
 //! engine calls) and `control` (the limits and the last reading; held only to copy them), so
 //! [`crate::VramStore::stats`] never waits for a give-back either.
 //!
-//! Step 1 calls `Engine::stats`, which walks every buffer under the engine's lock: measured
+//! Step 2 calls `Engine::stats`, which walks every buffer under the engine's lock: measured
 //! at 3.5 µs for 256 live areas (release build, simulated device), so about 0.5 ms for a full
 //! 64 GiB device of 2 MiB areas — under 1% of the lock's time at one step per 100 ms.
 
@@ -121,21 +124,12 @@ impl Governor {
                 source: tiermem::Error::Device { call: "mem_info", source },
             })
         };
-        let read = || -> Result<Reading, SwapError> {
-            let (free, total) = mem_info()?;
-            Ok(Reading { total: total as u64, free: free as u64, held: held(engine) })
-        };
+        engine.release_idle_hbm().map_err(engine_error(call))?;
+        let (free, total) = mem_info()?;
+        let reading = Reading { total: total as u64, free: free as u64, held: held(engine) };
         let chunk = engine.chunk_size() as u64;
         let current = engine.hbm_cap() as u64;
-        let decide = |reading| hbm_budget(&limits, external_cap, chunk, reading, current);
-        let mut reading = read()?;
-        let mut decision = decide(reading);
-        // Idle chunks look like others' memory: hand them back before believing a lower budget.
-        let lower = decision.budget < current || reading.free < limits.soft_free;
-        if lower && engine.release_idle_hbm().map_err(engine_error(call))? > 0 {
-            reading = read()?;
-            decision = decide(reading);
-        }
+        let decision = hbm_budget(&limits, external_cap, chunk, reading, current);
         {
             let mut control = self.control();
             control.reading = Some(reading);
