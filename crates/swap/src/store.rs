@@ -94,8 +94,9 @@ impl VramStore {
             (Some(limit), Some(cap)) => Some((limit as u64).min(cap)),
             (limit, cap) => cap.or(limit.map(|l| l as u64)),
         };
-        // The engine starts at the least budget; the first step below sets the real one.
-        engine_config.hbm_limit = Some(config.limits.min_budget as usize);
+        // The engine starts at the least budget (at least a 2 MiB chunk, which the engine
+        // requires of a cap); the first step below sets the real one.
+        engine_config.hbm_limit = Some(config.limits.min_budget.max(2 << 20) as usize);
         engine_config.host_limit = engine_config.host_limit.or(Some(DEFAULT_HOST_STAGING));
         let engine = Engine::new(engine_config).map_err(engine_error(call))?;
         let chunk = engine.chunk_size() as u64;
@@ -163,7 +164,9 @@ impl VramStore {
 
     /// Sets the node daemon's grant (`None`: no grant) and applies it at once, returning when
     /// it is met: the data beyond it has moved down and its HBM gone back to the driver. The
-    /// returned step's `give_back` says how much moved and how long it took.
+    /// returned step's `give_back` says how much moved, how long it took, and what is still
+    /// held (more than the grant only where the host staging tier and the spill file are full,
+    /// or below `min_budget`, which a grant cannot go under).
     pub fn set_external_cap(&self, cap: Option<u64>) -> Result<Applied, SwapError> {
         let s = &self.shared;
         s.governor.set_external_cap(&s.engine, cap)

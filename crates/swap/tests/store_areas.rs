@@ -247,3 +247,30 @@ fn a_failed_first_write_leaves_the_area_as_it_was() {
     }
     assert_device_holds(&store, &expected);
 }
+
+#[test]
+fn dropping_the_store_removes_the_spill_file_and_stops_the_monitor() {
+    let mut config = config("areas-drop", 8 * CHUNK, 2, 1, 8);
+    config.poll = Some(std::time::Duration::from_millis(1));
+    let spill = config.engine.file.clone().unwrap();
+    let store = open(config);
+    store.write(0, &pattern(40, (8 * CHUNK) as usize)).unwrap();
+    assert!(spill.exists() && store.stats().file_bytes > 0);
+    drop(store);
+    assert!(!spill.exists(), "the spill file outlived the store");
+}
+
+#[test]
+fn the_status_text_says_where_the_bytes_are() {
+    let store = open(config("areas-status", 8 * CHUNK, 2, 1, 8));
+    store.write(0, &pattern(41, (3 * CHUNK) as usize)).unwrap();
+    store.discard(0, CHUNK).unwrap();
+    let stats = store.stats();
+    assert_eq!((stats.requests.writes, stats.requests.discards, stats.requests.bytes_written), (1, 1, 3 * CHUNK));
+    let text = stats.to_string();
+    for part in
+        ["device 16.00 MiB: 4.00 MiB present in 2 of 8 areas of 2.00 MiB", "budget 4.00 MiB", "1 writes (6.00 MiB)"]
+    {
+        assert!(text.contains(part), "{part:?} missing from:\n{text}");
+    }
+}
