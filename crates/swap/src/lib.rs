@@ -4,6 +4,37 @@
 //! spilling to the engine's file tier when VRAM is short or wanted back by GPU work. Front ends
 //! serve the store to the kernel as a block device (a FUSE file behind a loop device, where
 //! there is no ublk or nbd), and the kernel uses that device as swap.
+//!
+//! The store, [`VramStore`]:
+//!
+//! ```text
+//!  store.rs    VramStore: requests split by area, the Blocks calls, open, stats (stats.rs)
+//!    │  areas.rs   areas (an engine buffer each, once written) and present bits per page
+//!    │  gate.rs    no more engine copies in flight than the least budget holds
+//!  monitor.rs  reads the GPU, applies the budget, records give-backs; a thread or on demand
+//!  limits.rs   the budget as a pure function of free VRAM: soft, hard, grant (GAME §III)
+//!  config.rs   StoreConfig
+//! ```
+//!
+//! The front end and the server around it (docs/swap.md): `fuse_server.rs` (a direct_io FUSE
+//! file per device), `serve.rs` (the server process), `control.rs` (its run directory, state
+//! file and control socket), `system.rs` (mlockall, cgroups, losetup, swapon, /proc/swaps);
+//! `mem_blocks.rs` is a store in host memory for tests.
+
+mod areas;
+mod config;
+mod gate;
+pub mod limits;
+mod monitor;
+mod stats;
+mod store;
+
+pub use areas::PAGE;
+pub use config::{StoreConfig, DEFAULT_HOST_STAGING, DEFAULT_POLL};
+pub use limits::{Limits, Pressure, Reading};
+pub use monitor::Applied;
+pub use stats::{GiveBack, GiveBacks, Requests, StoreStats};
+pub use store::VramStore;
 
 pub mod control;
 pub mod fuse_server;
@@ -41,6 +72,16 @@ pub enum SwapError {
         #[source]
         source: tiermem::Error,
     },
+    /// Settings that cannot work (a size that is not whole pages, limits that contradict each
+    /// other, a device the tiers cannot hold); the message says which and what to change.
+    #[error("{call}: {detail}")]
+    Config { call: &'static str, detail: String },
+    #[error("{call}: {source}")]
+    Os {
+        call: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl SwapError {
@@ -48,7 +89,8 @@ impl SwapError {
     pub fn errno(&self) -> i32 {
         match self {
             SwapError::OutOfRange { .. } => libc::EINVAL,
-            SwapError::Engine { .. } => libc::EIO,
+            SwapError::Engine { .. } | SwapError::Os { .. } => libc::EIO,
+            SwapError::Config { .. } => libc::EINVAL,
         }
     }
 }
