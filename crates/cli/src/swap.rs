@@ -24,8 +24,8 @@ pub enum SwapCommand {
     /// What the server says: devices, bytes present, in HBM and in the file tier, limits,
     /// give-backs, requests; and the devices' lines of /proc/swaps.
     Status(SwapStatusArgs),
-    /// Change the limits on the device's HBM (soft: take no more above it; hard: move areas to
-    /// the file tier above it).
+    /// Change the limits, in free VRAM (soft: take no more while less is free; hard: give VRAM
+    /// back, moving pages to the spill file, while less is free).
     Limits(LimitsArgs),
     /// Force the device's HBM down to SIZE (give-back, as when GPU work claims the memory) and
     /// say how long it took; `none` lifts the cap.
@@ -74,10 +74,12 @@ pub struct DeviceArgs {
     /// across them.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=16))]
     devices: u16,
-    /// Take no more HBM above this (e.g. 8GiB).
+    /// GAME's soft limit, in free VRAM: the device takes no more VRAM while less than this is
+    /// free on the GPU, leaving it to GPU work (default 4GiB).
     #[arg(long, value_parser = parse_bytes)]
     soft_limit: Option<u64>,
-    /// Move pages to the file tier above this.
+    /// GAME's hard limit, in free VRAM: below this free, the device gives VRAM back, moving
+    /// pages to the spill file (default 2GiB; at most the soft limit).
     #[arg(long, value_parser = parse_bytes)]
     hard_limit: Option<u64>,
     /// Serve the block devices without making them swap (for fio on the raw devices).
@@ -101,14 +103,16 @@ impl DeviceArgs {
         }
         tiermem_swap::fuse_server::split_devices(self.size, self.devices as usize)?;
         if let (Some(soft), Some(hard)) = (self.soft_limit, self.hard_limit) {
-            if soft > hard {
+            if hard > soft {
                 return Err(format!(
-                    "--soft-limit {} is above --hard-limit {}",
-                    format_size(soft as usize),
-                    format_size(hard as usize)
+                    "--hard-limit {} is above --soft-limit {}: both are free VRAM, and the device gives back (hard) \
+                     only below where it stops taking (soft)",
+                    format_size(hard as usize),
+                    format_size(soft as usize)
                 ));
             }
         }
+        tiermem_swap::serve::limits_for(self.soft_limit, self.hard_limit)?;
         self.store_kind()?;
         Ok(())
     }
@@ -177,12 +181,12 @@ pub struct SwapStatusArgs {
 
 #[derive(clap::Args)]
 pub struct LimitsArgs {
-    /// The soft limit (a size, or none); unchanged when not given.
-    #[arg(long, value_parser = parse_limit)]
-    soft: Option<Limit>,
-    /// The hard limit (a size, or none); unchanged when not given.
-    #[arg(long, value_parser = parse_limit)]
-    hard: Option<Limit>,
+    /// The soft limit, in free VRAM: take no more while less is free; unchanged when not given.
+    #[arg(long, value_parser = parse_bytes)]
+    soft: Option<u64>,
+    /// The hard limit, in free VRAM: give back while less is free; unchanged when not given.
+    #[arg(long, value_parser = parse_bytes)]
+    hard: Option<u64>,
 }
 
 #[derive(clap::Args)]
@@ -190,7 +194,7 @@ pub struct CapArgs {
     /// The HBM the device may keep (e.g. 0, 2GiB), or none.
     #[arg(value_parser = parse_limit)]
     size: Limit,
-    /// Give up after this many seconds.
+    /// Give up waiting after this many seconds (the cap stays set).
     #[arg(long)]
     timeout: Option<f64>,
     /// Print the server's reply as JSON.
@@ -450,7 +454,7 @@ fn render(r: &StatusReport) -> String {
     let s = &r.store;
     out += &format!("store: {}\n", s.backend);
     out += &format!(
-        "  present {}: HBM {}, host {}, file {}\n  limits: soft {}, hard {}, cap {}; gave back {} times, {}\n",
+        "  present {}: HBM {}, host {}, file {}\n  limits in free VRAM: soft {}, hard {}; cap {}; gave back {} times, {}\n",
         size(s.present_bytes),
         size(s.hbm_bytes),
         size(s.host_bytes),
@@ -461,6 +465,25 @@ fn render(r: &StatusReport) -> String {
         s.give_backs,
         size(s.given_back_bytes)
     );
+    let d = &s.detail;
+    if let (Some(free), Some(total)) = (d["gpu"]["free"].as_u64(), d["gpu"]["total"].as_u64()) {
+        out += &format!(
+            "  GPU: {} free of {}; {}; HBM budget {}\n",
+            size(free),
+            size(total),
+            d["pressure"].as_str().unwrap_or("?"),
+            optional(d["hbm_budget"].as_u64())
+        );
+    }
+    if let Some(last) = d["give_backs"]["last"].as_object() {
+        let before = last.get("held_before").and_then(Value::as_u64).unwrap_or(0);
+        let after = last.get("held_after").and_then(Value::as_u64).unwrap_or(0);
+        let seconds = last.get("seconds").and_then(Value::as_f64).unwrap_or(0.0);
+        out += &format!("  last give-back: {} in {seconds:.3} s\n", size(before.saturating_sub(after)));
+    }
+    if let Some(error) = d["last_monitor_error"].as_str() {
+        out += &format!("  monitor: {} failed steps, last: {error}\n", d["monitor_errors"]);
+    }
     out += "devices:\n";
     for d in &r.devices {
         let swap = d.swap.as_ref().map_or("not swap".into(), |a| {
@@ -525,21 +548,22 @@ fn render(r: &StatusReport) -> String {
 fn limits(args: LimitsArgs) -> Result<(), String> {
     let socket = running_server(&RunDir::from_env())?;
     if args.soft.is_none() && args.hard.is_none() {
-        return Err("give --soft, --hard or both (a size, or none)".into());
+        return Err("give --soft, --hard or both".into());
     }
-    let now = control::status(&socket)?.store;
-    let soft = args.soft.map_or(now.soft_limit_bytes, |l| l.0);
-    let hard = args.hard.map_or(now.hard_limit_bytes, |l| l.0);
-    let request = Request::SetLimits { soft_bytes: soft, hard_bytes: hard };
-    control::call(&socket, &request, Some(Instant::now() + Duration::from_secs(30)), &mut |_| {})?;
-    println!("tiermem swap: limits: soft {}, hard {}", optional(soft), optional(hard));
+    let request = Request::SetLimits { soft_bytes: args.soft, hard_bytes: args.hard };
+    let reply = control::call(&socket, &request, Some(Instant::now() + Duration::from_secs(30)), &mut |_| {})?;
+    println!(
+        "tiermem swap: limits in free VRAM: soft {}, hard {}",
+        optional(reply["soft_bytes"].as_u64()),
+        optional(reply["hard_bytes"].as_u64())
+    );
     Ok(())
 }
 
 fn cap(args: CapArgs) -> Result<(), String> {
     let socket = running_server(&RunDir::from_env())?;
-    let request = Request::SetCap { bytes: args.size.0, timeout_s: args.timeout };
-    let wait = args.timeout.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0) + 10.0));
+    let request = Request::SetCap { bytes: args.size.0 };
+    let wait = args.timeout.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
     let reply = control::call(&socket, &request, wait, &mut |_| {})?;
     if args.json {
         println!("{reply}");

@@ -76,7 +76,8 @@ fn argument_errors_are_clear_and_start_nothing() {
         (&["swap", "on", "--size", "1GiB", "--devices", "17"], "17 is not in 1..=16"),
         (&["swap", "on", "--size", "1GiB", "--priority", "40000"], "40000 is not in 0..=32767"),
         (&["swap", "on", "--size", "1GiB", "--priority=-5"], "-5 is not in 0..=32767"),
-        (&["swap", "on", "--size", "1GiB", "--soft-limit", "2GiB", "--hard-limit", "1GiB"], "is above --hard-limit"),
+        (&["swap", "on", "--size", "1GiB", "--soft-limit", "1GiB", "--hard-limit", "2GiB"], "is above --soft-limit"),
+        (&["swap", "on", "--size", "1GiB", "--soft-limit", "1GiB", "--hard-limit", "none"], "is not a size"),
         (&["swap", "on", "--size", "1GiB", "--store", "disk"], "engine or memory"),
         (&["swap", "off", "--timeout", "soon"], "--timeout"),
         (&["swap", "cap"], "<SIZE>"),
@@ -173,20 +174,21 @@ fn a_fuse_only_server_starts_serves_reports_and_stops() {
     let human = tiermem(&run.0, &["swap", "status"]);
     assert!(String::from_utf8_lossy(&human.stdout).contains("tiermem swap: on, pid"), "{}", text(&human));
 
-    let limits = tiermem(&run.0, &["swap", "limits", "--soft", "8MiB", "--hard", "16MiB"]);
+    let limits = tiermem(&run.0, &["swap", "limits", "--soft", "8MiB", "--hard", "4MiB"]);
     assert!(limits.status.success(), "{}", text(&limits));
-    let limits = tiermem(&run.0, &["swap", "limits", "--soft", "none"]);
+    let limits = tiermem(&run.0, &["swap", "limits", "--soft", "16MiB"]);
     assert!(limits.status.success(), "{}", text(&limits));
-    let bad = tiermem(&run.0, &["swap", "limits", "--soft", "32MiB"]);
-    assert!(!bad.status.success() && text(&bad).contains("above the hard limit"), "{}", text(&bad));
+    assert!(text(&limits).contains("soft 16.00 MiB, hard 4.00 MiB"), "{}", text(&limits));
+    let bad = tiermem(&run.0, &["swap", "limits", "--hard", "32MiB"]);
+    assert!(!bad.status.success() && text(&bad).contains("must not exceed"), "{}", text(&bad));
     let cap = tiermem(&run.0, &["swap", "cap", "0", "--json"]);
     assert!(cap.status.success(), "{}", text(&cap));
     let reply: Value = serde_json::from_slice(&cap.stdout).unwrap();
     assert!(reply["seconds"].is_number(), "{reply}");
     let s: Value =
         serde_json::from_slice(&tiermem(&run.0, &["swap", "status", "--json"]).stdout).expect("status after limits");
-    assert_eq!(s["store"]["soft_limit_bytes"], Value::Null);
-    assert_eq!(s["store"]["hard_limit_bytes"], 16 << 20);
+    assert_eq!(s["store"]["soft_limit_bytes"], 16 << 20);
+    assert_eq!(s["store"]["hard_limit_bytes"], 4 << 20);
     assert_eq!(s["store"]["cap_bytes"], 0);
 
     let off = tiermem(&run.0, &["swap", "off"]);
@@ -235,4 +237,78 @@ fn off_cleans_up_after_a_server_killed_with_sigkill() {
     assert!(start_fuse_only(&run).is_some());
     let off = tiermem(&run.0, &["swap", "off"]);
     assert!(off.status.success(), "{}", text(&off));
+}
+
+fn tiermem_sim(run_dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tiermem"))
+        .args(args)
+        .env("TIERMEM_RUN_DIR", run_dir)
+        .env("TIERMEM_BACKEND", "sim")
+        .output()
+        .expect("runs tiermem")
+}
+
+/// The engine's store (on the simulated device): a size the tiers cannot hold is the store's
+/// clear error; a spill file that exists is refused; I/O, a forced cap, and after `kill -9`
+/// `off` removes the spill file the dead server left.
+#[test]
+fn the_engine_store_behind_the_server_and_its_spill_file() {
+    let run = RunDir::new("engine");
+    if !is_root() {
+        eprintln!("SKIPPED: the server needs root");
+        return;
+    }
+    let spill = run.0.join("spill");
+    let spill_arg = format!("--spill={}", spill.display());
+    let too_big =
+        tiermem_sim(&run.0, &["swap", "on", "--size", "64GiB", "--spill-size", "16MiB", &spill_arg, "--no-loop"]);
+    assert!(!too_big.status.success());
+    assert!(text(&too_big).contains("cannot fit"), "{}", text(&too_big));
+    assert!(run.state().is_none() && !run.mounted() && !spill.exists(), "nothing left: {}", text(&too_big));
+
+    std::fs::write(&spill, b"someone's file").unwrap();
+    let taken = tiermem_sim(&run.0, &["swap", "on", "--size", "64MiB", &spill_arg, "--no-loop"]);
+    assert!(!taken.status.success());
+    assert!(text(&taken).contains("exists already"), "{}", text(&taken));
+    assert_eq!(std::fs::read(&spill).unwrap(), b"someone's file", "left alone");
+    std::fs::remove_file(&spill).unwrap();
+
+    let on = tiermem_sim(&run.0, &["swap", "on", "--size", "64MiB", &spill_arg, "--no-loop", "--threads", "2"]);
+    if !on.status.success() {
+        let why = text(&on);
+        assert!(why.contains("mounting the FUSE server"), "swap on failed for another reason: {why}");
+        eprintln!("SKIPPED: this machine does not let the server mount FUSE: {why}");
+        return;
+    }
+    assert!(text(&on).contains("the simulated device"), "{}", text(&on));
+    assert!(spill.exists());
+    let files: Vec<PathBuf> = String::from_utf8_lossy(&on.stdout).lines().map(PathBuf::from).collect();
+    let data: Vec<u8> = (0..24 << 20).map(|i: u32| (i.wrapping_mul(2654435761) >> 11) as u8).collect();
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&files[0]).unwrap();
+    file.write_all_at(&data, 4096).unwrap();
+    let cap = tiermem_sim(&run.0, &["swap", "cap", "0", "--json"]);
+    assert!(cap.status.success(), "{}", text(&cap));
+    let reply: Value = serde_json::from_slice(&cap.stdout).unwrap();
+    assert!(reply["seconds"].as_f64().is_some() && reply["hbm_bytes"].as_u64().is_some(), "{reply}");
+    let mut back = vec![0u8; data.len()];
+    file.read_exact_at(&mut back, 4096).unwrap();
+    assert!(back == data, "the data after the give-back");
+    drop(file);
+    let s: Value = serde_json::from_slice(&tiermem_sim(&run.0, &["swap", "status", "--json"]).stdout).unwrap();
+    assert_eq!(s["store"]["cap_bytes"], 0);
+    assert!(s["store"]["present_bytes"].as_u64().unwrap() >= 24 << 20, "{s}");
+    assert!(s["store"]["detail"]["areas_live"].as_u64().unwrap() > 0, "{s}");
+
+    let pid = server_pid(&run);
+    // SAFETY: kill takes integers only; the pid is the server this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(spill.exists(), "a dead engine leaves its spill file");
+    let off = tiermem_sim(&run.0, &["swap", "off"]);
+    assert!(off.status.success(), "{}", text(&off));
+    assert!(!spill.exists(), "off removes it: {}", text(&off));
+    assert!(!run.mounted() && run.state().is_none());
 }

@@ -9,8 +9,8 @@
 //! - `serve.log`: the server's stdout and stderr;
 //! - `mnt/`: the FUSE mount point.
 //!
-//! Requests: `{"cmd":"status"}`, `{"cmd":"set_limits","soft_bytes":N|null,"hard_bytes":N|null}`,
-//! `{"cmd":"set_cap","bytes":N|null,"timeout_s":S}`, `{"cmd":"stop"}`. Every reply is one line
+//! Requests: `{"cmd":"status"}`, `{"cmd":"set_limits","soft_bytes":N,"hard_bytes":N}` (either
+//! may be left out), `{"cmd":"set_cap","bytes":N|null}`, `{"cmd":"stop"}`. Every reply is one line
 //! with `"ok"`; failures carry `"error"`. `stop` first sends progress lines
 //! (`{"ok":true,"progress":"…"}`) and ends with `{"ok":true,"stopped":true}`.
 
@@ -145,21 +145,23 @@ pub struct StateDevice {
 pub enum Request {
     /// The server's [`StatusReport`], as `{"ok":true,"status":{…}}`.
     Status,
-    /// Replaces both limits on the store's HBM (`null`: none). Soft: take no more HBM above
-    /// it; hard: move areas to the file tier above it.
+    /// Changes the limits given (left out or `null`: unchanged), in bytes of free VRAM (GAME's
+    /// soft and hard limits): below `soft_bytes` free the store takes no more HBM, below
+    /// `hard_bytes` free it gives HBM back (moves pages to the file tier). Hard ≤ soft.
+    /// Replies with the limits now in force.
     SetLimits {
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         soft_bytes: Option<u64>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         hard_bytes: Option<u64>,
     },
-    /// Forces the store's HBM down to `bytes` (`null`: lifts the cap) and replies when it is
-    /// met: `{"ok":true,"cap_bytes":N,"seconds":S,"moved_bytes":M,"hbm_bytes":H}`.
+    /// Forces the store's HBM down to `bytes` (`null`: lifts the cap; the node daemon's grant
+    /// in the store) and replies when it is met: `{"ok":true,"cap_bytes":N,"seconds":S,
+    /// "moved_bytes":M,"hbm_bytes":H,…}`, `seconds` from the cap to the last page moved down
+    /// and its HBM back with the driver (give-back speed = moved_bytes / seconds).
     SetCap {
         #[serde(default)]
         bytes: Option<u64>,
-        #[serde(default)]
-        timeout_s: Option<f64>,
     },
     /// swapoff, detach the loop devices, unmount, exit. Progress lines, then `stopped`.
     Stop,
@@ -176,6 +178,7 @@ pub struct StoreReport {
     pub hbm_bytes: u64,
     pub host_bytes: u64,
     pub file_bytes: u64,
+    /// The soft and hard limits, in bytes of free VRAM (see [`Request::SetLimits`]).
     pub soft_limit_bytes: Option<u64>,
     pub hard_limit_bytes: Option<u64>,
     /// A forced HBM cap (`set_cap`).
@@ -381,22 +384,18 @@ mod tests {
         let cases = [
             (Request::Status, r#"{"cmd":"status"}"#),
             (Request::Stop, r#"{"cmd":"stop"}"#),
-            (
-                Request::SetLimits { soft_bytes: Some(1), hard_bytes: None },
-                r#"{"cmd":"set_limits","soft_bytes":1,"hard_bytes":null}"#,
-            ),
-            (
-                Request::SetCap { bytes: Some(0), timeout_s: Some(2.5) },
-                r#"{"cmd":"set_cap","bytes":0,"timeout_s":2.5}"#,
-            ),
+            (Request::SetLimits { soft_bytes: Some(1), hard_bytes: None }, r#"{"cmd":"set_limits","soft_bytes":1}"#),
+            (Request::SetCap { bytes: Some(0) }, r#"{"cmd":"set_cap","bytes":0}"#),
+            (Request::SetCap { bytes: None }, r#"{"cmd":"set_cap","bytes":null}"#),
         ];
         for (request, wire) in cases {
             assert_eq!(serde_json::to_string(&request).unwrap(), wire);
             assert_eq!(serde_json::from_str::<Request>(wire).unwrap(), request);
         }
+        assert_eq!(serde_json::from_str::<Request>(r#"{"cmd":"set_cap"}"#).unwrap(), Request::SetCap { bytes: None });
         assert_eq!(
-            serde_json::from_str::<Request>(r#"{"cmd":"set_cap"}"#).unwrap(),
-            Request::SetCap { bytes: None, timeout_s: None }
+            serde_json::from_str::<Request>(r#"{"cmd":"set_limits","hard_bytes":5}"#).unwrap(),
+            Request::SetLimits { soft_bytes: None, hard_bytes: Some(5) }
         );
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"reboot"}"#).is_err());
     }

@@ -13,7 +13,7 @@ use crate::control::{
 };
 use crate::fuse_server::{split_devices, DeviceFile, FuseOptions, FuseServer, IoStats, KernelTerms};
 use crate::mem_blocks::MemBlocks;
-use crate::{system, Blocks};
+use crate::{system, Blocks, Limits, StoreConfig, VramStore};
 use serde_json::{json, Value};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -58,11 +58,12 @@ pub struct ServeConfig {
 /// What the server asks of a store beyond [`Blocks`]: its report, its limits, a forced cap.
 pub trait StoreControl: Send + Sync {
     fn report(&self) -> StoreReport;
-    /// Replaces both limits (`None`: no limit).
+    /// Changes the limits given (`None`: unchanged): the free VRAM below which the store takes
+    /// no more (soft) and gives back (hard).
     fn set_limits(&self, soft: Option<u64>, hard: Option<u64>) -> Result<(), String>;
-    /// Forces HBM down to `cap` (`None`: lifts it) and returns when it is met, with at least
-    /// `seconds` (taken) and `hbm_bytes`.
-    fn set_cap(&self, cap: Option<u64>, timeout: Option<Duration>) -> Result<Value, String>;
+    /// Forces HBM down to `cap` (`None`: lifts it) and returns when it is met, with
+    /// `cap_bytes`, `seconds` (taken), `moved_bytes` and `hbm_bytes` (held after).
+    fn set_cap(&self, cap: Option<u64>) -> Result<Value, String>;
 }
 
 /// A store and its control.
@@ -71,32 +72,114 @@ pub struct OpenedStore {
     pub control: Arc<dyn StoreControl>,
 }
 
-/// Opens the store the server serves.
-pub fn open_store(config: &ServeConfig) -> Result<OpenedStore, String> {
+/// The limits a server starts with: those given, the store's defaults for the others, the
+/// hard one never above the soft one.
+pub fn limits_for(soft: Option<u64>, hard: Option<u64>) -> Result<Limits, String> {
+    let default = Limits::default();
+    let limits = Limits {
+        soft_free: soft.unwrap_or(default.soft_free.max(hard.unwrap_or(0))),
+        hard_free: hard.unwrap_or(default.hard_free.min(soft.unwrap_or(u64::MAX))),
+        ..default
+    };
+    limits.check()?;
+    Ok(limits)
+}
+
+/// Opens the store the server serves: `size` bytes (the devices' total).
+pub fn open_store(config: &ServeConfig, size: u64) -> Result<OpenedStore, String> {
     match config.store {
-        StoreKind::Memory => Ok(memory_store(config, "host memory (tests only: not VRAM, never swap to it)")),
-        // The engine store (store.rs) has not landed yet: a stand-in in locked host memory.
-        StoreKind::Engine => Ok(memory_store(
-            config,
-            "PLACEHOLDER: host memory until the engine store lands (not VRAM; do not swap to it)",
-        )),
+        StoreKind::Memory => Ok(memory_store(config, size)),
+        StoreKind::Engine => {
+            let spill = (config.spill_size > 0).then(|| config.spill.clone());
+            let mut store_config = StoreConfig::new(size, spill);
+            store_config.engine.device = config.gpu;
+            store_config.engine.file_limit = if config.spill_size > 0 { config.spill_size as usize } else { 0 };
+            // TIERMEM_BACKEND=cuda insists on the GPU, =sim asks for the simulated device.
+            if let Some(backend) = std::env::var("TIERMEM_BACKEND").ok().filter(|v| !v.trim().is_empty()) {
+                store_config.engine.backend = backend.parse().map_err(|e| format!("TIERMEM_BACKEND={backend}: {e}"))?;
+            }
+            store_config.limits = limits_for(config.soft_limit, config.hard_limit)?;
+            let store = Arc::new(VramStore::open(store_config).map_err(|e| e.to_string())?);
+            let engine = store.engine();
+            let info = engine.device_info();
+            let backend = match (info.backend, engine.fallback_reason()) {
+                (tiermem::mechanism::BackendKind::Cuda, _) => format!(
+                    "CUDA GPU {} ({}, {}), chunks of {}",
+                    info.ordinal,
+                    info.name,
+                    tiermem::format_size(info.total_bytes),
+                    tiermem::format_size(engine.chunk_size())
+                ),
+                (_, why) => format!(
+                    "the simulated device (host memory standing in for VRAM: tests only, never swap to it){}",
+                    why.map(|why| format!(", because {why}")).unwrap_or_else(|| " (TIERMEM_BACKEND=sim)".into())
+                ),
+            };
+            let control = Arc::new(EngineControl { store: store.clone(), backend });
+            Ok(OpenedStore { blocks: store, control })
+        }
     }
 }
 
-fn memory_store(config: &ServeConfig, backend: &str) -> OpenedStore {
-    let blocks = Arc::new(MemBlocks::new(config.size));
-    let control = Arc::new(MemControl {
-        blocks: blocks.clone(),
-        backend: backend.to_string(),
-        limits: Mutex::new((config.soft_limit, config.hard_limit, None)),
-    });
+/// [`StoreControl`] for the engine's [`VramStore`].
+struct EngineControl {
+    store: Arc<VramStore>,
+    backend: String,
+}
+
+impl StoreControl for EngineControl {
+    fn report(&self) -> StoreReport {
+        let stats = self.store.stats();
+        StoreReport {
+            backend: self.backend.clone(),
+            size_bytes: stats.size,
+            present_bytes: stats.bytes_present,
+            hbm_bytes: stats.hbm_bytes,
+            host_bytes: stats.host_bytes,
+            file_bytes: stats.file_bytes,
+            soft_limit_bytes: Some(stats.limits.soft_free),
+            hard_limit_bytes: Some(stats.limits.hard_free),
+            cap_bytes: stats.external_cap,
+            give_backs: stats.give_backs.count,
+            given_back_bytes: stats.give_backs.bytes,
+            detail: serde_json::to_value(&stats).unwrap_or(Value::Null),
+        }
+    }
+
+    fn set_limits(&self, soft: Option<u64>, hard: Option<u64>) -> Result<(), String> {
+        let mut limits = self.store.stats().limits;
+        limits.soft_free = soft.unwrap_or(limits.soft_free);
+        limits.hard_free = hard.unwrap_or(limits.hard_free);
+        limits.check()?;
+        self.store.set_limits(limits).map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    fn set_cap(&self, cap: Option<u64>) -> Result<Value, String> {
+        let started = Instant::now();
+        let applied = self.store.set_external_cap(cap).map_err(|e| e.to_string())?;
+        let seconds = started.elapsed().as_secs_f64();
+        let give_back = applied.give_back;
+        Ok(json!({
+            "cap_bytes": cap,
+            "seconds": give_back.map_or(seconds, |g| g.seconds),
+            "moved_bytes": give_back.map_or(0, |g| g.bytes()),
+            "hbm_bytes": self.store.hbm_held(),
+            "budget_bytes": applied.decision.budget,
+            "give_back": give_back,
+        }))
+    }
+}
+
+fn memory_store(config: &ServeConfig, size: u64) -> OpenedStore {
+    let blocks = Arc::new(MemBlocks::new(size));
+    let limits = (config.soft_limit, config.hard_limit);
+    let control = Arc::new(MemControl { blocks: blocks.clone(), limits: Mutex::new((limits.0, limits.1, None)) });
     OpenedStore { blocks, control }
 }
 
 /// [`StoreControl`] for [`MemBlocks`]: it holds no HBM, so limits and caps are met at once.
 struct MemControl {
     blocks: Arc<MemBlocks>,
-    backend: String,
     limits: Mutex<(Option<u64>, Option<u64>, Option<u64>)>,
 }
 
@@ -104,7 +187,7 @@ impl StoreControl for MemControl {
     fn report(&self) -> StoreReport {
         let (soft, hard, cap) = *self.limits.lock().unwrap();
         StoreReport {
-            backend: self.backend.clone(),
+            backend: "host memory (tests only: not VRAM, never swap to it)".into(),
             size_bytes: self.blocks.size(),
             present_bytes: self.blocks.present_bytes(),
             host_bytes: self.blocks.present_bytes(),
@@ -117,12 +200,17 @@ impl StoreControl for MemControl {
 
     fn set_limits(&self, soft: Option<u64>, hard: Option<u64>) -> Result<(), String> {
         let mut limits = self.limits.lock().unwrap();
-        limits.0 = soft;
-        limits.1 = hard;
+        let (soft, hard) = (soft.or(limits.0), hard.or(limits.1));
+        if let (Some(soft), Some(hard)) = (soft, hard) {
+            if hard > soft {
+                return Err(format!("the hard limit ({hard} bytes free) must not exceed the soft limit ({soft})"));
+            }
+        }
+        (limits.0, limits.1) = (soft, hard);
         Ok(())
     }
 
-    fn set_cap(&self, cap: Option<u64>, _timeout: Option<Duration>) -> Result<Value, String> {
+    fn set_cap(&self, cap: Option<u64>) -> Result<Value, String> {
         self.limits.lock().unwrap().2 = cap;
         Ok(json!({"cap_bytes": cap, "seconds": 0.0, "moved_bytes": 0, "hbm_bytes": 0}))
     }
@@ -253,20 +341,28 @@ fn start(config: &ServeConfig) -> Result<Arc<Server>, String> {
         ));
     }
     let devices = split_devices(config.size, config.devices)?;
+    let size = devices.iter().map(|d| d.size).sum();
     let spill = (config.store == StoreKind::Engine && config.spill_size > 0).then(|| config.spill.clone());
     if let Some(spill) = &spill {
         if let Some(dir) = spill.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| format!("spill directory {}: {e}", dir.display()))?;
         }
         system::check_spill_location(spill)?;
+        // The file is the engine's, removed with it: never take over a file someone else has.
+        if spill.exists() {
+            return Err(format!(
+                "the spill file {} exists already: remove it, or give another --spill",
+                spill.display()
+            ));
+        }
     }
-    let store = open_store(config)?;
+    let store = open_store(config, size).map_err(|e| format!("opening the store: {e}"))?;
     log(&format!("store: {}", store.control.report().backend));
 
     let state = State {
         pid: std::process::id(),
         started_unix: SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs(),
-        size_bytes: devices.iter().map(|d| d.size).sum(),
+        size_bytes: size,
         priority: config.priority,
         phase: "starting".into(),
         mountpoint: mountpoint.clone(),
@@ -423,33 +519,23 @@ impl Server {
             let reply = match request {
                 Request::Status => json!({"ok": true, "status": self.status()}),
                 Request::SetLimits { soft_bytes, hard_bytes } => {
-                    if let (Some(soft), Some(hard)) = (soft_bytes, hard_bytes) {
-                        if soft > hard {
-                            send(
-                                json!({"ok": false, "error": format!("soft limit {soft} is above the hard limit {hard}")}),
-                            );
-                            continue;
-                        }
-                    }
                     match self.control.set_limits(soft_bytes, hard_bytes) {
                         Ok(()) => {
-                            log(&format!("limits: soft {soft_bytes:?}, hard {hard_bytes:?}"));
-                            json!({"ok": true, "soft_bytes": soft_bytes, "hard_bytes": hard_bytes})
+                            let now = self.control.report();
+                            log(&format!("limits: soft {:?}, hard {:?}", now.soft_limit_bytes, now.hard_limit_bytes));
+                            json!({"ok": true, "soft_bytes": now.soft_limit_bytes, "hard_bytes": now.hard_limit_bytes})
                         }
                         Err(e) => json!({"ok": false, "error": e}),
                     }
                 }
-                Request::SetCap { bytes, timeout_s } => {
-                    let timeout = timeout_s.filter(|s| *s > 0.0).map(Duration::from_secs_f64);
-                    match self.control.set_cap(bytes, timeout) {
-                        Ok(mut outcome) => {
-                            log(&format!("cap {bytes:?}: {outcome}"));
-                            outcome["ok"] = json!(true);
-                            outcome
-                        }
-                        Err(e) => json!({"ok": false, "error": e}),
+                Request::SetCap { bytes } => match self.control.set_cap(bytes) {
+                    Ok(mut outcome) => {
+                        log(&format!("cap {bytes:?}: {outcome}"));
+                        outcome["ok"] = json!(true);
+                        outcome
                     }
-                }
+                    Err(e) => json!({"ok": false, "error": e}),
+                },
                 Request::Stop => {
                     log("stop requested");
                     let result = self.stop(&mut |line| {

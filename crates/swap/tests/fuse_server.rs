@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tiermem_swap::{Blocks, DeviceFile, FuseOptions, FuseServer, MemBlocks};
+use tiermem_swap::{Blocks, DeviceFile, FuseOptions, FuseServer, Limits, MemBlocks, StoreConfig, VramStore};
 
 const MIB: u64 = 1 << 20;
 const PAGE: usize = 4096;
@@ -293,6 +293,50 @@ fn the_files_are_not_cached_the_tree_is_fixed_and_errors_reach_the_caller() {
         3 + 2,
         "three store errors, ENOSPC, EFBIG (EOPNOTSUPP is the kernel's)"
     );
+}
+
+/// The same through the engine's store on the simulated device, with the HBM it may hold
+/// small and forced smaller halfway (a give-back), so pages move down to the host staging
+/// tier and the spill file while the files are read, written and punched; every byte checked.
+#[test]
+fn random_io_over_the_engine_store_with_a_give_back_halfway() {
+    const CHUNK: u64 = 2 * MIB;
+    let spill = std::env::temp_dir().join(format!("tiermem-fuse-test-spill-{}", std::process::id()));
+    let mut config = StoreConfig::new(48 * MIB, Some(spill.clone()));
+    config.engine.backend = tiermem::mechanism::BackendChoice::Sim;
+    config.engine.sim_hbm = (8 * CHUNK) as usize;
+    config.engine.host_limit = Some((4 * CHUNK) as usize);
+    config.engine.file_limit = (48 * MIB) as usize;
+    config.limits = Limits { soft_free: 0, hard_free: 0, grow_margin: 0, min_budget: 2 * CHUNK };
+    config.poll = None;
+    let store = Arc::new(VramStore::open(config).expect("the store opens on the simulated device"));
+    let devices = two_devices();
+    let Some(mounted) = mount(store.clone(), &devices, 4) else { return };
+    let mut reference: Vec<Vec<u8>> = devices.iter().map(|d| vec![0u8; d.size as usize]).collect();
+    let files: Vec<File> = (0..2).map(|i| open_direct(&mounted.file(i))).collect();
+    for (i, device) in devices.iter().enumerate() {
+        random_ops(&files[i], 0..device.size, &mut reference[i], 40 + i as u64, 150);
+    }
+    let applied = store.set_external_cap(Some(2 * CHUNK)).expect("the give-back");
+    eprintln!("give-back: {:?}; store: {}", applied.give_back, store.stats());
+    assert!(store.hbm_held() <= 2 * CHUNK, "HBM held {} after the cap", store.hbm_held());
+    for (i, device) in devices.iter().enumerate() {
+        random_ops(&files[i], 0..device.size, &mut reference[i], 50 + i as u64, 150);
+        assert!(read_all(&files[i], device.size) == reference[i], "{}: the whole file differs", device.name);
+    }
+    store.set_external_cap(None).unwrap();
+    for (i, device) in devices.iter().enumerate() {
+        punch(&files[i], 0, device.size).unwrap();
+        assert!(read_all(&files[i], device.size).iter().all(|&b| b == 0));
+    }
+    let stats = store.stats();
+    assert_eq!(stats.bytes_present, 0, "{stats}");
+    assert_eq!(stats.areas_live, 0, "{stats}");
+    assert_eq!(mounted.server().stats().report().errors, 0);
+    drop(files);
+    drop(mounted);
+    drop(store);
+    assert!(!spill.exists(), "the spill file goes with the store");
 }
 
 /// Not a check: how long a 32 KiB `O_DIRECT` read (swap-in's size with page-cluster 3) takes
