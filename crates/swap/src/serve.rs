@@ -302,13 +302,24 @@ struct Server {
 
 fn start(config: &ServeConfig) -> Result<Arc<Server>, String> {
     // Before anything else: nothing of this process may ever be swapped out or reclaimed.
-    system::lock_memory().map_err(|e| format!("mlockall(MCL_CURRENT|MCL_FUTURE): {e} (run as root)"))?;
+    // TIERMEM_SWAP_MLOCK=after-open locks once the store is open instead (a fallback, should
+    // the GPU driver's start not bear MCL_FUTURE); nothing is swapped to the device before.
+    let lock_after_open = std::env::var("TIERMEM_SWAP_MLOCK").is_ok_and(|v| v == "after-open");
+    let lock_memory =
+        || system::lock_memory().map_err(|e| format!("mlockall(MCL_CURRENT|MCL_FUTURE): {e} (run as root)"));
+    if !lock_after_open {
+        lock_memory()?;
+    }
     let io_flusher = match system::set_io_flusher() {
         Ok(()) => "ok".into(),
         Err(e) => format!("not set: {e}"),
     };
     let mut process = ProcessReport { io_flusher, ..Default::default() };
-    log(&format!("memory locked; PR_SET_IO_FLUSHER: {}", process.io_flusher));
+    log(&format!(
+        "memory {}; PR_SET_IO_FLUSHER: {}",
+        if lock_after_open { "to be locked once the store is open" } else { "locked" },
+        process.io_flusher
+    ));
     process.oom_score_adj = match system::protect_from_oom() {
         Ok(()) => "-1000".into(),
         Err(e) => format!("unchanged: {e}"),
@@ -358,6 +369,10 @@ fn start(config: &ServeConfig) -> Result<Arc<Server>, String> {
     }
     let store = open_store(config, size).map_err(|e| format!("opening the store: {e}"))?;
     log(&format!("store: {}", store.control.report().backend));
+    if lock_after_open {
+        lock_memory()?;
+        log("memory locked");
+    }
 
     let state = State {
         pid: std::process::id(),
