@@ -309,7 +309,10 @@ fn on(args: OnArgs) -> Result<(), String> {
         }
     };
     if line.trim().is_empty() {
-        return Err(format!("the server exited before it was ready:\n{}", log_tail(&run, 20)));
+        return Err(format!(
+            "the server exited before it was ready (`tiermem swap off` cleans up whatever it left):\n{}",
+            log_tail(&run, 20)
+        ));
     }
     let reply: Value = serde_json::from_str(&line).map_err(|e| format!("the server said {line:?}: {e}"))?;
     if reply["ok"] != json!(true) {
