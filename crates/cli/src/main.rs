@@ -5,6 +5,7 @@ mod demo;
 mod info;
 mod node;
 mod soak;
+mod swap;
 mod tenant_demo;
 mod top;
 
@@ -40,6 +41,11 @@ enum Command {
     Status(node::StatusArgs),
     /// `status`, refreshed live in the terminal (q quits).
     Top(top::TopArgs),
+    /// A swap device in idle VRAM, spilling to a file (docs/swap.md): on, off, status.
+    Swap {
+        #[command(subcommand)]
+        command: swap::SwapCommand,
+    },
     /// A tenant of the daemon with a verified working set (for tests and trying tiermemd).
     #[command(hide = true)]
     TenantDemo(tenant_demo::TenantDemoArgs),
@@ -56,6 +62,7 @@ fn main() -> ExitCode {
         Command::Daemon(args) => node::daemon(args),
         Command::Status(args) => node::status(args),
         Command::Top(args) => top::run(args),
+        Command::Swap { command } => swap::run(command),
         Command::TenantDemo(args) => tenant_demo::run(args),
     })
     .unwrap_or_else(|panic| {

@@ -15,6 +15,11 @@
 //!  limits.rs   the budget as a pure function of free VRAM: soft, hard, grant (GAME §III)
 //!  config.rs   StoreConfig
 //! ```
+//!
+//! The front end and the server around it (docs/swap.md): `fuse_server.rs` (a direct_io FUSE
+//! file per device), `serve.rs` (the server process), `control.rs` (its run directory, state
+//! file and control socket), `system.rs` (mlockall, cgroups, losetup, swapon, /proc/swaps);
+//! `mem_blocks.rs` is a store in host memory for tests.
 
 mod areas;
 mod config;
@@ -30,6 +35,15 @@ pub use limits::{Decision, Limits, Pressure, Reading};
 pub use monitor::Applied;
 pub use stats::{GiveBack, GiveBacks, Requests, StoreStats};
 pub use store::VramStore;
+
+pub mod control;
+pub mod fuse_server;
+pub mod mem_blocks;
+pub mod serve;
+pub mod system;
+
+pub use fuse_server::{DeviceFile, FuseOptions, FuseServer};
+pub use mem_blocks::MemBlocks;
 
 /// What a block device's front end needs from the store behind it. Offsets and lengths are
 /// bytes; the kernel sends whole sectors (512 B) and, for swap, whole pages.
