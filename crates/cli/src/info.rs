@@ -34,6 +34,9 @@ pub fn run() -> Result<(), String> {
     );
     println!("policy           {}", config.policy);
     println!("file store I/O   {}", file_store_probe(info.granularity));
+    for (name, usable, why) in tiermem_swap::system::swap_backends() {
+        println!("VRAM swap        {name:<10} {} ({why})", if usable { "usable" } else { "not usable" });
+    }
     Ok(())
 }
 
