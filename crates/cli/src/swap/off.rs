@@ -30,7 +30,18 @@ pub(super) fn off(args: OffArgs) -> Result<(), String> {
                     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
                 }
             }
-            Err(e) => return Err(format!("the server would not stop: {e}")),
+            Err(e) => {
+                // A server killed a moment ago holds its lock while its threads end, and its
+                // socket resets the connection: once it is gone, clean up after it.
+                let gone = Instant::now() + Duration::from_secs(5);
+                while run.server_running() && Instant::now() < gone {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                if run.server_running() {
+                    return Err(format!("the server would not stop: {e}"));
+                }
+                return clean_up_after_dead(&run, &mut progress);
+            }
         }
         while run.server_running() {
             if deadline.is_some_and(|d| Instant::now() > d) {
@@ -47,6 +58,11 @@ pub(super) fn off(args: OffArgs) -> Result<(), String> {
         eprintln!("tiermem swap: off");
         return Ok(());
     }
+    clean_up_after_dead(&run, &mut progress)
+}
+
+/// Undoes what a server that is no longer running left behind, if anything.
+fn clean_up_after_dead(run: &RunDir, progress: &mut dyn FnMut(&str)) -> Result<(), String> {
     let leftovers = run.read_state().is_some()
         || tiermem_swap::system::mount_type(&run.mountpoint()).is_some()
         || !tiermem_swap::system::loops_backed_under(&run.mountpoint()).is_empty();
@@ -56,7 +72,7 @@ pub(super) fn off(args: OffArgs) -> Result<(), String> {
     }
     let pid = run.read_state().map(|s| format!(" (pid {})", s.pid)).unwrap_or_default();
     progress(&format!("the server{pid} is gone: cleaning up what it left"));
-    control::clean_up_after_dead_server(&run, &mut progress)?;
+    control::clean_up_after_dead_server(run, progress)?;
     eprintln!("tiermem swap: off");
     Ok(())
 }
