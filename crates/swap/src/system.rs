@@ -329,6 +329,36 @@ pub fn swap_area(device: &str) -> Option<SwapArea> {
     swap_areas().into_iter().find(|a| a.filename == device)
 }
 
+/// The block-device back-ends this machine offers a VRAM swap device, fastest first, each with
+/// whether it is usable and why: ublk (`/dev/ublk-control`), NBD (the `nbd` module) and a FUSE
+/// file behind a loop device (`/dev/fuse`, `/dev/loop-control`). `tiermem swap on` serves
+/// FUSE + loop, the one every kernel here has; the others are not built yet.
+pub fn swap_backends() -> Vec<(&'static str, bool, String)> {
+    let exists = |path: &str| Path::new(path).exists();
+    let nbd = exists("/sys/module/nbd") || exists("/dev/nbd0");
+    let (fuse, loops) = (exists("/dev/fuse"), exists("/dev/loop-control"));
+    vec![
+        (
+            "ublk",
+            false,
+            format!(
+                "/dev/ublk-control {}; not built yet",
+                if exists("/dev/ublk-control") { "present" } else { "absent" }
+            ),
+        ),
+        ("nbd", false, format!("nbd module {}; not built yet", if nbd { "loaded" } else { "absent" })),
+        (
+            "fuse+loop",
+            fuse && loops,
+            format!(
+                "/dev/fuse {}, /dev/loop-control {}",
+                if fuse { "present" } else { "absent" },
+                if loops { "present" } else { "absent" }
+            ),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,34 +399,4 @@ mod tests {
         }
         assert!(check_spill_location(Path::new("/nonexistent-dir/spill")).is_err());
     }
-}
-
-/// The block-device back-ends this machine offers a VRAM swap device, fastest first, each with
-/// whether it is usable and why: ublk (`/dev/ublk-control`), NBD (the `nbd` module) and a FUSE
-/// file behind a loop device (`/dev/fuse`, `/dev/loop-control`). `tiermem swap on` serves
-/// FUSE + loop, the one every kernel here has; the others are not built yet.
-pub fn swap_backends() -> Vec<(&'static str, bool, String)> {
-    let exists = |path: &str| Path::new(path).exists();
-    let nbd = exists("/sys/module/nbd") || exists("/dev/nbd0");
-    let (fuse, loops) = (exists("/dev/fuse"), exists("/dev/loop-control"));
-    vec![
-        (
-            "ublk",
-            false,
-            format!(
-                "/dev/ublk-control {}; not built yet",
-                if exists("/dev/ublk-control") { "present" } else { "absent" }
-            ),
-        ),
-        ("nbd", false, format!("nbd module {}; not built yet", if nbd { "loaded" } else { "absent" })),
-        (
-            "fuse+loop",
-            fuse && loops,
-            format!(
-                "/dev/fuse {}, /dev/loop-control {}",
-                if fuse { "present" } else { "absent" },
-                if loops { "present" } else { "absent" }
-            ),
-        ),
-    ]
 }
