@@ -24,6 +24,7 @@
 mod areas;
 mod config;
 mod gate;
+mod lanes;
 pub mod limits;
 mod monitor;
 mod stats;

@@ -25,26 +25,32 @@
 //! # Allocation on the request path
 //!
 //! The store allocates nothing per request: areas and bits are allocated at open, zeros come
-//! from a static page, runs of bits are iterated in place, and the gate is a mutex and a
-//! condition variable. What remains is the engine's: each `Engine::read`/`write` builds a
-//! small vector of the chunks it pins (and copies through the file tier's preallocated
-//! staging), and the first write to an area allocates its buffer's descriptor — a few hundred
-//! bytes per 2 MiB written. The serving process should lock its memory (`mlockall`) and
+//! from a static page, runs of bits are iterated in place, the gate is a mutex and a condition
+//! variable, and each copy runs in a lane (lanes.rs: a stream and a pinned chunk made at open).
+//! What remains is the engine's: each acquire builds a small vector of the chunks it pins (a
+//! page-in from the file copies through the file tier's preallocated staging), and the first
+//! write to an area allocates its buffer's descriptor — a few hundred bytes per 2 MiB written. The serving process should lock its memory (`mlockall`) and
 //! keep a margin of free heap; the front end's docs say how.
 
 use crate::areas::{Area, PresentBits, PAGE};
 use crate::config::{StoreConfig, DEFAULT_HOST_STAGING};
 use crate::gate::Gate;
+use crate::lanes::{Lane, Lanes};
 use crate::limits::Limits;
 use crate::monitor::{held, Applied, Governor, Monitor};
 use crate::stats::{Counters, StoreStats};
 use crate::{Blocks, SwapError};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
+use tiermem::mechanism::Device;
 use tiermem::Tier;
-use tiermem::{format_size, AllocOptions, BufferId, Engine};
+use tiermem::{format_size, Access, AllocOptions, BufferId, Engine, Region};
 
 static ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
+
+/// Engine copies in flight at once, each with a stream and a pinned chunk (lanes.rs): more than
+/// the server's threads (at most 8 by default), so that a request rarely waits for one.
+const LANES: usize = 16;
 
 /// A block store over the tiermem engine, served by a front end as a swap device.
 ///
@@ -64,6 +70,7 @@ struct Shared {
     areas: Box<[Area]>,
     present: PresentBits,
     gate: Gate,
+    lanes: Lanes,
     counters: Counters,
     governor: Governor,
 }
@@ -129,6 +136,8 @@ impl VramStore {
                 format_size(file as usize)
             )));
         }
+        let lanes = Lanes::new(Arc::clone(engine.device()), LANES, chunk as usize)
+            .map_err(|source| SwapError::Engine { call, source: tiermem::Error::Device { call: "lanes", source } })?;
         let shared = Arc::new(Shared {
             engine,
             size: config.size,
@@ -137,6 +146,7 @@ impl VramStore {
             areas: (0..config.size.div_ceil(area_size)).map(|_| Area::default()).collect(),
             present: PresentBits::new(config.size / PAGE),
             gate: Gate::new(config.limits.min_chunks(chunk)),
+            lanes,
             counters: Counters::default(),
             governor: Governor::new(config.limits, grant),
         });
@@ -258,7 +268,16 @@ impl Shared {
         let mut done = 0;
         for (at, len) in self.chunk_pieces(start, start + data.len() as u64) {
             let _pass = self.gate.enter();
-            self.engine.write(buffer, at, &data[done..done + len]).map_err(engine_error(call))?;
+            let lane = self.lanes.take();
+            let src = &data[done..done + len];
+            self.in_lane(call, &lane, Region::bytes(buffer, at, len), Access::ReadWrite, |device, va| {
+                // SAFETY: the lane's staging is `lane.size` (a chunk) bytes of pinned memory that
+                // only this lane's holder touches; a piece never exceeds a chunk.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), lane.staging as *mut u8, len) };
+                // SAFETY: the staging stays untouched until `in_lane` synchronizes the stream.
+                unsafe { device.copy_to_device_async(va, lane.staging, len, lane.stream) }
+                    .map_err(|source| tiermem::Error::Device { call: "cuMemcpyHtoDAsync", source })
+            })?;
             done += len;
         }
         Ok(())
@@ -268,10 +287,42 @@ impl Shared {
         let mut done = 0;
         for (at, len) in self.chunk_pieces(start, start + out.len() as u64) {
             let _pass = self.gate.enter();
-            self.engine.read(buffer, at, &mut out[done..done + len]).map_err(engine_error(call))?;
+            let lane = self.lanes.take();
+            self.in_lane(call, &lane, Region::bytes(buffer, at, len), Access::ReadOnly, |device, va| {
+                // SAFETY: as in `engine_write`; the staging is read only after the stream is synchronized.
+                unsafe { device.copy_to_host_async(lane.staging, va, len, lane.stream) }
+                    .map_err(|source| tiermem::Error::Device { call: "cuMemcpyDtoHAsync", source })
+            })?;
+            // SAFETY: the copy into the staging has completed (`in_lane` synchronized the stream).
+            unsafe { std::ptr::copy_nonoverlapping(lane.staging as *const u8, out[done..].as_mut_ptr(), len) };
             done += len;
         }
         Ok(())
+    }
+
+    /// Acquires `region` (inside one chunk) on the lane's stream, enqueues `copy` at its device
+    /// address on that stream, waits for the stream, and releases the region, also on failure.
+    fn in_lane(
+        &self,
+        call: &'static str,
+        lane: &Lane,
+        region: Region,
+        access: Access,
+        copy: impl FnOnce(&dyn Device, u64) -> tiermem::Result<()>,
+    ) -> Result<(), SwapError> {
+        let regions = [region];
+        self.engine.acquire(&regions, access, lane.stream).map_err(engine_error(call))?;
+        let device = self.lanes.device();
+        let copied =
+            self.engine.device_ptr(region.buffer).and_then(|va| copy(device, va + region.offset as u64)).and_then(
+                |()| {
+                    device
+                        .synchronize_stream(lane.stream)
+                        .map_err(|source| tiermem::Error::Device { call: "cuStreamSynchronize", source })
+                },
+            );
+        let released = self.engine.release(&regions, lane.stream);
+        copied.and(released).map_err(engine_error(call))
     }
 
     /// Writes zeros over device bytes `start..end` of `buffer`.
