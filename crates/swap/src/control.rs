@@ -189,6 +189,9 @@ pub struct StoreReport {
     /// Whatever else the store reports.
     #[serde(default)]
     pub detail: Value,
+    /// The node daemon's lease, when the server is its tenant: connected, tenant id, budget.
+    #[serde(default)]
+    pub daemon: Option<Value>,
 }
 
 /// The server's process, as far as safety under memory pressure goes.

@@ -72,6 +72,31 @@ impl DaemonSetting {
     }
 }
 
+/// What the daemon leases HBM to: an engine, or something that owns one and meets a budget its
+/// own way (the VRAM swap store caps its own limits by it, crate `tiermem-swap`).
+pub trait Leaseholder: Send + Sync + 'static {
+    /// The engine whose use is reported.
+    fn engine(&self) -> &Engine;
+
+    /// HBM this would use alone, asked for at registration. Default: the engine's cap.
+    fn wants_hbm(&self) -> u64 {
+        self.engine().hbm_cap() as u64
+    }
+
+    /// Meets an HBM budget of `bytes`, returning once it is met (what exceeds it has moved
+    /// down and its HBM has gone back to the driver). Default: the engine's budget.
+    fn meet_hbm_budget(&self, bytes: u64) -> Result<(), String> {
+        let engine = self.engine();
+        engine.set_hbm_budget(bytes as usize).and_then(|ticket| engine.finish(ticket)).map_err(|e| e.to_string())
+    }
+}
+
+impl Leaseholder for Engine {
+    fn engine(&self) -> &Engine {
+        self
+    }
+}
+
 /// What the link knows, for callers and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LinkState {
@@ -96,15 +121,16 @@ pub struct DaemonLink {
 }
 
 impl DaemonLink {
-    /// Starts linking `engine` to the daemon at `socket`. Returns at once.
-    pub fn attach(engine: &Arc<Engine>, socket: PathBuf, label: Option<String>) -> std::io::Result<Self> {
+    /// Starts linking `holder` (an engine, or what owns one) to the daemon at `socket`. Returns
+    /// at once.
+    pub fn attach<L: Leaseholder>(holder: &Arc<L>, socket: PathBuf, label: Option<String>) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             state: Mutex::new(LinkState::default()),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
         });
-        let options = Options { socket, label, report_every: REPORT_EVERY, wants_hbm: engine.hbm_cap() as u64 };
-        let weak = Arc::downgrade(engine);
+        let options = Options { socket, label, report_every: REPORT_EVERY, wants_hbm: holder.wants_hbm() };
+        let weak: std::sync::Weak<dyn Leaseholder> = Arc::downgrade(holder) as std::sync::Weak<L>;
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("tiermem-daemon-link".into())
@@ -146,10 +172,10 @@ impl DaemonLink {
 /// Links `engine` as `TIERMEM_DAEMON` and `TIERMEM_LABEL` say; `None` when it runs
 /// standalone. When a daemon answers, waits (up to [`SETTLE`]) for the first budget to reach
 /// its fair share, so the engine starts within its budget.
-pub fn attach_from_env(engine: &Arc<Engine>) -> Option<DaemonLink> {
+pub fn attach_from_env<L: Leaseholder>(holder: &Arc<L>) -> Option<DaemonLink> {
     let socket = DaemonSetting::from_env().socket()?;
     let label = std::env::var("TIERMEM_LABEL").ok().filter(|l| !l.trim().is_empty());
-    let link = match DaemonLink::attach(engine, socket, label) {
+    let link = match DaemonLink::attach(holder, socket, label) {
         Ok(link) => link,
         Err(e) => {
             eprintln!("tiermem: could not start the daemon link thread: {e}; running standalone");

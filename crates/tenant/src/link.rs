@@ -8,12 +8,13 @@
 //! growing pause (up to [`MAX_BACKOFF`]).
 
 use crate::client::Connection;
+use crate::Leaseholder;
 use crate::{LinkError, LinkState};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
-use tiermem::{Engine, Stats};
+use tiermem::Stats;
 use tiermem_protocol::{ClientMessage, DaemonMessage, GpuId, Tier, TierBytes, TierUsage, TransferCounters};
 
 /// The longest pause between two attempts to reach the daemon.
@@ -41,7 +42,7 @@ pub(crate) struct Options {
 }
 
 /// Runs until `shared.stop` is set or the engine is gone.
-pub(crate) fn run(engine: Weak<Engine>, shared: Arc<Shared>, options: Options) {
+pub(crate) fn run(engine: Weak<dyn Leaseholder>, shared: Arc<Shared>, options: Options) {
     let mut backoff = Duration::from_millis(50);
     let mut last_error: Option<String> = None;
     while !shared.stop.load(Ordering::Acquire) {
@@ -72,10 +73,11 @@ pub(crate) fn run(engine: Weak<Engine>, shared: Arc<Shared>, options: Options) {
 }
 
 /// One connection's life: `Ok` when the link should end (stopped, engine gone).
-fn session(weak: &Weak<Engine>, shared: &Shared, options: &Options) -> Result<(), LinkError> {
+fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> Result<(), LinkError> {
     let mut connection = Connection::open(&options.socket, concat!("tiermem ", env!("CARGO_PKG_VERSION")))?;
     let register = {
-        let Some(engine) = weak.upgrade() else { return Ok(()) };
+        let Some(holder) = weak.upgrade() else { return Ok(()) };
+        let engine = holder.engine();
         let info = engine.device_info();
         ClientMessage::Register {
             pid: std::process::id(),
@@ -106,9 +108,9 @@ fn session(weak: &Weak<Engine>, shared: &Shared, options: &Options) -> Result<()
         if shared.stop.load(Ordering::Acquire) {
             return Ok(());
         }
-        let Some(engine) = weak.upgrade() else { return Ok(()) };
+        let Some(holder) = weak.upgrade() else { return Ok(()) };
         if Instant::now() >= next_report {
-            let stats = engine.stats();
+            let stats = holder.engine().stats();
             let report = (usage_of(&stats), transfers_of(&stats));
             if last_report != Some(report) {
                 let ([hbm, host, file], transfers) = report;
@@ -117,12 +119,12 @@ fn session(weak: &Weak<Engine>, shared: &Shared, options: &Options) -> Result<()
             }
             next_report = Instant::now() + options.report_every;
         }
-        drop(engine);
+        drop(holder);
         match connection.poll()? {
             Some(DaemonMessage::Budget { seq, tiers, .. }) => {
                 let Some(hbm) = tiers.iter().find(|t| t.tier == Tier::Hbm) else { continue };
-                let Some(engine) = weak.upgrade() else { return Ok(()) };
-                let met = engine.set_hbm_budget(hbm.bytes as usize).and_then(|ticket| engine.finish(ticket));
+                let Some(holder) = weak.upgrade() else { return Ok(()) };
+                let met = holder.meet_hbm_budget(hbm.bytes);
                 match met {
                     Ok(()) => connection.send(&ClientMessage::BudgetMet { seq })?,
                     // Not acknowledged: the daemon's deadline marks this tenant late.

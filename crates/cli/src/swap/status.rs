@@ -63,6 +63,14 @@ fn render(r: &StatusReport) -> String {
         s.give_backs,
         size(s.given_back_bytes)
     );
+    if let Some(daemon) = &s.daemon {
+        out += &match (daemon["connected"].as_bool(), daemon["tenant"].as_u64()) {
+            (Some(true), Some(tenant)) => {
+                format!("  node daemon: tenant {tenant}, HBM budget {}\n", optional(daemon["budget_bytes"].as_u64()))
+            }
+            _ => "  node daemon: not connected (keeping the last budget)\n".to_string(),
+        };
+    }
     let d = &s.detail;
     if let (Some(free), Some(total)) = (d["gpu"]["free"].as_u64(), d["gpu"]["total"].as_u64()) {
         out += &format!(

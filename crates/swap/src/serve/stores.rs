@@ -5,10 +5,11 @@
 use super::{ServeConfig, StoreKind};
 use crate::control::StoreReport;
 use crate::mem_blocks::MemBlocks;
-use crate::{Blocks, Limits, StoreConfig, VramStore};
+use crate::{Applied, Blocks, Limits, StoreConfig, VramStore};
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use tiermem_tenant::{DaemonLink, Leaseholder};
 
 /// What the server asks of a store beyond [`Blocks`]: its report, its limits, a forced cap.
 pub trait StoreControl: Send + Sync {
@@ -70,21 +71,61 @@ pub fn open_store(config: &ServeConfig, size: u64) -> Result<OpenedStore, String
                     why.map(|why| format!(", because {why}")).unwrap_or_else(|| " (TIERMEM_BACKEND=sim)".into())
                 ),
             };
-            let control = Arc::new(EngineControl { store: store.clone(), backend });
+            let caps = Arc::new(Caps { store: store.clone(), set: Mutex::new((None, None)) });
+            // TIERMEM_DAEMON: the node daemon, when it runs, leases this device's HBM too.
+            let daemon = tiermem_tenant::attach_from_env(&caps);
+            let control = Arc::new(EngineControl { caps, backend, daemon });
             Ok(OpenedStore { blocks: store, control })
         }
     }
 }
 
+/// The two caps on the store's HBM — forced by `tiermem swap cap`, granted by the node daemon
+/// (`tiermem-tenant` leases through [`Leaseholder`]) — of which the store holds the smaller.
+struct Caps {
+    store: Arc<VramStore>,
+    /// (forced, granted); held while a cap is applied, so the two never race.
+    set: Mutex<(Option<u64>, Option<u64>)>,
+}
+
+impl Caps {
+    fn apply(&self, change: impl FnOnce(&mut (Option<u64>, Option<u64>))) -> Result<Applied, String> {
+        let mut set = self.set.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        change(&mut set);
+        let cap = match *set {
+            (Some(forced), Some(granted)) => Some(forced.min(granted)),
+            (forced, granted) => forced.or(granted),
+        };
+        self.store.set_external_cap(cap).map_err(|e| e.to_string())
+    }
+}
+
+impl Leaseholder for Caps {
+    fn engine(&self) -> &tiermem::Engine {
+        self.store.engine()
+    }
+
+    /// The whole device in HBM, if the daemon can spare it.
+    fn wants_hbm(&self) -> u64 {
+        self.store.size()
+    }
+
+    fn meet_hbm_budget(&self, bytes: u64) -> Result<(), String> {
+        self.apply(|set| set.1 = Some(bytes)).map(|_| ())
+    }
+}
+
 /// [`StoreControl`] for the engine's [`VramStore`].
 struct EngineControl {
-    store: Arc<VramStore>,
+    caps: Arc<Caps>,
     backend: String,
+    /// The lease from the node daemon, while it runs (ends with the store).
+    daemon: Option<DaemonLink>,
 }
 
 impl StoreControl for EngineControl {
     fn report(&self) -> StoreReport {
-        let stats = self.store.stats();
+        let stats = self.caps.store.stats();
         StoreReport {
             backend: self.backend.clone(),
             size_bytes: stats.size,
@@ -98,27 +139,31 @@ impl StoreControl for EngineControl {
             give_backs: stats.give_backs.count,
             given_back_bytes: stats.give_backs.bytes,
             detail: serde_json::to_value(&stats).unwrap_or(Value::Null),
+            daemon: self.daemon.as_ref().map(|link| {
+                let state = link.state();
+                json!({"connected": state.connected, "tenant": state.tenant, "budget_bytes": state.budget})
+            }),
         }
     }
 
     fn set_limits(&self, soft: Option<u64>, hard: Option<u64>) -> Result<(), String> {
-        let mut limits = self.store.stats().limits;
+        let mut limits = self.caps.store.stats().limits;
         limits.soft_free = soft.unwrap_or(limits.soft_free);
         limits.hard_free = hard.unwrap_or(limits.hard_free);
         limits.check()?;
-        self.store.set_limits(limits).map(|_| ()).map_err(|e| e.to_string())
+        self.caps.store.set_limits(limits).map(|_| ()).map_err(|e| e.to_string())
     }
 
     fn set_cap(&self, cap: Option<u64>) -> Result<Value, String> {
         let started = Instant::now();
-        let applied = self.store.set_external_cap(cap).map_err(|e| e.to_string())?;
+        let applied = self.caps.apply(|set| set.0 = cap)?;
         let seconds = started.elapsed().as_secs_f64();
         let give_back = applied.give_back;
         Ok(json!({
             "cap_bytes": cap,
             "seconds": give_back.map_or(seconds, |g| g.seconds),
             "moved_bytes": give_back.map_or(0, |g| g.bytes()),
-            "hbm_bytes": self.store.hbm_held(),
+            "hbm_bytes": self.caps.store.hbm_held(),
             "budget_bytes": applied.decision.budget,
             "give_back": give_back,
         }))
