@@ -11,17 +11,7 @@ fn the_process_engine_leases_its_budget_from_the_daemon() {
     let _ = std::fs::remove_dir_all(&dir);
     let socket = dir.join("d.sock");
     let config = tiermem_daemon::Config::parse("[[gpu]]\nindex = 0\nhbm = \"24MiB\"", "test").unwrap();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let path = socket.clone();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(async {
-            let listener = tiermem_daemon::bind(&path, &config).unwrap();
-            ready_tx.send(()).unwrap();
-            tiermem_daemon::serve(listener, config, std::future::pending()).await;
-        });
-    });
-    ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let _daemon = tiermem_daemon::spawn(&socket, config).unwrap();
     std::env::set_var("TIERMEM_DAEMON", &socket);
 
     let engine = tiermem_capi::init(EngineConfig {

@@ -25,9 +25,11 @@ mod metrics;
 mod peer;
 pub mod registry;
 pub mod server;
+mod spawned;
 
 pub use config::Config;
 pub use server::{bind, run, serve, serve_with_metrics};
+pub use spawned::{spawn, Spawned};
 
 /// How the daemon introduces itself.
 pub const DAEMON_NAME: &str = concat!("tiermemd ", env!("CARGO_PKG_VERSION"));

@@ -13,27 +13,11 @@ use tiermem_tenant::DaemonLink;
 
 const MIB: u64 = 1 << 20;
 
-/// A daemon on `path` sharing `hbm` of GPU 0, until the returned sender is dropped.
-fn start_daemon(path: &std::path::Path, hbm: &str) -> std::sync::mpsc::Sender<()> {
+/// A daemon on `path` sharing `hbm` of GPU 0, until the handle is dropped (it then closes every
+/// connection, as a daemon that exits does).
+fn start_daemon(path: &std::path::Path, hbm: &str) -> tiermem_daemon::Spawned {
     let config = tiermem_daemon::Config::parse(&format!("[[gpu]]\nindex = 0\nhbm = \"{hbm}\""), "test").unwrap();
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let socket = path.to_owned();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(async {
-            let listener = tiermem_daemon::bind(&socket, &config).unwrap();
-            ready_tx.send(()).unwrap();
-            let stopped = async {
-                while stop_rx.try_recv() == Err(std::sync::mpsc::TryRecvError::Empty) {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            };
-            tiermem_daemon::serve(listener, config, stopped).await;
-        });
-    });
-    ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
-    stop_tx
+    tiermem_daemon::spawn(path, config).unwrap()
 }
 
 /// Waits until `condition` holds of the store's HBM cap (`None` on timeout).
