@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use tiermem::format_size;
-use tiermem_protocol::{PoolStatus, StatusReport, TenantStatus};
+use tiermem_protocol::{PoolStatus, ShareStatus, StatusReport, TenantStatus};
 
 #[derive(clap::Args)]
 pub struct DaemonArgs {
@@ -83,38 +83,54 @@ fn render(report: &StatusReport) -> String {
     out
 }
 
-fn render_pool(pool: &PoolStatus, tenants: &[TenantStatus]) -> String {
+/// A pool's heading: where it is, what is used and budgeted of it, and the bar.
+pub fn pool_heading(pool: &PoolStatus) -> String {
     let place = match pool.gpu {
         Some(gpu) => format!("GPU {gpu} {}", pool.tier.name()),
         None => format!("node {}", pool.tier.name()),
     };
-    let mut out = format!(
-        "\n{place}: {} of {} used, {} budgeted  {}\n",
+    format!(
+        "{place}: {} of {} used, {} budgeted  {}",
         format_size(pool.used as usize),
         format_size(pool.capacity as usize),
         format_size(pool.budgeted as usize),
         bar(pool.used, pool.budgeted, pool.capacity)
-    );
-    out += &format!(
-        "  {:>6} {:<12} {:>8} {:>3}  {:<26} {:>11} {:>11} {:>11} {:>11} {:>11}\n",
-        "tenant", "name", "pid", "w", "used / budget", "used", "budget", "target", "lent", "borrowed"
-    );
+    )
+}
+
+/// The columns of a pool's tenant rows, and one tenant's cells in them (`LATE` or empty last).
+pub const SHARE_COLUMNS: [&str; 11] =
+    ["tenant", "name", "pid", "w", "used / budget", "used", "budget", "target", "lent", "borrowed", ""];
+
+pub fn share_cells(share: &ShareStatus, tenants: &[TenantStatus], pool: &PoolStatus) -> [String; 11] {
+    let tenant = tenants.iter().find(|t| t.tenant == share.tenant);
+    [
+        share.tenant.to_string(),
+        tenant.map_or("?".into(), |t| t.name.clone()),
+        tenant.map_or(0, |t| t.pid).to_string(),
+        tenant.map_or(0, |t| t.weight).to_string(),
+        bar(share.used, share.budget, pool.capacity),
+        format_size(share.used as usize),
+        format_size(share.budget as usize),
+        format_size(share.target as usize),
+        format_size(share.lent as usize),
+        format_size(share.borrowed as usize),
+        if tenant.is_some_and(|t| t.late) { "LATE".into() } else { String::new() },
+    ]
+}
+
+fn render_pool(pool: &PoolStatus, tenants: &[TenantStatus]) -> String {
+    let row = |c: &[String; 11]| {
+        let late = if c[10].is_empty() { String::new() } else { format!("  {}", c[10]) };
+        format!(
+            "  {:>6} {:<12} {:>8} {:>3}  {:<26} {:>11} {:>11} {:>11} {:>11} {:>11}{late}\n",
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9]
+        )
+    };
+    let mut out = format!("\n{}\n", pool_heading(pool));
+    out += &row(&SHARE_COLUMNS.map(String::from));
     for share in &pool.shares {
-        let tenant = tenants.iter().find(|t| t.tenant == share.tenant);
-        let late = if tenant.is_some_and(|t| t.late) { "  LATE" } else { "" };
-        out += &format!(
-            "  {:>6} {:<12} {:>8} {:>3}  {} {:>11} {:>11} {:>11} {:>11} {:>11}{late}\n",
-            share.tenant,
-            tenant.map_or("?", |t| t.name.as_str()),
-            tenant.map_or(0, |t| t.pid),
-            tenant.map_or(0, |t| t.weight),
-            bar(share.used, share.budget, pool.capacity),
-            format_size(share.used as usize),
-            format_size(share.budget as usize),
-            format_size(share.target as usize),
-            format_size(share.lent as usize),
-            format_size(share.borrowed as usize),
-        );
+        out += &row(&share_cells(share, tenants, pool));
     }
     out
 }

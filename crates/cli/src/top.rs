@@ -2,7 +2,7 @@
 //! crossterm). `q`, `Esc` or `Ctrl-C` quits; the terminal is restored on exit and on panic.
 //! While the daemon does not answer, the last report stays on screen with the reason.
 
-use crate::node::bar;
+use crate::node::{pool_heading, share_cells, SHARE_COLUMNS};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
@@ -11,7 +11,6 @@ use ratatui::widgets::{Block, Borders, Row, Table};
 use ratatui::Frame;
 use std::path::PathBuf;
 use std::time::Duration;
-use tiermem::format_size;
 use tiermem_protocol::{PoolStatus, StatusReport};
 
 #[derive(clap::Args)]
@@ -88,36 +87,9 @@ fn draw(frame: &mut Frame, report: Option<&StatusReport>, problem: Option<&str>)
 }
 
 fn pool_table<'a>(pool: &'a PoolStatus, tenants: &'a [tiermem_protocol::TenantStatus]) -> Table<'a> {
-    let place = match pool.gpu {
-        Some(gpu) => format!("GPU {gpu} {}", pool.tier.name()),
-        None => format!("node {}", pool.tier.name()),
-    };
-    let title = format!(
-        " {place}: {} of {} used, {} budgeted {} ",
-        format_size(pool.used as usize),
-        format_size(pool.capacity as usize),
-        format_size(pool.budgeted as usize),
-        bar(pool.used, pool.budgeted, pool.capacity)
-    );
-    let rows = pool.shares.iter().map(|share| {
-        let tenant = tenants.iter().find(|t| t.tenant == share.tenant);
-        Row::new(vec![
-            share.tenant.to_string(),
-            tenant.map_or("?".into(), |t| t.name.clone()),
-            tenant.map_or(0, |t| t.pid).to_string(),
-            tenant.map_or(0, |t| t.weight).to_string(),
-            bar(share.used, share.budget, pool.capacity),
-            format_size(share.used as usize),
-            format_size(share.budget as usize),
-            format_size(share.target as usize),
-            format_size(share.lent as usize),
-            format_size(share.borrowed as usize),
-            if tenant.is_some_and(|t| t.late) { "LATE".into() } else { String::new() },
-        ])
-    });
-    let header =
-        Row::new(["tenant", "name", "pid", "w", "used / budget", "used", "budget", "target", "lent", "borrowed", ""])
-            .style(Style::new().add_modifier(Modifier::UNDERLINED));
+    let title = format!(" {} ", pool_heading(pool));
+    let rows = pool.shares.iter().map(|share| Row::new(share_cells(share, tenants, pool)));
+    let header = Row::new(SHARE_COLUMNS).style(Style::new().add_modifier(Modifier::UNDERLINED));
     let widths = [6, 12, 8, 3, 26, 11, 11, 11, 11, 11, 4].map(Constraint::Length);
     Table::new(rows, widths).header(header).block(Block::new().borders(Borders::ALL).title(title))
 }
