@@ -40,7 +40,15 @@ pub const PAGE: u64 = 4096;
 /// One area's descriptor: the engine buffer behind it, once written.
 #[derive(Default)]
 pub(crate) struct Area {
-    pub buffer: RwLock<Option<BufferId>>,
+    pub buffer: RwLock<Option<Backing>>,
+}
+
+/// An area's engine buffer and its device address (stable for the buffer's life), kept so
+/// that a copy need not ask the engine for it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Backing {
+    pub id: BufferId,
+    pub va: u64,
 }
 
 /// A present bit for every page of the device.

@@ -32,7 +32,7 @@
 //! write to an area allocates its buffer's descriptor — a few hundred bytes per 2 MiB written. The serving process should lock its memory (`mlockall`) and
 //! keep a margin of free heap; the front end's docs say how.
 
-use crate::areas::{Area, PresentBits, PAGE};
+use crate::areas::{Area, Backing, PresentBits, PAGE};
 use crate::config::{StoreConfig, DEFAULT_HOST_STAGING};
 use crate::gate::Gate;
 use crate::lanes::{Lane, Lanes};
@@ -44,7 +44,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
 use tiermem::mechanism::Device;
 use tiermem::Tier;
-use tiermem::{format_size, Access, AllocOptions, BufferId, Engine, Region};
+use tiermem::{format_size, Access, AllocOptions, Engine, Region};
 
 static ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
 
@@ -79,12 +79,12 @@ fn engine_error(call: &'static str) -> impl FnOnce(tiermem::Error) -> SwapError 
     move |source| SwapError::Engine { call, source }
 }
 
-fn shared(area: &Area) -> RwLockReadGuard<'_, Option<BufferId>> {
+fn shared(area: &Area) -> RwLockReadGuard<'_, Option<Backing>> {
     // The slot is one word, written only after the engine call it records succeeded.
     area.buffer.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn exclusive(area: &Area) -> RwLockWriteGuard<'_, Option<BufferId>> {
+fn exclusive(area: &Area) -> RwLockWriteGuard<'_, Option<Backing>> {
     area.buffer.write().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
@@ -264,13 +264,13 @@ impl Shared {
     }
 
     /// Writes `data` at device offset `start` into `buffer`, one chunk per engine call.
-    fn engine_write(&self, call: &'static str, buffer: BufferId, start: u64, data: &[u8]) -> Result<(), SwapError> {
+    fn engine_write(&self, call: &'static str, buffer: Backing, start: u64, data: &[u8]) -> Result<(), SwapError> {
         let mut done = 0;
         for (at, len) in self.chunk_pieces(start, start + data.len() as u64) {
             let _pass = self.gate.enter();
             let lane = self.lanes.take();
             let src = &data[done..done + len];
-            self.in_lane(call, &lane, Region::bytes(buffer, at, len), Access::ReadWrite, |device, va| {
+            self.in_lane(call, &lane, buffer, (at, len), Access::ReadWrite, |device, va| {
                 // SAFETY: the lane's staging is `lane.size` (a chunk) bytes of pinned memory that
                 // only this lane's holder touches; a piece never exceeds a chunk.
                 unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), lane.staging as *mut u8, len) };
@@ -283,12 +283,12 @@ impl Shared {
         Ok(())
     }
 
-    fn engine_read(&self, call: &'static str, buffer: BufferId, start: u64, out: &mut [u8]) -> Result<(), SwapError> {
+    fn engine_read(&self, call: &'static str, buffer: Backing, start: u64, out: &mut [u8]) -> Result<(), SwapError> {
         let mut done = 0;
         for (at, len) in self.chunk_pieces(start, start + out.len() as u64) {
             let _pass = self.gate.enter();
             let lane = self.lanes.take();
-            self.in_lane(call, &lane, Region::bytes(buffer, at, len), Access::ReadOnly, |device, va| {
+            self.in_lane(call, &lane, buffer, (at, len), Access::ReadOnly, |device, va| {
                 // SAFETY: as in `engine_write`; the staging is read only after the stream is synchronized.
                 unsafe { device.copy_to_host_async(lane.staging, va, len, lane.stream) }
                     .map_err(|source| tiermem::Error::Device { call: "cuMemcpyDtoHAsync", source })
@@ -300,33 +300,32 @@ impl Shared {
         Ok(())
     }
 
-    /// Acquires `region` (inside one chunk) on the lane's stream, enqueues `copy` at its device
-    /// address on that stream, waits for the stream, and releases the region, also on failure.
+    /// Acquires the `(at, len)` bytes of `buffer` (inside one chunk) on the lane's stream,
+    /// enqueues `copy` at their device address on that stream, waits for the stream, and
+    /// releases them, also on failure.
     fn in_lane(
         &self,
         call: &'static str,
         lane: &Lane,
-        region: Region,
+        buffer: Backing,
+        (at, len): (usize, usize),
         access: Access,
         copy: impl FnOnce(&dyn Device, u64) -> tiermem::Result<()>,
     ) -> Result<(), SwapError> {
-        let regions = [region];
+        let regions = [Region::bytes(buffer.id, at, len)];
         self.engine.acquire(&regions, access, lane.stream).map_err(engine_error(call))?;
         let device = self.lanes.device();
-        let copied =
-            self.engine.device_ptr(region.buffer).and_then(|va| copy(device, va + region.offset as u64)).and_then(
-                |()| {
-                    device
-                        .synchronize_stream(lane.stream)
-                        .map_err(|source| tiermem::Error::Device { call: "cuStreamSynchronize", source })
-                },
-            );
+        let copied = copy(device, buffer.va + at as u64).and_then(|()| {
+            device
+                .synchronize_stream(lane.stream)
+                .map_err(|source| tiermem::Error::Device { call: "cuStreamSynchronize", source })
+        });
         let released = self.engine.release(&regions, lane.stream);
         copied.and(released).map_err(engine_error(call))
     }
 
     /// Writes zeros over device bytes `start..end` of `buffer`.
-    fn engine_zero(&self, call: &'static str, buffer: BufferId, start: u64, end: u64) -> Result<(), SwapError> {
+    fn engine_zero(&self, call: &'static str, buffer: Backing, start: u64, end: u64) -> Result<(), SwapError> {
         let mut at = start;
         while at < end {
             let len = (end - at).min(PAGE);
@@ -379,11 +378,11 @@ impl Shared {
         let (buffer, fresh) = match *slot {
             Some(buffer) => (buffer, false),
             None => {
-                let (buffer, _) = self
+                let (id, va) = self
                     .engine
                     .alloc(self.area_len(area) as usize, AllocOptions::default())
                     .map_err(engine_error(call))?;
-                (buffer, true)
+                (Backing { id, va }, true)
             }
         };
         let written = (|| {
@@ -409,7 +408,7 @@ impl Shared {
                 if fresh {
                     // Nothing was registered: the area stays as it was. A failed free leaves an
                     // unreachable buffer in the engine (freed with it), never a wrong byte.
-                    let _ = self.engine.free(buffer);
+                    let _ = self.engine.free(buffer.id);
                 }
                 Err(e)
             }
@@ -443,7 +442,7 @@ impl Shared {
         let area_pages =
             (area as u64 * self.area_size / PAGE, (area as u64 * self.area_size + self.area_len(area)) / PAGE);
         if !self.present.any(area_pages.0, area_pages.1) {
-            self.engine.free(buffer).map_err(engine_error(call))?;
+            self.engine.free(buffer.id).map_err(engine_error(call))?;
             *slot = None;
             self.counters.areas_live.fetch_sub(1, Relaxed);
         }
