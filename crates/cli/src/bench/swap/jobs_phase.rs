@@ -73,9 +73,12 @@ impl Bench {
         eprintln!(
             "bench swap: jobs with {} swap (active: {})",
             kind.name(),
-            active.iter().map(|a| format!("{} prio {}", a.path, a.priority)).collect::<Vec<_>>().join(", ")
+            active.iter().map(|a| format!("{} prio {}", a.filename, a.priority)).collect::<Vec<_>>().join(", ")
         );
-        self.note(&["jobs", kind.name(), "swaps_active"], json!(active.iter().map(|a| &a.path).collect::<Vec<_>>()));
+        self.note(
+            &["jobs", kind.name(), "swaps_active"],
+            json!(active.iter().map(|a| &a.filename).collect::<Vec<_>>()),
+        );
         let watch = HungWatch::start();
         for &n in counts {
             if sys::interrupted() {

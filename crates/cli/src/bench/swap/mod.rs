@@ -232,7 +232,9 @@ pub fn run(json_dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         &["swaps_before"],
         json!(sys::active_swaps()
             .iter()
-            .map(|a| json!({"path": a.path, "kind": a.kind, "priority": a.priority, "used_kib": a.used_kib}))
+            .map(
+                |a| json!({"path": a.filename, "kind": a.kind, "priority": a.priority, "used_kib": a.used_bytes / 1024})
+            )
             .collect::<Vec<_>>()),
     );
 

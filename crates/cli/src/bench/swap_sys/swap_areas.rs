@@ -6,37 +6,9 @@ use super::command::must;
 use super::warn_if_failed;
 use std::time::Duration;
 
-/// An active swap area, as /proc/swaps lists it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SwapArea {
-    pub path: String,
-    pub kind: String,
-    pub size_kib: u64,
-    pub used_kib: u64,
-    pub priority: i64,
-}
-
-/// Parses /proc/swaps (paths there escape a space as `\040`).
-pub fn parse_swaps(text: &str) -> Vec<SwapArea> {
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let [path, kind, size, used, priority] = f[..] else { return None };
-            Some(SwapArea {
-                path: path.replace("\\040", " "),
-                kind: kind.to_string(),
-                size_kib: size.parse().ok()?,
-                used_kib: used.parse().ok()?,
-                priority: priority.parse().ok()?,
-            })
-        })
-        .collect()
-}
-
-pub fn active_swaps() -> Vec<SwapArea> {
-    parse_swaps(&std::fs::read_to_string("/proc/swaps").unwrap_or_default())
-}
+/// The swap areas active now (/proc/swaps, as the swap server reads it).
+pub use tiermem_swap::system::swap_areas as active_swaps;
+use tiermem_swap::system::SwapArea;
 
 /// `swapoff PATH`, given 300 s (moving what it holds back into RAM can take a while).
 pub fn swap_off(path: &str) -> Result<String, String> {
@@ -55,8 +27,8 @@ impl OtherSwapsOff {
     pub fn take() -> Result<Self, String> {
         let guard = OtherSwapsOff { before: active_swaps() };
         for area in &guard.before {
-            eprintln!("bench swap: swapoff {} (active before the benchmark; put back at the end)", area.path);
-            swap_off(&area.path)?;
+            eprintln!("bench swap: swapoff {} (active before the benchmark; put back at the end)", area.filename);
+            swap_off(&area.filename)?;
         }
         Ok(guard)
     }
@@ -66,12 +38,12 @@ impl Drop for OtherSwapsOff {
     fn drop(&mut self) {
         let now = active_swaps();
         for area in &self.before {
-            if !now.iter().any(|a| a.path == area.path) {
+            if !now.iter().any(|a| a.filename == area.filename) {
                 let priority = area.priority.to_string();
                 let args: Vec<&str> =
-                    if area.priority >= 0 { vec!["-p", &priority, &area.path] } else { vec![&area.path] };
+                    if area.priority >= 0 { vec!["-p", &priority, &area.filename] } else { vec![&area.filename] };
                 if let Err(e) = must("swapon", &args, Duration::from_secs(60)) {
-                    eprintln!("bench swap: could not put back swap area {}: {e}", area.path);
+                    eprintln!("bench swap: could not put back swap area {}: {e}", area.filename);
                 }
             }
         }
@@ -92,32 +64,5 @@ impl SwapOn {
 impl Drop for SwapOn {
     fn drop(&mut self) {
         warn_if_failed(swap_off(&self.0));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn proc_swaps_is_parsed_with_escaped_spaces() {
-        let text = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n\
-                    /dev/loop3                              partition\t16777212\t0\t\t100\n\
-                    /scratch/my\\040swap                     file\t\t8388604\t\t1024\t\t-2\n";
-        let areas = parse_swaps(text);
-        assert_eq!(areas.len(), 2);
-        assert_eq!(
-            areas[0],
-            SwapArea {
-                path: "/dev/loop3".into(),
-                kind: "partition".into(),
-                size_kib: 16777212,
-                used_kib: 0,
-                priority: 100
-            }
-        );
-        assert_eq!(areas[1].path, "/scratch/my swap");
-        assert_eq!(areas[1].priority, -2);
-        assert!(parse_swaps("Filename Type Size Used Priority\n").is_empty());
     }
 }

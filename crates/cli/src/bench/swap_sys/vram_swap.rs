@@ -93,7 +93,7 @@ impl Drop for VramSwap {
             Err(e) => {
                 eprintln!("bench swap: {e}; taking its devices off by hand");
                 for device in &self.devices {
-                    let active = active_swaps().iter().any(|a| &a.path == device);
+                    let active = active_swaps().iter().any(|a| &a.filename == device);
                     if active {
                         let _ = swap_off(device);
                     }
