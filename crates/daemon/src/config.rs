@@ -227,7 +227,9 @@ impl Config {
     /// The node-wide capacity of `tier`, when it is shared out.
     pub fn node_capacity(&self, tier: Tier) -> Option<u64> {
         match tier {
-            Tier::Hbm => None,
+            // Per GPU, not node-wide: HBM is shared out per GPU; what neighbours lend is not
+            // shared out by the daemon yet (each engine borrows what its lenders can spare).
+            Tier::Hbm | Tier::Peer => None,
             Tier::Host => self.tiers.host.map(|s| s.0),
             Tier::File => self.tiers.file.map(|s| s.0),
         }

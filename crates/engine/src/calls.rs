@@ -31,7 +31,7 @@ use crate::engine::{retag, Inner, Target, Ticket, TicketWork};
 use crate::error::Context;
 use crate::fence::Fence;
 use crate::placement::Among;
-use crate::state::{Buffer, ChunkRef};
+use crate::state::{Below, Buffer, ChunkRef};
 use crate::sync::Arc;
 use crate::{Error, Result};
 use tiermem_mechanism::StreamHandle;
@@ -77,11 +77,15 @@ impl Inner {
         let (va, reserved) = (buffer.va, buffer.reserved);
         self.tiers.unmap_buffer(&mut self.state, id).during("free")?;
         self.tiers.device.unreserve(va, reserved).during("free")?;
-        let (slots, file_slots) = self.state.remove_buffer(id);
+        let copies = self.state.remove_buffer(id);
         if let Some(schedule) = self.schedule.as_mut() {
             schedule.forget(id);
         }
-        slots.into_iter().for_each(|slot| self.tiers.host.free(slot));
+        let file_slots: Vec<_> = copies.iter().filter_map(|c| c.file).collect();
+        for copy in copies {
+            copy.peer.into_iter().for_each(|slot| self.tiers.peer.free(slot));
+            copy.host.into_iter().for_each(|slot| self.tiers.host.free(slot));
+        }
         self.tiers.free_file_slots(&file_slots);
         Ok(())
     }
@@ -203,12 +207,13 @@ impl Inner {
         if access == Access::ReadWrite {
             for &r in refs {
                 let reader = self.state.chunk(r).ready().cloned();
-                let (host, file) = self.state.drop_copies(r);
-                if let Some(slot) = host {
-                    self.tiers.retire(slot, reader);
+                let copies = self.state.drop_copies(r);
+                let slots = copies.peer.map(Below::Peer).into_iter().chain(copies.host.map(Below::Host));
+                for slot in slots {
+                    self.tiers.retire(slot, reader.clone());
                 }
                 // Its read from the file, if any, is done: `undo_failed_reads` waited for it.
-                self.tiers.free_file_slots(file.as_slice());
+                self.tiers.free_file_slots(copies.file.as_slice());
             }
         }
         Ok(())
@@ -400,17 +405,47 @@ impl Inner {
         }
         self.tiers.reap(&mut self.state)?;
         for slot in self.tiers.in_flight.drain_retiring() {
-            self.tiers.host.free(slot);
+            self.tiers.free_below(slot);
         }
         if let Some(tier) = self.tiers.file.as_mut() {
             tier.reader.stop();
         }
         self.tiers.pool.release_all(self.tiers.device.as_ref()).during("shutdown")?;
         self.tiers.host.release_all(self.tiers.device.as_ref()).during("shutdown")?;
+        self.tiers.peer.release_all(self.tiers.device.as_ref()).during("shutdown")?;
         for stream in [self.tiers.streams.up, self.tiers.streams.down, self.tiers.streams.prefetch] {
             self.tiers.device.destroy_stream(stream).during("shutdown")?;
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Reads each lender's free memory and sets what it lends (`lenders::recap`), giving back
+    /// at once what it no longer lends. Returns the bytes given back.
+    pub(crate) fn watch_lenders(&mut self, reserve: usize) -> Result<usize> {
+        let device = Arc::clone(&self.tiers.device);
+        for lender in self.tiers.peer.lenders().to_vec() {
+            // A lender whose memory cannot be read now keeps what it lends.
+            let Ok(memory) = device.gpu_memory(lender.gpu) else { continue };
+            let borrowed = self.tiers.peer.borrowed_from(lender.gpu);
+            let cap = crate::lenders::recap(borrowed, memory.free, reserve, lender.most);
+            if cap != self.tiers.peer.cap_of(&lender) {
+                self.tiers.peer.set_cap(lender.gpu, cap);
+            }
+        }
+        self.reclaim_peer("watch_lenders")
+    }
+
+    /// What GPU `gpu` lends becomes `bytes`; what it no longer lends is given back before this
+    /// returns (chunks whose only copy was there copied to the host). Returns the bytes given back.
+    pub(crate) fn set_peer_lending(&mut self, gpu: usize, bytes: usize) -> Result<usize> {
+        if !self.tiers.peer.lenders().iter().any(|l| l.gpu == gpu) {
+            let lenders: Vec<usize> = self.tiers.peer.lenders().iter().map(|l| l.gpu).collect();
+            return Err(Error::Config(format!(
+                "set_peer_lending: GPU {gpu} does not lend to this engine (its lenders: {lenders:?}; see Engine::peer_notes)"
+            )));
+        }
+        self.tiers.peer.set_cap(gpu, bytes);
+        self.reclaim_peer("set_peer_lending")
     }
 
     /// Sets the HBM budget to `bytes` (whole chunks, rounded down) and starts sending down what

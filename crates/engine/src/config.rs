@@ -36,6 +36,47 @@ pub struct EngineConfig {
     pub file_io: tiermem_mechanism::file_store::IoChoice,
     /// `TIERMEM_FILE_QD`: slots in flight per file-tier call.
     pub file_queue_depth: u32,
+    /// `TIERMEM_PEERS=auto|off|1,2`: the neighbour GPUs whose spare HBM the peer tier borrows.
+    /// `auto`: every GPU this one has peer access to and on which no other process runs.
+    pub peers: PeerChoice,
+    /// `TIERMEM_PEER_RESERVE`: HBM left free on each lender. Default: 4 GiB on a GPU, none
+    /// on the simulated device (as `hbm_reserve`).
+    pub peer_reserve: Option<usize>,
+    /// `TIERMEM_PEER_LIMIT`: the most HBM borrowed from all lenders together.
+    pub peer_limit: Option<usize>,
+    /// `TIERMEM_SIM_GPUS`: GPUs of the simulated node (default 1), each of `sim_hbm`, with
+    /// peer access to each other, so the peer tier can be tried without a GPU.
+    pub sim_gpus: usize,
+}
+
+/// Which neighbour GPUs lend HBM to the peer tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerChoice {
+    /// Those with peer access to this GPU and no other process on them.
+    Auto,
+    /// None: no peer tier.
+    Off,
+    /// These, by ordinal, whatever else runs on them.
+    Gpus(Vec<usize>),
+}
+
+impl std::str::FromStr for PeerChoice {
+    type Err = String;
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(Self::Auto),
+            "off" | "none" => Ok(Self::Off),
+            list => list
+                .split(',')
+                .map(|g| {
+                    g.trim()
+                        .parse::<usize>()
+                        .map_err(|_| format!("{text:?}: expected auto, off or GPU ordinals like 1,2"))
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map(Self::Gpus),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -54,6 +95,10 @@ impl Default for EngineConfig {
             file_limit: 16 << 30,
             file_io: tiermem_mechanism::file_store::IoChoice::Auto,
             file_queue_depth: 32,
+            peers: PeerChoice::Auto,
+            peer_reserve: None,
+            peer_limit: None,
+            sim_gpus: 1,
         }
     }
 }
@@ -95,6 +140,21 @@ impl EngineConfig {
             c.file_queue_depth =
                 v.trim().parse().map_err(|_| Error::Config(format!("TIERMEM_FILE_QD={v:?} is not a queue depth")))?;
         }
+        if let Some(v) = var("TIERMEM_PEERS") {
+            c.peers = v.parse().map_err(|e| Error::Config(format!("TIERMEM_PEERS: {e}")))?;
+        }
+        if let Some(v) = var("TIERMEM_PEER_RESERVE") {
+            c.peer_reserve = Some(parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PEER_RESERVE: {e}")))?);
+        }
+        if let Some(v) = var("TIERMEM_PEER_LIMIT") {
+            c.peer_limit = Some(parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PEER_LIMIT: {e}")))?);
+        }
+        if let Some(v) = var("TIERMEM_SIM_GPUS") {
+            c.sim_gpus =
+                v.trim().parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
+                    Error::Config(format!("TIERMEM_SIM_GPUS={v:?} is not a number of GPUs (1 or more)"))
+                })?;
+        }
         if let Some(v) = var("TIERMEM_POLICY") {
             c.policy = v.parse().map_err(|e| Error::Config(format!("TIERMEM_POLICY: {e}")))?;
         }
@@ -103,6 +163,15 @@ impl EngineConfig {
 }
 
 impl EngineConfig {
+    /// HBM each lender keeps free for its own users (`peer_reserve`, or its default).
+    pub fn peer_reserve(&self, backend: tiermem_mechanism::BackendKind) -> usize {
+        match (self.peer_reserve, backend) {
+            (Some(reserve), _) => reserve,
+            (None, tiermem_mechanism::BackendKind::Sim) => 0,
+            (None, tiermem_mechanism::BackendKind::Cuda) => 4 << 30,
+        }
+    }
+
     /// The HBM cap this configuration gives on a device with `free` bytes free: the explicit
     /// limit, else all of the simulated device, else free memory minus `hbm_reserve`.
     pub fn hbm_cap(&self, backend: tiermem_mechanism::BackendKind, free: usize) -> usize {
@@ -160,6 +229,14 @@ mod tests {
         assert_eq!(parse_size("2097152"), Ok(2 << 20));
         assert!(parse_size("lots").is_err());
         assert!(parse_size("3 parsecs").is_err());
+    }
+
+    #[test]
+    fn peer_choices_parse() {
+        assert_eq!("auto".parse(), Ok(PeerChoice::Auto));
+        assert_eq!(" OFF ".parse(), Ok(PeerChoice::Off));
+        assert_eq!("1, 3".parse(), Ok(PeerChoice::Gpus(vec![1, 3])));
+        assert!("1,x".parse::<PeerChoice>().is_err());
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Moving chunks down: the tiers' mechanism (`impl Tiers`) for copies out of HBM into host
-//! slots, from the host tier to the file (spills and background writes, file_writes.rs),
+//! Moving chunks down: the tiers' mechanism (`impl Tiers`) for copies out of HBM into peer
+//! or host slots, from the host tier to the file (spills and background writes, file_writes.rs),
 //! and the bookkeeping of what has landed (`reap`, `detach_chunks`, `unmap_buffer`, giving
 //! HBM beyond the budget back). movement.rs says how a copy down is ordered; placement.rs
 //! (`host_slots`) what a page-out does when the host tier is full; where each chunk goes is the
@@ -10,16 +10,16 @@ use crate::fence::{after_all, settled, Fence};
 use crate::file_writes::FileWrite;
 use crate::host_tier::Slot;
 use crate::runs::{batches, coalesce, Source};
-use crate::state::{ChunkRef, ChunkTable, Location};
+use crate::state::{Below, ChunkRef, ChunkTable, Location};
 use crate::tiers::Tiers;
 use crate::BufferId;
 use crate::{Error, Result};
 use std::collections::HashSet;
 use tiermem_policy::{leave_hbm, Leave, Tier};
 
-/// The tiers that take copies of dirty chunks leaving HBM, fastest first (a neighbour GPU's
-/// HBM comes first once the peer tier exists). The file tier is reached through the host tier.
-const COPIES_OUT_OF_HBM: [Tier; 1] = [Tier::Host];
+/// The tiers that take copies of dirty chunks leaving HBM, fastest first: a neighbour GPU's
+/// lent HBM while it has room, else the host. The file tier is reached through the host tier.
+pub(crate) const COPIES_OUT_OF_HBM: [Tier; 2] = [Tier::Peer, Tier::Host];
 use std::sync::Arc;
 use tiermem_mechanism::file_store::FileSlot;
 use tiermem_mechanism::{DeviceError, PhysHandle, StreamHandle};
@@ -46,11 +46,10 @@ impl Tiers {
             if !chunk.is_resident() {
                 continue;
             }
-            // The tiers below take its host copy; room there is made as the slots are taken
-            // (`Inner::host_slots` spills the host tier to the file).
+            // Which tier takes its copy is decided with the slots in hand (`Inner::send_down`);
+            // room in the host tier is made as its slots are taken (`Inner::host_slots`).
             match leave_hbm(chunk.copy_below(), &COPIES_OUT_OF_HBM, |_| true) {
-                Leave::CopyTo(Tier::Host) => dirty.push(r),
-                Leave::CopyTo(tier) => unreachable!("{tier} is not in the engine's order {COPIES_OUT_OF_HBM:?}"),
+                Leave::CopyTo(_) => dirty.push(r),
                 Leave::Drop { .. } => {
                     // It may leave only after both its last use and the copy that filled its
                     // slot or its HBM (cancelled page-outs leave that copy in flight): the
@@ -76,13 +75,14 @@ impl Tiers {
         Ok((dirty, fences))
     }
 
-    /// Copies dirty resident chunks (sorted) down into `slots` (one each); returns one fence per batch.
+    /// Copies dirty resident chunks (sorted) down into `slots` (one each, peer or host);
+    /// returns one fence per batch.
     pub fn copy_dirty_down(
         &mut self,
         state: &mut ChunkTable,
         call: &'static str,
         dirty: &[ChunkRef],
-        slots: Vec<Slot>,
+        slots: Vec<Below>,
     ) -> Result<Vec<Arc<Fence>>> {
         let mut fences = Vec::new();
         let down = self.streams.down;
@@ -101,7 +101,7 @@ impl Tiers {
         for batch in batches(dirty, self.batch) {
             let batch_slots = &slots[next_slot..next_slot + batch.len()];
             if let Err(e) = self.copy_down(state, batch, batch_slots, down) {
-                slots[next_slot..].iter().for_each(|&s| self.host.free(s));
+                slots[next_slot..].iter().for_each(|&s| self.free_below(s));
                 return Err(Error::Device { call, source: e });
             }
             next_slot += batch.len();
@@ -116,22 +116,27 @@ impl Tiers {
         Ok(fences)
     }
 
-    /// Enqueues the copies of one batch of consecutive chunks into `slots`.
+    /// Enqueues the copies of one batch of consecutive chunks into `slots`: over PCIe into host
+    /// slots, over NVLink into peer slots.
     pub(crate) fn copy_down(
         &mut self,
         state: &mut ChunkTable,
         batch: &[ChunkRef],
-        slots: &[Slot],
+        slots: &[Below],
         stream: StreamHandle,
     ) -> Result<(), DeviceError> {
         let g = self.chunk;
         let va0 = state.va(batch[0]);
-        let targets: Vec<Source> = slots.iter().map(|&s| Source::Host(self.host.addr(s), self.host.slab(s))).collect();
+        let targets: Vec<Source> = slots.iter().map(|&s| self.source_of(s)).collect();
         for (k, n, dst) in coalesce(&targets, g) {
-            let Source::Host(dst, _) = dst else { unreachable!("every chunk has a slot") };
-            // SAFETY: the slots were just allocated for these chunks and nothing else uses them;
-            // the chunks stay mapped (PagingOut) until this copy's fence has completed.
-            let copied = unsafe { self.device.copy_to_host_async(dst, va0 + (k * g) as u64, n * g, stream) };
+            let src = va0 + (k * g) as u64;
+            let copied = match dst {
+                // SAFETY: the slots were just allocated for these chunks and nothing else uses
+                // them; the chunks stay mapped (leaving) until this copy's fence has completed.
+                Source::Host(dst, _) => unsafe { self.device.copy_to_host_async(dst, src, n * g, stream) },
+                Source::Peer(dst, _) => self.device.copy_between_devices_async(dst, src, n * g, stream),
+                Source::Zeros | Source::File => unreachable!("every chunk has a slot"),
+            };
             if let Err(e) = copied {
                 let _ = self.device.synchronize_stream(stream);
                 return Err(e);
@@ -239,7 +244,7 @@ impl Tiers {
         }
         self.detach_chunks(state, &items);
         for slot in self.in_flight.retired().during("reap")? {
-            self.host.free(slot);
+            self.free_below(slot);
         }
         // Chunks beyond a budget that shrank go back to the driver as they become idle.
         if self.pool.releasable(self.pool.cap()) > 0 {
@@ -299,12 +304,79 @@ impl Tiers {
         outcome.map(|()| released)
     }
 
-    /// Frees a host slot now, or once `reader` (a copy from it) has completed.
-    pub(crate) fn retire(&mut self, slot: Slot, reader: Option<Arc<Fence>>) {
+    /// Frees a host or peer slot now, or once `reader` (a copy from it) has completed.
+    pub(crate) fn retire(&mut self, slot: Below, reader: Option<Arc<Fence>>) {
         match reader {
             Some(fence) if !matches!(fence.is_done(), Ok(true)) => self.in_flight.retire(fence, slot),
-            _ => self.host.free(slot),
+            _ => self.free_below(slot),
         }
+    }
+
+    /// Copies the bytes of peer-located chunks (`refs`, one host slot each in `slots`) from
+    /// their peer slots into host memory, on the down stream; returns the fence of the copies.
+    /// The chunks change only once the caller has seen the fence complete.
+    pub(crate) fn copy_peer_to_host(
+        &mut self,
+        state: &ChunkTable,
+        call: &'static str,
+        refs: &[ChunkRef],
+        slots: &[Slot],
+    ) -> Result<Arc<Fence>> {
+        let g = self.chunk;
+        let pairs: Vec<(Source, Source)> = refs
+            .iter()
+            .zip(slots)
+            .map(|(&r, &slot)| {
+                let peer = state.chunk(r).peer().expect("a peer-located chunk");
+                (self.source_of(Below::Peer(peer)), self.source_of(Below::Host(slot)))
+            })
+            .collect();
+        // A run continues while both sides stay adjacent, each within one slab.
+        let continues = |first: &(Source, Source), k: usize, item: &(Source, Source)| match (*first, *item) {
+            ((Source::Peer(a, s), Source::Host(b, t)), (Source::Peer(c, u), Source::Host(d, v))) => {
+                s == u && t == v && c == a + (k * g) as u64 && d == b + k * g
+            }
+            _ => false,
+        };
+        let down = self.streams.down;
+        for (start, n) in crate::runs::runs(&pairs, usize::MAX, continues) {
+            let (Source::Peer(src, _), Source::Host(dst, _)) = pairs[start] else { unreachable!("peer to host") };
+            // SAFETY: the host slots were just allocated for these chunks and nothing else uses
+            // them; the peer slots hold the chunks' bytes and are not freed before the fence.
+            unsafe { self.device.copy_to_host_async(dst, src, n * g, down) }.during(call)?;
+        }
+        self.events.record(down).during(call)
+    }
+
+    /// Gives a host or peer slot back to its tier.
+    pub(crate) fn free_below(&mut self, slot: Below) {
+        match slot {
+            Below::Host(slot) => self.host.free(slot),
+            Below::Peer(slot) => self.peer.free(slot),
+        }
+    }
+
+    /// Where a copy finds (or puts) the bytes of a host or peer slot.
+    pub(crate) fn source_of(&self, slot: Below) -> Source {
+        match slot {
+            Below::Host(slot) => Source::Host(self.host.addr(slot), self.host.slab(slot)),
+            Below::Peer(slot) => Source::Peer(self.peer.addr(slot), self.peer.slab(slot)),
+        }
+    }
+
+    /// Frees up to `wanted` peer slots that only held copies of chunks still resident in HBM.
+    pub(crate) fn reclaim_peer_copies(&mut self, state: &mut ChunkTable, wanted: usize) -> usize {
+        let spare: Vec<ChunkRef> = state
+            .chunks()
+            .filter(|(_, c)| c.is_resident() && c.peer().is_some() && matches!(settled(c.ready()), Ok(true)))
+            .map(|(r, _)| r)
+            .take(wanted)
+            .collect();
+        for &r in &spare {
+            let slot = state.drop_peer_copy(r).expect("a peer copy");
+            self.peer.free(slot);
+        }
+        spare.len()
     }
 
     /// Sends back to `File` those of `refs` whose background read from the file failed: their

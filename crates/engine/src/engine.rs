@@ -35,6 +35,9 @@ use tiermem_mechanism::timing::{DriverTimes, TimedDevice};
 use tiermem_mechanism::{Device, DeviceInfo, StreamHandle, StreamPriority};
 use tiermem_policy::{new_policy, EvictionPolicy, PolicyKind};
 
+/// How often the lender watch reads the lenders' free memory (lender_watch.rs).
+const LENDER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// What `page_in` and `page_out` act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
@@ -57,10 +60,14 @@ pub struct Engine {
     device: Arc<dyn Device>,
     /// The device wrapped in the timing adaptor: every driver call the engine makes is timed.
     timed: Arc<TimedDevice>,
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
+    /// Gives borrowed HBM back when a lender needs it (lender_watch.rs); with a peer tier only.
+    lender_watch: Option<crate::lender_watch::LenderWatch>,
     /// Learns the schedule from the first pass (`pass_begins`, `step_enters`).
     recorder: Mutex<Recorder>,
     fallback: Option<String>,
+    /// Why some GPUs do not lend to the peer tier (lenders.rs).
+    peer_notes: Vec<String>,
 }
 
 pub(crate) struct Inner {
@@ -91,8 +98,9 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Result<Self> {
         // A simulated device is at least as large as the HBM cap asked of it.
         let sim_hbm = config.hbm_limit.map_or(config.sim_hbm, |limit| limit.max(config.sim_hbm));
+        let sim = tiermem_mechanism::SimNode { gpus: config.sim_gpus, hbm_per_gpu: sim_hbm };
         let (device, fallback) =
-            tiermem_mechanism::open(config.backend, config.device, sim_hbm).during("Engine::new")?;
+            tiermem_mechanism::open_in_node(config.backend, config.device, sim).during("Engine::new")?;
         let mut engine = Self::with_device(device, &config)?;
         engine.fallback = fallback;
         Ok(engine)
@@ -105,6 +113,7 @@ impl Engine {
         let chunk = device.info().granularity;
         let (free, _) = device.mem_info().during("Engine::new")?;
         let caps = crate::limits::caps(config, device.info(), free)?;
+        let lending = Self::lending(device.as_ref(), config)?;
         let file = match &config.file {
             None => None,
             Some(path) => {
@@ -122,6 +131,7 @@ impl Engine {
             chunk,
             batch: config.batch_chunks.max(1),
             pool: ChunkPool::new(caps.hbm / chunk),
+            peer: crate::peer_tier::PeerTier::new(chunk, device.info().ordinal, &lending.lenders),
             host: HostTier::new(chunk, caps.host),
             file,
             writes: BackgroundWrites::default(),
@@ -139,7 +149,70 @@ impl Engine {
             next_ticket: 1,
             wait_unlocked: false,
         };
-        Ok(Self { device, timed, inner: Mutex::new(inner), recorder: Mutex::new(Recorder::default()), fallback: None })
+        let has_peers = inner.tiers.peer.exists();
+        let inner = Arc::new(Mutex::new(inner));
+        let lender_watch = match has_peers {
+            true => Some(
+                crate::lender_watch::LenderWatch::start(
+                    Arc::downgrade(&inner),
+                    config.peer_reserve(device.info().backend),
+                    LENDER_POLL,
+                )
+                .map_err(|e| Error::Config(format!("Engine::new: could not start the lender watch thread: {e}")))?,
+            ),
+            false => None,
+        };
+        Ok(Self {
+            device,
+            timed,
+            inner,
+            lender_watch,
+            recorder: Mutex::new(Recorder::default()),
+            fallback: None,
+            peer_notes: lending.notes,
+        })
+    }
+
+    /// Who lends HBM to this GPU's peer tier, from what the machine reports now.
+    fn lending(device: &dyn Device, config: &EngineConfig) -> Result<crate::lenders::Lending> {
+        let info = device.info();
+        let neighbours: Vec<crate::lenders::Neighbour> = (0..info.device_count)
+            .filter(|&gpu| gpu != info.ordinal)
+            .map(|gpu| crate::lenders::Neighbour {
+                gpu,
+                access: device.peer_access(gpu),
+                memory: device.gpu_memory(gpu).map_err(|e| e.to_string()),
+            })
+            .collect();
+        crate::lenders::lending(
+            &config.peers,
+            info.ordinal,
+            info.device_count,
+            &neighbours,
+            config.peer_reserve(info.backend),
+            config.peer_limit,
+        )
+    }
+
+    /// The neighbour GPUs lending to the peer tier: (GPU, bytes lent now, bytes borrowed now).
+    pub fn peer_lenders(&self) -> Vec<(usize, usize, usize)> {
+        let g = self.lock();
+        let peer = &g.tiers.peer;
+        peer.lenders().iter().map(|l| (l.gpu, peer.cap_of(l), peer.borrowed_from(l.gpu))).collect()
+    }
+
+    /// What GPU `gpu` lends to the peer tier becomes `bytes` (0: give everything back). Chunks
+    /// in memory it no longer lends move before this returns: dropped where another copy
+    /// exists, else copied to the host tier. Returns the bytes given back to the lender. The
+    /// lender watch raises it again when the lender has memory to spare.
+    pub fn set_peer_lending(&self, gpu: usize, bytes: usize) -> Result<usize> {
+        self.lock().set_peer_lending(gpu, bytes)
+    }
+
+    /// Why GPUs of this machine do not lend to the peer tier (one line each), e.g. for
+    /// `tiermem info`; empty when every neighbour lends.
+    pub fn peer_notes(&self) -> &[String] {
+        &self.peer_notes
     }
 
     pub fn device_info(&self) -> &DeviceInfo {
@@ -460,6 +533,7 @@ impl Engine {
         crate::Stats::collect(crate::stats::Sources {
             state: &g.state,
             hbm: &g.tiers.pool,
+            peer: &g.tiers.peer,
             host: &g.tiers.host,
             file: g.tiers.file.as_ref().map(|tier| tier.store.as_ref()),
             policy: g.policy.kind(),
@@ -487,7 +561,8 @@ pub(crate) fn retag(error: Error, call: &'static str) -> Error {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        self.lender_watch.take();
+        let mut inner = self.lock();
         if let Err(e) = inner.shutdown() {
             eprintln!("tiermem: error while releasing device resources: {e}");
         }

@@ -1,12 +1,11 @@
 //! The index of work in flight that the engine must come back to: chunks moving down (they
-//! leave HBM when their fence completes), host slots still read by a copy (freed when it
-//! completes) and demand copies being timed (their device time is added to the stall
+//! leave HBM when their fence completes), host and peer slots still read by a copy (freed
+//! when it completes) and demand copies being timed (their device time is added to the stall
 //! counter). `reap` collects what has completed; a call that must wait asks here for the next
 //! fence to wait on. Nothing here waits.
 
 use crate::fence::Fence;
-use crate::host_tier::Slot;
-use crate::state::ChunkRef;
+use crate::state::{Below, ChunkRef};
 use crate::sync::Arc;
 use std::collections::VecDeque;
 use tiermem_mechanism::Result;
@@ -20,7 +19,7 @@ pub(crate) struct PendingDown {
 #[derive(Default)]
 pub(crate) struct InFlight {
     down: Vec<PendingDown>,
-    retiring: VecDeque<(Arc<Fence>, Slot)>,
+    retiring: VecDeque<(Arc<Fence>, Below)>,
     timed: VecDeque<(Arc<Fence>, Arc<Fence>)>,
 }
 
@@ -55,12 +54,12 @@ impl InFlight {
     }
 
     /// `slot` is freed once `reader` (a copy from it) has completed.
-    pub fn retire(&mut self, reader: Arc<Fence>, slot: Slot) {
+    pub fn retire(&mut self, reader: Arc<Fence>, slot: Below) {
         self.retiring.push_back((reader, slot));
     }
 
     /// The retired slots whose readers have completed, taken out of the index, oldest first.
-    pub fn retired(&mut self) -> Result<Vec<Slot>> {
+    pub fn retired(&mut self) -> Result<Vec<Below>> {
         let mut slots = Vec::new();
         while let Some((fence, _)) = self.retiring.front() {
             if !fence.is_done()? {
@@ -82,7 +81,7 @@ impl InFlight {
     }
 
     /// Every retired slot, whatever its reader (shutdown, after every stream is synchronised).
-    pub fn drain_retiring(&mut self) -> Vec<Slot> {
+    pub fn drain_retiring(&mut self) -> Vec<Below> {
         self.timed.clear();
         self.retiring.drain(..).map(|(_, slot)| slot).collect()
     }

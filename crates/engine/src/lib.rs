@@ -37,10 +37,13 @@ mod file_writes;
 mod homes;
 mod host_tier;
 mod in_flight;
+mod lender_watch;
+mod lenders;
 mod limits;
 #[cfg(all(test, feature = "shuttle"))]
 mod model_checks;
 mod movement;
+mod peer_tier;
 mod placement;
 mod recorder;
 mod runs;
@@ -51,7 +54,7 @@ mod sync;
 mod tiers;
 
 pub use buffer::{Access, AllocOptions, BufferId, Region};
-pub use config::{format_size, parse_size, EngineConfig};
+pub use config::{format_size, parse_size, EngineConfig, PeerChoice};
 pub use engine::{Engine, Target, Ticket};
 pub use error::{Error, Result};
 pub use stats::{BufferStats, Counters, PerTier, Stats, TierStats};

@@ -31,7 +31,7 @@
 use crate::error::Context;
 use crate::fence::Fence;
 use crate::runs::{batches, coalesce, Source};
-use crate::state::{ChunkRef, ChunkTable, Fill, Location};
+use crate::state::{Below, ChunkRef, ChunkTable, Fill, Location};
 use crate::tiers::Tiers;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -230,7 +230,8 @@ impl Tiers {
             let sources: Vec<Source> = batch
                 .iter()
                 .map(|&r| match state.chunk(r).location() {
-                    Location::Host(slot) => Source::Host(self.host.addr(slot), self.host.slab(slot)),
+                    Location::Peer(slot) => self.source_of(Below::Peer(slot)),
+                    Location::Host(slot) => self.source_of(Below::Host(slot)),
                     Location::File(_) => Source::File,
                     Location::Empty | Location::Hbm { .. } => Source::Zeros,
                 })
@@ -241,6 +242,8 @@ impl Tiers {
                     // SAFETY: the slots are pinned memory owned by these chunks, freed only
                     // after this copy's fence.
                     Source::Host(src, _) => unsafe { device.copy_to_device_async(dst, src, n * g, stream) },
+                    // Over NVLink, run by this GPU, which has access to the peer tier's slabs.
+                    Source::Peer(src, _) => device.copy_between_devices_async(dst, src, n * g, stream),
                     Source::Zeros => device.memset_async(dst, 0, n * g, stream),
                     Source::File => Ok(()),
                 };

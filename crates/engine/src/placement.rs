@@ -9,17 +9,18 @@
 //! the GPU) are where the host waits for copies: through `wait_for`, which in `acquire`,
 //! `page_in` and `advance` hands the wait to the façade to do with the lock released.
 
+use crate::down::COPIES_OUT_OF_HBM;
 use crate::engine::Inner;
 use crate::error::Context;
 use crate::fence::{settled, Fence, Waits};
 use crate::host_tier::Slot;
 use crate::movement::Purpose;
-use crate::state::{ChunkRef, Location};
+use crate::state::{Below, ChunkRef, Location};
 use crate::BufferId;
 use crate::{Error, Result};
 use std::sync::Arc;
 use tiermem_mechanism::DeviceError;
-use tiermem_policy::{new_policy, Candidate, PolicyKind};
+use tiermem_policy::{leave_hbm, new_policy, Candidate, Leave, PolicyKind, Tier};
 
 impl Inner {
     /// Makes `wanted` (sorted) resident, or as many as free HBM allows for a prefetch: cancels
@@ -34,7 +35,7 @@ impl Inner {
                 // an identical copy, so it stays clean; users wait for the copy before writing.
                 Location::Hbm { leaving: true, .. } => self.state.cancel_leaving(r),
                 Location::Hbm { leaving: false, .. } => {}
-                Location::Empty | Location::Host(_) | Location::File(_) => todo.push(r),
+                Location::Empty | Location::Peer(_) | Location::Host(_) | Location::File(_) => todo.push(r),
             }
         }
         if todo.is_empty() {
@@ -85,13 +86,17 @@ impl Inner {
     /// every chunk that did not leave at once will have left (copies down, or last uses).
     pub fn send_down(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
         let (dirty, mut fences) = self.tiers.send_clean_down(&mut self.state, call, refs)?;
+        let (to_peer, peer_slots, dirty) = self.split_for_peer(dirty);
+        if !to_peer.is_empty() {
+            fences.extend(self.tiers.copy_dirty_down(&mut self.state, call, &to_peer, peer_slots)?);
+        }
         // More than the host tier can ever hold at once, with a file tier below: go down in
         // rounds that fit, each waited for, so that the next round can spill the one before it.
         let room = self.tiers.host.cap().max(1);
         let in_rounds = dirty.len() > room && self.tiers.file.is_some();
         let round = if in_rounds { room } else { dirty.len().max(1) };
         for dirty in dirty.chunks(round) {
-            let slots = self.host_slots(call, dirty)?;
+            let slots = self.host_slots(call, dirty)?.into_iter().map(Below::Host).collect();
             let round_fences = self.tiers.copy_dirty_down(&mut self.state, call, dirty, slots)?;
             if in_rounds {
                 for fence in &round_fences {
@@ -102,6 +107,102 @@ impl Inner {
             fences.extend(round_fences);
         }
         Ok(fences)
+    }
+
+    /// Where the dirty chunks leaving HBM go: each to the fastest tier with room
+    /// (`policy::leave_hbm`), the peer tier while its lenders lend a slot (spare peer copies of
+    /// resident chunks are given up for it). Returns the chunks for the peer tier with their
+    /// slots, and the rest, for the host tier.
+    fn split_for_peer(&mut self, dirty: Vec<ChunkRef>) -> (Vec<ChunkRef>, Vec<Below>, Vec<ChunkRef>) {
+        if !self.tiers.peer.exists() || dirty.is_empty() {
+            return (Vec::new(), Vec::new(), dirty);
+        }
+        let device = Arc::clone(&self.tiers.device);
+        let mut slots = self.tiers.peer.alloc_up_to(device.as_ref(), dirty.len());
+        if slots.len() < dirty.len() && self.tiers.reclaim_peer_copies(&mut self.state, dirty.len() - slots.len()) > 0 {
+            slots.extend(self.tiers.peer.alloc_up_to(device.as_ref(), dirty.len() - slots.len()));
+        }
+        let mut left = slots.len();
+        let (mut peer, mut host) = (Vec::new(), Vec::new());
+        for r in dirty {
+            match leave_hbm(None, &COPIES_OUT_OF_HBM, |tier| tier != Tier::Peer || left > 0) {
+                Leave::CopyTo(Tier::Peer) => {
+                    left -= 1;
+                    peer.push(r);
+                }
+                _ => host.push(r),
+            }
+        }
+        (peer, slots.into_iter().map(Below::Peer).collect(), host)
+    }
+
+    /// Gives the peer tier's draining slabs back to their lenders (peer_tier.rs): chunks whose
+    /// only copy is in one are copied to host slots (spilling the host tier to the file if it
+    /// must), other copies there are dropped, and the emptied slabs are released. Returns the
+    /// bytes given back. Waits under the lock: a lender asking for its memory comes first.
+    pub(crate) fn reclaim_peer(&mut self, call: &'static str) -> Result<usize> {
+        if !self.tiers.peer.draining() {
+            return Ok(0);
+        }
+        let draining = |tiers: &crate::tiers::Tiers, chunk: &crate::state::Chunk| {
+            chunk.peer().is_some_and(|slot| tiers.peer.is_draining(slot))
+        };
+        // Chunks still leaving HBM with a copy there: let them land first.
+        let landing: Vec<Arc<Fence>> = self
+            .state
+            .chunks()
+            .filter(|(_, c)| draining(&self.tiers, c))
+            .filter_map(|(_, c)| c.leaving().cloned())
+            .collect();
+        self.wait_here(call, landing)?;
+        self.tiers.reap(&mut self.state)?;
+        let mut only_copies = Vec::new();
+        let refs: Vec<ChunkRef> =
+            self.state.chunks().filter(|(_, c)| draining(&self.tiers, c)).map(|(r, _)| r).collect();
+        for r in refs {
+            let chunk = self.state.chunk(r);
+            if chunk.phys().is_some() {
+                let reader = chunk.ready().cloned();
+                let slot = self.state.drop_peer_copy(r).expect("a peer copy");
+                self.tiers.retire(Below::Peer(slot), reader);
+            } else if chunk.host().is_some() || chunk.file().is_some() {
+                let slot = self.state.drop_peer_copy(r).expect("a peer copy");
+                self.tiers.peer.free(slot);
+            } else {
+                only_copies.push(r);
+            }
+        }
+        for group in only_copies.chunks(self.tiers.host.cap().max(1)) {
+            let slots = self.host_slots(call, group)?;
+            let fence = match self.tiers.copy_peer_to_host(&self.state, call, group, &slots) {
+                Ok(fence) => fence,
+                Err(e) => {
+                    slots.into_iter().for_each(|s| self.tiers.host.free(s));
+                    return Err(e);
+                }
+            };
+            self.wait_here(call, vec![fence])?;
+            for (&r, &slot) in group.iter().zip(&slots) {
+                self.state.add_host_copy(r, slot);
+                let peer = self.state.drop_peer_copy(r).expect("a peer copy");
+                self.tiers.peer.free(peer);
+            }
+        }
+        // Copies up still reading dropped peer slots hold them until they are done.
+        while self.tiers.peer.draining_in_use() {
+            let Some(fence) = self.tiers.in_flight.next_retired().cloned() else { break };
+            self.wait_here(call, vec![fence])?;
+            self.tiers.reap(&mut self.state)?;
+        }
+        self.tiers.peer.release_drained(self.tiers.device.as_ref()).during(call)
+    }
+
+    /// Waits for `fences` with the lock held (the calls that may not retry).
+    fn wait_here(&mut self, call: &'static str, fences: Vec<Arc<Fence>>) -> Result<()> {
+        let unlocked = std::mem::replace(&mut self.wait_unlocked, false);
+        let waited = self.wait_for(call, fences);
+        self.wait_unlocked = unlocked;
+        waited
     }
 
     /// Host slots for `dirty`. When the tier is full: give up clean copies of resident chunks,

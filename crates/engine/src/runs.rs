@@ -6,7 +6,7 @@
 //! same question: does this item continue the run that started `k` items earlier?
 
 use crate::state::ChunkRef;
-use tiermem_mechanism::HostPtr;
+use tiermem_mechanism::{DevicePtr, HostPtr};
 
 /// Cuts `items` into maximal runs of at most `max` items, each item `k` places after its run's
 /// first `continues(first, k, item)`. Returns `(start, len)` of each run, in order.
@@ -35,19 +35,22 @@ pub(crate) fn batches(refs: &[ChunkRef], max: usize) -> impl Iterator<Item = &[C
 pub(crate) enum Source {
     /// A pinned host slot at this address, in this slab (pinned allocation) of the host tier.
     Host(HostPtr, usize),
+    /// A slot of HBM lent by a neighbour, at this device address, in this slab of the peer tier.
+    Peer(DevicePtr, usize),
     /// Never written: zeros.
     Zeros,
     /// The file: the background reader copies it (file_reads.rs).
     File,
 }
 
-/// Groups consecutive chunks into single transfers: runs of host slots at adjacent addresses
-/// (`chunk` bytes apart) within one slab, runs of zero-fills, runs read from the file. Yields
+/// Groups consecutive chunks into single transfers: runs of host (or peer) slots at adjacent
+/// addresses (`chunk` bytes apart) within one slab, runs of zero-fills, runs read from the file. Yields
 /// `(first, count, source of the first)`.
 pub(crate) fn coalesce(sources: &[Source], chunk: usize) -> Vec<(usize, usize, Source)> {
     let continues = |first: &Source, k: usize, source: &Source| match (*first, *source) {
         (Source::Host(s, slab), Source::Host(a, other)) => slab == other && a == s + k * chunk,
-        (Source::Host(..), _) | (_, Source::Host(..)) => false,
+        (Source::Peer(s, slab), Source::Peer(a, other)) => slab == other && a == s + (k * chunk) as u64,
+        (Source::Host(..) | Source::Peer(..), _) | (_, Source::Host(..) | Source::Peer(..)) => false,
         (a, b) => a == b,
     };
     runs(sources, usize::MAX, continues).into_iter().map(|(start, len)| (start, len, sources[start])).collect()

@@ -12,6 +12,8 @@
 //!   set, a move down is in flight (a copy into the host slot, or for a clean chunk just the
 //!   user's last work on it) and the fence marks its end; the chunk still serves acquires,
 //!   which cancel the move.
+//! * `peer` — a slot of HBM lent by a neighbour GPU (peer_tier.rs) holding identical bytes
+//!   (once the copy that fills it, over NVLink, has completed).
 //! * `host` — a pinned host slot holding identical bytes (once the copy that fills it, if
 //!   any, has completed).
 //! * `file` — a slot of the file tier holding identical bytes.
@@ -52,6 +54,7 @@
 use crate::buffer::{AllocOptions, BufferId};
 use crate::fence::Fence;
 use crate::host_tier::Slot;
+use crate::peer_tier::PeerSlot;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use tiermem_mechanism::file_store::FileSlot;
@@ -71,6 +74,7 @@ pub(crate) enum Location {
         phys: PhysHandle,
         leaving: bool,
     },
+    Peer(PeerSlot),
     Host(Slot),
     File(FileSlot),
 }
@@ -80,8 +84,24 @@ struct Hbm {
     leaving: Option<Arc<Fence>>,
 }
 
+/// The slot below HBM that a chunk's copy down fills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Below {
+    Peer(PeerSlot),
+    Host(Slot),
+}
+
+/// A chunk's copies below HBM, dropped together when it is written.
+#[derive(Debug, Default)]
+pub(crate) struct Copies {
+    pub peer: Option<PeerSlot>,
+    pub host: Option<Slot>,
+    pub file: Option<FileSlot>,
+}
+
 pub(crate) struct Chunk {
     hbm: Option<Hbm>,
+    peer: Option<PeerSlot>,
     host: Option<Slot>,
     file: Option<FileSlot>,
     pins: u32,
@@ -101,6 +121,7 @@ impl Chunk {
     fn new() -> Self {
         Self {
             hbm: None,
+            peer: None,
             host: None,
             file: None,
             pins: 0,
@@ -114,11 +135,12 @@ impl Chunk {
     }
 
     pub fn location(&self) -> Location {
-        match (&self.hbm, self.host, self.file) {
-            (Some(hbm), _, _) => Location::Hbm { phys: hbm.phys, leaving: hbm.leaving.is_some() },
-            (None, Some(slot), _) => Location::Host(slot),
-            (None, None, Some(slot)) => Location::File(slot),
-            (None, None, None) => Location::Empty,
+        match (&self.hbm, self.peer, self.host, self.file) {
+            (Some(hbm), ..) => Location::Hbm { phys: hbm.phys, leaving: hbm.leaving.is_some() },
+            (None, Some(slot), ..) => Location::Peer(slot),
+            (None, None, Some(slot), _) => Location::Host(slot),
+            (None, None, None, Some(slot)) => Location::File(slot),
+            (None, None, None, None) => Location::Empty,
         }
     }
 
@@ -137,6 +159,10 @@ impl Chunk {
         self.hbm.as_ref().and_then(|hbm| hbm.leaving.as_ref())
     }
 
+    pub fn peer(&self) -> Option<PeerSlot> {
+        self.peer
+    }
+
     pub fn host(&self) -> Option<Slot> {
         self.host
     }
@@ -145,17 +171,18 @@ impl Chunk {
         self.file
     }
 
-    /// Resident with an identical copy below (host or file): evicting it copies nothing.
+    /// Resident with an identical copy below (peer, host or file): evicting it copies nothing.
     pub fn is_clean(&self) -> bool {
         self.copy_below().is_some()
     }
 
     /// The fastest tier below HBM holding an identical copy, if any.
     pub fn copy_below(&self) -> Option<Tier> {
-        match (self.host, self.file) {
-            (Some(_), _) => Some(Tier::Host),
-            (None, Some(_)) => Some(Tier::File),
-            (None, None) => None,
+        match (self.peer, self.host, self.file) {
+            (Some(_), ..) => Some(Tier::Peer),
+            (None, Some(_), _) => Some(Tier::Host),
+            (None, None, Some(_)) => Some(Tier::File),
+            (None, None, None) => None,
         }
     }
 
@@ -299,14 +326,12 @@ impl ChunkTable {
         id
     }
 
-    /// Removes a buffer none of whose chunks is in HBM or acquired; returns the host and file
-    /// slots its chunks held, for the caller to free.
-    pub fn remove_buffer(&mut self, id: BufferId) -> (Vec<Slot>, Vec<FileSlot>) {
+    /// Removes a buffer none of whose chunks is in HBM or acquired; returns the copies its
+    /// chunks held, for the caller to free.
+    pub fn remove_buffer(&mut self, id: BufferId) -> Vec<Copies> {
         let buffer = self.buffers.remove(&id).expect("a live buffer");
         debug_assert_eq!(buffer.mapped, 0, "a removed buffer has nothing in HBM");
-        let slots = buffer.chunks.iter().filter_map(|c| c.host).collect();
-        let file_slots = buffer.chunks.iter().filter_map(|c| c.file).collect();
-        (slots, file_slots)
+        buffer.chunks.into_iter().map(|c| Copies { peer: c.peer, host: c.host, file: c.file }).collect()
     }
 
     /// Forgets a buffer that could not be freed, at shutdown: its driver objects go with the
@@ -341,15 +366,22 @@ impl ChunkTable {
         fill
     }
 
-    /// Chunk `r` (resident) starts moving down behind `fence`; `slot` is the host slot a copy
-    /// down fills (a dirty chunk), `None` for a clean chunk, which only waits for its last use.
-    pub fn start_leaving(&mut self, r: ChunkRef, fence: Arc<Fence>, slot: Option<Slot>) {
+    /// Chunk `r` (resident) starts moving down behind `fence`; `to` is the slot a copy down
+    /// fills (a dirty chunk), `None` for a clean chunk, which only waits for its last use.
+    pub fn start_leaving(&mut self, r: ChunkRef, fence: Arc<Fence>, to: Option<Below>) {
         let chunk = self.at(r);
         let hbm = chunk.hbm.as_mut().expect("a chunk leaving HBM is in HBM");
         hbm.leaving = Some(fence);
-        if let Some(slot) = slot {
-            debug_assert!(chunk.host.is_none(), "a dirty chunk has no host copy");
-            chunk.host = Some(slot);
+        match to {
+            Some(Below::Host(slot)) => {
+                debug_assert!(chunk.host.is_none(), "a dirty chunk has no host copy");
+                chunk.host = Some(slot);
+            }
+            Some(Below::Peer(slot)) => {
+                debug_assert!(chunk.peer.is_none(), "a dirty chunk has no peer copy");
+                chunk.peer = Some(slot);
+            }
+            None => {}
         }
     }
 
@@ -424,10 +456,28 @@ impl ChunkTable {
     }
 
     /// Chunk `r` (resident) is about to be written: its copies below are stale. Returns them.
-    pub fn drop_copies(&mut self, r: ChunkRef) -> (Option<Slot>, Option<FileSlot>) {
+    pub fn drop_copies(&mut self, r: ChunkRef) -> Copies {
         let chunk = self.at(r);
         debug_assert!(chunk.hbm.is_some(), "only a chunk in HBM has copies to drop");
-        (chunk.host.take(), chunk.file.take())
+        Copies { peer: chunk.peer.take(), host: chunk.host.take(), file: chunk.file.take() }
+    }
+
+    /// Gives up chunk `r`'s peer copy, which is not its only one (it is resident, or has a
+    /// copy in a lower tier). Returns it.
+    pub fn drop_peer_copy(&mut self, r: ChunkRef) -> Option<PeerSlot> {
+        let chunk = self.at(r);
+        debug_assert!(
+            chunk.is_resident() || chunk.host.is_some() || chunk.file.is_some(),
+            "a chunk's only copy is not a spare"
+        );
+        chunk.peer.take()
+    }
+
+    /// Chunk `r`'s bytes are now also in host `slot` (it had none there).
+    pub fn add_host_copy(&mut self, r: ChunkRef, slot: Slot) {
+        let chunk = self.at(r);
+        debug_assert!(chunk.host.is_none(), "one host copy per chunk");
+        chunk.host = Some(slot);
     }
 
     /// Gives up chunk `r`'s host copy (it is resident, the copy is not its only one). Returns it.

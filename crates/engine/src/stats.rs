@@ -5,6 +5,7 @@
 use crate::chunk_pool::ChunkPool;
 use crate::config::format_size;
 use crate::host_tier::HostTier;
+use crate::peer_tier::PeerTier;
 use crate::state::{ChunkTable, Location};
 use crate::BufferId;
 use std::collections::BTreeMap;
@@ -105,6 +106,8 @@ pub struct BufferStats {
     pub read_only: bool,
     pub chunks: usize,
     pub in_hbm: usize,
+    /// Located in HBM lent by a neighbour GPU.
+    pub in_peer: usize,
     pub in_host: usize,
     pub in_file: usize,
     pub empty: usize,
@@ -119,7 +122,7 @@ pub struct Stats {
     #[serde(serialize_with = "as_text")]
     pub policy: PolicyKind,
     pub chunk_size: usize,
-    /// Each tier's use; serialized as the keys `hbm`, `host` and `file` of the snapshot.
+    /// Each tier's use; serialized as the keys `hbm`, `peer`, `host` and `file` of the snapshot.
     #[serde(flatten)]
     pub tiers: PerTier,
     /// Pinned host memory held by the host tier (it is pinned in slabs, ahead of use).
@@ -142,6 +145,7 @@ fn as_text<S: serde::Serializer>(value: &impl std::fmt::Display, serializer: S) 
 pub(crate) struct Sources<'a> {
     pub state: &'a ChunkTable,
     pub hbm: &'a ChunkPool,
+    pub peer: &'a PeerTier,
     pub host: &'a HostTier,
     pub file: Option<&'a FileStore>,
     pub policy: PolicyKind,
@@ -167,6 +171,7 @@ impl Stats {
                     read_only: b.options.read_only,
                     chunks: b.chunks().len(),
                     in_hbm: count(|l| matches!(l, Location::Hbm { leaving: false, .. })),
+                    in_peer: count(|l| matches!(l, Location::Peer(_))),
                     in_host: count(|l| matches!(l, Location::Host(_))),
                     in_file: count(|l| matches!(l, Location::File(_))),
                     empty: count(|l| matches!(l, Location::Empty)),
@@ -180,6 +185,9 @@ impl Stats {
             (Tier::Hbm, tier(from.hbm.in_use(), from.hbm.cap())),
             (Tier::Host, tier(from.host.in_use(), from.host.cap())),
         ]);
+        if from.peer.exists() {
+            tiers.insert(Tier::Peer, tier(from.peer.in_use(), from.peer.cap()));
+        }
         if let Some(store) = from.file {
             tiers.insert(Tier::File, tier(store.used_slots(), store.capacity_slots()));
         }

@@ -1,5 +1,5 @@
 //! The tiers and the machinery that moves chunks between them: the device, HBM's physical
-//! chunks (the budgeted pool), the pinned host tier, the file tier with its background writes,
+//! chunks (the budgeted pool), HBM lent by neighbour GPUs (the peer tier), the pinned host tier, the file tier with its background writes,
 //! the copy streams and the index of work in flight, and the transfer counters.
 //!
 //! [`Tiers`] is the mechanism of movement: it maps, copies, records fences, and commits what
@@ -14,6 +14,7 @@ use crate::file_tier::FileTier;
 use crate::file_writes::BackgroundWrites;
 use crate::host_tier::HostTier;
 use crate::in_flight::InFlight;
+use crate::peer_tier::PeerTier;
 use crate::stats::Counters;
 use crate::sync::Arc;
 use tiermem_mechanism::{Device, StreamHandle};
@@ -34,6 +35,8 @@ pub(crate) struct Tiers {
     pub batch: usize,
     /// HBM: physical chunks, capped by the budget (chunk_pool.rs; calls.rs, "The HBM budget").
     pub pool: ChunkPool,
+    /// HBM lent by neighbour GPUs (peer_tier.rs); without lenders, a tier of no slot.
+    pub peer: PeerTier,
     pub host: HostTier,
     pub file: Option<FileTier>,
     /// The background file writes of tickets (file_writes.rs).

@@ -88,6 +88,11 @@ enum Op {
     SetBudget {
         chunks: usize,
     },
+    /// Neighbour GPU `gpu` lends `chunks` chunks to the peer tier (where there is one).
+    SetPeerLending {
+        gpu: usize,
+        chunks: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -113,6 +118,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(rotate, pairs, clear)| Op::Schedule { rotate, pairs, clear }),
         3 => (any::<usize>(), 0usize..6).prop_map(|(step, chunks)| Op::Advance { step, chunks }),
         1 => (1usize..=HBM_CHUNKS).prop_map(|chunks| Op::SetBudget { chunks }),
+        1 => (1usize..=2, 0usize..=PEER_CHUNKS).prop_map(|(gpu, chunks)| Op::SetPeerLending { gpu, chunks }),
     ]
 }
 
@@ -120,6 +126,8 @@ struct Model {
     /// Chunks the tiers below HBM hold: the host tier, plus the file tier if there is one.
     spill_chunks: usize,
     has_file: bool,
+    /// GPUs 1 and 2 lend to a peer tier.
+    has_peers: bool,
     buffers: Vec<(BufferId, Vec<u8>, bool)>,
     holds: Vec<(Region, Access)>,
     tickets: Vec<Ticket>,
@@ -173,6 +181,8 @@ impl Model {
 }
 
 const HBM_CHUNKS: usize = 8;
+/// What each of the two neighbours lends in the four-tier test.
+const PEER_CHUNKS: usize = 4;
 const HOST_CHUNKS: usize = 24;
 const FILE_CHUNKS: usize = 64;
 /// The host tier of the three-tier test: far less than the data, so chunks spill to the file.
@@ -193,6 +203,7 @@ fn run(
     let mut m = Model {
         spill_chunks,
         has_file: file_chunks.is_some(),
+        has_peers: !engine.peer_lenders().is_empty(),
         buffers: Vec::new(),
         holds: Vec::new(),
         tickets: Vec::new(),
@@ -307,6 +318,11 @@ fn run(
                     prop_assert!(m.is_pressure(&e), "advance: {e}");
                 }
             }
+            Op::SetPeerLending { gpu, chunks } => match engine.set_peer_lending(gpu, chunks * CHUNK) {
+                Ok(_) => prop_assert!(m.has_peers, "GPU {gpu} lent without a peer tier"),
+                Err(Error::Config(e)) => prop_assert!(!m.has_peers && e.contains("does not lend"), "{e}"),
+                Err(e) => prop_assert!(m.is_pressure(&e), "set_peer_lending: {e}"),
+            },
             Op::SetBudget { chunks } => match engine.set_hbm_budget(chunks * CHUNK) {
                 Ok(ticket) => m.tickets.push(ticket),
                 Err(e) => prop_assert!(m.injected(&e), "set_hbm_budget: {e}"),
@@ -500,6 +516,23 @@ proptest! {
         let path = support::file_tier_path("property");
         let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, ..EngineConfig::default() };
         let (engine, sim) = support::engine(HBM_CHUNKS, SMALL_HOST_CHUNKS, config);
+        set_timing(&sim, timing);
+        inject_errors(&engine, &sim, faults, fault_seed);
+        run(&engine, &sim, &ops, SMALL_HOST_CHUNKS, Some(FILE_CHUNKS))?;
+        support::assert_no_leaks(engine, sim);
+        prop_assert!(!path.exists(), "the file tier's file outlived the engine");
+    }
+
+    /// The same on GPU 0 of a simulated node of three, its two neighbours lending HBM (the
+    /// peer tier) that they take back at random: chunks cross all four tiers.
+    #[test]
+    fn every_byte_survives_moves_across_four_tiers(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4, fault_seed in any::<u64>()) {
+        let policy = tiermem::policy::PolicyKind::ALL[policy];
+        let path = support::file_tier_path("property-peers");
+        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, ..EngineConfig::default() };
+        let (engine, sim) = support::engine_with_peers(HBM_CHUNKS, SMALL_HOST_CHUNKS, PEER_CHUNKS, config);
+        prop_assert_eq!(engine.peer_lenders().len(), 2, "{:?}", engine.peer_notes());
+        let sim = Some(sim);
         set_timing(&sim, timing);
         inject_errors(&engine, &sim, faults, fault_seed);
         run(&engine, &sim, &ops, SMALL_HOST_CHUNKS, Some(FILE_CHUNKS))?;

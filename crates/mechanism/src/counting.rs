@@ -7,7 +7,7 @@
 
 use crate::forward::{forward_host_copies_to_inner, forward_to_inner};
 use crate::{
-    ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle,
+    ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, GpuMemory, HostPtr, PhysHandle, Result, StreamHandle,
     StreamPriority,
 };
 use std::sync::{Arc, Mutex};
@@ -107,6 +107,7 @@ impl Device for CountingDevice {
     forward_to_inner! {
         fn info(&self) -> &DeviceInfo;
         fn mem_info(&self) -> Result<(usize, usize)>;
+        fn gpu_memory(&self, ordinal: usize) -> Result<GpuMemory>;
         fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()>;
         fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()>;
         fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()>;

@@ -78,6 +78,16 @@ pub enum StreamPriority {
     Low,
 }
 
+/// A GPU's memory, as the machine sees it ([`Device::gpu_memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuMemory {
+    pub free: usize,
+    pub total: usize,
+    /// How many processes other than this one use the GPU; `None` where that is not known
+    /// (no NVML, or the simulated device).
+    pub other_processes: Option<usize>,
+}
+
 /// What a device is, as probed when it was opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -115,6 +125,15 @@ pub trait Device: Send + Sync {
     }
     /// Free and total device memory in bytes, as the driver reports them now.
     fn mem_info(&self) -> Result<(usize, usize)>;
+    /// The memory of GPU `ordinal` of this machine (this one or a neighbour), as the whole
+    /// machine sees it now: what a neighbour could lend. This GPU's own answer is `mem_info`'s.
+    fn gpu_memory(&self, ordinal: usize) -> Result<GpuMemory> {
+        if ordinal != self.info().ordinal {
+            return Err(crate::DeviceError::Unsupported(format!("the memory of GPU {ordinal} is not known here")));
+        }
+        let (free, total) = self.mem_info()?;
+        Ok(GpuMemory { free, total, other_processes: None })
+    }
 
     /// Reserves `size` bytes (a multiple of the granularity) of device virtual address space.
     fn reserve(&self, size: usize) -> Result<DevicePtr>;

@@ -30,8 +30,8 @@ pub mod sim;
 pub mod timing;
 
 pub use device::{
-    BackendKind, ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, StreamHandle,
-    StreamPriority,
+    BackendKind, ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, GpuMemory, HostPtr, PhysHandle,
+    StreamHandle, StreamPriority,
 };
 pub use error::{DeviceError, Result};
 pub use host_memory::HostMemory;
@@ -61,13 +61,37 @@ impl std::str::FromStr for BackendChoice {
 /// Opens device `ordinal` with the chosen backend. `Auto` falls back to the simulated device
 /// only when no CUDA driver or no GPU is found; the returned `Option<String>` then says why.
 pub fn open(choice: BackendChoice, ordinal: usize, sim_hbm_bytes: usize) -> Result<(Arc<dyn Device>, Option<String>)> {
+    open_in_node(choice, ordinal, SimNode { gpus: 1, hbm_per_gpu: sim_hbm_bytes })
+}
+
+/// The simulated node `open_in_node` makes when it falls back to the simulated device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimNode {
+    pub gpus: usize,
+    pub hbm_per_gpu: usize,
+}
+
+/// As [`open`], but a simulated device is GPU `ordinal` of a node of `sim.gpus` GPUs with
+/// peer access to each other (a node of one GPU is that GPU, whatever `ordinal`).
+pub fn open_in_node(choice: BackendChoice, ordinal: usize, sim: SimNode) -> Result<(Arc<dyn Device>, Option<String>)> {
+    let simulated = || -> Result<Arc<dyn Device>> {
+        let mut node = sim::SimDevice::node(sim.gpus, sim.hbm_per_gpu)?;
+        let index = if sim.gpus == 1 { 0 } else { ordinal };
+        if index >= node.len() {
+            return Err(DeviceError::NoDevice(format!(
+                "GPU {ordinal} requested of a simulated node of {} GPU(s)",
+                sim.gpus
+            )));
+        }
+        Ok(Arc::new(node.swap_remove(index)))
+    };
     match choice {
         BackendChoice::Cuda => Ok((Arc::new(cuda::CudaDevice::open(ordinal)?), None)),
-        BackendChoice::Sim => Ok((Arc::new(sim::SimDevice::new(sim_hbm_bytes)?), None)),
+        BackendChoice::Sim => Ok((simulated()?, None)),
         BackendChoice::Auto => match cuda::CudaDevice::open(ordinal) {
             Ok(dev) => Ok((Arc::new(dev), None)),
             Err(why @ (DeviceError::NoDriver(_) | DeviceError::NoDevice(_))) => {
-                Ok((Arc::new(sim::SimDevice::new(sim_hbm_bytes)?), Some(why.to_string())))
+                Ok((simulated()?, Some(why.to_string())))
             }
             Err(other) => Err(other),
         },

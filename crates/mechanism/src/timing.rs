@@ -16,7 +16,7 @@
 
 use crate::forward::{forward_host_copies_to_inner, forward_to_inner};
 use crate::{
-    ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle,
+    ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, GpuMemory, HostPtr, PhysHandle, Result, StreamHandle,
     StreamPriority,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,6 +158,7 @@ impl Device for TimedDevice {
     forward_to_inner! {
         fn info(&self) -> &DeviceInfo;
         fn mem_info(&self) -> Result<(usize, usize)>;
+        fn gpu_memory(&self, ordinal: usize) -> Result<GpuMemory>;
         fn create_stream(&self, priority: StreamPriority) -> Result<StreamHandle>;
         fn destroy_stream(&self, stream: StreamHandle) -> Result<()>;
         fn create_event(&self, timing: bool) -> Result<EventHandle>;

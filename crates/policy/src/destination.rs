@@ -44,8 +44,8 @@ mod tests {
         #[test]
         fn clean_chunks_drop_and_dirty_ones_go_to_the_fastest_tier_with_room(
             copy in prop::option::of(tier()),
-            order in prop::sample::subsequence(vec![Tier::Host, Tier::File], 1..=2),
-            room in prop::collection::vec(any::<bool>(), 3),
+            order in prop::sample::subsequence(vec![Tier::Peer, Tier::Host, Tier::File], 1..=3),
+            room in prop::collection::vec(any::<bool>(), Tier::ALL.len()),
         ) {
             let has_room = |t: Tier| room[t as usize];
             match leave_hbm(copy, &order, has_room) {

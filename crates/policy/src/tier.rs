@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 pub enum Tier {
     /// The HBM of the engine's GPU.
     Hbm,
+    /// Spare HBM lent by neighbour GPUs, reached over NVLink (the peer tier).
+    Peer,
     /// Pinned host memory.
     Host,
     /// The file (NVMe) tier.
@@ -18,12 +20,13 @@ pub enum Tier {
 
 impl Tier {
     /// Every tier, fastest first.
-    pub const ALL: [Tier; 3] = [Tier::Hbm, Tier::Host, Tier::File];
+    pub const ALL: [Tier; 4] = [Tier::Hbm, Tier::Peer, Tier::Host, Tier::File];
 
     /// The tier's name in statistics, configuration and messages.
     pub fn name(self) -> &'static str {
         match self {
             Tier::Hbm => "hbm",
+            Tier::Peer => "peer",
             Tier::Host => "host",
             Tier::File => "file",
         }

@@ -30,6 +30,28 @@ pub fn engine(hbm_chunks: usize, host_chunks: usize, config: EngineConfig) -> (E
     }
 }
 
+/// An engine on GPU 0 of a simulated node of three GPUs, whose neighbours (GPUs 1 and 2)
+/// each lend `peer_chunks` chunks: their HBM is that plus a reserve of 8 chunks kept free.
+pub fn engine_with_peers(
+    hbm_chunks: usize,
+    host_chunks: usize,
+    peer_chunks: usize,
+    config: EngineConfig,
+) -> (Engine, Arc<SimDevice>) {
+    const RESERVE: usize = 8;
+    let per_gpu = (hbm_chunks + 4).max(peer_chunks + RESERVE);
+    let config = EngineConfig {
+        hbm_limit: Some(hbm_chunks * CHUNK),
+        host_limit: Some(host_chunks * CHUNK),
+        peer_reserve: Some(RESERVE * CHUNK + (per_gpu - peer_chunks - RESERVE) * CHUNK),
+        ..config
+    };
+    let mut node = SimDevice::node(3, per_gpu * CHUNK).expect("simulated node");
+    let sim = Arc::new(node.swap_remove(0));
+    let device: Arc<dyn Device> = sim.clone();
+    (Engine::with_device(device, &config).expect("engine"), sim)
+}
+
 /// A fresh path for a file tier: in `TIERMEM_TEST_FILE_DIR` (it must allow `O_DIRECT`),
 /// else the temporary directory.
 pub fn file_tier_path(name: &str) -> std::path::PathBuf {

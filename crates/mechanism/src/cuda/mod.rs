@@ -22,6 +22,7 @@
 mod driver;
 mod kernels;
 mod locations;
+mod nvml;
 mod ops;
 #[cfg(test)]
 mod tests;

@@ -9,8 +9,8 @@ use cudarc::driver::sys::{self, CUresult};
 use super::driver::check;
 use super::{event_ptr, stream_ptr, CudaDevice};
 use crate::{
-    ChunkLocation, Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result, StreamHandle,
-    StreamPriority,
+    ChunkLocation, Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, GpuMemory, HostPtr, PhysHandle, Result,
+    StreamHandle, StreamPriority,
 };
 
 impl Device for CudaDevice {
@@ -25,6 +25,13 @@ impl Device for CudaDevice {
         let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
         check("cuMemGetInfo_v2", r, || format!("GPU {}", self.info.ordinal))?;
         Ok((free, total))
+    }
+
+    fn gpu_memory(&self, ordinal: usize) -> Result<GpuMemory> {
+        let Some(&dev) = self.devices.get(ordinal) else {
+            return Err(DeviceError::NoDevice(format!("GPU {ordinal}: the driver sees {} GPU(s)", self.devices.len())));
+        };
+        super::nvml::gpu_memory(ordinal, dev)
     }
 
     fn reserve(&self, size: usize) -> Result<DevicePtr> {

@@ -30,6 +30,17 @@ impl Device for SimDevice {
         Ok((self.info.total_bytes - used * self.gran(), self.info.total_bytes))
     }
 
+    fn gpu_memory(&self, ordinal: usize) -> Result<GpuMemory> {
+        if ordinal >= self.info.device_count {
+            return Err(DeviceError::NoDevice(format!(
+                "GPU {ordinal}: the simulated node has {} GPU(s)",
+                self.info.device_count
+            )));
+        }
+        let used = self.lock().memory.used(ordinal) * self.gran();
+        Ok(GpuMemory { free: self.info.total_bytes - used, total: self.info.total_bytes, other_processes: None })
+    }
+
     fn reserve(&self, size: usize) -> Result<DevicePtr> {
         failpoint!(self, "cuMemAddressReserve");
         let g = self.gran();

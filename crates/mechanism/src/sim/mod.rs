@@ -29,8 +29,8 @@
 //! of the CUDA call's name (`cuMemCreate`, `cuMemMap`, …) so tests can fail any step.
 
 use crate::{
-    BackendKind, ChunkLocation, Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, HostPtr, PhysHandle, Result,
-    StreamHandle, StreamPriority,
+    BackendKind, ChunkLocation, Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, GpuMemory, HostPtr,
+    PhysHandle, Result, StreamHandle, StreamPriority,
 };
 mod memory;
 mod queues;

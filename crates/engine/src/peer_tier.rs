@@ -1,0 +1,363 @@
+//! The peer tier: spare HBM lent by neighbour GPUs (memHarvester's harvested memory), cut into
+//! chunk-sized slots that chunks leaving this GPU's HBM are copied into over NVLink.
+//!
+//! Memory is borrowed in *slabs*: a run of physical chunks created on one lender
+//! (`cuMemCreate` at that GPU's location), mapped back to back into a VA range this engine
+//! reserves, with access from this GPU set once for the whole range (`cuMemSetAccess` costs
+//! ~31 µs a call; forgetting it makes NVLink accesses fault). A slot's address is then an
+//! ordinary device address: copies between it and a chunk of a buffer are device-to-device
+//! copies run by this GPU, at NVLink speed. Slabs are made on first need, round-robin among
+//! the lenders that still have room, up to what each lends (its *cap*).
+//!
+//! **Giving memory back.** A lender's memory returns to it only when every mapping of it is
+//! gone, so a slab is the unit of return: lowering a lender's cap marks its emptiest slabs
+//! *draining* (their free slots are never handed out again); the engine moves the chunks
+//! still in them elsewhere (placement.rs, "reclaim"), and a draining slab with no slot in
+//! use is unmapped and released. A slab that cannot be created (the lender ran out of memory
+//! meanwhile) caps that lender where it stands: the engine falls back to the host tier.
+//!
+//! Nothing here decides which chunk goes where: that is `policy::leave_hbm` and the engine's
+//! planning. This is bookkeeping over driver calls.
+
+use std::collections::BTreeSet;
+use tiermem_mechanism::{ChunkLocation, Device, DevicePtr, PhysHandle, Result};
+
+/// Index of one chunk-sized slot of borrowed HBM: slab `index / slab_chunks`, chunk
+/// `index % slab_chunks` of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct PeerSlot(pub u32);
+
+/// The most chunks in one slab (64 MiB at 2 MiB chunks): small enough to give back in steps,
+/// large enough that one `cuMemSetAccess` covers many chunks.
+const SLAB_CHUNKS: usize = 32;
+
+/// A neighbour GPU that lends memory.
+#[derive(Debug, Clone)]
+pub(crate) struct Lender {
+    pub gpu: usize,
+    /// The most slabs it lends now.
+    cap_slabs: usize,
+    /// Slabs made on it and not yet released.
+    live_slabs: usize,
+    /// Why the last slab could not be made there, if one could not.
+    pub refused: Option<String>,
+    /// The most it lends (what it could spare when the engine started).
+    pub most: usize,
+}
+
+struct Slab {
+    lender: usize,
+    va: DevicePtr,
+    chunks: Vec<PhysHandle>,
+    used: usize,
+    draining: bool,
+}
+
+pub(crate) struct PeerTier {
+    chunk: usize,
+    slab_chunks: usize,
+    /// This GPU: the one given access to every slab.
+    me: usize,
+    lenders: Vec<Lender>,
+    /// By slab index; a released slab leaves `None` (slot numbers stay stable).
+    slabs: Vec<Option<Slab>>,
+    free: BTreeSet<PeerSlot>,
+    next_lender: usize,
+}
+
+impl PeerTier {
+    /// A tier borrowing from `lenders` (GPU ordinal, bytes it may lend) for GPU `me`.
+    pub fn new(chunk: usize, me: usize, lenders: &[(usize, usize)]) -> Self {
+        let smallest = lenders.iter().map(|&(_, bytes)| bytes / chunk).filter(|&c| c > 0).min().unwrap_or(1);
+        let slab_chunks = smallest.clamp(1, SLAB_CHUNKS);
+        let lenders = lenders
+            .iter()
+            .map(|&(gpu, bytes)| Lender {
+                gpu,
+                cap_slabs: bytes / chunk / slab_chunks,
+                live_slabs: 0,
+                refused: None,
+                most: bytes,
+            })
+            .collect();
+        Self { chunk, slab_chunks, me, lenders, slabs: Vec::new(), free: BTreeSet::new(), next_lender: 0 }
+    }
+
+    pub fn lenders(&self) -> &[Lender] {
+        &self.lenders
+    }
+
+    /// What lender `lender` lends now, in bytes (whole slabs).
+    pub fn cap_of(&self, lender: &Lender) -> usize {
+        lender.cap_slabs * self.slab_chunks * self.chunk
+    }
+
+    /// Whether any GPU lends to this one.
+    pub fn exists(&self) -> bool {
+        !self.lenders.is_empty()
+    }
+
+    /// The most slots all lenders lend now.
+    pub fn cap(&self) -> usize {
+        self.lenders.iter().map(|l| l.cap_slabs).sum::<usize>() * self.slab_chunks
+    }
+
+    /// Slots holding chunks' bytes.
+    pub fn in_use(&self) -> usize {
+        self.live().map(|s| s.used).sum()
+    }
+
+    /// Bytes borrowed from GPU `gpu` now.
+    pub fn borrowed_from(&self, gpu: usize) -> usize {
+        self.lenders.iter().find(|l| l.gpu == gpu).map_or(0, |l| l.live_slabs * self.slab_chunks * self.chunk)
+    }
+
+    fn live(&self) -> impl Iterator<Item = &Slab> {
+        self.slabs.iter().flatten()
+    }
+
+    pub fn addr(&self, slot: PeerSlot) -> DevicePtr {
+        let (slab, i) = self.split(slot);
+        self.slabs[slab].as_ref().expect("a slot of a live slab").va + (i * self.chunk) as u64
+    }
+
+    /// The slab `slot` is in: copies never span two (they are separate reservations).
+    pub fn slab(&self, slot: PeerSlot) -> usize {
+        self.split(slot).0
+    }
+
+    fn split(&self, slot: PeerSlot) -> (usize, usize) {
+        (slot.0 as usize / self.slab_chunks, slot.0 as usize % self.slab_chunks)
+    }
+
+    /// Up to `n` slots, contiguous where possible, making slabs on lenders with room. Fewer
+    /// (maybe none) when the lenders lend no more. A lender whose slab cannot be made is
+    /// capped where it stands (the reason kept in [`Lender::refused`]) and the others are tried.
+    pub fn alloc_up_to(&mut self, device: &dyn Device, n: usize) -> Vec<PeerSlot> {
+        while self.free.len() < n {
+            let Some(lender) = self.lender_with_room() else { break };
+            if let Err(e) = self.grow(device, lender) {
+                // The lender lends what it has lent so far: the host tier takes the rest.
+                let l = &mut self.lenders[lender];
+                l.cap_slabs = l.live_slabs;
+                l.refused = Some(e.to_string());
+            }
+        }
+        let run = self.find_run(n).unwrap_or_else(|| self.free.iter().take(n).copied().collect());
+        for slot in &run {
+            self.free.remove(slot);
+            let (slab, _) = self.split(*slot);
+            self.slabs[slab].as_mut().expect("a free slot of a live slab").used += 1;
+        }
+        run
+    }
+
+    /// The next lender, round-robin, that lends more than it has lent.
+    fn lender_with_room(&mut self) -> Option<usize> {
+        let count = self.lenders.len();
+        (0..count)
+            .map(|k| (self.next_lender + k) % count)
+            .find(|&i| self.lenders[i].live_slabs < self.lenders[i].cap_slabs)
+            .inspect(|&i| self.next_lender = (i + 1) % count)
+    }
+
+    /// Makes one slab on `lender`: chunks created there, mapped into a fresh range, access
+    /// for this GPU set once. On failure everything made is undone.
+    fn grow(&mut self, device: &dyn Device, lender: usize) -> Result<()> {
+        let size = self.slab_chunks * self.chunk;
+        let va = device.reserve(size)?;
+        let mut chunks = Vec::with_capacity(self.slab_chunks);
+        let mut mapped = 0;
+        let made = (|| {
+            for i in 0..self.slab_chunks {
+                chunks.push(device.create_chunk_at(ChunkLocation::Gpu(self.lenders[lender].gpu))?);
+                device.map(va + (i * self.chunk) as u64, chunks[i])?;
+                mapped += 1;
+            }
+            device.set_access_from(va, size, &[self.me])
+        })();
+        if let Err(e) = made {
+            if mapped > 0 {
+                let _ = device.unmap(va, mapped * self.chunk);
+            }
+            chunks.into_iter().for_each(|p| drop(device.release_chunk(p)));
+            let _ = device.unreserve(va, size);
+            return Err(e);
+        }
+        let index = self.slabs.len();
+        self.slabs.push(Some(Slab { lender, va, chunks, used: 0, draining: false }));
+        self.lenders[lender].live_slabs += 1;
+        let base = (index * self.slab_chunks) as u32;
+        self.free.extend((base..base + self.slab_chunks as u32).map(PeerSlot));
+        Ok(())
+    }
+
+    /// The first run of `n` consecutive free slots inside one slab.
+    fn find_run(&self, n: usize) -> Option<Vec<PeerSlot>> {
+        let per = self.slab_chunks as u32;
+        let (mut start, mut len) = (0u32, 0usize);
+        for &PeerSlot(i) in &self.free {
+            if len > 0 && i / per == start / per && i == start + len as u32 {
+                len += 1;
+            } else {
+                (start, len) = (i, 1);
+            }
+            if len == n {
+                return Some((start..start + n as u32).map(PeerSlot).collect());
+            }
+        }
+        None
+    }
+
+    /// Gives `slot` back. A slot of a draining slab is not handed out again.
+    pub fn free(&mut self, slot: PeerSlot) {
+        let (index, _) = self.split(slot);
+        let slab = self.slabs[index].as_mut().expect("a slot of a live slab");
+        debug_assert!(slab.used > 0, "peer slot {slot:?} freed twice");
+        slab.used -= 1;
+        if !slab.draining {
+            let fresh = self.free.insert(slot);
+            debug_assert!(fresh, "peer slot {slot:?} freed twice");
+        }
+    }
+
+    /// Lowers (or raises) what GPU `gpu` lends to `bytes`: slabs beyond it, emptiest first, start
+    /// draining. Returns whether any slab drains now.
+    pub fn set_cap(&mut self, gpu: usize, bytes: usize) -> bool {
+        let Some(lender) = self.lenders.iter().position(|l| l.gpu == gpu) else { return false };
+        let cap_slabs = bytes / self.chunk / self.slab_chunks;
+        self.lenders[lender].cap_slabs = cap_slabs;
+        let mut mine: Vec<usize> = (0..self.slabs.len())
+            .filter(|&i| self.slabs[i].as_ref().is_some_and(|s| s.lender == lender && !s.draining))
+            .collect();
+        let draining_already = self.live().filter(|s| s.lender == lender && s.draining).count();
+        let excess = (mine.len() + draining_already).saturating_sub(cap_slabs).min(mine.len());
+        mine.sort_by_key(|&i| self.slabs[i].as_ref().map_or(0, |s| s.used));
+        for &i in &mine[..excess] {
+            self.slabs[i].as_mut().expect("live").draining = true;
+            let base = (i * self.slab_chunks) as u32;
+            for s in base..base + self.slab_chunks as u32 {
+                self.free.remove(&PeerSlot(s));
+            }
+        }
+        self.draining()
+    }
+
+    /// Whether some slab is draining.
+    pub fn draining(&self) -> bool {
+        self.live().any(|s| s.draining)
+    }
+
+    /// Whether a draining slab still has a slot in use.
+    pub fn draining_in_use(&self) -> bool {
+        self.live().any(|s| s.draining && s.used > 0)
+    }
+
+    /// Whether `slot` is in a draining slab: its chunk must move out.
+    pub fn is_draining(&self, slot: PeerSlot) -> bool {
+        self.slabs[self.split(slot).0].as_ref().is_some_and(|s| s.draining)
+    }
+
+    /// Gives back to their lenders the draining slabs no chunk uses any more: unmapped, their
+    /// chunks released, their range unreserved. Returns the bytes given back.
+    pub fn release_drained(&mut self, device: &dyn Device) -> Result<usize> {
+        let mut given = 0;
+        for index in 0..self.slabs.len() {
+            if !self.slabs[index].as_ref().is_some_and(|s| s.draining && s.used == 0) {
+                continue;
+            }
+            let slab = self.slabs[index].take().expect("checked");
+            self.lenders[slab.lender].live_slabs -= 1;
+            let size = self.slab_chunks * self.chunk;
+            let released = Self::unmake(device, &slab, size);
+            given += size;
+            released?;
+        }
+        Ok(given)
+    }
+
+    fn unmake(device: &dyn Device, slab: &Slab, size: usize) -> Result<()> {
+        device.unmap(slab.va, size)?;
+        for &p in &slab.chunks {
+            device.release_chunk(p)?;
+        }
+        device.unreserve(slab.va, size)
+    }
+
+    /// Gives every slab back (shutdown: no slot is in use).
+    pub fn release_all(&mut self, device: &dyn Device) -> Result<()> {
+        let size = self.slab_chunks * self.chunk;
+        let mut outcome = Ok(());
+        for slab in self.slabs.drain(..).flatten() {
+            let released = Self::unmake(device, &slab, size);
+            outcome = outcome.and(released);
+        }
+        self.lenders.iter_mut().for_each(|l| l.live_slabs = 0);
+        self.free.clear();
+        outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tiermem_mechanism::sim::SimDevice;
+
+    const G: usize = 2 << 20;
+
+    #[test]
+    fn slots_come_from_lenders_round_robin_up_to_their_caps_and_go_back_when_drained() {
+        let node = SimDevice::node(3, 64 * G).unwrap();
+        let me = &node[0];
+        let mut tier = PeerTier::new(G, 0, &[(1, 8 * G), (2, 8 * G)]);
+        assert_eq!(tier.cap(), 16);
+        let a = tier.alloc_up_to(me, 10);
+        assert_eq!(a.len(), 10);
+        assert_eq!(tier.borrowed_from(1), 8 * G);
+        assert_eq!(tier.borrowed_from(2), 8 * G);
+        let b = tier.alloc_up_to(me, 10);
+        assert_eq!(b.len(), 6, "only what the lenders lend");
+        assert_eq!(tier.alloc_up_to(me, 1).len(), 0);
+        // Every slot is a distinct, mapped device address this GPU may copy into.
+        let mut addrs: Vec<u64> = a.iter().chain(&b).map(|&s| tier.addr(s)).collect();
+        addrs.sort_unstable();
+        addrs.dedup();
+        assert_eq!(addrs.len(), 16);
+        me.write(addrs[3], &[7u8; 64]).unwrap();
+        // GPU 2 stops lending: its slab drains, is released once its slots are freed.
+        assert!(tier.set_cap(2, 0));
+        let kept: Vec<PeerSlot> = a
+            .iter()
+            .chain(&b)
+            .copied()
+            .filter(|&s| tier.lenders[tier.slabs[tier.slab(s)].as_ref().unwrap().lender].gpu == 1)
+            .collect();
+        assert_eq!(kept.len(), 8);
+        for s in a.iter().chain(&b).copied().filter(|s| !kept.contains(s)) {
+            assert!(tier.is_draining(s));
+            tier.free(s);
+        }
+        assert_eq!(tier.release_drained(me).unwrap(), 8 * G);
+        assert_eq!(tier.borrowed_from(1) + tier.borrowed_from(2), 8 * G);
+        assert_eq!(node[2].mem_info().unwrap().0, 64 * G, "GPU 2 has its memory back");
+        for s in kept {
+            tier.free(s);
+        }
+        tier.release_all(me).unwrap();
+        assert!(me.live().is_empty(), "{:?}", me.live());
+    }
+
+    #[test]
+    fn a_lender_that_cannot_make_a_slab_is_capped_and_its_memory_left_as_it_was() {
+        let node = SimDevice::node(3, 12 * G).unwrap();
+        // GPU 2 is said to lend 16 chunks but has 12: its second slab fails half made.
+        let mut tier = PeerTier::new(G, 0, &[(1, 8 * G), (2, 16 * G)]);
+        let got = tier.alloc_up_to(&node[0], 24);
+        assert_eq!(got.len(), 16, "one slab of each");
+        assert!(tier.lenders()[1].refused.is_some());
+        assert_eq!(node[2].mem_info().unwrap().0, 4 * G, "the half-made slab was undone");
+        got.into_iter().for_each(|s| tier.free(s));
+        tier.release_all(&node[0]).unwrap();
+        assert!(node[0].live().is_empty());
+    }
+}

@@ -1,0 +1,47 @@
+//! What the machine knows of any GPU's memory, through NVML: free and total bytes, and the
+//! processes using it. The driver API can only say this for a GPU whose context is current,
+//! and making a context on a neighbour costs hundreds of MiB of its memory, so a lender's
+//! memory is read from NVML instead, matched to the CUDA device by its PCI bus id (CUDA and
+//! NVML may number GPUs differently).
+
+use std::ffi::{c_char, CStr};
+use std::sync::OnceLock;
+
+use cudarc::driver::sys;
+use nvml_wrapper::Nvml;
+
+use super::driver::check;
+use crate::{DeviceError, GpuMemory, Result};
+
+/// NVML, initialised once per process, or why it could not be.
+fn nvml() -> std::result::Result<&'static Nvml, String> {
+    static NVML: OnceLock<std::result::Result<Nvml, String>> = OnceLock::new();
+    NVML.get_or_init(|| Nvml::init().map_err(|e| e.to_string())).as_ref().map_err(Clone::clone)
+}
+
+/// The PCI bus id of `dev` ("0000:18:00.0").
+fn pci_bus_id(dev: sys::CUdevice) -> Result<String> {
+    let mut buf = [0 as c_char; 64];
+    // SAFETY: the buffer holds 64 bytes; the driver writes a NUL-terminated id into it.
+    let r = unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev) };
+    check("cuDeviceGetPCIBusId", r, || format!("device {dev}"))?;
+    // SAFETY: zero-initialised buffer, NUL-terminated by the driver within it.
+    Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+}
+
+/// The memory of GPU `dev` (CUDA ordinal `ordinal`) as NVML reports it now.
+pub(super) fn gpu_memory(ordinal: usize, dev: sys::CUdevice) -> Result<GpuMemory> {
+    let unsupported = |why: String| DeviceError::Unsupported(format!("the memory of GPU {ordinal}: {why}"));
+    let nvml = nvml().map_err(|e| unsupported(format!("NVML is not available ({e})")))?;
+    let bus = pci_bus_id(dev)?;
+    let device = nvml.device_by_pci_bus_id(bus.as_str()).map_err(|e| unsupported(format!("NVML, bus {bus}: {e}")))?;
+    let memory = device.memory_info().map_err(|e| unsupported(format!("nvmlDeviceGetMemoryInfo: {e}")))?;
+    let me = std::process::id();
+    let others = |list: std::result::Result<Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>, _>| {
+        list.ok().map(|procs| procs.iter().filter(|p| p.pid != me).count())
+    };
+    let compute = others(device.running_compute_processes());
+    let graphics = others(device.running_graphics_processes());
+    let other_processes = compute.zip(graphics).map(|(c, g)| c + g);
+    Ok(GpuMemory { free: memory.free as usize, total: memory.total as usize, other_processes })
+}
