@@ -25,6 +25,9 @@ step "tiermem info"; run "$dist/tiermem" info
 scratch=$PWD/gpu-scratch
 mkdir -p "$scratch"
 export TIERMEM_TEST_FILE_DIR=$scratch TIERMEM_FS_TEST_DIR=$scratch
+# The tests and the PCIe benchmarks measure the host and file tiers: no neighbour lends unless
+# asked (the peer phase names its lender itself).
+export TIERMEM_PEERS=${TIERMEM_PEERS:-off}
 if want rust; then
   for t in "$dist"/tests/*; do
     step "tests on the GPU: $(basename "$t")"

@@ -5,8 +5,9 @@ use tiermem::{format_size, EngineConfig};
 /// `tiermem info`: what this machine offers tiermem.
 pub fn run() -> Result<(), String> {
     let config = EngineConfig::from_env().map_err(|e| e.to_string())?;
+    let sim = mechanism::SimNode { gpus: config.sim_gpus, hbm_per_gpu: config.sim_hbm };
     let (device, fallback) =
-        mechanism::open(config.backend, config.device, config.sim_hbm).map_err(|e| format!("info: {e}"))?;
+        mechanism::open_in_node(config.backend, config.device, sim).map_err(|e| format!("info: {e}"))?;
     let info = device.info();
     let (free, total) = device.mem_info().map_err(|e| format!("info: {e}"))?;
     println!("backend          {}", info.backend);
@@ -21,6 +22,21 @@ pub fn run() -> Result<(), String> {
     println!("granularity      {}", format_size(info.granularity));
     let peers = if info.peers.is_empty() { "none".to_string() } else { format!("{:?}", info.peers) };
     println!("peer access      {peers}");
+    match tiermem::peer_lending(device.as_ref(), &config) {
+        Ok(lending) => {
+            for (gpu, bytes) in &lending.lenders {
+                println!(
+                    "peer tier        GPU {gpu} lends {} (free memory less TIERMEM_PEER_RESERVE)",
+                    format_size(*bytes)
+                );
+            }
+            let none = if lending.lenders.is_empty() { "none: " } else { "not from " };
+            for note in &lending.notes {
+                println!("peer tier        {none}{note}");
+            }
+        }
+        Err(e) => println!("peer tier        none: {e}"),
+    }
     println!("memlock limit    {}", memlock_limit());
     let hbm_cap = config.hbm_cap(info.backend, free);
     println!(

@@ -375,7 +375,9 @@ impl Inner {
         }
         let refs = self.outgoing_refs(call, target)?;
         self.tiers.reap(&mut self.state)?;
-        let fences = self.send_down_resident(call, &refs)?;
+        // To the file through the host tier; chunks already in the peer tier stay there.
+        let resident: Vec<ChunkRef> = refs.iter().copied().filter(|&r| self.state.chunk(r).is_resident()).collect();
+        let fences = self.send_down_to(call, &resident, false)?;
         let file_write = self.tiers.start_file_write(&mut self.state, call, &refs)?;
         let ticket = self.ticket_for(TicketWork { fences, then_to_file: refs });
         if let Some(write) = file_write {
@@ -444,7 +446,7 @@ impl Inner {
                 "set_peer_lending: GPU {gpu} does not lend to this engine (its lenders: {lenders:?}; see Engine::peer_notes)"
             )));
         }
-        self.tiers.peer.set_cap(gpu, bytes);
+        self.tiers.peer.set_most(gpu, bytes);
         self.reclaim_peer("set_peer_lending")
     }
 

@@ -113,7 +113,7 @@ impl Engine {
         let chunk = device.info().granularity;
         let (free, _) = device.mem_info().during("Engine::new")?;
         let caps = crate::limits::caps(config, device.info(), free)?;
-        let lending = Self::lending(device.as_ref(), config)?;
+        let lending = peer_lending(device.as_ref(), config)?;
         let file = match &config.file {
             None => None,
             Some(path) => {
@@ -173,27 +173,6 @@ impl Engine {
         })
     }
 
-    /// Who lends HBM to this GPU's peer tier, from what the machine reports now.
-    fn lending(device: &dyn Device, config: &EngineConfig) -> Result<crate::lenders::Lending> {
-        let info = device.info();
-        let neighbours: Vec<crate::lenders::Neighbour> = (0..info.device_count)
-            .filter(|&gpu| gpu != info.ordinal)
-            .map(|gpu| crate::lenders::Neighbour {
-                gpu,
-                access: device.peer_access(gpu),
-                memory: device.gpu_memory(gpu).map_err(|e| e.to_string()),
-            })
-            .collect();
-        crate::lenders::lending(
-            &config.peers,
-            info.ordinal,
-            info.device_count,
-            &neighbours,
-            config.peer_reserve(info.backend),
-            config.peer_limit,
-        )
-    }
-
     /// The neighbour GPUs lending to the peer tier: (GPU, bytes lent now, bytes borrowed now).
     pub fn peer_lenders(&self) -> Vec<(usize, usize, usize)> {
         let g = self.lock();
@@ -203,8 +182,9 @@ impl Engine {
 
     /// What GPU `gpu` lends to the peer tier becomes `bytes` (0: give everything back). Chunks
     /// in memory it no longer lends move before this returns: dropped where another copy
-    /// exists, else copied to the host tier. Returns the bytes given back to the lender. The
-    /// lender watch raises it again when the lender has memory to spare.
+    /// exists, else copied to the host tier. Returns the bytes given back to the lender. It
+    /// stays the most that GPU lends: the lender watch lowers what it lends when the lender
+    /// is short of memory, and raises it again up to `bytes`, never beyond.
     pub fn set_peer_lending(&self, gpu: usize, bytes: usize) -> Result<usize> {
         self.lock().set_peer_lending(gpu, bytes)
     }
@@ -557,6 +537,28 @@ pub(crate) fn retag(error: Error, call: &'static str) -> Error {
         Error::File { source, .. } => Error::File { call, source },
         other => other,
     }
+}
+
+/// Who would lend HBM to `device`'s peer tier under `config`, from what the machine reports
+/// now, and why the other GPUs would not (`tiermem info` prints it; engines decide so at start).
+pub fn peer_lending(device: &dyn Device, config: &EngineConfig) -> Result<crate::lenders::Lending> {
+    let info = device.info();
+    let neighbours: Vec<crate::lenders::Neighbour> = (0..info.device_count)
+        .filter(|&gpu| gpu != info.ordinal)
+        .map(|gpu| crate::lenders::Neighbour {
+            gpu,
+            access: device.peer_access(gpu),
+            memory: device.gpu_memory(gpu).map_err(|e| e.to_string()),
+        })
+        .collect();
+    crate::lenders::lending(
+        &config.peers,
+        info.ordinal,
+        info.device_count,
+        &neighbours,
+        config.peer_reserve(info.backend),
+        config.peer_limit,
+    )
 }
 
 impl Drop for Engine {

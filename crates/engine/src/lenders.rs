@@ -23,7 +23,7 @@ pub(crate) struct Neighbour {
 
 /// The lenders (GPU, bytes lent) and a note for each GPU that does not lend.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Lending {
+pub struct Lending {
     pub lenders: Vec<(usize, usize)>,
     pub notes: Vec<String>,
 }

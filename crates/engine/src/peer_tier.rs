@@ -41,7 +41,8 @@ pub(crate) struct Lender {
     live_slabs: usize,
     /// Why the last slab could not be made there, if one could not.
     pub refused: Option<String>,
-    /// The most it lends (what it could spare when the engine started).
+    /// The most it lends: what it could spare when the engine started, or what
+    /// [`PeerTier::set_most`] said since. The lender watch never raises its cap above it.
     pub most: usize,
 }
 
@@ -241,6 +242,15 @@ impl PeerTier {
             }
         }
         self.draining()
+    }
+
+    /// GPU `gpu` lends at most `bytes` from now on, and that much now (the lender watch lowers
+    /// it when the lender is short of memory). Returns whether any slab drains now.
+    pub fn set_most(&mut self, gpu: usize, bytes: usize) -> bool {
+        if let Some(lender) = self.lenders.iter_mut().find(|l| l.gpu == gpu) {
+            lender.most = bytes;
+        }
+        self.set_cap(gpu, bytes)
     }
 
     /// Whether some slab is draining.

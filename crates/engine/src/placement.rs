@@ -85,8 +85,33 @@ impl Inner {
     /// Moves resident, unacquired chunks (sorted) out of HBM. Returns the fences after which
     /// every chunk that did not leave at once will have left (copies down, or last uses).
     pub fn send_down(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
+        self.send_down_to(call, refs, true)
+    }
+
+    /// As `send_down`; without `peer_allowed`, no chunk goes to (or stays only in) the peer
+    /// tier: spare peer copies of `refs` are given up first, so those chunks go through the
+    /// host (`page_out_to_file`, whose chunks must reach the file).
+    pub fn send_down_to(
+        &mut self,
+        call: &'static str,
+        refs: &[ChunkRef],
+        peer_allowed: bool,
+    ) -> Result<Vec<Arc<Fence>>> {
+        if !peer_allowed {
+            for &r in refs {
+                let chunk = self.state.chunk(r);
+                if chunk.is_resident() && chunk.peer().is_some() {
+                    let reader = chunk.ready().cloned();
+                    let slot = self.state.drop_peer_copy(r).expect("a peer copy");
+                    self.tiers.retire(Below::Peer(slot), reader);
+                }
+            }
+        }
         let (dirty, mut fences) = self.tiers.send_clean_down(&mut self.state, call, refs)?;
-        let (to_peer, peer_slots, dirty) = self.split_for_peer(dirty);
+        let (to_peer, peer_slots, dirty) = match peer_allowed {
+            true => self.split_for_peer(dirty),
+            false => (Vec::new(), Vec::new(), dirty),
+        };
         if !to_peer.is_empty() {
             fences.extend(self.tiers.copy_dirty_down(&mut self.state, call, &to_peer, peer_slots)?);
         }

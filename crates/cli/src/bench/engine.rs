@@ -199,7 +199,8 @@ fn acquire_resident_under_load(b: &Bench, size: usize, reps: usize) -> Result<(f
 }
 
 pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), String> {
-    let base = EngineConfig::from_env().map_err(|e| e.to_string())?;
+    // Against the PCIe ceilings: host and file tiers only, whatever neighbours could lend.
+    let base = EngineConfig { peers: tiermem::PeerChoice::Off, ..EngineConfig::from_env().map_err(|e| e.to_string())? };
     let chunk_gb = |s: f64| size as f64 / 1e9 / s;
     let sim_hbm = 6 * size + (256 << 20);
     let mut b =

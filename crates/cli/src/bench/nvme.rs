@@ -193,6 +193,7 @@ pub fn run(json_dir: &Path, work_dir: &Path, commit: &str, reps: usize, size: us
     let base = EngineConfig::from_env().map_err(|e| e.to_string())?;
     let config = EngineConfig {
         hbm_limit: Some(2 * size),
+        peers: tiermem::PeerChoice::Off,
         host_limit: Some(size),
         file: Some(tier_file.clone()),
         file_limit: 2 * size,
