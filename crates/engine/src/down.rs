@@ -180,16 +180,35 @@ impl Tiers {
 
     /// Frees up to `wanted` host slots that only held copies of chunks still resident in HBM.
     pub(crate) fn reclaim_host_copies(&mut self, state: &mut ChunkTable, wanted: usize) {
+        self.reclaim_spare_copies(state, wanted, Tier::Host);
+    }
+
+    /// Frees up to `wanted` peer slots that only held copies of chunks still resident in HBM.
+    pub(crate) fn reclaim_peer_copies(&mut self, state: &mut ChunkTable, wanted: usize) -> usize {
+        self.reclaim_spare_copies(state, wanted, Tier::Peer)
+    }
+
+    /// Frees up to `wanted` slots of `tier` (host or peer) that held copies of chunks resident
+    /// in HBM whose arrival has completed (nothing still reads the copy). Returns how many.
+    fn reclaim_spare_copies(&mut self, state: &mut ChunkTable, wanted: usize, tier: Tier) -> usize {
+        let has_copy = |c: &crate::state::Chunk| match tier {
+            Tier::Peer => c.peer().is_some(),
+            _ => c.host().is_some(),
+        };
         let spare: Vec<ChunkRef> = state
             .chunks()
-            .filter(|(_, c)| c.is_resident() && c.host().is_some() && matches!(settled(c.ready()), Ok(true)))
+            .filter(|(_, c)| c.is_resident() && has_copy(c) && matches!(settled(c.ready()), Ok(true)))
             .map(|(r, _)| r)
             .take(wanted)
             .collect();
-        for r in spare {
-            let slot = state.drop_host_copy(r).expect("a host copy");
-            self.host.free(slot);
+        for &r in &spare {
+            let slot = match tier {
+                Tier::Peer => Below::Peer(state.drop_peer_copy(r).expect("a peer copy")),
+                _ => Below::Host(state.drop_host_copy(r).expect("a host copy")),
+            };
+            self.free_below(slot);
         }
+        spare.len()
     }
 
     /// Chunks leave HBM: their physical chunks go back to the pool, and their bytes are where
@@ -362,21 +381,6 @@ impl Tiers {
             Below::Host(slot) => Source::Host(self.host.addr(slot), self.host.slab(slot)),
             Below::Peer(slot) => Source::Peer(self.peer.addr(slot), self.peer.slab(slot)),
         }
-    }
-
-    /// Frees up to `wanted` peer slots that only held copies of chunks still resident in HBM.
-    pub(crate) fn reclaim_peer_copies(&mut self, state: &mut ChunkTable, wanted: usize) -> usize {
-        let spare: Vec<ChunkRef> = state
-            .chunks()
-            .filter(|(_, c)| c.is_resident() && c.peer().is_some() && matches!(settled(c.ready()), Ok(true)))
-            .map(|(r, _)| r)
-            .take(wanted)
-            .collect();
-        for &r in &spare {
-            let slot = state.drop_peer_copy(r).expect("a peer copy");
-            self.peer.free(slot);
-        }
-        spare.len()
     }
 
     /// Sends back to `File` those of `refs` whose background read from the file failed: their

@@ -73,19 +73,8 @@ impl HostTier {
 
     /// The first run of `n` consecutive free slots inside one slab.
     fn find_run(&self, n: usize) -> Option<Vec<Slot>> {
-        let (mut start, mut len) = (0u32, 0usize);
-        for &Slot(i) in &self.free {
-            let same_slab = len > 0 && i / self.slab_slots as u32 == start / self.slab_slots as u32;
-            if same_slab && i == start + len as u32 {
-                len += 1;
-            } else {
-                (start, len) = (i, 1);
-            }
-            if len == n {
-                return Some((start..start + n as u32).map(Slot).collect());
-            }
-        }
-        None
+        let start = crate::runs::first_free_run(self.free.iter().map(|s| s.0), n, self.slab_slots as u32)?;
+        Some((start..start + n as u32).map(Slot).collect())
     }
 
     pub fn free(&mut self, slot: Slot) {

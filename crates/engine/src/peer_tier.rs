@@ -195,19 +195,8 @@ impl PeerTier {
 
     /// The first run of `n` consecutive free slots inside one slab.
     fn find_run(&self, n: usize) -> Option<Vec<PeerSlot>> {
-        let per = self.slab_chunks as u32;
-        let (mut start, mut len) = (0u32, 0usize);
-        for &PeerSlot(i) in &self.free {
-            if len > 0 && i / per == start / per && i == start + len as u32 {
-                len += 1;
-            } else {
-                (start, len) = (i, 1);
-            }
-            if len == n {
-                return Some((start..start + n as u32).map(PeerSlot).collect());
-            }
-        }
-        None
+        let start = crate::runs::first_free_run(self.free.iter().map(|s| s.0), n, self.slab_chunks as u32)?;
+        Some((start..start + n as u32).map(PeerSlot).collect())
     }
 
     /// Gives `slot` back. A slot of a draining slab is not handed out again.
