@@ -3,6 +3,8 @@
 
 mod engine;
 mod nvme;
+mod peer;
+mod peer_engine;
 pub(crate) mod raw;
 mod swap;
 mod swap_fio;
@@ -109,6 +111,31 @@ pub enum Suite {
         #[arg(long)]
         budget_s: Option<f64>,
     },
+    /// A neighbour GPU's spare HBM as a tier (issue 12): tiermem's peer tier against the raw
+    /// NVLink copy, reclaim by the lender, the lender's own job alone and while it lends.
+    Peer {
+        /// Folder to write peer-<yyyymmdd>-<shortsha>.json into.
+        #[arg(long)]
+        json: PathBuf,
+        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        #[arg(long)]
+        commit: Option<String>,
+        /// The GPU that borrows.
+        #[arg(long, default_value_t = 0)]
+        borrower: usize,
+        /// The GPU that lends.
+        #[arg(long, default_value_t = 1)]
+        lender: usize,
+        /// Size of the buffer paged to the lender and of the raw copies.
+        #[arg(long, value_parser = tiermem::parse_size, default_value = "1GiB")]
+        size: usize,
+        /// Repetitions of each timed operation (the median is reported).
+        #[arg(long, default_value_t = 10)]
+        reps: usize,
+        /// Bytes the lender's own job writes per pass.
+        #[arg(long, value_parser = tiermem::parse_size, default_value = "4GiB")]
+        job_bytes: usize,
+    },
     /// The swap-bound job of `bench swap` (a process of its own, in a memory-limited cgroup).
     #[command(hide = true)]
     SwapJob(swap_job::JobArgs),
@@ -141,6 +168,10 @@ pub fn run(suite: Suite) -> Result<(), String> {
             swap::run(&json, &commit(given), setup)
         }
         Suite::SwapJob(args) => swap_job::run(args),
+        Suite::Peer { json, commit: given, borrower, lender, size, reps, job_bytes } => {
+            let setup = peer::Setup { borrower, lender, size, reps: reps.max(1), job_bytes };
+            peer::run(&json, &commit(given), setup)
+        }
     }
 }
 

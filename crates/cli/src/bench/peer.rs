@@ -1,0 +1,227 @@
+//! The peer suite (issue 12): tiermem's peer tier between two GPUs against the raw NVLink
+//! copy measured in the same run, how fast a lender gets its memory back, and what lending
+//! costs the lender's own work. Every copy is verified.
+//!
+//! The raw ceiling copies between a plain allocation on the borrower and chunks created on
+//! the lender and mapped into the borrower's address space with access set once (what the
+//! peer tier's slabs are), on one stream, timed with events. The lender's job is a kernel
+//! writing a few GiB on the lender over and over, timed alone and while the borrower pages a
+//! buffer out to the lender and back in without pause.
+
+use super::peer_engine::{self, PeerEngine};
+use super::{median, report, today, write_report};
+use serde_json::json;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tiermem::mechanism::{self, ChunkLocation, Device, DevicePtr, PhysHandle, StreamHandle, StreamPriority};
+use tiermem::EngineConfig;
+
+const WARMUP: usize = 2;
+const SEED: u64 = 0x9ee7;
+
+pub struct Setup {
+    pub borrower: usize,
+    pub lender: usize,
+    pub size: usize,
+    pub reps: usize,
+    /// Bytes the lender's job writes per pass.
+    pub job_bytes: usize,
+}
+
+fn err(what: &'static str) -> impl Fn(mechanism::DeviceError) -> String {
+    move |e| format!("bench peer ({what}): {e}")
+}
+
+/// `size` bytes of chunks created on GPU `lender`, mapped at one range of `device`'s with
+/// access from it: a slab as the peer tier makes them.
+struct PeerRange<'a> {
+    device: &'a dyn Device,
+    va: DevicePtr,
+    size: usize,
+    chunks: Vec<PhysHandle>,
+}
+
+impl<'a> PeerRange<'a> {
+    fn new(device: &'a dyn Device, lender: usize, size: usize) -> Result<Self, String> {
+        let g = device.info().granularity;
+        let va = device.reserve(size).map_err(err("reserve"))?;
+        let mut range = Self { device, va, size, chunks: Vec::new() };
+        for i in 0..size / g {
+            let chunk = device.create_chunk_at(ChunkLocation::Gpu(lender)).map_err(err("cuMemCreate on the lender"))?;
+            range.chunks.push(chunk);
+            device.map(va + (i * g) as u64, chunk).map_err(err("map"))?;
+        }
+        device.set_access_from(va, size, &[device.info().ordinal]).map_err(err("set access"))?;
+        Ok(range)
+    }
+}
+
+impl Drop for PeerRange<'_> {
+    fn drop(&mut self) {
+        let g = self.device.info().granularity;
+        for i in 0..self.chunks.len() {
+            let _ = self.device.unmap(self.va + (i * g) as u64, g);
+        }
+        self.chunks.iter().for_each(|&c| drop(self.device.release_chunk(c)));
+        let _ = self.device.unreserve(self.va, self.size);
+    }
+}
+
+/// Median seconds of `enqueue` on `stream`, timed with events.
+fn timed(
+    d: &dyn Device,
+    stream: StreamHandle,
+    reps: usize,
+    enqueue: impl Fn() -> Result<(), String>,
+) -> Result<f64, String> {
+    let (start, end) = (d.create_event(true).map_err(err("event"))?, d.create_event(true).map_err(err("event"))?);
+    let mut samples = Vec::new();
+    for rep in 0..reps + WARMUP {
+        d.record_event(start, stream).map_err(err("record"))?;
+        enqueue()?;
+        d.record_event(end, stream).map_err(err("record"))?;
+        d.synchronize_event(end).map_err(err("synchronize"))?;
+        if rep >= WARMUP {
+            samples.push(f64::from(d.elapsed_ms(start, end).map_err(err("elapsed"))?) / 1e3);
+        }
+    }
+    d.destroy_event(start).map_err(err("event"))?;
+    d.destroy_event(end).map_err(err("event"))?;
+    Ok(median(samples))
+}
+
+/// Whether the `size` bytes at `src` hold the pattern of `SEED`, checked on the device.
+fn holds_pattern(d: &dyn Device, src: DevicePtr, size: usize, stream: StreamHandle) -> Result<bool, String> {
+    let counter = d.alloc_plain(d.info().granularity).map_err(err("alloc"))?;
+    d.memset_async(counter, 0, 8, stream).map_err(err("memset"))?;
+    d.check_pattern_async(src, size / 8, SEED, 0, counter, stream).map_err(err("check"))?;
+    d.synchronize_stream(stream).map_err(err("synchronize"))?;
+    let mut wrong = [0u8; 4];
+    d.read(counter, &mut wrong).map_err(err("read"))?;
+    d.free_plain(counter).map_err(err("free"))?;
+    Ok(u32::from_ne_bytes(wrong) == 0)
+}
+
+/// Raw copies between the borrower's HBM and the lender's, GB/s each way, and whether the
+/// bytes came back intact.
+fn raw_peer(d: &dyn Device, lender: usize, size: usize, reps: usize) -> Result<(f64, f64, bool), String> {
+    let stream = d.create_stream(StreamPriority::High).map_err(err("stream"))?;
+    let local = d.alloc_plain(size).map_err(err("alloc"))?;
+    let peer = PeerRange::new(d, lender, size)?;
+    d.fill_pattern_async(local, size / 8, SEED, 0, stream).map_err(err("fill"))?;
+    let copy = |dst, src| d.copy_between_devices_async(dst, src, size, stream).map_err(err("copy"));
+    let to_peer = timed(d, stream, reps, || copy(peer.va, local))?;
+    d.memset_async(local, 0, size, stream).map_err(err("memset"))?;
+    let from_peer = timed(d, stream, reps, || copy(local, peer.va))?;
+    let intact = holds_pattern(d, local, size, stream)?;
+    drop(peer);
+    d.free_plain(local).map_err(err("free"))?;
+    d.destroy_stream(stream).map_err(err("stream"))?;
+    let gb = size as f64 / 1e9;
+    Ok((gb / to_peer, gb / from_peer, intact))
+}
+
+/// The lender's own job: GB/s of a kernel writing `bytes` on it, `reps` passes.
+fn lender_job(d: &dyn Device, bytes: usize, reps: usize) -> Result<f64, String> {
+    let stream = d.create_stream(StreamPriority::High).map_err(err("stream"))?;
+    let buf = d.alloc_plain(bytes).map_err(err("alloc on the lender"))?;
+    let seconds = timed(d, stream, reps, || d.fill_pattern_async(buf, bytes / 8, SEED, 0, stream).map_err(err("fill")));
+    let intact = holds_pattern(d, buf, bytes, stream);
+    d.free_plain(buf).map_err(err("free"))?;
+    d.destroy_stream(stream).map_err(err("stream"))?;
+    if !intact? {
+        return Err("bench peer: the lender's job wrote wrong bytes".into());
+    }
+    Ok(bytes as f64 / 1e9 / seconds?)
+}
+
+pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
+    let Setup { borrower, lender, size, reps, job_bytes } = setup;
+    if borrower == lender {
+        return Err(format!("bench peer: --borrower and --lender are both GPU {lender}; name two GPUs"));
+    }
+    let base = EngineConfig::from_env().map_err(|e| e.to_string())?;
+    let sim = mechanism::SimNode { gpus: base.sim_gpus.max(borrower.max(lender) + 1), hbm_per_gpu: 6 * size };
+    let (device, fallback) = mechanism::open_in_node(base.backend, borrower, sim).map_err(err("open the borrower"))?;
+    let simulated = device.info().backend == mechanism::BackendKind::Sim;
+    if simulated {
+        eprintln!(
+            "bench peer: SIMULATED DEVICE ({}) — these numbers are not evidence of speed",
+            fallback.as_deref().unwrap_or("TIERMEM_BACKEND=sim")
+        );
+    }
+    if !device.peer_access(lender) {
+        return Err(format!("bench peer: GPU {borrower} has no peer access to GPU {lender}"));
+    }
+    eprintln!("bench peer: raw copies between GPU {borrower} and GPU {lender}'s HBM");
+    let (raw_to, raw_from, raw_ok) = raw_peer(device.as_ref(), lender, size, reps)?;
+    let raw_gbps = raw_to.min(raw_from);
+
+    eprintln!("bench peer: the lender's own job, alone and while GPU {borrower} pages to it");
+    let (lender_device, _) = mechanism::open_in_node(base.backend, lender, sim).map_err(err("open the lender"))?;
+    let alone = lender_job(lender_device.as_ref(), job_bytes, reps)?;
+    let engine = PeerEngine::open(borrower, lender, size)?;
+    let stop = AtomicBool::new(false);
+    let (lending, trips) = std::thread::scope(|scope| {
+        let traffic = scope.spawn(|| engine.traffic(&stop));
+        // Let the borrower's first slabs be made before timing.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let lending = lender_job(lender_device.as_ref(), job_bytes, reps);
+        stop.store(true, Ordering::Relaxed);
+        (lending, traffic.join().unwrap_or_else(|_| Err("the borrower's traffic panicked".into())))
+    });
+    let (lending, trips) = (lending?, trips?);
+    drop(lender_device);
+
+    eprintln!("bench peer: tiermem's peer tier: page-out, page-in, reclaim");
+    let engine_side = peer_engine::measure(engine, reps)?;
+    let ratio = |v: Option<f64>, of: f64| v.map(|v| v / of);
+    let metrics = json!({
+        "raw_peer_GBps": raw_gbps,
+        "raw_to_peer_GBps": raw_to,
+        "raw_from_peer_GBps": raw_from,
+        "page_in_from_peer_GBps": engine_side.page_in_from_peer_gbps,
+        "page_out_to_peer_GBps": engine_side.page_out_to_peer_gbps,
+        "in_place_read_GBps": engine_side.in_place_read_gbps,
+        "raw_in_place_read_GBps": null,
+        "reclaim_ms_per_GiB_clean": engine_side.reclaim_ms_per_gib_clean,
+        "reclaim_ms_per_GiB_dirty": engine_side.reclaim_ms_per_gib_dirty,
+        "d2h_ms_per_GiB": engine_side.d2h_ms_per_gib,
+        "decode_tok_s_peer": null,
+        "decode_tok_s_host_only": null,
+        "decode_tok_s_resident": null,
+        "multipath_h2d_GBps": null,
+        "lender_job_GBps_alone": alone,
+        "lender_job_GBps_lending": lending,
+        "lender_slowdown": lending / alone,
+    });
+    let ratios = json!({
+        "page_in_peer": ratio(engine_side.page_in_from_peer_gbps, raw_from),
+        "page_out_peer": ratio(engine_side.page_out_to_peer_gbps, raw_to),
+        "in_place": null,
+        "reclaim_dirty_vs_d2h": engine_side.reclaim_ms_per_gib_dirty.zip(engine_side.d2h_ms_per_gib).map(|(r, c)| r / c),
+        "decode_vs_host_only": null,
+        "decode_vs_resident": null,
+        "multipath_vs_single": null,
+        "lender_slowdown": lending / alone,
+    });
+    let mut notes = engine_side.notes.clone();
+    notes
+        .push("decode_*, multipath_h2d_GBps, raw_in_place_read_GBps: not measured by this version of the suite".into());
+    if simulated {
+        notes.push("simulated device: not evidence of speed".into());
+    }
+    let verified = raw_ok && engine_side.verified;
+    let date = today();
+    let rep = report("peer", commit, &date, device.info(), metrics, ratios, verified);
+    let detail = json!({
+        "size": size, "reps": reps, "borrower": borrower, "lender": lender, "job_bytes": job_bytes,
+        "borrower_round_trips_during_lender_job": trips, "simulated": simulated, "notes": notes,
+    });
+    println!("{}", serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?);
+    write_report(dir, "peer", &date, commit, &rep, &detail)?;
+    if !verified {
+        return Err("bench peer: VERIFICATION FAILED (see above)".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,180 @@
+//! The engine's side of the peer suite: tiermem's peer tier between two GPUs — page-out to
+//! the lender's HBM and page-in from it against the raw NVLink copy, and how fast a lender
+//! gets its memory back (clean: chunks that have another copy; dirty: chunks whose only copy
+//! is on the lender, copied to the host first), every byte verified after each move.
+
+use crate::bench::{median, raw};
+use std::time::Instant;
+use tiermem::mechanism::{pattern, StreamHandle, StreamPriority};
+use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, PeerChoice, Region, Target, Tier};
+
+const WARMUP: usize = 2;
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// What the engine measured; `None` where it could not (said in `notes`).
+#[derive(Debug, Default)]
+pub struct EngineSide {
+    pub page_in_from_peer_gbps: Option<f64>,
+    pub page_out_to_peer_gbps: Option<f64>,
+    pub in_place_read_gbps: Option<f64>,
+    pub reclaim_ms_per_gib_clean: Option<f64>,
+    pub reclaim_ms_per_gib_dirty: Option<f64>,
+    /// The raw device-to-host copy of the same size in the same run, ms per GiB: what a dirty
+    /// reclaim must copy at least.
+    pub d2h_ms_per_gib: Option<f64>,
+    pub verified: bool,
+    pub notes: Vec<String>,
+}
+
+struct Run {
+    engine: Engine,
+    stream: StreamHandle,
+    id: BufferId,
+    size: usize,
+    lender: usize,
+    verified: bool,
+}
+
+impl Run {
+    fn check<T>(what: &str, r: tiermem::Result<T>) -> Result<T, String> {
+        r.map_err(|e| format!("bench peer ({what}): {e}"))
+    }
+
+    /// Written by a kernel, as far as the engine knows: its copies below are dropped.
+    fn dirty(&self) -> Result<(), String> {
+        let region = [Region::whole(self.id)];
+        Self::check("acquire", self.engine.acquire(&region, Access::ReadWrite, self.stream))?;
+        Self::check("release", self.engine.release(&region, self.stream))?;
+        self.engine.device().synchronize_stream(self.stream).map_err(|e| format!("bench peer (sync): {e}"))
+    }
+
+    fn verify(&mut self, after: &str) -> Result<(), String> {
+        let mut data = vec![0u8; self.size];
+        Self::check("read", self.engine.read(self.id, 0, &mut data))?;
+        if let Some(at) = pattern::first_mismatch(self.id.0, 0, &data) {
+            eprintln!("bench peer: VERIFICATION FAILED after {after}: byte {at} differs");
+            self.verified = false;
+        }
+        Ok(())
+    }
+
+    fn timed(&self, what: &str, op: impl FnOnce(&Engine) -> tiermem::Result<()>) -> Result<f64, String> {
+        let t = Instant::now();
+        Self::check(what, op(&self.engine))?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    fn on_peer(&self) -> usize {
+        self.engine.stats().tiers.get(Tier::Peer).map_or(0, |t| t.used_bytes)
+    }
+
+    /// The lender lends four times the buffer again.
+    fn lend_all(&self) -> Result<(), String> {
+        Self::check("set_peer_lending", self.engine.set_peer_lending(self.lender, 4 * self.size).map(drop))
+    }
+}
+
+/// An engine on GPU `borrower` whose peer tier borrows from GPU `lender` only, with one
+/// buffer of `size` bytes holding its pattern, resident.
+pub struct PeerEngine(Run);
+
+impl PeerEngine {
+    pub fn open(borrower: usize, lender: usize, size: usize) -> Result<Self, String> {
+        let base = EngineConfig::from_env().map_err(|e| format!("bench peer: {e}"))?;
+        let config = EngineConfig {
+            device: borrower,
+            peers: PeerChoice::Gpus(vec![lender]),
+            hbm_limit: Some(2 * size),
+            host_limit: Some(2 * size),
+            sim_gpus: base.sim_gpus.max(borrower.max(lender) + 1),
+            sim_hbm: 6 * size,
+            ..base
+        };
+        let engine = Engine::new(config).map_err(|e| format!("bench peer: {e}"))?;
+        if engine.peer_lenders().is_empty() {
+            return Err(format!("bench peer: GPU {lender} does not lend: {}", engine.peer_notes().join("; ")));
+        }
+        let stream = engine.device().create_stream(StreamPriority::High).map_err(|e| format!("bench peer: {e}"))?;
+        let options = AllocOptions { name: Some("peer".into()), ..Default::default() };
+        let (id, _) = Run::check("alloc", engine.alloc(size, options))?;
+        let mut data = vec![0u8; size];
+        pattern::fill(id.0, 0, &mut data);
+        Run::check("write", engine.write(id, 0, &data))?;
+        Ok(Self(Run { engine, stream, id, size, lender, verified: true }))
+    }
+
+    /// Pages the buffer out to the lender and back in (dirty before each page-out) until
+    /// `stop` is set: the lender's HBM under NVLink traffic, as a borrower makes it. Returns
+    /// the round trips made.
+    pub fn traffic(&self, stop: &std::sync::atomic::AtomicBool) -> Result<usize, String> {
+        let mut trips = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            self.0.dirty()?;
+            Run::check("page_out", self.0.engine.page_out(Target::Buffer(self.0.id)))?;
+            Run::check("page_in", self.0.engine.page_in(Target::Buffer(self.0.id)))?;
+            trips += 1;
+        }
+        Ok(trips)
+    }
+}
+
+/// Measures tiermem's peer tier: page-out to the lender and page-in from it, then reclaims.
+pub fn measure(engine: PeerEngine, reps: usize) -> Result<EngineSide, String> {
+    let PeerEngine(mut run) = engine;
+    let (id, size, lender) = (run.id, run.size, run.lender);
+    let mut out = EngineSide::default();
+
+    // Page-out to the lender and page-in from it, dirty before each page-out.
+    let (mut ins, mut outs) = (Vec::new(), Vec::new());
+    for rep in 0..reps + WARMUP {
+        run.dirty()?;
+        let o = run.timed("page_out", |e| e.page_out(Target::Buffer(id)))?;
+        if run.on_peer() < size {
+            return Err(format!(
+                "bench peer: a page-out of {size} bytes put only {} on GPU {lender}'s HBM",
+                run.on_peer()
+            ));
+        }
+        let i = run.timed("page_in", |e| e.page_in(Target::Buffer(id)))?;
+        if rep >= WARMUP {
+            outs.push(o);
+            ins.push(i);
+        }
+    }
+    run.verify("page-in from the peer")?;
+    let gb = size as f64 / 1e9;
+    out.page_out_to_peer_gbps = Some(gb / median(outs));
+    out.page_in_from_peer_gbps = Some(gb / median(ins));
+
+    // Reclaim: clean (resident, its peer copy a spare) and dirty (its only copy on the peer).
+    let per_gib = |s: f64| s * 1e3 * GIB / size as f64;
+    let (mut clean, mut dirty) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        run.lend_all()?;
+        run.dirty()?;
+        Run::check("page_out", run.engine.page_out(Target::Buffer(id)))?;
+        Run::check("page_in", run.engine.page_in(Target::Buffer(id)))?;
+        clean.push(per_gib(run.timed("clean reclaim", |e| e.set_peer_lending(lender, 0).map(drop))?));
+        run.verify("a clean reclaim")?;
+        run.lend_all()?;
+        run.dirty()?;
+        Run::check("page_out", run.engine.page_out(Target::Buffer(id)))?;
+        dirty.push(per_gib(run.timed("dirty reclaim", |e| e.set_peer_lending(lender, 0).map(drop))?));
+        if run.on_peer() != 0 {
+            return Err("bench peer: the lender did not get all its memory back".into());
+        }
+        run.verify("a dirty reclaim")?;
+    }
+    out.reclaim_ms_per_gib_clean = Some(median(clean));
+    out.reclaim_ms_per_gib_dirty = Some(median(dirty));
+    let ceilings = raw::measure(run.engine.device(), size, reps)?;
+    out.d2h_ms_per_gib = Some(GIB / 1e9 / ceilings.d2h_gbps * 1e3);
+    out.notes.push(
+        "in_place_read: not built yet — an acquire migrates a peer-resident chunk to local HBM; \
+         kernels do not read chunks mapped in the lender's HBM in place"
+            .into(),
+    );
+    out.verified = run.verified;
+    drop(run);
+    Ok(out)
+}
