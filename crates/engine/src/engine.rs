@@ -6,10 +6,11 @@
 //! # Locking
 //! Calls plan under the lock, wait without it, and commit under it where they can:
 //! `finish` waits for fences and background file writes with the lock released and commits
-//! under it; `acquire`, `write`, `read`, `page_in_start` and `advance` run through
-//! `unlocked_waits`, so where they must wait — for eviction's copies down, a host slot still
-//! read by a copy, or a file write spilling the full host tier (started in the background,
-//! file_writes.rs) — they return what to wait for (`Error::MustWait`, internal), wait with the lock released and run again,
+//! under it; `acquire`, `write`, `read`, `page_in_start`, `advance`, `page_out_start` and
+//! `page_out_to_file_start` run through `unlocked_waits`, so where they must wait — for
+//! eviction's copies down, a page-out round, a host slot still read by a copy, or a file write
+//! spilling the full host tier (started in the background, file_writes.rs) — they return what
+//! to wait for (`Error::MustWait`, internal), wait with the lock released and run again,
 //! committing their spill first — an acquire of resident memory never waits for another
 //! thread's transfers or spills (tests/unlocked_waits.rs, tests/spill_unlocked.rs). The
 //! schedule recorder (recorder.rs) has its own lock, always taken before the engine's, never
@@ -367,7 +368,7 @@ impl Engine {
     }
 
     pub fn page_out_start(&self, target: Target) -> Result<Ticket> {
-        self.lock().page_out_start(target)
+        self.unlocked_waits(|inner| inner.page_out_start(target))
     }
 
     /// Moves `outgoing` out of HBM and `incoming` in, in one schedule that overlaps the two
@@ -433,7 +434,7 @@ impl Engine {
     /// Starts the copies out of HBM and, in the background, the file write after them; returns
     /// at once. `finish` waits for both and drops the host copies the file now holds.
     pub fn page_out_to_file_start(&self, target: Target) -> Result<Ticket> {
-        self.lock().page_out_to_file_start(target)
+        self.unlocked_waits(|inner| inner.page_out_to_file_start(target))
     }
 
     /// Writes `data` at `offset` of `buffer` from ordinary host memory (making it resident).

@@ -11,7 +11,7 @@
 //! evicting it again, unless it was acquired for writing, writes nothing.
 //!
 //! A spill by a call that waits with the lock released (`Engine::unlocked_waits`: acquire,
-//! write, read, page-in, advance) runs in the background, as the write of
+//! write, read, page-in, advance, page-out) runs in the background, as the write of
 //! `page_out_to_file_start` does (file_writes.rs); the other calls spill in the calling
 //! thread, under the lock. Either way io_uring or a thread pool keeps many slots in flight.
 

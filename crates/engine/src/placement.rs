@@ -7,11 +7,12 @@
 //!
 //! This and a page-in ahead of the schedule (which waits for its victims to pace the caller to
 //! the GPU) are where the host waits for copies: through `wait_for`, which in the calls that
-//! run through `Engine::unlocked_waits` (`acquire`, `write`, `read`, `page_in`, `advance`)
-//! hands the wait to the façade to do with the lock released. There a full host tier spills
-//! to the file in the background too (`spill_in_background`): the call waits for the write
-//! without the lock and commits it when it runs again. Other calls (`page_out`, `exchange`,
-//! `release` and `set_hbm_budget` shedding an excess) still spill and wait under the lock.
+//! run through `Engine::unlocked_waits` (`acquire`, `write`, `read`, `page_in`, `advance`,
+//! `page_out`, `page_out_to_file`) hands the wait to the façade to do with the lock released.
+//! There a full host tier spills to the file in the background too (`spill_in_background`):
+//! the call waits for the write without the lock and commits it when it runs again. Other
+//! calls (`exchange`, `release` and `set_hbm_budget` shedding an excess) still spill and wait
+//! under the lock.
 
 use crate::engine::Inner;
 use crate::error::Context;
@@ -99,9 +100,7 @@ impl Inner {
             let slots = self.host_slots(call, dirty)?;
             let round_fences = self.tiers.copy_dirty_down(&mut self.state, call, dirty, slots)?;
             if in_rounds {
-                for fence in &round_fences {
-                    fence.wait().during(call)?;
-                }
+                self.wait_for(call, round_fences.clone())?;
                 self.tiers.reap(&mut self.state)?;
             }
             fences.extend(round_fences);

@@ -1,5 +1,5 @@
 //! Spilling the host tier to the file without the engine's lock: a call that runs through
-//! `Engine::unlocked_waits` (acquire, write, read, page_in, advance) and finds the
+//! `Engine::unlocked_waits` (acquire, write, read, page_in, advance, page_out) and finds the
 //! host tier full starts the file write in the background, waits for it with the lock
 //! released, and commits it when it runs again. Made certain by pausing the write inside the
 //! file store (failpoint `file_store::write`): while it is paused, another thread's acquires of
@@ -15,7 +15,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 use support::failpoints::{pause_first, scenario};
 use support::{assert_contents, buffer_stats, fill, sim_engine, CHUNK};
-use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Error, Region, StreamHandle, Tier};
+use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Error, Region, StreamHandle, Target, Tier};
 
 /// HBM of 4 chunks, a host tier of 2, a file tier of 32 on a temporary file.
 fn small_host(name: &str) -> (Arc<Engine>, Arc<tiermem::mechanism::sim::SimDevice>) {
@@ -97,6 +97,34 @@ fn acquires_of_resident_memory_go_on_while_another_threads_acquire_spills_to_the
     engine.release(&held, StreamHandle(0)).unwrap();
     assert_contents(&engine, resident, &resident_bytes);
     assert_contents(&engine, big, &big_bytes);
+    support::assert_hbm_accounted(&engine);
+    support::assert_no_leaks(Arc::into_inner(engine).unwrap(), Some(sim));
+    scenario.teardown();
+}
+
+/// Another thread's page-out finds the host tier full and spills it to the file.
+#[test]
+fn acquires_of_resident_memory_go_on_while_another_threads_page_out_spills_to_the_file() {
+    let (_guard, scenario) = scenario();
+    let (engine, sim) = small_host("spill-unlocked-page-out");
+    let (resident, resident_bytes, held) = held_resident(&engine);
+    let (a, _) = engine.alloc(2 * CHUNK, AllocOptions::default()).unwrap();
+    let a_bytes = fill(&engine, a, 2 * CHUNK, 3);
+    engine.page_out(Target::Buffer(a)).unwrap(); // the host tier is full
+    let (b, _) = engine.alloc(2 * CHUNK, AllocOptions::default()).unwrap();
+    let b_bytes = fill(&engine, b, 2 * CHUNK, 4);
+
+    while_a_spill_is_paused(&engine, (resident, &resident_bytes), move |engine| {
+        engine.page_out(Target::Buffer(b)).unwrap()
+    });
+
+    let (a_stats, b_stats) = (buffer_stats(&engine, a), buffer_stats(&engine, b));
+    assert_eq!((a_stats.in_file, a_stats.in_host), (2, 0), "{a_stats:?}");
+    assert_eq!((b_stats.in_hbm, b_stats.in_host), (0, 2), "{b_stats:?}");
+    engine.release(&held, StreamHandle(0)).unwrap();
+    assert_contents(&engine, resident, &resident_bytes);
+    assert_contents(&engine, a, &a_bytes);
+    assert_contents(&engine, b, &b_bytes);
     support::assert_hbm_accounted(&engine);
     support::assert_no_leaks(Arc::into_inner(engine).unwrap(), Some(sim));
     scenario.teardown();
