@@ -7,7 +7,8 @@
 #   PHASES comma-separated, default all: rust,demo,limits,soak,python,engine,tenants,nvme,torch (torch-small:
 #          the torch benchmark's smoke test). Not in the default, asked for by name: swap (bench swap:
 #          enables swap, loop devices, zram, cgroups as root, all undone at the end; at most 8 minutes)
-#          and swap-quick (its smoke test, at most 4 minutes).
+#          and swap-quick (its smoke test, at most 4 minutes); peer (bench peer: GPU 0 borrows GPU 1's HBM;
+#          needs two GPUs with peer access, e.g. nvidia-h200-x2; PEER_ARGS adds to it).
 # SOAK_SECONDS (default 300) and SOAK_THREADS (default 8) size the soak; TENANTS_ARGS adds to bench tenants;
 # SWAP_ARGS adds to bench swap (e.g. "--size 2GiB --swap-args=--devices=4"); SWAP_TIMEOUT (default 480 s)
 # ends it (SIGTERM: it stops and undoes what it set up; SIGKILL 20 s later, then the cleanup here).
@@ -47,6 +48,7 @@ if want limits; then
 fi
 want soak && { step "tiermem soak"; TIERMEM_COMMIT=$commit run "$dist/tiermem" soak --seconds "${SOAK_SECONDS:-300}" --threads "${SOAK_THREADS:-8}" --file "$scratch/soak-file" --json "$out/results"; }
 want engine && { step "tiermem bench engine"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench engine --json "$out/results"; }
+want peer && { step "tiermem bench peer"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench peer --json "$out/results" ${PEER_ARGS:-}; }
 want tenants && { step "tiermem bench tenants"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench tenants --json "$out/results" ${TENANTS_ARGS:-}; }
 want nvme && { step "tiermem bench nvme"; df -T "$scratch" | tail -1; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench nvme --json "$out/results" --dir "$scratch" --reps 5; }
 # Undoes whatever a bench swap that was killed left behind: swap areas, loop devices over its

@@ -318,8 +318,29 @@ impl Inner {
     pub(crate) fn page_out_start(&mut self, target: Target) -> Result<Ticket> {
         let refs = self.outgoing_refs("page_out", target)?;
         self.tiers.reap(&mut self.state)?;
-        let fences = self.send_down_resident("page_out", &refs)?;
+        let fences = self.send_target_down("page_out", &refs, true)?;
         Ok(self.ticket(fences))
+    }
+
+    /// Sends down those of `refs` that are resident; returns the fences after which all of
+    /// `refs` have left, counting those already leaving: sent down by this call before it
+    /// stopped to wait with the lock released (`Engine::unlocked_waits` runs it again), or by
+    /// others. Without `peer_allowed`, none goes to the peer tier (`Inner::send_down_to`).
+    fn send_target_down(
+        &mut self,
+        call: &'static str,
+        refs: &[ChunkRef],
+        peer_allowed: bool,
+    ) -> Result<Vec<Arc<Fence>>> {
+        let mut fences: Vec<Arc<Fence>> = Vec::new();
+        for fence in refs.iter().filter_map(|&r| self.state.chunk(r).leaving()) {
+            if !fences.iter().any(|f| Arc::ptr_eq(f, fence)) {
+                fences.push(Arc::clone(fence));
+            }
+        }
+        let resident: Vec<ChunkRef> = refs.iter().copied().filter(|&r| self.state.chunk(r).is_resident()).collect();
+        fences.extend(self.send_down_to(call, &resident, peer_allowed)?);
+        Ok(fences)
     }
 
     /// The chunks of an outgoing target; refused if any of them is acquired.
@@ -376,8 +397,7 @@ impl Inner {
         let refs = self.outgoing_refs(call, target)?;
         self.tiers.reap(&mut self.state)?;
         // To the file through the host tier; chunks already in the peer tier stay there.
-        let resident: Vec<ChunkRef> = refs.iter().copied().filter(|&r| self.state.chunk(r).is_resident()).collect();
-        let fences = self.send_down_to(call, &resident, false)?;
+        let fences = self.send_target_down(call, &refs, false)?;
         let file_write = self.tiers.start_file_write(&mut self.state, call, &refs)?;
         let ticket = self.ticket_for(TicketWork { fences, then_to_file: refs });
         if let Some(write) = file_write {

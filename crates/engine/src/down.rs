@@ -7,7 +7,7 @@
 
 use crate::error::Context;
 use crate::fence::{after_all, settled, Fence};
-use crate::file_writes::FileWrite;
+use crate::file_writes::{FileWrite, Owner};
 use crate::host_tier::Slot;
 use crate::runs::{batches, coalesce, Source};
 use crate::state::{Below, ChunkRef, ChunkTable, Location};
@@ -542,26 +542,50 @@ impl Tiers {
 
     /// Completes the oldest background write whose host slots were let go meanwhile (they
     /// come back only when it is committed), for a page-out that finds the host tier full of
-    /// them. Joins the writer under the engine lock, which the writer never takes; `finish`
-    /// reports the write's outcome later. `false` if there is none.
+    /// them. Joins the writer under the engine lock, which the writer never takes; the write's
+    /// owner gets the outcome later. `false` if there is none.
     pub(crate) fn complete_a_file_write(&mut self, state: &mut ChunkTable) -> bool {
         let host = &self.host;
-        let Some((ticket, write)) = self.writes.take_oldest(|slot| host.freed_while_held(slot)) else { return false };
-        let (items, outcome) = write.join();
-        let committed = self.commit_file_write(state, items, outcome);
-        self.writes.keep_outcome(ticket, committed);
+        let Some((owner, write)) = self.writes.take_oldest(|slot| host.freed_while_held(slot)) else { return false };
+        let committed = self.commit_write(state, write);
+        self.writes.keep_outcome(owner, committed);
         true
     }
 
-    /// Commits the write of `ticket` (whose [`Done`] signal is set), or returns its outcome if
-    /// it was committed early; `Ok` if the ticket had no write.
-    pub(crate) fn commit_write_of(&mut self, state: &mut ChunkTable, ticket: u64) -> Result<()> {
-        match self.writes.take(ticket) {
-            Ok(write) => {
-                let (items, outcome) = write.join();
-                self.commit_file_write(state, items, outcome)
-            }
+    /// Commits, without waiting, the background writes whose threads have ended, keeping their
+    /// outcomes for their owners. `false` if there were none.
+    pub(crate) fn commit_ended_writes(&mut self, state: &mut ChunkTable) -> bool {
+        let ended = self.writes.take_ended();
+        let any = !ended.is_empty();
+        for (owner, write) in ended {
+            let committed = self.commit_write(state, write);
+            self.writes.keep_outcome(owner, committed);
+        }
+        any
+    }
+
+    /// Commits the write of `owner` (whose [`Done`] signal is set), or returns its outcome if
+    /// someone else committed it; `Ok` if it had none.
+    pub(crate) fn commit_write_of(&mut self, state: &mut ChunkTable, owner: Owner) -> Result<()> {
+        match self.writes.take(owner) {
+            Ok(write) => self.commit_write(state, write),
             Err(outcome) => outcome,
         }
+    }
+
+    /// Joins a write (at once if its thread has ended) and commits it; then the chunks it gave a
+    /// file copy that are located on the host leave the host tier, as a spill's do.
+    fn commit_write(&mut self, state: &mut ChunkTable, write: FileWrite) -> Result<()> {
+        let (items, outcome) = write.join();
+        let written: Vec<(ChunkRef, Slot)> = items.iter().map(|&(r, slot, _)| (r, slot)).collect();
+        let committed = self.commit_file_write(state, items, outcome);
+        for (r, slot) in written {
+            let on_host = |c: &crate::state::Chunk| c.location() == Location::Host(slot) && c.file().is_some();
+            if state.buffer(r.0).is_some() && on_host(state.chunk(r)) {
+                let slot = state.leave_host(r);
+                self.host.free(slot);
+            }
+        }
+        committed
     }
 }

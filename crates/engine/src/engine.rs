@@ -6,21 +6,24 @@
 //! # Locking
 //! Calls plan under the lock, wait without it, and commit under it where they can:
 //! `finish` waits for fences and background file writes with the lock released and commits
-//! under it; `acquire`, `write`, `read`, `page_in_start` and `advance` run through `unlocked_waits`, so where
-//! they must wait for eviction's copies down or for a host slot still read by a copy, they
-//! return the fences (`Error::MustWait`, internal), wait with the lock released and run
-//! again — an acquire of resident memory never waits for another thread's transfers
-//! (tests/unlocked_waits.rs). The schedule recorder (recorder.rs) has its own lock, always
-//! taken before the engine's, never after. The calls that still block while holding the lock, and what they
-//! wait for, are listed in ARCHITECTURE.md ("Locking"); the engine's own threads (the file
-//! reader, file writers) never take the lock.
+//! under it; `acquire`, `write`, `read`, `page_in_start`, `advance`, `page_out_start` and
+//! `page_out_to_file_start` run through `unlocked_waits`, so where they must wait — for
+//! eviction's copies down, a page-out round, a host slot still read by a copy, or a file write
+//! spilling the full host tier (started in the background, file_writes.rs) — they return what
+//! to wait for (`Error::MustWait`, internal), wait with the lock released and run again,
+//! committing their spill first — an acquire of resident memory never waits for another
+//! thread's transfers or spills (tests/unlocked_waits.rs, tests/spill_unlocked.rs). The
+//! schedule recorder (recorder.rs) has its own lock, always taken before the engine's, never
+//! after. The calls that still block while holding the lock, and what they wait for, are
+//! listed in ARCHITECTURE.md ("Locking"); the engine's own threads (the file reader, file
+//! writers) never take the lock.
 
 use crate::buffer::{Access, AllocOptions, BufferId, Region};
 use crate::chunk_pool::ChunkPool;
 use crate::error::Context;
 use crate::fence::{EventPool, Fence};
 use crate::file_tier::FileTier;
-use crate::file_writes::BackgroundWrites;
+use crate::file_writes::{BackgroundWrites, Owner};
 use crate::host_tier::HostTier;
 use crate::in_flight::InFlight;
 use crate::recorder::Recorder;
@@ -53,8 +56,8 @@ pub struct Ticket(pub u64);
 /// The tiermem engine for one GPU: buffers at stable device addresses whose chunks move
 /// between local HBM and pinned host memory.
 ///
-/// Thread safety: `Engine` is `Send + Sync`; calls are serialised on one internal lock,
-/// except `finish`, which waits with the lock released.
+/// Thread safety: `Engine` is `Send + Sync`; calls are serialised on one internal lock, and
+/// most wait for transfers with it released (see "Locking" in the module docs).
 pub struct Engine {
     /// `timed`, as the engine and its threads use it.
     device: Arc<dyn Device>,
@@ -230,15 +233,23 @@ impl Engine {
     }
 
     /// Runs `op` under the lock; where it must wait for transfers (eviction's copies down, a
-    /// host slot still read), it returns them instead ([`Error::MustWait`]), and this waits with
-    /// the lock released and runs `op` again. `op` must leave a consistent engine wherever it
-    /// stops: what it did before stopping is kept (chunks sent down stay sent).
+    /// host slot still read, a background file write spilling the host tier), it returns them
+    /// instead ([`Error::MustWait`]), and this waits with the lock released and runs `op` again.
+    /// A spill that `op` started is committed, under the lock, before `op` runs again; if its
+    /// write failed, that is the call's error (its chunks kept their host copies). `op` must
+    /// leave a consistent engine wherever it stops: what it did before stopping is kept (chunks
+    /// sent down stay sent).
     fn unlocked_waits<T>(&self, mut op: impl FnMut(&mut Inner) -> Result<T>) -> Result<T> {
+        let mut spilled: Option<(&'static str, u64)> = None;
         loop {
             let waits = {
-                let mut inner = self.lock();
+                let mut guard = self.lock();
+                let inner = &mut *guard;
+                if let Some((call, spill)) = spilled.take() {
+                    inner.tiers.commit_write_of(&mut inner.state, Owner::Spill(spill)).map_err(|e| retag(e, call))?;
+                }
                 inner.wait_unlocked = true;
-                let outcome = op(&mut inner);
+                let outcome = op(inner);
                 inner.wait_unlocked = false;
                 match outcome {
                     Err(Error::MustWait(waits)) => waits,
@@ -246,10 +257,19 @@ impl Engine {
                 }
             };
             let started = std::time::Instant::now();
-            for fence in &waits.fences {
-                fence.wait().during(waits.call)?;
+            // Every wait is waited out, even after a failed one: a spill is committed only after.
+            let failed = waits.fences.iter().map(|fence| fence.wait().during(waits.call)).find_map(Result::err);
+            waits.writes.iter().for_each(|done| done.wait());
+            let mut guard = self.lock();
+            guard.tiers.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
+            spilled = waits.spill.map(|spill| (waits.call, spill));
+            if let Some(failed) = failed {
+                let inner = &mut *guard;
+                if let Some((_, spill)) = spilled {
+                    let _ = inner.tiers.commit_write_of(&mut inner.state, Owner::Spill(spill));
+                }
+                return Err(failed);
             }
-            self.lock().tiers.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
         }
     }
 
@@ -401,7 +421,7 @@ impl Engine {
     }
 
     pub fn page_out_start(&self, target: Target) -> Result<Ticket> {
-        self.lock().page_out_start(target)
+        self.unlocked_waits(|inner| inner.page_out_start(target))
     }
 
     /// Moves `outgoing` out of HBM and `incoming` in, in one schedule that overlaps the two
@@ -430,13 +450,13 @@ impl Engine {
             inner.tiers.reap(&mut inner.state).map_err(|e| retag(e, "finish"))?;
         }
         // The write is waited for without the lock; another thread may complete it meanwhile.
-        if let Some(done) = self.lock().tiers.writes.done_signal(ticket.0) {
+        if let Some(done) = self.lock().tiers.writes.done_signal(Owner::Ticket(ticket.0)) {
             done.wait();
         }
         {
             let mut guard = self.lock();
             let inner = &mut *guard;
-            inner.tiers.commit_write_of(&mut inner.state, ticket.0).map_err(|e| retag(e, "finish"))?;
+            inner.tiers.commit_write_of(&mut inner.state, Owner::Ticket(ticket.0)).map_err(|e| retag(e, "finish"))?;
         }
         if let Some(failure) = failed_read {
             // The chunks that did not arrive go back to the file, which still holds their bytes.
@@ -467,7 +487,7 @@ impl Engine {
     /// Starts the copies out of HBM and, in the background, the file write after them; returns
     /// at once. `finish` waits for both and drops the host copies the file now holds.
     pub fn page_out_to_file_start(&self, target: Target) -> Result<Ticket> {
-        self.lock().page_out_to_file_start(target)
+        self.unlocked_waits(|inner| inner.page_out_to_file_start(target))
     }
 
     /// Writes `data` at `offset` of `buffer` from ordinary host memory (making it resident).

@@ -12,7 +12,7 @@
 //! which CUDA would treat as already complete. A failed fence counts as done (nothing is in
 //! flight behind it) and carries the error, for `acquire` and `finish` to report.
 
-use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering};
+use crate::sync::{Arc, AtomicBool, Condvar, Done, Mutex, Ordering};
 use crate::Error;
 use tiermem_mechanism::{Device, EventHandle, Result, StreamHandle};
 
@@ -196,24 +196,40 @@ pub(crate) fn after_all(
     }
 }
 
-/// Fences that `call` must wait for with the engine's lock released before it tries again.
+/// What `call` must wait for with the engine's lock released before it tries again: fences,
+/// and background file writes (their [`Done`] signals), one of which it may have started
+/// itself to spill the host tier (`spill`: it commits that one and reports its outcome).
 #[derive(Clone)]
 pub struct Waits {
     pub(crate) call: &'static str,
     pub(crate) fences: Vec<Arc<Fence>>,
+    pub(crate) writes: Vec<Arc<Done>>,
+    pub(crate) spill: Option<u64>,
+}
+
+impl Waits {
+    /// Fences to wait for, nothing else.
+    pub(crate) fn fences(call: &'static str, fences: Vec<Arc<Fence>>) -> Self {
+        Self { call, fences, writes: Vec::new(), spill: None }
+    }
 }
 
 impl std::fmt::Debug for Waits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Waits({}: {} fences)", self.call, self.fences.len())
+        let (call, fences, writes) = (self.call, self.fences.len(), self.writes.len());
+        write!(f, "Waits({call}: {fences} fences, {writes} file writes, spill {:?})", self.spill)
     }
 }
 
 impl PartialEq for Waits {
     fn eq(&self, other: &Self) -> bool {
+        fn same<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
+            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| Arc::ptr_eq(a, b))
+        }
         self.call == other.call
-            && self.fences.len() == other.fences.len()
-            && self.fences.iter().zip(&other.fences).all(|(a, b)| Arc::ptr_eq(a, b))
+            && self.spill == other.spill
+            && same(&self.fences, &other.fences)
+            && same(&self.writes, &other.writes)
     }
 }
 

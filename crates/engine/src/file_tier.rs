@@ -10,9 +10,10 @@
 //! returns once the chunks are mapped and their reads queued. The chunk keeps its file slot:
 //! evicting it again, unless it was acquired for writing, writes nothing.
 //!
-//! Spills run in the calling thread (io_uring or a thread pool keeps many slots in flight
-//! within each call); the write of `page_out_to_file_start` runs in the background
-//! (file_writes.rs).
+//! A spill by a call that waits with the lock released (`Engine::unlocked_waits`: acquire,
+//! write, read, page-in, advance, page-out) runs in the background, as the write of
+//! `page_out_to_file_start` does (file_writes.rs); the other calls spill in the calling
+//! thread, under the lock. Either way io_uring or a thread pool keeps many slots in flight.
 
 use crate::file_reads::FileReader;
 use crate::{EngineConfig, Error, Result};

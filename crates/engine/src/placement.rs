@@ -6,8 +6,13 @@
 //! for. The copies themselves are the tiers' (movement.rs, down.rs).
 //!
 //! This and a page-in ahead of the schedule (which waits for its victims to pace the caller to
-//! the GPU) are where the host waits for copies: through `wait_for`, which in `acquire`,
-//! `page_in` and `advance` hands the wait to the façade to do with the lock released.
+//! the GPU) are where the host waits for copies: through `wait_for`, which in the calls that
+//! run through `Engine::unlocked_waits` (`acquire`, `write`, `read`, `page_in`, `advance`,
+//! `page_out`, `page_out_to_file`) hands the wait to the façade to do with the lock released.
+//! There a full host tier spills to the file in the background too (`spill_in_background`):
+//! the call waits for the write without the lock and commits it when it runs again. Other
+//! calls (`exchange`, `release` and `set_hbm_budget` shedding an excess) still spill and wait
+//! under the lock.
 
 use crate::down::COPIES_OUT_OF_HBM;
 use crate::engine::Inner;
@@ -16,6 +21,7 @@ use crate::fence::{settled, Fence, Waits};
 use crate::host_tier::Slot;
 use crate::movement::Purpose;
 use crate::state::{Below, ChunkRef, Location};
+use crate::sync::Done;
 use crate::BufferId;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -124,9 +130,7 @@ impl Inner {
             let slots = self.host_slots(call, dirty)?.into_iter().map(Below::Host).collect();
             let round_fences = self.tiers.copy_dirty_down(&mut self.state, call, dirty, slots)?;
             if in_rounds {
-                for fence in &round_fences {
-                    fence.wait().during(call)?;
-                }
+                self.wait_for(call, round_fences.clone())?;
                 self.tiers.reap(&mut self.state)?;
             }
             fences.extend(round_fences);
@@ -231,7 +235,9 @@ impl Inner {
     }
 
     /// Host slots for `dirty`. When the tier is full: give up clean copies of resident chunks,
-    /// spill cold chunks to the file tier, and wait for slots that copies still read.
+    /// commit background writes that have ended, spill cold chunks to the file tier, and wait
+    /// for slots that copies or file writes still read — with the lock released where the call
+    /// runs through `Engine::unlocked_waits`.
     fn host_slots(&mut self, call: &'static str, dirty: &[ChunkRef]) -> Result<Vec<Slot>> {
         let n = dirty.len();
         loop {
@@ -241,6 +247,10 @@ impl Inner {
             self.tiers.reclaim_host_copies(&mut self.state, n);
             if let Some(slots) = self.tiers.host.alloc(self.tiers.device.as_ref(), n).during(call)? {
                 return Ok(slots);
+            }
+            // Their slots, and those of the chunks they moved to the file, come free.
+            if self.tiers.commit_ended_writes(&mut self.state) {
+                continue;
             }
             let spilled = self.spill_to_file(call, n)?;
             if let Some(slots) = self.tiers.host.alloc(self.tiers.device.as_ref(), n).during(call)? {
@@ -252,7 +262,12 @@ impl Inner {
                     self.tiers.reap(&mut self.state)?;
                 }
                 None if spilled => {}
-                // Slots spilled while a background write still reads them come back once it is done.
+                // Slots spilled while a background write still reads them come back once it is
+                // committed: waited for with the lock released where the call can, else here.
+                None if self.wait_unlocked && !self.writes_reading_freed_slots().is_empty() => {
+                    let writes = self.writes_reading_freed_slots();
+                    return Err(Error::MustWait(Waits { writes, ..Waits::fences(call, Vec::new()) }));
+                }
                 None if self.tiers.host.has_freed_while_held() && self.tiers.complete_a_file_write(&mut self.state) => {
                 }
                 None => {
@@ -275,8 +290,16 @@ impl Inner {
         }
     }
 
+    /// The signals of the background writes still reading host slots let go meanwhile.
+    fn writes_reading_freed_slots(&self) -> Vec<Arc<Done>> {
+        let host = &self.tiers.host;
+        self.tiers.writes.reading(|slot| host.freed_while_held(slot))
+    }
+
     /// Makes room for `needed` host slots by spilling the coldest `Host` chunks to the file.
-    /// `false` if there is no file tier or nothing to spill.
+    /// `false` if there is no file tier or nothing to spill. Under `Engine::unlocked_waits` the
+    /// write runs in the background ([`Inner::spill_in_background`]); else it runs here, under
+    /// the lock.
     pub fn spill_to_file(&mut self, call: &'static str, needed: usize) -> Result<bool> {
         if self.tiers.file.is_none() {
             return Ok(false);
@@ -285,8 +308,31 @@ impl Inner {
         if victims.is_empty() {
             return Ok(false);
         }
+        if self.wait_unlocked {
+            return self.spill_in_background(call, &victims);
+        }
         self.tiers.spill_chunks(&mut self.state, call, &victims)?;
         Ok(true)
+    }
+
+    /// Spills `victims` (sorted, located on the host) without writing under the lock: those the
+    /// file already holds leave the host tier now; the others are written by a background write
+    /// (file_writes.rs) started here — or already running, for a slot another write holds —
+    /// which the call waits for with the lock released ([`Error::MustWait`]). Run again, the
+    /// call commits it (`Engine::unlocked_waits`) and `host_slots` finds the slots free.
+    fn spill_in_background(&mut self, call: &'static str, victims: &[ChunkRef]) -> Result<bool> {
+        let (in_file, unwritten): (Vec<ChunkRef>, Vec<ChunkRef>) =
+            victims.iter().partition(|&&r| self.state.chunk(r).file().is_some());
+        // No write: the file holds their bytes.
+        self.tiers.spill_chunks(&mut self.state, call, &in_file)?;
+        let started = self.tiers.start_file_write(&mut self.state, call, &unwritten)?;
+        let spill = started.map(|write| self.tiers.writes.insert_spill(write));
+        let slots: Vec<Slot> = unwritten.iter().filter_map(|&r| self.state.chunk(r).host()).collect();
+        let writes = self.tiers.writes.reading(|slot| slots.contains(&slot));
+        if writes.is_empty() {
+            return Ok(true);
+        }
+        Err(Error::MustWait(Waits { writes, spill, ..Waits::fences(call, Vec::new()) }))
     }
 
     /// Frees HBM until `need` chunks can be taken from the pool, evicting by policy.
@@ -377,7 +423,7 @@ impl Inner {
             return Ok(());
         }
         if self.wait_unlocked {
-            return Err(Error::MustWait(Waits { call, fences }));
+            return Err(Error::MustWait(Waits::fences(call, fences)));
         }
         let started = std::time::Instant::now();
         for fence in fences {

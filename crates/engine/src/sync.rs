@@ -23,6 +23,9 @@
 //! must be `cfg(not(feature = "shuttle"))`. (tokio does the same with `loom` behind
 //! `cfg(loom)`; shuttle fits better here because it models `std::sync::mpsc`.)
 //!
+//! [`Done`], a one-shot signal built from these, is here too: a background file write sets it
+//! when its thread ends, and callers wait on it with the engine's lock released.
+//!
 //! What is *not* switched: the mechanism crate's threads (the file store's I/O thread pool,
 //! the simulated device's lock). To shuttle, a call into them is one indivisible step that
 //! may block the real thread for a while; nothing there waits on the engine's primitives.
@@ -40,3 +43,32 @@ pub(crate) use shuttle::{
 };
 
 pub(crate) use atomic::{AtomicBool, Ordering};
+
+/// A one-shot signal: set once (by a background file write's thread as it ends, however it
+/// ends), waited on by any number of threads, none of which may hold the engine's lock.
+#[derive(Default)]
+pub(crate) struct Done {
+    over: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Done {
+    /// Blocks until the signal is set.
+    pub(crate) fn wait(&self) {
+        let mut over = self.over.lock().unwrap_or_else(|p| p.into_inner());
+        while !*over {
+            over = self.changed.wait(over).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Whether the signal is set; never blocks for long.
+    pub(crate) fn is_set(&self) -> bool {
+        *self.over.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets the signal and wakes every waiter.
+    pub(crate) fn set(&self) {
+        *self.over.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.changed.notify_all();
+    }
+}

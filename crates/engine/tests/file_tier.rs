@@ -156,3 +156,20 @@ fn a_file_write_waits_for_an_earlier_page_out_still_copying() {
         support::assert_no_leaks(engine, sim);
     }
 }
+
+/// A page-out of more than the host tier holds goes down in rounds, each spilled to the file
+/// before the next (waited for with the lock released, the call run again): when it returns
+/// nothing of the buffer is in HBM, and every byte comes back.
+#[test]
+fn a_page_out_larger_than_the_host_tier_goes_down_in_rounds() {
+    let (config, path) = config(16);
+    let (engine, sim) = support::engine(8, 2, config);
+    let (a, _) = engine.alloc(6 * CHUNK, AllocOptions::default()).unwrap();
+    let bytes = support::fill(&engine, a, 6 * CHUNK, 7);
+    engine.page_out(Target::Buffer(a)).unwrap();
+    let stats = support::buffer_stats(&engine, a);
+    assert_eq!((stats.in_hbm, stats.moving, stats.in_host, stats.in_file), (0, 0, 2, 4), "{stats:?}");
+    support::assert_contents(&engine, a, &bytes);
+    support::assert_no_leaks(engine, sim);
+    assert!(!path.exists(), "the file outlived the engine");
+}

@@ -8,10 +8,9 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Barrier};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
-use support::failpoints::scenario;
+use support::failpoints::{pause_first, scenario};
 use support::{assert_contents, fill, sim_engine, CHUNK};
 use tiermem::mechanism::sim::Timing;
 use tiermem::{Access, AllocOptions, EngineConfig, Region, StreamHandle, Target};
@@ -33,17 +32,7 @@ fn an_acquire_of_resident_memory_does_not_wait_for_another_threads_eviction() {
     sim.set_timing(Timing::Lazy);
 
     // The first host wait for a fence stops until the test lets it go.
-    let (reached, at_wait) = mpsc::channel();
-    let go = Arc::new(Barrier::new(2));
-    let first = Arc::new(AtomicBool::new(true));
-    let (go_in_wait, first_in_wait) = (Arc::clone(&go), Arc::clone(&first));
-    fail::cfg_callback("cuEventSynchronize::wait", move || {
-        if first_in_wait.swap(false, Ordering::SeqCst) {
-            let _ = reached.send(());
-            go_in_wait.wait();
-        }
-    })
-    .unwrap();
+    let (at_wait, go) = pause_first("cuEventSynchronize::wait");
 
     let evicting = {
         let engine = Arc::clone(&engine);
