@@ -45,4 +45,3 @@ fn the_peer_benchmark_runs_on_a_simulated_node_and_verifies_every_byte() {
     }
     assert!(report["metrics"]["reclaim_ms_per_GiB_dirty"].as_f64().is_some(), "{report}");
 }
-

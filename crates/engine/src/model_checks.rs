@@ -127,6 +127,7 @@ impl Device for ModelDevice {
         fn unreserve(&self, va: DevicePtr, size: usize) -> Result<()>;
         fn create_chunk_at(&self, location: ChunkLocation) -> Result<PhysHandle>;
         fn release_chunk(&self, chunk: PhysHandle) -> Result<()>;
+        fn release_mapped_chunk(&self, chunk: PhysHandle) -> Result<()>;
         fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()>;
         fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()>;
         fn unmap(&self, va: DevicePtr, size: usize) -> Result<()>;

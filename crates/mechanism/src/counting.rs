@@ -71,6 +71,9 @@ impl Device for CountingDevice {
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()> {
         self.count(self.inner.release_chunk(chunk), |h| h.chunks -= 1)
     }
+    fn release_mapped_chunk(&self, chunk: PhysHandle) -> Result<()> {
+        self.count(self.inner.release_mapped_chunk(chunk), |h| h.chunks -= 1)
+    }
     fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()> {
         self.count(self.inner.map(va, chunk), |h| h.mapped_granules += 1)
     }

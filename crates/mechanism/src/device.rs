@@ -150,6 +150,12 @@ pub trait Device: Send + Sync {
     }
     /// Releases a physical chunk; it must not be mapped anywhere.
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()>;
+    /// Gives up the handle of a chunk that stays mapped: its memory is freed when its last
+    /// mapping is unmapped (`cuMemRelease` on a mapped allocation). For chunks given back all
+    /// at once by unmapping their range (a peer tier's slab), with no call per chunk then.
+    fn release_mapped_chunk(&self, chunk: PhysHandle) -> Result<()> {
+        self.release_chunk(chunk)
+    }
     /// Maps `chunk` (of any location) at `va` (granule-aligned, inside a reservation, not yet
     /// mapped). The mapping is not accessible until [`Device::set_access_from`] covers it.
     fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()>;

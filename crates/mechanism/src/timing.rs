@@ -135,6 +135,9 @@ impl Device for TimedDevice {
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()> {
         self.timed(Call::ReleaseChunk, || self.inner.release_chunk(chunk))
     }
+    fn release_mapped_chunk(&self, chunk: PhysHandle) -> Result<()> {
+        self.timed(Call::ReleaseChunk, || self.inner.release_mapped_chunk(chunk))
+    }
     fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()> {
         self.timed(Call::Map, || self.inner.map(va, chunk))
     }

@@ -101,6 +101,18 @@ impl Device for SimDevice {
         Ok(())
     }
 
+    fn release_mapped_chunk(&self, chunk: PhysHandle) -> Result<()> {
+        let mut s = self.lock_progressing();
+        if !s.memory.is_live(chunk) || s.released_mapped.contains(&chunk.0) {
+            return Err(Self::invalid("cuMemRelease", format!("chunk {} is not live", chunk.0)));
+        }
+        match s.mapped_chunks.contains_key(&chunk.0) {
+            true => drop(s.released_mapped.insert(chunk.0)),
+            false => s.memory.release(chunk),
+        }
+        Ok(())
+    }
+
     fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()> {
         failpoint!(self, "cuMemMap");
         let g = self.gran();
@@ -108,7 +120,8 @@ impl Device for SimDevice {
         let mut s = self.lock_progressing();
         let inside =
             s.reservations.range(..=va).next_back().is_some_and(|(&base, &size)| va + g as u64 <= base + size as u64);
-        let backing = s.memory.backing(chunk).filter(|_| inside && !s.mappings.contains_key(&va));
+        let handle_kept = !s.released_mapped.contains(&chunk.0);
+        let backing = s.memory.backing(chunk).filter(|_| inside && handle_kept && !s.mappings.contains_key(&va));
         let Some((memfd, offset)) = backing else {
             return Err(Self::invalid(
                 "cuMemMap",
@@ -184,6 +197,10 @@ impl Device for SimDevice {
                 vas.retain(|&v| v != a);
                 if vas.is_empty() {
                     s.mapped_chunks.remove(&chunk.0);
+                    // Its handle was given up while mapped: its last mapping frees it.
+                    if s.released_mapped.remove(&chunk.0) {
+                        s.memory.release(chunk);
+                    }
                 }
             }
         }

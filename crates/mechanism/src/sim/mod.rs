@@ -102,6 +102,9 @@ struct SimState {
     memory: Memory,
     /// For each mapped chunk, the addresses it is mapped at (CUDA allows several).
     mapped_chunks: HashMap<u64, Vec<DevicePtr>>,
+    /// Chunks whose handle was given up while mapped (`release_mapped_chunk`): freed when
+    /// their last mapping goes.
+    released_mapped: std::collections::HashSet<u64>,
     pinned: BTreeMap<HostPtr, usize>,
     /// Plain allocations: size and the GPU that made them, the only one that may touch them.
     plain: HashMap<DevicePtr, (usize, usize)>,
@@ -171,6 +174,7 @@ impl SimDevice {
             mappings: BTreeMap::new(),
             memory: Memory::new(gpus, capacity_chunks)?,
             mapped_chunks: HashMap::new(),
+            released_mapped: std::collections::HashSet::new(),
             pinned: BTreeMap::new(),
             plain: HashMap::new(),
             queues: Queues::new(0x5eed_cafe ^ hbm_per_gpu as u64 ^ ((gpus as u64 - 1) << 56)),
