@@ -8,7 +8,7 @@ pub mod failpoints;
 use std::sync::Arc;
 use tiermem::mechanism::{sim::SimDevice, BackendChoice, Device};
 use tiermem::Tier;
-use tiermem::{Engine, EngineConfig};
+use tiermem::{Engine, EngineConfig, PeerChoice};
 
 pub const MIB: usize = 1 << 20;
 pub const CHUNK: usize = 2 * MIB;
@@ -19,7 +19,10 @@ pub fn engine(hbm_chunks: usize, host_chunks: usize, config: EngineConfig) -> (E
     let config = EngineConfig { hbm_limit: Some(hbm_chunks * CHUNK), host_limit: Some(host_chunks * CHUNK), ..config };
     match std::env::var("TIERMEM_TEST_BACKEND").as_deref() {
         Ok("cuda") => {
-            let engine = Engine::new(EngineConfig { backend: BackendChoice::Cuda, ..config }).expect("open the GPU");
+            // These tests are about HBM, host and file: on a machine of several GPUs no
+            // neighbour lends (the peer tier's tests run on a simulated node).
+            let config = EngineConfig { backend: BackendChoice::Cuda, peers: PeerChoice::Off, ..config };
+            let engine = Engine::new(config).expect("open the GPU");
             (engine, None)
         }
         _ => {
