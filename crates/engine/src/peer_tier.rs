@@ -1,9 +1,9 @@
 //! The peer tier: spare HBM lent by neighbour GPUs (memHarvester's harvested memory), cut into
 //! chunk-sized slots that chunks leaving this GPU's HBM are copied into over NVLink.
 //!
-//! Memory is borrowed in *slabs*: a run of physical chunks created on one lender
-//! (`cuMemCreate` at that GPU's location), mapped back to back into a VA range this engine
-//! reserves, with access from this GPU set once for the whole range (`cuMemSetAccess` costs
+//! Memory is borrowed in *slabs*: one physical allocation of 32 chunks made on one lender
+//! (`cuMemCreate` at that GPU's location), mapped into a VA range this engine reserves, with
+//! access from this GPU set once for the whole range (`cuMemSetAccess` costs
 //! ~31 µs a call; forgetting it makes NVLink accesses fault). A slot's address is then an
 //! ordinary device address: copies between it and a chunk of a buffer are device-to-device
 //! copies run by this GPU, at NVLink speed. Slabs are made on first need, round-robin among
@@ -13,10 +13,9 @@
 //! gone, so a slab is the unit of return: lowering a lender's cap marks its emptiest slabs
 //! *draining* (their free slots are never handed out again); the engine moves the chunks
 //! still in them elsewhere (placement.rs, "reclaim"), and a draining slab with no slot in
-//! use is unmapped. Its chunks' handles were given up as soon as they were mapped
-//! (`release_mapped_chunk`), so that one `cuMemUnmap` of the slab's range frees them all: on
-//! the H200 a slab released chunk by chunk took ~1 ms (32 unmaps and 32 releases), a lender
-//! waited 15 ms per GiB. A slab that cannot be created (the lender ran out of memory
+//! use is unmapped. Its handle was given up as soon as it was mapped (`release_mapped_chunk`),
+//! so one `cuMemUnmap` frees it. On the H200 the driver unmaps at ~33 µs per mapping, so
+//! slabs of 32 separately mapped chunks made a lender wait 15–17 ms per GiB. A slab that cannot be created (the lender ran out of memory
 //! meanwhile) caps that lender where it stands: the engine falls back to the host tier.
 //!
 //! Nothing here decides which chunk goes where: that is `policy::leave_hbm` and the engine's
@@ -169,33 +168,22 @@ impl PeerTier {
     fn grow(&mut self, device: &dyn Device, lender: usize) -> Result<()> {
         let size = self.slab_chunks * self.chunk;
         let va = device.reserve(size)?;
-        let mut chunks = Vec::with_capacity(self.slab_chunks);
-        let mut mapped = 0;
-        let made = (|| {
-            for i in 0..self.slab_chunks {
-                chunks.push(device.create_chunk_at(ChunkLocation::Gpu(self.lenders[lender].gpu))?);
-                device.map(va + (i * self.chunk) as u64, chunks[i])?;
-                mapped += 1;
-            }
-            device.set_access_from(va, size, &[self.me])
-        })();
-        if let Err(e) = made {
-            if mapped > 0 {
-                let _ = device.unmap(va, mapped * self.chunk);
-            }
-            chunks.into_iter().for_each(|p| drop(device.release_chunk(p)));
-            let _ = device.unreserve(va, size);
-            return Err(e);
-        }
-        // The mappings keep the memory; unmapping the slab's range frees it.
-        for (i, &p) in chunks.iter().enumerate() {
-            if let Err(e) = device.release_mapped_chunk(p) {
+        let undo = |mapped: bool, handle: Option<tiermem_mechanism::PhysHandle>| {
+            if mapped {
                 let _ = device.unmap(va, size);
-                chunks[i + 1..].iter().for_each(|&p| drop(device.release_chunk(p)));
-                let _ = device.unreserve(va, size);
-                return Err(e);
             }
-        }
+            if let Some(handle) = handle {
+                let _ = device.release_chunk(handle);
+            }
+            let _ = device.unreserve(va, size);
+        };
+        // One allocation, one mapping: giving it back is one unmap, not one per chunk.
+        let location = ChunkLocation::Gpu(self.lenders[lender].gpu);
+        let handle = device.create_chunks_at(location, self.slab_chunks).inspect_err(|_| undo(false, None))?;
+        device.map_sized(va, handle, size).inspect_err(|_| undo(false, Some(handle)))?;
+        device.set_access_from(va, size, &[self.me]).inspect_err(|_| undo(true, Some(handle)))?;
+        // The mapping keeps the memory; unmapping the slab's range frees it.
+        device.release_mapped_chunk(handle).inspect_err(|_| undo(true, Some(handle)))?;
         let index = self.slabs.len();
         self.slabs.push(Some(Slab { lender, va, used: 0, draining: false }));
         self.lenders[lender].live_slabs += 1;

@@ -71,6 +71,13 @@ impl Device for CountingDevice {
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()> {
         self.count(self.inner.release_chunk(chunk), |h| h.chunks -= 1)
     }
+    fn create_chunks_at(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle> {
+        self.count(self.inner.create_chunks_at(location, granules), |h| h.chunks += 1)
+    }
+    fn map_sized(&self, va: DevicePtr, chunk: PhysHandle, size: usize) -> Result<()> {
+        let granules = (size / self.inner.info().granularity) as i64;
+        self.count(self.inner.map_sized(va, chunk, size), |h| h.mapped_granules += granules)
+    }
     fn release_mapped_chunk(&self, chunk: PhysHandle) -> Result<()> {
         self.count(self.inner.release_mapped_chunk(chunk), |h| h.chunks -= 1)
     }

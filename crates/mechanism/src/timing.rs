@@ -135,6 +135,12 @@ impl Device for TimedDevice {
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()> {
         self.timed(Call::ReleaseChunk, || self.inner.release_chunk(chunk))
     }
+    fn create_chunks_at(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle> {
+        self.timed(Call::CreateChunk, || self.inner.create_chunks_at(location, granules))
+    }
+    fn map_sized(&self, va: DevicePtr, chunk: PhysHandle, size: usize) -> Result<()> {
+        self.timed(Call::Map, || self.inner.map_sized(va, chunk, size))
+    }
     fn release_mapped_chunk(&self, chunk: PhysHandle) -> Result<()> {
         self.timed(Call::ReleaseChunk, || self.inner.release_mapped_chunk(chunk))
     }

@@ -240,3 +240,27 @@ fn the_adaptors_pass_the_location_calls_on() {
     assert!(counting.held().is_empty(), "{:?}", counting.held());
     assert!(timed.peer_access(1) && !timed.peer_access(0), "peer access as the device says");
 }
+
+#[test]
+fn an_allocation_of_several_granules_maps_once_and_goes_back_with_its_last_unmap() {
+    let gpus = node(2, 8);
+    let me = &gpus[0];
+    let size = 4 * G;
+    let va = me.reserve(size).unwrap();
+    let slab = me.create_chunks_at(ChunkLocation::Gpu(1), 4).unwrap();
+    assert_eq!(gpus[1].mem_info().unwrap().0, 4 * G, "four granules taken on GPU 1");
+    assert!(me.map_sized(va, slab, 2 * G).is_err(), "a part of an allocation is not a mapping");
+    me.map_sized(va, slab, size).unwrap();
+    me.set_access_from(va, size, &[0]).unwrap();
+    me.write(va + (3 * G) as u64, &[9; 16]).unwrap();
+    assert!(me.release_chunk(slab).is_err(), "a mapped allocation is not released");
+    me.release_mapped_chunk(slab).unwrap();
+    assert_eq!(gpus[1].mem_info().unwrap().0, 4 * G, "the mapping keeps the memory");
+    let mut b = [0u8; 16];
+    me.read(va + (3 * G) as u64, &mut b).unwrap();
+    assert_eq!(b, [9; 16]);
+    me.unmap(va, size).unwrap();
+    assert_eq!(gpus[1].mem_info().unwrap().0, 8 * G, "the last unmap gave it back");
+    me.unreserve(va, size).unwrap();
+    assert_all_returned(me);
+}

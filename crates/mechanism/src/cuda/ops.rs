@@ -51,23 +51,27 @@ impl Device for CudaDevice {
     }
 
     fn create_chunk_at(&self, location: ChunkLocation) -> Result<PhysHandle> {
+        self.create_chunks_at(location, 1)
+    }
+
+    fn create_chunks_at(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle> {
         let prop = super::locations::chunk_prop(self, location)?;
         let _ctx = self.bind()?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: valid out-pointer; `prop` is fully initialised; size is one granule; flags 0.
-        let r = unsafe { sys::cuMemCreate(&mut handle, self.granularity, &prop, 0) };
-        check("cuMemCreate", r, || {
-            format!("size={} at {location} (through GPU {})", self.granularity, self.info.ordinal)
-        })
-        .map_err(|e| match (e, location) {
-            // Host memory ran out: say so rather than report HBM exhaustion.
-            (DeviceError::OutOfMemory { call, detail }, ChunkLocation::Host) => DeviceError::Driver {
-                call,
-                code: "CUDA_ERROR_OUT_OF_MEMORY".to_string(),
-                detail: format!("{detail}: host memory exhausted"),
+        let size = granules * self.granularity;
+        // SAFETY: valid out-pointer; `prop` is fully initialised; size is whole granules; flags 0.
+        let r = unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) };
+        check("cuMemCreate", r, || format!("size={size} at {location} (through GPU {})", self.info.ordinal)).map_err(
+            |e| match (e, location) {
+                // Host memory ran out: say so rather than report HBM exhaustion.
+                (DeviceError::OutOfMemory { call, detail }, ChunkLocation::Host) => DeviceError::Driver {
+                    call,
+                    code: "CUDA_ERROR_OUT_OF_MEMORY".to_string(),
+                    detail: format!("{detail}: host memory exhausted"),
+                },
+                (other, _) => other,
             },
-            (other, _) => other,
-        })?;
+        )?;
         Ok(PhysHandle(handle))
     }
 
@@ -80,12 +84,15 @@ impl Device for CudaDevice {
     }
 
     fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()> {
+        self.map_sized(va, chunk, self.granularity)
+    }
+
+    fn map_sized(&self, va: DevicePtr, chunk: PhysHandle, size: usize) -> Result<()> {
         let _ctx = self.bind()?;
-        let g = self.granularity;
-        // SAFETY: maps a whole chunk (offset 0, one granule, flags 0) into device VA; the driver
-        // validates that `va` lies in a reservation and is not mapped yet.
-        let r = unsafe { sys::cuMemMap(va, g, 0, chunk.0, 0) };
-        check("cuMemMap", r, || format!("va=0x{va:x} size={g} handle=0x{:x}", chunk.0))
+        // SAFETY: maps a whole allocation (offset 0, its size, flags 0) into device VA; the
+        // driver validates the size, that `va` lies in a reservation and is not mapped yet.
+        let r = unsafe { sys::cuMemMap(va, size, 0, chunk.0, 0) };
+        check("cuMemMap", r, || format!("va=0x{va:x} size={size} handle=0x{:x}", chunk.0))
     }
 
     fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()> {

@@ -89,7 +89,66 @@ impl Device for SimDevice {
         self.lock().memory.create(location)
     }
 
+    fn create_chunks_at(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle> {
+        if granules == 1 {
+            return self.create_chunk_at(location);
+        }
+        let mut members = Vec::with_capacity(granules);
+        for _ in 0..granules {
+            match self.create_chunk_at(location) {
+                Ok(chunk) => members.push(chunk),
+                Err(e) => {
+                    let mut s = self.lock();
+                    members.into_iter().for_each(|c| s.memory.release(c));
+                    return Err(e);
+                }
+            }
+        }
+        let mut s = self.lock();
+        s.next_group += 1;
+        let handle = GROUP_HANDLES | s.next_group;
+        s.groups.insert(handle, members);
+        Ok(PhysHandle(handle))
+    }
+
+    fn map_sized(&self, va: DevicePtr, chunk: PhysHandle, size: usize) -> Result<()> {
+        let Some(members) = self.lock().groups.get(&chunk.0).cloned() else {
+            return match size == self.gran() {
+                true => self.map(va, chunk),
+                false => Err(Self::invalid("cuMemMap", format!("size={size} for a chunk of one granule"))),
+            };
+        };
+        if size != members.len() * self.gran() {
+            return Err(Self::invalid(
+                "cuMemMap",
+                format!("size={size} for an allocation of {} granules", members.len()),
+            ));
+        }
+        for (i, &member) in members.iter().enumerate() {
+            if let Err(e) = self.map(va + (i * self.gran()) as u64, member) {
+                if i > 0 {
+                    let _ = self.unmap(va, i * self.gran());
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()> {
+        if let Some(members) = self.group_members(chunk) {
+            // Refused, like CUDA, while any part is mapped; else every part goes.
+            let mut s = self.lock_progressing();
+            if let Some(va) = members.iter().find_map(|c| s.mapped_chunks.get(&c.0).and_then(|vas| vas.first())) {
+                return Err(Self::invalid(
+                    "cuMemRelease",
+                    format!("allocation {} is still mapped at 0x{va:x}", chunk.0),
+                ));
+            }
+            s.groups.remove(&chunk.0);
+            members.into_iter().for_each(|c| s.memory.release(c));
+            return Ok(());
+        }
         let mut s = self.lock_progressing();
         if !s.memory.is_live(chunk) {
             return Err(Self::invalid("cuMemRelease", format!("chunk {} is not live", chunk.0)));
@@ -102,6 +161,10 @@ impl Device for SimDevice {
     }
 
     fn release_mapped_chunk(&self, chunk: PhysHandle) -> Result<()> {
+        if let Some(members) = self.group_members(chunk) {
+            self.lock().groups.remove(&chunk.0);
+            return members.into_iter().try_for_each(|c| self.release_mapped_chunk(c));
+        }
         let mut s = self.lock_progressing();
         if !s.memory.is_live(chunk) || s.released_mapped.contains(&chunk.0) {
             return Err(Self::invalid("cuMemRelease", format!("chunk {} is not live", chunk.0)));
@@ -401,7 +464,16 @@ impl Device for SimDevice {
     }
 }
 
+/// The bit that marks the handle of an allocation of several granules (the simulated
+/// device's own chunk handles never set it).
+const GROUP_HANDLES: u64 = 1 << 62;
+
 impl SimDevice {
+    /// The granule chunks of an allocation of several granules, if `chunk` is one.
+    fn group_members(&self, chunk: PhysHandle) -> Option<Vec<PhysHandle>> {
+        self.lock().groups.get(&chunk.0).cloned()
+    }
+
     /// Queues memory work `op` on `stream` (`call` names it in errors), after checking that
     /// the stream's GPU may touch each of `device` ranges now and that `pinned` is pinned;
     /// they are checked again when the work runs.

@@ -105,6 +105,10 @@ struct SimState {
     /// Chunks whose handle was given up while mapped (`release_mapped_chunk`): freed when
     /// their last mapping goes.
     released_mapped: std::collections::HashSet<u64>,
+    /// Allocations of several granules (`create_chunks_at`), by handle: the granule chunks
+    /// they are made of, mapped and released together.
+    groups: HashMap<u64, Vec<PhysHandle>>,
+    next_group: u64,
     pinned: BTreeMap<HostPtr, usize>,
     /// Plain allocations: size and the GPU that made them, the only one that may touch them.
     plain: HashMap<DevicePtr, (usize, usize)>,
@@ -175,6 +179,8 @@ impl SimDevice {
             memory: Memory::new(gpus, capacity_chunks)?,
             mapped_chunks: HashMap::new(),
             released_mapped: std::collections::HashSet::new(),
+            groups: HashMap::new(),
+            next_group: 0,
             pinned: BTreeMap::new(),
             plain: HashMap::new(),
             queues: Queues::new(0x5eed_cafe ^ hbm_per_gpu as u64 ^ ((gpus as u64 - 1) << 56)),
