@@ -155,14 +155,19 @@ impl Engine {
         let has_peers = inner.tiers.peer.exists();
         let inner = Arc::new(Mutex::new(inner));
         let lender_watch = match has_peers {
-            true => Some(
-                crate::lender_watch::LenderWatch::start(
-                    Arc::downgrade(&inner),
-                    config.peer_reserve(device.info().backend),
-                    LENDER_POLL,
-                )
-                .map_err(|e| Error::Config(format!("Engine::new: could not start the lender watch thread: {e}")))?,
-            ),
+            true => {
+                let (weak, reserve) = (Arc::downgrade(&inner), config.peer_reserve(device.info().backend));
+                let watch = move || {
+                    let Some(inner) = weak.upgrade() else { return false };
+                    let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Err(e) = guard.watch_lenders(reserve) {
+                        eprintln!("tiermem: giving borrowed HBM back to a lender failed: {e}");
+                    }
+                    true
+                };
+                let started = crate::lender_watch::LenderWatch::start(watch, LENDER_POLL);
+                Some(started.map_err(|e| Error::Config(format!("Engine::new: no lender watch thread: {e}")))?)
+            }
             false => None,
         };
         Ok(Self {

@@ -73,7 +73,7 @@ impl HostTier {
 
     /// The first run of `n` consecutive free slots inside one slab.
     fn find_run(&self, n: usize) -> Option<Vec<Slot>> {
-        let start = crate::runs::first_free_run(self.free.iter().map(|s| s.0), n, self.slab_slots as u32)?;
+        let start = crate::slot_runs::first_free_run(self.free.iter().map(|s| s.0), n, self.slab_slots as u32)?;
         Some((start..start + n as u32).map(Slot).collect())
     }
 

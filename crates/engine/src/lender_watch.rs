@@ -4,8 +4,7 @@
 //! the borrowing program sits idle. It runs only when the engine has a peer tier, holds the
 //! engine only while it looks (a weak reference otherwise), and stops when the engine drops.
 
-use crate::engine::Inner;
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -15,8 +14,9 @@ pub(crate) struct LenderWatch {
 }
 
 impl LenderWatch {
-    /// Starts watching for the engine behind `inner`, keeping `reserve` bytes free on lenders.
-    pub fn start(inner: Weak<crate::sync::Mutex<Inner>>, reserve: usize, period: Duration) -> std::io::Result<Self> {
+    /// Calls `watch` every `period` until it returns `false` (the engine is gone) or the
+    /// watch is dropped.
+    pub fn start(watch: impl Fn() -> bool + Send + 'static, period: Duration) -> std::io::Result<Self> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new().name("tiermem-lenders".into()).spawn(move || loop {
@@ -27,10 +27,8 @@ impl LenderWatch {
                 return;
             }
             drop(stopped);
-            let Some(inner) = inner.upgrade() else { return };
-            let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(e) = guard.watch_lenders(reserve) {
-                eprintln!("tiermem: giving borrowed HBM back to a lender failed: {e}");
+            if !watch() {
+                return;
             }
         })?;
         Ok(Self { stop, thread: Some(thread) })

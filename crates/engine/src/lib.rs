@@ -48,6 +48,7 @@ mod placement;
 mod recorder;
 mod runs;
 mod schedule;
+mod slot_runs;
 mod state;
 mod stats;
 mod sync;
