@@ -116,7 +116,7 @@ impl Engine {
         let chunk = device.info().granularity;
         let (free, _) = device.mem_info().during("Engine::new")?;
         let caps = crate::limits::caps(config, device.info(), free)?;
-        let lending = peer_lending(device.as_ref(), config)?;
+        let lending = crate::lenders::peer_lending(device.as_ref(), config)?;
         let file = match &config.file {
             None => None,
             Some(path) => {
@@ -562,28 +562,6 @@ pub(crate) fn retag(error: Error, call: &'static str) -> Error {
         Error::File { source, .. } => Error::File { call, source },
         other => other,
     }
-}
-
-/// Who would lend HBM to `device`'s peer tier under `config`, from what the machine reports
-/// now, and why the other GPUs would not (`tiermem info` prints it; engines decide so at start).
-pub fn peer_lending(device: &dyn Device, config: &EngineConfig) -> Result<crate::lenders::Lending> {
-    let info = device.info();
-    let neighbours: Vec<crate::lenders::Neighbour> = (0..info.device_count)
-        .filter(|&gpu| gpu != info.ordinal)
-        .map(|gpu| crate::lenders::Neighbour {
-            gpu,
-            access: device.peer_access(gpu),
-            memory: device.gpu_memory(gpu).map_err(|e| e.to_string()),
-        })
-        .collect();
-    crate::lenders::lending(
-        &config.peers,
-        info.ordinal,
-        info.device_count,
-        &neighbours,
-        config.peer_reserve(info.backend),
-        config.peer_limit,
-    )
 }
 
 impl Drop for Engine {

@@ -8,8 +8,8 @@
 //! there). Every GPU left out has a note saying why, which `tiermem info` prints.
 
 use crate::config::PeerChoice;
-use crate::{format_size, Error, Result};
-use tiermem_mechanism::GpuMemory;
+use crate::{format_size, EngineConfig, Error, Result};
+use tiermem_mechanism::{Device, GpuMemory};
 
 /// What the machine says of one other GPU.
 #[derive(Debug, Clone)]
@@ -105,6 +105,28 @@ pub(crate) fn lending(
         out.lenders.push((n.gpu, spare));
     }
     Ok(out)
+}
+
+/// Who would lend HBM to `device`'s peer tier under `config`, from what the machine reports
+/// now, and why the other GPUs would not (`tiermem info` prints it; engines decide so at start).
+pub fn peer_lending(device: &dyn Device, config: &EngineConfig) -> Result<Lending> {
+    let info = device.info();
+    let neighbours: Vec<Neighbour> = (0..info.device_count)
+        .filter(|&gpu| gpu != info.ordinal)
+        .map(|gpu| Neighbour {
+            gpu,
+            access: device.peer_access(gpu),
+            memory: device.gpu_memory(gpu).map_err(|e| e.to_string()),
+        })
+        .collect();
+    lending(
+        &config.peers,
+        info.ordinal,
+        info.device_count,
+        &neighbours,
+        config.peer_reserve(info.backend),
+        config.peer_limit,
+    )
 }
 
 /// What a lender lends once it reports `free` bytes free (what is borrowed from it already

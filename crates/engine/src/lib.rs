@@ -56,9 +56,9 @@ mod tiers;
 
 pub use buffer::{Access, AllocOptions, BufferId, Region};
 pub use config::{format_size, parse_size, EngineConfig, PeerChoice};
-pub use engine::{peer_lending, Engine, Target, Ticket};
+pub use engine::{Engine, Target, Ticket};
 pub use error::{Error, Result};
-pub use lenders::Lending as PeerLending;
+pub use lenders::{peer_lending, Lending as PeerLending};
 pub use stats::{BufferStats, Counters, PerTier, Stats, TierStats};
 pub use tiermem_mechanism as mechanism;
 pub use tiermem_mechanism::StreamHandle;
