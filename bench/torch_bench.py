@@ -6,7 +6,7 @@ whose parameters, gradients and AdamW state are at least 1.5x the cap; a Mixtral
 at least 1.5x its cap; and a tied-embedding Llama larger than its cap, saved, loaded by
 tiermem.torch.from_pretrained (against the disk's read speed), decoded, put to sleep and woken.
 
-Usage: python bench/torch_bench.py --json DIR [--commit SHA] [--small] [--scratch DIR]
+Usage: python bench/torch_bench.py --json DIR [--commit SHA] [--small] [--scratch DIR] [--parts inference,...]
 Writes DIR/torch-<yyyymmdd>-<commit>.json (keys: suite, commit, date, device, metrics,
 ratios, verified) and prints a summary. --small runs a model of a few hundred MiB (a smoke
 test of the script, not a measurement).
@@ -487,7 +487,13 @@ def main():
                         help="prefetch windows to try for decoding, in MiB, comma-separated; the first is the headline")
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--scratch", type=Path, default=None, help="where the checkpoint is saved and read back (a real disk)")
+    parts = {"inference": inference, "training": training, "moe": mixture_of_experts, "tied": tied_loading_and_sleep}
+    parser.add_argument("--parts", type=lambda v: v.split(","), default=list(parts),
+                        help=f"which parts to run, comma-separated, of {','.join(parts)} (default: all)")
     args = parser.parse_args()
+    unknown = [p for p in args.parts if p not in parts]
+    if unknown:
+        parser.error(f"--parts: unknown {unknown}; choose among {list(parts)}")
     props = torch.cuda.get_device_properties(0)
     results = {
         "suite": "torch",
@@ -500,10 +506,8 @@ def main():
         "small": args.small,
     }
     try:
-        inference(args, results)
-        training(args, results)
-        mixture_of_experts(args, results)
-        tied_loading_and_sleep(args, results)
+        for part in args.parts:
+            parts[part](args, results)
     finally:
         results["verified"] = bool(results["checks"]) and all(results["checks"].values())
         args.json.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ if want rust; then
     TIERMEM_TEST_BACKEND=cuda run "$t" --test-threads=1 --nocapture
   done
 fi
-if want python || want torch || want torch-small; then
+if want python || want torch || want torch-small || want peer; then
   step "install the wheel"; run python3 -m pip install -q --no-index --no-deps "$dist"/wheels/*.whl
 fi
 want python && { step "Python tests on the GPU"; TIERMEM_TEST_BACKEND=cuda run python3 -m pytest -q -rs python/tests; }
@@ -48,7 +48,7 @@ if want limits; then
 fi
 want soak && { step "tiermem soak"; TIERMEM_COMMIT=$commit run "$dist/tiermem" soak --seconds "${SOAK_SECONDS:-300}" --threads "${SOAK_THREADS:-8}" --file "$scratch/soak-file" --json "$out/results"; }
 want engine && { step "tiermem bench engine"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench engine --json "$out/results"; }
-want peer && { step "tiermem bench peer"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench peer --json "$out/results" ${PEER_ARGS:-}; }
+want peer && { step "tiermem bench peer"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench peer --json "$out/results" --decode bench/torch_bench.py ${PEER_ARGS:-}; }
 want tenants && { step "tiermem bench tenants"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench tenants --json "$out/results" ${TENANTS_ARGS:-}; }
 want nvme && { step "tiermem bench nvme"; df -T "$scratch" | tail -1; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench nvme --json "$out/results" --dir "$scratch" --reps 5; }
 # Undoes whatever a bench swap that was killed left behind: swap areas, loop devices over its

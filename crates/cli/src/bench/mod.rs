@@ -135,6 +135,10 @@ pub enum Suite {
         /// Bytes the lender's own job writes per pass.
         #[arg(long, value_parser = tiermem::parse_size, default_value = "4GiB")]
         job_bytes: usize,
+        /// The torch benchmark's script (bench/torch_bench.py): its dense decode runs on GPU 0
+        /// with TIERMEM_PEERS=auto and =off, for the decode figures (needs python3 and torch).
+        #[arg(long)]
+        decode: Option<PathBuf>,
     },
     /// The swap-bound job of `bench swap` (a process of its own, in a memory-limited cgroup).
     #[command(hide = true)]
@@ -168,8 +172,8 @@ pub fn run(suite: Suite) -> Result<(), String> {
             swap::run(&json, &commit(given), setup)
         }
         Suite::SwapJob(args) => swap_job::run(args),
-        Suite::Peer { json, commit: given, borrower, lender, size, reps, job_bytes } => {
-            let setup = peer::Setup { borrower, lender, size, reps: reps.max(1), job_bytes };
+        Suite::Peer { json, commit: given, borrower, lender, size, reps, job_bytes, decode } => {
+            let setup = peer::Setup { borrower, lender, size, reps: reps.max(1), job_bytes, decode };
             peer::run(&json, &commit(given), setup)
         }
     }

@@ -26,6 +26,48 @@ pub struct Setup {
     pub reps: usize,
     /// Bytes the lender's job writes per pass.
     pub job_bytes: usize,
+    /// The torch benchmark's script: its dense decode is run with and without the peer tier.
+    pub decode: Option<std::path::PathBuf>,
+}
+
+/// What the torch benchmark's dense decode gave in a process of its own.
+struct Decode {
+    tiermem_tok_s: f64,
+    resident_tok_s: f64,
+    identical: bool,
+}
+
+/// Runs the `inference` part of the torch benchmark (`script`) with `TIERMEM_PEERS=peers`:
+/// its Llama, twice the HBM cap, decoded resident and through tiermem on GPU 0.
+fn torch_decode(script: &Path, peers: &str) -> Result<Decode, String> {
+    let dir = std::env::temp_dir().join(format!("tiermem-peer-decode-{}-{peers}", std::process::id()));
+    let status = std::process::Command::new("python3")
+        .arg(script)
+        .arg("--json")
+        .arg(&dir)
+        .args(["--commit", "decode", "--parts", "inference"])
+        .env("TIERMEM_PEERS", peers)
+        .status()
+        .map_err(|e| format!("bench peer: python3 {}: {e}", script.display()))?;
+    let report = std::fs::read_dir(&dir).ok().and_then(|entries| {
+        entries.filter_map(|e| e.ok().map(|e| e.path())).find(|p| p.to_string_lossy().ends_with("-decode.json"))
+    });
+    let parsed = report
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    let _ = std::fs::remove_dir_all(&dir);
+    let Some(json) = parsed.filter(|_| status.success()) else {
+        return Err(format!("bench peer: the torch benchmark's decode with TIERMEM_PEERS={peers} failed ({status})"));
+    };
+    let metric = |key: &str| {
+        json["metrics"][key].as_f64().ok_or_else(|| format!("bench peer: no {key} in the torch benchmark's report"))
+    };
+    Ok(Decode {
+        tiermem_tok_s: metric("tiermem_decode_tok_s")?,
+        resident_tok_s: metric("resident_decode_tok_s")?,
+        identical: json["checks"]["tiermem_tokens_and_logits_identical"].as_bool() == Some(true),
+    })
 }
 
 fn err(what: &'static str) -> impl Fn(mechanism::DeviceError) -> String {
@@ -136,7 +178,7 @@ fn lender_job(d: &dyn Device, bytes: usize, reps: usize) -> Result<f64, String> 
 }
 
 pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
-    let Setup { borrower, lender, size, reps, job_bytes } = setup;
+    let Setup { borrower, lender, size, reps, job_bytes, decode } = setup;
     if borrower == lender {
         return Err(format!("bench peer: --borrower and --lender are both GPU {lender}; name two GPUs"));
     }
@@ -175,6 +217,17 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
 
     eprintln!("bench peer: tiermem's peer tier: page-out, page-in, reclaim");
     let engine_side = peer_engine::measure(engine, reps)?;
+    let (with_peers, host_only) = match &decode {
+        Some(script) => {
+            eprintln!("bench peer: the torch benchmark's decode on GPU 0, with neighbours lending and host-only");
+            (Some(torch_decode(script, "auto")?), Some(torch_decode(script, "off")?))
+        }
+        None => (None, None),
+    };
+    let peer_tok = with_peers.as_ref().map(|d| d.tiermem_tok_s);
+    let host_tok = host_only.as_ref().map(|d| d.tiermem_tok_s);
+    let resident_tok = with_peers.as_ref().map(|d| d.resident_tok_s);
+    let decode_identical = [&with_peers, &host_only].iter().all(|d| d.as_ref().is_none_or(|d| d.identical));
     let ratio = |v: Option<f64>, of: f64| v.map(|v| v / of);
     let metrics = json!({
         "raw_peer_GBps": raw_gbps,
@@ -187,9 +240,9 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "reclaim_ms_per_GiB_clean": engine_side.reclaim_ms_per_gib_clean,
         "reclaim_ms_per_GiB_dirty": engine_side.reclaim_ms_per_gib_dirty,
         "d2h_ms_per_GiB": engine_side.d2h_ms_per_gib,
-        "decode_tok_s_peer": null,
-        "decode_tok_s_host_only": null,
-        "decode_tok_s_resident": null,
+        "decode_tok_s_peer": peer_tok,
+        "decode_tok_s_host_only": host_tok,
+        "decode_tok_s_resident": resident_tok,
         "multipath_h2d_GBps": null,
         "lender_job_GBps_alone": alone,
         "lender_job_GBps_lending": lending,
@@ -200,18 +253,20 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "page_out_peer": ratio(engine_side.page_out_to_peer_gbps, raw_to),
         "in_place": null,
         "reclaim_dirty_vs_d2h": engine_side.reclaim_ms_per_gib_dirty.zip(engine_side.d2h_ms_per_gib).map(|(r, c)| r / c),
-        "decode_vs_host_only": null,
-        "decode_vs_resident": null,
+        "decode_vs_host_only": peer_tok.zip(host_tok).map(|(p, h)| p / h),
+        "decode_vs_resident": peer_tok.zip(resident_tok).map(|(p, r)| p / r),
         "multipath_vs_single": null,
         "lender_slowdown": lending / alone,
     });
     let mut notes = engine_side.notes.clone();
-    notes
-        .push("decode_*, multipath_h2d_GBps, raw_in_place_read_GBps: not measured by this version of the suite".into());
+    notes.push("multipath_h2d_GBps, raw_in_place_read_GBps: not measured by this version of the suite".into());
+    if decode.is_none() {
+        notes.push("decode_*: not asked for (--decode bench/torch_bench.py runs them)".into());
+    }
     if simulated {
         notes.push("simulated device: not evidence of speed".into());
     }
-    let verified = raw_ok && engine_side.verified;
+    let verified = raw_ok && engine_side.verified && decode_identical;
     let date = today();
     let rep = report("peer", commit, &date, device.info(), metrics, ratios, verified);
     let detail = json!({
