@@ -325,14 +325,14 @@ def test_stats_keep_the_keys_front_ends_read(pool):
     kept = pool.alloc(CHUNK, name="k")
     kept.write(b"k")
     stats = pool.stats()
-    assert set(stats) == {"policy", "chunk_size", "hbm", "host", "file", "host_pinned_bytes", "transfers", "buffers"}
-    assert stats["policy"] == "lru" and stats["file"] is None
+    assert set(stats) == {"policy", "chunk_size", "hbm", "peer", "host", "file", "host_pinned_bytes", "transfers", "buffers"}
+    assert stats["policy"] == "lru" and stats["file"] is None and stats["peer"] is None
     assert set(stats["hbm"]) == {"capacity_bytes", "used_bytes", "chunks"}
     assert set(stats["transfers"]) == {
         "page_ins", "page_outs", "zero_fills", "clean_drops", "evictions", "prefetched", "file_writes",
         "file_reads", "maps", "bytes_in", "bytes_out", "stall_ms", "map_ms", "unmap_ms", "evict_wait_ms"}
     [buf] = stats["buffers"]
-    assert set(buf) == {"id", "name", "size", "priority", "read_only", "chunks", "in_hbm", "in_host", "in_file",
-                        "empty", "moving", "acquired"}
+    assert set(buf) == {"id", "name", "size", "priority", "read_only", "chunks", "in_hbm", "in_peer", "in_host",
+                        "in_file", "empty", "moving", "acquired"}
     assert isinstance(buf["id"], int) and buf["name"] == "k" and buf["size"] == CHUNK
     assert isinstance(stats["transfers"]["stall_ms"], float)
