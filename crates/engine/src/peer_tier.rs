@@ -219,8 +219,8 @@ impl PeerTier {
         let mut mine: Vec<usize> = (0..self.slabs.len())
             .filter(|&i| self.slabs[i].as_ref().is_some_and(|s| s.lender == lender && !s.draining))
             .collect();
-        let draining_already = self.live().filter(|s| s.lender == lender && s.draining).count();
-        let excess = (mine.len() + draining_already).saturating_sub(cap_slabs).min(mine.len());
+        // Slabs draining already go back anyway: only those kept count against the cap.
+        let excess = mine.len().saturating_sub(cap_slabs);
         mine.sort_by_key(|&i| self.slabs[i].as_ref().map_or(0, |s| s.used));
         for &i in &mine[..excess] {
             self.slabs[i].as_mut().expect("live").draining = true;
@@ -355,6 +355,25 @@ mod tests {
         }
         tier.release_all(me).unwrap();
         assert!(me.live().is_empty(), "{:?}", me.live());
+    }
+
+    #[test]
+    fn lowering_a_cap_again_before_the_slabs_go_back_drains_no_more_than_it_says() {
+        let node = SimDevice::node(3, 16 * G).unwrap();
+        // Slabs of 4 chunks: GPU 2 lends two.
+        let mut tier = PeerTier::new(G, 0, &[(1, 4 * G), (2, 8 * G)]);
+        let slots = tier.alloc_up_to(&node[0], 12);
+        assert_eq!(tier.borrowed_from(2), 8 * G);
+        assert!(tier.set_cap(2, 4 * G));
+        let draining = |t: &PeerTier| t.slabs.iter().flatten().filter(|s| s.draining).count();
+        assert_eq!(draining(&tier), 1);
+        tier.set_cap(2, 4 * G);
+        assert_eq!(draining(&tier), 1, "the slab already draining counts");
+        slots.into_iter().for_each(|s| tier.free(s));
+        assert_eq!(tier.release_drained(&node[0]).unwrap(), 4 * G);
+        assert_eq!(tier.borrowed_from(2), 4 * G);
+        tier.release_all(&node[0]).unwrap();
+        assert!(node[0].live().is_empty());
     }
 
     #[test]
