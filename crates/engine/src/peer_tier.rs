@@ -170,7 +170,7 @@ impl PeerTier {
         let va = device.reserve(size)?;
         let undo = |mapped: bool, handle: Option<tiermem_mechanism::PhysHandle>| {
             if mapped {
-                let _ = device.unmap(va, size);
+                let _ = self.unmap_slab(device, va);
             }
             if let Some(handle) = handle {
                 let _ = device.release_chunk(handle);
@@ -275,25 +275,25 @@ impl PeerTier {
         Ok(given)
     }
 
-    /// Unmaps a slab's range (one call; granule by granule if the driver refuses, or after a
-    /// failure left part of it mapped, a few times over) and frees the range.
+    /// Unmaps a slab's range and frees the range.
     fn unmake(&self, device: &dyn Device, va: DevicePtr) -> Result<()> {
+        self.unmap_slab(device, va)?;
+        device.unreserve(va, self.slab_chunks * self.chunk)
+    }
+
+    /// Unmaps a slab's range: one call, tried a few times (a failed unmap changes nothing), then
+    /// granule by granule for a driver that refuses a range of several mappings. Freeing the
+    /// range afterwards says whether anything is still mapped.
+    fn unmap_slab(&self, device: &dyn Device, va: DevicePtr) -> Result<()> {
         let size = self.slab_chunks * self.chunk;
-        if device.unmap(va, size).is_ok() {
-            return device.unreserve(va, size);
+        if (0..4).any(|_| device.unmap(va, size).is_ok()) {
+            return Ok(());
         }
-        let mut freed = Ok(());
-        for _ in 0..4 {
-            for i in 0..self.slab_chunks {
-                // Granules a failed call already unmapped refuse to be unmapped again.
-                let _ = device.unmap(va + (i * self.chunk) as u64, self.chunk);
-            }
-            freed = device.unreserve(va, size);
-            if freed.is_ok() {
-                break;
-            }
+        for i in 0..self.slab_chunks {
+            // Granules already unmapped refuse to be unmapped again.
+            let _ = device.unmap(va + (i * self.chunk) as u64, self.chunk);
         }
-        freed
+        Ok(())
     }
 
     /// Gives every slab back (shutdown: no slot is in use).
