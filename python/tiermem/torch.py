@@ -461,12 +461,12 @@ def _prepare(call: str, model: torch.nn.Module, pool: Pool, optimizer, meta_ok: 
     return units, sites
 
 
-def _allocate(pool: Pool, units: list[Unit], layouts: list[dict]) -> None:
+def _allocate(pool: Pool, units: list[Unit], layouts: list[dict], in_place: bool = False) -> None:
     """One tiermem buffer per part of each unit; on failure none is left."""
     try:
         for unit, layout in zip(units, layouts):
             for part, (_, size) in layout.items():
-                unit.parts[part] = pool.alloc(size, name=f"{unit.name}.{part}")
+                unit.parts[part] = pool.alloc(size, name=f"{unit.name}.{part}", in_place=in_place)
     except BaseException:
         _free_all(units)
         raise
@@ -488,7 +488,8 @@ def _install(model, pool: Pool, prefetch_bytes: int, units, sites, optimizer) ->
     return handle
 
 
-def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "1GiB", optimizer=None) -> Offload:
+def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "1GiB", optimizer=None,
+            in_place: bool = False) -> Offload:
     """Moves ``model``'s parameters and buffers into ``pool`` (one buffer per module that owns
     tensors, one per tied tensor, one per mixture-of-experts block: :mod:`tiermem.units`)
     and hooks the modules so a buffer is acquired only while a module using it runs.
@@ -496,7 +497,8 @@ def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "1Gi
     ahead of the running module the engine pages in, once the first pass has recorded the
     order (at most an eighth of the HBM cap: :attr:`Offload.window_bytes`). With an Adam or AdamW ``optimizer``, gradients and the optimizer's moments live in
     the buffers too; call :meth:`Offload.step` and :meth:`Offload.zero_grad` instead of the
-    optimizer's.
+    optimizer's. ``in_place``: modules read their parameters where they lie in a neighbour
+    GPU's lent HBM, over NVLink, instead of copying them in first (no effect without lenders).
 
     Errors (the model is left unchanged): a model already offloaded, tensors on another
     device or on the meta device, sparse or non-contiguous tensors, a Pool without a GPU.
@@ -504,7 +506,7 @@ def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "1Gi
     units, sites = _prepare("offload", model, pool, optimizer)
     prefetch_bytes = _tiermem.parse_size(prefetch_bytes)
     layouts = [u.layout(optimizer is not None) for u in units]
-    _allocate(pool, units, layouts)
+    _allocate(pool, units, layouts, in_place)
     # From here on nothing can fail for a reason of the model's: copy and swap.
     stream = _stream()
     for unit, layout in zip(units, layouts):

@@ -69,9 +69,11 @@ pub fn status_of(error: &Error) -> TiermemStatus {
         | Error::Config(_)
         | Error::Conflict { .. }
         | Error::Schedule { .. } => TiermemStatus::InvalidArgument,
-        Error::UnknownBuffer { .. } | Error::Acquired { .. } | Error::NotAcquired { .. } | Error::ReadOnly { .. } => {
-            TiermemStatus::BufferState
-        }
+        Error::UnknownBuffer { .. }
+        | Error::Acquired { .. }
+        | Error::NotAcquired { .. }
+        | Error::ReadOnly { .. }
+        | Error::AcquiredInPlace { .. } => TiermemStatus::BufferState,
         Error::Device { .. } => TiermemStatus::Device,
         Error::File { .. } => TiermemStatus::FileTier,
         Error::MustWait(_) => TiermemStatus::Internal,

@@ -1,6 +1,6 @@
 //! `tiermem bench peer` end to end on a simulated node of two GPUs, small: the raw copies,
-//! the lender's job, tiermem's page-out to the lender, page-in and both reclaims run and are
-//! verified, and the report has every key the issue asks for. The numbers mean nothing here.
+//! the lender's job, tiermem's page-out to the lender, page-in, a kernel reading in place and
+//! both reclaims run and are verified, and the report has every key the issue asks for. The numbers mean nothing here.
 
 mod support;
 
@@ -44,4 +44,7 @@ fn the_peer_benchmark_runs_on_a_simulated_node_and_verifies_every_byte() {
         assert!(report["ratios"].get(key).is_some(), "{key} missing: {report}");
     }
     assert!(report["metrics"]["reclaim_ms_per_GiB_dirty"].as_f64().is_some(), "{report}");
+    for key in ["in_place_read_GBps", "raw_in_place_read_GBps"] {
+        assert!(report["metrics"][key].as_f64().is_some_and(|v| v > 0.0), "{key}: {report}");
+    }
 }

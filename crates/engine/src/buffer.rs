@@ -17,6 +17,9 @@ pub struct AllocOptions {
     /// model weights: `ReadWrite` acquires are refused, so its host copy stays valid and every
     /// later eviction is an unmap, never a copy (the Bakita paper's read-only buffers).
     pub read_only: bool,
+    /// `ReadOnly` acquires of it are [`Access::InPlaceOk`]: its chunks may be read where they
+    /// lie in a neighbour GPU's HBM (model weights streamed over NVLink).
+    pub in_place: bool,
     /// Shown in statistics.
     pub name: Option<String>,
 }
@@ -28,6 +31,9 @@ pub enum Access {
     ReadOnly,
     /// Read and written: chunks become dirty and must be copied down when evicted.
     ReadWrite,
+    /// Only read, and chunks held by the peer tier may be read where they lie, in a neighbour
+    /// GPU's HBM over NVLink, instead of coming into this GPU's HBM (in_place.rs says when).
+    InPlaceOk,
 }
 
 /// Bytes of one buffer: the whole buffer, or `len` bytes from `offset`.

@@ -128,10 +128,11 @@ impl Inner {
                 return Err(Error::ReadOnly { call: "acquire", buffer: r.buffer });
             }
         }
-        self.check_fits("acquire", &refs)?;
-        if refs.iter().any(|&r| !self.state.chunk(r).is_resident()) {
+        let (_, in_hbm) = self.serve_in_place("acquire", &refs, access)?;
+        self.check_fits("acquire", &in_hbm)?;
+        if in_hbm.iter().any(|&r| !self.state.chunk(r).is_resident()) {
             self.tiers.reap(&mut self.state)?;
-            self.bring_in("acquire", &refs, crate::movement::Purpose::Demand)?;
+            self.bring_in("acquire", &in_hbm, crate::movement::Purpose::Demand)?;
         }
         self.pin("acquire", &refs, access, stream)
     }
@@ -145,9 +146,10 @@ impl Inner {
         call: &'static str,
     ) -> Result<u64> {
         let refs = self.resolve(call, regions)?;
-        self.check_fits(call, &refs)?;
+        let (_, in_hbm) = self.serve_in_place(call, &refs, access)?;
+        self.check_fits(call, &in_hbm)?;
         self.tiers.reap(&mut self.state)?;
-        self.bring_in(call, &refs, crate::movement::Purpose::Demand)?;
+        self.bring_in(call, &in_hbm, crate::movement::Purpose::Demand)?;
         self.pin(call, &refs, access, stream)?;
         Ok(self.state.va((regions[0].buffer, 0)))
     }

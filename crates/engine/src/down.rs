@@ -235,7 +235,7 @@ impl Tiers {
             let r = (id, index);
             let chunk = state.chunk(r);
             let in_hbm = chunk.phys().is_some();
-            if !in_hbm && chunk.alias().is_none() {
+            if !in_hbm && !chunk.maps_below() {
                 continue;
             }
             self.device.unmap(state.va(r), self.chunk)?;

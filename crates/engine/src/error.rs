@@ -18,6 +18,8 @@ pub enum Error {
     NotAcquired { buffer: BufferId, offset: usize, len: usize },
     #[error("{call}: buffer {buffer} is read-only; acquire it ReadOnly (Engine::write loads its contents)")]
     ReadOnly { call: &'static str, buffer: BufferId },
+    #[error("{call}: buffer {buffer} has chunks acquired in place (read in a neighbour GPU's HBM) for reading; release them before acquiring them for writing")]
+    AcquiredInPlace { call: &'static str, buffer: BufferId },
     #[error("{call}: {requested} bytes can never be resident at once: the HBM cap is {cap} bytes")]
     WouldNeverFit { call: &'static str, requested: usize, cap: usize },
     #[error("{call}: out of memory: {detail}")]

@@ -37,6 +37,7 @@ mod file_writes;
 mod homes;
 mod host_tier;
 mod in_flight;
+mod in_place;
 mod lender_watch;
 mod lenders;
 mod limits;

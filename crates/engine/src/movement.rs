@@ -199,8 +199,8 @@ impl Tiers {
         let g = self.chunk;
         let va0 = state.va(batch[0]);
         let device = Arc::clone(&self.device);
-        // Chunks still mapped at their physical chunk need nothing; a stale mapping elsewhere
-        // is unmapped first.
+        // Chunks still mapped at their physical chunk need nothing; a stale mapping elsewhere,
+        // or a mapping in place at its peer slot (in_place.rs), is unmapped first.
         let mut fresh = Vec::new();
         let mut outcome = Ok(());
         for (i, (&r, &p)) in batch.iter().zip(phys).enumerate() {
@@ -209,12 +209,9 @@ impl Tiers {
             if chunk.maps(p) {
                 continue;
             }
-            if chunk.alias().is_some() {
-                outcome = device.unmap(va, g);
-                if outcome.is_err() {
-                    break;
-                }
-                state.unmapped(r);
+            outcome = self.unmap_below(state, r);
+            if outcome.is_err() {
+                break;
             }
             outcome = device.map(va, p);
             if outcome.is_err() {

@@ -13,8 +13,12 @@
 //! gone, so a slab is the unit of return: lowering a lender's cap marks its emptiest slabs
 //! *draining* (their free slots are never handed out again); the engine moves the chunks
 //! still in them elsewhere (placement.rs, "reclaim"), and a draining slab with no slot in
-//! use is unmapped. Its handle was given up as soon as it was mapped (`release_mapped_chunk`),
-//! so one `cuMemUnmap` frees it. On the H200 the driver unmaps at ~33 µs per mapping, so
+//! use is unmapped and its handle released: one `cuMemUnmap`, one `cuMemRelease`.
+//!
+//! **Mapped in place.** The slab's handle is kept so that one slot can also be mapped at the
+//! address of the chunk it holds ([`PeerTier::part`], `Device::map_part`): a kernel then reads
+//! the chunk over NVLink where it lies (in_place.rs). Such mappings are undone before the
+//! chunk gives its slot up, so a slab with no slot in use has no mapping but its own. On the H200 the driver unmaps at ~33 µs per mapping, so
 //! slabs of 32 separately mapped chunks made a lender wait 15–17 ms per GiB. A slab that cannot be created (the lender ran out of memory
 //! meanwhile) caps that lender where it stands: the engine falls back to the host tier.
 //!
@@ -22,7 +26,7 @@
 //! planning. This is bookkeeping over driver calls.
 
 use std::collections::BTreeSet;
-use tiermem_mechanism::{ChunkLocation, Device, DevicePtr, Result};
+use tiermem_mechanism::{ChunkLocation, Device, DevicePtr, PhysHandle, Result};
 
 /// Index of one chunk-sized slot of borrowed HBM: slab `index / slab_chunks`, chunk
 /// `index % slab_chunks` of it.
@@ -51,6 +55,8 @@ pub(crate) struct Lender {
 struct Slab {
     lender: usize,
     va: DevicePtr,
+    /// The allocation: kept for mappings of single slots in place, released with the slab.
+    handle: PhysHandle,
     used: usize,
     draining: bool,
 }
@@ -123,6 +129,12 @@ impl PeerTier {
         self.slabs[slab].as_ref().expect("a slot of a live slab").va + (i * self.chunk) as u64
     }
 
+    /// The allocation `slot` lies in and its byte offset there: what maps it in place.
+    pub fn part(&self, slot: PeerSlot) -> (PhysHandle, usize) {
+        let (slab, i) = self.split(slot);
+        (self.slabs[slab].as_ref().expect("a slot of a live slab").handle, i * self.chunk)
+    }
+
     /// The slab `slot` is in: copies never span two (they are separate reservations).
     pub fn slab(&self, slot: PeerSlot) -> usize {
         self.split(slot).0
@@ -168,7 +180,7 @@ impl PeerTier {
     fn grow(&mut self, device: &dyn Device, lender: usize) -> Result<()> {
         let size = self.slab_chunks * self.chunk;
         let va = device.reserve(size)?;
-        let undo = |mapped: bool, handle: Option<tiermem_mechanism::PhysHandle>| {
+        let undo = |mapped: bool, handle: Option<PhysHandle>| {
             if mapped {
                 let _ = self.unmap_slab(device, va);
             }
@@ -182,10 +194,8 @@ impl PeerTier {
         let handle = device.create_chunks_at(location, self.slab_chunks).inspect_err(|_| undo(false, None))?;
         device.map_sized(va, handle, size).inspect_err(|_| undo(false, Some(handle)))?;
         device.set_access_from(va, size, &[self.me]).inspect_err(|_| undo(true, Some(handle)))?;
-        // The mapping keeps the memory; unmapping the slab's range frees it.
-        device.release_mapped_chunk(handle).inspect_err(|_| undo(true, Some(handle)))?;
         let index = self.slabs.len();
-        self.slabs.push(Some(Slab { lender, va, used: 0, draining: false }));
+        self.slabs.push(Some(Slab { lender, va, handle, used: 0, draining: false }));
         self.lenders[lender].live_slabs += 1;
         let base = (index * self.slab_chunks) as u32;
         self.free.extend((base..base + self.slab_chunks as u32).map(PeerSlot));
@@ -267,7 +277,7 @@ impl PeerTier {
             let size = self.slab_chunks * self.chunk;
             let slab = self.slabs[index].as_ref().expect("checked");
             // A slab that could not be given back stays draining, to be tried again.
-            self.unmake(device, slab.va)?;
+            self.unmake(device, slab)?;
             let slab = self.slabs[index].take().expect("checked");
             self.lenders[slab.lender].live_slabs -= 1;
             given += size;
@@ -275,10 +285,12 @@ impl PeerTier {
         Ok(given)
     }
 
-    /// Unmaps a slab's range and frees the range.
-    fn unmake(&self, device: &dyn Device, va: DevicePtr) -> Result<()> {
-        self.unmap_slab(device, va)?;
-        device.unreserve(va, self.slab_chunks * self.chunk)
+    /// Unmaps a slab's range, frees the range and releases the allocation (its memory goes
+    /// back to the lender with its last mapping).
+    fn unmake(&self, device: &dyn Device, slab: &Slab) -> Result<()> {
+        self.unmap_slab(device, slab.va)?;
+        device.unreserve(slab.va, self.slab_chunks * self.chunk)?;
+        device.release_mapped_chunk(slab.handle)
     }
 
     /// Unmaps a slab's range: one call, tried a few times (a failed unmap changes nothing), then
@@ -300,7 +312,7 @@ impl PeerTier {
     pub fn release_all(&mut self, device: &dyn Device) -> Result<()> {
         let mut outcome = Ok(());
         for slab in std::mem::take(&mut self.slabs).into_iter().flatten() {
-            outcome = outcome.and(self.unmake(device, slab.va));
+            outcome = outcome.and(self.unmake(device, &slab));
         }
         self.lenders.iter_mut().for_each(|l| l.live_slabs = 0);
         self.free.clear();

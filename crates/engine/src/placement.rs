@@ -41,6 +41,8 @@ impl Inner {
                 // an identical copy, so it stays clean; users wait for the copy before writing.
                 Location::Hbm { leaving: true, .. } => self.state.cancel_leaving(r),
                 Location::Hbm { leaving: false, .. } => {}
+                // Acquired where it lies in the peer tier (in_place.rs): it stays there.
+                Location::Peer(_) if self.state.chunk(r).pinned_in_place() => {}
                 Location::Empty | Location::Peer(_) | Location::Host(_) | Location::File(_) => todo.push(r),
             }
         }
@@ -168,7 +170,9 @@ impl Inner {
     /// Gives the peer tier's draining slabs back to their lenders (peer_tier.rs): chunks whose
     /// only copy is in one are copied to host slots (spilling the host tier to the file if it
     /// must), other copies there are dropped, and the emptied slabs are released. Returns the
-    /// bytes given back. Waits under the lock: a lender asking for its memory comes first.
+    /// bytes given back. Waits under the lock: a lender asking for its memory comes first. A slab
+    /// holding a chunk acquired in place (in_place.rs) goes back at a later call, once it is
+    /// released (the lender watch calls this every tick).
     pub(crate) fn reclaim_peer(&mut self, call: &'static str) -> Result<usize> {
         if !self.tiers.peer.draining() {
             return Ok(0);
@@ -189,6 +193,15 @@ impl Inner {
         let refs: Vec<ChunkRef> =
             self.state.chunks().filter(|(_, c)| draining(&self.tiers, c)).map(|(r, _)| r).collect();
         for r in refs {
+            let chunk = self.state.chunk(r);
+            if chunk.pinned_in_place() {
+                // Read where it lies until released: its slab goes back at a later reclaim.
+                continue;
+            }
+            if chunk.maps_in_place() {
+                // Mapped at its slot in place: undone before the slot goes.
+                self.tiers.unmap_below(&mut self.state, r).during(call)?;
+            }
             let chunk = self.state.chunk(r);
             if chunk.phys().is_some() {
                 let reader = chunk.ready().cloned();

@@ -43,13 +43,21 @@
 //! is free (homes.rs). A stale mapping is never read: only acquired chunks may be touched, and
 //! those are resident.
 //!
+//! **Mapped in place** (in_place.rs). A chunk located in the peer tier may have its address
+//! mapped to its peer slot instead (`in_place`): an acquire that allows it then pins the chunk
+//! there, with no copy, and kernels read it over NVLink. Such a chunk is never brought into
+//! HBM while acquired; unpinned, its mapping is undone (like a stale one) before it is mapped
+//! in HBM or gives its peer slot up. `pinned` counts only chunks acquired in HBM: a chunk
+//! acquired in place takes none.
+//!
 //! Two fences ride along with every chunk: `ready` (the copy that brought it up; users'
 //! streams wait on it) and `busy` (the user's work since the last release; the chunk may be
 //! moved down only after it). A chunk with `pins > 0` is acquired and is never moved.
 //!
 //! Invariants the table keeps: a buffer's `mapped` counts its chunks with `hbm`; `holders`
 //! maps exactly the physical chunks of chunks with `hbm`; `pinned` counts chunks with
-//! `pins > 0`; a chunk without `hbm` has no `ready` or `busy` fence.
+//! `pins > 0` and in HBM; a chunk without `hbm` has no `ready` fence, and a `busy` fence only
+//! while mapped in place (its last use there).
 
 use crate::buffer::{AllocOptions, BufferId};
 use crate::fence::Fence;
@@ -84,6 +92,16 @@ struct Hbm {
     leaving: Option<Arc<Fence>>,
 }
 
+/// Whether a chunk's address maps its peer slot (in_place.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InPlace {
+    No,
+    /// Mapped, with access: an acquire may be served there.
+    Mapped,
+    /// Mapped, but `cuMemSetAccess` failed and so did the unmap: only to be unmapped.
+    LacksAccess,
+}
+
 /// The slot below HBM that a chunk's copy down fills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Below {
@@ -112,6 +130,8 @@ pub(crate) struct Chunk {
     /// The stale mapping was never given access (a page-in failed in `cuMemSetAccess` and
     /// its unmap failed too): it must be unmapped before the chunk is mapped again.
     alias_lacks_access: bool,
+    /// How its address maps its peer slot, if it does (then `alias` is `None`).
+    in_place: InPlace,
     /// Evicted since the schedule was set: it streams, so it may make way for an incoming
     /// chunk whose home it holds (homes.rs).
     streamed: bool,
@@ -130,6 +150,7 @@ impl Chunk {
             busy: None,
             alias: None,
             alias_lacks_access: false,
+            in_place: InPlace::No,
             streamed: false,
         }
     }
@@ -209,6 +230,27 @@ impl Chunk {
 
     pub fn alias(&self) -> Option<PhysHandle> {
         self.alias
+    }
+
+    /// Whether its address maps anything while it is not in HBM (a stale mapping, or its peer
+    /// slot in place): to be unmapped before it is mapped again, and by `free`.
+    pub fn maps_below(&self) -> bool {
+        self.alias.is_some() || self.in_place != InPlace::No
+    }
+
+    /// Its address maps its peer slot (usable or not): undone before the slot is given up.
+    pub fn maps_in_place(&self) -> bool {
+        self.in_place != InPlace::No
+    }
+
+    /// Its address maps its peer slot, usable: an acquire may pin it there.
+    pub fn is_in_place(&self) -> bool {
+        self.in_place == InPlace::Mapped
+    }
+
+    /// Acquired where it lies in the peer tier: it must stay there until released.
+    pub fn pinned_in_place(&self) -> bool {
+        self.pins > 0 && self.hbm.is_none()
     }
 
     /// Whether a page-in to `phys` needs no driver call: the address still maps it, with access.
@@ -342,7 +384,7 @@ impl ChunkTable {
                 if let Some(hbm) = &chunk.hbm {
                     self.holders.remove(&hbm.phys);
                 }
-                self.pinned -= usize::from(chunk.pins > 0);
+                self.pinned -= usize::from(chunk.pins > 0 && chunk.hbm.is_some());
             }
         }
     }
@@ -358,6 +400,7 @@ impl ChunkTable {
     pub fn enter_hbm(&mut self, r: ChunkRef, phys: PhysHandle) -> Fill {
         let chunk = self.at(r);
         debug_assert!(chunk.hbm.is_none(), "a chunk enters HBM once");
+        debug_assert!(chunk.in_place == InPlace::No, "a chunk mapped in place is unmapped before it enters HBM");
         chunk.hbm = Some(Hbm { phys, leaving: None });
         chunk.alias = None;
         let fill = if chunk.is_clean() { Fill::Copied } else { Fill::Zeroed };
@@ -409,7 +452,19 @@ impl ChunkTable {
     /// Chunk `r`'s address maps nothing any more.
     pub fn unmapped(&mut self, r: ChunkRef) {
         let chunk = self.at(r);
-        (chunk.alias, chunk.alias_lacks_access) = (None, false);
+        (chunk.alias, chunk.alias_lacks_access, chunk.in_place) = (None, false, InPlace::No);
+        if chunk.hbm.is_none() {
+            // The last use in place, waited for by whoever unmapped it.
+            chunk.busy = None;
+        }
+    }
+
+    /// Chunk `r` (located in the peer tier, its address unmapped) now has its peer slot mapped
+    /// at its address: usable (`with_access`) or only to be unmapped.
+    pub fn mapped_in_place(&mut self, r: ChunkRef, with_access: bool) {
+        let chunk = self.at(r);
+        debug_assert!(chunk.hbm.is_none() && chunk.peer.is_some() && chunk.alias.is_none(), "in place: a peer chunk");
+        chunk.in_place = if with_access { InPlace::Mapped } else { InPlace::LacksAccess };
     }
 
     /// A mapping of `phys` at chunk `r`'s address could not be undone, and has no access: it
@@ -422,14 +477,15 @@ impl ChunkTable {
     /// Chunk `r` is acquired at `clock`; `true` if it was not acquired before.
     fn pin(&mut self, r: ChunkRef, clock: u64) -> bool {
         let chunk = self.at(r);
+        debug_assert!(chunk.hbm.is_some() || chunk.in_place == InPlace::Mapped, "acquired: in HBM or in place");
         chunk.pins += 1;
         chunk.last_use = clock;
         let newly = chunk.pins == 1;
-        self.pinned += usize::from(newly);
+        self.pinned += usize::from(newly && chunk.hbm.is_some());
         newly
     }
 
-    /// Acquires `refs` (resident), one tick of the clock for all.
+    /// Acquires `refs` (resident, or mapped in place), one tick of the clock for all.
     pub fn pin_all(&mut self, refs: &[ChunkRef]) {
         self.clock += 1;
         let clock = self.clock;
@@ -445,7 +501,7 @@ impl ChunkTable {
         chunk.pins -= 1;
         chunk.busy = Some(busy);
         let unpinned = chunk.pins == 0;
-        self.pinned -= usize::from(unpinned);
+        self.pinned -= usize::from(unpinned && chunk.hbm.is_some());
         unpinned
     }
 

@@ -38,6 +38,10 @@ pub struct Counters {
     /// Chunks mapped afresh (`cuMemMap`); a chunk coming back to the physical chunk its stale
     /// mapping points at is not.
     pub maps: u64,
+    /// Chunks whose address was mapped to their slot in a neighbour's HBM, to be read there.
+    pub in_place_maps: u64,
+    /// Chunks acquired where they lie in a neighbour's HBM (read over NVLink, no copy).
+    pub in_place_reads: u64,
     /// Host time spent mapping chunks and setting their access (driver calls), in milliseconds,
     /// as the device's timing adaptor measured it ([`crate::Engine::driver_times`]).
     pub map_ms: f64,
@@ -108,6 +112,8 @@ pub struct BufferStats {
     pub in_hbm: usize,
     /// Located in HBM lent by a neighbour GPU.
     pub in_peer: usize,
+    /// Of those, mapped in place: kernels read them there (`Access::InPlaceOk`).
+    pub in_place: usize,
     pub in_host: usize,
     pub in_file: usize,
     pub empty: usize,
@@ -172,6 +178,7 @@ impl Stats {
                     chunks: b.chunks().len(),
                     in_hbm: count(|l| matches!(l, Location::Hbm { leaving: false, .. })),
                     in_peer: count(|l| matches!(l, Location::Peer(_))),
+                    in_place: b.chunks().iter().filter(|c| c.is_in_place()).count(),
                     in_host: count(|l| matches!(l, Location::Host(_))),
                     in_file: count(|l| matches!(l, Location::File(_))),
                     empty: count(|l| matches!(l, Location::Empty)),

@@ -21,7 +21,8 @@ fn a_mixed_workload_gives_everything_back() {
             let sizes = [3 * CHUNK + 17, CHUNK, 2 * CHUNK - 1];
             for (k, &size) in sizes.iter().enumerate() {
                 let read_only = k == 1;
-                let (id, _) = e.alloc(size, AllocOptions { read_only, priority: k as i32, name: None }).unwrap();
+                let (id, _) =
+                    e.alloc(size, AllocOptions { read_only, priority: k as i32, ..AllocOptions::default() }).unwrap();
                 live.push((id, fill(e, id, size, round * 10 + k as u64)));
             }
             // Kernel-style writes through the device pointer while acquired.

@@ -169,6 +169,10 @@ impl Model {
     fn is_pressure(&self, e: &Error) -> bool {
         match e {
             Error::WouldNeverFit { .. } => true,
+            // Writing what another hold reads in a neighbour's HBM.
+            Error::AcquiredInPlace { buffer, .. } => {
+                self.holds.iter().any(|(r, access)| r.buffer == *buffer && *access != Access::ReadWrite)
+            }
             Error::OutOfMemory { .. } => self.may_run_out(),
             _ => self.injected(e),
         }
@@ -219,7 +223,7 @@ fn run(
                     continue;
                 }
                 let size = quarters * CHUNK / 4 + extra;
-                let options = AllocOptions { priority, read_only, name: None };
+                let options = AllocOptions { priority, read_only, ..AllocOptions::default() };
                 match engine.alloc(size, options) {
                     Ok((id, _)) => m.buffers.push((id, vec![0; size], read_only)),
                     Err(e) => prop_assert!(m.injected(&e), "alloc: {e}"),
@@ -257,7 +261,9 @@ fn run(
                 let (offset, len) = m.span(i, at, len);
                 let id = m.buffers[i].0;
                 let region = [Region::bytes(id, offset, len)];
-                match engine.acquire(&region, Access::ReadOnly, stream) {
+                // Half the reads allow chunks in the peer tier to be read where they lie.
+                let access = if (at ^ len) % 2 == 0 { Access::InPlaceOk } else { Access::ReadOnly };
+                match engine.acquire(&region, access, stream) {
                     Ok(()) => {
                         let mut out = vec![0u8; len];
                         let va = engine.device_ptr(id).unwrap() + offset as u64;
@@ -281,7 +287,11 @@ fn run(
                 let Some(i) = m.pick(buf) else { continue };
                 let (offset, len) = m.span(i, at, len);
                 let (id, _, read_only) = m.buffers[i];
-                let access = if write && !read_only { Access::ReadWrite } else { Access::ReadOnly };
+                let access = match (write && !read_only, at % 2 == 0) {
+                    (true, _) => Access::ReadWrite,
+                    (false, true) => Access::InPlaceOk,
+                    (false, false) => Access::ReadOnly,
+                };
                 let region = Region::bytes(id, offset, len);
                 match engine.acquire(&[region], access, stream) {
                     Ok(()) => m.holds.push((region, access)),

@@ -29,6 +29,7 @@
 //!   this is LRU.
 //!
 //! Beside eviction, [`leave_hbm`] decides where a victim goes (the tiers below HBM, in order),
+//! [`read_in_place`] whether an acquire reads a chunk in a neighbour's HBM where it lies,
 //! and [`share`] divides a tier among tenants (the node daemon's weighted fair
 //! share, GPrioSwap §4).
 
@@ -37,6 +38,7 @@ use std::str::FromStr;
 
 mod belady;
 mod destination;
+mod in_place;
 mod lru;
 mod lru_cost;
 mod priority;
@@ -45,6 +47,7 @@ pub mod share;
 mod tier;
 
 pub use destination::{leave_hbm, Leave};
+pub use in_place::{read_in_place, PeerRead};
 pub use tier::Tier;
 
 /// Fraction of the LRU stack (its least recently used end) that LRU-COST re-sorts by cost.

@@ -162,8 +162,9 @@ impl Pool {
         self.engine.policy().to_string()
     }
 
-    /// A buffer of `size` bytes; never written chunks read as zeros.
-    #[pyo3(signature = (size, priority=0, read_only=false, name=None))]
+    /// A buffer of `size` bytes; never written chunks read as zeros. `in_place`: reads of it
+    /// may be served where its chunks lie in a neighbour GPU's HBM, over NVLink (no copy).
+    #[pyo3(signature = (size, priority=0, read_only=false, name=None, in_place=false))]
     fn alloc(
         &self,
         py: Python<'_>,
@@ -171,9 +172,10 @@ impl Pool {
         priority: i32,
         read_only: bool,
         name: Option<String>,
+        in_place: bool,
     ) -> PyResult<Buffer> {
         let size = size_arg("size", size)?;
-        let options = AllocOptions { priority, read_only, name: name.clone() };
+        let options = AllocOptions { priority, read_only, in_place, name: name.clone() };
         let engine = self.open("alloc")?;
         let (id, ptr) = py.allow_threads(|| engine.alloc(size, options)).map_err(to_py)?;
         Ok(Buffer::new(Arc::clone(&self.engine), id, ptr, size, name))

@@ -5,6 +5,7 @@ mod engine;
 mod nvme;
 mod peer;
 mod peer_engine;
+mod peer_in_place;
 pub(crate) mod raw;
 mod swap;
 mod swap_fio;

@@ -1,7 +1,8 @@
 //! The engine's side of the peer suite: tiermem's peer tier between two GPUs — page-out to
 //! the lender's HBM and page-in from it against the raw NVLink copy, and how fast a lender
 //! gets its memory back (clean: chunks that have another copy; dirty: chunks whose only copy
-//! is on the lender, copied to the host first), every byte verified after each move.
+//! is on the lender, copied to the host first), every byte verified after each move; and a
+//! kernel reading it where it lies in the lender's HBM (peer_in_place.rs).
 
 use crate::bench::{median, raw};
 use std::time::Instant;
@@ -17,6 +18,8 @@ pub struct EngineSide {
     pub page_in_from_peer_gbps: Option<f64>,
     pub page_out_to_peer_gbps: Option<f64>,
     pub in_place_read_gbps: Option<f64>,
+    /// The same kernel over plain memory on the lender, mapped for the borrower.
+    pub raw_in_place_read_gbps: Option<f64>,
     pub reclaim_ms_per_gib_clean: Option<f64>,
     pub reclaim_ms_per_gib_dirty: Option<f64>,
     /// The raw device-to-host copy of the same size in the same run, ms per GiB: what a dirty
@@ -146,6 +149,16 @@ pub fn measure(engine: PeerEngine, reps: usize) -> Result<EngineSide, String> {
     out.page_out_to_peer_gbps = Some(gb / median(outs));
     out.page_in_from_peer_gbps = Some(gb / median(ins));
 
+    // A kernel reading the buffer where it lies in the lender's HBM.
+    let reads = crate::bench::peer_in_place::measure(&run.engine, id, size, lender, reps, run.stream)?;
+    out.in_place_read_gbps = Some(reads.engine_gbps);
+    out.raw_in_place_read_gbps = Some(reads.raw_gbps);
+    if !reads.verified {
+        eprintln!("bench peer: VERIFICATION FAILED: a kernel read wrong bytes in place");
+        run.verified = false;
+    }
+    run.verify("reads in place")?;
+
     // Reclaim: clean (resident, its peer copy a spare) and dirty (its only copy on the peer).
     let per_gib = |s: f64| s * 1e3 * GIB / size as f64;
     let (mut clean, mut dirty) = (Vec::new(), Vec::new());
@@ -169,11 +182,6 @@ pub fn measure(engine: PeerEngine, reps: usize) -> Result<EngineSide, String> {
     out.reclaim_ms_per_gib_dirty = Some(median(dirty));
     let ceilings = raw::measure(run.engine.device(), size, reps)?;
     out.d2h_ms_per_gib = Some(GIB / 1e9 / ceilings.d2h_gbps * 1e3);
-    out.notes.push(
-        "in_place_read: not built yet — an acquire migrates a peer-resident chunk to local HBM; \
-         kernels do not read chunks mapped in the lender's HBM in place"
-            .into(),
-    );
     out.verified = run.verified;
     drop(run);
     Ok(out)
