@@ -6,7 +6,7 @@ whose parameters, gradients and AdamW state are at least 1.5x the cap; a Mixtral
 at least 1.5x its cap; and a tied-embedding Llama larger than its cap, saved, loaded by
 tiermem.torch.from_pretrained (against the disk's read speed), decoded, put to sleep and woken.
 
-Usage: python bench/torch_bench.py --json DIR [--commit SHA] [--small] [--scratch DIR] [--parts inference,...]
+Usage: python bench/torch_bench.py --json DIR [--commit SHA] [--small] [--scratch DIR] [--parts inference,...] [--in-place]
 Writes DIR/torch-<yyyymmdd>-<commit>.json (keys: suite, commit, date, device, metrics,
 ratios, verified) and prints a summary. --small runs a model of a few hundred MiB (a smoke
 test of the script, not a measurement).
@@ -178,7 +178,7 @@ def inference(args, results):
     model = llama(config, 1, torch.bfloat16)
     pool = tiermem.Pool(hbm_limit=cap, policy="lru")
     assert pool.backend == "cuda", pool.fallback_reason
-    handle = tt.offload(model, pool, prefetch_bytes=args.prefetch[0])
+    handle = tt.offload(model, pool, prefetch_bytes=args.prefetch[0], in_place=args.in_place)
     torch.cuda.empty_cache()
     decode(model, prompt, 2)  # the first pass records the schedule
     runs = {}
@@ -486,6 +486,8 @@ def main():
     parser.add_argument("--prefetch", type=lambda v: [int(x) << 20 for x in v.split(",")], default=[256 << 20, 512 << 20, 1024 << 20],
                         help="prefetch windows to try for decoding, in MiB, comma-separated; the first is the headline")
     parser.add_argument("--small", action="store_true")
+    parser.add_argument("--in-place", action="store_true",
+                        help="the dense decode reads parameters in a neighbour GPU's lent HBM where they lie (offload(in_place=True))")
     parser.add_argument("--scratch", type=Path, default=None, help="where the checkpoint is saved and read back (a real disk)")
     parts = {"inference": inference, "training": training, "moe": mixture_of_experts, "tied": tied_loading_and_sleep}
     parser.add_argument("--parts", type=lambda v: v.split(","), default=list(parts),

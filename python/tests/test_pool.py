@@ -336,3 +336,21 @@ def test_stats_keep_the_keys_front_ends_read(pool):
                         "in_host", "in_file", "empty", "moving", "acquired"}
     assert isinstance(buf["id"], int) and buf["name"] == "k" and buf["size"] == CHUNK
     assert isinstance(stats["transfers"]["stall_ms"], float)
+
+
+def test_a_buffer_read_in_place_on_a_simulated_node_keeps_its_bytes(monkeypatch):
+    # Three simulated GPUs: GPU 0's neighbours lend HBM, and reads of an in_place buffer may be
+    # served where its chunks lie there.
+    monkeypatch.setenv("TIERMEM_SIM_GPUS", "3")
+    monkeypatch.setenv("TIERMEM_PEER_RESERVE", "0")
+    monkeypatch.setenv("TIERMEM_PEER_LIMIT", "16MiB")
+    pool = tiermem.Pool(backend="sim", hbm_limit=2 * CHUNK, host_limit="64MiB")
+    buf = pool.alloc(8 * CHUNK, name="weights", in_place=True)
+    data = pattern(5, 8 * CHUNK)
+    buf.write(data)
+    with pool.acquired([buf]):
+        pass
+    [stats] = pool.stats()["buffers"]
+    assert stats["in_peer"] > 0 and stats["in_place"] > 0, stats
+    assert pool.stats()["transfers"]["in_place_reads"] > 0
+    assert buf.read() == data

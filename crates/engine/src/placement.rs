@@ -41,8 +41,10 @@ impl Inner {
                 // an identical copy, so it stays clean; users wait for the copy before writing.
                 Location::Hbm { leaving: true, .. } => self.state.cancel_leaving(r),
                 Location::Hbm { leaving: false, .. } => {}
-                // Acquired where it lies in the peer tier (in_place.rs): it stays there.
+                // Acquired where it lies in the peer tier (in_place.rs): it stays there. Mapped
+                // there, it is read there at no cost: only a demand moves it.
                 Location::Peer(_) if self.state.chunk(r).pinned_in_place() => {}
+                Location::Peer(_) if purpose != Purpose::Demand && self.state.chunk(r).is_in_place() => {}
                 Location::Empty | Location::Peer(_) | Location::Host(_) | Location::File(_) => todo.push(r),
             }
         }

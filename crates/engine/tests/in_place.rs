@@ -47,6 +47,9 @@ fn chunks_in_the_peer_tier_are_read_where_they_lie_mapped_once() {
     assert_eq!((stats.buffers[0].in_place, stats.buffers[0].acquired), (2 * PEER, HBM + 2 * PEER));
     assert_eq!(stats.tiers[tiermem::Tier::Hbm].chunks, HBM, "reading in place takes no HBM");
     engine.release(&[whole], S).unwrap();
+    // A prefetch leaves chunks mapped in place where they are.
+    engine.prefetch(&[whole]).unwrap();
+    assert_eq!(support::buffer_stats(&engine, buffer).in_place, 2 * PEER);
     // Again: no driver call, no copy.
     engine.acquire(&[whole], Access::InPlaceOk, S).unwrap();
     assert_eq!(device_bytes(&engine, sim.as_ref(), whole), data);

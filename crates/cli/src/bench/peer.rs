@@ -38,14 +38,16 @@ struct Decode {
 }
 
 /// Runs the `inference` part of the torch benchmark (`script`) with `TIERMEM_PEERS=peers`:
-/// its Llama, twice the HBM cap, decoded resident and through tiermem on GPU 0.
-fn torch_decode(script: &Path, peers: &str) -> Result<Decode, String> {
-    let dir = std::env::temp_dir().join(format!("tiermem-peer-decode-{}-{peers}", std::process::id()));
+/// its Llama, twice the HBM cap, decoded resident and through tiermem on GPU 0; `in_place`:
+/// parameters in the peer tier are read where they lie.
+fn torch_decode(script: &Path, peers: &str, in_place: bool) -> Result<Decode, String> {
+    let dir = std::env::temp_dir().join(format!("tiermem-peer-decode-{}-{peers}-{in_place}", std::process::id()));
     let status = std::process::Command::new("python3")
         .arg(script)
         .arg("--json")
         .arg(&dir)
         .args(["--commit", "decode", "--parts", "inference"])
+        .args(in_place.then_some("--in-place"))
         .env("TIERMEM_PEERS", peers)
         .status()
         .map_err(|e| format!("bench peer: python3 {}: {e}", script.display()))?;
@@ -217,17 +219,19 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
 
     eprintln!("bench peer: tiermem's peer tier: page-out, page-in, reclaim");
     let engine_side = peer_engine::measure(engine, reps)?;
-    let (with_peers, host_only) = match &decode {
+    let (with_peers, in_place, host_only) = match &decode {
         Some(script) => {
-            eprintln!("bench peer: the torch benchmark's decode on GPU 0, with neighbours lending and host-only");
-            (Some(torch_decode(script, "auto")?), Some(torch_decode(script, "off")?))
+            eprintln!("bench peer: the torch benchmark's decode on GPU 0: neighbours lending (copied in, and read in place), and host-only");
+            let with_peers = torch_decode(script, "auto", false)?;
+            (Some(with_peers), Some(torch_decode(script, "auto", true)?), Some(torch_decode(script, "off", false)?))
         }
-        None => (None, None),
+        None => (None, None, None),
     };
+    let in_place_tok = in_place.as_ref().map(|d| d.tiermem_tok_s);
     let peer_tok = with_peers.as_ref().map(|d| d.tiermem_tok_s);
     let host_tok = host_only.as_ref().map(|d| d.tiermem_tok_s);
     let resident_tok = with_peers.as_ref().map(|d| d.resident_tok_s);
-    let decode_identical = [&with_peers, &host_only].iter().all(|d| d.as_ref().is_none_or(|d| d.identical));
+    let decode_identical = [&with_peers, &in_place, &host_only].iter().all(|d| d.as_ref().is_none_or(|d| d.identical));
     let ratio = |v: Option<f64>, of: f64| v.map(|v| v / of);
     let metrics = json!({
         "raw_peer_GBps": raw_gbps,
@@ -241,6 +245,7 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "reclaim_ms_per_GiB_dirty": engine_side.reclaim_ms_per_gib_dirty,
         "d2h_ms_per_GiB": engine_side.d2h_ms_per_gib,
         "decode_tok_s_peer": peer_tok,
+        "decode_tok_s_peer_in_place": in_place_tok,
         "decode_tok_s_host_only": host_tok,
         "decode_tok_s_resident": resident_tok,
         "multipath_h2d_GBps": null,
@@ -255,6 +260,8 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "reclaim_dirty_vs_d2h": engine_side.reclaim_ms_per_gib_dirty.zip(engine_side.d2h_ms_per_gib).map(|(r, c)| r / c),
         "decode_vs_host_only": peer_tok.zip(host_tok).map(|(p, h)| p / h),
         "decode_vs_resident": peer_tok.zip(resident_tok).map(|(p, r)| p / r),
+        "decode_in_place_vs_host_only": in_place_tok.zip(host_tok).map(|(p, h)| p / h),
+        "decode_in_place_vs_resident": in_place_tok.zip(resident_tok).map(|(p, r)| p / r),
         "multipath_vs_single": null,
         "lender_slowdown": lending / alone,
     });
