@@ -156,6 +156,7 @@ pub unsafe extern "C" fn tiermem_alloc(
                 read_only: o.read_only,
                 // SAFETY: the caller promises `name` is NULL or NUL-terminated.
                 name: unsafe { optional_str("name", o.name)? }.map(str::to_owned),
+                ..AllocOptions::default()
             },
         };
         let ptr = process::alloc(size, options, None)?;
