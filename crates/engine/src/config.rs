@@ -44,6 +44,10 @@ pub struct EngineConfig {
     pub peer_reserve: Option<usize>,
     /// `TIERMEM_PEER_LIMIT`: the most HBM borrowed from all lenders together.
     pub peer_limit: Option<usize>,
+    /// `TIERMEM_PEER_IN_PLACE=on|off` (default off): borrowed HBM is made one allocation per
+    /// chunk, so that `Access::InPlaceOk` reads can be served where chunks lie. Off, a lender's
+    /// memory goes back faster (one unmap per 64 MiB, not per chunk) and nothing is read in place.
+    pub peer_in_place: bool,
     /// `TIERMEM_SIM_GPUS`: GPUs of the simulated node (default 1), each of `sim_hbm`, with
     /// peer access to each other, so the peer tier can be tried without a GPU.
     pub sim_gpus: usize,
@@ -98,6 +102,7 @@ impl Default for EngineConfig {
             peers: PeerChoice::Auto,
             peer_reserve: None,
             peer_limit: None,
+            peer_in_place: false,
             sim_gpus: 1,
         }
     }
@@ -148,6 +153,13 @@ impl EngineConfig {
         }
         if let Some(v) = var("TIERMEM_PEER_LIMIT") {
             c.peer_limit = Some(parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PEER_LIMIT: {e}")))?);
+        }
+        if let Some(v) = var("TIERMEM_PEER_IN_PLACE") {
+            c.peer_in_place = match v.trim() {
+                "on" | "1" | "true" | "yes" => true,
+                "off" | "0" | "false" | "no" => false,
+                _ => return Err(Error::Config(format!("TIERMEM_PEER_IN_PLACE={v:?}: say on or off"))),
+            };
         }
         if let Some(v) = var("TIERMEM_SIM_GPUS") {
             c.sim_gpus =

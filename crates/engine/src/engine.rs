@@ -134,7 +134,8 @@ impl Engine {
             chunk,
             batch: config.batch_chunks.max(1),
             pool: ChunkPool::new(caps.hbm / chunk),
-            peer: crate::peer_tier::PeerTier::new(chunk, device.info().ordinal, &lending.lenders),
+            peer: crate::peer_tier::PeerTier::new(chunk, device.info().ordinal, &lending.lenders)
+                .with_slots_readable_in_place(config.peer_in_place),
             host: HostTier::new(chunk, caps.host),
             file,
             writes: BackgroundWrites::default(),

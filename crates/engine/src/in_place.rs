@@ -2,8 +2,8 @@
 //! GPU's HBM over NVLink, instead of coming into this GPU's HBM (memHarvester's remote access
 //! to harvested memory).
 //!
-//! Its address is mapped to its peer slot: `cuMemMap` of the slot's part of the slab's
-//! allocation (peer_tier.rs keeps the slab's handle for this), after unmapping whatever stale
+//! Its address is mapped to its peer slot: `cuMemMap` of the slot's own allocation (with
+//! `TIERMEM_PEER_IN_PLACE`, peer_tier.rs makes one per slot), after unmapping whatever stale
 //! mapping the address had, then one `cuMemSetAccess` per run of consecutive chunks. The chunk
 //! stays located in the peer tier (state.rs, "Mapped in place") and an acquire pins it there,
 //! with no copy and no HBM taken; it stays mapped after its release, so the next acquire costs
@@ -36,7 +36,7 @@ impl Inner {
         refs: &[ChunkRef],
         access: Access,
     ) -> Result<(Vec<ChunkRef>, Vec<ChunkRef>)> {
-        if !self.tiers.peer.exists() {
+        if !self.tiers.peer.exists() || !self.tiers.peer.readable_in_place() {
             return Ok((Vec::new(), refs.to_vec()));
         }
         if access == Access::ReadWrite {
@@ -99,8 +99,8 @@ impl Tiers {
             for &r in run {
                 outcome = self.unmap_below(state, r);
                 let Location::Peer(slot) = state.chunk(r).location() else { unreachable!("a peer chunk") };
-                let (handle, offset) = self.peer.part(slot);
-                outcome = outcome.and_then(|()| self.device.map_part(state.va(r), handle, offset, g));
+                let handle = self.peer.part(slot).expect("slabs readable in place");
+                outcome = outcome.and_then(|()| self.device.map(state.va(r), handle));
                 if outcome.is_err() {
                     break;
                 }

@@ -130,7 +130,6 @@ impl Device for ModelDevice {
         fn release_mapped_chunk(&self, chunk: PhysHandle) -> Result<()>;
         fn create_chunks_at(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle>;
         fn map_sized(&self, va: DevicePtr, chunk: PhysHandle, size: usize) -> Result<()>;
-        fn map_part(&self, va: DevicePtr, chunk: PhysHandle, offset: usize, size: usize) -> Result<()>;
         fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()>;
         fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()>;
         fn unmap(&self, va: DevicePtr, size: usize) -> Result<()>;

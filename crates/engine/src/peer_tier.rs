@@ -15,12 +15,17 @@
 //! still in them elsewhere (placement.rs, "reclaim"), and a draining slab with no slot in
 //! use is unmapped and its handle released: one `cuMemUnmap`, one `cuMemRelease`.
 //!
-//! **Mapped in place.** The slab's handle is kept so that one slot can also be mapped at the
-//! address of the chunk it holds ([`PeerTier::part`], `Device::map_part`): a kernel then reads
-//! the chunk over NVLink where it lies (in_place.rs). Such mappings are undone before the
-//! chunk gives its slot up, so a slab with no slot in use has no mapping but its own. On the H200 the driver unmaps at ~33 µs per mapping, so
-//! slabs of 32 separately mapped chunks made a lender wait 15–17 ms per GiB. A slab that cannot be created (the lender ran out of memory
-//! meanwhile) caps that lender where it stands: the engine falls back to the host tier.
+//! On the H200 the driver unmaps at ~33 µs per mapping, so slabs of 32 separately mapped chunks
+//! made a lender wait 15–17 ms per GiB. A slab that cannot be created (the lender ran out of
+//! memory meanwhile) caps that lender where it stands: the engine falls back to the host tier.
+//!
+//! **Mapped in place.** To read a chunk where it lies (in_place.rs), its slot is mapped at the
+//! chunk's own address too. The driver maps only whole allocations (`cuMemMap` takes an
+//! offset that "must currently be zero"; a part of a 64 MiB allocation is refused with
+//! `CUDA_ERROR_NOT_SUPPORTED` on the H200), so with `TIERMEM_PEER_IN_PLACE` slabs are made of
+//! one allocation per slot ([`PeerTier::part`]), and giving one back costs an unmap per slot.
+//! Mappings in place are undone before their chunk gives its slot up, so a slab with no slot
+//! in use has no mapping but its own.
 //!
 //! Nothing here decides which chunk goes where: that is `policy::leave_hbm` and the engine's
 //! planning. This is bookkeeping over driver calls.
@@ -55,8 +60,8 @@ pub(crate) struct Lender {
 struct Slab {
     lender: usize,
     va: DevicePtr,
-    /// The allocation: kept for mappings of single slots in place, released with the slab.
-    handle: PhysHandle,
+    /// Its allocations: one for the slab, or one per slot where slots are read in place.
+    handles: Vec<PhysHandle>,
     used: usize,
     draining: bool,
 }
@@ -71,6 +76,9 @@ pub(crate) struct PeerTier {
     slabs: Vec<Option<Slab>>,
     free: BTreeSet<PeerSlot>,
     next_lender: usize,
+    /// Slabs made from here on have one allocation per slot, so that a slot can be mapped at
+    /// its chunk's address ([`PeerTier::part`]).
+    in_place: bool,
 }
 
 impl PeerTier {
@@ -88,7 +96,23 @@ impl PeerTier {
                 most: bytes,
             })
             .collect();
-        Self { chunk, slab_chunks, me, lenders, slabs: Vec::new(), free: BTreeSet::new(), next_lender: 0 }
+        Self {
+            chunk,
+            slab_chunks,
+            me,
+            lenders,
+            slabs: Vec::new(),
+            free: BTreeSet::new(),
+            next_lender: 0,
+            in_place: false,
+        }
+    }
+
+    /// Slabs to be made with one allocation per slot, so that chunks can be read in place
+    /// (`TIERMEM_PEER_IN_PLACE`): the driver maps only whole allocations.
+    pub fn with_slots_readable_in_place(mut self, yes: bool) -> Self {
+        self.in_place = yes;
+        self
     }
 
     pub fn lenders(&self) -> &[Lender] {
@@ -129,10 +153,17 @@ impl PeerTier {
         self.slabs[slab].as_ref().expect("a slot of a live slab").va + (i * self.chunk) as u64
     }
 
-    /// The allocation `slot` lies in and its byte offset there: what maps it in place.
-    pub fn part(&self, slot: PeerSlot) -> (PhysHandle, usize) {
+    /// The allocation that is `slot`, to map it in place; `None` if its slab is one allocation
+    /// of several slots.
+    pub fn part(&self, slot: PeerSlot) -> Option<PhysHandle> {
         let (slab, i) = self.split(slot);
-        (self.slabs[slab].as_ref().expect("a slot of a live slab").handle, i * self.chunk)
+        let handles = &self.slabs[slab].as_ref().expect("a slot of a live slab").handles;
+        (handles.len() == self.slab_chunks).then(|| handles[i])
+    }
+
+    /// Whether slabs are made so that their slots can be read in place.
+    pub fn readable_in_place(&self) -> bool {
+        self.in_place || self.slab_chunks == 1
     }
 
     /// The slab `slot` is in: copies never span two (they are separate reservations).
@@ -180,22 +211,37 @@ impl PeerTier {
     fn grow(&mut self, device: &dyn Device, lender: usize) -> Result<()> {
         let size = self.slab_chunks * self.chunk;
         let va = device.reserve(size)?;
-        let undo = |mapped: bool, handle: Option<PhysHandle>| {
-            if mapped {
-                let _ = self.unmap_slab(device, va);
-            }
-            if let Some(handle) = handle {
-                let _ = device.release_chunk(handle);
+        let undo = |handles: &[PhysHandle]| {
+            let _ = self.unmap_slab(device, va);
+            for &handle in handles {
+                let _ = device.release_mapped_chunk(handle);
             }
             let _ = device.unreserve(va, size);
         };
-        // One allocation, one mapping: giving it back is one unmap, not one per chunk.
         let location = ChunkLocation::Gpu(self.lenders[lender].gpu);
-        let handle = device.create_chunks_at(location, self.slab_chunks).inspect_err(|_| undo(false, None))?;
-        device.map_sized(va, handle, size).inspect_err(|_| undo(false, Some(handle)))?;
-        device.set_access_from(va, size, &[self.me]).inspect_err(|_| undo(true, Some(handle)))?;
+        let mut handles = Vec::new();
+        if self.in_place {
+            // One allocation per slot: a slot maps elsewhere only as a whole allocation.
+            for i in 0..self.slab_chunks {
+                let handle = device.create_chunk_at(location).inspect_err(|_| undo(&handles))?;
+                device.map(va + (i * self.chunk) as u64, handle).inspect_err(|_| {
+                    let _ = device.release_chunk(handle);
+                    undo(&handles)
+                })?;
+                handles.push(handle);
+            }
+        } else {
+            // One allocation, one mapping: giving it back is one unmap, not one per chunk.
+            let handle = device.create_chunks_at(location, self.slab_chunks).inspect_err(|_| undo(&[]))?;
+            device.map_sized(va, handle, size).inspect_err(|_| {
+                let _ = device.release_chunk(handle);
+                undo(&[])
+            })?;
+            handles.push(handle);
+        }
+        device.set_access_from(va, size, &[self.me]).inspect_err(|_| undo(&handles))?;
         let index = self.slabs.len();
-        self.slabs.push(Some(Slab { lender, va, handle, used: 0, draining: false }));
+        self.slabs.push(Some(Slab { lender, va, handles, used: 0, draining: false }));
         self.lenders[lender].live_slabs += 1;
         let base = (index * self.slab_chunks) as u32;
         self.free.extend((base..base + self.slab_chunks as u32).map(PeerSlot));
@@ -290,7 +336,7 @@ impl PeerTier {
     fn unmake(&self, device: &dyn Device, slab: &Slab) -> Result<()> {
         self.unmap_slab(device, slab.va)?;
         device.unreserve(slab.va, self.slab_chunks * self.chunk)?;
-        device.release_mapped_chunk(slab.handle)
+        slab.handles.iter().try_for_each(|&handle| device.release_mapped_chunk(handle))
     }
 
     /// Unmaps a slab's range: one call, tried a few times (a failed unmap changes nothing), then

@@ -1,4 +1,5 @@
-//! Reading in place on a simulated node of three GPUs: chunks the peer tier holds are read
+//! Reading in place on a simulated node of three GPUs, borrowed HBM made one allocation per
+//! chunk (`TIERMEM_PEER_IN_PLACE`): chunks the peer tier holds are read
 //! where they lie (`Access::InPlaceOk`, or a buffer made `in_place`), mapped once and then
 //! acquired with no copy and no driver call; they come into HBM when written, go back to the
 //! host when their lender wants its memory, and lose no byte on any of these paths.
@@ -13,6 +14,11 @@ const HBM: usize = 4;
 const HOST: usize = 16;
 const PEER: usize = 4;
 const S: StreamHandle = StreamHandle(0);
+
+/// Borrowed HBM made readable in place (`TIERMEM_PEER_IN_PLACE=on`).
+fn in_place() -> EngineConfig {
+    EngineConfig { peer_in_place: true, ..EngineConfig::default() }
+}
 
 /// A buffer of HBM + both lenders' chunks, filled chunk by chunk: its first eight chunks are in
 /// the peer tier, its last four in HBM.
@@ -34,7 +40,7 @@ fn device_bytes(engine: &Engine, device: &dyn Device, region: Region) -> Vec<u8>
 
 #[test]
 fn chunks_in_the_peer_tier_are_read_where_they_lie_mapped_once() {
-    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, EngineConfig::default());
+    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, in_place());
     let (buffer, data) = spread(&engine, AllocOptions::default(), 3);
     let whole = Region::bytes(buffer, 0, data.len());
     let before = engine.stats().transfers;
@@ -63,7 +69,7 @@ fn chunks_in_the_peer_tier_are_read_where_they_lie_mapped_once() {
 
 #[test]
 fn free_hbm_is_used_first_and_a_plain_read_brings_chunks_in() {
-    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, EngineConfig::default());
+    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, in_place());
     let (buffer, data) = spread(&engine, AllocOptions::default(), 5);
     // HBM freed: a read that allows it in place still copies what fits.
     engine.page_out(tiermem::Target::Buffer(buffer)).unwrap();
@@ -85,7 +91,7 @@ fn free_hbm_is_used_first_and_a_plain_read_brings_chunks_in() {
 
 #[test]
 fn writing_a_chunk_read_in_place_is_refused_until_released_then_it_comes_into_hbm() {
-    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, EngineConfig::default());
+    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, in_place());
     let (buffer, mut data) = spread(&engine, AllocOptions::default(), 7);
     let last = Region::bytes(buffer, 0, CHUNK);
     engine.acquire(&[last], Access::InPlaceOk, S).unwrap();
@@ -111,7 +117,7 @@ fn writing_a_chunk_read_in_place_is_refused_until_released_then_it_comes_into_hb
 
 #[test]
 fn a_lender_takes_back_memory_read_in_place_once_it_is_released() {
-    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, EngineConfig::default());
+    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, in_place());
     let (buffer, data) = spread(&engine, AllocOptions { in_place: true, ..AllocOptions::default() }, 11);
     let tail = Region::bytes(buffer, 0, 2 * PEER * CHUNK);
     // The buffer allows it: plain reads are read in place.
@@ -136,7 +142,7 @@ fn a_lender_takes_back_memory_read_in_place_once_it_is_released() {
 
 #[test]
 fn a_buffer_read_in_place_is_freed_and_without_neighbours_in_place_is_a_plain_read() {
-    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, EngineConfig::default());
+    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, in_place());
     let (buffer, data) = spread(&engine, AllocOptions::default(), 13);
     let whole = Region::bytes(buffer, 0, data.len());
     engine.acquire(&[whole], Access::InPlaceOk, S).unwrap();
@@ -156,4 +162,17 @@ fn a_buffer_read_in_place_is_freed_and_without_neighbours_in_place_is_a_plain_re
     engine.release(&[region], S).unwrap();
     assert_contents(&engine, buffer, &data);
     support::assert_no_leaks(engine, sim);
+}
+
+#[test]
+fn without_slabs_made_for_it_nothing_is_read_in_place() {
+    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, EngineConfig::default());
+    let (buffer, data) = spread(&engine, AllocOptions::default(), 19);
+    let head = Region::bytes(buffer, 0, HBM * CHUNK);
+    engine.acquire(&[head], Access::InPlaceOk, S).unwrap();
+    let stats = support::buffer_stats(&engine, buffer);
+    assert_eq!((stats.in_place, stats.in_hbm), (0, HBM), "a plain read");
+    engine.release(&[head], S).unwrap();
+    assert_contents(&engine, buffer, &data);
+    support::assert_no_leaks(engine, Some(sim));
 }

@@ -78,10 +78,6 @@ impl Device for CountingDevice {
         let granules = (size / self.inner.info().granularity) as i64;
         self.count(self.inner.map_sized(va, chunk, size), |h| h.mapped_granules += granules)
     }
-    fn map_part(&self, va: DevicePtr, chunk: PhysHandle, offset: usize, size: usize) -> Result<()> {
-        let granules = (size / self.inner.info().granularity) as i64;
-        self.count(self.inner.map_part(va, chunk, offset, size), |h| h.mapped_granules += granules)
-    }
     fn release_mapped_chunk(&self, chunk: PhysHandle) -> Result<()> {
         self.count(self.inner.release_mapped_chunk(chunk), |h| h.chunks -= 1)
     }

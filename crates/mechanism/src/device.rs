@@ -164,15 +164,6 @@ pub trait Device: Send + Sync {
             false => Err(crate::DeviceError::Unsupported(format!("mappings of {size} bytes"))),
         }
     }
-    /// Maps `size` bytes of an allocation made by [`Device::create_chunks_at`], from byte
-    /// `offset` of it (both granule multiples), at `va`: one chunk of a peer tier's slab mapped
-    /// into a buffer, so a kernel reads it where it lies (`cuMemMap` with an offset).
-    fn map_part(&self, va: DevicePtr, chunk: PhysHandle, offset: usize, size: usize) -> Result<()> {
-        match offset {
-            0 => self.map_sized(va, chunk, size),
-            _ => Err(crate::DeviceError::Unsupported(format!("mappings from offset {offset} of an allocation"))),
-        }
-    }
     /// Releases a physical chunk; it must not be mapped anywhere.
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()>;
     /// Gives up the handle of a chunk that stays mapped: its memory is freed when its last

@@ -141,9 +141,6 @@ impl Device for TimedDevice {
     fn map_sized(&self, va: DevicePtr, chunk: PhysHandle, size: usize) -> Result<()> {
         self.timed(Call::Map, || self.inner.map_sized(va, chunk, size))
     }
-    fn map_part(&self, va: DevicePtr, chunk: PhysHandle, offset: usize, size: usize) -> Result<()> {
-        self.timed(Call::Map, || self.inner.map_part(va, chunk, offset, size))
-    }
     fn release_mapped_chunk(&self, chunk: PhysHandle) -> Result<()> {
         self.timed(Call::ReleaseChunk, || self.inner.release_mapped_chunk(chunk))
     }

@@ -264,32 +264,3 @@ fn an_allocation_of_several_granules_maps_once_and_goes_back_with_its_last_unmap
     me.unreserve(va, size).unwrap();
     assert_all_returned(me);
 }
-
-#[test]
-fn a_part_of_an_allocation_maps_elsewhere_and_shows_the_same_bytes() {
-    let gpus = node(2, 8);
-    let me = &gpus[0];
-    let (size, slab) = (4 * G, me.create_chunks_at(ChunkLocation::Gpu(1), 4).unwrap());
-    let (whole, part) = (me.reserve(size).unwrap(), me.reserve(G).unwrap());
-    me.map_sized(whole, slab, size).unwrap();
-    me.set_access(whole, size).unwrap();
-    me.write(whole + (2 * G) as u64, &[5; 32]).unwrap();
-    assert!(me.map_part(part, slab, 4 * G, G).is_err(), "beyond the allocation");
-    assert!(me.map_part(part, slab, G / 2, G).is_err(), "not a granule boundary");
-    me.map_part(part, slab, 2 * G, G).unwrap();
-    me.set_access(part, G).unwrap();
-    let mut b = [0u8; 32];
-    me.read(part, &mut b).unwrap();
-    assert_eq!(b, [5; 32], "the third granule, seen through its own mapping");
-    me.write(part, &[6; 8]).unwrap();
-    me.read(whole + (2 * G) as u64, &mut b[..8]).unwrap();
-    assert_eq!(b[..8], [6; 8]);
-    me.unmap(whole, size).unwrap();
-    me.release_mapped_chunk(slab).unwrap();
-    assert_eq!(gpus[1].mem_info().unwrap().0, 7 * G, "the part still mapped keeps its granule");
-    me.unmap(part, G).unwrap();
-    assert_eq!(gpus[1].mem_info().unwrap().0, 8 * G, "its unmap gave all back");
-    me.unreserve(whole, size).unwrap();
-    me.unreserve(part, G).unwrap();
-    assert_all_returned(me);
-}

@@ -49,6 +49,7 @@ fn torch_decode(script: &Path, peers: &str, in_place: bool) -> Result<Decode, St
         .args(["--commit", "decode", "--parts", "inference"])
         .args(in_place.then_some("--in-place"))
         .env("TIERMEM_PEERS", peers)
+        .env("TIERMEM_PEER_IN_PLACE", if in_place { "on" } else { "off" })
         .status()
         .map_err(|e| format!("bench peer: python3 {}: {e}", script.display()))?;
     let report = std::fs::read_dir(&dir).ok().and_then(|entries| {

@@ -83,6 +83,11 @@ pub struct PeerEngine(Run);
 
 impl PeerEngine {
     pub fn open(borrower: usize, lender: usize, size: usize) -> Result<Self, String> {
+        Self::open_with(borrower, lender, size, false)
+    }
+
+    /// As [`PeerEngine::open`]; `in_place`: borrowed HBM readable in place (`peer_in_place`).
+    pub fn open_with(borrower: usize, lender: usize, size: usize, in_place: bool) -> Result<Self, String> {
         let base = EngineConfig::from_env().map_err(|e| format!("bench peer: {e}"))?;
         let config = EngineConfig {
             device: borrower,
@@ -91,6 +96,7 @@ impl PeerEngine {
             host_limit: Some(2 * size),
             sim_gpus: base.sim_gpus.max(borrower.max(lender) + 1),
             sim_hbm: 6 * size,
+            peer_in_place: in_place,
             ..base
         };
         let engine = Engine::new(config).map_err(|e| format!("bench peer: {e}"))?;
@@ -150,14 +156,17 @@ pub fn measure(engine: PeerEngine, reps: usize) -> Result<EngineSide, String> {
     out.page_in_from_peer_gbps = Some(gb / median(ins));
 
     // A kernel reading the buffer where it lies in the lender's HBM.
-    let reads = crate::bench::peer_in_place::measure(&run.engine, id, size, lender, reps, run.stream)?;
+    let borrower = run.engine.device().info().ordinal;
+    let reads = {
+        let PeerEngine(other) = PeerEngine::open_with(borrower, lender, size, true)?;
+        crate::bench::peer_in_place::measure(&other.engine, other.id, size, lender, reps, other.stream)?
+    };
     out.in_place_read_gbps = Some(reads.engine_gbps);
     out.raw_in_place_read_gbps = Some(reads.raw_gbps);
     if !reads.verified {
         eprintln!("bench peer: VERIFICATION FAILED: a kernel read wrong bytes in place");
         run.verified = false;
     }
-    run.verify("reads in place")?;
 
     // Reclaim: clean (resident, its peer copy a spare) and dirty (its only copy on the peer).
     let per_gib = |s: f64| s * 1e3 * GIB / size as f64;

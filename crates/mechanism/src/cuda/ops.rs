@@ -95,15 +95,6 @@ impl Device for CudaDevice {
         check("cuMemMap", r, || format!("va=0x{va:x} size={size} handle=0x{:x}", chunk.0))
     }
 
-    fn map_part(&self, va: DevicePtr, chunk: PhysHandle, offset: usize, size: usize) -> Result<()> {
-        let _ctx = self.bind()?;
-        // SAFETY: maps `size` bytes of an allocation from `offset` into device VA, flags 0; the
-        // driver validates alignment, that the part lies inside the allocation, and that `va`
-        // lies in a reservation and is not mapped yet.
-        let r = unsafe { sys::cuMemMap(va, size, offset, chunk.0, 0) };
-        check("cuMemMap", r, || format!("va=0x{va:x} size={size} offset={offset} handle=0x{:x}", chunk.0))
-    }
-
     fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()> {
         let descs = super::locations::access_descs(self, gpus)?;
         let _ctx = self.bind()?;

@@ -135,32 +135,6 @@ impl Device for SimDevice {
         Ok(())
     }
 
-    fn map_part(&self, va: DevicePtr, chunk: PhysHandle, offset: usize, size: usize) -> Result<()> {
-        let g = self.gran();
-        let Some(members) = self.group_members(chunk) else {
-            return match offset {
-                0 => self.map_sized(va, chunk, size),
-                _ => Err(Self::invalid("cuMemMap", format!("offset={offset} into a chunk of one granule"))),
-            };
-        };
-        let (first, count) = (offset / g, size / g);
-        if offset % g != 0 || size % g != 0 || count == 0 || first + count > members.len() {
-            return Err(Self::invalid(
-                "cuMemMap",
-                format!("offset={offset} size={size} outside an allocation of {} granules", members.len()),
-            ));
-        }
-        for (i, &member) in members[first..first + count].iter().enumerate() {
-            if let Err(e) = self.map(va + (i * g) as u64, member) {
-                if i > 0 {
-                    let _ = self.unmap(va, i * g);
-                }
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()> {
         if let Some(members) = self.group_members(chunk) {
             // Refused, like CUDA, while any part is mapped; else every part goes.
