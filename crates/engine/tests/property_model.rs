@@ -541,7 +541,7 @@ proptest! {
         let path = support::file_tier_path("property-peers");
         // Borrowed HBM readable in place (TIERMEM_PEER_IN_PLACE) is left out for now: with it
         // on, CI's run at 30bfbc4 found a case leaking one mapped chunk and one reservation at
-        // shutdown (no faults injected; the case is in the note). Off by default.
+        // shutdown (no faults injected; the case is in tests/cases/in_place_leak.txt). Off by default.
         let peer_in_place = false;
         let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, peer_in_place, ..EngineConfig::default() };
         let (engine, sim) = support::engine_with_peers(HBM_CHUNKS, SMALL_HOST_CHUNKS, PEER_CHUNKS, config);
