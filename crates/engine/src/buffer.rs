@@ -60,3 +60,48 @@ impl From<BufferId> for Region {
         Region::whole(buffer)
     }
 }
+
+/// Splits `len` bytes at `offset` into windows that each lie within one `span`-aligned span
+/// (one window when the range does, or is empty), in order.
+pub(crate) fn windows(offset: usize, len: usize, span: usize) -> Vec<(usize, usize)> {
+    let mut windows = Vec::new();
+    let (mut at, end) = (offset, offset.saturating_add(len));
+    loop {
+        let stop = end.min((at / span + 1).saturating_mul(span));
+        windows.push((at, stop - at));
+        if stop >= end {
+            return windows;
+        }
+        at = stop;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::windows;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_range_within_one_span_is_one_window() {
+        assert_eq!(windows(0, 8, 8), vec![(0, 8)]);
+        assert_eq!(windows(3, 0, 8), vec![(3, 0)]);
+        assert_eq!(windows(6, 12, 8), vec![(6, 2), (8, 8), (16, 2)]);
+    }
+
+    proptest! {
+        #[test]
+        fn windows_cover_the_range_in_order_each_within_a_span(
+            offset in 0usize..1000, len in 0usize..1000, span in 1usize..100
+        ) {
+            let pieces = windows(offset, len, span);
+            let mut at = offset;
+            for &(start, n) in &pieces {
+                prop_assert_eq!(start, at);
+                prop_assert!(n > 0 || len == 0);
+                prop_assert!(n == 0 || start / span == (start + n - 1) / span);
+                at += n;
+            }
+            prop_assert_eq!(at, offset + len);
+        }
+    }
+}

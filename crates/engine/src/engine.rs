@@ -497,15 +497,31 @@ impl Engine {
     }
 
     /// Writes `data` at `offset` of `buffer` from ordinary host memory (making it resident).
+    /// A range larger than the HBM cap is written in windows that fit, one after another.
     pub fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<()> {
-        let region = Region::bytes(buffer, offset, data.len());
-        self.host_copy("write", region, Access::ReadWrite, |at| self.device.write(at, data))
+        for (at, len) in self.windows(offset, data.len()) {
+            let piece = &data[at - offset..at - offset + len];
+            let region = Region::bytes(buffer, at, len);
+            self.host_copy("write", region, Access::ReadWrite, |va| self.device.write(va, piece))?;
+        }
+        Ok(())
     }
 
-    /// Reads `out.len()` bytes at `offset` of `buffer` into ordinary host memory.
+    /// Reads `out.len()` bytes at `offset` of `buffer` into ordinary host memory, in windows
+    /// that fit the HBM cap.
     pub fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
-        let region = Region::bytes(buffer, offset, out.len());
-        self.host_copy("read", region, Access::ReadOnly, |at| self.device.read(at, out))
+        for (at, len) in self.windows(offset, out.len()) {
+            let piece = &mut out[at - offset..at - offset + len];
+            let region = Region::bytes(buffer, at, len);
+            self.host_copy("read", region, Access::ReadOnly, |va| self.device.read(va, piece))?;
+        }
+        Ok(())
+    }
+
+    /// `len` bytes at `offset` in windows of at most the HBM cap (see [`crate::buffer::windows`]).
+    fn windows(&self, offset: usize, len: usize) -> Vec<(usize, usize)> {
+        let inner = self.lock();
+        crate::buffer::windows(offset, len, inner.tiers.chunk * inner.tiers.pool.cap().max(1))
     }
 
     /// Acquires `region` on the legacy stream, runs a synchronous copy at its device address

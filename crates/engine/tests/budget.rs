@@ -41,6 +41,12 @@ fn a_smaller_budget_is_met_and_its_hbm_given_back_without_losing_a_byte() {
         Err(Error::WouldNeverFit { cap, .. }) => assert_eq!(cap, 2 * CHUNK),
         other => panic!("three chunks under a budget of two: {other:?}"),
     }
+    // Host writes and reads of more than the cap go in windows that fit.
+    let bytes: Vec<u8> = (0..6 * CHUNK).map(|i| (i * 7 + 3) as u8).collect();
+    e.write(a, 0, &bytes).unwrap();
+    let mut back = vec![0u8; 6 * CHUNK - 100];
+    e.read(a, 100, &mut back).unwrap();
+    assert!(back == bytes[100..], "a read of six chunks under a budget of two");
 
     let ticket = e.set_hbm_budget(8 * CHUNK).unwrap();
     e.finish(ticket).unwrap();

@@ -58,7 +58,8 @@ impl Buffer {
 
     /// Writes `data` at `offset` from host memory (the buffer becomes resident). `data` is
     /// any C-contiguous object with the buffer protocol and byte items (`bytes`, `bytearray`,
-    /// a `memoryview`, a uint8 NumPy array), read in place: no copy is made of it.
+    /// a `memoryview`, a uint8 NumPy array), read in place: no copy is made of it. More than
+    /// the HBM cap is written in windows that fit, one after another.
     #[pyo3(signature = (data, offset=0))]
     fn write(&self, py: Python<'_>, data: PyBuffer<u8>, offset: usize) -> PyResult<()> {
         if !data.is_c_contiguous() {
