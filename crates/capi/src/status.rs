@@ -76,6 +76,7 @@ pub fn status_of(error: &Error) -> TiermemStatus {
         | Error::AcquiredInPlace { .. } => TiermemStatus::BufferState,
         Error::Device { .. } => TiermemStatus::Device,
         Error::File { .. } => TiermemStatus::FileTier,
+        Error::PartlyWritten { source, .. } => status_of(source),
         Error::MustWait(_) => TiermemStatus::Internal,
     }
 }

@@ -497,12 +497,18 @@ impl Engine {
     }
 
     /// Writes `data` at `offset` of `buffer` from ordinary host memory (making it resident).
-    /// A range larger than the HBM cap is written in windows that fit, one after another.
+    /// A range larger than the HBM cap is written in windows that fit, one after another; if
+    /// one fails after others were written, [`Error::PartlyWritten`] says how far it got.
     pub fn write(&self, buffer: BufferId, offset: usize, data: &[u8]) -> Result<()> {
-        for (at, len) in self.windows(offset, data.len()) {
+        for (at, len) in self.windows(buffer, offset, data.len()) {
             let piece = &data[at - offset..at - offset + len];
             let region = Region::bytes(buffer, at, len);
-            self.host_copy("write", region, Access::ReadWrite, |va| self.device.write(va, piece))?;
+            self.host_copy("write", region, Access::ReadWrite, |va| self.device.write(va, piece)).map_err(
+                |e| match at - offset {
+                    0 => e,
+                    written => Error::PartlyWritten { call: "write", written, source: Box::new(e) },
+                },
+            )?;
         }
         Ok(())
     }
@@ -510,7 +516,7 @@ impl Engine {
     /// Reads `out.len()` bytes at `offset` of `buffer` into ordinary host memory, in windows
     /// that fit the HBM cap.
     pub fn read(&self, buffer: BufferId, offset: usize, out: &mut [u8]) -> Result<()> {
-        for (at, len) in self.windows(offset, out.len()) {
+        for (at, len) in self.windows(buffer, offset, out.len()) {
             let piece = &mut out[at - offset..at - offset + len];
             let region = Region::bytes(buffer, at, len);
             self.host_copy("read", region, Access::ReadOnly, |va| self.device.read(va, piece))?;
@@ -519,9 +525,14 @@ impl Engine {
     }
 
     /// `len` bytes at `offset` in windows of at most the HBM cap (see [`crate::buffer::windows`]).
-    fn windows(&self, offset: usize, len: usize) -> Vec<(usize, usize)> {
+    /// A range outside the buffer is one window, for the acquire to refuse.
+    fn windows(&self, buffer: BufferId, offset: usize, len: usize) -> Vec<(usize, usize)> {
         let inner = self.lock();
-        crate::buffer::windows(offset, len, inner.tiers.chunk * inner.tiers.pool.cap().max(1))
+        let size = inner.state.buffer(buffer).map_or(0, |b| b.size);
+        match offset.checked_add(len).is_some_and(|end| end <= size) {
+            true => crate::buffer::windows(offset, len, inner.tiers.chunk * inner.tiers.pool.cap().max(1)),
+            false => vec![(offset, len)],
+        }
     }
 
     /// Acquires `region` on the legacy stream, runs a synchronous copy at its device address

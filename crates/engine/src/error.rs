@@ -3,7 +3,8 @@ use tiermem_mechanism::DeviceError;
 
 /// Errors of the engine. Each names the call that failed and the sizes involved; an
 /// operation that returns an error has changed nothing the caller can observe (no byte lost,
-/// no pin taken), though chunks may have moved between tiers.
+/// no pin taken), though chunks may have moved between tiers. The one exception says so:
+/// [`Error::PartlyWritten`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     #[error("{call}: size must be greater than zero")]
@@ -34,6 +35,10 @@ pub enum Error {
     /// involved stayed where they were.
     #[error("{call}: file tier: {source}")]
     File { call: &'static str, source: tiermem_mechanism::file_store::FileStoreError },
+    /// `write` of more than the HBM cap goes in windows that fit, one after another: one
+    /// failed (`source`) after the first `written` bytes were written. The rest are as before.
+    #[error("{call}: only the first {written} bytes were written: {source}")]
+    PartlyWritten { call: &'static str, written: usize, source: Box<Error> },
     #[error("{call}: {detail}")]
     Schedule { call: &'static str, detail: String },
     #[error("configuration: {0}")]

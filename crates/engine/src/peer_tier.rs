@@ -211,8 +211,9 @@ impl PeerTier {
     fn grow(&mut self, device: &dyn Device, lender: usize) -> Result<()> {
         let size = self.slab_chunks * self.chunk;
         let va = device.reserve(size)?;
+        // Rolls back: `handles` mapped (in place: one granule each; else the whole range).
         let undo = |handles: &[PhysHandle]| {
-            let _ = self.unmap_slab(device, va);
+            let _ = self.unmap_slab(device, va, handles.len());
             for &handle in handles {
                 let _ = device.release_mapped_chunk(handle);
             }
@@ -334,24 +335,31 @@ impl PeerTier {
     /// Unmaps a slab's range, frees the range and releases the allocation (its memory goes
     /// back to the lender with its last mapping).
     fn unmake(&self, device: &dyn Device, slab: &Slab) -> Result<()> {
-        self.unmap_slab(device, slab.va)?;
+        self.unmap_slab(device, slab.va, slab.handles.len())?;
         device.unreserve(slab.va, self.slab_chunks * self.chunk)?;
         slab.handles.iter().try_for_each(|&handle| device.release_mapped_chunk(handle))
     }
 
-    /// Unmaps a slab's range: one call, tried a few times (a failed unmap changes nothing), then
-    /// granule by granule for a driver that refuses a range of several mappings. Freeing the
-    /// range afterwards says whether anything is still mapped.
-    fn unmap_slab(&self, device: &dyn Device, va: DevicePtr) -> Result<()> {
-        let size = self.slab_chunks * self.chunk;
-        if (0..4).any(|_| device.unmap(va, size).is_ok()) {
+    /// Unmaps a slab's range, of which `mapped` allocations are mapped (in place: one
+    /// granule each, from its start; else one over the whole range, or none). A whole slab
+    /// goes in one call; a part, or a slab in place whose driver refuses a range of several
+    /// mappings, granule by granule. Each call is tried a few times: a failed unmap changes
+    /// nothing, and a mapping left behind would keep the range and its memory for ever.
+    fn unmap_slab(&self, device: &dyn Device, va: DevicePtr, mapped: usize) -> Result<()> {
+        if mapped == 0 {
             return Ok(());
         }
-        for i in 0..self.slab_chunks {
-            // Granules already unmapped refuse to be unmapped again.
-            let _ = device.unmap(va + (i * self.chunk) as u64, self.chunk);
+        let size = self.slab_chunks * self.chunk;
+        let whole = !self.in_place || mapped == self.slab_chunks;
+        let tries = if self.in_place { 1 } else { UNMAP_TRIES };
+        let outcome = match whole {
+            true => retried(tries, || device.unmap(va, size)),
+            false => Ok(()),
+        };
+        if !self.in_place || (whole && outcome.is_ok()) {
+            return outcome;
         }
-        Ok(())
+        (0..mapped).try_for_each(|i| retried(UNMAP_TRIES, || device.unmap(va + (i * self.chunk) as u64, self.chunk)))
     }
 
     /// Gives every slab back (shutdown: no slot is in use).
@@ -364,6 +372,21 @@ impl PeerTier {
         self.free.clear();
         outcome
     }
+}
+
+/// How often an unmap is tried before its failure is believed.
+const UNMAP_TRIES: usize = 4;
+
+/// `call`, tried up to `tries` times until it succeeds; its last error if it never does.
+fn retried(tries: usize, mut call: impl FnMut() -> Result<()>) -> Result<()> {
+    let mut outcome = call();
+    for _ in 1..tries {
+        if outcome.is_ok() {
+            break;
+        }
+        outcome = call();
+    }
+    outcome
 }
 
 #[cfg(test)]
@@ -446,5 +469,22 @@ mod tests {
         got.into_iter().for_each(|s| tier.free(s));
         tier.release_all(&node[0]).unwrap();
         assert!(node[0].live().is_empty());
+    }
+
+    #[test]
+    fn slabs_readable_in_place_that_fail_half_made_leave_nothing_behind() {
+        for seed in 0..64 {
+            let node = SimDevice::node(3, 16 * G).unwrap();
+            let mut tier = PeerTier::new(G, 0, &[(1, 8 * G), (2, 8 * G)]).with_slots_readable_in_place(true);
+            // Creating, mapping, giving access and every unmap of a rollback fail at random.
+            node[0].inject_errors(Some(5), seed);
+            let got = tier.alloc_up_to(&node[0], 16);
+            node[0].inject_errors(None, 0);
+            assert!(got.iter().all(|&s| tier.part(s).is_some()));
+            got.into_iter().for_each(|s| tier.free(s));
+            tier.release_all(&node[0]).unwrap();
+            assert!(node[0].live().is_empty(), "seed {seed}: {:?}", node[0].live());
+            assert_eq!(node[1].mem_info().unwrap().0, 16 * G, "seed {seed}: GPU 1's memory is back");
+        }
     }
 }

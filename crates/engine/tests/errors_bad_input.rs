@@ -267,10 +267,38 @@ fn would_never_fit_names_the_call_that_failed() {
     let (big, _) = w.engine.alloc(5 * CHUNK, AllocOptions::default()).unwrap();
     let page_in = w.engine.page_in(Target::Buffer(big)).unwrap_err().to_string();
     assert!(page_in.starts_with("page_in:"), "{page_in}");
-    let write = w.engine.write(big, 0, &vec![1u8; 5 * CHUNK]).unwrap_err().to_string();
-    assert!(write.starts_with("write:"), "{write}");
-    let read = w.engine.read(big, 0, &mut vec![0u8; 5 * CHUNK]).unwrap_err().to_string();
-    assert!(read.starts_with("read:"), "{read}");
+}
+
+#[test]
+fn host_copies_of_more_than_the_cap_go_in_windows_and_a_failing_one_says_how_far_it_got() {
+    let w = World::new();
+    let e = &w.engine;
+    e.free(w.id(1)).unwrap(); // room in the host tier for what the holds below push out
+    let (big, _) = e.alloc(5 * CHUNK, AllocOptions::default()).unwrap();
+    let data = support::pattern(9, 5 * CHUNK);
+    e.write(big, 0, &data).expect("five chunks under a cap of four");
+    let mut back = vec![0u8; 5 * CHUNK];
+    e.read(big, 0, &mut back).unwrap();
+    assert!(back == data);
+
+    // Windows of the cap (four chunks) from the buffer's start: chunk 3, then chunk 4. With
+    // chunk 3 and three others held, the second window has no room.
+    let held = [Region::whole(w.id(0)), Region::bytes(big, 3 * CHUNK, CHUNK)];
+    e.acquire(&held, Access::ReadOnly, S).unwrap();
+    let new = support::pattern(10, 2 * CHUNK);
+    match e.write(big, 3 * CHUNK, &new) {
+        Err(Error::PartlyWritten { call: "write", written, source }) => {
+            assert_eq!(written, CHUNK);
+            assert!(matches!(*source, Error::OutOfMemory { call: "write", .. }), "{source}");
+        }
+        other => panic!("the second window cannot fit: {other:?}"),
+    }
+    let err = e.write(big, 3 * CHUNK, &new).unwrap_err().to_string();
+    assert!(err.starts_with("write: only the first 2097152 bytes were written: write: out of memory"), "{err}");
+    e.release(&held, S).unwrap();
+    e.read(big, 0, &mut back).unwrap();
+    assert!(back[3 * CHUNK..4 * CHUNK] == new[..CHUNK], "the first window was written");
+    assert!(back[..3 * CHUNK] == data[..3 * CHUNK] && back[4 * CHUNK..] == data[4 * CHUNK..], "the rest is as before");
 }
 
 #[test]
