@@ -427,6 +427,7 @@ impl Inner {
         for stream in [self.tiers.streams.up, self.tiers.streams.down, self.tiers.streams.prefetch] {
             self.tiers.device.synchronize_stream(stream).during("shutdown")?;
         }
+        self.tiers.multipath.release(self.tiers.device.as_ref()).during("shutdown")?;
         self.tiers.reap(&mut self.state)?;
         for slot in self.tiers.in_flight.drain_retiring() {
             self.tiers.free_below(slot);

@@ -48,6 +48,10 @@ pub struct EngineConfig {
     /// chunk, so that `Access::InPlaceOk` reads can be served where chunks lie. Off, a lender's
     /// memory goes back faster (one unmap per 64 MiB, not per chunk) and nothing is read in place.
     pub peer_in_place: bool,
+    /// `TIERMEM_MULTIPATH=on|off` (default on): page-ins from host memory also come in through
+    /// each lender's own PCIe link, its copy engine writing over NVLink (multipath.rs), while
+    /// it lends. Costs a CUDA context on each lender.
+    pub multipath: bool,
     /// `TIERMEM_SIM_GPUS`: GPUs of the simulated node (default 1), each of `sim_hbm`, with
     /// peer access to each other, so the peer tier can be tried without a GPU.
     pub sim_gpus: usize,
@@ -103,6 +107,7 @@ impl Default for EngineConfig {
             peer_reserve: None,
             peer_limit: None,
             peer_in_place: false,
+            multipath: true,
             sim_gpus: 1,
         }
     }
@@ -155,11 +160,10 @@ impl EngineConfig {
             c.peer_limit = Some(parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PEER_LIMIT: {e}")))?);
         }
         if let Some(v) = var("TIERMEM_PEER_IN_PLACE") {
-            c.peer_in_place = match v.trim() {
-                "on" | "1" | "true" | "yes" => true,
-                "off" | "0" | "false" | "no" => false,
-                _ => return Err(Error::Config(format!("TIERMEM_PEER_IN_PLACE={v:?}: say on or off"))),
-            };
+            c.peer_in_place = on_or_off("TIERMEM_PEER_IN_PLACE", &v)?;
+        }
+        if let Some(v) = var("TIERMEM_MULTIPATH") {
+            c.multipath = on_or_off("TIERMEM_MULTIPATH", &v)?;
         }
         if let Some(v) = var("TIERMEM_SIM_GPUS") {
             c.sim_gpus =
@@ -226,6 +230,15 @@ pub fn format_size(bytes: usize) -> String {
         format!("{bytes} B")
     } else {
         format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
+/// A switch's value: on or off (also 1/0, true/false, yes/no).
+fn on_or_off(name: &str, v: &str) -> Result<bool> {
+    match v.trim() {
+        "on" | "1" | "true" | "yes" => Ok(true),
+        "off" | "0" | "false" | "no" => Ok(false),
+        _ => Err(Error::Config(format!("{name}={v:?}: say on or off"))),
     }
 }
 

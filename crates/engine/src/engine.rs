@@ -26,6 +26,7 @@ use crate::file_tier::FileTier;
 use crate::file_writes::{BackgroundWrites, Owner};
 use crate::host_tier::HostTier;
 use crate::in_flight::InFlight;
+use crate::multipath::Multipath;
 use crate::recorder::Recorder;
 use crate::schedule::Schedule;
 use crate::state::{ChunkRef, ChunkTable};
@@ -129,6 +130,16 @@ impl Engine {
             down: device.create_stream(StreamPriority::High).during("Engine::new")?,
             prefetch: device.create_stream(StreamPriority::Low).during("Engine::new")?,
         };
+        let mut notes = lending.notes;
+        let lender_gpus: Vec<usize> = lending.lenders.iter().map(|&(gpu, _)| gpu).collect();
+        let multipath = match config.multipath {
+            true => {
+                let (paths, why) = Multipath::open(device.as_ref(), &lender_gpus);
+                notes.extend(why);
+                paths
+            }
+            false => Multipath::none(device.info().ordinal),
+        };
         let tiers = Tiers {
             device: Arc::clone(&device),
             chunk,
@@ -136,6 +147,7 @@ impl Engine {
             pool: ChunkPool::new(caps.hbm / chunk),
             peer: crate::peer_tier::PeerTier::new(chunk, device.info().ordinal, &lending.lenders)
                 .with_slots_readable_in_place(config.peer_in_place),
+            multipath,
             host: HostTier::new(chunk, caps.host),
             file,
             writes: BackgroundWrites::default(),
@@ -178,7 +190,7 @@ impl Engine {
             lender_watch,
             recorder: Mutex::new(Recorder::default()),
             fallback: None,
-            peer_notes: lending.notes,
+            peer_notes: notes,
         })
     }
 
@@ -198,8 +210,9 @@ impl Engine {
         self.lock().set_peer_lending(gpu, bytes)
     }
 
-    /// Why GPUs of this machine do not lend to the peer tier (one line each), e.g. for
-    /// `tiermem info`; empty when every neighbour lends.
+    /// Why GPUs of this machine do not lend to the peer tier, or a lender does not copy page-ins
+    /// for this GPU (multipath), one line each, e.g. for `tiermem info`; empty when every
+    /// neighbour lends and copies.
     pub fn peer_notes(&self) -> &[String] {
         &self.peer_notes
     }

@@ -44,6 +44,7 @@ mod limits;
 #[cfg(all(test, feature = "shuttle"))]
 mod model_checks;
 mod movement;
+mod multipath;
 mod peer_tier;
 mod placement;
 mod recorder;

@@ -36,7 +36,8 @@ use crate::tiers::Tiers;
 use crate::{Error, Result};
 use std::sync::Arc;
 use tiermem_mechanism::file_store::FileSlot;
-use tiermem_mechanism::{DeviceError, PhysHandle, StreamHandle};
+use tiermem_mechanism::{DeviceError, DevicePtr, HostPtr, PhysHandle, StreamHandle};
+use tiermem_policy::split_between_paths;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Purpose {
@@ -113,6 +114,10 @@ impl Tiers {
             fences.push(self.queue_read(state, call, reads, &mut read_fences));
         }
         phys.for_each(|p| self.pool.give(p));
+        // The chunks' fence (or a failure) must come after the copies along other paths.
+        if let Err(e) = self.multipath.join(self.device.as_ref(), stream) {
+            failure.get_or_insert(Error::Device { call, source: e });
+        }
         if start.is_none() {
             self.counters.prefetched += (landed.len() + read) as u64;
         }
@@ -221,7 +226,7 @@ impl Tiers {
             self.counters.maps += 1;
         }
         if outcome.is_ok() && !fresh.is_empty() {
-            outcome = device.set_access(va0, batch.len() * g);
+            outcome = device.set_access_from(va0, batch.len() * g, self.multipath.access());
         }
         if outcome.is_ok() {
             let sources: Vec<Source> = batch
@@ -233,22 +238,31 @@ impl Tiers {
                     Location::Empty | Location::Hbm { .. } => Source::Zeros,
                 })
                 .collect();
-            for (k, n, source) in coalesce(&sources, g) {
+            let runs = coalesce(&sources, g);
+            let from_host: Vec<(usize, usize, HostPtr)> = runs
+                .iter()
+                .filter_map(|&(k, n, source)| match source {
+                    Source::Host(src, _) => Some((k, n, src)),
+                    _ => None,
+                })
+                .collect();
+            outcome = self.copy_from_host(&from_host, va0, stream);
+            for (k, n, source) in runs {
                 let dst = va0 + (k * g) as u64;
+                if outcome.is_err() {
+                    break;
+                }
                 outcome = match source {
-                    // SAFETY: the slots are pinned memory owned by these chunks, freed only
-                    // after this copy's fence.
-                    Source::Host(src, _) => unsafe { device.copy_to_device_async(dst, src, n * g, stream) },
                     // Over NVLink, run by this GPU, which has access to the peer tier's slabs.
                     Source::Peer(src, _) => device.copy_between_devices_async(dst, src, n * g, stream),
                     Source::Zeros => device.memset_async(dst, 0, n * g, stream),
-                    Source::File => Ok(()),
+                    Source::Host(..) | Source::File => Ok(()),
                 };
-                if outcome.is_err() {
-                    // Copies already enqueued must not land in chunks handed to someone else.
-                    let _ = device.synchronize_stream(stream);
-                    break;
-                }
+            }
+            if outcome.is_err() {
+                // Copies already enqueued must not land in chunks handed to someone else.
+                let _ = device.synchronize_stream(stream);
+                let _ = self.multipath.synchronize();
             }
         }
         if let Err(e) = outcome {
@@ -267,6 +281,39 @@ impl Tiers {
             match state.enter_hbm(r, p) {
                 Fill::Copied => self.counters.page_ins += 1,
                 Fill::Zeroed => self.counters.zero_fills += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues the copies of `runs` (chunk index in the batch at `va0`, chunks, pinned host
+    /// source) into HBM: on `stream`, or divided between it and the lenders' links while they
+    /// lend (multipath.rs).
+    fn copy_from_host(
+        &mut self,
+        runs: &[(usize, usize, HostPtr)],
+        va0: DevicePtr,
+        stream: StreamHandle,
+    ) -> Result<(), DeviceError> {
+        let g = self.chunk;
+        let peer = &self.peer;
+        let lending = |gpu| peer.lenders().iter().any(|l| l.gpu == gpu && peer.cap_of(l) > 0);
+        let helpers = self.multipath.usable(lending);
+        let lens: Vec<usize> = runs.iter().map(|&(_, n, _)| n).collect();
+        let least = crate::multipath::LEAST_CHUNKS_PER_PATH;
+        for piece in split_between_paths(&lens, 1 + helpers.len(), least) {
+            let (k, _, src) = runs[piece.run];
+            let (dst, src) = (va0 + ((k + piece.skip) * g) as u64, src + piece.skip * g);
+            let len = piece.chunks * g;
+            // SAFETY: the slots are pinned memory owned by these chunks, freed only after the
+            // chunks' fence, which comes after `stream` joins the helpers (copy_in).
+            match piece.path {
+                0 => unsafe { self.device.copy_to_device_async(dst, src, len, stream)? },
+                path => {
+                    let device = Arc::clone(&self.device);
+                    unsafe { self.multipath.copy(device.as_ref(), helpers[path - 1], dst, src, len, stream)? };
+                    self.counters.by_neighbours += piece.chunks as u64;
+                }
             }
         }
         Ok(())

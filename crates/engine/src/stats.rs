@@ -42,6 +42,9 @@ pub struct Counters {
     pub in_place_maps: u64,
     /// Chunks acquired where they lie in a neighbour's HBM (read over NVLink, no copy).
     pub in_place_reads: u64,
+    /// Chunks of `page_ins` copied from the host tier by a lender's copy engine, through its
+    /// PCIe link (multipath.rs).
+    pub by_neighbours: u64,
     /// Host time spent mapping chunks and setting their access (driver calls), in milliseconds,
     /// as the device's timing adaptor measured it ([`crate::Engine::driver_times`]).
     pub map_ms: f64,

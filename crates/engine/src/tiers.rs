@@ -14,6 +14,7 @@ use crate::file_tier::FileTier;
 use crate::file_writes::BackgroundWrites;
 use crate::host_tier::HostTier;
 use crate::in_flight::InFlight;
+use crate::multipath::Multipath;
 use crate::peer_tier::PeerTier;
 use crate::stats::Counters;
 use crate::sync::Arc;
@@ -37,6 +38,8 @@ pub(crate) struct Tiers {
     pub pool: ChunkPool,
     /// HBM lent by neighbour GPUs (peer_tier.rs); without lenders, a tier of no slot.
     pub peer: PeerTier,
+    /// The lenders' PCIe links, a second path for page-ins from the host tier (multipath.rs).
+    pub multipath: Multipath,
     pub host: HostTier,
     pub file: Option<FileTier>,
     /// The background file writes of tickets (file_writes.rs).

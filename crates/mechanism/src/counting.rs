@@ -118,6 +118,7 @@ impl Device for CountingDevice {
         fn info(&self) -> &DeviceInfo;
         fn mem_info(&self) -> Result<(usize, usize)>;
         fn gpu_memory(&self, ordinal: usize) -> Result<GpuMemory>;
+        fn neighbour(&self, ordinal: usize) -> Result<std::sync::Arc<dyn Device>>;
         fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()>;
         fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()>;
         fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()>;

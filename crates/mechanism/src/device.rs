@@ -135,6 +135,13 @@ pub trait Device: Send + Sync {
         Ok(GpuMemory { free, total, other_processes: None })
     }
 
+    /// GPU `ordinal` of this machine as a device of its own, sharing this one's address space:
+    /// work on its streams runs on its engines (a copy from host memory it runs crosses its
+    /// own PCIe link). For the second path into this GPU (multipath page-in).
+    fn neighbour(&self, ordinal: usize) -> Result<std::sync::Arc<dyn Device>> {
+        Err(crate::DeviceError::Unsupported(format!("GPU {ordinal} cannot be driven from here")))
+    }
+
     /// Reserves `size` bytes (a multiple of the granularity) of device virtual address space.
     fn reserve(&self, size: usize) -> Result<DevicePtr>;
     /// Frees a reservation; nothing in it may still be mapped.

@@ -168,6 +168,7 @@ impl Device for TimedDevice {
         fn info(&self) -> &DeviceInfo;
         fn mem_info(&self) -> Result<(usize, usize)>;
         fn gpu_memory(&self, ordinal: usize) -> Result<GpuMemory>;
+        fn neighbour(&self, ordinal: usize) -> Result<std::sync::Arc<dyn Device>>;
         fn create_stream(&self, priority: StreamPriority) -> Result<StreamHandle>;
         fn destroy_stream(&self, stream: StreamHandle) -> Result<()>;
         fn create_event(&self, timing: bool) -> Result<EventHandle>;

@@ -220,6 +220,11 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
 
     eprintln!("bench peer: tiermem's peer tier: page-out, page-in, reclaim");
     let engine_side = peer_engine::measure(engine, reps)?;
+    eprintln!("bench peer: page-in from the host tier along GPU {lender}'s link too, and along GPU {borrower}'s alone");
+    let paths = peer_engine::multipath(borrower, lender, size, reps)?;
+    let (h2d_device, _) = mechanism::open_in_node(base.backend, borrower, sim).map_err(err("open the borrower"))?;
+    let raw_h2d = super::raw::measure(&h2d_device, size, reps)?.h2d_gbps;
+    drop(h2d_device);
     let (with_peers, in_place, host_only) = match &decode {
         Some(script) => {
             eprintln!("bench peer: the torch benchmark's decode on GPU 0: neighbours lending (copied in, and read in place), and host-only");
@@ -249,7 +254,10 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "decode_tok_s_peer_in_place": in_place_tok,
         "decode_tok_s_host_only": host_tok,
         "decode_tok_s_resident": resident_tok,
-        "multipath_h2d_GBps": null,
+        "multipath_h2d_GBps": paths.two_links_gbps,
+        "single_link_page_in_from_host_GBps": paths.one_link_gbps,
+        "raw_h2d_GBps": raw_h2d,
+        "multipath_lender_share": paths.lender_share,
         "lender_job_GBps_alone": alone,
         "lender_job_GBps_lending": lending,
         "lender_slowdown": lending / alone,
@@ -263,18 +271,18 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "decode_vs_resident": peer_tok.zip(resident_tok).map(|(p, r)| p / r),
         "decode_in_place_vs_host_only": in_place_tok.zip(host_tok).map(|(p, h)| p / h),
         "decode_in_place_vs_resident": in_place_tok.zip(resident_tok).map(|(p, r)| p / r),
-        "multipath_vs_single": null,
+        "multipath_vs_single": paths.two_links_gbps / raw_h2d,
+        "multipath_vs_single_link_page_in": paths.two_links_gbps / paths.one_link_gbps,
         "lender_slowdown": lending / alone,
     });
     let mut notes = engine_side.notes.clone();
-    notes.push("multipath_h2d_GBps: not measured by this version of the suite (two-link page-in is not built)".into());
     if decode.is_none() {
         notes.push("decode_*: not asked for (--decode bench/torch_bench.py runs them)".into());
     }
     if simulated {
         notes.push("simulated device: not evidence of speed".into());
     }
-    let verified = raw_ok && engine_side.verified && decode_identical;
+    let verified = raw_ok && engine_side.verified && decode_identical && paths.verified;
     let date = today();
     let rep = report("peer", commit, &date, device.info(), metrics, ratios, verified);
     let detail = json!({

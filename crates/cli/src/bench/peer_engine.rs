@@ -83,11 +83,18 @@ pub struct PeerEngine(Run);
 
 impl PeerEngine {
     pub fn open(borrower: usize, lender: usize, size: usize) -> Result<Self, String> {
-        Self::open_with(borrower, lender, size, false)
+        Self::open_with(borrower, lender, size, false, true)
     }
 
-    /// As [`PeerEngine::open`]; `in_place`: borrowed HBM readable in place (`peer_in_place`).
-    pub fn open_with(borrower: usize, lender: usize, size: usize, in_place: bool) -> Result<Self, String> {
+    /// As [`PeerEngine::open`]; `in_place`: borrowed HBM readable in place (`peer_in_place`);
+    /// `multipath`: page-ins from the host also through the lender's PCIe link.
+    pub fn open_with(
+        borrower: usize,
+        lender: usize,
+        size: usize,
+        in_place: bool,
+        multipath: bool,
+    ) -> Result<Self, String> {
         let base = EngineConfig::from_env().map_err(|e| format!("bench peer: {e}"))?;
         let config = EngineConfig {
             device: borrower,
@@ -97,6 +104,7 @@ impl PeerEngine {
             sim_gpus: base.sim_gpus.max(borrower.max(lender) + 1),
             sim_hbm: 6 * size,
             peer_in_place: in_place,
+            multipath,
             ..base
         };
         let engine = Engine::new(config).map_err(|e| format!("bench peer: {e}"))?;
@@ -158,7 +166,7 @@ pub fn measure(engine: PeerEngine, reps: usize) -> Result<EngineSide, String> {
     // A kernel reading the buffer where it lies in the lender's HBM.
     let borrower = run.engine.device().info().ordinal;
     let reads = {
-        let PeerEngine(other) = PeerEngine::open_with(borrower, lender, size, true)?;
+        let PeerEngine(other) = PeerEngine::open_with(borrower, lender, size, true, true)?;
         crate::bench::peer_in_place::measure(&other.engine, other.id, size, lender, reps, other.stream)?
     };
     out.in_place_read_gbps = Some(reads.engine_gbps);
@@ -194,4 +202,52 @@ pub fn measure(engine: PeerEngine, reps: usize) -> Result<EngineSide, String> {
     out.verified = run.verified;
     drop(run);
     Ok(out)
+}
+
+/// Page-in from the host tier along two links (multipath.rs) and along this GPU's alone.
+pub struct Multipath {
+    pub two_links_gbps: f64,
+    pub one_link_gbps: f64,
+    /// The share of the two-link page-in's chunks that came through the lender.
+    pub lender_share: f64,
+    pub verified: bool,
+}
+
+/// Page-ins of the buffer from the host tier, timed, with the lender's link (`multipath`) or
+/// without; the lender lends nothing while the buffer goes down (so it goes to the host
+/// tier) and lends again before each timed page-in (so its link may be used).
+fn page_in_from_host(
+    borrower: usize,
+    lender: usize,
+    size: usize,
+    reps: usize,
+    multipath: bool,
+) -> Result<(f64, f64, bool), String> {
+    let PeerEngine(mut run) = PeerEngine::open_with(borrower, lender, size, false, multipath)?;
+    let id = run.id;
+    let (mut times, mut by_lender, mut copied) = (Vec::new(), 0, 0);
+    for rep in 0..reps + WARMUP {
+        Run::check("set_peer_lending", run.engine.set_peer_lending(lender, 0).map(drop))?;
+        run.dirty()?;
+        Run::check("page_out", run.engine.page_out(Target::Buffer(id)))?;
+        run.lend_all()?;
+        let before = run.engine.stats().transfers;
+        let t = run.timed("page_in", |e| e.page_in(Target::Buffer(id)))?;
+        let after = run.engine.stats().transfers;
+        if rep >= WARMUP {
+            times.push(t);
+            by_lender += after.by_neighbours - before.by_neighbours;
+            copied += after.page_ins - before.page_ins;
+        }
+    }
+    run.verify(if multipath { "a page-in along two links" } else { "a page-in along one link" })?;
+    let share = by_lender as f64 / copied.max(1) as f64;
+    Ok((size as f64 / 1e9 / median(times), share, run.verified))
+}
+
+/// Measures page-in from the host tier along two links against one, same buffer, same run.
+pub fn multipath(borrower: usize, lender: usize, size: usize, reps: usize) -> Result<Multipath, String> {
+    let (two_links_gbps, lender_share, two_ok) = page_in_from_host(borrower, lender, size, reps, true)?;
+    let (one_link_gbps, _, one_ok) = page_in_from_host(borrower, lender, size, reps, false)?;
+    Ok(Multipath { two_links_gbps, one_link_gbps, lender_share, verified: two_ok && one_ok })
 }

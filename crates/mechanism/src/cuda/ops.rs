@@ -27,6 +27,10 @@ impl Device for CudaDevice {
         Ok((free, total))
     }
 
+    fn neighbour(&self, ordinal: usize) -> Result<std::sync::Arc<dyn crate::Device>> {
+        Ok(std::sync::Arc::new(CudaDevice::open(ordinal)?))
+    }
+
     fn gpu_memory(&self, ordinal: usize) -> Result<GpuMemory> {
         let Some(&dev) = self.devices.get(ordinal) else {
             return Err(DeviceError::NoDevice(format!("GPU {ordinal}: the driver sees {} GPU(s)", self.devices.len())));

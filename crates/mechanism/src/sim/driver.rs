@@ -41,6 +41,11 @@ impl Device for SimDevice {
         Ok(GpuMemory { free: self.info.total_bytes - used, total: self.info.total_bytes, other_processes: None })
     }
 
+    fn neighbour(&self, ordinal: usize) -> Result<std::sync::Arc<dyn Device>> {
+        self.gpu_memory(ordinal)?;
+        Ok(std::sync::Arc::new(self.sibling(ordinal)))
+    }
+
     fn reserve(&self, size: usize) -> Result<DevicePtr> {
         failpoint!(self, "cuMemAddressReserve");
         let g = self.gran();

@@ -208,6 +208,18 @@ impl SimDevice {
         Ok((0..gpus).map(device).collect())
     }
 
+    /// GPU `ordinal` of this one's node (which has it).
+    pub(crate) fn sibling(&self, ordinal: usize) -> SimDevice {
+        let mut info = self.info.clone();
+        let gpus = info.device_count;
+        info.peers = match self.node.peer_access {
+            true => (0..gpus).filter(|&g| g != ordinal).collect(),
+            false => Vec::new(),
+        };
+        info.ordinal = ordinal;
+        SimDevice { info, node: Arc::clone(&self.node) }
+    }
+
     /// When queued work runs besides when it is waited for ([`Timing`]; `Eager` by default),
     /// on every GPU of the node. `Lazy` is the slowest GPU allowed, for tests that must see a
     /// missing wait every time.
