@@ -60,6 +60,9 @@ typedef struct TiermemAllocOptions {
   int32_t priority;
   // Written once with `tiermem_write`, then only acquired for reading (model weights).
   bool read_only;
+  // Reads (`write` false) may be served where its chunks lie in a neighbour GPU's HBM,
+  // over NVLink, instead of bringing them in (with `TIERMEM_PEER_IN_PLACE=on`).
+  bool in_place;
 } TiermemAllocOptions;
 
 #ifdef __cplusplus

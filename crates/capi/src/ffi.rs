@@ -46,6 +46,9 @@ pub struct TiermemAllocOptions {
     pub priority: i32,
     /// Written once with `tiermem_write`, then only acquired for reading (model weights).
     pub read_only: bool,
+    /// Reads (`write` false) may be served where its chunks lie in a neighbour GPU's HBM,
+    /// over NVLink, instead of bringing them in (with `TIERMEM_PEER_IN_PLACE=on`).
+    pub in_place: bool,
 }
 
 /// A configuration that keeps every environment variable.
@@ -154,6 +157,7 @@ pub unsafe extern "C" fn tiermem_alloc(
             Some(o) => AllocOptions {
                 priority: o.priority,
                 read_only: o.read_only,
+                in_place: o.in_place,
                 // SAFETY: the caller promises `name` is NULL or NUL-terminated.
                 name: unsafe { optional_str("name", o.name)? }.map(str::to_owned),
                 ..AllocOptions::default()

@@ -58,7 +58,7 @@ int main(void) {
     unsigned char *expected = malloc(SIZE), *back = malloc(SIZE);
     EXPECT(expected != NULL && back != NULL);
     uint64_t ptrs[COUNT];
-    TiermemAllocOptions options = {.name = "c-smoke", .priority = 0, .read_only = false};
+    TiermemAllocOptions options = {.name = "c-smoke", .priority = 0, .read_only = false, .in_place = true};
     for (unsigned i = 0; i < COUNT; i++) {
         CHECK(tiermem_alloc(SIZE, &options, &ptrs[i]));
         fill(expected, SIZE, i);
