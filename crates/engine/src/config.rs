@@ -52,6 +52,10 @@ pub struct EngineConfig {
     /// each lender's own PCIe link, its copy engine writing over NVLink (multipath.rs), while
     /// it lends. Costs a CUDA context on each lender.
     pub multipath: bool,
+    /// `TIERMEM_PEER_CLEAN=on|off` (default on): chunks whose only copy is in a lender's HBM
+    /// are copied to free host room in the background, so that the lender gets its memory back
+    /// without waiting for a copy (harvest.rs).
+    pub peer_clean: bool,
     /// `TIERMEM_SIM_GPUS`: GPUs of the simulated node (default 1), each of `sim_hbm`, with
     /// peer access to each other, so the peer tier can be tried without a GPU.
     pub sim_gpus: usize,
@@ -108,6 +112,7 @@ impl Default for EngineConfig {
             peer_limit: None,
             peer_in_place: false,
             multipath: true,
+            peer_clean: true,
             sim_gpus: 1,
         }
     }
@@ -164,6 +169,9 @@ impl EngineConfig {
         }
         if let Some(v) = var("TIERMEM_MULTIPATH") {
             c.multipath = on_or_off("TIERMEM_MULTIPATH", &v)?;
+        }
+        if let Some(v) = var("TIERMEM_PEER_CLEAN") {
+            c.peer_clean = on_or_off("TIERMEM_PEER_CLEAN", &v)?;
         }
         if let Some(v) = var("TIERMEM_SIM_GPUS") {
             c.sim_gpus =

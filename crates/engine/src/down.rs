@@ -195,9 +195,15 @@ impl Tiers {
             Tier::Peer => c.peer().is_some(),
             _ => c.host().is_some(),
         };
+        // A host copy of a chunk in the peer tier (harvest.rs) is a spare too.
+        let spare_below = |c: &crate::state::Chunk| {
+            tier == Tier::Host && c.phys().is_none() && c.peer().is_some() && c.host().is_some() && c.pins() == 0
+        };
         let spare: Vec<ChunkRef> = state
             .chunks()
-            .filter(|(_, c)| c.is_resident() && has_copy(c) && matches!(settled(c.ready()), Ok(true)))
+            .filter(|(_, c)| {
+                (c.is_resident() && has_copy(c) && matches!(settled(c.ready()), Ok(true))) || spare_below(c)
+            })
             .map(|(r, _)| r)
             .take(wanted)
             .collect();

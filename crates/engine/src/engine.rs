@@ -71,7 +71,7 @@ pub struct Engine {
     recorder: Mutex<Recorder>,
     fallback: Option<String>,
     /// Why some GPUs do not lend to the peer tier (lenders.rs).
-    peer_notes: Vec<String>,
+    pub(crate) peer_notes: Vec<String>,
 }
 
 pub(crate) struct Inner {
@@ -169,16 +169,8 @@ impl Engine {
         let inner = Arc::new(Mutex::new(inner));
         let lender_watch = match has_peers {
             true => {
-                let (weak, reserve) = (Arc::downgrade(&inner), config.peer_reserve(device.info().backend));
-                let watch = move || {
-                    let Some(inner) = weak.upgrade() else { return false };
-                    let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
-                    if let Err(e) = guard.watch_lenders(reserve) {
-                        eprintln!("tiermem: giving borrowed HBM back to a lender failed: {e}");
-                    }
-                    true
-                };
-                let started = crate::lender_watch::LenderWatch::start(watch, LENDER_POLL);
+                let reserve = config.peer_reserve(device.info().backend);
+                let started = crate::lender_watch::watch_engine(&inner, reserve, config.peer_clean, LENDER_POLL);
                 Some(started.map_err(|e| Error::Config(format!("Engine::new: no lender watch thread: {e}")))?)
             }
             false => None,
@@ -192,29 +184,6 @@ impl Engine {
             fallback: None,
             peer_notes: notes,
         })
-    }
-
-    /// The neighbour GPUs lending to the peer tier: (GPU, bytes lent now, bytes borrowed now).
-    pub fn peer_lenders(&self) -> Vec<(usize, usize, usize)> {
-        let g = self.lock();
-        let peer = &g.tiers.peer;
-        peer.lenders().iter().map(|l| (l.gpu, peer.cap_of(l), peer.borrowed_from(l.gpu))).collect()
-    }
-
-    /// What GPU `gpu` lends to the peer tier becomes `bytes` (0: give everything back). Chunks
-    /// in memory it no longer lends move before this returns: dropped where another copy
-    /// exists, else copied to the host tier. Returns the bytes given back to the lender. It
-    /// stays the most that GPU lends: the lender watch lowers what it lends when the lender
-    /// is short of memory, and raises it again up to `bytes`, never beyond.
-    pub fn set_peer_lending(&self, gpu: usize, bytes: usize) -> Result<usize> {
-        self.lock().set_peer_lending(gpu, bytes)
-    }
-
-    /// Why GPUs of this machine do not lend to the peer tier, or a lender does not copy page-ins
-    /// for this GPU (multipath), one line each, e.g. for `tiermem info`; empty when every
-    /// neighbour lends and copies.
-    pub fn peer_notes(&self) -> &[String] {
-        &self.peer_notes
     }
 
     pub fn device_info(&self) -> &DeviceInfo {

@@ -1,12 +1,39 @@
 //! The thread that keeps borrowing from neighbour GPUs polite: every `period` it reads each
 //! lender's free memory and gives back, at once, what the lender's reserve needs
 //! (`Inner::watch_lenders`), so a program starting on a lender finds its memory even while
-//! the borrowing program sits idle. It runs only when the engine has a peer tier, holds the
-//! engine only while it looks (a weak reference otherwise), and stops when the engine drops.
+//! the borrowing program sits idle; then it copies a batch of chunks whose only copy is on a
+//! lender to free host room (harvest.rs). It runs only when the engine has a peer tier, holds
+//! the engine only while it looks (a weak reference otherwise), and stops when the engine drops.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// Starts the watch of `inner`'s lenders: every `period`, `watch_lenders(reserve)`, then (if
+/// `clean`) one batch of `clean_borrowed`. Failures are reported on stderr; the next poll
+/// tries again.
+pub(crate) fn watch_engine(
+    inner: &crate::sync::Arc<crate::sync::Mutex<crate::engine::Inner>>,
+    reserve: usize,
+    clean: bool,
+    period: Duration,
+) -> std::io::Result<LenderWatch> {
+    let weak = crate::sync::Arc::downgrade(inner);
+    let watch = move || {
+        let Some(inner) = weak.upgrade() else { return false };
+        let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = guard.watch_lenders(reserve) {
+            eprintln!("tiermem: giving borrowed HBM back to a lender failed: {e}");
+        }
+        if clean {
+            if let Err(e) = guard.clean_borrowed(crate::harvest::CLEAN_BATCH) {
+                eprintln!("tiermem: copying borrowed chunks to the host tier failed: {e}");
+            }
+        }
+        true
+    };
+    LenderWatch::start(watch, period)
+}
 
 pub(crate) struct LenderWatch {
     stop: Arc<(Mutex<bool>, Condvar)>,

@@ -242,7 +242,7 @@ impl Inner {
     }
 
     /// Waits for `fences` with the lock held (the calls that may not retry).
-    fn wait_here(&mut self, call: &'static str, fences: Vec<Arc<Fence>>) -> Result<()> {
+    pub(crate) fn wait_here(&mut self, call: &'static str, fences: Vec<Arc<Fence>>) -> Result<()> {
         let unlocked = std::mem::replace(&mut self.wait_unlocked, false);
         let waited = self.wait_for(call, fences);
         self.wait_unlocked = unlocked;

@@ -536,10 +536,11 @@ impl ChunkTable {
         chunk.host = Some(slot);
     }
 
-    /// Gives up chunk `r`'s host copy (it is resident, the copy is not its only one). Returns it.
+    /// Gives up chunk `r`'s host copy (it is resident or in the peer tier: the copy is not its
+    /// only one). Returns it.
     pub fn drop_host_copy(&mut self, r: ChunkRef) -> Option<Slot> {
         let chunk = self.at(r);
-        debug_assert!(chunk.is_resident(), "only a resident chunk's host copy is a spare");
+        debug_assert!(chunk.is_resident() || chunk.peer.is_some(), "only a host copy with another is a spare");
         chunk.host.take()
     }
 

@@ -45,6 +45,9 @@ pub struct Counters {
     /// Chunks of `page_ins` copied from the host tier by a lender's copy engine, through its
     /// PCIe link (multipath.rs).
     pub by_neighbours: u64,
+    /// Chunks whose only copy was in a neighbour's HBM, copied to the host tier in the
+    /// background so that the lender can take the memory back without a copy (harvest.rs).
+    pub cleaned: u64,
     /// Host time spent mapping chunks and setting their access (driver calls), in milliseconds,
     /// as the device's timing adaptor measured it ([`crate::Engine::driver_times`]).
     pub map_ms: f64,

@@ -1,0 +1,36 @@
+//! The engine's public calls about the peer tier: who lends, how much, what is borrowed, and
+//! giving it back.
+
+use crate::{Engine, Result};
+
+impl Engine {
+    /// The neighbour GPUs lending to the peer tier: (GPU, bytes lent now, bytes borrowed now).
+    pub fn peer_lenders(&self) -> Vec<(usize, usize, usize)> {
+        let g = self.lock();
+        let peer = &g.tiers.peer;
+        peer.lenders().iter().map(|l| (l.gpu, peer.cap_of(l), peer.borrowed_from(l.gpu))).collect()
+    }
+
+    /// Copies up to `most` chunks whose only copy is in a lender's HBM to free host room, so
+    /// that the lender can take that memory back without a copy; returns how many. The lender
+    /// watch does this every poll while `peer_clean` is on (harvest.rs).
+    pub fn clean_borrowed(&self, most: usize) -> Result<usize> {
+        self.lock().clean_borrowed(most)
+    }
+
+    /// What GPU `gpu` lends to the peer tier becomes `bytes` (0: give everything back). Chunks
+    /// in memory it no longer lends move before this returns: dropped where another copy
+    /// exists, else copied to the host tier. Returns the bytes given back to the lender. It
+    /// stays the most that GPU lends: the lender watch lowers what it lends when the lender
+    /// is short of memory, and raises it again up to `bytes`, never beyond.
+    pub fn set_peer_lending(&self, gpu: usize, bytes: usize) -> Result<usize> {
+        self.lock().set_peer_lending(gpu, bytes)
+    }
+
+    /// Why GPUs of this machine do not lend to the peer tier, or a lender does not copy page-ins
+    /// for this GPU (multipath), one line each, e.g. for `tiermem info`; empty when every
+    /// neighbour lends and copies.
+    pub fn peer_notes(&self) -> &[String] {
+        &self.peer_notes
+    }
+}
