@@ -160,7 +160,6 @@ pub unsafe extern "C" fn tiermem_alloc(
                 in_place: o.in_place,
                 // SAFETY: the caller promises `name` is NULL or NUL-terminated.
                 name: unsafe { optional_str("name", o.name)? }.map(str::to_owned),
-                ..AllocOptions::default()
             },
         };
         let ptr = process::alloc(size, options, None)?;

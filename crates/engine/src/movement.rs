@@ -305,12 +305,14 @@ impl Tiers {
             let (k, _, src) = runs[piece.run];
             let (dst, src) = (va0 + ((k + piece.skip) * g) as u64, src + piece.skip * g);
             let len = piece.chunks * g;
-            // SAFETY: the slots are pinned memory owned by these chunks, freed only after the
-            // chunks' fence, which comes after `stream` joins the helpers (copy_in).
             match piece.path {
+                // SAFETY: the slots are pinned memory owned by these chunks, freed only after
+                // the chunks' fence.
                 0 => unsafe { self.device.copy_to_device_async(dst, src, len, stream)? },
                 path => {
                     let device = Arc::clone(&self.device);
+                    // SAFETY: as above; the chunks' fence comes after `stream` joins the
+                    // helpers (copy_in).
                     unsafe { self.multipath.copy(device.as_ref(), helpers[path - 1], dst, src, len, stream)? };
                     self.counters.by_neighbours += piece.chunks as u64;
                 }
