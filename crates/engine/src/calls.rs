@@ -78,6 +78,7 @@ impl Inner {
         self.tiers.unmap_buffer(&mut self.state, id).during("free")?;
         self.tiers.device.unreserve(va, reserved).during("free")?;
         let copies = self.state.remove_buffer(id);
+        self.strides.remove(&id);
         if let Some(schedule) = self.schedule.as_mut() {
             schedule.forget(id);
         }
@@ -134,7 +135,9 @@ impl Inner {
             self.tiers.reap(&mut self.state)?;
             self.bring_in("acquire", &in_hbm, crate::movement::Purpose::Demand)?;
         }
-        self.pin("acquire", &refs, access, stream)
+        self.pin("acquire", &refs, access, stream)?;
+        self.prefetch_strides(regions);
+        Ok(())
     }
 
     /// `acquire` for a synchronous host copy: returns the buffer's address.

@@ -56,6 +56,9 @@ pub struct EngineConfig {
     /// are copied to free host room in the background, so that the lender gets its memory back
     /// without waiting for a copy (harvest.rs).
     pub peer_clean: bool,
+    /// `TIERMEM_STRIDE_PREFETCH`: bytes brought in ahead of a buffer walked in one direction,
+    /// when no schedule is set (stride.rs); 0 turns it off. Default 32 MiB.
+    pub stride_prefetch: usize,
     /// `TIERMEM_SIM_GPUS`: GPUs of the simulated node (default 1), each of `sim_hbm`, with
     /// peer access to each other, so the peer tier can be tried without a GPU.
     pub sim_gpus: usize,
@@ -113,6 +116,7 @@ impl Default for EngineConfig {
             peer_in_place: false,
             multipath: true,
             peer_clean: true,
+            stride_prefetch: 32 << 20,
             sim_gpus: 1,
         }
     }
@@ -169,6 +173,9 @@ impl EngineConfig {
         }
         if let Some(v) = var("TIERMEM_MULTIPATH") {
             c.multipath = on_or_off("TIERMEM_MULTIPATH", &v)?;
+        }
+        if let Some(v) = var("TIERMEM_STRIDE_PREFETCH") {
+            c.stride_prefetch = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_STRIDE_PREFETCH: {e}")))?;
         }
         if let Some(v) = var("TIERMEM_PEER_CLEAN") {
             c.peer_clean = on_or_off("TIERMEM_PEER_CLEAN", &v)?;

@@ -86,6 +86,9 @@ pub(crate) struct Inner {
     /// Set while the façade runs a call that waits with the lock released
     /// (`Engine::unlocked_waits`): waits are returned to it instead of done here.
     pub wait_unlocked: bool,
+    /// Each buffer's walk, for stride prefetch (stride.rs), and how far ahead it prefetches.
+    pub strides: HashMap<BufferId, tiermem_policy::Stride>,
+    pub stride_chunks: usize,
 }
 
 /// What `finish` waits for: fences, the ticket's background file write if any (kept in
@@ -164,6 +167,8 @@ impl Engine {
             tickets: HashMap::new(),
             next_ticket: 1,
             wait_unlocked: false,
+            strides: HashMap::new(),
+            stride_chunks: config.stride_prefetch / chunk,
         };
         let has_peers = inner.tiers.peer.exists();
         let inner = Arc::new(Mutex::new(inner));

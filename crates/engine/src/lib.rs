@@ -55,6 +55,7 @@ mod schedule;
 mod slot_runs;
 mod state;
 mod stats;
+mod stride;
 mod sync;
 mod tiers;
 
