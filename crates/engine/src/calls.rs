@@ -137,6 +137,7 @@ impl Inner {
         }
         self.pin("acquire", &refs, access, stream)?;
         self.prefetch_strides(regions);
+        self.pre_evict();
         Ok(())
     }
 

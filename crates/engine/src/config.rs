@@ -59,6 +59,9 @@ pub struct EngineConfig {
     /// `TIERMEM_STRIDE_PREFETCH`: bytes brought in ahead of a buffer walked in one direction,
     /// when no schedule is set (stride.rs); 0 turns it off. Default 32 MiB.
     pub stride_prefetch: usize,
+    /// `TIERMEM_PRE_EVICT`: HBM kept free ahead of demand by starting evictions early, after
+    /// each acquire (pre_evict.rs); 0 (the default, until measured) turns it off.
+    pub pre_evict: usize,
     /// `TIERMEM_SIM_GPUS`: GPUs of the simulated node (default 1), each of `sim_hbm`, with
     /// peer access to each other, so the peer tier can be tried without a GPU.
     pub sim_gpus: usize,
@@ -117,6 +120,7 @@ impl Default for EngineConfig {
             multipath: true,
             peer_clean: true,
             stride_prefetch: 32 << 20,
+            pre_evict: 0,
             sim_gpus: 1,
         }
     }
@@ -176,6 +180,9 @@ impl EngineConfig {
         }
         if let Some(v) = var("TIERMEM_STRIDE_PREFETCH") {
             c.stride_prefetch = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_STRIDE_PREFETCH: {e}")))?;
+        }
+        if let Some(v) = var("TIERMEM_PRE_EVICT") {
+            c.pre_evict = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PRE_EVICT: {e}")))?;
         }
         if let Some(v) = var("TIERMEM_PEER_CLEAN") {
             c.peer_clean = on_or_off("TIERMEM_PEER_CLEAN", &v)?;

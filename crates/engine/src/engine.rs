@@ -89,6 +89,8 @@ pub(crate) struct Inner {
     /// Each buffer's walk, for stride prefetch (stride.rs), and how far ahead it prefetches.
     pub strides: HashMap<BufferId, tiermem_policy::Stride>,
     pub stride_chunks: usize,
+    /// Chunks kept free or on their way down ahead of demand (pre_evict.rs); 0: off.
+    pub pre_evict_chunks: usize,
 }
 
 /// What `finish` waits for: fences, the ticket's background file write if any (kept in
@@ -169,6 +171,7 @@ impl Engine {
             wait_unlocked: false,
             strides: HashMap::new(),
             stride_chunks: config.stride_prefetch / chunk,
+            pre_evict_chunks: config.pre_evict / chunk,
         };
         let has_peers = inner.tiers.peer.exists();
         let inner = Arc::new(Mutex::new(inner));

@@ -49,6 +49,7 @@ mod multipath;
 mod peer_calls;
 mod peer_tier;
 mod placement;
+mod pre_evict;
 mod recorder;
 mod runs;
 mod schedule;

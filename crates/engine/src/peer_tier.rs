@@ -134,6 +134,11 @@ impl PeerTier {
         self.lenders.iter().map(|l| l.cap_slabs).sum::<usize>() * self.slab_chunks
     }
 
+    /// Slots made and free (a chunk can go there without a slab being made).
+    pub fn free_slots(&self) -> usize {
+        self.free.len()
+    }
+
     /// Slots holding chunks' bytes.
     pub fn in_use(&self) -> usize {
         self.live().map(|s| s.used).sum()

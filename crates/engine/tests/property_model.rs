@@ -546,7 +546,9 @@ proptest! {
         let path = support::file_tier_path("property-peers");
         // Half the cases with peer slabs readable in place (TIERMEM_PEER_IN_PLACE).
         let peer_in_place = fault_seed % 2 == 0;
-        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, peer_in_place, ..EngineConfig::default() };
+        // And in half of them, pre-eviction (pre_evict.rs) of two chunks.
+        let pre_evict = ((fault_seed >> 1) & 1) as usize * 2 * CHUNK;
+        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, peer_in_place, pre_evict, ..EngineConfig::default() };
         let (engine, sim) = support::engine_with_peers(HBM_CHUNKS, SMALL_HOST_CHUNKS, PEER_CHUNKS, config);
         prop_assert_eq!(engine.peer_lenders().len(), 2, "{:?}", engine.peer_notes());
         let sim = Some(sim);

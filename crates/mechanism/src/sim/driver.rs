@@ -129,10 +129,13 @@ impl Device for SimDevice {
                 format!("size={size} for an allocation of {} granules", members.len()),
             ));
         }
+        // One `cuMemMap`, which fails or succeeds whole: one failpoint, and a mapping that
+        // fails part way (a bad address) is undone past the failpoints.
+        failpoint!(self, "cuMemMap");
         for (i, &member) in members.iter().enumerate() {
-            if let Err(e) = self.map(va + (i * self.gran()) as u64, member) {
+            if let Err(e) = self.map_granule(va + (i * self.gran()) as u64, member) {
                 if i > 0 {
-                    let _ = self.unmap(va, i * self.gran());
+                    self.unmap_range(va, i * self.gran()).expect("the granules just mapped");
                 }
                 return Err(e);
             }
@@ -183,29 +186,7 @@ impl Device for SimDevice {
 
     fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()> {
         failpoint!(self, "cuMemMap");
-        let g = self.gran();
-        self.check_aligned("cuMemMap", va, g)?;
-        let mut s = self.lock_progressing();
-        let inside =
-            s.reservations.range(..=va).next_back().is_some_and(|(&base, &size)| va + g as u64 <= base + size as u64);
-        let handle_kept = !s.released_mapped.contains(&chunk.0);
-        let backing = s.memory.backing(chunk).filter(|_| inside && handle_kept && !s.mappings.contains_key(&va));
-        let Some((memfd, offset)) = backing else {
-            return Err(Self::invalid(
-                "cuMemMap",
-                format!("va=0x{va:x} chunk={} (outside a reservation, already mapped, or dead chunk)", chunk.0),
-            ));
-        };
-        // SAFETY: va..va+g lies inside a reservation of ours that holds no mapping there.
-        let p = unsafe {
-            libc::mmap(va as *mut libc::c_void, g, libc::PROT_NONE, libc::MAP_SHARED | libc::MAP_FIXED, memfd, offset)
-        };
-        if p == libc::MAP_FAILED {
-            return Err(DeviceError::os("mmap"));
-        }
-        s.mappings.insert(va, Mapping { chunk, access: 0 });
-        s.mapped_chunks.entry(chunk.0).or_default().push(va);
-        Ok(())
+        self.map_granule(va, chunk)
     }
 
     fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()> {
@@ -252,29 +233,8 @@ impl Device for SimDevice {
 
     fn unmap(&self, va: DevicePtr, size: usize) -> Result<()> {
         failpoint!(self, "cuMemUnmap");
-        self.check_aligned("cuMemUnmap", va, size)?;
-        let mut s = self.lock_progressing();
-        let g = self.gran() as u64;
-        if !(va..va + size as u64).step_by(g as usize).all(|a| s.mappings.contains_key(&a)) {
-            return Err(Self::invalid("cuMemUnmap", format!("va=0x{va:x} size={size} is not fully mapped")));
-        }
-        anon_map(size, libc::PROT_NONE, Some(va as usize))?;
-        for a in (va..va + size as u64).step_by(g as usize) {
-            if let Some(Mapping { chunk, .. }) = s.mappings.remove(&a) {
-                let vas = s.mapped_chunks.get_mut(&chunk.0).expect("a mapped chunk has its addresses");
-                vas.retain(|&v| v != a);
-                if vas.is_empty() {
-                    s.mapped_chunks.remove(&chunk.0);
-                    // Its handle was given up while mapped: its last mapping frees it.
-                    if s.released_mapped.remove(&chunk.0) {
-                        s.memory.release(chunk);
-                    }
-                }
-            }
-        }
-        Ok(())
+        self.unmap_range(va, size)
     }
-
     fn alloc_pinned(&self, size: usize) -> Result<HostPtr> {
         failpoint!(self, "cuMemHostAlloc");
         if size == 0 {
@@ -500,6 +460,58 @@ impl SimDevice {
             Self::check_pinned(&s, call, ptr, len)?;
         }
         s.queues.enqueue(id, Work::Memory { gpu, op });
+        Ok(())
+    }
+
+    /// `cuMemMap` of one granule, past its failpoint.
+    fn map_granule(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()> {
+        let g = self.gran();
+        self.check_aligned("cuMemMap", va, g)?;
+        let mut s = self.lock_progressing();
+        let inside =
+            s.reservations.range(..=va).next_back().is_some_and(|(&base, &size)| va + g as u64 <= base + size as u64);
+        let handle_kept = !s.released_mapped.contains(&chunk.0);
+        let backing = s.memory.backing(chunk).filter(|_| inside && handle_kept && !s.mappings.contains_key(&va));
+        let Some((memfd, offset)) = backing else {
+            return Err(Self::invalid(
+                "cuMemMap",
+                format!("va=0x{va:x} chunk={} (outside a reservation, already mapped, or dead chunk)", chunk.0),
+            ));
+        };
+        // SAFETY: va..va+g lies inside a reservation of ours that holds no mapping there.
+        let p = unsafe {
+            libc::mmap(va as *mut libc::c_void, g, libc::PROT_NONE, libc::MAP_SHARED | libc::MAP_FIXED, memfd, offset)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(DeviceError::os("mmap"));
+        }
+        s.mappings.insert(va, Mapping { chunk, access: 0 });
+        s.mapped_chunks.entry(chunk.0).or_default().push(va);
+        Ok(())
+    }
+
+    /// `cuMemUnmap`, past its failpoint.
+    fn unmap_range(&self, va: DevicePtr, size: usize) -> Result<()> {
+        self.check_aligned("cuMemUnmap", va, size)?;
+        let mut s = self.lock_progressing();
+        let g = self.gran() as u64;
+        if !(va..va + size as u64).step_by(g as usize).all(|a| s.mappings.contains_key(&a)) {
+            return Err(Self::invalid("cuMemUnmap", format!("va=0x{va:x} size={size} is not fully mapped")));
+        }
+        anon_map(size, libc::PROT_NONE, Some(va as usize))?;
+        for a in (va..va + size as u64).step_by(g as usize) {
+            if let Some(Mapping { chunk, .. }) = s.mappings.remove(&a) {
+                let vas = s.mapped_chunks.get_mut(&chunk.0).expect("a mapped chunk has its addresses");
+                vas.retain(|&v| v != a);
+                if vas.is_empty() {
+                    s.mapped_chunks.remove(&chunk.0);
+                    // Its handle was given up while mapped: its last mapping frees it.
+                    if s.released_mapped.remove(&chunk.0) {
+                        s.memory.release(chunk);
+                    }
+                }
+            }
+        }
         Ok(())
     }
 }
