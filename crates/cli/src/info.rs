@@ -34,6 +34,15 @@ pub fn run() -> Result<(), String> {
             for note in &lending.notes {
                 println!("peer tier        {none}{note}");
             }
+            let gpus: Vec<usize> = lending.lenders.iter().map(|&(gpu, _)| gpu).collect();
+            let paths = match (gpus.is_empty(), config.multipath) {
+                (true, _) => "one link (no GPU lends)".to_string(),
+                (false, false) => "one link (TIERMEM_MULTIPATH=off)".to_string(),
+                (false, true) => {
+                    format!("this GPU's link and those of GPUs {gpus:?} while they lend (TIERMEM_MULTIPATH)")
+                }
+            };
+            println!("host page-ins    {paths}");
         }
         Err(e) => println!("peer tier        none: {e}"),
     }
@@ -49,6 +58,9 @@ pub fn run() -> Result<(), String> {
         }
     );
     println!("policy           {}", config.policy);
+    let ahead = |bytes: usize| if bytes == 0 { "off".to_string() } else { format_size(bytes) };
+    println!("stride prefetch  {} (TIERMEM_STRIDE_PREFETCH)", ahead(config.stride_prefetch));
+    println!("pre-eviction     {} (TIERMEM_PRE_EVICT)", ahead(config.pre_evict));
     println!("file store I/O   {}", file_store_probe(info.granularity));
     for (name, usable, why) in tiermem_swap::system::swap_backends() {
         println!("VRAM swap        {name:<10} {} ({why})", if usable { "usable" } else { "not usable" });
