@@ -73,6 +73,9 @@ pub struct StatusConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeTiers {
+    /// HBM that neighbour GPUs lend, all tenants' borrowing together (each tenant's engine
+    /// still borrows only what its lenders can spare).
+    pub peer: Option<Size>,
     pub host: Option<Size>,
     pub file: Option<Size>,
 }
@@ -227,9 +230,9 @@ impl Config {
     /// The node-wide capacity of `tier`, when it is shared out.
     pub fn node_capacity(&self, tier: Tier) -> Option<u64> {
         match tier {
-            // Per GPU, not node-wide: HBM is shared out per GPU; what neighbours lend is not
-            // shared out by the daemon yet (each engine borrows what its lenders can spare).
-            Tier::Hbm | Tier::Peer => None,
+            // Per GPU, not node-wide.
+            Tier::Hbm => None,
+            Tier::Peer => self.tiers.peer.map(|s| s.0),
             Tier::Host => self.tiers.host.map(|s| s.0),
             Tier::File => self.tiers.file.map(|s| s.0),
         }

@@ -150,7 +150,7 @@ impl Registry {
         (id, name, self.rebalance(now))
     }
 
-    pub fn usage(&mut self, id: TenantId, usage: [(Tier, TierUsage); 3], now: Instant) -> Outbox {
+    pub fn usage(&mut self, id: TenantId, usage: [(Tier, TierUsage); 4], now: Instant) -> Outbox {
         let Some(tenant) = self.tenants.get_mut(&id) else { return Vec::new() };
         tenant.reported = true;
         for (tier, u) in usage {
@@ -234,7 +234,7 @@ impl Registry {
             let capacity = self.config.hbm_capacity(t.gpu.index, t.gpu.total_bytes, t.gpu.simulated);
             pools.entry(PoolKey { tier: Tier::Hbm, gpu: Some(t.gpu.index) }).or_insert(capacity);
         }
-        for tier in [Tier::Host, Tier::File] {
+        for tier in [Tier::Peer, Tier::Host, Tier::File] {
             if let Some(capacity) = self.config.node_capacity(tier) {
                 pools.insert(PoolKey { tier, gpu: None }, capacity);
             }

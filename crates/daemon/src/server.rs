@@ -265,11 +265,15 @@ fn handle(
                 hub.registry.tenant_count()
             ));
         }
-        ClientMessage::Usage { hbm, host, file, transfers } => {
+        ClientMessage::Usage { hbm, host, file, peer, transfers } => {
             let Some(id) = *tenant else { return Ok(()) };
             let mut hub = lock(hub);
             hub.registry.record_transfers(id, transfers);
-            let outbox = hub.registry.usage(id, [(Tier::Hbm, hbm), (Tier::Host, host), (Tier::File, file)], now);
+            let outbox = hub.registry.usage(
+                id,
+                [(Tier::Hbm, hbm), (Tier::Peer, peer), (Tier::Host, host), (Tier::File, file)],
+                now,
+            );
             hub.deliver(outbox);
         }
         ClientMessage::BudgetMet { seq } => {

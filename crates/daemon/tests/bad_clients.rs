@@ -35,6 +35,7 @@ fn bad_clients_are_refused_and_the_daemon_survives() {
             hbm: TierUsage::default(),
             host: TierUsage::default(),
             file: TierUsage::default(),
+            peer: TierUsage::default(),
             transfers: TransferCounters::default(),
         },
     )

@@ -22,7 +22,13 @@ fn metrics_show_budgets_use_transfers_and_reclaims() {
     register(&mut a, &mut ra);
     let usage = TierUsage { used: 10 << 20, acquired: 2 << 20, demand: 1 << 30 };
     let transfers = TransferCounters { bytes_in: 123 << 20, bytes_out: 45 << 20, evictions: 7, stall_us: 900 };
-    let report = ClientMessage::Usage { hbm: usage, host: TierUsage::default(), file: TierUsage::default(), transfers };
+    let report = ClientMessage::Usage {
+        hbm: usage,
+        host: TierUsage::default(),
+        file: TierUsage::default(),
+        peer: TierUsage::default(),
+        transfers,
+    };
     write_message(&mut a, &report).unwrap();
     let (mut b, mut rb) = connect(&path);
     register(&mut b, &mut rb);

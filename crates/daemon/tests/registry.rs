@@ -52,9 +52,14 @@ fn budgets(outbox: &Outbox) -> Vec<(TenantId, u64, u64, u64)> {
         .collect()
 }
 
-fn demand(bytes: u64) -> [(Tier, TierUsage); 3] {
+fn demand(bytes: u64) -> [(Tier, TierUsage); 4] {
     let hbm = TierUsage { used: 0, acquired: 0, demand: bytes };
-    [(Tier::Hbm, hbm), (Tier::Host, TierUsage::default()), (Tier::File, TierUsage::default())]
+    [
+        (Tier::Hbm, hbm),
+        (Tier::Peer, TierUsage::default()),
+        (Tier::Host, TierUsage::default()),
+        (Tier::File, TierUsage::default()),
+    ]
 }
 
 fn register(r: &mut Registry, uid: u32, label: Option<&str>, now: Instant) -> (TenantId, Outbox) {
@@ -110,7 +115,12 @@ fn a_cut_not_met_in_time_stops_being_reserved() {
     let (a, _) = register(&mut r, 1, None, now);
     let using = |mib: u64| {
         let hbm = TierUsage { used: mib * MIB, acquired: 0, demand: 1 << 40 };
-        [(Tier::Hbm, hbm), (Tier::Host, TierUsage::default()), (Tier::File, TierUsage::default())]
+        [
+            (Tier::Hbm, hbm),
+            (Tier::Peer, TierUsage::default()),
+            (Tier::Host, TierUsage::default()),
+            (Tier::File, TierUsage::default()),
+        ]
     };
     // A uses 400 MiB and never answers the cut.
     r.usage(a, using(400), now);
@@ -134,7 +144,16 @@ fn acquired_memory_is_a_floor() {
     let mut r = Registry::new(config(), now, 0);
     let (a, _) = register(&mut r, 1, None, now);
     let pinned = TierUsage { used: 500 * MIB, acquired: 500 * MIB, demand: 1 << 40 };
-    r.usage(a, [(Tier::Hbm, pinned), (Tier::Host, TierUsage::default()), (Tier::File, TierUsage::default())], now);
+    r.usage(
+        a,
+        [
+            (Tier::Hbm, pinned),
+            (Tier::Peer, TierUsage::default()),
+            (Tier::Host, TierUsage::default()),
+            (Tier::File, TierUsage::default()),
+        ],
+        now,
+    );
     let (b, outbox) = register(&mut r, 2, None, now);
     assert_eq!(
         budgets(&outbox),
@@ -185,7 +204,7 @@ fn a_tenant_lying_about_what_it_holds_cannot_take_more_than_it_was_given() {
     let (b, _) = register(&mut r, 2, None, now);
     // B claims to hold the whole machine acquired: it was given nothing yet, so it pins nothing.
     let everything = TierUsage { used: u64::MAX, acquired: u64::MAX, demand: u64::MAX };
-    let lie = [(Tier::Hbm, everything), (Tier::Host, everything), (Tier::File, everything)];
+    let lie = [(Tier::Hbm, everything), (Tier::Peer, everything), (Tier::Host, everything), (Tier::File, everything)];
     r.usage(b, lie, now);
     r.budget_met(a, 2, now);
     let status = r.status(0, None, now);
@@ -214,4 +233,46 @@ fn tenants_reconnecting_to_a_restarted_daemon_keep_what_they_hold_until_they_giv
     // A is cut to its half; B keeps its 200 MiB and grows only once A has given back.
     assert_eq!(budgets(&outbox), vec![(a, 2, 300 * MIB, 300 * MIB), (b, 1, 200 * MIB, 300 * MIB)]);
     assert_eq!(budgets(&r.budget_met(a, 2, now)), vec![(b, 2, 300 * MIB, 300 * MIB)]);
+}
+
+/// The budget of `tier` each message gives, by tenant.
+fn tier_budgets(outbox: &Outbox, tier: Tier) -> Vec<(TenantId, u64)> {
+    outbox
+        .iter()
+        .filter_map(|(id, m)| match m {
+            DaemonMessage::Budget { tiers, .. } => tiers.iter().find(|t| t.tier == tier).map(|t| (*id, t.bytes)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn neighbours_lent_hbm_is_shared_out_by_weight_when_configured() {
+    let now = Instant::now();
+    let config =
+        Config::parse("[tiers]\npeer = \"600MiB\"\n[[tenant]]\nname = \"heavy\"\nlabel = \"heavy\"\nweight = 2", "t")
+            .unwrap();
+    let mut r = Registry::new(config, now, 0);
+    let borrowing = |bytes: u64| {
+        let peer = TierUsage { used: 0, acquired: 0, demand: bytes };
+        [
+            (Tier::Hbm, TierUsage::default()),
+            (Tier::Peer, peer),
+            (Tier::Host, TierUsage::default()),
+            (Tier::File, TierUsage::default()),
+        ]
+    };
+    let wants = [TierBytes { tier: Tier::Peer, bytes: 1 << 40 }];
+    let (a, _, outbox) = r.register(who(1, None), gpu(), CHUNK, &wants, &[], now);
+    assert_eq!(tier_budgets(&outbox, Tier::Peer), vec![(a, 600 * MIB)], "alone: all that is lent");
+    r.usage(a, borrowing(1 << 40), now);
+    let (b, _, outbox) = r.register(who(2, Some("heavy")), gpu(), CHUNK, &wants, &[], now);
+    assert_eq!(tier_budgets(&outbox, Tier::Peer), vec![(a, 200 * MIB), (b, 0)], "A gives back first");
+    let later = r.usage(b, borrowing(1 << 40), now);
+    let seq = budgets(&outbox).into_iter().chain(budgets(&later)).filter(|m| m.0 == a).map(|m| m.1).max().unwrap();
+    let outbox = r.budget_met(a, seq, now);
+    assert_eq!(tier_budgets(&outbox, Tier::Peer), vec![(b, 400 * MIB)], "then B borrows its share");
+    // A tenant that borrows nothing (no neighbour lends to it) leaves its share to the other.
+    let outbox = r.usage(b, borrowing(0), now);
+    assert_eq!(tier_budgets(&outbox, Tier::Peer), vec![(a, 200 * MIB), (b, 0)]);
 }

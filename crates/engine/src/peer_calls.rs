@@ -33,4 +33,30 @@ impl Engine {
     pub fn peer_notes(&self) -> &[String] {
         &self.peer_notes
     }
+
+    /// What the lenders could spare when the engine started, together: the most the peer tier
+    /// borrows.
+    pub fn peer_offered(&self) -> usize {
+        self.lock().tiers.peer.lenders().iter().map(|l| l.offered).sum()
+    }
+
+    /// Borrows at most `bytes` from all lenders together from now on (the node daemon's budget
+    /// of the peer tier), in whole slabs: divided evenly among them, none beyond what it
+    /// offered at the start, what one cannot take going to the others. What exceeds a
+    /// lender's part is given back before this returns (as [`Engine::set_peer_lending`]).
+    /// Returns the bytes given back.
+    pub fn set_peer_budget(&self, bytes: usize) -> Result<usize> {
+        let mut inner = self.lock();
+        let slab = inner.tiers.peer.slab_bytes().max(1);
+        let mut offers: Vec<(usize, usize)> =
+            inner.tiers.peer.lenders().iter().map(|l| (l.offered / slab, l.gpu)).collect();
+        offers.sort_unstable();
+        let mut left = bytes / slab;
+        for (i, &(offered, gpu)) in offers.iter().enumerate() {
+            let part = offered.min(left / (offers.len() - i));
+            inner.tiers.peer.set_most(gpu, part * slab);
+            left -= part;
+        }
+        inner.reclaim_peer("set_peer_budget")
+    }
 }

@@ -55,6 +55,8 @@ pub(crate) struct Lender {
     /// The most it lends: what it could spare when the engine started, or what
     /// [`PeerTier::set_most`] said since. The lender watch never raises its cap above it.
     pub most: usize,
+    /// What it could spare when the engine started: the most a budget gives it back.
+    pub offered: usize,
 }
 
 struct Slab {
@@ -94,6 +96,7 @@ impl PeerTier {
                 live_slabs: 0,
                 refused: None,
                 most: bytes,
+                offered: bytes,
             })
             .collect();
         Self {
@@ -132,6 +135,11 @@ impl PeerTier {
     /// The most slots all lenders lend now.
     pub fn cap(&self) -> usize {
         self.lenders.iter().map(|l| l.cap_slabs).sum::<usize>() * self.slab_chunks
+    }
+
+    /// Bytes of one slab: lenders lend whole slabs.
+    pub fn slab_bytes(&self) -> usize {
+        self.slab_chunks * self.chunk
     }
 
     /// Slots made and free (a chunk can go there without a slab being made).

@@ -87,3 +87,26 @@ fn without_neighbours_there_is_no_peer_tier_and_the_reason_is_given() {
     let e = tiermem::Engine::with_device(device, &config).err().expect("GPU 7 does not exist").to_string();
     assert!(e.contains("GPU 7") && e.contains("3 GPU(s)"), "{e}");
 }
+
+#[test]
+fn a_peer_budget_is_divided_among_the_lenders_in_whole_slabs_and_met_at_once() {
+    let config = EngineConfig { peer_clean: false, ..EngineConfig::default() };
+    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, config);
+    assert_eq!(engine.peer_offered(), 2 * PEER * CHUNK);
+    let (buffer, _) = engine.alloc(12 * CHUNK, AllocOptions::default()).unwrap();
+    let data = fill(&engine, buffer, 12 * CHUNK, 17);
+    assert_eq!(used(&engine, Tier::Peer), 2 * PEER);
+    // One slab's worth: one lender keeps it, the other gives all back.
+    assert_eq!(engine.set_peer_budget(PEER * CHUNK + CHUNK).unwrap(), PEER * CHUNK);
+    assert_eq!(used(&engine, Tier::Peer), PEER);
+    let lent: Vec<usize> = engine.peer_lenders().iter().map(|l| l.1).collect();
+    assert_eq!(lent.iter().sum::<usize>(), PEER * CHUNK, "{lent:?}");
+    assert_contents(&engine, buffer, &data);
+    // Nothing, then everything again (up to what each offered).
+    engine.set_peer_budget(0).unwrap();
+    assert_eq!(used(&engine, Tier::Peer), 0);
+    engine.set_peer_budget(usize::MAX).unwrap();
+    assert_eq!(engine.peer_lenders().iter().map(|l| l.1).sum::<usize>(), 2 * PEER * CHUNK);
+    assert_contents(&engine, buffer, &data);
+    support::assert_no_leaks(engine, Some(sim));
+}

@@ -90,6 +90,9 @@ pub enum ClientMessage {
         hbm: TierUsage,
         host: TierUsage,
         file: TierUsage,
+        /// HBM borrowed from neighbour GPUs (the peer tier), all lenders together.
+        #[serde(default)]
+        peer: TierUsage,
         #[serde(default)]
         transfers: TransferCounters,
     },

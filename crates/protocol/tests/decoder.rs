@@ -29,12 +29,13 @@ fn client_message() -> impl Strategy<Value = ClientMessage> {
                 held
             }
         ),
-        (usage(), usage(), usage(), any::<[u64; 4]>()).prop_map(
-            |(hbm, host, file, [bytes_in, bytes_out, evictions, stall_us])| {
+        (usage(), usage(), usage(), usage(), any::<[u64; 4]>()).prop_map(
+            |(hbm, host, file, peer, [bytes_in, bytes_out, evictions, stall_us])| {
                 ClientMessage::Usage {
                     hbm,
                     host,
                     file,
+                    peer,
                     transfers: TransferCounters { bytes_in, bytes_out, evictions, stall_us },
                 }
             }
@@ -149,6 +150,7 @@ fn the_session_enforces_hello_then_register_then_usage() {
         hbm: TierUsage::default(),
         host: TierUsage::default(),
         file: TierUsage::default(),
+        peer: TierUsage::default(),
         transfers: TransferCounters::default(),
     };
     let register = ClientMessage::Register {

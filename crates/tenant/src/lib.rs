@@ -89,6 +89,12 @@ pub trait Leaseholder: Send + Sync + 'static {
         let engine = self.engine();
         engine.set_hbm_budget(bytes as usize).and_then(|ticket| engine.finish(ticket)).map_err(|e| e.to_string())
     }
+
+    /// Meets a budget of `bytes` borrowed from neighbour GPUs, returning once what exceeds it
+    /// has been given back. Default: the engine's peer budget.
+    fn meet_peer_budget(&self, bytes: u64) -> Result<(), String> {
+        self.engine().set_peer_budget(bytes as usize).map(drop).map_err(|e| e.to_string())
+    }
 }
 
 impl Leaseholder for Engine {

@@ -89,7 +89,10 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
                 simulated: info.backend == tiermem::mechanism::BackendKind::Sim,
             },
             chunk_bytes: engine.chunk_size() as u64,
-            wants: vec![TierBytes { tier: Tier::Hbm, bytes: options.wants_hbm }],
+            wants: vec![
+                TierBytes { tier: Tier::Hbm, bytes: options.wants_hbm },
+                TierBytes { tier: Tier::Peer, bytes: engine.peer_offered() as u64 },
+            ],
             held: vec![TierBytes { tier: Tier::Hbm, bytes: engine.stats().tiers[Tier::Hbm].used_bytes as u64 }],
         }
     };
@@ -102,7 +105,7 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
         s.tenant = Some(tenant);
         s.sessions += 1;
     });
-    let mut last_report: Option<([TierUsage; 3], TransferCounters)> = None;
+    let mut last_report: Option<([TierUsage; 4], TransferCounters)> = None;
     let mut next_report = Instant::now();
     loop {
         if shared.stop.load(Ordering::Acquire) {
@@ -111,10 +114,10 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
         let Some(holder) = weak.upgrade() else { return Ok(()) };
         if Instant::now() >= next_report {
             let stats = holder.engine().stats();
-            let report = (usage_of(&stats), transfers_of(&stats));
+            let report = (usage_of(&stats, holder.engine().peer_offered() as u64), transfers_of(&stats));
             if last_report != Some(report) {
-                let ([hbm, host, file], transfers) = report;
-                connection.send(&ClientMessage::Usage { hbm, host, file, transfers })?;
+                let ([hbm, peer, host, file], transfers) = report;
+                connection.send(&ClientMessage::Usage { hbm, host, file, peer, transfers })?;
                 last_report = Some(report);
             }
             next_report = Instant::now() + options.report_every;
@@ -124,7 +127,11 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
             Some(DaemonMessage::Budget { seq, tiers, .. }) => {
                 let Some(hbm) = tiers.iter().find(|t| t.tier == Tier::Hbm) else { continue };
                 let Some(holder) = weak.upgrade() else { return Ok(()) };
-                let met = holder.meet_hbm_budget(hbm.bytes);
+                let mut met = holder.meet_hbm_budget(hbm.bytes);
+                if let Some(peer) = tiers.iter().find(|t| t.tier == Tier::Peer) {
+                    // What it may borrow from neighbours (a pool the daemon shares out).
+                    met = met.and_then(|()| holder.meet_peer_budget(peer.bytes));
+                }
                 match met {
                     Ok(()) => connection.send(&ClientMessage::BudgetMet { seq })?,
                     // Not acknowledged: the daemon's deadline marks this tenant late.
@@ -145,8 +152,10 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
     }
 }
 
-/// What the engine holds, per tier (HBM, host, file), as the daemon counts it.
-pub(crate) fn usage_of(stats: &Stats) -> [TierUsage; 3] {
+/// What the engine holds, per tier (HBM, peer, host, file), as the daemon counts it. What it
+/// would borrow from neighbours if it could: what does not fit its HBM, up to what its
+/// lenders offered (`peer_offered`).
+pub(crate) fn usage_of(stats: &Stats, peer_offered: u64) -> [TierUsage; 4] {
     let chunk = stats.chunk_size as u64;
     let acquired: u64 = stats.buffers.iter().map(|b| b.acquired as u64).sum::<u64>() * chunk;
     let allocated: u64 = stats.buffers.iter().map(|b| b.chunks as u64).sum::<u64>() * chunk;
@@ -158,7 +167,10 @@ pub(crate) fn usage_of(stats: &Stats) -> [TierUsage; 3] {
     };
     let file_used = stats.tiers.get(Tier::File).map_or(0, |f| f.used_bytes as u64);
     let file = TierUsage { used: file_used, acquired: 0, demand: file_used };
-    [hbm, host, file]
+    let peer_used = stats.tiers.get(Tier::Peer).map_or(0, |p| p.used_bytes as u64);
+    let beyond_hbm = allocated.saturating_sub(stats.tiers[Tier::Hbm].capacity_bytes as u64);
+    let peer = TierUsage { used: peer_used, acquired: 0, demand: beyond_hbm.min(peer_offered).max(peer_used) };
+    [hbm, peer, host, file]
 }
 
 pub(crate) fn transfers_of(stats: &Stats) -> TransferCounters {
