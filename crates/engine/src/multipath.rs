@@ -84,6 +84,11 @@ impl Multipath {
 
     fn helper(device: &dyn Device, gpu: usize) -> Result<Helper> {
         let helper = device.neighbour(gpu)?;
+        let me = device.info().ordinal;
+        if !helper.peer_access(me) {
+            // Its copy engine could not write here: and granting it access would fail every map.
+            return Err(tiermem_mechanism::DeviceError::Unsupported(format!("it has no peer access to GPU {me}")));
+        }
         let stream = helper.create_stream(StreamPriority::High)?;
         let done = match helper.create_event(false) {
             Ok(done) => done,
