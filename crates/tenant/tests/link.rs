@@ -101,3 +101,64 @@ fn a_link_keeps_its_budget_while_the_daemon_restarts_and_reconnects() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// An engine on a simulated node of two GPUs whose neighbour lends it 32 MiB (one slab).
+fn borrowing_engine() -> Arc<Engine> {
+    let config = EngineConfig {
+        backend: "sim".parse().unwrap(),
+        sim_gpus: 2,
+        sim_hbm: 64 << 20,
+        hbm_limit: Some(16 << 20),
+        host_limit: Some(256 << 20),
+        peer_reserve: Some(0),
+        peer_limit: Some(32 << 20),
+        peer_clean: false,
+        ..EngineConfig::default()
+    };
+    Arc::new(Engine::new(config).unwrap())
+}
+
+fn borrowed(engine: &Engine) -> u64 {
+    engine.stats().tiers.get(Tier::Peer).map_or(0, |t| t.used_bytes as u64)
+}
+
+fn wait_borrowing(engine: &Engine, bytes: u64) {
+    let deadline = std::time::Instant::now() + SETTLE;
+    while borrowed(engine) != bytes {
+        assert!(std::time::Instant::now() < deadline, "borrowing {} bytes, not {bytes}", borrowed(engine));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn what_neighbours_lend_is_shared_out_by_the_daemon_and_given_back_when_asked() {
+    let path = socket("peer");
+    let config = "[tiers]\npeer = \"32MiB\"\n[[gpu]]\nindex = 0\nhbm = \"64MiB\"";
+    let _daemon = tiermem_daemon::spawn(&path, tiermem_daemon::Config::parse(config, "test").unwrap()).unwrap();
+    let a = borrowing_engine();
+    assert_eq!(a.peer_offered(), 32 << 20, "{:?}", a.peer_notes());
+    let _link_a = DaemonLink::attach(&a, path.clone(), None).unwrap();
+    let (buffer, _) = a.alloc(48 << 20, AllocOptions::default()).unwrap();
+    for offset in (0..48 << 20).step_by(8 << 20) {
+        a.write(buffer, offset, &[9u8; 8 << 20]).unwrap();
+    }
+    assert_eq!(borrowed(&a), 32 << 20, "alone, A borrows all its neighbour lends");
+    // B wants to borrow too: half each is less than a slab, so A gives its slab back.
+    let b = borrowing_engine();
+    let _link_b = DaemonLink::attach(&b, path.clone(), None).unwrap();
+    let (_b_buffer, _) = b.alloc(48 << 20, AllocOptions::default()).unwrap();
+    wait_borrowing(&a, 0);
+    let mut back = vec![0u8; 8 << 20];
+    for offset in (0..48 << 20).step_by(8 << 20) {
+        a.read(buffer, offset, &mut back).unwrap();
+        assert!(back.iter().all(|&x| x == 9), "A's data survived giving its neighbour's HBM back");
+    }
+    // B leaves: A may borrow everything again.
+    drop(_link_b);
+    drop(b);
+    let deadline = std::time::Instant::now() + SETTLE;
+    while a.peer_lenders().iter().map(|l| l.1).sum::<usize>() != 32 << 20 {
+        assert!(std::time::Instant::now() < deadline, "A's budget should have grown back: {:?}", a.peer_lenders());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
