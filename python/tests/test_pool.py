@@ -355,3 +355,27 @@ def test_a_buffer_read_in_place_on_a_simulated_node_keeps_its_bytes(monkeypatch)
     assert stats["in_peer"] > 0 and stats["in_place"] > 0, stats
     assert pool.stats()["transfers"]["in_place_reads"] > 0
     assert buf.read() == data
+
+
+def test_neighbours_lend_through_the_pool_and_take_their_memory_back(monkeypatch):
+    # Three simulated GPUs: GPU 0 borrows 16 MiB in all, which GPU 1 lends alone.
+    monkeypatch.setenv("TIERMEM_SIM_GPUS", "3")
+    monkeypatch.setenv("TIERMEM_PEER_RESERVE", "0")
+    monkeypatch.setenv("TIERMEM_PEER_LIMIT", "16MiB")
+    monkeypatch.setenv("TIERMEM_PEER_CLEAN", "off")
+    pool = tiermem.Pool(backend="sim", hbm_limit=2 * CHUNK, host_limit="64MiB")
+    assert [lender["gpu"] for lender in pool.peer_lenders()] == [1]
+    assert any(note.startswith("GPU 2:") and "TIERMEM_PEER_LIMIT" in note for note in pool.peer_notes), pool.peer_notes
+    buf = pool.alloc(8 * CHUNK, name="spilled")
+    data = pattern(11, 8 * CHUNK)
+    buf.write(data)
+    [lender] = pool.peer_lenders()
+    assert lender["borrowed"] == lender["lent"] == 16 << 20, lender  # one slab made there
+    assert pool.stats()["peer"]["chunks"] == 6
+    assert pool.clean_borrowed(100) == 6
+    assert pool.stats()["transfers"]["cleaned"] == 6
+    assert pool.set_peer_lending(1, "0") == 16 << 20
+    assert pool.peer_lenders() == [{"gpu": 1, "lent": 0, "borrowed": 0}]
+    assert buf.read() == data
+    with pytest.raises(tiermem.InvalidArgumentError, match="set_peer_lending: GPU 0 does not lend"):
+        pool.set_peer_lending(0, CHUNK)

@@ -5,6 +5,7 @@
 use crate::buffer::Buffer;
 use crate::errors::{to_py, BufferStateError, InvalidArgumentError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tiermem::{parse_size, Access, AllocOptions, Engine, EngineConfig, Region, StreamHandle, Target, Ticket};
@@ -342,6 +343,47 @@ impl Pool {
     fn set_hbm_budget(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<u64> {
         let (engine, bytes) = (self.open("set_hbm_budget")?, size_arg("size", size)?);
         Ok(py.allow_threads(|| engine.set_hbm_budget(bytes)).map_err(to_py)?.0)
+    }
+
+    /// The neighbour GPUs lending HBM to the peer tier, as a list of dicts: `gpu`, `lent` (bytes
+    /// it lends now) and `borrowed` (bytes borrowed from it now). Empty without a peer tier;
+    /// `peer_notes` says why.
+    fn peer_lenders<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let engine = self.open("peer_lenders")?;
+        engine
+            .peer_lenders()
+            .into_iter()
+            .map(|(gpu, lent, borrowed)| {
+                let d = PyDict::new(py);
+                d.set_item("gpu", gpu)?;
+                d.set_item("lent", lent)?;
+                d.set_item("borrowed", borrowed)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// Why GPUs of this machine do not lend to the peer tier, or do not copy page-ins for this
+    /// one (two links), one line each.
+    #[getter]
+    fn peer_notes(&self) -> PyResult<Vec<String>> {
+        Ok(self.open("peer_notes")?.peer_notes().to_vec())
+    }
+
+    /// GPU `gpu` lends at most `size` bytes from now on (0: give everything back now); what
+    /// exceeds it moves before this returns, losing nothing. Returns the bytes given back.
+    fn set_peer_lending(&self, py: Python<'_>, gpu: usize, size: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let (engine, bytes) = (self.open("set_peer_lending")?, size_arg("size", size)?);
+        py.allow_threads(|| engine.set_peer_lending(gpu, bytes)).map_err(to_py)
+    }
+
+    /// Copies up to `chunks` chunks whose only copy is on a lender to free host room, so that
+    /// the lender can take its memory back without a copy (done in the background too, while
+    /// `TIERMEM_PEER_CLEAN` is on). Returns how many.
+    #[pyo3(signature = (chunks=16))]
+    fn clean_borrowed(&self, py: Python<'_>, chunks: usize) -> PyResult<usize> {
+        let engine = self.open("clean_borrowed")?;
+        py.allow_threads(|| engine.clean_borrowed(chunks)).map_err(to_py)
     }
 
     /// Closes the Pool: every later call through it is refused (`BufferStateError`). Its
