@@ -288,7 +288,9 @@ impl Engine {
     /// Makes `regions` resident and keeps them so until `release`. Stream-ordered: missing
     /// chunks are copied on tiermem's copy stream and `stream` waits for them on the device;
     /// the host blocks only when HBM must first be freed by copying other chunks down.
-    /// If everything is resident this makes no driver call.
+    /// If everything is resident this makes no driver call, unless the acquire continues a walk
+    /// through the buffer that stride prefetch brings the next chunks in for (stride.rs), or
+    /// pre-eviction is on (pre_evict.rs).
     pub fn acquire(&self, regions: &[Region], access: Access, stream: StreamHandle) -> Result<()> {
         self.unlocked_waits(|inner| inner.acquire(regions, access, stream))
     }
