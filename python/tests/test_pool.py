@@ -338,14 +338,18 @@ def test_stats_keep_the_keys_front_ends_read(pool):
     assert isinstance(stats["transfers"]["stall_ms"], float)
 
 
+def borrowing_pool(monkeypatch, **settings):
+    """A Pool on GPU 0 of three simulated GPUs, borrowing 16 MiB from its neighbours in all
+    (GPU 1 lends it alone), with an HBM cap of two chunks; ``settings`` are more TIERMEM_*."""
+    settings = {"SIM_GPUS": "3", "PEER_RESERVE": "0", "PEER_LIMIT": "16MiB", **settings}
+    for name, value in settings.items():
+        monkeypatch.setenv(f"TIERMEM_{name}", value)
+    return tiermem.Pool(backend="sim", hbm_limit=2 * CHUNK, host_limit="64MiB")
+
+
 def test_a_buffer_read_in_place_on_a_simulated_node_keeps_its_bytes(monkeypatch):
-    # Three simulated GPUs: GPU 0's neighbours lend HBM, and reads of an in_place buffer may be
-    # served where its chunks lie there.
-    monkeypatch.setenv("TIERMEM_SIM_GPUS", "3")
-    monkeypatch.setenv("TIERMEM_PEER_RESERVE", "0")
-    monkeypatch.setenv("TIERMEM_PEER_LIMIT", "16MiB")
-    monkeypatch.setenv("TIERMEM_PEER_IN_PLACE", "on")
-    pool = tiermem.Pool(backend="sim", hbm_limit=2 * CHUNK, host_limit="64MiB")
+    # Reads of an in_place buffer may be served where its chunks lie in a neighbour's HBM.
+    pool = borrowing_pool(monkeypatch, PEER_IN_PLACE="on")
     buf = pool.alloc(8 * CHUNK, name="weights", in_place=True)
     data = pattern(5, 8 * CHUNK)
     buf.write(data)
@@ -358,12 +362,7 @@ def test_a_buffer_read_in_place_on_a_simulated_node_keeps_its_bytes(monkeypatch)
 
 
 def test_neighbours_lend_through_the_pool_and_take_their_memory_back(monkeypatch):
-    # Three simulated GPUs: GPU 0 borrows 16 MiB in all, which GPU 1 lends alone.
-    monkeypatch.setenv("TIERMEM_SIM_GPUS", "3")
-    monkeypatch.setenv("TIERMEM_PEER_RESERVE", "0")
-    monkeypatch.setenv("TIERMEM_PEER_LIMIT", "16MiB")
-    monkeypatch.setenv("TIERMEM_PEER_CLEAN", "off")
-    pool = tiermem.Pool(backend="sim", hbm_limit=2 * CHUNK, host_limit="64MiB")
+    pool = borrowing_pool(monkeypatch, PEER_CLEAN="off")
     assert [lender["gpu"] for lender in pool.peer_lenders()] == [1]
     assert any(note.startswith("GPU 2:") and "TIERMEM_PEER_LIMIT" in note for note in pool.peer_notes), pool.peer_notes
     buf = pool.alloc(8 * CHUNK, name="spilled")

@@ -28,10 +28,10 @@ impl Inner {
             .state
             .chunks()
             .filter(|(_, c)| {
-                c.phys().is_none() && c.peer().is_some() && c.host().is_none() && c.file().is_none() && c.pins() == 0
+                let removable_later = c.peer().is_some_and(|slot| !self.tiers.peer.is_draining(slot));
+                c.phys().is_none() && removable_later && c.host().is_none() && c.file().is_none() && c.pins() == 0
             })
             .map(|(r, _)| r)
-            .filter(|&r| !self.tiers.peer.is_draining(self.state.chunk(r).peer().expect("a peer chunk")))
             .take(most)
             .collect();
         let mut want = dirty.len();

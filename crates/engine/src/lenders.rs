@@ -139,10 +139,48 @@ pub(crate) fn recap(borrowed: usize, free: usize, reserve: usize, most: usize) -
     }
 }
 
+/// Divides a budget of `slabs` among lenders that offered `offers` slabs each (in order):
+/// evenly, none beyond its offer, what one cannot take going to the others. Returns each
+/// lender's part.
+pub(crate) fn divide_budget(offers: &[usize], slabs: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..offers.len()).collect();
+    order.sort_by_key(|&i| offers[i]);
+    let (mut parts, mut left) = (vec![0; offers.len()], slabs);
+    for (k, &i) in order.iter().enumerate() {
+        parts[i] = offers[i].min(left / (offers.len() - k));
+        left -= parts[i];
+    }
+    parts
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_budget_is_divided_evenly_up_to_each_offer() {
+        assert_eq!(divide_budget(&[4, 4], 5), vec![2, 3]);
+        assert_eq!(divide_budget(&[1, 8, 8], 9), vec![1, 4, 4]);
+        assert_eq!(divide_budget(&[2, 2], usize::MAX), vec![2, 2]);
+        assert_eq!(divide_budget(&[], 3), Vec::<usize>::new());
+    }
+
+    proptest! {
+        #[test]
+        fn parts_stay_within_offers_and_add_up_to_the_budget(
+            offers in prop::collection::vec(0usize..20, 0..6), slabs in 0usize..80
+        ) {
+            let parts = divide_budget(&offers, slabs);
+            prop_assert!(parts.iter().zip(&offers).all(|(p, o)| p <= o));
+            let offered: usize = offers.iter().sum();
+            prop_assert_eq!(parts.iter().sum::<usize>(), slabs.min(offered), "all of it, as far as offered");
+            // Lenders below their offer get even parts.
+            let uncapped: Vec<usize> = parts.iter().zip(&offers).filter(|(p, o)| p < o).map(|(p, _)| *p).collect();
+            let (most, fewest) = (uncapped.iter().max(), uncapped.iter().min());
+            prop_assert!(most.zip(fewest).is_none_or(|(m, f)| m - f <= 1), "{parts:?} of {offers:?}");
+        }
+    }
 
     const GIB: usize = 1 << 30;
 

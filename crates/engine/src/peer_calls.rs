@@ -48,14 +48,11 @@ impl Engine {
     pub fn set_peer_budget(&self, bytes: usize) -> Result<usize> {
         let mut inner = self.lock();
         let slab = inner.tiers.peer.slab_bytes().max(1);
-        let mut offers: Vec<(usize, usize)> =
-            inner.tiers.peer.lenders().iter().map(|l| (l.offered / slab, l.gpu)).collect();
-        offers.sort_unstable();
-        let mut left = bytes / slab;
-        for (i, &(offered, gpu)) in offers.iter().enumerate() {
-            let part = offered.min(left / (offers.len() - i));
+        let lenders: Vec<(usize, usize)> =
+            inner.tiers.peer.lenders().iter().map(|l| (l.gpu, l.offered / slab)).collect();
+        let offers: Vec<usize> = lenders.iter().map(|&(_, offered)| offered).collect();
+        for (&(gpu, _), part) in lenders.iter().zip(crate::lenders::divide_budget(&offers, bytes / slab)) {
             inner.tiers.peer.set_most(gpu, part * slab);
-            left -= part;
         }
         inner.reclaim_peer("set_peer_budget")
     }

@@ -359,18 +359,15 @@ impl PeerTier {
     /// mappings, granule by granule. Each call is tried a few times: a failed unmap changes
     /// nothing, and a mapping left behind would keep the range and its memory for ever.
     fn unmap_slab(&self, device: &dyn Device, va: DevicePtr, mapped: usize) -> Result<()> {
+        let size = self.slab_chunks * self.chunk;
         if mapped == 0 {
             return Ok(());
         }
-        let size = self.slab_chunks * self.chunk;
-        let whole = !self.in_place || mapped == self.slab_chunks;
-        let tries = if self.in_place { 1 } else { UNMAP_TRIES };
-        let outcome = match whole {
-            true => retried(tries, || device.unmap(va, size)),
-            false => Ok(()),
-        };
-        if !self.in_place || (whole && outcome.is_ok()) {
-            return outcome;
+        if !self.in_place {
+            return retried(UNMAP_TRIES, || device.unmap(va, size));
+        }
+        if mapped == self.slab_chunks && device.unmap(va, size).is_ok() {
+            return Ok(());
         }
         (0..mapped).try_for_each(|i| retried(UNMAP_TRIES, || device.unmap(va + (i * self.chunk) as u64, self.chunk)))
     }
