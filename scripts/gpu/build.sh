@@ -20,6 +20,8 @@ for line in sys.stdin:
     print("dist/tests/" + name)
 '
 strip dist/tiermem dist/tests/*
+# The test binaries travel compressed: with them plain, dist/ outgrows what a run may carry (64 MiB).
+tar -C dist -cJf dist/tests.tar.xz tests && rm -r dist/tests
 # fio for `bench swap` (the GPU machine has none): static, cached outside the repository.
 scripts/gpu/fio/build.sh dist || echo "WARNING: no fio in dist/: bench swap will record its device measurements as missing"
 # The Python wheel (abi3: loads on the GPU machine's Python 3.12) and pytest, which that

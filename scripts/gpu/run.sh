@@ -17,7 +17,7 @@ dist=$1 out=$2 commit=$3 phases=${4:-rust,demo,limits,soak,python,engine,tenants
 want() { [[ ",$phases," == *",$1,"* ]]; }
 mkdir -p "$out/results"
 status=0
-step() { echo; echo "=== $*"; }
+step() { echo; echo "=== $* ($(date +%T))"; }
 run() { "$@" 2>&1 | tee -a "$out/log.txt"; local rc=${PIPESTATUS[0]}; [ "$rc" -eq 0 ] || { echo "FAILED ($rc): $*"; status=1; }; }
 
 step "GPU"; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 | tee -a "$out/log.txt"
@@ -30,6 +30,7 @@ export TIERMEM_TEST_FILE_DIR=$scratch TIERMEM_FS_TEST_DIR=$scratch
 # asked (the peer phase names its lender itself).
 export TIERMEM_PEERS=${TIERMEM_PEERS:-off}
 if want rust; then
+  [ -f "$dist/tests.tar.xz" ] && tar -C "$dist" -xJf "$dist/tests.tar.xz"
   for t in "$dist"/tests/*; do
     step "tests on the GPU: $(basename "$t")"
     TIERMEM_TEST_BACKEND=cuda run "$t" --test-threads=1 --nocapture
