@@ -8,7 +8,19 @@ mod support;
 fn the_peer_benchmark_runs_on_a_simulated_node_and_verifies_every_byte() {
     let dir = support::TempDir::new("bench-peer");
     let output = support::tiermem()
-        .args(["bench", "peer", "--size", "32MiB", "--reps", "2", "--job-bytes", "32MiB", "--json"])
+        .args([
+            "bench",
+            "peer",
+            "--size",
+            "32MiB",
+            "--reps",
+            "2",
+            "--job-bytes",
+            "32MiB",
+            "--job-seconds",
+            "0.3",
+            "--json",
+        ])
         .arg(&dir.0)
         .env("TIERMEM_BACKEND", "sim")
         .env("TIERMEM_COMMIT", "test")
@@ -37,6 +49,7 @@ fn the_peer_benchmark_runs_on_a_simulated_node_and_verifies_every_byte() {
         "decode_tok_s_resident",
         "multipath_h2d_GBps",
         "lender_slowdown",
+        "lender_slowdown_unheld",
     ] {
         assert!(report["metrics"].get(key).is_some(), "{key} missing: {report}");
     }

@@ -27,7 +27,8 @@
 //! change itself never fails for that, and neither does a `release`.
 
 use crate::buffer::{Access, AllocOptions, BufferId, Region};
-use crate::engine::{retag, Inner, Target, Ticket, TicketWork};
+use crate::engine::{Inner, Target, Ticket, TicketWork};
+use crate::error::retag;
 use crate::error::Context;
 use crate::fence::Fence;
 use crate::placement::Among;
@@ -449,7 +450,8 @@ impl Inner {
     }
 
     /// Reads each lender's free memory and sets what it lends (`lenders::recap`), giving back
-    /// at once what it no longer lends. Returns the bytes given back.
+    /// at once what it no longer lends, and whether its own work keeps it busy (its traffic is
+    /// held then: peer_traffic.rs). Returns the bytes given back.
     pub(crate) fn watch_lenders(&mut self, reserve: usize) -> Result<usize> {
         let device = Arc::clone(&self.tiers.device);
         for lender in self.tiers.peer.lenders().to_vec() {
@@ -457,6 +459,8 @@ impl Inner {
             let Ok(memory) = device.gpu_memory(lender.gpu) else { continue };
             let borrowed = self.tiers.peer.borrowed_from(lender.gpu);
             let cap = crate::lenders::recap(borrowed, memory.free, reserve, lender.most);
+            let busy = memory.busy_percent.is_some_and(|p| p >= crate::peer_traffic::BUSY_PERCENT);
+            self.tiers.peer.set_busy(lender.gpu, busy);
             if cap != self.tiers.peer.cap_of(&lender) {
                 self.tiers.peer.set_cap(lender.gpu, cap);
             }

@@ -52,6 +52,11 @@ pub struct EngineConfig {
     /// each lender's own PCIe link, its copy engine writing over NVLink (multipath.rs), while
     /// it lends. Costs a CUDA context on each lender.
     pub multipath: bool,
+    /// `TIERMEM_PEER_BUSY_RATE` (bytes per second, e.g. `64GiB`; `off`): while a lender's own
+    /// kernels run, the peer tier moves at most this much to and from its HBM, so that lending
+    /// does not slow the lender's program (peer_traffic.rs); what does not go there goes to
+    /// the host tier. Default 64 GiB/s; `off`: never held.
+    pub peer_busy_rate: Option<usize>,
     /// `TIERMEM_PEER_CLEAN=on|off` (default on): chunks whose only copy is in a lender's HBM
     /// are copied to free host room in the background, so that the lender gets its memory back
     /// without waiting for a copy (harvest.rs).
@@ -119,6 +124,7 @@ impl Default for EngineConfig {
             peer_in_place: false,
             multipath: true,
             peer_clean: true,
+            peer_busy_rate: Some(64 << 30),
             stride_prefetch: 32 << 20,
             pre_evict: 0,
             sim_gpus: 1,
@@ -183,6 +189,15 @@ impl EngineConfig {
         }
         if let Some(v) = var("TIERMEM_PRE_EVICT") {
             c.pre_evict = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PRE_EVICT: {e}")))?;
+        }
+        if let Some(v) = var("TIERMEM_PEER_BUSY_RATE") {
+            c.peer_busy_rate =
+                match v.trim().to_ascii_lowercase().as_str() {
+                    "off" | "none" => None,
+                    rate => Some(parse_size(rate.strip_suffix("/s").unwrap_or(rate)).map_err(|e| {
+                        Error::Config(format!("TIERMEM_PEER_BUSY_RATE: {e}, a rate like 64GiB/s, or off"))
+                    })?),
+                };
         }
         if let Some(v) = var("TIERMEM_PEER_CLEAN") {
             c.peer_clean = on_or_off("TIERMEM_PEER_CLEAN", &v)?;

@@ -20,6 +20,7 @@
 
 use crate::buffer::{Access, AllocOptions, BufferId, Region};
 use crate::chunk_pool::ChunkPool;
+use crate::error::retag;
 use crate::error::Context;
 use crate::fence::{EventPool, Fence};
 use crate::file_tier::FileTier;
@@ -67,6 +68,8 @@ pub struct Engine {
     inner: Arc<Mutex<Inner>>,
     /// Gives borrowed HBM back when a lender needs it (lender_watch.rs); with a peer tier only.
     lender_watch: Option<crate::lender_watch::LenderWatch>,
+    /// HBM each lender keeps free for its own users (`EngineConfig::peer_reserve`).
+    pub(crate) peer_reserve: usize,
     /// Learns the schedule from the first pass (`pass_begins`, `step_enters`).
     recorder: Mutex<Recorder>,
     fallback: Option<String>,
@@ -151,7 +154,8 @@ impl Engine {
             batch: config.batch_chunks.max(1),
             pool: ChunkPool::new(caps.hbm / chunk),
             peer: crate::peer_tier::PeerTier::new(chunk, device.info().ordinal, &lending.lenders)
-                .with_slots_readable_in_place(config.peer_in_place),
+                .with_slots_readable_in_place(config.peer_in_place)
+                .with_busy_rate(config.peer_busy_rate),
             multipath,
             host: HostTier::new(chunk, caps.host),
             file,
@@ -175,10 +179,10 @@ impl Engine {
         };
         let has_peers = inner.tiers.peer.exists();
         let inner = Arc::new(Mutex::new(inner));
+        let peer_reserve = config.peer_reserve(device.info().backend);
         let lender_watch = match has_peers {
             true => {
-                let reserve = config.peer_reserve(device.info().backend);
-                let started = crate::lender_watch::watch_engine(&inner, reserve, config.peer_clean, LENDER_POLL);
+                let started = crate::lender_watch::watch_engine(&inner, peer_reserve, config.peer_clean, LENDER_POLL);
                 Some(started.map_err(|e| Error::Config(format!("Engine::new: no lender watch thread: {e}")))?)
             }
             false => None,
@@ -188,6 +192,7 @@ impl Engine {
             timed,
             inner,
             lender_watch,
+            peer_reserve,
             recorder: Mutex::new(Recorder::default()),
             fallback: None,
             peer_notes: notes,
@@ -574,22 +579,15 @@ impl Engine {
     }
 }
 
-/// Re-attributes an engine error raised inside a helper to the public call.
-pub(crate) fn retag(error: Error, call: &'static str) -> Error {
-    match error {
-        Error::Device { source, .. } => Error::Device { call, source },
-        Error::OutOfMemory { detail, .. } => Error::OutOfMemory { call, detail },
-        Error::File { source, .. } => Error::File { call, source },
-        other => other,
-    }
-}
-
 impl Drop for Engine {
     fn drop(&mut self) {
         self.lender_watch.take();
         let mut inner = self.lock();
-        if let Err(e) = inner.shutdown() {
-            eprintln!("tiermem: error while releasing device resources: {e}");
+        match inner.shutdown() {
+            // The process is exiting and the driver has already let go of everything.
+            Err(e) if e.is_driver_shutdown() => {}
+            Err(e) => eprintln!("tiermem: error while releasing device resources: {e}"),
+            Ok(()) => {}
         }
     }
 }

@@ -52,6 +52,27 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Re-attributes an engine error raised inside a helper to the public call.
+pub(crate) fn retag(error: Error, call: &'static str) -> Error {
+    match error {
+        Error::Device { source, .. } => Error::Device { call, source },
+        Error::OutOfMemory { detail, .. } => Error::OutOfMemory { call, detail },
+        Error::File { source, .. } => Error::File { call, source },
+        other => other,
+    }
+}
+
+impl Error {
+    /// The CUDA driver is shutting down under this call: the process is exiting.
+    pub fn is_driver_shutdown(&self) -> bool {
+        match self {
+            Error::Device { source, .. } => matches!(source, DeviceError::DriverShutDown { .. }),
+            Error::PartlyWritten { source, .. } => source.is_driver_shutdown(),
+            _ => false,
+        }
+    }
+}
+
 /// Attaches the engine call to a device error: `acquire: cuMemMap failed: …`.
 pub(crate) trait Context<T> {
     fn during(self, call: &'static str) -> Result<T>;

@@ -13,6 +13,7 @@
 
 use crate::engine::Inner;
 use crate::error::Context;
+use crate::peer_tier::PeerSlot;
 use crate::state::ChunkRef;
 use crate::Result;
 
@@ -24,13 +25,19 @@ impl Inner {
     /// Returns how many are clean now.
     pub(crate) fn clean_borrowed(&mut self, most: usize) -> Result<usize> {
         let call = "clean_borrowed";
-        let dirty: Vec<ChunkRef> = self
+        let peer = &self.tiers.peer;
+        let candidates: Vec<(ChunkRef, PeerSlot)> = self
             .state
             .chunks()
-            .filter(|(_, c)| {
-                let removable_later = c.peer().is_some_and(|slot| !self.tiers.peer.is_draining(slot));
-                c.phys().is_none() && removable_later && c.host().is_none() && c.file().is_none() && c.pins() == 0
+            .filter_map(|(r, c)| {
+                let slot = c.peer().filter(|&slot| !peer.is_draining(slot))?;
+                (c.phys().is_none() && c.host().is_none() && c.file().is_none() && c.pins() == 0).then_some((r, slot))
             })
+            .collect();
+        // A busy lender's traffic budget first (peer_traffic.rs): cleaning can wait.
+        let dirty: Vec<ChunkRef> = candidates
+            .into_iter()
+            .filter(|&(_, slot)| self.tiers.peer.may_read(slot))
             .map(|(r, _)| r)
             .take(most)
             .collect();

@@ -3,15 +3,17 @@
 //! (`Inner::watch_lenders`), so a program starting on a lender finds its memory even while
 //! the borrowing program sits idle; then it copies a batch of chunks whose only copy is on a
 //! lender to free host room (harvest.rs). It runs only when the engine has a peer tier, holds
-//! the engine only while it looks (a weak reference otherwise), and stops when the engine drops.
+//! the engine only while it looks (a weak reference otherwise), and stops when the engine drops
+//! or, quietly, when the CUDA driver shuts down under it (a process exiting with its engine
+//! still alive, as a Python interpreter does with a module-level pool).
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Starts the watch of `inner`'s lenders: every `period`, `watch_lenders(reserve)`, then (if
-/// `clean`) one batch of `clean_borrowed`. Failures are reported on stderr; the next poll
-/// tries again.
+/// `clean`) one batch of `clean_borrowed`. Failures are reported on stderr and the next poll
+/// tries again, except the driver's shutdown, which ends the watch.
 pub(crate) fn watch_engine(
     inner: &crate::sync::Arc<crate::sync::Mutex<crate::engine::Inner>>,
     reserve: usize,
@@ -22,12 +24,15 @@ pub(crate) fn watch_engine(
     let watch = move || {
         let Some(inner) = weak.upgrade() else { return false };
         let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = guard.watch_lenders(reserve) {
-            eprintln!("tiermem: giving borrowed HBM back to a lender failed: {e}");
-        }
-        if clean {
-            if let Err(e) = guard.clean_borrowed(crate::harvest::CLEAN_BATCH) {
-                eprintln!("tiermem: copying borrowed chunks to the host tier failed: {e}");
+        let gave_back = guard.watch_lenders(reserve).map(drop);
+        let cleaned = if clean { guard.clean_borrowed(crate::harvest::CLEAN_BATCH).map(drop) } else { Ok(()) };
+        for (what, result) in
+            [("giving borrowed HBM back to a lender", gave_back), ("copying borrowed chunks to the host tier", cleaned)]
+        {
+            match result {
+                Err(e) if e.is_driver_shutdown() => return false,
+                Err(e) => eprintln!("tiermem: {what} failed: {e}"),
+                Ok(()) => {}
             }
         }
         true

@@ -185,7 +185,11 @@ mod tests {
     const GIB: usize = 1 << 30;
 
     fn idle(gpu: usize, free: usize) -> Neighbour {
-        Neighbour { gpu, access: true, memory: Ok(GpuMemory { free, total: 141 * GIB, other_processes: Some(0) }) }
+        Neighbour {
+            gpu,
+            access: true,
+            memory: Ok(GpuMemory { free, total: 141 * GIB, other_processes: Some(0), busy_percent: None }),
+        }
     }
 
     #[test]
@@ -193,7 +197,7 @@ mod tests {
         let busy = Neighbour {
             gpu: 2,
             access: true,
-            memory: Ok(GpuMemory { free: 100 * GIB, total: 141 * GIB, other_processes: Some(1) }),
+            memory: Ok(GpuMemory { free: 100 * GIB, total: 141 * GIB, other_processes: Some(1), busy_percent: None }),
         };
         let far = Neighbour { access: false, ..idle(3, 100 * GIB) };
         let got = lending(&PeerChoice::Auto, 0, 4, &[idle(1, 100 * GIB), busy, far], 4 * GIB, None).unwrap();

@@ -48,6 +48,7 @@ mod movement;
 mod multipath;
 mod peer_calls;
 mod peer_tier;
+mod peer_traffic;
 mod placement;
 mod pre_evict;
 mod recorder;

@@ -254,7 +254,10 @@ impl Tiers {
                 }
                 outcome = match source {
                     // Over NVLink, run by this GPU, which has access to the peer tier's slabs.
-                    Source::Peer(src, _) => device.copy_between_devices_async(dst, src, n * g, stream),
+                    Source::Peer(src, slab) => {
+                        self.peer.charge_slab(slab, n * g);
+                        device.copy_between_devices_async(dst, src, n * g, stream)
+                    }
                     Source::Zeros => device.memset_async(dst, 0, n * g, stream),
                     Source::Host(..) | Source::File => Ok(()),
                 };
@@ -297,7 +300,8 @@ impl Tiers {
     ) -> Result<(), DeviceError> {
         let g = self.chunk;
         let peer = &self.peer;
-        let lending = |gpu| peer.lenders().iter().any(|l| l.gpu == gpu && peer.cap_of(l) > 0);
+        // A busy lender's link is its program's (peer_traffic.rs).
+        let lending = |gpu| peer.lenders().iter().any(|l| l.gpu == gpu && peer.cap_of(l) > 0) && !peer.is_busy(gpu);
         let helpers = self.multipath.usable(lending);
         let lens: Vec<usize> = runs.iter().map(|&(_, n, _)| n).collect();
         let least = crate::multipath::LEAST_CHUNKS_PER_PATH;

@@ -11,6 +11,21 @@ impl Engine {
         peer.lenders().iter().map(|l| (l.gpu, peer.cap_of(l), peer.borrowed_from(l.gpu))).collect()
     }
 
+    /// What the lender watch does every 100 ms, now: reads each lender's free memory and how
+    /// busy its own kernels keep it, gives back what a lender short of memory needs, and holds
+    /// the traffic of busy lenders (`TIERMEM_PEER_BUSY_RATE`). Returns the bytes given back.
+    pub fn watch_lenders(&self) -> Result<usize> {
+        let reserve = self.peer_reserve;
+        self.lock().watch_lenders(reserve)
+    }
+
+    /// The lenders whose own work keeps them busy, as the last look found them: their traffic
+    /// is held to `TIERMEM_PEER_BUSY_RATE` and they carry no page-ins from host memory.
+    pub fn busy_lenders(&self) -> Vec<usize> {
+        let g = self.lock();
+        g.tiers.peer.lenders().iter().map(|l| l.gpu).filter(|&gpu| g.tiers.peer.is_busy(gpu)).collect()
+    }
+
     /// Copies up to `most` chunks whose only copy is in a lender's HBM to free host room, so
     /// that the lender can take that memory back without a copy; returns how many. The lender
     /// watch does this every poll while `peer_clean` is on (harvest.rs).

@@ -27,9 +27,14 @@
 //! Mappings in place are undone before their chunk gives its slot up, so a slab with no slot
 //! in use has no mapping but its own.
 //!
+//! **A busy lender** takes new chunks only as fast as its traffic budget allows
+//! (peer_traffic.rs): [`PeerTier::alloc_up_to`] hands out its slots while the budget holds
+//! them, fewer (maybe none) beyond.
+//!
 //! Nothing here decides which chunk goes where: that is `policy::leave_hbm` and the engine's
 //! planning. This is bookkeeping over driver calls.
 
+use crate::peer_traffic::LenderTraffic;
 use std::collections::BTreeSet;
 use tiermem_mechanism::{ChunkLocation, Device, DevicePtr, PhysHandle, Result};
 
@@ -81,6 +86,7 @@ pub(crate) struct PeerTier {
     /// Slabs made from here on have one allocation per slot, so that a slot can be mapped at
     /// its chunk's address ([`PeerTier::part`]).
     in_place: bool,
+    traffic: LenderTraffic,
 }
 
 impl PeerTier {
@@ -88,6 +94,7 @@ impl PeerTier {
     pub fn new(chunk: usize, me: usize, lenders: &[(usize, usize)]) -> Self {
         let smallest = lenders.iter().map(|&(_, bytes)| bytes / chunk).filter(|&c| c > 0).min().unwrap_or(1);
         let slab_chunks = smallest.clamp(1, SLAB_CHUNKS);
+        let traffic = LenderTraffic::new(lenders.len(), None, chunk);
         let lenders = lenders
             .iter()
             .map(|&(gpu, bytes)| Lender {
@@ -108,7 +115,49 @@ impl PeerTier {
             free: BTreeSet::new(),
             next_lender: 0,
             in_place: false,
+            traffic,
         }
+    }
+
+    /// While a lender's own work runs, its traffic is held to `rate` bytes per second
+    /// (peer_traffic.rs); `None`: never held.
+    pub fn with_busy_rate(mut self, rate: Option<usize>) -> Self {
+        self.traffic = LenderTraffic::new(self.lenders.len(), rate, self.chunk);
+        self
+    }
+
+    /// GPU `gpu`'s own kernels run now (`busy`), or not: its traffic is held, or not.
+    pub fn set_busy(&mut self, gpu: usize, busy: bool) {
+        if let Some(lender) = self.lenders.iter().position(|l| l.gpu == gpu) {
+            self.traffic.set_busy(lender, busy);
+        }
+    }
+
+    /// Whether GPU `gpu` lends and its traffic is held now.
+    pub fn is_busy(&self, gpu: usize) -> bool {
+        self.lenders.iter().position(|l| l.gpu == gpu).is_some_and(|lender| self.traffic.busy(lender))
+    }
+
+    /// Counts `bytes` read from slab `slab` (a page-in: it had to move).
+    pub fn charge_slab(&mut self, slab: usize, bytes: usize) {
+        if let Some(slab) = &self.slabs[slab] {
+            self.traffic.charge(slab.lender, bytes);
+        }
+    }
+
+    /// Whether `slot`'s chunk may be read now for work that can wait (cleaning); if so, it is
+    /// counted.
+    pub fn may_read(&mut self, slot: PeerSlot) -> bool {
+        let lender = self.lender_of(slot);
+        let yes = self.traffic.room(lender, self.chunk, 1) == 1;
+        if yes {
+            self.traffic.charge(lender, self.chunk);
+        }
+        yes
+    }
+
+    fn lender_of(&self, slot: PeerSlot) -> usize {
+        self.slabs[self.split(slot).0].as_ref().expect("a slot of a live slab").lender
     }
 
     /// Slabs to be made with one allocation per slot, so that chunks can be read in place
@@ -189,33 +238,77 @@ impl PeerTier {
     }
 
     /// Up to `n` slots, contiguous where possible, making slabs on lenders with room. Fewer
-    /// (maybe none) when the lenders lend no more. A lender whose slab cannot be made is
-    /// capped where it stands (the reason kept in [`Lender::refused`]) and the others are tried.
+    /// (maybe none) when the lenders lend no more, or a busy lender's traffic is held. A lender
+    /// whose slab cannot be made is capped where it stands (the reason kept in
+    /// [`Lender::refused`]) and the others are tried.
     pub fn alloc_up_to(&mut self, device: &dyn Device, n: usize) -> Vec<PeerSlot> {
-        while self.free.len() < n {
-            let Some(lender) = self.lender_with_room() else { break };
-            if let Err(e) = self.grow(device, lender) {
-                // The lender lends what it has lent so far: the host tier takes the rest.
-                let l = &mut self.lenders[lender];
-                l.cap_slabs = l.live_slabs;
-                l.refused = Some(e.to_string());
-            }
+        if self.traffic.any_busy() {
+            return self.alloc_held(device, n);
         }
-        let run = self.find_run(n).unwrap_or_else(|| self.free.iter().take(n).copied().collect());
-        for slot in &run {
+        while self.free.len() < n {
+            let Some(lender) = self.lender_with_room(|_| true) else { break };
+            self.grow_or_cap(device, lender);
+        }
+        let run = self.find_run(n, |_| true).unwrap_or_else(|| self.free.iter().take(n).copied().collect());
+        self.hand_out(&run);
+        run
+    }
+
+    /// As `alloc_up_to` while some lender is busy: each lender gives at most what its
+    /// traffic budget holds now.
+    fn alloc_held(&mut self, device: &dyn Device, n: usize) -> Vec<PeerSlot> {
+        let mut room: Vec<usize> = (0..self.lenders.len()).map(|l| self.traffic.room(l, self.chunk, n)).collect();
+        loop {
+            let open = self.free.iter().filter(|&&s| room[self.lender_of(s)] > 0).take(n).count();
+            if open >= n {
+                break;
+            }
+            let Some(lender) = self.lender_with_room(|l| room[l] > 0) else { break };
+            self.grow_or_cap(device, lender);
+        }
+        let run = self.find_run(n, |lender| room[lender] >= n).unwrap_or_else(|| {
+            let mut run = Vec::new();
+            for &slot in self.free.iter() {
+                let lender = self.lender_of(slot);
+                if run.len() < n && room[lender] > 0 {
+                    room[lender] -= 1;
+                    run.push(slot);
+                }
+            }
+            run
+        });
+        for &slot in &run {
+            self.traffic.charge(self.lender_of(slot), self.chunk);
+        }
+        self.hand_out(&run);
+        run
+    }
+
+    /// Makes a slab on `lender`, or caps it where it stands if it cannot: the host tier
+    /// takes the rest.
+    fn grow_or_cap(&mut self, device: &dyn Device, lender: usize) {
+        if let Err(e) = self.grow(device, lender) {
+            let l = &mut self.lenders[lender];
+            l.cap_slabs = l.live_slabs;
+            l.refused = Some(e.to_string());
+        }
+    }
+
+    /// Marks `run` in use.
+    fn hand_out(&mut self, run: &[PeerSlot]) {
+        for slot in run {
             self.free.remove(slot);
             let (slab, _) = self.split(*slot);
             self.slabs[slab].as_mut().expect("a free slot of a live slab").used += 1;
         }
-        run
     }
 
-    /// The next lender, round-robin, that lends more than it has lent.
-    fn lender_with_room(&mut self) -> Option<usize> {
+    /// The next lender, round-robin, that lends more than it has lent and is `open`.
+    fn lender_with_room(&mut self, open: impl Fn(usize) -> bool) -> Option<usize> {
         let count = self.lenders.len();
         (0..count)
             .map(|k| (self.next_lender + k) % count)
-            .find(|&i| self.lenders[i].live_slabs < self.lenders[i].cap_slabs)
+            .find(|&i| self.lenders[i].live_slabs < self.lenders[i].cap_slabs && open(i))
             .inspect(|&i| self.next_lender = (i + 1) % count)
     }
 
@@ -262,9 +355,10 @@ impl PeerTier {
         Ok(())
     }
 
-    /// The first run of `n` consecutive free slots inside one slab.
-    fn find_run(&self, n: usize) -> Option<Vec<PeerSlot>> {
-        let start = crate::slot_runs::first_free_run(self.free.iter().map(|s| s.0), n, self.slab_chunks as u32)?;
+    /// The first run of `n` consecutive free slots inside one slab of a lender that is `open`.
+    fn find_run(&self, n: usize, open: impl Fn(usize) -> bool) -> Option<Vec<PeerSlot>> {
+        let free = self.free.iter().filter(|&&s| open(self.lender_of(s))).map(|s| s.0);
+        let start = crate::slot_runs::first_free_run(free, n, self.slab_chunks as u32)?;
         Some((start..start + n as u32).map(PeerSlot).collect())
     }
 
@@ -400,101 +494,5 @@ fn retried(tries: usize, mut call: impl FnMut() -> Result<()>) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tiermem_mechanism::sim::SimDevice;
-
-    const G: usize = 2 << 20;
-
-    #[test]
-    fn slots_come_from_lenders_round_robin_up_to_their_caps_and_go_back_when_drained() {
-        let node = SimDevice::node(3, 64 * G).unwrap();
-        let me = &node[0];
-        let mut tier = PeerTier::new(G, 0, &[(1, 8 * G), (2, 8 * G)]);
-        assert_eq!(tier.cap(), 16);
-        let a = tier.alloc_up_to(me, 10);
-        assert_eq!(a.len(), 10);
-        assert_eq!(tier.borrowed_from(1), 8 * G);
-        assert_eq!(tier.borrowed_from(2), 8 * G);
-        let b = tier.alloc_up_to(me, 10);
-        assert_eq!(b.len(), 6, "only what the lenders lend");
-        assert_eq!(tier.alloc_up_to(me, 1).len(), 0);
-        // Every slot is a distinct, mapped device address this GPU may copy into.
-        let mut addrs: Vec<u64> = a.iter().chain(&b).map(|&s| tier.addr(s)).collect();
-        addrs.sort_unstable();
-        addrs.dedup();
-        assert_eq!(addrs.len(), 16);
-        me.write(addrs[3], &[7u8; 64]).unwrap();
-        // GPU 2 stops lending: its slab drains, is released once its slots are freed.
-        assert!(tier.set_cap(2, 0));
-        let kept: Vec<PeerSlot> = a
-            .iter()
-            .chain(&b)
-            .copied()
-            .filter(|&s| tier.lenders[tier.slabs[tier.slab(s)].as_ref().unwrap().lender].gpu == 1)
-            .collect();
-        assert_eq!(kept.len(), 8);
-        for s in a.iter().chain(&b).copied().filter(|s| !kept.contains(s)) {
-            assert!(tier.is_draining(s));
-            tier.free(s);
-        }
-        assert_eq!(tier.release_drained(me).unwrap(), 8 * G);
-        assert_eq!(tier.borrowed_from(1) + tier.borrowed_from(2), 8 * G);
-        assert_eq!(node[2].mem_info().unwrap().0, 64 * G, "GPU 2 has its memory back");
-        for s in kept {
-            tier.free(s);
-        }
-        tier.release_all(me).unwrap();
-        assert!(me.live().is_empty(), "{:?}", me.live());
-    }
-
-    #[test]
-    fn lowering_a_cap_again_before_the_slabs_go_back_drains_no_more_than_it_says() {
-        let node = SimDevice::node(3, 16 * G).unwrap();
-        // Slabs of 4 chunks: GPU 2 lends two.
-        let mut tier = PeerTier::new(G, 0, &[(1, 4 * G), (2, 8 * G)]);
-        let slots = tier.alloc_up_to(&node[0], 12);
-        assert_eq!(tier.borrowed_from(2), 8 * G);
-        assert!(tier.set_cap(2, 4 * G));
-        let draining = |t: &PeerTier| t.slabs.iter().flatten().filter(|s| s.draining).count();
-        assert_eq!(draining(&tier), 1);
-        tier.set_cap(2, 4 * G);
-        assert_eq!(draining(&tier), 1, "the slab already draining counts");
-        slots.into_iter().for_each(|s| tier.free(s));
-        assert_eq!(tier.release_drained(&node[0]).unwrap(), 4 * G);
-        assert_eq!(tier.borrowed_from(2), 4 * G);
-        tier.release_all(&node[0]).unwrap();
-        assert!(node[0].live().is_empty());
-    }
-
-    #[test]
-    fn a_lender_that_cannot_make_a_slab_is_capped_and_its_memory_left_as_it_was() {
-        let node = SimDevice::node(3, 12 * G).unwrap();
-        // GPU 2 is said to lend 16 chunks but has 12: its second slab fails half made.
-        let mut tier = PeerTier::new(G, 0, &[(1, 8 * G), (2, 16 * G)]);
-        let got = tier.alloc_up_to(&node[0], 24);
-        assert_eq!(got.len(), 16, "one slab of each");
-        assert!(tier.lenders()[1].refused.is_some());
-        assert_eq!(node[2].mem_info().unwrap().0, 4 * G, "the half-made slab was undone");
-        got.into_iter().for_each(|s| tier.free(s));
-        tier.release_all(&node[0]).unwrap();
-        assert!(node[0].live().is_empty());
-    }
-
-    #[test]
-    fn slabs_readable_in_place_that_fail_half_made_leave_nothing_behind() {
-        for seed in 0..64 {
-            let node = SimDevice::node(3, 16 * G).unwrap();
-            let mut tier = PeerTier::new(G, 0, &[(1, 8 * G), (2, 8 * G)]).with_slots_readable_in_place(true);
-            // Creating, mapping, giving access and every unmap of a rollback fail at random.
-            node[0].inject_errors(Some(5), seed);
-            let got = tier.alloc_up_to(&node[0], 16);
-            node[0].inject_errors(None, 0);
-            assert!(got.iter().all(|&s| tier.part(s).is_some()));
-            got.into_iter().for_each(|s| tier.free(s));
-            tier.release_all(&node[0]).unwrap();
-            assert!(node[0].live().is_empty(), "seed {seed}: {:?}", node[0].live());
-            assert_eq!(node[1].mem_info().unwrap().0, 16 * G, "seed {seed}: GPU 1's memory is back");
-        }
-    }
-}
+#[path = "peer_tier_tests.rs"]
+mod tests;

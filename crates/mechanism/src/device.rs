@@ -86,6 +86,10 @@ pub struct GpuMemory {
     /// How many processes other than this one use the GPU; `None` where that is not known
     /// (no NVML, or the simulated device).
     pub other_processes: Option<usize>,
+    /// Percent of the last sample period (NVML's: 1/6 s to 1 s) in which a kernel of any
+    /// process ran on it; `None` where that is not known. Copies other GPUs make to or from
+    /// its memory are not kernels of its own and do not count.
+    pub busy_percent: Option<u32>,
 }
 
 /// What a device is, as probed when it was opened.
@@ -132,7 +136,7 @@ pub trait Device: Send + Sync {
             return Err(crate::DeviceError::Unsupported(format!("the memory of GPU {ordinal} is not known here")));
         }
         let (free, total) = self.mem_info()?;
-        Ok(GpuMemory { free, total, other_processes: None })
+        Ok(GpuMemory { free, total, other_processes: None, busy_percent: None })
     }
 
     /// GPU `ordinal` of this machine as a device of its own, sharing this one's address space:

@@ -4,6 +4,10 @@ pub enum DeviceError {
     /// A driver call returned an error code.
     #[error("{call} failed: {code} ({detail})")]
     Driver { call: &'static str, code: String, detail: String },
+    /// The driver is shutting down (`CUDA_ERROR_DEINITIALIZED`): the process is exiting and no
+    /// driver call can succeed any more. Background threads stop quietly on it.
+    #[error("{call} failed: the CUDA driver is shutting down (the process is exiting)")]
+    DriverShutDown { call: &'static str },
     /// The driver reported that device memory is exhausted.
     #[error("{call} failed: out of device memory ({detail})")]
     OutOfMemory { call: &'static str, detail: String },

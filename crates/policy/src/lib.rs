@@ -31,7 +31,8 @@
 //! Beside eviction, [`leave_hbm`] decides where a victim goes (the tiers below HBM, in order),
 //! [`read_in_place`] whether an acquire reads a chunk in a neighbour's HBM where it lies,
 //! [`split_between_paths`] how a page-in from host memory divides between PCIe links,
-//! [`Stride`] what a walk through a buffer will want next, and [`share`] divides a tier among tenants (the node daemon's weighted fair
+//! [`Stride`] what a walk through a buffer will want next, [`LinkBudget`] how much traffic a busy
+//! lender takes, and [`share`] divides a tier among tenants (the node daemon's weighted fair
 //! share, GPrioSwap §4).
 
 use std::fmt;
@@ -47,12 +48,14 @@ mod priority;
 mod random;
 pub mod share;
 mod stride;
+mod throttle;
 mod tier;
 
 pub use destination::{leave_hbm, Leave};
 pub use in_place::{read_in_place, PeerRead};
 pub use paths::{split_between_paths, Piece};
 pub use stride::Stride;
+pub use throttle::LinkBudget;
 pub use tier::Tier;
 
 /// Fraction of the LRU stack (its least recently used end) that LRU-COST re-sorts by cost.

@@ -136,6 +136,10 @@ pub enum Suite {
         /// Bytes the lender's own job writes per pass.
         #[arg(long, value_parser = tiermem::parse_size, default_value = "4GiB")]
         job_bytes: usize,
+        /// Seconds the lender's job is timed, each time, after up to a second of warm-up (a
+        /// program on the lender runs for a while; the borrower notices it within its polls).
+        #[arg(long, default_value_t = 3.0)]
+        job_seconds: f64,
         /// The torch benchmark's script (bench/torch_bench.py): its dense decode runs on GPU 0
         /// with TIERMEM_PEERS=auto and =off, for the decode figures (needs python3 and torch).
         #[arg(long)]
@@ -173,8 +177,8 @@ pub fn run(suite: Suite) -> Result<(), String> {
             swap::run(&json, &commit(given), setup)
         }
         Suite::SwapJob(args) => swap_job::run(args),
-        Suite::Peer { json, commit: given, borrower, lender, size, reps, job_bytes, decode } => {
-            let setup = peer::Setup { borrower, lender, size, reps: reps.max(1), job_bytes, decode };
+        Suite::Peer { json, commit: given, borrower, lender, size, reps, job_bytes, job_seconds, decode } => {
+            let setup = peer::Setup { borrower, lender, size, reps: reps.max(1), job_bytes, job_seconds, decode };
             peer::run(&json, &commit(given), setup)
         }
     }

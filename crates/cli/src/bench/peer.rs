@@ -5,8 +5,9 @@
 //! The raw ceiling copies between a plain allocation on the borrower and chunks created on
 //! the lender and mapped into the borrower's address space with access set once (what the
 //! peer tier's slabs are), on one stream, timed with events. The lender's job is a kernel
-//! writing a few GiB on the lender over and over, timed alone and while the borrower pages a
-//! buffer out to the lender and back in without pause.
+//! writing a few GiB on the lender over and over for a few seconds, timed alone and while the
+//! borrower pages a buffer out to the lender and back in without pause: with tiermem's
+//! default hold on a busy lender's traffic (`TIERMEM_PEER_BUSY_RATE`), and with none.
 
 use super::peer_engine::{self, PeerEngine};
 use super::{median, report, today, write_report};
@@ -26,6 +27,8 @@ pub struct Setup {
     pub reps: usize,
     /// Bytes the lender's job writes per pass.
     pub job_bytes: usize,
+    /// Seconds each run of the lender's job is timed, after up to a second of warm-up.
+    pub job_seconds: f64,
     /// The torch benchmark's script: its dense decode is run with and without the peer tier.
     pub decode: Option<std::path::PathBuf>,
 }
@@ -166,22 +169,85 @@ fn raw_peer(d: &dyn Device, lender: usize, size: usize, reps: usize) -> Result<(
     Ok((gb / to_peer, gb / from_peer, intact))
 }
 
-/// The lender's own job: GB/s of a kernel writing `bytes` on it, `reps` passes.
-fn lender_job(d: &dyn Device, bytes: usize, reps: usize) -> Result<f64, String> {
+/// The lender's own job: GB/s of a kernel writing `bytes` on it, pass after pass: all bytes
+/// over all kernel time in `seconds`, after up to a second of warm-up (the borrower's lender
+/// watch sees a lender's program within its polls; a program runs longer than that).
+fn lender_job(d: &dyn Device, bytes: usize, seconds: f64) -> Result<f64, String> {
     let stream = d.create_stream(StreamPriority::High).map_err(err("stream"))?;
     let buf = d.alloc_plain(bytes).map_err(err("alloc on the lender"))?;
-    let seconds = timed(d, stream, reps, || d.fill_pattern_async(buf, bytes / 8, SEED, 0, stream).map_err(err("fill")));
+    let timing =
+        time_passes(d, stream, seconds, || d.fill_pattern_async(buf, bytes / 8, SEED, 0, stream).map_err(err("fill")));
     let intact = holds_pattern(d, buf, bytes, stream);
     d.free_plain(buf).map_err(err("free"))?;
     d.destroy_stream(stream).map_err(err("stream"))?;
     if !intact? {
         return Err("bench peer: the lender's job wrote wrong bytes".into());
     }
-    Ok(bytes as f64 / 1e9 / seconds?)
+    match timing? {
+        (0, _) => {
+            Err(format!("bench peer: no pass of the lender's job finished in {seconds} s; give --job-seconds more"))
+        }
+        (passes, total) => Ok((passes * bytes) as f64 / 1e9 / total),
+    }
+}
+
+/// Runs `pass` on `stream` over and over for up to a second of warm-up, then `seconds` more:
+/// the passes of that time and their kernel time in seconds, timed with events.
+fn time_passes(
+    d: &dyn Device,
+    stream: StreamHandle,
+    seconds: f64,
+    pass: impl Fn() -> Result<(), String>,
+) -> Result<(usize, f64), String> {
+    let (start, end) = (d.create_event(true).map_err(err("event"))?, d.create_event(true).map_err(err("event"))?);
+    let (warm_up, began) = (seconds.min(1.0), std::time::Instant::now());
+    let one = || -> Result<f64, String> {
+        d.record_event(start, stream).map_err(err("record"))?;
+        pass()?;
+        d.record_event(end, stream).map_err(err("record"))?;
+        d.synchronize_event(end).map_err(err("synchronize"))?;
+        Ok(f64::from(d.elapsed_ms(start, end).map_err(err("elapsed"))?) / 1e3)
+    };
+    let (mut passes, mut total, mut outcome) = (0, 0.0, Ok(()));
+    while began.elapsed().as_secs_f64() < warm_up + seconds {
+        let warm = began.elapsed().as_secs_f64() < warm_up;
+        match one() {
+            Ok(s) if !warm => (passes, total) = (passes + 1, total + s),
+            Ok(_) => {}
+            Err(e) => {
+                outcome = Err(e);
+                break;
+            }
+        }
+    }
+    d.destroy_event(start).map_err(err("event"))?;
+    d.destroy_event(end).map_err(err("event"))?;
+    outcome.map(|()| (passes, total))
+}
+
+/// The lender's job while `engine` pages to it without pause: its GB/s, the borrower's round
+/// trips meanwhile, and whether the borrower saw the lender busy by the end.
+fn lender_job_while_lending(
+    lender: &dyn Device,
+    engine: &PeerEngine,
+    job_bytes: usize,
+    seconds: f64,
+) -> Result<(f64, usize, bool), String> {
+    let stop = AtomicBool::new(false);
+    let (lending, trips, seen_busy) = std::thread::scope(|scope| {
+        let traffic = scope.spawn(|| engine.traffic(&stop));
+        // Let the borrower's first slabs be made before timing.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let lending = lender_job(lender, job_bytes, seconds);
+        let seen_busy = engine.lender_seen_busy();
+        stop.store(true, Ordering::Relaxed);
+        (lending, traffic.join().unwrap_or_else(|_| Err("the borrower's traffic panicked".into())), seen_busy)
+    });
+    Ok((lending?, trips?, seen_busy))
 }
 
 pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
-    let Setup { borrower, lender, size, reps, job_bytes, decode } = setup;
+    let Setup { borrower, lender, size, reps, job_bytes, job_seconds, decode } = setup;
     if borrower == lender {
         return Err(format!("bench peer: --borrower and --lender are both GPU {lender}; name two GPUs"));
     }
@@ -204,19 +270,17 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
 
     eprintln!("bench peer: the lender's own job, alone and while GPU {borrower} pages to it");
     let (lender_device, _) = mechanism::open_in_node(base.backend, lender, sim).map_err(err("open the lender"))?;
-    let alone = lender_job(lender_device.as_ref(), job_bytes, reps)?;
+    let alone = lender_job(lender_device.as_ref(), job_bytes, job_seconds)?;
+    let unheld = PeerEngine::open_with(borrower, lender, size, |c| c.peer_busy_rate = None)?;
+    let (unheld_lending, unheld_trips, _) =
+        lender_job_while_lending(lender_device.as_ref(), &unheld, job_bytes, job_seconds)?;
+    drop(unheld);
     let engine = PeerEngine::open(borrower, lender, size)?;
-    let stop = AtomicBool::new(false);
-    let (lending, trips) = std::thread::scope(|scope| {
-        let traffic = scope.spawn(|| engine.traffic(&stop));
-        // Let the borrower's first slabs be made before timing.
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let lending = lender_job(lender_device.as_ref(), job_bytes, reps);
-        stop.store(true, Ordering::Relaxed);
-        (lending, traffic.join().unwrap_or_else(|_| Err("the borrower's traffic panicked".into())))
-    });
-    let (lending, trips) = (lending?, trips?);
+    let (lending, trips, seen_busy) =
+        lender_job_while_lending(lender_device.as_ref(), &engine, job_bytes, job_seconds)?;
     drop(lender_device);
+    // The lender's job is over: what follows measures an idle lender.
+    engine.wait_until_lender_idle(std::time::Duration::from_secs(10))?;
 
     eprintln!("bench peer: tiermem's peer tier: page-out, page-in, reclaim");
     let engine_side = peer_engine::measure(engine, reps)?;
@@ -261,6 +325,10 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "lender_job_GBps_alone": alone,
         "lender_job_GBps_lending": lending,
         "lender_slowdown": lending / alone,
+        "lender_job_GBps_lending_unheld": unheld_lending,
+        "lender_slowdown_unheld": unheld_lending / alone,
+        "borrower_trips_per_s_lending": trips as f64 / job_seconds,
+        "borrower_trips_per_s_lending_unheld": unheld_trips as f64 / job_seconds,
     });
     let ratios = json!({
         "page_in_peer": ratio(engine_side.page_in_from_peer_gbps, raw_from),
@@ -287,7 +355,9 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
     let rep = report("peer", commit, &date, device.info(), metrics, ratios, verified);
     let detail = json!({
         "size": size, "reps": reps, "borrower": borrower, "lender": lender, "job_bytes": job_bytes,
-        "borrower_round_trips_during_lender_job": trips, "simulated": simulated, "notes": notes,
+        "job_seconds": job_seconds, "borrower_saw_the_lender_busy": seen_busy,
+        "borrower_round_trips_during_lender_job": trips, "borrower_round_trips_during_lender_job_unheld": unheld_trips,
+        "simulated": simulated, "notes": notes,
     });
     println!("{}", serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?);
     write_report(dir, "peer", &date, commit, &rep, &detail)?;

@@ -83,30 +83,28 @@ pub struct PeerEngine(Run);
 
 impl PeerEngine {
     pub fn open(borrower: usize, lender: usize, size: usize) -> Result<Self, String> {
-        Self::open_with(borrower, lender, size, false, true)
+        Self::open_with(borrower, lender, size, |_| {})
     }
 
-    /// As [`PeerEngine::open`]; `in_place`: borrowed HBM readable in place (`peer_in_place`);
-    /// `multipath`: page-ins from the host also through the lender's PCIe link.
+    /// As [`PeerEngine::open`], with the engine's configuration changed by `adjust` (e.g.
+    /// borrowed HBM readable in place, one link only).
     pub fn open_with(
         borrower: usize,
         lender: usize,
         size: usize,
-        in_place: bool,
-        multipath: bool,
+        adjust: impl FnOnce(&mut EngineConfig),
     ) -> Result<Self, String> {
         let base = EngineConfig::from_env().map_err(|e| format!("bench peer: {e}"))?;
-        let config = EngineConfig {
+        let mut config = EngineConfig {
             device: borrower,
             peers: PeerChoice::Gpus(vec![lender]),
             hbm_limit: Some(2 * size),
             host_limit: Some(2 * size),
             sim_gpus: base.sim_gpus.max(borrower.max(lender) + 1),
             sim_hbm: 6 * size,
-            peer_in_place: in_place,
-            multipath,
             ..base
         };
+        adjust(&mut config);
         let engine = Engine::new(config).map_err(|e| format!("bench peer: {e}"))?;
         if engine.peer_lenders().is_empty() {
             return Err(format!("bench peer: GPU {lender} does not lend: {}", engine.peer_notes().join("; ")));
@@ -118,6 +116,24 @@ impl PeerEngine {
         pattern::fill(id.0, 0, &mut data);
         Run::check("write", engine.write(id, 0, &data))?;
         Ok(Self(Run { engine, stream, id, size, lender, verified: true }))
+    }
+
+    /// Whether the engine takes its lender for busy now (its traffic held).
+    pub fn lender_seen_busy(&self) -> bool {
+        self.0.engine.busy_lenders().contains(&self.0.lender)
+    }
+
+    /// Waits until the engine no longer takes its lender for busy (its lender watch reads
+    /// NVML's utilisation, which lags by up to a second), at most `most`.
+    pub fn wait_until_lender_idle(&self, most: std::time::Duration) -> Result<(), String> {
+        let start = std::time::Instant::now();
+        while self.lender_seen_busy() {
+            if start.elapsed() > most {
+                return Err(format!("bench peer: GPU {} still looks busy {most:?} after its job ended", self.0.lender));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Ok(())
     }
 
     /// Pages the buffer out to the lender and back in (dirty before each page-out) until
@@ -166,7 +182,7 @@ pub fn measure(engine: PeerEngine, reps: usize) -> Result<EngineSide, String> {
     // A kernel reading the buffer where it lies in the lender's HBM.
     let borrower = run.engine.device().info().ordinal;
     let reads = {
-        let PeerEngine(other) = PeerEngine::open_with(borrower, lender, size, true, true)?;
+        let PeerEngine(other) = PeerEngine::open_with(borrower, lender, size, |c| c.peer_in_place = true)?;
         crate::bench::peer_in_place::measure(&other.engine, other.id, size, lender, reps, other.stream)?
     };
     out.in_place_read_gbps = Some(reads.engine_gbps);
@@ -223,7 +239,7 @@ fn page_in_from_host(
     reps: usize,
     multipath: bool,
 ) -> Result<(f64, f64, bool), String> {
-    let PeerEngine(mut run) = PeerEngine::open_with(borrower, lender, size, false, multipath)?;
+    let PeerEngine(mut run) = PeerEngine::open_with(borrower, lender, size, |c| c.multipath = multipath)?;
     let id = run.id;
     let (mut times, mut by_lender, mut copied) = (Vec::new(), 0, 0);
     for rep in 0..reps + WARMUP {

@@ -98,6 +98,7 @@ pub(super) fn check(call: &'static str, r: CUresult, detail: impl FnOnce() -> St
     match r {
         CUresult::CUDA_SUCCESS => Ok(()),
         CUresult::CUDA_ERROR_OUT_OF_MEMORY => Err(DeviceError::OutOfMemory { call, detail: detail() }),
+        CUresult::CUDA_ERROR_DEINITIALIZED => Err(DeviceError::DriverShutDown { call }),
         other => Err(DeviceError::Driver { call, code: error_name(other), detail: detail() }),
     }
 }

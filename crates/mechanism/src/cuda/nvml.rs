@@ -1,5 +1,5 @@
-//! What the machine knows of any GPU's memory, through NVML: free and total bytes, and the
-//! processes using it. The driver API can only say this for a GPU whose context is current,
+//! What the machine knows of any GPU's memory, through NVML: free and total bytes, the
+//! processes using it, and how busy its kernels keep it. The driver API can only say this for a GPU whose context is current,
 //! and making a context on a neighbour costs hundreds of MiB of its memory, so a lender's
 //! memory is read from NVML instead, matched to the CUDA device by its PCI bus id (CUDA and
 //! NVML may number GPUs differently).
@@ -43,5 +43,6 @@ pub(super) fn gpu_memory(ordinal: usize, dev: sys::CUdevice) -> Result<GpuMemory
     let compute = others(device.running_compute_processes());
     let graphics = others(device.running_graphics_processes());
     let other_processes = compute.zip(graphics).map(|(c, g)| c + g);
-    Ok(GpuMemory { free: memory.free as usize, total: memory.total as usize, other_processes })
+    let busy_percent = device.utilization_rates().ok().map(|u| u.gpu);
+    Ok(GpuMemory { free: memory.free as usize, total: memory.total as usize, other_processes, busy_percent })
 }

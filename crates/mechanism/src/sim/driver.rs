@@ -37,8 +37,15 @@ impl Device for SimDevice {
                 self.info.device_count
             )));
         }
-        let used = self.lock().memory.used(ordinal) * self.gran();
-        Ok(GpuMemory { free: self.info.total_bytes - used, total: self.info.total_bytes, other_processes: None })
+        let state = self.lock();
+        let used = state.memory.used(ordinal) * self.gran();
+        let busy_percent = Some(state.busy.get(&ordinal).copied().unwrap_or(0));
+        Ok(GpuMemory {
+            free: self.info.total_bytes - used,
+            total: self.info.total_bytes,
+            other_processes: None,
+            busy_percent,
+        })
     }
 
     fn neighbour(&self, ordinal: usize) -> Result<std::sync::Arc<dyn Device>> {

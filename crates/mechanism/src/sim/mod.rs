@@ -116,6 +116,9 @@ struct SimState {
     /// The GPU that runs the work of each stream (its creator); work on the legacy stream 0
     /// runs on the GPU that enqueued it.
     stream_gpus: HashMap<u64, usize>,
+    /// How busy each GPU's own kernels keep it, in percent, as `gpu_memory` reports it
+    /// ([`SimDevice::set_busy`]; 0 if never set).
+    busy: HashMap<usize, u32>,
     /// The first fault of asynchronous work; sticky, like a CUDA context error.
     fault: Option<String>,
     /// Driver calls that fail at random (`SimDevice::inject_errors`).
@@ -185,6 +188,7 @@ impl SimDevice {
             plain: HashMap::new(),
             queues: Queues::new(0x5eed_cafe ^ hbm_per_gpu as u64 ^ ((gpus as u64 - 1) << 56)),
             stream_gpus: HashMap::new(),
+            busy: HashMap::new(),
             fault: None,
             faults: RandomFaults::default(),
             next_handle: 0,
@@ -225,6 +229,12 @@ impl SimDevice {
     /// missing wait every time.
     pub fn set_timing(&self, timing: Timing) {
         self.lock().queues.set_timing(timing);
+    }
+
+    /// GPU `ordinal` of the node reports its kernels running `percent` of the time from now on
+    /// (`GpuMemory::busy_percent`), as a GPU running a program of its own would.
+    pub fn set_busy(&self, ordinal: usize, percent: u32) {
+        self.lock().busy.insert(ordinal, percent);
     }
 
     /// Makes about one in `one_in` of the driver calls that can fail on a GPU (those with a
