@@ -86,9 +86,9 @@ pub struct GpuMemory {
     /// How many processes other than this one use the GPU; `None` where that is not known
     /// (no NVML, or the simulated device).
     pub other_processes: Option<usize>,
-    /// Percent of the last sample period (NVML's: 1/6 s to 1 s) in which a kernel of any
-    /// process ran on it; `None` where that is not known. Copies other GPUs make to or from
-    /// its memory are not kernels of its own and do not count.
+    /// Percent of the last second in which kernels of any process ran on its SMs (NVML);
+    /// `None` where that is not known. Copies, its own or other GPUs' to or from its memory,
+    /// do not count.
     pub busy_percent: Option<u32>,
 }
 

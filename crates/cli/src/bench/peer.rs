@@ -356,6 +356,7 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
     let detail = json!({
         "size": size, "reps": reps, "borrower": borrower, "lender": lender, "job_bytes": job_bytes,
         "job_seconds": job_seconds, "borrower_saw_the_lender_busy": seen_busy,
+        "multipath_reps_with_the_lender_taken_for_busy": paths.reps_lender_busy,
         "borrower_round_trips_during_lender_job": trips, "borrower_round_trips_during_lender_job_unheld": unheld_trips,
         "simulated": simulated, "notes": notes,
     });

@@ -226,6 +226,8 @@ pub struct Multipath {
     pub one_link_gbps: f64,
     /// The share of the two-link page-in's chunks that came through the lender.
     pub lender_share: f64,
+    /// Timed two-link page-ins that began with the lender taken for busy (its link unused).
+    pub reps_lender_busy: usize,
     pub verified: bool,
 }
 
@@ -238,16 +240,17 @@ fn page_in_from_host(
     size: usize,
     reps: usize,
     multipath: bool,
-) -> Result<(f64, f64, bool), String> {
+) -> Result<(f64, f64, usize, bool), String> {
     let PeerEngine(mut run) = PeerEngine::open_with(borrower, lender, size, |c| c.multipath = multipath)?;
     let id = run.id;
-    let (mut times, mut by_lender, mut copied) = (Vec::new(), 0, 0);
+    let (mut times, mut by_lender, mut copied, mut busy) = (Vec::new(), 0, 0, 0);
     for rep in 0..reps + WARMUP {
         Run::check("set_peer_lending", run.engine.set_peer_lending(lender, 0).map(drop))?;
         run.dirty()?;
         Run::check("page_out", run.engine.page_out(Target::Buffer(id)))?;
         run.lend_all()?;
         let before = run.engine.stats().transfers;
+        busy += usize::from(rep >= WARMUP && run.engine.busy_lenders().contains(&lender));
         let t = run.timed("page_in", |e| e.page_in(Target::Buffer(id)))?;
         let after = run.engine.stats().transfers;
         if rep >= WARMUP {
@@ -258,12 +261,13 @@ fn page_in_from_host(
     }
     run.verify(if multipath { "a page-in along two links" } else { "a page-in along one link" })?;
     let share = by_lender as f64 / copied.max(1) as f64;
-    Ok((size as f64 / 1e9 / median(times), share, run.verified))
+    Ok((size as f64 / 1e9 / median(times), share, busy, run.verified))
 }
 
 /// Measures page-in from the host tier along two links against one, same buffer, same run.
 pub fn multipath(borrower: usize, lender: usize, size: usize, reps: usize) -> Result<Multipath, String> {
-    let (two_links_gbps, lender_share, two_ok) = page_in_from_host(borrower, lender, size, reps, true)?;
-    let (one_link_gbps, _, one_ok) = page_in_from_host(borrower, lender, size, reps, false)?;
-    Ok(Multipath { two_links_gbps, one_link_gbps, lender_share, verified: two_ok && one_ok })
+    let (two_links_gbps, lender_share, reps_lender_busy, two_ok) =
+        page_in_from_host(borrower, lender, size, reps, true)?;
+    let (one_link_gbps, _, _, one_ok) = page_in_from_host(borrower, lender, size, reps, false)?;
+    Ok(Multipath { two_links_gbps, one_link_gbps, lender_share, reps_lender_busy, verified: two_ok && one_ok })
 }

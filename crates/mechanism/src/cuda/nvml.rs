@@ -1,5 +1,11 @@
 //! What the machine knows of any GPU's memory, through NVML: free and total bytes, the
-//! processes using it, and how busy its kernels keep it. The driver API can only say this for a GPU whose context is current,
+//! processes using it, and how busy its kernels keep it.
+//!
+//! "How busy" is the SMs' share of time, from NVML's per-process samples of the last second,
+//! summed over processes: NVML's device-wide `utilization.gpu` also counts a GPU whose copy
+//! engines alone work (measured on the H100 pair: a borrower's page-ins copied by the lender's
+//! engine made the idle lender look busy), and a borrower must not take its own copies for the
+//! lender's work. Where per-process samples are not supported, `utilization.gpu` it is. The driver API can only say this for a GPU whose context is current,
 //! and making a context on a neighbour costs hundreds of MiB of its memory, so a lender's
 //! memory is read from NVML instead, matched to the CUDA device by its PCI bus id (CUDA and
 //! NVML may number GPUs differently).
@@ -29,6 +35,26 @@ fn pci_bus_id(dev: sys::CUdevice) -> Result<String> {
     Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
 }
 
+/// Percent of the last second in which kernels of any process ran on `device`'s SMs (at most
+/// 100); `None` if NVML cannot say.
+fn kernels_busy(device: &nvml_wrapper::Device) -> Option<u32> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?;
+    let since = (now.as_micros() as u64).saturating_sub(1_000_000);
+    match device.process_utilization_stats(since) {
+        Ok(samples) => {
+            let mut by_process = std::collections::HashMap::new();
+            for sample in samples.iter().filter(|s| s.timestamp >= since) {
+                let most = by_process.entry(sample.pid).or_insert(0u32);
+                *most = (*most).max(sample.sm_util);
+            }
+            Some(by_process.values().sum::<u32>().min(100))
+        }
+        // No process had a sample in that second.
+        Err(nvml_wrapper::error::NvmlError::NotFound) => Some(0),
+        Err(_) => device.utilization_rates().ok().map(|u| u.gpu),
+    }
+}
+
 /// The memory of GPU `dev` (CUDA ordinal `ordinal`) as NVML reports it now.
 pub(super) fn gpu_memory(ordinal: usize, dev: sys::CUdevice) -> Result<GpuMemory> {
     let unsupported = |why: String| DeviceError::Unsupported(format!("the memory of GPU {ordinal}: {why}"));
@@ -43,6 +69,6 @@ pub(super) fn gpu_memory(ordinal: usize, dev: sys::CUdevice) -> Result<GpuMemory
     let compute = others(device.running_compute_processes());
     let graphics = others(device.running_graphics_processes());
     let other_processes = compute.zip(graphics).map(|(c, g)| c + g);
-    let busy_percent = device.utilization_rates().ok().map(|u| u.gpu);
+    let busy_percent = kernels_busy(&device);
     Ok(GpuMemory { free: memory.free as usize, total: memory.total as usize, other_processes, busy_percent })
 }
