@@ -43,6 +43,8 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemSetAccess",
     "cuMemHostAlloc",
     "cuMemFreeHost",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
     "cuStreamCreateWithPriority",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",

@@ -24,6 +24,7 @@ mod kernels;
 mod locations;
 mod nvml;
 mod ops;
+mod pinned;
 #[cfg(test)]
 mod tests;
 
@@ -55,6 +56,8 @@ pub struct CudaDevice {
     info: DeviceInfo,
     /// The pattern kernels, loaded at their first launch.
     kernels: std::sync::OnceLock<kernels::Kernels>,
+    /// Pinned host memory given out, and how each was made (pinned.rs).
+    pinned: pinned::PinnedAllocations,
 }
 
 // SAFETY: the fields are plain integers and immutable driver handles. The driver API
@@ -199,6 +202,7 @@ impl CudaDevice {
                 peers: Vec::new(),
             },
             kernels: std::sync::OnceLock::new(),
+            pinned: pinned::PinnedAllocations::default(),
         };
         this.probe()?;
         Ok(this)

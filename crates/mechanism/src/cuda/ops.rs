@@ -125,27 +125,12 @@ impl Device for CudaDevice {
 
     fn alloc_pinned(&self, size: usize) -> Result<HostPtr> {
         let _ctx = self.bind()?;
-        let mut p: *mut c_void = ptr::null_mut();
-        let flags = sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: valid out-pointer; PORTABLE makes the memory pinned for every context.
-        let r = unsafe { sys::cuMemHostAlloc(&mut p, size, flags) };
-        check("cuMemHostAlloc", r, || format!("size={size} flags=PORTABLE")).map_err(|e| match e {
-            // This is host memory: say so rather than report HBM exhaustion.
-            DeviceError::OutOfMemory { call, detail } => DeviceError::Driver {
-                call,
-                code: "CUDA_ERROR_OUT_OF_MEMORY".to_string(),
-                detail: format!("{detail}: pinned host memory exhausted"),
-            },
-            other => other,
-        })?;
-        Ok(p as HostPtr)
+        self.pinned.alloc(size)
     }
 
     fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()> {
         let _ctx = self.bind()?;
-        // SAFETY: the caller passes memory from `alloc_pinned`; the driver rejects other pointers.
-        let r = unsafe { sys::cuMemFreeHost(ptr as *mut c_void) };
-        check("cuMemFreeHost", r, || format!("ptr=0x{ptr:x} size={size}"))
+        self.pinned.free(ptr, size)
     }
 
     fn create_stream(&self, priority: StreamPriority) -> Result<StreamHandle> {

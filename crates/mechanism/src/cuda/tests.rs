@@ -331,3 +331,32 @@ fn gpu_transfers_span_several_chunk_mappings() {
     dev.free_pinned(host, n * g).unwrap();
     dev.destroy_stream(stream).unwrap();
 }
+
+#[test]
+fn gpu_pinned_memory_of_any_size_carries_bytes_both_ways_and_frees() {
+    let Some(dev) = gpu() else { return };
+    let stream = dev.create_stream(StreamPriority::High).unwrap();
+    // Less than a huge page, several, and not a multiple of one.
+    for size in [4096, 64 << 20, (6 << 20) + 12288] {
+        let host = dev.alloc_pinned(size).unwrap();
+        let back = dev.alloc_pinned(size).unwrap();
+        let device = dev.alloc_plain(size).unwrap();
+        // SAFETY: `host` holds `size` writable bytes until freed below.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(host as *mut u8, size) };
+        bytes.iter_mut().enumerate().for_each(|(i, b)| *b = (i * 7 + size) as u8);
+        // SAFETY: all three live and `size` long until the stream is synchronized and they are freed.
+        unsafe {
+            dev.copy_to_device_async(device, host, size, stream).unwrap();
+            dev.copy_to_host_async(back, device, size, stream).unwrap();
+        }
+        dev.synchronize_stream(stream).unwrap();
+        // SAFETY: as above, for `back`.
+        let got = unsafe { std::slice::from_raw_parts(back as *const u8, size) };
+        assert!(got == &bytes[..], "{size} bytes through pinned memory came back different");
+        dev.free_plain(device).unwrap();
+        dev.free_pinned(host, size).unwrap();
+        dev.free_pinned(back, size).unwrap();
+    }
+    assert!(dev.free_pinned(0x1000, 4096).is_err(), "a pointer never given out is refused");
+    dev.destroy_stream(stream).unwrap();
+}
