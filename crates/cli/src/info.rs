@@ -26,8 +26,9 @@ pub fn run() -> Result<(), String> {
         Ok(lending) => {
             for (gpu, bytes) in &lending.lenders {
                 println!(
-                    "peer tier        GPU {gpu} lends {} (free memory less TIERMEM_PEER_RESERVE)",
-                    format_size(*bytes)
+                    "peer tier        GPU {gpu} lends {} (free memory less TIERMEM_PEER_RESERVE); {}",
+                    format_size(*bytes),
+                    lender_busy(device.as_ref(), *gpu, config.peer_busy_rate)
                 );
             }
             let none = if lending.lenders.is_empty() { "none: " } else { "not from " };
@@ -100,4 +101,16 @@ fn memlock_limit() -> String {
         show(limit.rlim_cur),
         show(limit.rlim_max)
     )
+}
+
+/// How busy a lender's own kernels keep it now, and what that means for its traffic.
+fn lender_busy(device: &dyn tiermem::mechanism::Device, gpu: usize, rate: Option<usize>) -> String {
+    let held = match rate {
+        Some(rate) => format!("traffic held to {}/s while its kernels run (TIERMEM_PEER_BUSY_RATE)", format_size(rate)),
+        None => "traffic never held (TIERMEM_PEER_BUSY_RATE=off)".to_string(),
+    };
+    match device.gpu_memory(gpu).ok().and_then(|m| m.busy_percent) {
+        Some(percent) => format!("its kernels busy {percent}% now; {held}"),
+        None => format!("how busy its kernels are is not known here; {held}"),
+    }
 }
