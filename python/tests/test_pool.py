@@ -374,7 +374,7 @@ def test_neighbours_lend_through_the_pool_and_take_their_memory_back(monkeypatch
     assert pool.clean_borrowed(100) == 6
     assert pool.stats()["transfers"]["cleaned"] == 6
     assert pool.set_peer_lending(1, "0") == 16 << 20
-    assert pool.peer_lenders() == [{"gpu": 1, "lent": 0, "borrowed": 0}]
+    assert pool.peer_lenders() == [{"gpu": 1, "lent": 0, "borrowed": 0, "busy": False}]
     assert buf.read() == data
     with pytest.raises(tiermem.InvalidArgumentError, match="set_peer_lending: GPU 0 does not lend"):
         pool.set_peer_lending(0, CHUNK)

@@ -346,10 +346,12 @@ impl Pool {
     }
 
     /// The neighbour GPUs lending HBM to the peer tier, as a list of dicts: `gpu`, `lent` (bytes
-    /// it lends now) and `borrowed` (bytes borrowed from it now). Empty without a peer tier;
+    /// it lends now), `borrowed` (bytes borrowed from it now) and `busy` (its own kernels run,
+    /// so its traffic is held to `TIERMEM_PEER_BUSY_RATE`). Empty without a peer tier;
     /// `peer_notes` says why.
     fn peer_lenders<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         let engine = self.open("peer_lenders")?;
+        let busy = engine.busy_lenders();
         engine
             .peer_lenders()
             .into_iter()
@@ -358,6 +360,7 @@ impl Pool {
                 d.set_item("gpu", gpu)?;
                 d.set_item("lent", lent)?;
                 d.set_item("borrowed", borrowed)?;
+                d.set_item("busy", busy.contains(&gpu))?;
                 Ok(d)
             })
             .collect()
