@@ -64,6 +64,11 @@ pub struct EngineConfig {
     /// `TIERMEM_STRIDE_PREFETCH`: bytes brought in ahead of a buffer walked in one direction,
     /// when no schedule is set (stride.rs); 0 turns it off. Default 32 MiB.
     pub stride_prefetch: usize,
+    /// `TIERMEM_LEARN_LOOPS=off|on|SIZE`: a program that acquires its buffers in the same order
+    /// pass after pass, without naming its passes, has that order learned from its acquires and
+    /// followed — Belady eviction, SIZE paged ahead (`on`: 256 MiB) — for as long as it
+    /// predicts (recorder.rs). Default off, until measured on the GPU.
+    pub learn_loops: Option<usize>,
     /// `TIERMEM_PRE_EVICT`: HBM kept free ahead of demand by starting evictions early, after
     /// each acquire (pre_evict.rs); 0 (the default, until measured) turns it off.
     pub pre_evict: usize,
@@ -127,6 +132,7 @@ impl Default for EngineConfig {
             peer_busy_rate: Some(64 << 30),
             stride_prefetch: 32 << 20,
             pre_evict: 0,
+            learn_loops: None,
             sim_gpus: 1,
         }
     }
@@ -186,6 +192,15 @@ impl EngineConfig {
         }
         if let Some(v) = var("TIERMEM_STRIDE_PREFETCH") {
             c.stride_prefetch = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_STRIDE_PREFETCH: {e}")))?;
+        }
+        if let Some(v) = var("TIERMEM_LEARN_LOOPS") {
+            c.learn_loops = match v.trim().to_ascii_lowercase().as_str() {
+                "off" | "none" => None,
+                "on" => Some(256 << 20),
+                size => Some(parse_size(size).map_err(|e| {
+                    Error::Config(format!("TIERMEM_LEARN_LOOPS: {e}: on, off, or the bytes to page ahead"))
+                })?),
+            };
         }
         if let Some(v) = var("TIERMEM_PRE_EVICT") {
             c.pre_evict = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PRE_EVICT: {e}")))?;

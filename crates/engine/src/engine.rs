@@ -71,7 +71,9 @@ pub struct Engine {
     /// HBM each lender keeps free for its own users (`EngineConfig::peer_reserve`).
     pub(crate) peer_reserve: usize,
     /// Learns the schedule from the first pass (`pass_begins`, `step_enters`).
-    recorder: Mutex<Recorder>,
+    pub(crate) recorder: Mutex<Recorder>,
+    /// The window paged ahead along loops learned from acquires (`TIERMEM_LEARN_LOOPS`); `None`: off.
+    pub(crate) learn_loops: Option<usize>,
     fallback: Option<String>,
     /// Why some GPUs do not lend to the peer tier (lenders.rs).
     pub(crate) peer_notes: Vec<String>,
@@ -194,6 +196,7 @@ impl Engine {
             lender_watch,
             peer_reserve,
             recorder: Mutex::new(Recorder::default()),
+            learn_loops: config.learn_loops,
             fallback: None,
             peer_notes: notes,
         })
@@ -240,7 +243,7 @@ impl Engine {
     /// write failed, that is the call's error (its chunks kept their host copies). `op` must
     /// leave a consistent engine wherever it stops: what it did before stopping is kept (chunks
     /// sent down stay sent).
-    fn unlocked_waits<T>(&self, mut op: impl FnMut(&mut Inner) -> Result<T>) -> Result<T> {
+    pub(crate) fn unlocked_waits<T>(&self, mut op: impl FnMut(&mut Inner) -> Result<T>) -> Result<T> {
         let mut spilled: Option<(&'static str, u64)> = None;
         loop {
             let waits = {
@@ -295,8 +298,10 @@ impl Engine {
     /// the host blocks only when HBM must first be freed by copying other chunks down.
     /// If everything is resident this makes no driver call, unless the acquire continues a walk
     /// through the buffer that stride prefetch brings the next chunks in for (stride.rs), or
-    /// pre-eviction is on (pre_evict.rs).
+    /// pre-eviction is on (pre_evict.rs), or the program's loop is being learned from its
+    /// acquires (`TIERMEM_LEARN_LOOPS`: schedule_calls.rs).
     pub fn acquire(&self, regions: &[Region], access: Access, stream: StreamHandle) -> Result<()> {
+        self.learn_from(regions);
         self.unlocked_waits(|inner| inner.acquire(regions, access, stream))
     }
 
@@ -309,80 +314,6 @@ impl Engine {
     /// never evicts): demand and eviction come first.
     pub fn prefetch(&self, regions: &[Region]) -> Result<()> {
         self.lock().prefetch(regions)
-    }
-
-    /// Tells the engine the order in which the program uses its buffers: a cycle of steps, each
-    /// the buffers one step uses (e.g. one model layer each). Until [`Engine::clear_schedule`],
-    /// eviction takes the chunk whose next use is furthest away (Belady), and
-    /// [`Engine::advance`] pages ahead along it. The position starts at step 0. Replaces a
-    /// schedule recorded by [`Engine::step_enters`] (the recorder starts afresh).
-    pub fn set_schedule(&self, steps: Vec<Vec<BufferId>>) -> Result<()> {
-        let mut recorder = self.recorder();
-        recorder.forget();
-        self.install_schedule("set_schedule", steps)
-    }
-
-    fn install_schedule(&self, call: &'static str, steps: Vec<Vec<BufferId>>) -> Result<()> {
-        let mut inner = self.lock();
-        for &id in steps.iter().flatten() {
-            inner.buffer(call, id)?;
-        }
-        if steps.is_empty() {
-            return Err(Error::Schedule { call, detail: "a schedule needs at least one step".into() });
-        }
-        inner.schedule = Some(Schedule::new(steps));
-        inner.state.forget_streaming();
-        Ok(())
-    }
-
-    /// Forgets the schedule, set or recorded: eviction goes back to the engine's policy, and
-    /// the next pass (`pass_begins`) is recorded afresh.
-    pub fn clear_schedule(&self) {
-        let mut recorder = self.recorder();
-        recorder.forget();
-        self.lock().schedule = None;
-    }
-
-    /// A pass of the program begins (a model's forward, say): for a program that does not
-    /// know its schedule but repeats its steps, which it names in [`Engine::step_enters`].
-    /// The first pass after this is recorded; when the next one begins, the recorded steps
-    /// become the schedule (as [`Engine::set_schedule`] sets it). See recorder.rs.
-    pub fn pass_begins(&self) -> Result<()> {
-        let mut recorder = self.recorder();
-        let Some(steps) = recorder.pass_begins() else { return Ok(()) };
-        // A buffer of the recording freed since: record again rather than keep half a schedule.
-        self.install_schedule("pass_begins", steps).inspect_err(|_| recorder.forget())
-    }
-
-    /// The program enters the step named `key` (any number the caller chooses; the same for
-    /// the same step every pass), which uses `buffers`. While the first pass is recorded this
-    /// only notes the step; once the schedule is known it finds the step in it and
-    /// [`Engine::advance`]s there with `prefetch_bytes`, returning the step (`None` for a step
-    /// the schedule does not have).
-    pub fn step_enters(&self, key: u64, buffers: &[BufferId], prefetch_bytes: usize) -> Result<Option<usize>> {
-        let mut recorder = self.recorder();
-        let Some(step) = recorder.enters(key, buffers) else { return Ok(None) };
-        self.unlocked_waits(|inner| inner.advance(step, prefetch_bytes)).map_err(|e| retag(e, "step_enters"))?;
-        Ok(Some(step))
-    }
-
-    /// The keys of the recorded schedule's steps, in order (empty until a pass is recorded).
-    pub fn recorded_steps(&self) -> Vec<u64> {
-        self.recorder().keys().to_vec()
-    }
-
-    fn recorder(&self) -> MutexGuard<'_, Recorder> {
-        // The recorder stays consistent across a panic: a poisoned lock is taken as it is.
-        self.recorder.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Tells the engine the program is at `step` of its schedule, and starts paging in what is
-    /// missing from a window of this and the coming steps, `prefetch_bytes` of them, nearest
-    /// first. Evicts only chunks needed later than what it brings in, waiting for the GPU to
-    /// finish with them (so a caller that advances before each step runs at the GPU's pace);
-    /// never waits for the copies it starts. Returns the bytes it started copying.
-    pub fn advance(&self, step: usize, prefetch_bytes: usize) -> Result<usize> {
-        self.unlocked_waits(|inner| inner.advance(step, prefetch_bytes))
     }
 
     /// Copies `target` into HBM (evicting others as needed) and waits.

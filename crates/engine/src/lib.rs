@@ -54,6 +54,7 @@ mod pre_evict;
 mod recorder;
 mod runs;
 mod schedule;
+mod schedule_calls;
 mod slot_runs;
 mod state;
 mod stats;

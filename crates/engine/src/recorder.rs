@@ -17,6 +17,14 @@
 //!   generation does, finds its place again). A key the schedule never saw is not located.
 //!   Each pass starts looking at step 0.
 //!
+//! * **Learning from acquires** (`TIERMEM_LEARN_LOOPS`, [`Recorder::acquired`]): for a
+//!   program that never says where its passes begin, each acquire is a step (named by its
+//!   buffers) and a pass begins whenever the first step ever acquired comes round again. The
+//!   schedule is kept only while it predicts: a pass in which fewer acquires land on the
+//!   expected step than off it (or on none) ends the learning for good, and the engine goes
+//!   back to its policy. A program that uses `pass_begins`/`step_enters` itself is never
+//!   second-guessed.
+//!
 //! Invariants: the schedule is recorded once and never changes until [`Recorder::forget`];
 //! `uses[key]` lists, ascending, the steps whose key is `key`; a located step is
 //! `< keys.len()`. The recorder is pure (no device, no lock): the engine keeps it under its
@@ -37,6 +45,35 @@ pub(crate) struct Recorder {
     uses: HashMap<u64, Vec<usize>>,
     /// The step expected next.
     position: usize,
+    /// Learning from acquires: the key of the first step acquired, and how the steps of the
+    /// current pass were predicted.
+    learning: Learning,
+}
+
+/// The state of learning a loop from acquires.
+#[derive(Debug, Default)]
+struct Learning {
+    /// The program calls `pass_begins`/`step_enters` itself: nothing is learned.
+    explicit: bool,
+    /// A learned schedule failed to predict: nothing more is learned.
+    gave_up: bool,
+    first: Option<u64>,
+    /// Acquires of this pass located at the expected step, and elsewhere or nowhere.
+    hits: u32,
+    misses: u32,
+}
+
+/// What an acquire taught the recorder ([`Recorder::acquired`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Learned {
+    /// Nothing to do (recording, or not learning).
+    Nothing,
+    /// The first pass is recorded: set these steps as the schedule, then go to the step.
+    Schedule(Vec<Vec<BufferId>>, usize),
+    /// The program is at this step of the schedule.
+    Step(usize),
+    /// The schedule did not predict the last pass: clear it; the policy evicts from now on.
+    GiveUp,
 }
 
 impl Recorder {
@@ -88,14 +125,65 @@ impl Recorder {
         Some(step)
     }
 
+    /// The program uses the schedule calls itself: acquires teach nothing from now on, and
+    /// what they taught is forgotten. Returns whether anything had been learned (the engine
+    /// then drops the schedule learned, if one is set).
+    pub fn explicit(&mut self) -> bool {
+        if self.learning.explicit {
+            return false;
+        }
+        let learned = self.learning.first.is_some();
+        if learned {
+            self.forget();
+        }
+        self.learning.explicit = true;
+        learned
+    }
+
+    /// An acquire of `buffers` (named `key`) by a program that does not name its passes: see
+    /// "Learning from acquires" above.
+    pub fn acquired(&mut self, key: u64, buffers: &[BufferId]) -> Learned {
+        let learning = &mut self.learning;
+        if learning.explicit || learning.gave_up {
+            return Learned::Nothing;
+        }
+        let first = *learning.first.get_or_insert(key);
+        if key == first {
+            let predicted = learning.hits >= learning.misses;
+            (learning.hits, learning.misses) = (0, 0);
+            if !self.keys.is_empty() && !predicted {
+                self.forget();
+                self.learning.gave_up = true;
+                return Learned::GiveUp;
+            }
+            if let Some(steps) = self.pass_begins() {
+                let step = self.enters(key, buffers).unwrap_or(0);
+                return Learned::Schedule(steps, step);
+            }
+        }
+        if self.keys.is_empty() {
+            self.enters(key, buffers);
+            return Learned::Nothing;
+        }
+        let expected = self.position % self.keys.len();
+        let step = self.enters(key, buffers);
+        match step {
+            Some(step) if step == expected => self.learning.hits += 1,
+            _ => self.learning.misses += 1,
+        }
+        step.map_or(Learned::Nothing, Learned::Step)
+    }
+
     /// The keys of the schedule's steps, in order; empty until a pass has been recorded.
     pub fn keys(&self) -> &[u64] {
         &self.keys
     }
 
-    /// Forgets the schedule and any recording: the next pass records afresh.
+    /// Forgets the schedule and any recording: the next pass records afresh (who names the
+    /// passes, and whether learning gave up, is kept).
     pub fn forget(&mut self) {
-        *self = Self::default();
+        let Learning { explicit, gave_up, .. } = self.learning;
+        *self = Self { learning: Learning { explicit, gave_up, ..Learning::default() }, ..Self::default() };
     }
 }
 
@@ -186,5 +274,44 @@ mod tests {
         assert_eq!(pass(&mut r, &[B, C]), (None, vec![None, None]));
         assert_eq!(r.pass_begins(), Some(vec![ids(&[B]), ids(&[C])]));
         assert_eq!(r.keys(), &[B, C]);
+    }
+
+    #[test]
+    fn acquires_teach_a_loop_that_is_kept_while_it_predicts() {
+        let mut r = Recorder::default();
+        let at = |r: &mut Recorder, k: u64| r.acquired(k, &ids(&[k]));
+        for k in [A, B, C] {
+            assert_eq!(at(&mut r, k), Learned::Nothing, "recording");
+        }
+        assert_eq!(at(&mut r, A), Learned::Schedule(vec![ids(&[A]), ids(&[B]), ids(&[C])], 0));
+        assert_eq!(at(&mut r, B), Learned::Step(1));
+        assert_eq!(at(&mut r, C), Learned::Step(2));
+        // A pass that mostly goes elsewhere: given up for good at the next pass.
+        assert_eq!(at(&mut r, A), Learned::Step(0));
+        assert_eq!(at(&mut r, C), Learned::Step(2));
+        assert_eq!(at(&mut r, 99), Learned::Nothing, "a key the schedule never saw");
+        assert_eq!(at(&mut r, A), Learned::GiveUp);
+        assert!(r.keys().is_empty());
+        assert_eq!(at(&mut r, B), Learned::Nothing);
+        assert_eq!(at(&mut r, A), Learned::Nothing);
+    }
+
+    #[test]
+    fn a_program_that_names_its_steps_teaches_nothing_by_its_acquires() {
+        let mut r = Recorder::default();
+        assert!(!r.explicit(), "nothing learned yet");
+        for k in [A, B, A, B] {
+            assert_eq!(r.acquired(k, &ids(&[k])), Learned::Nothing);
+        }
+        assert!(r.keys().is_empty());
+        // A program that starts naming its steps after a loop was learned: it is forgotten.
+        let mut r = Recorder::default();
+        for k in [A, B, A] {
+            r.acquired(k, &ids(&[k]));
+        }
+        assert_eq!(r.keys(), &[A, B]);
+        assert!(r.explicit(), "a schedule had been learned");
+        assert!(r.keys().is_empty());
+        assert_eq!(r.acquired(B, &ids(&[B])), Learned::Nothing);
     }
 }

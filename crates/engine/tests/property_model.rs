@@ -529,7 +529,9 @@ proptest! {
     fn every_byte_survives_moves_across_three_tiers(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4, fault_seed in any::<u64>()) {
         let policy = tiermem::policy::PolicyKind::ALL[policy];
         let path = support::file_tier_path("property");
-        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, ..EngineConfig::default() };
+        // Half the cases learn a loop from the acquires (schedule_calls.rs), paging one chunk ahead.
+        let learn_loops = (fault_seed & 1 == 0).then_some(CHUNK);
+        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, learn_loops, ..EngineConfig::default() };
         let (engine, sim) = support::engine(HBM_CHUNKS, SMALL_HOST_CHUNKS, config);
         set_timing(&sim, timing);
         inject_errors(&engine, &sim, faults, fault_seed);
@@ -548,7 +550,9 @@ proptest! {
         let peer_in_place = fault_seed % 2 == 0;
         // And in half of them, pre-eviction (pre_evict.rs) of two chunks.
         let pre_evict = ((fault_seed >> 1) & 1) as usize * 2 * CHUNK;
-        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, peer_in_place, pre_evict, ..EngineConfig::default() };
+        // And loops learned from the acquires in half of all.
+        let learn_loops = ((fault_seed >> 2) & 1 == 0).then_some(CHUNK);
+        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, peer_in_place, pre_evict, learn_loops, ..EngineConfig::default() };
         let (engine, sim) = support::engine_with_peers(HBM_CHUNKS, SMALL_HOST_CHUNKS, PEER_CHUNKS, config);
         prop_assert_eq!(engine.peer_lenders().len(), 2, "{:?}", engine.peer_notes());
         let sim = Some(sim);

@@ -1,0 +1,125 @@
+//! The engine's calls about schedules: set one, record one from named passes and steps
+//! (recorder.rs), or learn one from the acquires of a program that names nothing
+//! (`TIERMEM_LEARN_LOOPS`), and follow it (`advance`: paging ahead; schedule.rs: Belady).
+
+use crate::error::retag;
+use crate::recorder::{Learned, Recorder};
+use crate::schedule::Schedule;
+use crate::sync::MutexGuard;
+use crate::{BufferId, Engine, Error, Region, Result};
+
+impl Engine {
+    /// Tells the engine the order in which the program uses its buffers: a cycle of steps, each
+    /// the buffers one step uses (e.g. one model layer each). Until [`Engine::clear_schedule`],
+    /// eviction takes the chunk whose next use is furthest away (Belady), and
+    /// [`Engine::advance`] pages ahead along it. The position starts at step 0. Replaces a
+    /// schedule recorded by [`Engine::step_enters`] (the recorder starts afresh).
+    pub fn set_schedule(&self, steps: Vec<Vec<BufferId>>) -> Result<()> {
+        let mut recorder = self.recorder();
+        recorder.explicit();
+        recorder.forget();
+        self.install_schedule("set_schedule", steps)
+    }
+
+    pub(crate) fn install_schedule(&self, call: &'static str, steps: Vec<Vec<BufferId>>) -> Result<()> {
+        let mut inner = self.lock();
+        for &id in steps.iter().flatten() {
+            inner.buffer(call, id)?;
+        }
+        if steps.is_empty() {
+            return Err(Error::Schedule { call, detail: "a schedule needs at least one step".into() });
+        }
+        inner.schedule = Some(Schedule::new(steps));
+        inner.state.forget_streaming();
+        Ok(())
+    }
+
+    /// Forgets the schedule, set or recorded: eviction goes back to the engine's policy, and
+    /// the next pass (`pass_begins`) is recorded afresh.
+    pub fn clear_schedule(&self) {
+        let mut recorder = self.recorder();
+        recorder.explicit();
+        recorder.forget();
+        self.lock().schedule = None;
+    }
+
+    /// A pass of the program begins (a model's forward, say): for a program that does not
+    /// know its schedule but repeats its steps, which it names in [`Engine::step_enters`].
+    /// The first pass after this is recorded; when the next one begins, the recorded steps
+    /// become the schedule (as [`Engine::set_schedule`] sets it). See recorder.rs.
+    pub fn pass_begins(&self) -> Result<()> {
+        let mut recorder = self.recorder();
+        self.schedule_is_the_programs(&mut recorder);
+        let Some(steps) = recorder.pass_begins() else { return Ok(()) };
+        // A buffer of the recording freed since: record again rather than keep half a schedule.
+        self.install_schedule("pass_begins", steps).inspect_err(|_| recorder.forget())
+    }
+
+    /// The program enters the step named `key` (any number the caller chooses; the same for
+    /// the same step every pass), which uses `buffers`. While the first pass is recorded this
+    /// only notes the step; once the schedule is known it finds the step in it and
+    /// [`Engine::advance`]s there with `prefetch_bytes`, returning the step (`None` for a step
+    /// the schedule does not have).
+    pub fn step_enters(&self, key: u64, buffers: &[BufferId], prefetch_bytes: usize) -> Result<Option<usize>> {
+        let mut recorder = self.recorder();
+        self.schedule_is_the_programs(&mut recorder);
+        let Some(step) = recorder.enters(key, buffers) else { return Ok(None) };
+        self.unlocked_waits(|inner| inner.advance(step, prefetch_bytes)).map_err(|e| retag(e, "step_enters"))?;
+        Ok(Some(step))
+    }
+
+    /// The keys of the recorded schedule's steps, in order (empty until a pass is recorded).
+    pub fn recorded_steps(&self) -> Vec<u64> {
+        self.recorder().keys().to_vec()
+    }
+
+    pub(crate) fn recorder(&self) -> MutexGuard<'_, Recorder> {
+        // The recorder stays consistent across a panic: a poisoned lock is taken as it is.
+        self.recorder.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Tells the engine the program is at `step` of its schedule, and starts paging in what is
+    /// missing from a window of this and the coming steps, `prefetch_bytes` of them, nearest
+    /// first. Evicts only chunks needed later than what it brings in, waiting for the GPU to
+    /// finish with them (so a caller that advances before each step runs at the GPU's pace);
+    /// never waits for the copies it starts. Returns the bytes it started copying.
+    pub fn advance(&self, step: usize, prefetch_bytes: usize) -> Result<usize> {
+        self.schedule_is_the_programs(&mut self.recorder());
+        self.unlocked_waits(|inner| inner.advance(step, prefetch_bytes))
+    }
+
+    /// The program uses the schedule calls: a schedule learned from its acquires is dropped,
+    /// and nothing more is learned (`recorder` is held: it is taken before the engine's lock).
+    fn schedule_is_the_programs(&self, recorder: &mut Recorder) {
+        if recorder.explicit() {
+            self.lock().schedule = None;
+        }
+    }
+
+    /// Learns the program's loop from an acquire of `regions` (recorder.rs, "Learning from
+    /// acquires") and follows it: sets the schedule once a pass is recorded, advances along it
+    /// (paging ahead `learn_loops` bytes), or clears it when it stops predicting. Nothing while
+    /// `TIERMEM_LEARN_LOOPS` is off. Never fails the acquire: a schedule that cannot be set is
+    /// recorded again, a page-ahead that fails leaves the acquire to bring in what it needs.
+    pub(crate) fn learn_from(&self, regions: &[Region]) {
+        let Some(window) = self.learn_loops else { return };
+        let mut buffers: Vec<BufferId> = regions.iter().map(|r| r.buffer).collect();
+        buffers.sort_unstable_by_key(|b| b.0);
+        buffers.dedup();
+        let key = buffers.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b.0).wrapping_mul(0x0100_0000_01b3));
+        let mut recorder = self.recorder();
+        let step = match recorder.acquired(key, &buffers) {
+            Learned::Nothing => return,
+            Learned::GiveUp => {
+                self.lock().schedule = None;
+                return;
+            }
+            Learned::Schedule(steps, step) => match self.install_schedule("acquire", steps) {
+                Ok(()) => step,
+                Err(_) => return recorder.forget(),
+            },
+            Learned::Step(step) => step,
+        };
+        let _ = self.unlocked_waits(|inner| inner.advance(step, window));
+    }
+}

@@ -1,0 +1,99 @@
+//! Loops learned from acquires (`TIERMEM_LEARN_LOOPS`, recorder.rs): a program that acquires
+//! its buffers in the same order pass after pass, naming nothing, pages like one that set its
+//! schedule (Belady keeps what fits, a pass streams about what exceeds HBM, where LRU streams
+//! everything); one that acquires in no fixed order gets its policy back; one that names its
+//! passes is not second-guessed; every byte survives. Runs on the GPU too.
+
+mod support;
+
+use support::{assert_contents, fill, CHUNK};
+use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Region, StreamHandle, Target};
+
+const S: StreamHandle = StreamHandle(0);
+const BUFFERS: usize = 12;
+const CAP: usize = 6;
+
+fn engine(learn: bool) -> (Engine, Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>) {
+    let config = EngineConfig { learn_loops: learn.then_some(0), stride_prefetch: 0, ..EngineConfig::default() };
+    support::engine(CAP, 2 * BUFFERS, config)
+}
+
+/// `BUFFERS` one-chunk buffers with known contents, all paged out.
+fn buffers(engine: &Engine) -> Vec<(BufferId, Vec<u8>)> {
+    let buffers: Vec<(BufferId, Vec<u8>)> = (0..BUFFERS)
+        .map(|i| {
+            let (id, _) = engine.alloc(CHUNK, AllocOptions::default()).unwrap();
+            (id, fill(engine, id, CHUNK, 40 + i as u64))
+        })
+        .collect();
+    engine.page_out(Target::All).unwrap();
+    buffers
+}
+
+/// Acquires and releases the buffers in `order`; returns the page-ins it took.
+fn pass(engine: &Engine, buffers: &[(BufferId, Vec<u8>)], order: &[usize]) -> u64 {
+    let before = engine.stats().transfers.page_ins;
+    for &i in order {
+        let region = [Region::whole(buffers[i].0)];
+        engine.acquire(&region, Access::ReadOnly, S).unwrap();
+        engine.release(&region, S).unwrap();
+    }
+    engine.stats().transfers.page_ins - before
+}
+
+#[test]
+fn a_loop_learned_from_acquires_streams_only_what_exceeds_hbm() {
+    let in_order: Vec<usize> = (0..BUFFERS).collect();
+    let (lru, lru_sim) = engine(false);
+    let lru_buffers = buffers(&lru);
+    let lru_moved: Vec<u64> = (0..4).map(|_| pass(&lru, &lru_buffers, &in_order)).collect();
+    assert_eq!(lru_moved[3], BUFFERS as u64, "LRU over a loop larger than HBM streams everything");
+
+    let (learned, sim) = engine(true);
+    let buffers = buffers(&learned);
+    let moved: Vec<u64> = (0..4).map(|_| pass(&learned, &buffers, &in_order)).collect();
+    assert_eq!(learned.recorded_steps().len(), BUFFERS, "one step per acquire");
+    // Belady on the learned order: what fits stays, about (used - HBM) streams.
+    assert!(moved[3] <= (BUFFERS - CAP + 1) as u64, "a learned pass moved {} chunks: {moved:?}", moved[3]);
+    for (id, data) in &buffers {
+        assert_contents(&learned, *id, data);
+    }
+    support::assert_no_leaks(learned, sim);
+    support::assert_no_leaks(lru, lru_sim);
+}
+
+#[test]
+fn acquires_in_no_fixed_order_give_the_policy_back_and_lose_nothing() {
+    let (engine, sim) = engine(true);
+    let buffers = buffers(&engine);
+    let in_order: Vec<usize> = (0..BUFFERS).collect();
+    pass(&engine, &buffers, &in_order);
+    pass(&engine, &buffers, &in_order);
+    assert_eq!(engine.recorded_steps().len(), BUFFERS);
+    // Then the program changes its ways: a scrambled order each pass, starting where it used to.
+    for round in 1..4u64 {
+        let mut order: Vec<usize> = (1..BUFFERS).collect();
+        order.sort_by_key(|&i| (i as u64 * 7 + round * 5) % BUFFERS as u64);
+        order.insert(0, 0);
+        pass(&engine, &buffers, &order);
+    }
+    assert!(engine.recorded_steps().is_empty(), "a schedule that did not predict was kept");
+    for (id, data) in &buffers {
+        assert_contents(&engine, *id, data);
+    }
+    support::assert_no_leaks(engine, sim);
+}
+
+#[test]
+fn a_program_that_names_its_passes_is_not_second_guessed() {
+    let (engine, sim) = engine(true);
+    let buffers = buffers(&engine);
+    engine.pass_begins().unwrap();
+    pass(&engine, &buffers, &[0, 1, 2]);
+    engine.pass_begins().unwrap();
+    assert!(engine.recorded_steps().is_empty(), "no step named: nothing recorded, nothing learned");
+    pass(&engine, &buffers, &[0, 1, 2]);
+    pass(&engine, &buffers, &[0, 1, 2]);
+    assert!(engine.recorded_steps().is_empty());
+    support::assert_no_leaks(engine, sim);
+}
