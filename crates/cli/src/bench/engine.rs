@@ -13,6 +13,7 @@ use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Region, Targ
 
 const WARMUP: usize = 2;
 const OVERSUB_BUFFER: usize = 64 << 20;
+const GIB: f64 = (1u64 << 30) as f64;
 
 struct Bench {
     engine: Engine,
@@ -135,6 +136,15 @@ fn oversub_passes(b: &Bench, order: &[BufferId], passes: usize, shuffle_seed: Op
         }
     }
     Ok(median(samples))
+}
+
+/// Bytes brought in per sequential pass over `order` (two more passes).
+fn moved_per_pass(b: &Bench, order: &[BufferId]) -> Result<f64, String> {
+    let chunk = b.engine.chunk_size() as f64;
+    let before = b.engine.stats().transfers.page_ins;
+    oversub_passes(b, order, 1, None)?;
+    let passes = 2.0; // oversub_passes runs one more than it times
+    Ok((b.engine.stats().transfers.page_ins - before) as f64 * chunk / passes)
 }
 
 /// Median microseconds of acquiring an already-resident 64-chunk buffer.
@@ -264,7 +274,14 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     drop(b);
 
     // Oversubscription: working set twice the cap, every acquire evicts.
-    let mut o = Bench::new(EngineConfig { hbm_limit: Some(2 * size), host_limit: Some(4 * size), sim_hbm, ..base })?;
+    let lru = EngineConfig {
+        hbm_limit: Some(2 * size),
+        host_limit: Some(4 * size),
+        sim_hbm,
+        learn_loops: None,
+        ..base.clone()
+    };
+    let mut o = Bench::new(lru)?;
     let count = 4 * size / OVERSUB_BUFFER;
     let buffers: Vec<BufferId> =
         (0..count).map(|i| o.filled(OVERSUB_BUFFER, &format!("ws-{i}"))).collect::<Result<_, _>>()?;
@@ -278,7 +295,35 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     }
     verified &= o.verified;
     let oversub_stats = o.engine.stats();
+    let lru_moved = moved_per_pass(&o, &buffers)?;
     drop(o);
+
+    // The same sequential cycle with the loop learned from the acquires (TIERMEM_LEARN_LOOPS):
+    // Belady keeps what fits, a pass should move about (working set - cap) each way.
+    let window = base.learn_loops.unwrap_or(256 << 20);
+    let mut l = Bench::new(EngineConfig {
+        hbm_limit: Some(2 * size),
+        host_limit: Some(4 * size),
+        sim_hbm,
+        learn_loops: Some(window),
+        ..base
+    })?;
+    let learned_buffers: Vec<BufferId> =
+        (0..count).map(|i| l.filled(OVERSUB_BUFFER, &format!("ws-{i}"))).collect::<Result<_, _>>()?;
+    let learned_seq = set_gb / oversub_passes(&l, &learned_buffers, passes, None)?;
+    let learned_moved = moved_per_pass(&l, &learned_buffers)?;
+    let optimum = (count * OVERSUB_BUFFER - 2 * size) as f64;
+    println!(
+        "the same, loop learned from the acquires: {learned_seq:.1} GB/s acquired, {:.2} GiB in per pass ({:.2}x the optimum; LRU {:.2} GiB)",
+        learned_moved / GIB,
+        learned_moved / optimum,
+        lru_moved / GIB
+    );
+    for &id in &learned_buffers {
+        l.verify(id, OVERSUB_BUFFER)?;
+    }
+    verified &= l.verified;
+    drop(l);
     println!("verified: {verified}");
 
     let date = today();
@@ -296,6 +341,9 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
             "page_inout_GBps": page_inout,
             "oversub_seq_GBps": oversub_seq,
             "oversub_rand_GBps": oversub_rand,
+            "oversub_seq_learned_GBps": learned_seq,
+            "oversub_seq_bytes_in_per_pass": lru_moved,
+            "oversub_seq_learned_bytes_in_per_pass": learned_moved,
             "acquire_resident_us": acquire_us,
             "acquire_resident_us_under_load": under_load_us,
         }),
@@ -303,6 +351,8 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
             "page_in": page_in / ceilings.h2d_gbps,
             "page_out": page_out / ceilings.d2h_gbps,
             "page_inout": page_inout / ceilings.bidir_gbps,
+            "oversub_learned_vs_lru": learned_seq / oversub_seq,
+            "oversub_learned_moved_vs_optimum": learned_moved / optimum,
         }),
         verified,
     );
