@@ -431,6 +431,8 @@ fn run_config(timing: Timing, with_file: bool, seed: u64, ops_per_thread: usize)
         batch_chunks: 3,
         file: path.clone(),
         file_limit: FILE_CHUNKS * CHUNK,
+        // The configurations of even seeds learn loops from the acquires (schedule_calls.rs).
+        learn_loops: (seed % 2 == 0).then_some(CHUNK),
         ..Default::default()
     };
     let (engine, sim) = support::sim_engine(HBM_CHUNKS + 4, HBM_CHUNKS, host_chunks, config);
