@@ -138,6 +138,28 @@ fn oversub_passes(b: &Bench, order: &[BufferId], passes: usize, shuffle_seed: Op
     Ok(median(samples))
 }
 
+/// What one configuration made of the sequential oversubscribed cycle.
+struct Cycle {
+    /// Median seconds per pass.
+    seconds: f64,
+    /// Bytes brought in per pass.
+    moved: f64,
+    verified: bool,
+}
+
+/// The sequential oversubscribed cycle over `count` fresh buffers on an engine of `config`.
+fn sequential_cycle(config: EngineConfig, count: usize, passes: usize) -> Result<Cycle, String> {
+    let mut b = Bench::new(config)?;
+    let buffers: Vec<BufferId> =
+        (0..count).map(|i| b.filled(OVERSUB_BUFFER, &format!("ws-{i}"))).collect::<Result<_, _>>()?;
+    let seconds = oversub_passes(&b, &buffers, passes, None)?;
+    let moved = moved_per_pass(&b, &buffers)?;
+    for &id in &buffers {
+        b.verify(id, OVERSUB_BUFFER)?;
+    }
+    Ok(Cycle { seconds, moved, verified: b.verified })
+}
+
 /// Bytes brought in per sequential pass over `order` (two more passes).
 fn moved_per_pass(b: &Bench, order: &[BufferId]) -> Result<f64, String> {
     let chunk = b.engine.chunk_size() as f64;
@@ -299,19 +321,15 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     drop(o);
 
     // The same sequential cycle with the loop learned from the acquires (TIERMEM_LEARN_LOOPS):
-    // Belady keeps what fits, a pass should move about (working set - cap) each way.
+    // Belady keeps what fits, a pass should move about (working set - cap) each way. And with
+    // pre-eviction (TIERMEM_PRE_EVICT): victims start down before demand needs their room.
+    let cycle = |config: EngineConfig| sequential_cycle(config, count, passes);
+    let oversub = EngineConfig { hbm_limit: Some(2 * size), host_limit: Some(4 * size), sim_hbm, ..base.clone() };
     let window = base.learn_loops.unwrap_or(256 << 20);
-    let mut l = Bench::new(EngineConfig {
-        hbm_limit: Some(2 * size),
-        host_limit: Some(4 * size),
-        sim_hbm,
-        learn_loops: Some(window),
-        ..base
-    })?;
-    let learned_buffers: Vec<BufferId> =
-        (0..count).map(|i| l.filled(OVERSUB_BUFFER, &format!("ws-{i}"))).collect::<Result<_, _>>()?;
-    let learned_seq = set_gb / oversub_passes(&l, &learned_buffers, passes, None)?;
-    let learned_moved = moved_per_pass(&l, &learned_buffers)?;
+    let learned = cycle(EngineConfig { learn_loops: Some(window), pre_evict: 0, ..oversub.clone() })?;
+    let ahead = if base.pre_evict > 0 { base.pre_evict } else { 256 << 20 };
+    let pre_evicted = cycle(EngineConfig { learn_loops: None, pre_evict: ahead, ..oversub })?;
+    let (learned_seq, learned_moved) = (set_gb / learned.seconds, learned.moved);
     let optimum = (count * OVERSUB_BUFFER - 2 * size) as f64;
     println!(
         "the same, loop learned from the acquires: {learned_seq:.1} GB/s acquired, {:.2} GiB in per pass ({:.2}x the optimum; LRU {:.2} GiB)",
@@ -319,11 +337,9 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
         learned_moved / optimum,
         lru_moved / GIB
     );
-    for &id in &learned_buffers {
-        l.verify(id, OVERSUB_BUFFER)?;
-    }
-    verified &= l.verified;
-    drop(l);
+    let pre_evict_seq = set_gb / pre_evicted.seconds;
+    println!("the same, {} MiB kept free by pre-eviction: {pre_evict_seq:.1} GB/s acquired", ahead >> 20);
+    verified &= learned.verified && pre_evicted.verified;
     println!("verified: {verified}");
 
     let date = today();
@@ -344,6 +360,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
             "oversub_seq_learned_GBps": learned_seq,
             "oversub_seq_bytes_in_per_pass": lru_moved,
             "oversub_seq_learned_bytes_in_per_pass": learned_moved,
+            "oversub_seq_pre_evict_GBps": pre_evict_seq,
             "acquire_resident_us": acquire_us,
             "acquire_resident_us_under_load": under_load_us,
         }),
@@ -353,6 +370,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
             "page_inout": page_inout / ceilings.bidir_gbps,
             "oversub_learned_vs_lru": learned_seq / oversub_seq,
             "oversub_learned_moved_vs_optimum": learned_moved / optimum,
+            "oversub_pre_evict_vs_lru": pre_evict_seq / oversub_seq,
         }),
         verified,
     );
