@@ -44,7 +44,7 @@ want demo && { step "tiermem demo"; run "$dist/tiermem" demo; }
 if want limits; then
   step "caps beyond the machine are clear errors, before anything is allocated"
   for setting in TIERMEM_HBM_LIMIT=100TiB TIERMEM_HOST_LIMIT=100TiB "TIERMEM_FILE=$scratch/f TIERMEM_FILE_LIMIT=100TiB"; do
-    echo "--- $setting"; env $setting "$dist/tiermem" demo --rounds 1 2>&1 | tail -2 | tee -a "$out/log.txt"
+    echo "--- $setting"; env $setting "$dist/tiermem" demo --rounds 2 2>&1 | tail -2 | tee -a "$out/log.txt"
   done
 fi
 want soak && { step "tiermem soak"; TIERMEM_COMMIT=$commit run "$dist/tiermem" soak --seconds "${SOAK_SECONDS:-300}" --threads "${SOAK_THREADS:-8}" --file "$scratch/soak-file" --json "$out/results"; }

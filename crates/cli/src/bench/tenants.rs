@@ -21,7 +21,7 @@
 //!   together under tiermemd. `reclaim_ms_per_GiB`: an engine meeting a halved budget.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 use tiermem::{Access, AllocOptions, Engine, EngineConfig, Region, StreamHandle};
 use tiermem_protocol::Tier;
@@ -80,7 +80,7 @@ fn spawn_daemon(dir: &Path, cap: usize) -> Result<Daemon, String> {
     let _ = std::fs::remove_file(&socket);
     std::fs::write(&config, format!("deadline_ms = 2000\n\n[[gpu]]\nindex = 0\nhbm = \"{}MiB\"\n", cap >> 20))
         .map_err(|e| format!("bench tenants: write {}: {e}", config.display()))?;
-    let child = Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+    let child = crate::own_program()?
         .args(["daemon", "--config"])
         .arg(&config)
         .arg("--socket")
@@ -100,7 +100,7 @@ fn spawn_daemon(dir: &Path, cap: usize) -> Result<Daemon, String> {
 }
 
 fn spawn_job(setup: &Setup, job: &Job, mode: &Mode, stop: &Path) -> Result<Child, String> {
-    let mut command = Command::new(std::env::current_exe().map_err(|e| e.to_string())?);
+    let mut command = crate::own_program()?;
     command.args(["bench", "tenant-worker", "--working-set", &job.working_set.to_string()]);
     command.args(["--buffer-size", &setup.buffer.to_string(), "--rounds", &job.rounds.to_string()]);
     command.args(["--think-ms", &setup.think_ms.to_string()]);

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 use tiermem::format_size;
 use tiermem_swap::control::RunDir;
@@ -42,8 +42,7 @@ pub(super) fn on(args: OnArgs) -> Result<(), String> {
     }
     // SAFETY: pipe2 just opened both; each is owned once.
     let (ready_read, ready_write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let exe = std::env::current_exe().map_err(|e| format!("finding the tiermem program: {e}"))?;
-    let mut command = Command::new(exe);
+    let mut command = crate::own_program()?;
     command
         .args(["swap", "serve"])
         .args(device.to_args())

@@ -208,7 +208,7 @@ pub fn run(json_dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         }
         device.info().clone()
     };
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = crate::native_program("bench swap")?;
     let mut bench = Bench::new(Setup { dir, ..setup }, commit, super::today(), json_dir, info, exe);
     let s = &bench.setup;
     eprintln!(
