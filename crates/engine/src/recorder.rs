@@ -19,7 +19,8 @@
 //!
 //! * **Learning from acquires** (`TIERMEM_LEARN_LOOPS`, [`Recorder::acquired`]): for a
 //!   program that never says where its passes begin, each acquire is a step (named by its
-//!   buffers) and a pass begins whenever the first step ever acquired comes round again. The
+//!   buffers) and a pass begins whenever the first step ever acquired comes round again (or,
+//!   if another step comes round before it, that step: the first was a one-off). The
 //!   schedule is kept only while it predicts: a pass in which fewer acquires land on the
 //!   expected step than off it (or on none) ends the learning for good, and the engine goes
 //!   back to its policy. A program that uses `pass_begins`/`step_enters` itself is never
@@ -162,6 +163,17 @@ impl Recorder {
             }
         }
         if self.keys.is_empty() {
+            let seen = self.recording.as_ref().and_then(|steps| steps.iter().position(|&(k, _)| k == key));
+            if let Some(at) = seen {
+                // A step comes round again before the first one did: the first was a one-off
+                // (setting up), and the loop starts at this step. Its pass is recorded already.
+                self.recording.as_mut().expect("recording").drain(..at);
+                self.learning.first = Some(key);
+                if let Some(steps) = self.pass_begins() {
+                    let step = self.enters(key, buffers).unwrap_or(0);
+                    return Learned::Schedule(steps, step);
+                }
+            }
             self.enters(key, buffers);
             return Learned::Nothing;
         }
@@ -313,5 +325,18 @@ mod tests {
         assert!(r.explicit(), "a schedule had been learned");
         assert!(r.keys().is_empty());
         assert_eq!(r.acquired(B, &ids(&[B])), Learned::Nothing);
+    }
+
+    #[test]
+    fn a_one_off_first_acquire_does_not_keep_the_loop_from_being_learned() {
+        let mut r = Recorder::default();
+        let at = |r: &mut Recorder, k: u64| r.acquired(k, &ids(&[k]));
+        for k in [99, A, B, C] {
+            assert_eq!(at(&mut r, k), Learned::Nothing);
+        }
+        assert_eq!(at(&mut r, A), Learned::Schedule(vec![ids(&[A]), ids(&[B]), ids(&[C])], 0));
+        assert_eq!(at(&mut r, B), Learned::Step(1));
+        assert_eq!(at(&mut r, C), Learned::Step(2));
+        assert_eq!(at(&mut r, A), Learned::Step(0), "passes begin at A now");
     }
 }

@@ -1,5 +1,6 @@
 //! Loops learned from acquires (`TIERMEM_LEARN_LOOPS`, recorder.rs): a program that acquires
-//! its buffers in the same order pass after pass, naming nothing, pages like one that set its
+//! its buffers in the same order pass after pass, naming nothing (after a one-off acquire or
+//! not), pages like one that set its
 //! schedule (Belady keeps what fits, a pass streams about what exceeds HBM, where LRU streams
 //! everything); one that acquires in no fixed order gets its policy back; one that names its
 //! passes is not second-guessed; every byte survives. Runs on the GPU too.
@@ -51,6 +52,9 @@ fn a_loop_learned_from_acquires_streams_only_what_exceeds_hbm() {
 
     let (learned, sim) = engine(true);
     let buffers = buffers(&learned);
+    // A one-off acquire first (setting up): the loop is learned all the same.
+    let (setup, _) = learned.alloc(CHUNK, AllocOptions::default()).unwrap();
+    pass(&learned, &[(setup, Vec::new())], &[0]);
     let moved: Vec<u64> = (0..4).map(|_| pass(&learned, &buffers, &in_order)).collect();
     assert_eq!(learned.recorded_steps().len(), BUFFERS, "one step per acquire");
     // Belady on the learned order: what fits stays, about (used - HBM) streams.
@@ -58,6 +62,7 @@ fn a_loop_learned_from_acquires_streams_only_what_exceeds_hbm() {
     for (id, data) in &buffers {
         assert_contents(&learned, *id, data);
     }
+    learned.free(setup).unwrap();
     support::assert_no_leaks(learned, sim);
     support::assert_no_leaks(lru, lru_sim);
 }
