@@ -48,6 +48,9 @@ pub fn run() -> Result<(), String> {
         Err(e) => println!("peer tier        none: {e}"),
     }
     println!("memlock limit    {}", memlock_limit());
+    if info.backend == tiermem::mechanism::BackendKind::Cuda {
+        println!("pinned memory    {}", tiermem::mechanism::cuda::pinned_memory_way());
+    }
     let hbm_cap = config.hbm_cap(info.backend, free);
     println!(
         "HBM cap          {} ({})",

@@ -25,6 +25,8 @@ mod locations;
 mod nvml;
 mod ops;
 mod pinned;
+
+pub use pinned::pinned_memory_way;
 #[cfg(test)]
 mod tests;
 

@@ -73,6 +73,16 @@ impl PinnedAllocations {
     }
 }
 
+/// How pinned host memory is had on this machine, in words (for `tiermem info`).
+pub fn pinned_memory_way() -> String {
+    match huge_pages_advisable() {
+        true => format!(
+            "huge pages faulted in by up to {MOST_THREADS} threads, then registered (cuMemHostAlloc if that fails)"
+        ),
+        false => "cuMemHostAlloc (the kernel gives no transparent huge pages to advised memory)".to_string(),
+    }
+}
+
 /// Whether memory advised `MADV_HUGEPAGE` gets transparent huge pages on this machine.
 fn huge_pages_advisable() -> bool {
     static ADVISABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
