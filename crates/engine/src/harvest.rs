@@ -13,7 +13,6 @@
 
 use crate::engine::Inner;
 use crate::error::Context;
-use crate::peer_tier::PeerSlot;
 use crate::state::ChunkRef;
 use crate::Result;
 
@@ -25,20 +24,16 @@ impl Inner {
     /// Returns how many are clean now.
     pub(crate) fn clean_borrowed(&mut self, most: usize) -> Result<usize> {
         let call = "clean_borrowed";
-        let peer = &self.tiers.peer;
-        let candidates: Vec<(ChunkRef, PeerSlot)> = self
+        let peer = &mut self.tiers.peer;
+        let dirty: Vec<ChunkRef> = self
             .state
             .chunks()
             .filter_map(|(r, c)| {
                 let slot = c.peer().filter(|&slot| !peer.is_draining(slot))?;
-                (c.phys().is_none() && c.host().is_none() && c.file().is_none() && c.pins() == 0).then_some((r, slot))
+                let only_copy = c.phys().is_none() && c.host().is_none() && c.file().is_none() && c.pins() == 0;
+                // A busy lender's traffic budget last (peer_traffic.rs): cleaning can wait.
+                (only_copy && peer.may_read(slot)).then_some(r)
             })
-            .collect();
-        // A busy lender's traffic budget first (peer_traffic.rs): cleaning can wait.
-        let dirty: Vec<ChunkRef> = candidates
-            .into_iter()
-            .filter(|&(_, slot)| self.tiers.peer.may_read(slot))
-            .map(|(r, _)| r)
             .take(most)
             .collect();
         let mut want = dirty.len();

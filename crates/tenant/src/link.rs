@@ -75,6 +75,11 @@ pub(crate) fn run(engine: Weak<dyn Leaseholder>, shared: Arc<Shared>, options: O
 /// One connection's life: `Ok` when the link should end (stopped, engine gone).
 fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> Result<(), LinkError> {
     let mut connection = Connection::open(&options.socket, concat!("tiermem ", env!("CARGO_PKG_VERSION")))?;
+    // What the lenders offered at the engine's start: fixed for its life.
+    let peer_offered = match weak.upgrade() {
+        Some(holder) => holder.engine().peer_offered() as u64,
+        None => return Ok(()),
+    };
     let register = {
         let Some(holder) = weak.upgrade() else { return Ok(()) };
         let engine = holder.engine();
@@ -91,7 +96,7 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
             chunk_bytes: engine.chunk_size() as u64,
             wants: vec![
                 TierBytes { tier: Tier::Hbm, bytes: options.wants_hbm },
-                TierBytes { tier: Tier::Peer, bytes: engine.peer_offered() as u64 },
+                TierBytes { tier: Tier::Peer, bytes: peer_offered },
             ],
             held: vec![TierBytes { tier: Tier::Hbm, bytes: engine.stats().tiers[Tier::Hbm].used_bytes as u64 }],
         }
@@ -114,7 +119,7 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
         let Some(holder) = weak.upgrade() else { return Ok(()) };
         if Instant::now() >= next_report {
             let stats = holder.engine().stats();
-            let report = (usage_of(&stats, holder.engine().peer_offered() as u64), transfers_of(&stats));
+            let report = (usage_of(&stats, peer_offered), transfers_of(&stats));
             if last_report != Some(report) {
                 let ([hbm, peer, host, file], transfers) = report;
                 connection.send(&ClientMessage::Usage { hbm, host, file, peer, transfers })?;
