@@ -122,20 +122,50 @@ fn timed(
     reps: usize,
     enqueue: impl Fn() -> Result<(), String>,
 ) -> Result<f64, String> {
-    let (start, end) = (d.create_event(true).map_err(err("event"))?, d.create_event(true).map_err(err("event"))?);
+    let watch = Stopwatch::new(d)?;
     let mut samples = Vec::new();
     for rep in 0..reps + WARMUP {
-        d.record_event(start, stream).map_err(err("record"))?;
-        enqueue()?;
-        d.record_event(end, stream).map_err(err("record"))?;
-        d.synchronize_event(end).map_err(err("synchronize"))?;
+        let seconds = watch.time(d, stream, &enqueue)?;
         if rep >= WARMUP {
-            samples.push(f64::from(d.elapsed_ms(start, end).map_err(err("elapsed"))?) / 1e3);
+            samples.push(seconds);
         }
     }
-    d.destroy_event(start).map_err(err("event"))?;
-    d.destroy_event(end).map_err(err("event"))?;
+    watch.destroy(d)?;
     Ok(median(samples))
+}
+
+/// Two events that time work on a stream.
+struct Stopwatch {
+    start: mechanism::EventHandle,
+    end: mechanism::EventHandle,
+}
+
+impl Stopwatch {
+    fn new(d: &dyn Device) -> Result<Self, String> {
+        Ok(Self {
+            start: d.create_event(true).map_err(err("event"))?,
+            end: d.create_event(true).map_err(err("event"))?,
+        })
+    }
+
+    /// Seconds the work `enqueue` queues on `stream` takes on the device.
+    fn time(
+        &self,
+        d: &dyn Device,
+        stream: StreamHandle,
+        enqueue: &dyn Fn() -> Result<(), String>,
+    ) -> Result<f64, String> {
+        d.record_event(self.start, stream).map_err(err("record"))?;
+        enqueue()?;
+        d.record_event(self.end, stream).map_err(err("record"))?;
+        d.synchronize_event(self.end).map_err(err("synchronize"))?;
+        Ok(f64::from(d.elapsed_ms(self.start, self.end).map_err(err("elapsed"))?) / 1e3)
+    }
+
+    fn destroy(self, d: &dyn Device) -> Result<(), String> {
+        d.destroy_event(self.start).map_err(err("event"))?;
+        d.destroy_event(self.end).map_err(err("event"))
+    }
 }
 
 /// Whether the `size` bytes at `src` hold the pattern of `SEED`, checked on the device.
@@ -199,19 +229,12 @@ fn time_passes(
     seconds: f64,
     pass: impl Fn() -> Result<(), String>,
 ) -> Result<(usize, f64), String> {
-    let (start, end) = (d.create_event(true).map_err(err("event"))?, d.create_event(true).map_err(err("event"))?);
+    let watch = Stopwatch::new(d)?;
     let (warm_up, began) = (seconds.min(1.0), std::time::Instant::now());
-    let one = || -> Result<f64, String> {
-        d.record_event(start, stream).map_err(err("record"))?;
-        pass()?;
-        d.record_event(end, stream).map_err(err("record"))?;
-        d.synchronize_event(end).map_err(err("synchronize"))?;
-        Ok(f64::from(d.elapsed_ms(start, end).map_err(err("elapsed"))?) / 1e3)
-    };
     let (mut passes, mut total, mut outcome) = (0, 0.0, Ok(()));
     while began.elapsed().as_secs_f64() < warm_up + seconds {
         let warm = began.elapsed().as_secs_f64() < warm_up;
-        match one() {
+        match watch.time(d, stream, &pass) {
             Ok(s) if !warm => (passes, total) = (passes + 1, total + s),
             Ok(_) => {}
             Err(e) => {
@@ -220,8 +243,7 @@ fn time_passes(
             }
         }
     }
-    d.destroy_event(start).map_err(err("event"))?;
-    d.destroy_event(end).map_err(err("event"))?;
+    watch.destroy(d)?;
     outcome.map(|()| (passes, total))
 }
 
