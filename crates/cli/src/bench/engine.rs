@@ -296,14 +296,16 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     drop(b);
 
     // Oversubscription: working set twice the cap, every acquire evicts.
-    let lru = EngineConfig {
+    // The baseline is the policy alone: loops learned and pre-eviction are the variants below.
+    let oversub = EngineConfig {
         hbm_limit: Some(2 * size),
         host_limit: Some(4 * size),
         sim_hbm,
         learn_loops: None,
+        pre_evict: 0,
         ..base.clone()
     };
-    let mut o = Bench::new(lru)?;
+    let mut o = Bench::new(oversub.clone())?;
     let count = 4 * size / OVERSUB_BUFFER;
     let buffers: Vec<BufferId> =
         (0..count).map(|i| o.filled(OVERSUB_BUFFER, &format!("ws-{i}"))).collect::<Result<_, _>>()?;
@@ -324,11 +326,10 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
     // Belady keeps what fits, a pass should move about (working set - cap) each way. And with
     // pre-eviction (TIERMEM_PRE_EVICT): victims start down before demand needs their room.
     let cycle = |config: EngineConfig| sequential_cycle(config, count, passes);
-    let oversub = EngineConfig { hbm_limit: Some(2 * size), host_limit: Some(4 * size), sim_hbm, ..base.clone() };
     let window = base.learn_loops.unwrap_or(256 << 20);
-    let learned = cycle(EngineConfig { learn_loops: Some(window), pre_evict: 0, ..oversub.clone() })?;
+    let learned = cycle(EngineConfig { learn_loops: Some(window), ..oversub.clone() })?;
     let ahead = if base.pre_evict > 0 { base.pre_evict } else { 256 << 20 };
-    let pre_evicted = cycle(EngineConfig { learn_loops: None, pre_evict: ahead, ..oversub })?;
+    let pre_evicted = cycle(EngineConfig { pre_evict: ahead, ..oversub })?;
     let (learned_seq, learned_moved) = (set_gb / learned.seconds, learned.moved);
     let optimum = (count * OVERSUB_BUFFER - 2 * size) as f64;
     println!(
