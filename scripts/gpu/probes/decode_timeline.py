@@ -1,0 +1,192 @@
+"""Where a short decode pass loses time under tiermem (issue 15: the tied and MoE models reach
+0.3-0.6 of the PCIe bound while they move 1.2x the optimum's bytes). Builds the benchmark's tied
+Llama and Mixtral-style model (random weights), offloads each under the benchmark's cap, warms
+up, then records two decode steps with torch.profiler (CUPTI sees tiermem's copies too) and
+each engine call as a named range. Per step it reports: wall time, time the link copied
+host-to-device, time kernels ran, time neither did (the idle gaps, with the host ranges that
+cover each), and the host time inside each engine call. A probe, not a benchmark.
+
+Usage: python scripts/gpu/probes/decode_timeline.py OUT_DIR [--window MIB,...] [--models tied,moe]
+Writes OUT_DIR/decode-timeline.json (and a gzipped Chrome trace per model and window).
+"""
+
+import argparse
+import gzip
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+import torch_bench as tb  # noqa: E402
+
+import tiermem  # noqa: E402
+import tiermem.torch as tt  # noqa: E402
+
+MiB, GiB = tb.MiB, tb.GiB
+
+
+class _Named:
+    """Stands in for a Pool: each engine call becomes a profiler range `tiermem.<name>`."""
+
+    def __init__(self, pool):
+        self._pool = pool
+
+    def __getattr__(self, name):
+        fn = getattr(self._pool, name)
+        if not callable(fn):
+            return fn
+
+        def call(*args, **kwargs):
+            with torch.profiler.record_function(f"tiermem.{name}"):
+                return fn(*args, **kwargs)
+
+        return call
+
+
+def tied_model():
+    config = tb.llama_config(3072, 8192, 12, 24, 8)
+    config.vocab_size, config.tie_word_embeddings = 128256, True
+    return tb.llama(config, 3, torch.bfloat16), int(1.5 * GiB), config.vocab_size
+
+
+def moe_model():
+    config = transformers.MixtralConfig(
+        vocab_size=32000, hidden_size=2048, intermediate_size=2816, num_hidden_layers=12,
+        num_attention_heads=16, num_key_value_heads=4, num_local_experts=8, num_experts_per_tok=2,
+        max_position_embeddings=4096,
+    )  # fmt: skip
+    torch.manual_seed(4)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = transformers.MixtralForCausalLM(config).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    return model, 2 * GiB, config.vocab_size
+
+
+def union(intervals):
+    """Sorted, merged [start, end) intervals."""
+    merged = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return merged
+
+
+def length(intervals):
+    return sum(e - s for s, e in intervals)
+
+
+def clip(intervals, lo, hi):
+    return [[max(s, lo), min(e, hi)] for s, e in intervals if e > lo and s < hi]
+
+
+def analyse(trace_path, steps):
+    """Per profiled step (the ProfilerStep ranges): link, kernel and idle time, in ms."""
+    events = json.loads(Path(trace_path).read_text())["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    step_ranges = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans if e["name"].startswith("ProfilerStep"))
+    copies = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in spans if e.get("cat") == "gpu_memcpy"]
+    h2d = [(s, e) for s, e, n in copies if "HtoD" in n]
+    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e.get("cat") == "kernel"]
+    host = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in spans if e.get("cat") in ("user_annotation", "cpu_op")]
+    out = []
+    for lo, hi in step_ranges[:steps]:
+        link, compute = union(clip(h2d, lo, hi)), union(clip(kernels, lo, hi))
+        busy = union(link + compute)
+        gaps, cursor = [], lo
+        for s, e in busy:
+            if s - cursor > 200:
+                gaps.append((cursor, s))
+            cursor = max(cursor, e)
+        if hi - cursor > 200:
+            gaps.append((cursor, hi))
+        described = []
+        for s, e in sorted(gaps, key=lambda g: g[0] - g[1])[:8]:
+            covering = sorted({n for hs, he, n in host if hs < e and he > s and n.startswith("tiermem.")})
+            described.append({"start_ms": round((s - lo) / 1e3, 2), "ms": round((e - s) / 1e3, 2), "tiermem_calls": covering})
+        calls = {}
+        for hs, he, n in host:
+            if n.startswith("tiermem.") and lo <= hs < hi:
+                calls[n] = round(calls.get(n, 0) + (he - hs) / 1e3, 2)
+        out.append({
+            "wall_ms": round((hi - lo) / 1e3, 2),
+            "h2d_busy_ms": round(length(link) / 1e3, 2),
+            "kernels_busy_ms": round(length(compute) / 1e3, 2),
+            "idle_ms": round((hi - lo - length(busy)) / 1e3, 2),
+            "overlap_ms": round((length(link) + length(compute) - length(busy)) / 1e3, 2),
+            "largest_gaps": described,
+            "host_ms_in_engine_calls": calls,
+            "h2d_copies": len(clip(h2d, lo, hi)),
+        })
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--window", type=lambda v: [int(x) << 20 for x in v.split(",")], default=[256 << 20])
+    parser.add_argument("--models", default="tied,moe")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {"raw_h2d_GBps": tb.raw_h2d_GBps()}
+    scratch = Path(tempfile.mkdtemp(prefix="tiermem-timeline-"))
+    for name in args.models.split(","):
+        model, cap, vocab = {"tied": tied_model, "moe": moe_model}[name]()
+        size = tb.nbytes(model)
+        gen = torch.Generator("cuda").manual_seed(17)
+        prompt = torch.randint(0, vocab, (16, 32), device="cuda", generator=gen)
+        pool = tiermem.Pool(hbm_limit=cap)
+        handle = tt.offload(model, pool, prefetch_bytes=args.window[0])
+        torch.cuda.empty_cache()
+        for window in args.window:
+            handle.prefetch_bytes = window
+            handle.pool = _Named(pool)
+            tb.decode(model, prompt, 3)
+            before = pool.stats()["transfers"]["bytes_in"]
+            _, _, step_s = tb.decode(model, prompt, 6)
+            moved = (pool.stats()["transfers"]["bytes_in"] - before) / 7
+            trace = scratch / f"{name}-{window >> 20}MiB.json"
+            cache = transformers.DynamicCache()
+            with torch.no_grad():
+                out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
+                token = out.logits[:, -1:].argmax(-1)
+                with torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
+                    schedule=torch.profiler.schedule(wait=0, warmup=1, active=2),
+                ) as prof:
+                    for _ in range(3):
+                        torch.cuda.synchronize()
+                        out = model(input_ids=token, past_key_values=cache, use_cache=True)
+                        token = out.logits[:, -1:].argmax(-1)
+                        torch.cuda.synchronize()
+                        prof.step()
+            prof.export_chrome_trace(str(trace))
+            with open(trace, "rb") as src, gzip.open(args.out / f"{trace.name}.gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            key = f"{name}_{window >> 20}MiB"
+            results[key] = {
+                "model_bytes": size, "cap_bytes": cap, "window_bytes": handle.window_bytes,
+                "decode_tok_s": prompt.shape[0] / step_s,
+                "pcie_bound_tok_s": prompt.shape[0] / ((size - cap) / (results["raw_h2d_GBps"] * 1e9)),
+                "bytes_in_per_pass": moved, "steps": analyse(trace, 2),
+            }  # fmt: skip
+            handle.pool = pool
+            print(json.dumps({key: results[key]}, indent=1), flush=True)
+        del model, handle, pool
+        torch.cuda.empty_cache()
+    (args.out / "decode-timeline.json").write_text(json.dumps(results, indent=1))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
