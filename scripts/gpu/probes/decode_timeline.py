@@ -6,12 +6,13 @@ each engine call as a named range. Per step it reports: wall time, time the link
 host-to-device, time kernels ran, time neither did (the idle gaps, with the host ranges that
 cover each), and the host time inside each engine call. A probe, not a benchmark.
 
-Usage: python scripts/gpu/probes/decode_timeline.py OUT_DIR [--window MIB,...] [--models tied,moe]
-Writes OUT_DIR/decode-timeline.json (and a gzipped Chrome trace per model and window).
+Usage: python scripts/gpu/probes/decode_timeline.py OUT_DIR [--share 8,4,2] [--models tied,moe] [--traces]
+Writes OUT_DIR/decode-timeline.json (with --traces, the gzipped Chrome traces in one tar file).
 """
 
 import argparse
 import gzip
+import tarfile
 import json
 import shutil
 import sys
@@ -91,10 +92,14 @@ def clip(intervals, lo, hi):
 
 
 def analyse(trace_path, steps):
-    """Per profiled step (the ProfilerStep ranges): link, kernel and idle time, in ms."""
+    """Per profiled step (the `decode_step` ranges): link, kernel and idle time, in ms; and how
+    many events of each category the trace holds (a trace without copies says so)."""
     events = json.loads(Path(trace_path).read_text())["traceEvents"]
+    categories = {}
+    for e in events:
+        categories[e.get("cat", "?")] = categories.get(e.get("cat", "?"), 0) + 1
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    step_ranges = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans if e["name"].startswith("ProfilerStep"))
+    step_ranges = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans if e["name"] == "decode_step")
     copies = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in spans if e.get("cat") == "gpu_memcpy"]
     h2d = [(s, e) for s, e, n in copies if "HtoD" in n]
     kernels = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e.get("cat") == "kernel"]
@@ -128,15 +133,18 @@ def analyse(trace_path, steps):
             "host_ms_in_engine_calls": calls,
             "h2d_copies": len(clip(h2d, lo, hi)),
         })
-    return out
+    return {"categories": categories, "steps": out}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--window", type=lambda v: [int(x) << 20 for x in v.split(",")], default=[256 << 20])
+    parser.add_argument("--share", type=lambda v: [int(x) for x in v.split(",")], default=[8, 4, 2],
+                        help="windows to try, as the fraction of the cap (tiermem.torch.WINDOW_SHARE)")
     parser.add_argument("--models", default="tied,moe")
+    parser.add_argument("--traces", action="store_true", help="keep the Chrome traces (OUT_DIR/decode-traces.tar)")
     args = parser.parse_args()
+    torch.set_grad_enabled(False)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"raw_h2d_GBps": tb.raw_h2d_GBps()}
     scratch = Path(tempfile.mkdtemp(prefix="tiermem-timeline-"))
@@ -146,45 +154,54 @@ def main():
         gen = torch.Generator("cuda").manual_seed(17)
         prompt = torch.randint(0, vocab, (16, 32), device="cuda", generator=gen)
         pool = tiermem.Pool(hbm_limit=cap)
-        handle = tt.offload(model, pool, prefetch_bytes=args.window[0])
+        handle = tt.offload(model, pool, prefetch_bytes=cap)
         torch.cuda.empty_cache()
-        for window in args.window:
-            handle.prefetch_bytes = window
+        for share in args.share:
+            tt.WINDOW_SHARE = share
+            window = handle.window_bytes
             handle.pool = _Named(pool)
             tb.decode(model, prompt, 3)
-            before = pool.stats()["transfers"]["bytes_in"]
+            before = pool.stats()["transfers"]
             _, _, step_s = tb.decode(model, prompt, 6)
-            moved = (pool.stats()["transfers"]["bytes_in"] - before) / 7
+            after = pool.stats()["transfers"]
+            per_pass = {k: round((after[k] - v) / 7, 2) for k, v in before.items() if isinstance(v, (int, float))}
             trace = scratch / f"{name}-{window >> 20}MiB.json"
             cache = transformers.DynamicCache()
             with torch.no_grad():
                 out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
                 token = out.logits[:, -1:].argmax(-1)
+                for _ in range(2):
+                    out = model(input_ids=token, past_key_values=cache, use_cache=True)
+                    token = out.logits[:, -1:].argmax(-1)
                 with torch.profiler.profile(
                     activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
-                    schedule=torch.profiler.schedule(wait=0, warmup=1, active=2),
                 ) as prof:
-                    for _ in range(3):
+                    for _ in range(2):
                         torch.cuda.synchronize()
-                        out = model(input_ids=token, past_key_values=cache, use_cache=True)
-                        token = out.logits[:, -1:].argmax(-1)
-                        torch.cuda.synchronize()
-                        prof.step()
+                        with torch.profiler.record_function("decode_step"):
+                            out = model(input_ids=token, past_key_values=cache, use_cache=True)
+                            token = out.logits[:, -1:].argmax(-1)
+                            torch.cuda.synchronize()
             prof.export_chrome_trace(str(trace))
-            with open(trace, "rb") as src, gzip.open(args.out / f"{trace.name}.gz", "wb") as dst:
-                shutil.copyfileobj(src, dst)
+            if args.traces:
+                with open(trace, "rb") as src, gzip.open(f"{trace}.gz", "wb") as dst:
+                    shutil.copyfileobj(src, dst)
             key = f"{name}_{window >> 20}MiB"
             results[key] = {
                 "model_bytes": size, "cap_bytes": cap, "window_bytes": handle.window_bytes,
                 "decode_tok_s": prompt.shape[0] / step_s,
                 "pcie_bound_tok_s": prompt.shape[0] / ((size - cap) / (results["raw_h2d_GBps"] * 1e9)),
-                "bytes_in_per_pass": moved, "steps": analyse(trace, 2),
+                "transfers_per_pass": per_pass, **analyse(trace, 2),
             }  # fmt: skip
             handle.pool = pool
             print(json.dumps({key: results[key]}, indent=1), flush=True)
         del model, handle, pool
         torch.cuda.empty_cache()
     (args.out / "decode-timeline.json").write_text(json.dumps(results, indent=1))
+    if args.traces:
+        with tarfile.open(args.out / "decode-traces.tar", "w") as tar:
+            for f in sorted(scratch.glob("*.gz")):
+                tar.add(f, arcname=f.name)
     shutil.rmtree(scratch, ignore_errors=True)
 
 
