@@ -17,6 +17,7 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -136,12 +137,38 @@ def analyse(trace_path, steps):
     return {"categories": categories, "steps": out}
 
 
+def settling(model, pool, prompt, steps):
+    """Each decode step's milliseconds and bytes brought in, from the first pass after
+    offloading: how many passes the engine needs to reach its steady state."""
+    cache = transformers.DynamicCache()
+    out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
+    token = out.logits[:, -1:].argmax(-1)
+    ms, counters = [], {}
+    for step in range(steps):
+        if step % 8 == 0:  # a fresh cache now and then: the attention's cost stays that of a short decode
+            cache = transformers.DynamicCache()
+            out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+        torch.cuda.synchronize()
+        before, t0 = pool.stats()["transfers"], time.perf_counter()
+        out = model(input_ids=token, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+        torch.cuda.synchronize()
+        ms.append(round((time.perf_counter() - t0) * 1e3, 2))
+        after = pool.stats()["transfers"]
+        for k, v in before.items():
+            if isinstance(v, (int, float)):
+                counters.setdefault(k, []).append(round(after[k] - v, 2))
+    return {"step_ms": ms, **{k: v for k, v in counters.items() if any(v)}}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--share", type=lambda v: [int(x) for x in v.split(",")], default=[8, 4, 2],
                         help="windows to try, as the fraction of the cap (tiermem.torch.WINDOW_SHARE)")
     parser.add_argument("--models", default="tied,moe")
+    parser.add_argument("--settle", type=int, default=0, help="first time each step after offloading, this many steps")
     parser.add_argument("--traces", action="store_true", help="keep the Chrome traces (OUT_DIR/decode-traces.tar)")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
@@ -156,9 +183,15 @@ def main():
         pool = tiermem.Pool(hbm_limit=cap)
         handle = tt.offload(model, pool, prefetch_bytes=cap)
         torch.cuda.empty_cache()
+        if args.settle:
+            results[f"{name}_settling"] = settling(model, pool, prompt, args.settle)
+            print(json.dumps({name: results[f"{name}_settling"]}), flush=True)
         for share in args.share:
             tt.WINDOW_SHARE = share
             window = handle.window_bytes
+            handle.pool = pool
+            tb.decode(model, prompt, 3)
+            _, _, plain_s = tb.decode(model, prompt, 6)
             handle.pool = _Named(pool)
             tb.decode(model, prompt, 3)
             before = pool.stats()["transfers"]
@@ -189,7 +222,7 @@ def main():
             key = f"{name}_{window >> 20}MiB"
             results[key] = {
                 "model_bytes": size, "cap_bytes": cap, "window_bytes": handle.window_bytes,
-                "decode_tok_s": prompt.shape[0] / step_s,
+                "decode_tok_s": prompt.shape[0] / step_s, "decode_tok_s_unnamed_calls": prompt.shape[0] / plain_s,
                 "pcie_bound_tok_s": prompt.shape[0] / ((size - cap) / (results["raw_h2d_GBps"] * 1e9)),
                 "transfers_per_pass": per_pass, **analyse(trace, 2),
             }  # fmt: skip
