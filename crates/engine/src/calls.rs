@@ -31,6 +31,7 @@ use crate::engine::{Inner, Target, Ticket, TicketWork};
 use crate::error::retag;
 use crate::error::Context;
 use crate::fence::Fence;
+use crate::movement::Purpose;
 use crate::placement::Among;
 use crate::state::{Below, Buffer, ChunkRef};
 use crate::sync::Arc;
@@ -134,7 +135,7 @@ impl Inner {
         self.check_fits("acquire", &in_hbm)?;
         if in_hbm.iter().any(|&r| !self.state.chunk(r).is_resident()) {
             self.tiers.reap(&mut self.state)?;
-            self.bring_in("acquire", &in_hbm, crate::movement::Purpose::Demand)?;
+            self.bring_in("acquire", &in_hbm, Purpose::Demand)?;
         }
         self.pin("acquire", &refs, access, stream)?;
         self.prefetch_strides(regions);
@@ -154,7 +155,7 @@ impl Inner {
         let (_, in_hbm) = self.serve_in_place(call, &refs, access)?;
         self.check_fits(call, &in_hbm)?;
         self.tiers.reap(&mut self.state)?;
-        self.bring_in(call, &in_hbm, crate::movement::Purpose::Demand)?;
+        self.bring_in(call, &in_hbm, Purpose::Demand)?;
         self.pin(call, &refs, access, stream)?;
         Ok(self.state.va((regions[0].buffer, 0)))
     }
@@ -248,7 +249,7 @@ impl Inner {
     pub(crate) fn prefetch(&mut self, regions: &[Region]) -> Result<()> {
         let refs = self.resolve("prefetch", regions)?;
         self.tiers.reap(&mut self.state)?;
-        self.bring_in("prefetch", &refs, crate::movement::Purpose::Prefetch)?;
+        self.bring_in("prefetch", &refs, Purpose::Prefetch)?;
         Ok(())
     }
 
@@ -264,39 +265,50 @@ impl Inner {
         schedule.set_position(step);
         self.tiers.reap(&mut self.state)?;
         // The window: the coming steps, nearest first, until their chunks (resident or not)
-        // reach the budget; what is missing there is brought in.
-        let mut plan: Vec<(u64, Vec<ChunkRef>)> = Vec::new();
-        let mut window = 0;
+        // reach the budget; what is missing there is brought in. Past it (schedule.rs, "Looking
+        // past resident steps"), until the missing bytes reach the budget, streamed chunks are
+        // swapped in.
+        let (g, look_past) = (self.tiers.chunk, self.look_past);
+        let mut plan: Vec<(u64, Purpose, Vec<ChunkRef>)> = Vec::new();
+        let (mut window, mut missing) = (0, 0);
         let schedule = self.schedule.as_ref().expect("checked above");
         'steps: for (distance, ids) in schedule.ahead() {
-            let mut missing = Vec::new();
+            let (mut near, mut far) = (Vec::new(), Vec::new());
             for &id in ids {
                 let buffer = self.state.buffer(id).expect("scheduled buffers are live");
                 for (index, chunk) in buffer.chunks().iter().enumerate() {
-                    window += self.tiers.chunk;
-                    if window > budget {
-                        plan.push((distance, missing));
+                    window += g;
+                    let past = window > budget;
+                    if past && (!look_past || missing >= budget) {
+                        plan.push((distance, Purpose::Ahead { horizon: distance }, near));
+                        plan.push((distance, Purpose::Swap { horizon: distance }, far));
                         break 'steps;
                     }
                     if !chunk.is_resident() {
-                        missing.push((id, index));
+                        missing += g;
+                        if past {
+                            far.push((id, index))
+                        } else {
+                            near.push((id, index))
+                        }
                     }
                 }
             }
-            plan.push((distance, missing));
+            plan.push((distance, Purpose::Ahead { horizon: distance }, near));
+            plan.push((distance, Purpose::Swap { horizon: distance }, far));
         }
         let mut started = 0;
-        for (distance, mut refs) in plan {
+        for (_, purpose, mut refs) in plan {
             refs.sort_unstable();
             refs.dedup();
             if refs.is_empty() {
                 continue;
             }
-            self.bring_in(call, &refs, crate::movement::Purpose::Ahead { horizon: distance })?;
+            self.bring_in(call, &refs, purpose)?;
             let landed = refs.iter().filter(|&&r| self.state.chunk(r).is_resident()).count();
-            started += landed * self.tiers.chunk;
+            started += landed * g;
             if landed < refs.len() {
-                break; // No room without evicting something needed sooner.
+                break; // No room without evicting something needed sooner (or, past the window, busy).
             }
         }
         Ok(started)
@@ -318,7 +330,7 @@ impl Inner {
         let refs = self.target_refs("page_in", target)?;
         self.check_cap("page_in", refs.len())?;
         self.tiers.reap(&mut self.state)?;
-        let fences = self.bring_in("page_in", &refs, crate::movement::Purpose::Demand)?;
+        let fences = self.bring_in("page_in", &refs, Purpose::Demand)?;
         Ok(self.ticket(fences))
     }
 
@@ -380,7 +392,7 @@ impl Inner {
         // 17 ms instead of 0.35 ms during a 1 GiB copy down), while copies up do not delay it.
         // So the incoming chunks are mapped first, their copies up streaming meanwhile, and only
         // then are the outgoing copies issued: the two directions overlap.
-        let mut fences = self.bring_in(call, &inc, crate::movement::Purpose::Demand)?;
+        let mut fences = self.bring_in(call, &inc, Purpose::Demand)?;
         fences.extend(self.send_down_resident(call, &out)?);
         Ok(self.ticket(fences))
     }

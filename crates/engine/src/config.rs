@@ -72,6 +72,10 @@ pub struct EngineConfig {
     /// `TIERMEM_PRE_EVICT`: HBM kept free ahead of demand by starting evictions early, after
     /// each acquire (pre_evict.rs); 0 (the default, until measured) turns it off.
     pub pre_evict: usize,
+    /// `TIERMEM_LOOK_PAST=on|off` (default on): with a schedule, paging ahead looks past steps
+    /// whose chunks are all resident, for streamed chunks to swap in (schedule.rs, "Looking
+    /// past resident steps").
+    pub look_past: bool,
     /// `TIERMEM_SIM_GPUS`: GPUs of the simulated node (default 1), each of `sim_hbm`, with
     /// peer access to each other, so the peer tier can be tried without a GPU.
     pub sim_gpus: usize,
@@ -132,6 +136,7 @@ impl Default for EngineConfig {
             peer_busy_rate: Some(64 << 30),
             stride_prefetch: 32 << 20,
             pre_evict: 0,
+            look_past: true,
             learn_loops: None,
             sim_gpus: 1,
         }
@@ -201,6 +206,9 @@ impl EngineConfig {
                     Error::Config(format!("TIERMEM_LEARN_LOOPS: {e}: on, off, or the bytes to page ahead"))
                 })?),
             };
+        }
+        if let Some(v) = var("TIERMEM_LOOK_PAST") {
+            c.look_past = on_or_off("TIERMEM_LOOK_PAST", &v)?;
         }
         if let Some(v) = var("TIERMEM_PRE_EVICT") {
             c.pre_evict = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PRE_EVICT: {e}")))?;

@@ -96,6 +96,8 @@ pub(crate) struct Inner {
     pub stride_chunks: usize,
     /// Chunks kept free or on their way down ahead of demand (pre_evict.rs); 0: off.
     pub pre_evict_chunks: usize,
+    /// Paging ahead looks past resident steps for streamed chunks to swap in (schedule.rs).
+    pub look_past: bool,
 }
 
 /// What `finish` waits for: fences, the ticket's background file write if any (kept in
@@ -178,6 +180,7 @@ impl Engine {
             strides: HashMap::new(),
             stride_chunks: config.stride_prefetch / chunk,
             pre_evict_chunks: config.pre_evict / chunk,
+            look_past: config.look_past,
         };
         let has_peers = inner.tiers.peer.exists();
         let inner = Arc::new(Mutex::new(inner));

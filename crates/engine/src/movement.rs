@@ -48,6 +48,11 @@ pub(crate) enum Purpose {
     /// Needed `horizon` steps from now by the schedule: on the low-priority stream, evicting
     /// only chunks whose next use is further away.
     Ahead { horizon: u64 },
+    /// Needed `horizon` steps from now, beyond the window (schedule.rs, "Looking past resident
+    /// steps"): on the low-priority stream, in exchange for streamed chunks that have finished
+    /// their work and sit in the incoming chunks' homes (homes.rs), or into free HBM; nothing
+    /// else is evicted and nothing is waited for.
+    Swap { horizon: u64 },
 }
 
 impl Tiers {
@@ -64,11 +69,11 @@ impl Tiers {
     ) -> Result<Vec<Arc<Fence>>> {
         let stream = match purpose {
             Purpose::Demand => self.streams.up,
-            Purpose::Prefetch | Purpose::Ahead { .. } => self.streams.prefetch,
+            Purpose::Prefetch | Purpose::Ahead { .. } | Purpose::Swap { .. } => self.streams.prefetch,
         };
         let start = match purpose {
             Purpose::Demand => Some(self.events.record(stream).during(call)?),
-            Purpose::Prefetch | Purpose::Ahead { .. } => None,
+            Purpose::Prefetch | Purpose::Ahead { .. } | Purpose::Swap { .. } => None,
         };
         // Chunks coming from the file are read in the background (file_reads.rs), a group at a
         // time, each behind a fence of its own; those fences are made first, so that nothing

@@ -53,18 +53,32 @@ impl Inner {
         }
         let horizon = match purpose {
             Purpose::Demand => Some(0),
-            Purpose::Ahead { horizon } => Some(horizon),
+            Purpose::Ahead { horizon } | Purpose::Swap { horizon } => Some(horizon),
             Purpose::Prefetch => None,
         };
         if let (Some(schedule), Some(horizon)) = (self.schedule.as_ref(), horizon) {
-            let holders = crate::homes::holders_to_send_home(&self.state, schedule, &todo, wanted, horizon);
+            let mut holders = crate::homes::holders_to_send_home(&self.state, schedule, &todo, wanted, horizon);
+            if matches!(purpose, Purpose::Swap { .. }) {
+                // A swap waits for nothing: only clean holders the GPU has finished with leave.
+                let mut idle = Vec::with_capacity(holders.len());
+                for &h in &holders {
+                    let chunk = self.state.chunk(h);
+                    let clean = chunk.host().is_some();
+                    if clean && settled(chunk.ready()).during(call)? && settled(chunk.busy()).during(call)? {
+                        idle.push(h);
+                    }
+                }
+                holders = idle;
+            }
             if !holders.is_empty() {
                 self.evict_now(call, &holders)?;
             }
         }
         match purpose {
             Purpose::Demand => self.make_room(call, todo.len(), wanted)?,
-            Purpose::Prefetch => {}
+            // A swap evicts only the holders of its chunks' homes (above): never a chunk Belady
+            // keeps, and every chunk comes back to the physical chunk it left (no mapping).
+            Purpose::Prefetch | Purpose::Swap { .. } => {}
             Purpose::Ahead { horizon } => {
                 while self.tiers.pool.available() < todo.len() {
                     let short = todo.len() - self.tiers.pool.available();

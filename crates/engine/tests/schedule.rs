@@ -178,3 +178,62 @@ fn model_like_loops_move_only_what_does_not_fit_and_map_nothing() {
         support::assert_no_leaks(engine, sim);
     }
 }
+
+/// Looking past resident steps (schedule.rs): with a window of two one-chunk layers and a cap
+/// of six, Belady keeps four layers resident (the last two and the first two: a stretch of
+/// four steps longer than the window) and streams the rest through two chunks. Looking past the
+/// window, the first streamed layers come in while the program is still in that stretch —
+/// each in exchange for a streamed layer whose work is done, into its own home — instead of a
+/// step before their use. The resident set is not eroded (a pass streams only what does not
+/// fit, plus the window), nothing is mapped afresh once warm, and every byte survives.
+#[test]
+fn paging_ahead_looks_past_resident_steps_without_eroding_them() {
+    const CAP: usize = 6;
+    let window = 2 * CHUNK;
+    let mut leads = Vec::new();
+    for look_past in [true, false] {
+        let (engine, sim) = support::engine(CAP, LAYERS + 2, EngineConfig { look_past, ..EngineConfig::default() });
+        let layers = layers(&engine);
+        engine.set_schedule(schedule_of(&layers)).unwrap();
+        let warm = traced_passes(&engine, &layers, 4, Some(window));
+        let bound = (LAYERS - CAP + 2) as u64;
+        for &(page_ins, maps) in &warm[2..] {
+            assert!(page_ins <= bound, "look_past {look_past}: more than {bound} page-ins a pass: {warm:?}");
+            assert_eq!(maps, 0, "look_past {look_past}: {warm:?}");
+        }
+        // Two more passes, noting after each advance which layers are in HBM; a layer's lead
+        // is how many steps before its use it was there.
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            for (step, (id, _)) in layers.iter().enumerate() {
+                engine.advance(step, window).unwrap();
+                let stats = engine.stats();
+                seen.push(
+                    layers
+                        .iter()
+                        .map(|(l, _)| stats.buffers.iter().any(|b| b.id == *l && b.in_hbm == 1))
+                        .collect::<Vec<_>>(),
+                );
+                let region = [Region::whole(*id)];
+                engine.acquire(&region, Access::ReadOnly, S).unwrap();
+                engine.release(&region, S).unwrap();
+            }
+        }
+        let lead = (0..LAYERS)
+            .map(|layer| (1..LAYERS).take_while(|&back| seen[LAYERS + layer - back][layer]).count())
+            .filter(|&lead| lead < LAYERS - 1)
+            .max()
+            .unwrap_or(0);
+        for (id, bytes) in &layers {
+            assert_contents(&engine, *id, bytes);
+        }
+        if sim.is_some() {
+            leads.push(lead);
+        }
+        support::assert_no_leaks(engine, sim);
+    }
+    if let [with, without] = leads[..] {
+        assert!(with >= 3, "looking past, a streamed layer arrives during the resident stretch: lead {with} steps");
+        assert!(without <= 1, "without, a window of two steps brings each layer one step ahead: lead {without}");
+    }
+}
