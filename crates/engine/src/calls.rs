@@ -271,6 +271,9 @@ impl Inner {
         let (g, look_past) = (self.tiers.chunk, self.look_past);
         let mut plan: Vec<(u64, Purpose, Vec<ChunkRef>)> = Vec::new();
         let (mut window, mut missing) = (0, 0);
+        // Looking past: only when the window holds nothing missing, or the copies past it
+        // would queue ahead of those the window needs sooner.
+        let mut looking_past = None;
         let schedule = self.schedule.as_ref().expect("checked above");
         'steps: for (distance, ids) in schedule.ahead() {
             let (mut near, mut far) = (Vec::new(), Vec::new());
@@ -279,7 +282,10 @@ impl Inner {
                 for (index, chunk) in buffer.chunks().iter().enumerate() {
                     window += g;
                     let past = window > budget;
-                    if past && (!look_past || missing >= budget) {
+                    if past && looking_past.is_none() {
+                        looking_past = Some(look_past && missing == 0);
+                    }
+                    if past && (looking_past == Some(false) || missing >= budget) {
                         plan.push((distance, Purpose::Ahead { horizon: distance }, near));
                         plan.push((distance, Purpose::Swap { horizon: distance }, far));
                         break 'steps;

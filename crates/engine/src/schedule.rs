@@ -29,11 +29,13 @@
 //! the steps Belady keeps resident run longer than the window (a tied model's embedding and
 //! the layers kept with it), the window holds nothing missing, and the link idles until the
 //! program reaches the first streamed step — measured on the H200 as a 6 ms gap in a 41 ms
-//! decode step. So past the window, until the bytes missing reach the budget, `advance` asks
-//! for the streamed chunks further on as *swaps* (`Purpose::Swap`): each comes in only in
-//! exchange for the chunk that holds its home (homes.rs) — a streamed chunk, needed later
-//! than it, clean and finished with by the GPU — or into free HBM; nothing else is evicted and
-//! nothing is waited for. A swap is one chunk in for one streamed chunk out, so the resident
+//! decode step. So when the window holds nothing missing, `advance` walks on past it, until the
+//! bytes missing reach the budget, and asks for the streamed chunks there as *swaps*
+//! (`Purpose::Swap`). (Only then: copies past a window that still misses chunks would queue on
+//! the copy stream ahead of those it needs sooner — a dense Llama decoded 9% slower so.) A
+//! swap brings each chunk in only in exchange for the chunk that holds its home (homes.rs) —
+//! a streamed chunk, needed later than it, clean and finished with by the GPU — or into free
+//! HBM; nothing else is evicted and nothing is waited for. A swap is one chunk in for one streamed chunk out, so the resident
 //! set is never eroded and a pass moves no more bytes; the copies merely start earlier.
 //! `TIERMEM_LOOK_PAST=off` turns it off.
 
