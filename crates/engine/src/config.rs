@@ -72,9 +72,9 @@ pub struct EngineConfig {
     /// `TIERMEM_PRE_EVICT`: HBM kept free ahead of demand by starting evictions early, after
     /// each acquire (pre_evict.rs); 0 (the default, until measured) turns it off.
     pub pre_evict: usize,
-    /// `TIERMEM_LOOK_PAST=on|off` (default on): with a schedule, paging ahead looks past steps
-    /// whose chunks are all resident, for streamed chunks to swap in (schedule.rs, "Looking
-    /// past resident steps").
+    /// `TIERMEM_LOOK_PAST=on|off` (default off: no gain measured on the H200): with a schedule,
+    /// paging ahead looks past steps whose chunks are all resident, for streamed chunks to swap
+    /// in (schedule.rs, "Looking past resident steps").
     pub look_past: bool,
     /// `TIERMEM_SIM_GPUS`: GPUs of the simulated node (default 1), each of `sim_hbm`, with
     /// peer access to each other, so the peer tier can be tried without a GPU.
@@ -136,7 +136,7 @@ impl Default for EngineConfig {
             peer_busy_rate: Some(64 << 30),
             stride_prefetch: 32 << 20,
             pre_evict: 0,
-            look_past: true,
+            look_past: false,
             learn_loops: None,
             sim_gpus: 1,
         }

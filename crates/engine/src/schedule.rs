@@ -37,7 +37,10 @@
 //! a streamed chunk, needed later than it, clean and finished with by the GPU — or into free
 //! HBM; nothing else is evicted and nothing is waited for. A swap is one chunk in for one streamed chunk out, so the resident
 //! set is never eroded and a pass moves no more bytes; the copies merely start earlier.
-//! `TIERMEM_LOOK_PAST=off` turns it off.
+//! Measured without the profiler, though, the decodes it was for were already link-bound
+//! (tied Llama 0.82 of the PCIe bound with it, 0.81 without; MoE 0.63 and 0.66; dense 0.86 and
+//! 0.88, on one H200 in one run, `bench/results/torch-20261125-e4b699d*.json`): the gap had been
+//! the profiler slowing the host. So it is off unless `TIERMEM_LOOK_PAST=on`.
 
 use crate::BufferId;
 use std::collections::HashMap;
