@@ -16,6 +16,7 @@ mod proc_address;
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
 pub use memory::Census;
@@ -61,6 +62,18 @@ struct Fake {
 }
 
 static FAKE: Mutex<Option<Fake>> = Mutex::new(None);
+
+/// Synchronizations asked for, for tests that check a free waits before it unmaps.
+static CONTEXT_SYNCS: AtomicUsize = AtomicUsize::new(0);
+static STREAM_SYNCS: AtomicUsize = AtomicUsize::new(0);
+static LAST_SYNCED_STREAM: AtomicUsize = AtomicUsize::new(0);
+
+/// Work is never in flight: a stream synchronization only counts, and checks the context.
+fn stream_synchronized(stream: *mut c_void) -> Code {
+    STREAM_SYNCS.fetch_add(1, Relaxed);
+    LAST_SYNCED_STREAM.store(stream as usize, Relaxed);
+    current_context().err().unwrap_or(CUDA_SUCCESS)
+}
 
 thread_local! {
     static CURRENT: Cell<usize> = const { Cell::new(0) };
@@ -295,17 +308,18 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(least: *mut c_int, greatest
 
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> Code {
+    CONTEXT_SYNCS.fetch_add(1, Relaxed);
     current_context().err().unwrap_or(CUDA_SUCCESS)
 }
 
 #[no_mangle]
-pub extern "C" fn cuStreamSynchronize(_stream: *mut c_void) -> Code {
-    current_context().err().unwrap_or(CUDA_SUCCESS)
+pub extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> Code {
+    stream_synchronized(stream)
 }
 
 #[no_mangle]
-pub extern "C" fn cuStreamSynchronize_ptsz(_stream: *mut c_void) -> Code {
-    current_context().err().unwrap_or(CUDA_SUCCESS)
+pub extern "C" fn cuStreamSynchronize_ptsz(stream: *mut c_void) -> Code {
+    stream_synchronized(stream)
 }
 
 // ---- memory ----
@@ -533,8 +547,16 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, len: usize)
 /// `out` null or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn tiermem_fake_census(out: *mut Census) -> Code {
-    // SAFETY: the caller's out-pointer.
-    with(|fake| unsafe { put(out, fake.memory.census()) })
+    with(|fake| {
+        let census = Census {
+            context_syncs: CONTEXT_SYNCS.load(Relaxed),
+            stream_syncs: STREAM_SYNCS.load(Relaxed),
+            last_synced_stream: LAST_SYNCED_STREAM.load(Relaxed),
+            ..fake.memory.census()
+        };
+        // SAFETY: the caller's out-pointer.
+        unsafe { put(out, census) }
+    })
 }
 
 /// Entry points the mechanism crate requires at open but the fake does not implement.

@@ -45,6 +45,11 @@ pub struct Census {
     pub mappings: usize,
     pub plain: usize,
     pub used_bytes: usize,
+    /// `cuCtxSynchronize` calls so far, `cuStreamSynchronize(_ptsz)` calls, and the stream
+    /// handle the last of those was given.
+    pub context_syncs: usize,
+    pub stream_syncs: usize,
+    pub last_synced_stream: usize,
 }
 
 fn anonymous(at: *mut libc::c_void, size: usize, prot: i32, fixed: bool) -> Result<u64, Code> {
@@ -248,6 +253,7 @@ impl Memory {
             mappings: self.mappings.len(),
             plain: self.plain.len(),
             used_bytes: self.used,
+            ..Census::default()
         }
     }
 }

@@ -226,8 +226,11 @@ pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
     };
     let drained = drain_for(drain);
     let chunk = device.info().granularity;
-    let torn_down = device
-        .unmap(allocation.va, allocation.reserved)
+    // One unmap per chunk mapping: the driver wants each call to cover whole mappings, and
+    // has been seen to answer success for a call over several without unmapping them all
+    // (crates/mechanism/src/cuda/mod.rs).
+    let torn_down = (0..allocation.chunks.len())
+        .try_for_each(|index| device.unmap(allocation.va + (index * chunk) as u64, chunk))
         .and_then(|()| allocation.chunks.iter().try_for_each(|&(handle, _)| device.release_chunk(handle)))
         .and_then(|()| device.unreserve(allocation.va, allocation.reserved));
     let mut p = process();
