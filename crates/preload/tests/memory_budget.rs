@@ -31,3 +31,12 @@ fn the_default_budget_is_free_memory_less_the_reserve() {
     let output = support::probe("budget", &["budget", &(1usize << 30).to_string()], &[("TIERMEM_FAKE_HBM", "3G")]);
     support::assert_passed(&output);
 }
+
+#[test]
+fn a_full_gpu_sends_the_rest_to_the_host_before_the_budget_does() {
+    let env = [("TIERMEM_HBM_LIMIT", "64MiB"), ("TIERMEM_FAKE_HBM", "8M")];
+    let output = support::probe("gpufull", &["gpu-full"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("gpu-full: ok"), "{stdout}");
+    assert!(!stderr.contains("tiermem:"), "no complaint expected:\n{stderr}");
+}

@@ -9,6 +9,10 @@
 //! `tiermem-preload-probe no-host-chunks` — a budget of 8 MiB over a driver without host
 //! chunks: beyond the budget is `CUDA_ERROR_OUT_OF_MEMORY`, and nothing leaks.
 //! `tiermem-preload-probe budget BYTES` — `cuMemGetInfo_v2` reports `BYTES` as the total.
+//! `tiermem-preload-probe gpu-full` — a budget of 64 MiB on a GPU of 8 MiB: when the GPU is
+//! full before the budget is, the rest of an allocation goes to the host.
+//! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
+//! once under a budget of 16 MiB; every byte reads back, the budget is whole again, nothing leaks.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
@@ -54,6 +58,10 @@ struct Cuda {
     handle: *mut c_void,
     get_proc: GetProc,
 }
+
+// SAFETY: the handle and the function pointer never change after `load`; dlsym and the
+// driver's functions may be called from any thread.
+unsafe impl Sync for Cuda {}
 
 impl Cuda {
     fn load() -> Cuda {
@@ -278,6 +286,60 @@ fn no_host_chunks() {
     println!("no-host-chunks: ok");
 }
 
+fn gpu_full() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+    let free: Free = cuda.get(c"cuMemFree", 0);
+    let before = cuda.census();
+    let mut ptr = 0;
+    // SAFETY: as in `memory`.
+    unsafe {
+        assert_eq!(alloc(&mut ptr, 20 * MIB), 0, "20 MiB on a GPU of 8 MiB");
+        let census = cuda.census();
+        assert_eq!((census.gpu_chunks, census.host_chunks), (4, 6), "the GPU's 8 MiB, then the host");
+        cuda.write_and_verify(ptr, 20 * MIB, 8);
+        assert_eq!(cuda.mem_info().0, 56 * MIB, "only the chunks in HBM count against the budget");
+        assert_eq!(free(ptr), 0);
+    }
+    assert_eq!(cuda.census().held(), before.held(), "leak");
+    println!("gpu-full: ok");
+}
+
+fn threads() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let before = cuda.census();
+    std::thread::scope(|scope| {
+        for thread in 0..4u8 {
+            let cuda = &cuda;
+            scope.spawn(move || {
+                cuda.start(); // this thread's current context
+                let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+                let free: Free = cuda.get(c"cuMemFree", 0);
+                for round in 0..10u8 {
+                    // 1 to 8 MiB less a little, two held at once: 4 threads want up to 64 MiB.
+                    let size =
+                        |k: usize| (usize::from(thread) * 3 + usize::from(round) * 5 + k) % 8 * MIB + MIB - k * 999;
+                    let (mut first, mut second) = (0, 0);
+                    // SAFETY: valid out-pointers; the pointers freed are the ones allocated.
+                    unsafe {
+                        assert_eq!(alloc(&mut first, size(0)), 0, "thread {thread} round {round}");
+                        assert_eq!(alloc(&mut second, size(1)), 0, "thread {thread} round {round}");
+                        cuda.write_and_verify(first, size(0), thread.wrapping_mul(50).wrapping_add(round));
+                        cuda.write_and_verify(second, size(1), thread.wrapping_mul(70).wrapping_add(round));
+                        assert_eq!(free(first), 0, "thread {thread} round {round}");
+                        assert_eq!(free(second), 0, "thread {thread} round {round}");
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(cuda.mem_info(), (16 * MIB, 16 * MIB), "the whole budget is free again");
+    assert_eq!(cuda.census().held(), before.held(), "leak");
+    println!("threads: ok");
+}
+
 fn budget(expected: usize) {
     let cuda = Cuda::load();
     cuda.start();
@@ -292,8 +354,12 @@ fn main() {
         ["memory"] => memory(),
         ["no-host-chunks"] => no_host_chunks(),
         ["budget", bytes] => budget(bytes.parse().expect("budget BYTES")),
+        ["threads"] => threads(),
+        ["gpu-full"] => gpu_full(),
         _ => {
-            eprintln!("usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES");
+            eprintln!(
+                "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full"
+            );
             std::process::exit(2);
         }
     }
