@@ -35,7 +35,8 @@ fn preload_library() -> Result<PathBuf, String> {
     let path = match std::env::var_os("TIERMEM_PRELOAD") {
         Some(path) => PathBuf::from(path),
         None => {
-            let exe = crate::native_program("tiermem run")?;
+            let exe = crate::native_program("tiermem run")
+                .map_err(|e| format!("{e}; or set TIERMEM_PRELOAD to libtiermem_preload.so's path"))?;
             exe.parent().map(|dir| dir.join(LIBRARY)).ok_or_else(|| format!("{} has no folder", exe.display()))?
         }
     };
