@@ -1,4 +1,5 @@
-//! `tiermem`: probe the machine, run the demo, run the benchmarks, run the node daemon.
+//! `tiermem`: probe the machine, run the demo, run the benchmarks, run the node daemon, run an
+//! unmodified CUDA program over tiermem.
 //!
 //! The program is this library, so that it runs two ways: as the `tiermem` executable
 //! (main.rs), and inside the Python package (`pip install tiermem` puts a `tiermem` command on
@@ -10,6 +11,7 @@ mod bench;
 mod demo;
 mod info;
 mod node;
+mod run;
 mod soak;
 mod swap;
 mod tenant_demo;
@@ -85,6 +87,9 @@ enum Command {
     Status(node::StatusArgs),
     /// `status`, refreshed live in the terminal (q quits).
     Top(top::TopArgs),
+    /// Run an unmodified CUDA program with tiermem under it: allocations beyond --hbm-limit
+    /// are mapped in host memory instead of failing (docs/transparent.md).
+    Run(run::RunArgs),
     /// A swap device in idle VRAM, spilling to a file (docs/swap.md): on, off, status.
     Swap {
         #[command(subcommand)]
@@ -107,6 +112,7 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         Command::Daemon(args) => node::daemon(args),
         Command::Status(args) => node::status(args),
         Command::Top(args) => top::run(args),
+        Command::Run(args) => run::run(args),
         Command::Swap { command } => swap::run(command),
         Command::TenantDemo(args) => tenant_demo::run(args),
     })

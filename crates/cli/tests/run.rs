@@ -1,0 +1,70 @@
+//! `tiermem run`: the preload library first in `LD_PRELOAD`, the budget in bytes and `--stats`
+//! passed by environment, the command's exit status kept, a clear error without the library.
+
+mod support;
+
+use std::path::PathBuf;
+
+/// The preload library cargo built for these tests (a dev-dependency) beside this test binary.
+fn preload_library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let library = exe.parent().unwrap().join("libtiermem_preload.so");
+    assert!(library.is_file(), "{} was not built", library.display());
+    library
+}
+
+#[test]
+fn the_command_runs_preloaded_with_the_budget_and_keeps_its_status() {
+    let library = preload_library();
+    let script = r#"printf '%s|%s|%s\n' "$LD_PRELOAD" "$TIERMEM_HBM_LIMIT" "$TIERMEM_STATS"; exit 7"#;
+    let output = support::tiermem()
+        .args(["run", "--hbm-limit", "64MiB", "--stats", "--", "sh", "-c", script])
+        .env("TIERMEM_PRELOAD", &library)
+        .env("LD_PRELOAD", "libfoo-not-there.so")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(7), "the command's status:\n{stdout}\n{stderr}");
+    let expected = format!("{}:libfoo-not-there.so|67108864|1\n", library.canonicalize().unwrap().display());
+    assert_eq!(stdout, expected);
+}
+
+#[test]
+fn stats_are_printed_when_the_program_exits() {
+    // `true` made no CUDA allocation; the library, loaded into it, says so at exit. (A program
+    // that ends with _exit, as dash does, skips atexit handlers and prints nothing.)
+    let output = support::tiermem()
+        .args(["run", "--stats", "--", "true"])
+        .env("TIERMEM_PRELOAD", preload_library())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("tiermem: stats: 0 allocations (0 with chunks on the host, 0 refused)"), "{stderr}");
+}
+
+#[test]
+fn a_missing_library_is_a_clear_error() {
+    let output = support::tiermem()
+        .args(["run", "--", "true"])
+        .env("TIERMEM_PRELOAD", "/nonexistent/libtiermem_preload.so")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("/nonexistent/libtiermem_preload.so not found"), "{stderr}");
+    assert!(stderr.contains("TIERMEM_PRELOAD"), "{stderr}");
+}
+
+#[test]
+fn a_bad_budget_is_refused_before_the_command_runs() {
+    let output = support::tiermem()
+        .args(["run", "--hbm-limit", "lots", "--", "sh", "-c", "echo ran"])
+        .env("TIERMEM_PRELOAD", preload_library())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("ran"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--hbm-limit"));
+}

@@ -1,0 +1,405 @@
+//! A fake `libcuda.so.1` for CI: one GPU whose memory is host memory (memory.rs), enough of
+//! the driver API for the mechanism crate's `CudaDevice::open` and chunk operations, for the
+//! memory calls libtiermem_preload.so routes, and for `cuGetProcAddress` with versions and
+//! per-thread-stream variants. Tests put a `libcuda.so.1` link to it on `LD_LIBRARY_PATH`.
+//!
+//! Settings (environment, read at `cuInit`): `TIERMEM_FAKE_HBM` — bytes of the fake GPU's
+//! memory (default 1 GiB); `TIERMEM_FAKE_HOST_CHUNKS=0` — the driver says it cannot put VMM
+//! chunks in host memory (an older driver).
+//!
+//! What is not here: kernels, streams, events, asynchronous copies, pinned host memory. The
+//! entry points the mechanism checks for at open exist, and answer `CUDA_ERROR_NOT_SUPPORTED`.
+//! Work is never in flight, so synchronizing returns at once.
+
+mod device;
+mod memory;
+mod proc_address;
+
+use std::cell::Cell;
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+
+pub use memory::Census;
+use memory::{Memory, GRANULARITY};
+
+/// A `CUresult`.
+pub type Code = u32;
+
+pub const CUDA_SUCCESS: Code = 0;
+pub const CUDA_ERROR_INVALID_VALUE: Code = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: Code = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: Code = 3;
+pub const CUDA_ERROR_INVALID_DEVICE: Code = 101;
+pub const CUDA_ERROR_INVALID_CONTEXT: Code = 201;
+pub const CUDA_ERROR_NOT_FOUND: Code = 500;
+pub const CUDA_ERROR_NOT_SUPPORTED: Code = 801;
+
+/// The one (primary) context's handle: any non-null value the program cannot mistake.
+const PRIMARY: usize = 0x7e57_c000;
+
+/// `CUmemLocation`: its type (1 device, 2 host, 3 host NUMA, 4 host NUMA current) and id.
+#[repr(C)]
+pub struct Location {
+    pub kind: c_int,
+    pub id: c_int,
+}
+
+/// The prefix of `CUmemAllocationProp` the fake reads.
+#[repr(C)]
+pub struct AllocationProp {
+    pub kind: c_int,
+    pub handle_types: c_int,
+    pub location: Location,
+}
+
+struct Settings {
+    host_chunks: bool,
+}
+
+struct Fake {
+    memory: Memory,
+    settings: Settings,
+}
+
+static FAKE: Mutex<Option<Fake>> = Mutex::new(None);
+
+/// Synchronizations asked for, for tests that check a free waits before it unmaps.
+static CONTEXT_SYNCS: AtomicUsize = AtomicUsize::new(0);
+static STREAM_SYNCS: AtomicUsize = AtomicUsize::new(0);
+static LAST_SYNCED_STREAM: AtomicUsize = AtomicUsize::new(0);
+
+/// Work is never in flight: a stream synchronization only counts, and checks the context.
+pub(crate) fn stream_synchronized(stream: *mut c_void) -> Code {
+    STREAM_SYNCS.fetch_add(1, Relaxed);
+    LAST_SYNCED_STREAM.store(stream as usize, Relaxed);
+    current_context().err().unwrap_or(CUDA_SUCCESS)
+}
+
+thread_local! {
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+fn parse_bytes(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let (number, shift) = match t.char_indices().last()? {
+        (i, 'K' | 'k') => (&t[..i], 10),
+        (i, 'M' | 'm') => (&t[..i], 20),
+        (i, 'G' | 'g') => (&t[..i], 30),
+        _ => (t, 0),
+    };
+    number.parse::<usize>().ok().map(|n| n << shift)
+}
+
+/// Runs `f` on the fake's state; `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`.
+fn with(f: impl FnOnce(&mut Fake) -> Code) -> Code {
+    let mut guard: MutexGuard<'_, Option<Fake>> = FAKE.lock().unwrap_or_else(|p| p.into_inner());
+    match guard.as_mut() {
+        Some(fake) => f(fake),
+        None => CUDA_ERROR_NOT_INITIALIZED,
+    }
+}
+
+/// Writes `value` through `out` if it is non-null; `CUDA_ERROR_INVALID_VALUE` if it is null.
+///
+/// # Safety
+/// `out` null or valid for a write.
+unsafe fn put<T>(out: *mut T, value: T) -> Code {
+    if out.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null; valid for a write by the caller's contract.
+    unsafe { out.write(value) };
+    CUDA_SUCCESS
+}
+
+/// `Ok(v)` → write `v` through `out`; `Err(code)` → `code`.
+///
+/// # Safety
+/// `out` null or valid for a write.
+unsafe fn answer<T>(out: *mut T, result: Result<T, Code>) -> Code {
+    match result {
+        // SAFETY: passed on from the caller.
+        Ok(value) => unsafe { put(out, value) },
+        Err(code) => code,
+    }
+}
+
+pub(crate) fn current_context() -> Result<(), Code> {
+    match CURRENT.with(Cell::get) {
+        0 => Err(CUDA_ERROR_INVALID_CONTEXT),
+        _ => Ok(()),
+    }
+}
+
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> Code {
+    if free.is_null() || total.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    with(|fake| {
+        // SAFETY: the caller's out-pointers, checked non-null.
+        unsafe { (*free, *total) = (fake.memory.total - fake.memory.used, fake.memory.total) };
+        CUDA_SUCCESS
+    })
+}
+
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    granularity: *mut usize,
+    prop: *const AllocationProp,
+    _flags: c_int,
+) -> Code {
+    if prop.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: the caller's out-pointer.
+    with(|_| unsafe { put(granularity, GRANULARITY) })
+}
+
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut u64,
+    size: usize,
+    _align: usize,
+    _addr: u64,
+    _flags: u64,
+) -> Code {
+    // SAFETY: the caller's out-pointer.
+    with(|fake| unsafe { answer(ptr, fake.memory.reserve(size)) })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemAddressFree(ptr: u64, size: usize) -> Code {
+    with(|fake| fake.memory.unreserve(ptr, size).err().unwrap_or(CUDA_SUCCESS))
+}
+
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const AllocationProp, flags: u64) -> Code {
+    if prop.is_null() || flags != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null; the caller's allocation description.
+    let location = unsafe { &(*prop).location };
+    with(|fake| {
+        let on_gpu = match location.kind {
+            1 if location.id == 0 => true,
+            1 => return CUDA_ERROR_INVALID_DEVICE,
+            3 | 4 if fake.settings.host_chunks => false,
+            3 | 4 => return CUDA_ERROR_NOT_SUPPORTED,
+            _ => return CUDA_ERROR_INVALID_VALUE,
+        };
+        // SAFETY: the caller's out-pointer.
+        unsafe { answer(handle, fake.memory.create(size, on_gpu)) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemRelease(handle: u64) -> Code {
+    with(|fake| fake.memory.release(handle).err().unwrap_or(CUDA_SUCCESS))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> Code {
+    if flags != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    with(|fake| fake.memory.map(ptr, size, offset, handle).err().unwrap_or(CUDA_SUCCESS))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> Code {
+    with(|fake| fake.memory.unmap(ptr, size).err().unwrap_or(CUDA_SUCCESS))
+}
+
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemSetAccess(ptr: u64, size: usize, desc: *const c_void, count: usize) -> Code {
+    if desc.is_null() || count == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    with(|fake| fake.memory.set_access(ptr, size).err().unwrap_or(CUDA_SUCCESS))
+}
+
+/// A plain allocation. The exported functions call this, never each other: a preloaded
+/// library that exports the same names would get those calls (the real driver does not make
+/// them either).
+///
+/// # Safety
+/// `ptr` null or valid for a write.
+unsafe fn alloc_plain(ptr: *mut u64, size: usize) -> Code {
+    if let Err(code) = current_context() {
+        return code;
+    }
+    // SAFETY: the caller's out-pointer.
+    with(|fake| unsafe { answer(ptr, fake.memory.alloc_plain(size)) })
+}
+
+fn free_plain(ptr: u64) -> Code {
+    if let Err(code) = current_context() {
+        return code;
+    }
+    with(|fake| fake.memory.free_plain(ptr).err().unwrap_or(CUDA_SUCCESS))
+}
+
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut u64, size: usize) -> Code {
+    // SAFETY: the caller's out-pointer.
+    unsafe { alloc_plain(ptr, size) }
+}
+
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    ptr: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: c_uint,
+) -> Code {
+    if pitch.is_null() || width == 0 || height == 0 || !matches!(element_size, 4 | 8 | 16) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let padded = width.next_multiple_of(512);
+    // SAFETY: the caller's out-pointers.
+    match unsafe { alloc_plain(ptr, padded * height) } {
+        // SAFETY: the caller's out-pointer (checked non-null above).
+        CUDA_SUCCESS => unsafe { put(pitch, padded) },
+        code => code,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemFree_v2(ptr: u64) -> Code {
+    free_plain(ptr)
+}
+
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(ptr: *mut u64, size: usize, _stream: *mut c_void) -> Code {
+    // SAFETY: the caller's out-pointer.
+    unsafe { alloc_plain(ptr, size) }
+}
+
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(ptr: *mut u64, size: usize, _stream: *mut c_void) -> Code {
+    // SAFETY: the caller's out-pointer.
+    unsafe { alloc_plain(ptr, size) }
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemFreeAsync(ptr: u64, _stream: *mut c_void) -> Code {
+    free_plain(ptr)
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemFreeAsync_ptsz(ptr: u64, _stream: *mut c_void) -> Code {
+    free_plain(ptr)
+}
+
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(ptr: *mut u64, size: usize, _flags: c_uint) -> Code {
+    // SAFETY: the caller's out-pointer.
+    unsafe { alloc_plain(ptr, size) }
+}
+
+/// # Safety
+/// As the driver's: `src` valid for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, len: usize) -> Code {
+    with(|fake| {
+        if src.is_null() || !fake.memory.accessible(dst, len) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: `dst..dst+len` is fake device memory mapped read-write (checked); `src` is
+        // the caller's, valid for `len` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst as *mut u8, len) };
+        CUDA_SUCCESS
+    })
+}
+
+/// # Safety
+/// As the driver's: `dst` valid for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, len: usize) -> Code {
+    with(|fake| {
+        if dst.is_null() || !fake.memory.accessible(src, len) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: as in cuMemcpyHtoD_v2, the other way.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.cast::<u8>(), len) };
+        CUDA_SUCCESS
+    })
+}
+
+/// What the fake holds now, for tests' leak checks. Not a driver function.
+///
+/// # Safety
+/// `out` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn tiermem_fake_census(out: *mut Census) -> Code {
+    with(|fake| {
+        let census = Census {
+            context_syncs: CONTEXT_SYNCS.load(Relaxed),
+            stream_syncs: STREAM_SYNCS.load(Relaxed),
+            last_synced_stream: LAST_SYNCED_STREAM.load(Relaxed),
+            ..fake.memory.census()
+        };
+        // SAFETY: the caller's out-pointer.
+        unsafe { put(out, census) }
+    })
+}
+
+/// Entry points the mechanism crate requires at open but the fake does not implement.
+macro_rules! not_supported {
+    ($($name:ident),* $(,)?) => {$(
+        #[no_mangle]
+        pub extern "C" fn $name() -> Code {
+            CUDA_ERROR_NOT_SUPPORTED
+        }
+    )*};
+}
+
+not_supported!(
+    cuMemHostAlloc,
+    cuMemFreeHost,
+    cuMemHostRegister_v2,
+    cuMemHostUnregister,
+    cuStreamCreateWithPriority,
+    cuStreamDestroy_v2,
+    cuStreamWaitEvent,
+    cuEventCreate,
+    cuEventDestroy_v2,
+    cuEventRecord,
+    cuEventQuery,
+    cuEventSynchronize,
+    cuEventElapsedTime_v2,
+    cuMemcpyHtoDAsync_v2,
+    cuMemcpyDtoHAsync_v2,
+    cuMemcpyDtoDAsync_v2,
+    cuMemsetD8Async,
+    cuModuleLoadData,
+    cuModuleGetFunction,
+    cuModuleUnload,
+    cuLaunchKernel,
+);
+
+pub use device::*;
+pub use proc_address::{cuGetProcAddress, cuGetProcAddress_v2};

@@ -1,0 +1,133 @@
+//! The fake's `cuGetProcAddress(_v2)`: a base name, a CUDA version and a stream flavour pick
+//! one exported function, as the driver does. Each row says since which version a name means
+//! that function; the newest row not newer than the caller's version wins. A name the fake
+//! lacks, or a version older than every row of it, is `CUDA_ERROR_NOT_FOUND`.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+use crate::*;
+
+/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+const PER_THREAD: u64 = 2;
+/// `CUdriverProcAddressQueryResult`.
+const FOUND: c_int = 0;
+const SYMBOL_NOT_FOUND: c_int = 1;
+const VERSION_NOT_SUFFICIENT: c_int = 2;
+
+struct Row {
+    name: &'static CStr,
+    since: c_int,
+    legacy: *mut c_void,
+    per_thread: Option<*mut c_void>,
+}
+
+fn row(name: &'static CStr, since: c_int, legacy: *mut c_void) -> Row {
+    Row { name, since, legacy, per_thread: None }
+}
+
+fn rows() -> Vec<Row> {
+    vec![
+        row(c"cuInit", 2000, cuInit as *mut c_void),
+        row(c"cuDriverGetVersion", 2020, cuDriverGetVersion as *mut c_void),
+        row(c"cuGetProcAddress", 11030, cuGetProcAddress as *mut c_void),
+        row(c"cuGetProcAddress", 12000, cuGetProcAddress_v2 as *mut c_void),
+        row(c"cuDeviceGet", 2000, cuDeviceGet as *mut c_void),
+        row(c"cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain as *mut c_void),
+        row(c"cuCtxSetCurrent", 4000, cuCtxSetCurrent as *mut c_void),
+        row(c"cuCtxGetDevice", 2000, cuCtxGetDevice as *mut c_void),
+        row(c"cuCtxSynchronize", 2000, cuCtxSynchronize as *mut c_void),
+        Row {
+            per_thread: Some(cuStreamSynchronize_ptsz as *mut c_void),
+            ..row(c"cuStreamSynchronize", 2000, cuStreamSynchronize as *mut c_void)
+        },
+        row(c"cuMemAlloc", 3020, cuMemAlloc_v2 as *mut c_void),
+        row(c"cuMemAllocPitch", 3020, cuMemAllocPitch_v2 as *mut c_void),
+        row(c"cuMemFree", 3020, cuMemFree_v2 as *mut c_void),
+        row(c"cuMemGetInfo", 3020, cuMemGetInfo_v2 as *mut c_void),
+        row(c"cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2 as *mut c_void),
+        row(c"cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2 as *mut c_void),
+        row(c"cuMemAllocManaged", 6000, cuMemAllocManaged as *mut c_void),
+        Row {
+            per_thread: Some(cuMemAllocAsync_ptsz as *mut c_void),
+            ..row(c"cuMemAllocAsync", 11020, cuMemAllocAsync as *mut c_void)
+        },
+        Row {
+            per_thread: Some(cuMemFreeAsync_ptsz as *mut c_void),
+            ..row(c"cuMemFreeAsync", 11020, cuMemFreeAsync as *mut c_void)
+        },
+    ]
+}
+
+/// The function `symbol` means for a caller of `version` with `flags`, or the query result why not.
+fn resolve(symbol: &CStr, version: c_int, flags: u64) -> Result<*mut c_void, c_int> {
+    let rows = rows();
+    let named: Vec<&Row> = rows.iter().filter(|r| r.name == symbol).collect();
+    if named.is_empty() {
+        return Err(SYMBOL_NOT_FOUND);
+    }
+    let row = named.into_iter().filter(|r| r.since <= version).max_by_key(|r| r.since).ok_or(VERSION_NOT_SUFFICIENT)?;
+    Ok(match (flags & PER_THREAD != 0, row.per_thread) {
+        (true, Some(per_thread)) => per_thread,
+        _ => row.legacy,
+    })
+}
+
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> Code {
+    // SAFETY: passed on from the caller.
+    unsafe { get_proc_address(symbol, pfn, version, flags, status) }
+}
+
+/// Both versions of `cuGetProcAddress` (neither calls the other's exported name: see `alloc_plain`).
+///
+/// # Safety
+/// As the driver's.
+unsafe fn get_proc_address(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> Code {
+    if symbol.is_null() || pfn.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null; the caller passes a NUL-terminated name.
+    let (found, query) = match resolve(unsafe { CStr::from_ptr(symbol) }, version, flags) {
+        Ok(f) => (f, FOUND),
+        Err(why) => (std::ptr::null_mut(), why),
+    };
+    // SAFETY: the caller's out-pointers (`status` may be null).
+    unsafe {
+        *pfn = found;
+        if !status.is_null() {
+            *status = query;
+        }
+    }
+    if found.is_null() {
+        CUDA_ERROR_NOT_FOUND
+    } else {
+        CUDA_SUCCESS
+    }
+}
+
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> Code {
+    // SAFETY: the caller's arguments; no status wanted.
+    unsafe { get_proc_address(symbol, pfn, version, flags, std::ptr::null_mut()) }
+}

@@ -1,0 +1,93 @@
+//! The bookkeeping of interposed allocations: device pointer → allocation, and the managed
+//! allocations that pass through to the driver but are counted.
+//!
+//! `cuMemFree` takes exactly the pointer the allocation returned, so lookups are by base
+//! pointer. Not thread-safe by itself: the process state (process.rs) owns it behind its lock.
+
+use std::collections::BTreeMap;
+
+use tiermem_mechanism::PhysHandle;
+
+use crate::placement::Tier;
+
+/// One interposed allocation: a reservation with its chunks mapped in order.
+#[derive(Debug)]
+pub struct Allocation {
+    /// The reservation's start: the pointer the program got.
+    pub va: u64,
+    /// Bytes reserved and mapped: the request rounded up to whole chunks.
+    pub reserved: usize,
+    /// The GPU whose context made it.
+    pub ordinal: usize,
+    /// The physical chunks, mapped one after the other from `va`, and where each lives.
+    pub chunks: Vec<(PhysHandle, Tier)>,
+}
+
+impl Allocation {
+    /// Bytes of this allocation on `tier`.
+    pub fn bytes_on(&self, tier: Tier, chunk_bytes: usize) -> usize {
+        self.chunks.iter().filter(|(_, t)| *t == tier).count() * chunk_bytes
+    }
+}
+
+/// Every live interposed allocation, and the managed ones.
+#[derive(Debug, Default)]
+pub struct Allocations {
+    by_va: BTreeMap<u64, Allocation>,
+    /// `cuMemAllocManaged` pointers and their sizes: passed through, counted, never moved.
+    managed: BTreeMap<u64, usize>,
+}
+
+impl Allocations {
+    pub const fn new() -> Self {
+        Self { by_va: BTreeMap::new(), managed: BTreeMap::new() }
+    }
+
+    pub fn insert(&mut self, allocation: Allocation) {
+        self.by_va.insert(allocation.va, allocation);
+    }
+
+    /// Takes the allocation starting at `ptr` out of the books: none if `ptr` is not the start
+    /// of a live interposed allocation (a pointer of the driver's, or one freed already).
+    pub fn remove(&mut self, ptr: u64) -> Option<Allocation> {
+        self.by_va.remove(&ptr)
+    }
+
+    pub fn insert_managed(&mut self, ptr: u64, size: usize) {
+        self.managed.insert(ptr, size);
+    }
+
+    /// The size of the managed allocation at `ptr`, taken out of the books.
+    pub fn remove_managed(&mut self, ptr: u64) -> Option<usize> {
+        self.managed.remove(&ptr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allocation(va: u64, tiers: &[Tier]) -> Allocation {
+        let chunks = tiers.iter().enumerate().map(|(i, &t)| (PhysHandle(i as u64), t)).collect();
+        Allocation { va, reserved: tiers.len() << 21, ordinal: 0, chunks }
+    }
+
+    #[test]
+    fn an_allocation_is_found_once_by_its_start_only() {
+        let mut books = Allocations::default();
+        books.insert(allocation(0x10_0000_0000, &[Tier::Hbm, Tier::Host]));
+        assert!(books.remove(0x10_0000_0001).is_none(), "an inner pointer is not an allocation");
+        let a = books.remove(0x10_0000_0000).expect("the allocation");
+        assert_eq!((a.bytes_on(Tier::Hbm, 2 << 20), a.bytes_on(Tier::Host, 2 << 20)), (2 << 20, 2 << 20));
+        assert!(books.remove(0x10_0000_0000).is_none(), "a second free finds nothing");
+    }
+
+    #[test]
+    fn managed_allocations_are_counted_apart() {
+        let mut books = Allocations::default();
+        books.insert_managed(0x7000, 100);
+        assert!(books.remove(0x7000).is_none());
+        assert_eq!(books.remove_managed(0x7000), Some(100));
+        assert_eq!(books.remove_managed(0x7000), None);
+    }
+}

@@ -1,0 +1,366 @@
+//! A CUDA program for the preload library's tests: it loads `libcuda.so.1` with `dlopen`, as
+//! the CUDA runtime does, fetches entry points by `dlsym` and `cuGetProcAddress_v2`, and
+//! checks what it gets. Run with `LD_PRELOAD=libtiermem_preload.so` over the fake driver
+//! (crates/fakecuda) by tests/; exits non-zero, saying why, on the first check that fails.
+//!
+//! `tiermem-preload-probe routing` — which door gives which function.
+//! `tiermem-preload-probe memory` — a budget of 64 MiB (`TIERMEM_HBM_LIMIT`): allocations
+//! within and beyond it, bytes written and read back, bad frees, zero bytes, leaks.
+//! `tiermem-preload-probe no-host-chunks` — a budget of 8 MiB over a driver without host
+//! chunks: beyond the budget is `CUDA_ERROR_OUT_OF_MEMORY`, and nothing leaks.
+//! `tiermem-preload-probe budget BYTES` — `cuMemGetInfo_v2` reports `BYTES` as the total.
+//! `tiermem-preload-probe gpu-full` — a budget of 64 MiB on a GPU of 8 MiB: when the GPU is
+//! full before the budget is, the rest of an allocation goes to the host.
+//! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
+//! once under a budget of 16 MiB; every byte reads back, the budget is whole again, nothing leaks.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+
+type Code = u32;
+type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> Code;
+type Alloc = unsafe extern "C" fn(*mut u64, usize) -> Code;
+type AllocAsync = unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> Code;
+type AllocPitch = unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> Code;
+type AllocManaged = unsafe extern "C" fn(*mut u64, usize, c_uint) -> Code;
+type Free = unsafe extern "C" fn(u64) -> Code;
+type FreeAsync = unsafe extern "C" fn(u64, *mut c_void) -> Code;
+type GetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> Code;
+type CopyIn = unsafe extern "C" fn(u64, *const c_void, usize) -> Code;
+type CopyOut = unsafe extern "C" fn(*mut c_void, u64, usize) -> Code;
+
+#[repr(C)]
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Census {
+    gpu_chunks: usize,
+    host_chunks: usize,
+    reservations: usize,
+    mappings: usize,
+    plain: usize,
+    used_bytes: usize,
+    context_syncs: usize,
+    stream_syncs: usize,
+    last_synced_stream: usize,
+}
+
+impl Census {
+    /// What is held, without the synchronization counters.
+    fn held(&self) -> [usize; 6] {
+        [self.gpu_chunks, self.host_chunks, self.reservations, self.mappings, self.plain, self.used_bytes]
+    }
+}
+
+const MIB: usize = 1 << 20;
+const LEGACY: u64 = 1;
+const PER_THREAD: u64 = 2;
+
+/// The loaded driver, as a program sees it.
+struct Cuda {
+    handle: *mut c_void,
+    get_proc: GetProc,
+}
+
+// SAFETY: the handle and the function pointer never change after `load`; dlsym and the
+// driver's functions may be called from any thread.
+unsafe impl Sync for Cuda {}
+
+impl Cuda {
+    fn load() -> Cuda {
+        // SAFETY: dlopen of a library name; the handle is kept for the life of the process.
+        let handle = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
+        assert!(!handle.is_null(), "dlopen(libcuda.so.1) failed");
+        let get_proc = Self::dlsym(handle, c"cuGetProcAddress_v2");
+        // SAFETY: cuGetProcAddress_v2 has the `GetProc` signature.
+        Cuda { handle, get_proc: unsafe { std::mem::transmute::<*mut c_void, GetProc>(get_proc) } }
+    }
+
+    fn dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+        // SAFETY: a handle from dlopen (or a pseudo-handle) and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
+        assert!(!p.is_null(), "dlsym({name:?}) found nothing");
+        p
+    }
+
+    /// `cuGetProcAddress_v2(name, version, flags)`: the result code, the query status, the function.
+    fn proc(&self, name: &CStr, version: c_int, flags: u64) -> (Code, c_int, *mut c_void) {
+        let (mut f, mut status) = (std::ptr::null_mut(), -1);
+        // SAFETY: the driver's cuGetProcAddress_v2 (or tiermem's) with valid out-pointers.
+        let code = unsafe { (self.get_proc)(name.as_ptr(), &mut f, version, flags, &mut status) };
+        (code, status, f)
+    }
+
+    /// The function `name` means for a CUDA 12 caller, as type `F`.
+    fn get<F: Copy>(&self, name: &CStr, flags: u64) -> F {
+        let (code, _, f) = self.proc(name, 12000, flags);
+        assert!(code == 0 && !f.is_null(), "cuGetProcAddress_v2({name:?}) = {code}");
+        assert_eq!(size_of::<F>(), size_of::<*mut c_void>());
+        // SAFETY: `F` is the function pointer type of `name` (the caller names both).
+        unsafe { std::mem::transmute_copy::<*mut c_void, F>(&f) }
+    }
+
+    fn census(&self) -> Census {
+        let f = Self::dlsym(self.handle, c"tiermem_fake_census");
+        // SAFETY: the fake driver's census function: one out-pointer.
+        let census = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut Census) -> Code>(f) };
+        let mut out = Census::default();
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { census(&mut out) }, 0);
+        out
+    }
+
+    /// cuInit, and the primary context of GPU 0 made current.
+    fn start(&self) {
+        let init: unsafe extern "C" fn(c_uint) -> Code = self.get(c"cuInit", 0);
+        let device_get: unsafe extern "C" fn(*mut c_int, c_int) -> Code = self.get(c"cuDeviceGet", 0);
+        let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> Code = self.get(c"cuDevicePrimaryCtxRetain", 0);
+        let set_current: unsafe extern "C" fn(*mut c_void) -> Code = self.get(c"cuCtxSetCurrent", 0);
+        let (mut device, mut ctx) = (-1, std::ptr::null_mut());
+        // SAFETY: the driver's functions with valid out-pointers and the handles they gave.
+        unsafe {
+            assert_eq!(init(0), 0, "cuInit");
+            assert_eq!(device_get(&mut device, 0), 0, "cuDeviceGet");
+            assert_eq!(retain(&mut ctx, device), 0, "cuDevicePrimaryCtxRetain");
+            assert_eq!(set_current(ctx), 0, "cuCtxSetCurrent");
+        }
+    }
+
+    fn mem_info(&self) -> (usize, usize) {
+        let get_info: GetInfo = self.get(c"cuMemGetInfo", 0);
+        let (mut free, mut total) = (0, 0);
+        // SAFETY: valid out-pointers.
+        assert_eq!(unsafe { get_info(&mut free, &mut total) }, 0, "cuMemGetInfo_v2");
+        (free, total)
+    }
+
+    /// Writes a pattern of `seed` over `len` bytes at `ptr` and reads it back.
+    fn write_and_verify(&self, ptr: u64, len: usize, seed: u8) {
+        let copy_in: CopyIn = self.get(c"cuMemcpyHtoD", 0);
+        let copy_out: CopyOut = self.get(c"cuMemcpyDtoH", 0);
+        let bytes: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
+        let mut back = vec![0u8; len];
+        // SAFETY: both host buffers hold `len` bytes; `ptr` is device memory of `len` bytes.
+        unsafe {
+            assert_eq!(copy_in(ptr, bytes.as_ptr().cast(), len), 0, "cuMemcpyHtoD_v2 to 0x{ptr:x}");
+            assert_eq!(copy_out(back.as_mut_ptr().cast(), ptr, len), 0, "cuMemcpyDtoH_v2 from 0x{ptr:x}");
+        }
+        let first_bad = bytes.iter().zip(&back).position(|(a, b)| a != b);
+        assert_eq!(first_bad, None, "bytes read back differ from those written at 0x{ptr:x}");
+    }
+}
+
+/// Where the function at `p` lives: the path of its shared object.
+fn home(p: *mut c_void) -> String {
+    // SAFETY: an all-zero Dl_info is valid; dladdr fills it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid out-pointer; `p` is only looked up.
+    if unsafe { libc::dladdr(p, &mut info) } == 0 || info.dli_fname.is_null() {
+        return "?".into();
+    }
+    // SAFETY: dladdr set a NUL-terminated path.
+    unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned()
+}
+
+fn assert_tiermem(p: *mut c_void, what: &str) {
+    assert!(home(p).contains("libtiermem_preload"), "{what} should be tiermem's, is in {}", home(p));
+}
+
+fn assert_driver(p: *mut c_void, what: &str) {
+    assert!(!home(p).contains("libtiermem_preload"), "{what} should be the driver's, is tiermem's");
+}
+
+fn routing() {
+    let cuda = Cuda::load();
+    assert_tiermem(cuda.get_proc as *mut c_void, "dlsym(libcuda, cuGetProcAddress_v2)");
+    assert_tiermem(Cuda::dlsym(cuda.handle, c"cuGetProcAddress"), "dlsym(libcuda, cuGetProcAddress)");
+    assert_tiermem(Cuda::dlsym(cuda.handle, c"cuMemAlloc_v2"), "dlsym(libcuda, cuMemAlloc_v2)");
+    assert_tiermem(Cuda::dlsym(libc::RTLD_DEFAULT, c"cuMemFree_v2"), "dlsym(RTLD_DEFAULT, cuMemFree_v2)");
+    assert_driver(Cuda::dlsym(cuda.handle, c"cuMemcpyHtoD_v2"), "dlsym(libcuda, cuMemcpyHtoD_v2)");
+
+    let alloc = cuda.proc(c"cuMemAlloc", 12000, 0).2;
+    assert_tiermem(alloc, "cuGetProcAddress(cuMemAlloc)");
+    assert_eq!(alloc, Cuda::dlsym(cuda.handle, c"cuMemAlloc_v2"), "both doors give one cuMemAlloc_v2");
+    let legacy = cuda.proc(c"cuMemAllocAsync", 12000, LEGACY).2;
+    let per_thread = cuda.proc(c"cuMemAllocAsync", 12000, PER_THREAD).2;
+    assert_tiermem(legacy, "cuMemAllocAsync (legacy stream)");
+    assert_tiermem(per_thread, "cuMemAllocAsync (per-thread stream)");
+    assert_ne!(legacy, per_thread, "the per-thread variant is a wrapper of its own");
+    assert_eq!(per_thread, Cuda::dlsym(cuda.handle, c"cuMemAllocAsync_ptsz"));
+    assert_tiermem(cuda.proc(c"cuMemFreeAsync", 12000, PER_THREAD).2, "cuMemFreeAsync_ptsz");
+    assert_tiermem(cuda.proc(c"cuGetProcAddress", 12000, 0).2, "cuGetProcAddress(cuGetProcAddress)");
+    assert_tiermem(cuda.proc(c"cuMemGetInfo", 12000, 0).2, "cuGetProcAddress(cuMemGetInfo)");
+    assert_driver(cuda.proc(c"cuStreamSynchronize", 12000, PER_THREAD).2, "cuStreamSynchronize_ptsz");
+    assert_driver(cuda.proc(c"cuCtxSynchronize", 12000, 0).2, "cuCtxSynchronize");
+
+    // The driver's own refusals come back unchanged: an old version, an unknown name.
+    let (code, status, f) = cuda.proc(c"cuMemAllocAsync", 11000, 0);
+    assert_eq!((code, status, f.is_null()), (500, 2, true), "cuMemAllocAsync for CUDA 11.0");
+    let (code, status, f) = cuda.proc(c"cuNoSuchFunction", 12000, 0);
+    assert_eq!((code, status, f.is_null()), (500, 1, true), "an unknown symbol");
+    let (code, _, f) = cuda.proc(c"cuMemAlloc_v2", 12000, 0);
+    assert_eq!((code, f.is_null()), (500, true), "versioned names are not the driver's base names");
+    println!("routing: ok");
+}
+
+fn memory() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+    let free: Free = cuda.get(c"cuMemFree", 0);
+    let alloc_async: AllocAsync = cuda.get(c"cuMemAllocAsync", PER_THREAD);
+    let free_async: FreeAsync = cuda.get(c"cuMemFreeAsync", PER_THREAD);
+    let alloc_pitch: AllocPitch = cuda.get(c"cuMemAllocPitch", 0);
+    let alloc_managed: AllocManaged = cuda.get(c"cuMemAllocManaged", 0);
+    let before = cuda.census();
+    assert_eq!(cuda.mem_info(), (64 * MIB, 64 * MIB), "cuMemGetInfo_v2 reports the budget");
+
+    let (mut a, mut b, mut c, mut d, mut m) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut pitch = 0usize;
+    // SAFETY: the driver's (tiermem's) functions with valid out-pointers, and pointers they gave.
+    unsafe {
+        assert_eq!(alloc(&mut a, 3 * MIB), 0, "3 MiB within the budget");
+        cuda.write_and_verify(a, 3 * MIB, 1);
+        assert_eq!(cuda.mem_info().0, 60 * MIB, "3 MiB round up to two 2 MiB chunks");
+
+        assert_eq!(alloc(&mut b, 100 * MIB), 0, "100 MiB, beyond the budget");
+        let census = cuda.census();
+        assert_eq!((census.gpu_chunks, census.host_chunks), (32, 20), "HBM up to the budget, the rest on the host");
+        cuda.write_and_verify(b, 100 * MIB, 2);
+        assert_eq!(cuda.mem_info(), (0, 64 * MIB));
+
+        assert_eq!(alloc_async(&mut c, MIB, std::ptr::null_mut()), 0, "cuMemAllocAsync_ptsz");
+        assert_eq!(cuda.census().host_chunks, 21, "a full budget sends new chunks to the host");
+        cuda.write_and_verify(c, MIB, 3);
+        let syncs = cuda.census().stream_syncs;
+        assert_eq!(free_async(c, std::ptr::null_mut()), 0, "cuMemFreeAsync_ptsz");
+        let census = cuda.census();
+        assert_eq!(census.stream_syncs, syncs + 1, "an async free waits for its stream");
+        assert_eq!(census.last_synced_stream, 2, "stream 0 of a _ptsz call is CU_STREAM_PER_THREAD");
+
+        assert_eq!(alloc(&mut d, 0), 1, "zero bytes: the driver's CUDA_ERROR_INVALID_VALUE");
+        let syncs = cuda.census().context_syncs;
+        assert_eq!(free(b), 0, "free");
+        assert_eq!(cuda.census().context_syncs, syncs + 1, "a free waits for the context");
+        assert_eq!(free(b), 1, "a second free: the driver's CUDA_ERROR_INVALID_VALUE");
+        assert_eq!(free(0xdead_0000), 1, "a pointer never allocated: the driver's error");
+        assert_eq!(cuda.mem_info().0, 60 * MIB, "the freed chunks are the budget's again");
+
+        assert_eq!(alloc_pitch(&mut d, &mut pitch, 1000, 3, 4), 0, "cuMemAllocPitch_v2");
+        assert_eq!(pitch, 1024);
+        cuda.write_and_verify(d, pitch * 3, 4);
+        assert_eq!(alloc_pitch(&mut d, &mut pitch, 1000, 3, 3), 1, "a bad element size: the driver's answer");
+        assert_eq!(free(d), 0);
+
+        assert_eq!(alloc_managed(&mut m, 4096, 1), 0, "managed memory passes through");
+        assert_eq!(cuda.census().plain, before.plain + 1, "the driver made it");
+        cuda.write_and_verify(m, 4096, 5);
+        assert_eq!(free(m), 0);
+        cuda.write_and_verify(a, 3 * MIB, 6);
+        assert_eq!(free(a), 0);
+    }
+    assert_eq!(cuda.mem_info(), (64 * MIB, 64 * MIB));
+    let after = cuda.census();
+    assert_eq!(
+        after.held(),
+        Census { gpu_chunks: 0, host_chunks: 0, reservations: 0, mappings: 0, ..before }.held(),
+        "leak"
+    );
+    println!("memory: ok");
+}
+
+fn no_host_chunks() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+    let free: Free = cuda.get(c"cuMemFree", 0);
+    let (mut a, mut b) = (0u64, 0u64);
+    // SAFETY: as in `memory`.
+    unsafe {
+        assert_eq!(alloc(&mut a, 4 * MIB), 0, "within the budget");
+        let census = cuda.census();
+        assert_eq!(alloc(&mut b, 8 * MIB), 2, "beyond the budget without host chunks: CUDA_ERROR_OUT_OF_MEMORY");
+        assert_eq!(cuda.census().held(), census.held(), "the refused allocation left nothing behind");
+        assert_eq!(cuda.mem_info(), (4 * MIB, 8 * MIB));
+        cuda.write_and_verify(a, 4 * MIB, 7);
+        assert_eq!(free(a), 0);
+    }
+    assert_eq!((cuda.census().gpu_chunks, cuda.census().reservations), (0, 0), "leak");
+    println!("no-host-chunks: ok");
+}
+
+fn gpu_full() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+    let free: Free = cuda.get(c"cuMemFree", 0);
+    let before = cuda.census();
+    let mut ptr = 0;
+    // SAFETY: as in `memory`.
+    unsafe {
+        assert_eq!(alloc(&mut ptr, 20 * MIB), 0, "20 MiB on a GPU of 8 MiB");
+        let census = cuda.census();
+        assert_eq!((census.gpu_chunks, census.host_chunks), (4, 6), "the GPU's 8 MiB, then the host");
+        cuda.write_and_verify(ptr, 20 * MIB, 8);
+        assert_eq!(cuda.mem_info().0, 56 * MIB, "only the chunks in HBM count against the budget");
+        assert_eq!(free(ptr), 0);
+    }
+    assert_eq!(cuda.census().held(), before.held(), "leak");
+    println!("gpu-full: ok");
+}
+
+fn threads() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let before = cuda.census();
+    std::thread::scope(|scope| {
+        for thread in 0..4u8 {
+            let cuda = &cuda;
+            scope.spawn(move || {
+                cuda.start(); // this thread's current context
+                let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+                let free: Free = cuda.get(c"cuMemFree", 0);
+                for round in 0..10u8 {
+                    // 1 to 8 MiB less a little, two held at once: 4 threads want up to 64 MiB.
+                    let size =
+                        |k: usize| (usize::from(thread) * 3 + usize::from(round) * 5 + k) % 8 * MIB + MIB - k * 999;
+                    let (mut first, mut second) = (0, 0);
+                    // SAFETY: valid out-pointers; the pointers freed are the ones allocated.
+                    unsafe {
+                        assert_eq!(alloc(&mut first, size(0)), 0, "thread {thread} round {round}");
+                        assert_eq!(alloc(&mut second, size(1)), 0, "thread {thread} round {round}");
+                        cuda.write_and_verify(first, size(0), thread.wrapping_mul(50).wrapping_add(round));
+                        cuda.write_and_verify(second, size(1), thread.wrapping_mul(70).wrapping_add(round));
+                        assert_eq!(free(first), 0, "thread {thread} round {round}");
+                        assert_eq!(free(second), 0, "thread {thread} round {round}");
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(cuda.mem_info(), (16 * MIB, 16 * MIB), "the whole budget is free again");
+    assert_eq!(cuda.census().held(), before.held(), "leak");
+    println!("threads: ok");
+}
+
+fn budget(expected: usize) {
+    let cuda = Cuda::load();
+    cuda.start();
+    assert_eq!(cuda.mem_info(), (expected, expected), "the default budget");
+    println!("budget: ok");
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["routing"] => routing(),
+        ["memory"] => memory(),
+        ["no-host-chunks"] => no_host_chunks(),
+        ["budget", bytes] => budget(bytes.parse().expect("budget BYTES")),
+        ["threads"] => threads(),
+        ["gpu-full"] => gpu_full(),
+        _ => {
+            eprintln!(
+                "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full"
+            );
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The routed driver entry points: tiermem's versions of the memory calls, exported under the
+//! driver's versioned names (a program linked against libcuda calls these directly) and handed
+//! out by the `dlsym` and `cuGetProcAddress` overrides (routes.rs).
+//!
+//! Each one gives the driver the calls tiermem does not serve, so that their answer is the
+//! driver's own: a null out-pointer, a size of zero, a pitch allocation the driver would
+//! refuse, a pointer tiermem did not allocate (a second free, a pointer never allocated), a
+//! GPU tiermem could not open, and every call on a thread already inside tiermem.
+
+use std::ffi::c_uint;
+
+use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
+use crate::driver::{driver, Driver, Stream};
+use crate::process::{self, Drain};
+
+/// `CU_STREAM_PER_THREAD`: what stream 0 means to a `_ptsz` entry point.
+const CU_STREAM_PER_THREAD: Stream = 0x2 as Stream;
+
+/// The driver's function `$field`, or `CUDA_ERROR_NOT_INITIALIZED` from the enclosing wrapper
+/// when there is no driver (no program could have reached a wrapper through it then).
+macro_rules! real {
+    ($field:ident) => {
+        match driver().and_then(|d: &'static Driver| d.$field) {
+            Some(f) => f,
+            None => return CUDA_ERROR_NOT_INITIALIZED,
+        }
+    };
+}
+
+/// Allocates through tiermem, or passes to `fallback` (the driver) what tiermem leaves to it.
+///
+/// # Safety
+/// `dptr` must be null or valid for a write.
+unsafe fn alloc_or(call: &str, dptr: *mut u64, size: usize, fallback: impl FnOnce() -> CuResult) -> CuResult {
+    if inside() || dptr.is_null() || size == 0 {
+        return to_driver(fallback);
+    }
+    guard(call, || match process::alloc(call, size) {
+        Ok(Some(ptr)) => {
+            // SAFETY: checked non-null; the caller's out-pointer.
+            unsafe { *dptr = ptr };
+            CUDA_SUCCESS
+        }
+        Ok(None) => fallback(),
+        Err(code) => code,
+    })
+}
+
+/// Frees through tiermem, or passes the pointer to `fallback` (the driver).
+fn free_or(call: &str, ptr: u64, drain: Drain, fallback: impl FnOnce() -> CuResult) -> CuResult {
+    if inside() {
+        return to_driver(fallback);
+    }
+    guard(call, || match process::free(call, ptr, drain) {
+        Some(code) => code,
+        None => {
+            let code = fallback();
+            if code == CUDA_SUCCESS {
+                process::driver_freed(ptr);
+            }
+            code
+        }
+    })
+}
+
+/// `cuMemAlloc_v2`: a mapped allocation under the budget.
+///
+/// # Safety
+/// As the driver's: `dptr` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> CuResult {
+    let real = real!(mem_alloc);
+    // SAFETY: the caller's arguments, as the driver takes them.
+    unsafe { alloc_or("cuMemAlloc_v2", dptr, size, || real(dptr, size)) }
+}
+
+/// `cuMemAllocPitch_v2`: rows of `width` bytes padded to 512 (what the driver gives on the
+/// GPUs we know; the contract is only that the pitch is at least the width).
+///
+/// # Safety
+/// As the driver's: out-pointers null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: c_uint,
+) -> CuResult {
+    const PITCH_ALIGNMENT: usize = 512;
+    let real = real!(mem_alloc_pitch);
+    // SAFETY: the caller's arguments, as the driver takes them.
+    let driver = || to_driver(|| unsafe { real(dptr, pitch, width, height, element_size) });
+    let padded = width.checked_next_multiple_of(PITCH_ALIGNMENT);
+    let size = padded.and_then(|padded| padded.checked_mul(height));
+    let valid = !pitch.is_null() && !dptr.is_null() && matches!(element_size, 4 | 8 | 16);
+    let (Some(padded), Some(size)) = (padded, size) else { return driver() };
+    if inside() || !valid || size == 0 {
+        return driver();
+    }
+    guard("cuMemAllocPitch_v2", || match process::alloc("cuMemAllocPitch_v2", size) {
+        Ok(Some(ptr)) => {
+            // SAFETY: both checked non-null; the caller's out-pointers.
+            unsafe { (*dptr, *pitch) = (ptr, padded) };
+            CUDA_SUCCESS
+        }
+        Ok(None) => driver(),
+        Err(code) => code,
+    })
+}
+
+/// `cuMemFree_v2`: waits for the context, then unmaps.
+///
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> CuResult {
+    let real = real!(mem_free);
+    // SAFETY: the driver's own function with the caller's argument.
+    free_or("cuMemFree_v2", ptr, Drain::Context, || unsafe { real(ptr) })
+}
+
+/// `cuMemGetInfo_v2`: the budget, and what of it tiermem's allocations leave free.
+///
+/// # Safety
+/// As the driver's: out-pointers null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
+    let real = real!(mem_get_info);
+    // SAFETY: the driver's own function with the caller's arguments.
+    let driver = || to_driver(|| unsafe { real(free, total) });
+    if inside() || free.is_null() || total.is_null() {
+        return driver();
+    }
+    guard("cuMemGetInfo_v2", || match process::mem_info("cuMemGetInfo_v2") {
+        Some(Ok((budget_free, budget))) => {
+            // SAFETY: checked non-null; the caller's out-pointers.
+            unsafe { (*free, *total) = (budget_free, budget) };
+            CUDA_SUCCESS
+        }
+        Some(Err(code)) => code,
+        None => driver(),
+    })
+}
+
+/// `cuMemAllocAsync`: the memory is mapped before the call returns, so it is ready for work
+/// on `stream` (and on any other) at once.
+///
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: Stream) -> CuResult {
+    let real = real!(mem_alloc_async);
+    // SAFETY: the caller's arguments, as the driver takes them.
+    unsafe { alloc_or("cuMemAllocAsync", dptr, size, || real(dptr, size, stream)) }
+}
+
+/// `cuMemAllocAsync_ptsz`: as `cuMemAllocAsync`.
+///
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: Stream) -> CuResult {
+    let real = real!(mem_alloc_async_ptsz);
+    // SAFETY: the caller's arguments, as the driver takes them.
+    unsafe { alloc_or("cuMemAllocAsync_ptsz", dptr, size, || real(dptr, size, stream)) }
+}
+
+/// `cuMemFreeAsync`: waits for `stream`, then unmaps.
+///
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync(ptr: u64, stream: Stream) -> CuResult {
+    let real = real!(mem_free_async);
+    // SAFETY: the driver's own function with the caller's arguments.
+    free_or("cuMemFreeAsync", ptr, Drain::Stream(stream), || unsafe { real(ptr, stream) })
+}
+
+/// `cuMemFreeAsync_ptsz`: waits for `stream` (stream 0: the thread's default stream).
+///
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(ptr: u64, stream: Stream) -> CuResult {
+    let real = real!(mem_free_async_ptsz);
+    let drained = if stream.is_null() { CU_STREAM_PER_THREAD } else { stream };
+    // SAFETY: the driver's own function with the caller's arguments.
+    free_or("cuMemFreeAsync_ptsz", ptr, Drain::Stream(drained), || unsafe { real(ptr, stream) })
+}
+
+/// `cuMemAllocManaged`: the driver's, counted (never moved: the driver migrates it already).
+///
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: c_uint) -> CuResult {
+    let real = real!(mem_alloc_managed);
+    // SAFETY: the driver's own function with the caller's arguments.
+    let code = to_driver(|| unsafe { real(dptr, size, flags) });
+    if code == CUDA_SUCCESS && !inside() && !dptr.is_null() {
+        // SAFETY: the driver wrote the pointer it succeeded with.
+        let ptr = unsafe { *dptr };
+        guard("cuMemAllocManaged", || {
+            process::managed_allocated(ptr, size);
+            CUDA_SUCCESS
+        });
+    }
+    code
+}

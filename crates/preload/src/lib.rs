@@ -1,0 +1,107 @@
+//! `libtiermem_preload.so`: tiermem under an unmodified CUDA program (`tiermem run -- CMD`,
+//! docs/transparent.md). Loaded with `LD_PRELOAD`, it interposes the CUDA **driver** API,
+//! because every CUDA program reaches the driver dynamically — the runtime is linked
+//! statically by nvcc's default, so hooking `cudaMalloc` would miss most programs, but
+//! `libcuda.so.1` is always `dlopen`ed or linked dynamically.
+//!
+//! # The problem
+//!
+//! A program can reach a driver function three ways: by linking against libcuda (the dynamic
+//! linker binds the name, and a preloaded library that exports the same name comes first);
+//! by `dlopen("libcuda.so.1")` and `dlsym(handle, name)`, which searches only libcuda and what
+//! it depends on, so an export of ours is never seen; and — what the CUDA runtime, and with it
+//! PyTorch, JAX and CuPy, does for nearly everything — by `cuGetProcAddress`, which the
+//! runtime itself found through `dlsym`. The third way adds versions: the caller names a base
+//! symbol (`cuMemAlloc`) with the CUDA version it was built for and a stream flavour (legacy or
+//! per-thread default stream), and the driver picks the function: `cuMemAlloc` for a caller
+//! older than 3.2, `cuMemAlloc_v2` after, `cuMemAllocAsync_ptsz` for a per-thread caller.
+//!
+//! # The approach: route real pointers, not names
+//!
+//! The issue suggested generating a table of (symbol, version, flavour) → wrapper from the
+//! CUDA headers, as HAMi-core keeps one by hand. tiermem does not need it, because it never
+//! decides which version a caller gets: it asks the driver. The library exports `dlsym`,
+//! `cuGetProcAddress` and `cuGetProcAddress_v2`; each calls the real one with the caller's
+//! arguments unchanged, then looks the returned *pointer* up in one small table, built once,
+//! that maps the real addresses of the routed functions (resolved by their versioned names in
+//! the loaded libcuda: `cuMemAlloc_v2`, `cuMemAllocAsync_ptsz`, …) to tiermem's wrappers. A
+//! hit returns the wrapper, anything else the real pointer. So:
+//!
+//! * the version logic stays the driver's, exactly: a caller built for CUDA 3.0 gets the old
+//!   `cuMemAlloc` (not routed), a caller asking for a symbol the driver lacks, or with a
+//!   version below what it supports, gets the driver's `CUDA_ERROR_NOT_FOUND`;
+//! * the per-thread variants need no flag handling: the driver returns `_ptsz`'s address and
+//!   the table maps it to the `_ptsz` wrapper, which knows that stream 0 is the thread's;
+//! * a new driver adding a `_v3` of a routed function simply is not routed (it passes through,
+//!   unmanaged) until its wrapper is added — never a wrong signature called, which is what a
+//!   stale generated table risks;
+//! * `dlsym` and `cuGetProcAddress` share one rule and one table (routes.rs), and a program
+//!   asking `cuGetProcAddress` for `cuGetProcAddress` gets tiermem's as well.
+//!
+//! The routed functions are exported under their versioned names too, for programs linked
+//! against libcuda.
+//!
+//! # Recursion
+//!
+//! tiermem's own driver calls go through the mechanism crate's `CudaDevice`, which loads
+//! libcuda with cudarc — whose `dlsym` is ours. A per-thread mark (boundary.rs) is set while a
+//! thread runs tiermem's code: our `dlsym` and `cuGetProcAddress` answer such a thread with the
+//! real pointers, and a wrapper entered on it passes straight through to the driver. The real
+//! `dlsym` itself is found with `dlvsym(RTLD_NEXT, "dlsym", <glibc version>)`, which does not
+//! call `dlsym`.
+//!
+//! # Stage 1: always mapped, no migration
+//!
+//! Every allocation becomes VA reserved by tiermem with 2 MiB VMM chunks mapped into it: on
+//! the GPU while the budget (`TIERMEM_HBM_LIMIT`) allows, in host memory after that
+//! (`ChunkLocation::Host`), so the program never sees `CUDA_ERROR_OUT_OF_MEMORY` while host
+//! memory lasts; its kernels reach host chunks over PCIe. Chunks do not move yet (stage 2:
+//! quiesce points); where they go is one pure function (placement.rs).
+//!
+//! ```text
+//!  dlsym · cuGetProcAddress(_v2)   routes.rs: real pointer → wrapper
+//!        │
+//!  cuMemAlloc_v2, cuMemFree_v2 …   entry.rs: what tiermem serves, what goes to the driver
+//!        │
+//!  process.rs                      GPUs, budget, allocations.rs (books), stats.rs
+//!        │                 └──── placement.rs (pure: HBM or host)
+//!  tiermem-mechanism (CudaDevice)  reserve, create, map, set access
+//!  driver.rs                       the real dlsym, libcuda, the driver's own entry points
+//! ```
+//!
+//! Nothing here unwinds into the program (boundary.rs); a failure inside tiermem prints one
+//! line, `tiermem: <call>: <what failed>; <what to do>`, and returns a CUDA error code.
+
+mod allocations;
+mod boundary;
+mod driver;
+mod entry;
+mod placement;
+mod process;
+mod routes;
+mod stats;
+
+pub use entry::{
+    cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocManaged, cuMemAllocPitch_v2, cuMemAlloc_v2, cuMemFreeAsync,
+    cuMemFreeAsync_ptsz, cuMemFree_v2, cuMemGetInfo_v2,
+};
+pub use routes::{cuGetProcAddress, cuGetProcAddress_v2, dlsym};
+
+/// Prints the statistics at exit when `TIERMEM_STATS` is set (`tiermem run --stats`).
+extern "C" fn print_stats() {
+    let _ = std::panic::catch_unwind(|| eprintln!("{}", process::stats().report()));
+}
+
+/// Runs when the library is loaded: registers [`print_stats`] if asked for.
+extern "C" fn on_load() {
+    let wanted = std::env::var_os("TIERMEM_STATS").is_some_and(|v| !v.is_empty() && v != "0");
+    if wanted {
+        // SAFETY: registers a function with the C signature atexit expects; it touches only
+        // tiermem's counters and stderr, both usable until the process ends.
+        unsafe { libc::atexit(print_stats) };
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;

@@ -1,0 +1,74 @@
+//! Where a new allocation's chunks go: pure logic, no driver, so that stage 2 (migration at
+//! quiesce points) can replace it without touching the interposition.
+//!
+//! Stage 1 fills HBM first: an allocation's first chunks go to HBM while the budget has room,
+//! the rest to host memory. Nothing moves afterwards, so an allocation made while HBM is full
+//! stays on the host even after HBM frees up.
+
+/// Where one chunk lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Hbm,
+    Host,
+}
+
+/// How many chunks of one allocation go to each tier: the first `hbm` in HBM, then `host`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub hbm: usize,
+    pub host: usize,
+}
+
+impl Placement {
+    /// The tier of chunk `index` (counted from the allocation's start).
+    pub fn tier(&self, index: usize) -> Tier {
+        if index < self.hbm {
+            Tier::Hbm
+        } else {
+            Tier::Host
+        }
+    }
+}
+
+/// Places `chunks` chunks of `chunk_bytes` each, with `hbm_used` of the `budget` (bytes)
+/// already taken by earlier allocations.
+pub fn place(chunks: usize, chunk_bytes: usize, budget: usize, hbm_used: usize) -> Placement {
+    let room = budget.saturating_sub(hbm_used) / chunk_bytes.max(1);
+    let hbm = chunks.min(room);
+    Placement { hbm, host: chunks - hbm }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB2: usize = 2 << 20;
+
+    #[test]
+    fn fills_hbm_first_then_host() {
+        assert_eq!(place(3, MIB2, 64 << 20, 0), Placement { hbm: 3, host: 0 });
+        assert_eq!(place(50, MIB2, 64 << 20, 4 << 20), Placement { hbm: 30, host: 20 });
+        assert_eq!(place(5, MIB2, 64 << 20, 64 << 20), Placement { hbm: 0, host: 5 });
+    }
+
+    #[test]
+    fn a_partial_chunk_of_room_is_no_room() {
+        // 3 MiB left is one whole chunk; the second would cross the budget.
+        assert_eq!(place(2, MIB2, 7 << 20, 4 << 20), Placement { hbm: 1, host: 1 });
+    }
+
+    #[test]
+    fn usage_beyond_the_budget_places_on_host() {
+        // The budget can be below what is used (it is read from the environment per process,
+        // but HBM chunks fall back to the host when the GPU is full, not the other way round).
+        assert_eq!(place(4, MIB2, 2 << 20, 8 << 20), Placement { hbm: 0, host: 4 });
+        assert_eq!(place(4, MIB2, 0, 0).tier(0), Tier::Host);
+    }
+
+    #[test]
+    fn tier_follows_the_split() {
+        let p = place(4, MIB2, 4 << 20, 0);
+        let tiers: Vec<_> = (0..4).map(|i| p.tier(i)).collect();
+        assert_eq!(tiers, [Tier::Hbm, Tier::Hbm, Tier::Host, Tier::Host]);
+    }
+}

@@ -1,0 +1,290 @@
+//! The process-wide state of the interposition: each GPU tiermem manages (its device, chunk
+//! size, budget and HBM in use), the books of allocations, and the statistics.
+//!
+//! An allocation reserves VA for the request rounded up to whole chunks, creates its chunks
+//! where [`placement::place`] says (HBM while the budget allows, else host memory; HBM that
+//! the driver reports full sends the rest to the host too), maps them in order and sets access
+//! for the GPU once over the whole range. Any failure undoes every step taken. A free takes the
+//! allocation out of the books first (so a second free of it is the driver's business), waits
+//! for the work that may still use it, then unmaps, releases and unreserves.
+//!
+//! Locking: one mutex over [`Process`]. An allocation holds it across its driver calls (they
+//! do not wait for the GPU); a free waits for the GPU with it released. A GPU is opened (the
+//! mechanism's `CudaDevice::open`, which retains its primary context) at its first allocation
+//! or memory query; a GPU that cannot be opened is left to the driver, unmanaged.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tiermem_mechanism::cuda::CudaDevice;
+use tiermem_mechanism::{ChunkLocation, Device, DeviceError};
+
+use crate::allocations::{Allocation, Allocations};
+use crate::boundary::{log, CuResult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
+use crate::driver::{driver, Stream};
+use crate::placement::{self, Placement, Tier};
+use crate::stats::Stats;
+
+/// HBM left to others when no budget is given: the default budget is the GPU's free memory,
+/// when tiermem first sees it, less this (as the engine's `hbm_reserve`).
+const DEFAULT_RESERVE: usize = 2 << 30;
+
+/// One GPU as tiermem manages it; `device` is `None` for a GPU left to the driver.
+struct Gpu {
+    device: Option<Arc<dyn Device>>,
+    chunk: usize,
+    budget: usize,
+    hbm_used: usize,
+}
+
+struct Process {
+    gpus: BTreeMap<usize, Gpu>,
+    books: Allocations,
+    stats: Stats,
+    /// Whether the missing host chunks were reported already.
+    said_no_host_chunks: bool,
+}
+
+static PROCESS: Mutex<Process> = Mutex::new(Process {
+    gpus: BTreeMap::new(),
+    books: Allocations::new(),
+    stats: Stats::new(),
+    said_no_host_chunks: false,
+});
+
+fn process() -> MutexGuard<'static, Process> {
+    // Every change under the lock is a few map and counter updates: consistent after a panic.
+    PROCESS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What waits for the GPU before a free unmaps: the whole context (`cuMemFree`), or the
+/// stream the free was ordered on (`cuMemFreeAsync`).
+#[derive(Debug, Clone, Copy)]
+pub enum Drain {
+    Context,
+    Stream(Stream),
+}
+
+/// The ordinal of the GPU of the calling thread's current context, or the driver's error
+/// (no context: `CUDA_ERROR_INVALID_CONTEXT`). `None`: the driver cannot say; leave the call to it.
+fn current_gpu() -> Option<Result<usize, CuResult>> {
+    let get_device = driver()?.ctx_get_device?;
+    let mut device = 0;
+    // SAFETY: valid out-pointer; the driver's cuCtxGetDevice.
+    match unsafe { get_device(&mut device) } {
+        // The driver's device handles are the ordinals (cuDeviceGet(&d, i) gives d == i).
+        CUDA_SUCCESS => Some(usize::try_from(device).map_err(|_| CUDA_ERROR_UNKNOWN)),
+        code => Some(Err(code)),
+    }
+}
+
+/// The budget of a GPU with `free` bytes free now: `TIERMEM_HBM_LIMIT` or the default.
+fn budget(call: &str, free: usize) -> usize {
+    let default = free.saturating_sub(DEFAULT_RESERVE);
+    match std::env::var("TIERMEM_HBM_LIMIT") {
+        Err(_) => default,
+        Ok(text) => tiermem::parse_size(&text).unwrap_or_else(|why| {
+            log(call, &format!("TIERMEM_HBM_LIMIT: {why}"), "using the GPU's free memory less 2 GiB instead");
+            default
+        }),
+    }
+}
+
+impl Process {
+    /// GPU `ordinal`, opened at its first use.
+    fn gpu(&mut self, call: &str, ordinal: usize) -> &mut Gpu {
+        self.gpus.entry(ordinal).or_insert_with(|| {
+            let opened = CudaDevice::open(ordinal).and_then(|device| {
+                let (free, _) = device.mem_info()?;
+                Ok((device.info().granularity, free, device))
+            });
+            match opened {
+                Ok((chunk, free, device)) => {
+                    Gpu { device: Some(Arc::new(device)), chunk, budget: budget(call, free), hbm_used: 0 }
+                }
+                Err(why) => {
+                    log(
+                        call,
+                        &format!("GPU {ordinal} could not be opened ({why})"),
+                        "its allocations go to the driver unmanaged, without a budget",
+                    );
+                    Gpu { device: None, chunk: 0, budget: 0, hbm_used: 0 }
+                }
+            }
+        })
+    }
+}
+
+/// Allocates `size` (> 0) bytes on the current GPU, always mapped. `Ok(None)`: tiermem does
+/// not manage this GPU; the caller passes the call to the driver.
+pub fn alloc(call: &str, size: usize) -> Result<Option<u64>, CuResult> {
+    let ordinal = match current_gpu() {
+        None => return Ok(None),
+        Some(current) => current?,
+    };
+    let mut p = process();
+    let gpu = p.gpu(call, ordinal);
+    let Some(device) = gpu.device.clone() else { return Ok(None) };
+    let (chunk, budget, hbm_used) = (gpu.chunk, gpu.budget, gpu.hbm_used);
+    let Some(chunks) = size.checked_next_multiple_of(chunk).map(|bytes| bytes / chunk) else {
+        p.stats.refused += 1;
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    };
+    let placement = placement::place(chunks, chunk, budget, hbm_used);
+    match build(device.as_ref(), ordinal, chunk, placement) {
+        Ok(allocation) => {
+            let (hbm, host) = (allocation.bytes_on(Tier::Hbm, chunk), allocation.bytes_on(Tier::Host, chunk));
+            p.gpu(call, ordinal).hbm_used += hbm;
+            p.stats.allocated(hbm, host);
+            let va = allocation.va;
+            p.books.insert(allocation);
+            Ok(Some(va))
+        }
+        Err(why) => {
+            p.stats.refused += 1;
+            match why {
+                // What the driver says when memory runs out: HBM and host both full.
+                DeviceError::OutOfMemory { .. } => {}
+                DeviceError::Driver { ref code, .. } if code == "CUDA_ERROR_OUT_OF_MEMORY" => {}
+                // Said once: a program that frees and retries would repeat it for every attempt.
+                DeviceError::Unsupported(why) if !p.said_no_host_chunks => {
+                    p.said_no_host_chunks = true;
+                    log(
+                        call,
+                        &format!("{size} B do not fit in the budget and {why}"),
+                        "answering CUDA_ERROR_OUT_OF_MEMORY (said once); raise --hbm-limit",
+                    )
+                }
+                DeviceError::Unsupported(_) => {}
+                other => {
+                    log(call, &format!("{size} B could not be mapped ({other})"), "answering CUDA_ERROR_OUT_OF_MEMORY")
+                }
+            }
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
+    }
+}
+
+/// Reserves, creates, maps and opens to GPU `ordinal` an allocation placed as `placement`;
+/// on failure undoes every step and returns the first error.
+fn build(device: &dyn Device, ordinal: usize, chunk: usize, placement: Placement) -> Result<Allocation, DeviceError> {
+    let count = placement.hbm + placement.host;
+    let reserved = count * chunk;
+    let va = device.reserve(reserved)?;
+    let mut allocation = Allocation { va, reserved, ordinal, chunks: Vec::with_capacity(count) };
+    let mut mapped = 0;
+    let mut made = || -> Result<(), DeviceError> {
+        let mut gpu_full = false;
+        for index in 0..count {
+            let tier = if gpu_full { Tier::Host } else { placement.tier(index) };
+            let created = match tier {
+                Tier::Hbm => device.create_chunk_at(ChunkLocation::Gpu(ordinal)),
+                Tier::Host => device.create_chunk_at(ChunkLocation::Host),
+            };
+            let (handle, tier) = match created {
+                Ok(handle) => (handle, tier),
+                // Other programs hold the HBM the budget counted on: the host takes the rest.
+                Err(DeviceError::OutOfMemory { .. }) if tier == Tier::Hbm => {
+                    gpu_full = true;
+                    (device.create_chunk_at(ChunkLocation::Host)?, Tier::Host)
+                }
+                Err(other) => return Err(other),
+            };
+            allocation.chunks.push((handle, tier));
+            device.map(va + (index * chunk) as u64, handle)?;
+            mapped += 1;
+        }
+        device.set_access(va, reserved)
+    };
+    match made() {
+        Ok(()) => Ok(allocation),
+        Err(first) => {
+            for index in 0..mapped {
+                let _ = device.unmap(va + (index * chunk) as u64, chunk);
+            }
+            for &(handle, _) in &allocation.chunks {
+                let _ = device.release_chunk(handle);
+            }
+            let _ = device.unreserve(va, reserved);
+            Err(first)
+        }
+    }
+}
+
+/// Frees the allocation starting at `ptr` once `drain` is done. `None`: not an allocation of
+/// tiermem's (never made, freed already, or the driver's own): the caller passes the call on.
+pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
+    let (allocation, device) = {
+        let mut p = process();
+        let allocation = p.books.remove(ptr)?;
+        let device = p.gpus.get(&allocation.ordinal).and_then(|gpu| gpu.device.clone());
+        (allocation, device)
+    };
+    let Some(device) = device else {
+        log(call, &format!("the GPU of 0x{ptr:x} is gone from tiermem's books"), "please report it");
+        return Some(CUDA_ERROR_UNKNOWN);
+    };
+    let drained = drain_for(drain);
+    let chunk = device.info().granularity;
+    // One unmap per chunk mapping: the driver wants each call to cover whole mappings, and
+    // has been seen to answer success for a call over several without unmapping them all
+    // (crates/mechanism/src/cuda/mod.rs).
+    let torn_down = (0..allocation.chunks.len())
+        .try_for_each(|index| device.unmap(allocation.va + (index * chunk) as u64, chunk))
+        .and_then(|()| allocation.chunks.iter().try_for_each(|&(handle, _)| device.release_chunk(handle)))
+        .and_then(|()| device.unreserve(allocation.va, allocation.reserved));
+    let mut p = process();
+    let (hbm, host) = (allocation.bytes_on(Tier::Hbm, chunk), allocation.bytes_on(Tier::Host, chunk));
+    if let Some(gpu) = p.gpus.get_mut(&allocation.ordinal) {
+        gpu.hbm_used = gpu.hbm_used.saturating_sub(hbm);
+    }
+    p.stats.freed(hbm, host);
+    if let Err(why) = torn_down {
+        log(call, &format!("0x{ptr:x} could not be unmapped ({why})"), "its memory stays held until the process exits");
+        return Some(CUDA_ERROR_UNKNOWN);
+    }
+    Some(drained)
+}
+
+/// Waits for the work that may use memory about to be freed; the driver's answer.
+fn drain_for(drain: Drain) -> CuResult {
+    let Some(driver) = driver() else { return CUDA_SUCCESS };
+    match drain {
+        // SAFETY: the driver's cuCtxSynchronize, on the calling thread's current context.
+        Drain::Context => driver.ctx_synchronize.map_or(CUDA_SUCCESS, |sync| unsafe { sync() }),
+        // SAFETY: the driver's cuStreamSynchronize on the program's own stream handle.
+        Drain::Stream(stream) => driver.stream_synchronize.map_or(CUDA_SUCCESS, |sync| unsafe { sync(stream) }),
+    }
+}
+
+/// `(free, total)` as the current GPU's budget sees them, or `None`: leave it to the driver.
+pub fn mem_info(call: &str) -> Option<Result<(usize, usize), CuResult>> {
+    let ordinal = match current_gpu()? {
+        Ok(ordinal) => ordinal,
+        Err(code) => return Some(Err(code)),
+    };
+    let mut p = process();
+    let gpu = p.gpu(call, ordinal);
+    gpu.device.as_ref()?;
+    Some(Ok((gpu.budget.saturating_sub(gpu.hbm_used), gpu.budget)))
+}
+
+/// Counts a managed allocation the driver made.
+pub fn managed_allocated(ptr: u64, size: usize) {
+    let mut p = process();
+    p.books.insert_managed(ptr, size);
+    p.stats.managed_allocated(size);
+}
+
+/// The driver freed `ptr`: if it was a managed allocation, it is no longer counted.
+pub fn driver_freed(ptr: u64) {
+    let mut p = process();
+    if let Some(size) = p.books.remove_managed(ptr) {
+        p.stats.managed_freed(size);
+    }
+}
+
+/// The statistics so far.
+pub fn stats() -> Stats {
+    process().stats
+}

@@ -1,0 +1,160 @@
+//! How a program reaches tiermem's entry points instead of the driver's: the one table of
+//! routed functions, and the two doors a program gets driver functions through — `dlsym` and
+//! `cuGetProcAddress` — both answered by "the real pointer, or tiermem's wrapper of it".
+//!
+//! The table maps the driver's *real function pointers* (looked up once by versioned name in
+//! the loaded libcuda) to tiermem's wrappers. Whatever name, version or stream flavour a
+//! program asks for, the driver resolves it first, and tiermem only swaps the answer when it
+//! is one of the routed functions. Why that suffices, and a header-generated version table is
+//! not needed, is explained in the crate documentation.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+use crate::boundary::{enter, guard, inside, to_driver, CuResult, CUDA_SUCCESS};
+use crate::driver::{self, driver};
+use crate::entry;
+
+/// `CUDA_ERROR_NOT_FOUND`: what the driver answers for a symbol it does not have.
+const CUDA_ERROR_NOT_FOUND: CuResult = 500;
+
+/// The routed functions: the driver's versioned name and tiermem's function for it.
+fn routed() -> [(&'static CStr, *mut c_void); 11] {
+    [
+        (c"cuGetProcAddress", cuGetProcAddress as *mut c_void),
+        (c"cuGetProcAddress_v2", cuGetProcAddress_v2 as *mut c_void),
+        (c"cuMemAlloc_v2", entry::cuMemAlloc_v2 as *mut c_void),
+        (c"cuMemAllocPitch_v2", entry::cuMemAllocPitch_v2 as *mut c_void),
+        (c"cuMemFree_v2", entry::cuMemFree_v2 as *mut c_void),
+        (c"cuMemGetInfo_v2", entry::cuMemGetInfo_v2 as *mut c_void),
+        (c"cuMemAllocAsync", entry::cuMemAllocAsync as *mut c_void),
+        (c"cuMemAllocAsync_ptsz", entry::cuMemAllocAsync_ptsz as *mut c_void),
+        (c"cuMemFreeAsync", entry::cuMemFreeAsync as *mut c_void),
+        (c"cuMemFreeAsync_ptsz", entry::cuMemFreeAsync_ptsz as *mut c_void),
+        (c"cuMemAllocManaged", entry::cuMemAllocManaged as *mut c_void),
+    ]
+}
+
+/// Real pointer → wrapper, as addresses; built once, when the driver is first needed.
+fn table() -> &'static [(usize, usize)] {
+    static TABLE: OnceLock<Vec<(usize, usize)>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let Some(driver) = driver() else { return Vec::new() };
+        routed()
+            .iter()
+            .filter_map(|&(name, wrapper)| {
+                let real = driver.symbol(name);
+                (!real.is_null()).then_some((real as usize, wrapper as usize))
+            })
+            .collect()
+    })
+}
+
+/// Tiermem's wrapper if `real` is a routed function of the driver, else `real` itself.
+pub fn route(real: *mut c_void) -> *mut c_void {
+    table().iter().find(|&&(r, _)| r == real as usize).map_or(real, |&(_, wrapper)| wrapper as *mut c_void)
+}
+
+/// Whether `name` looks like a driver API function (`cu` and a capital: `cuMemAlloc_v2`, not
+/// `cudaMalloc` or `cublasCreate`), the only names worth a look in the table.
+fn driver_name(name: &[u8]) -> bool {
+    name.len() > 2 && name.starts_with(b"cu") && name[2].is_ascii_uppercase()
+}
+
+/// `dlsym`: glibc's answer, with a routed driver function swapped for tiermem's wrapper.
+///
+/// Lookups on a thread inside tiermem (cudarc loading the driver for the mechanism crate) get
+/// glibc's answer unchanged. Caveat: glibc resolves `RTLD_NEXT` relative to its caller, which
+/// is now this library, so a program's own `dlsym(RTLD_NEXT, …)` finds the next definition after
+/// libtiermem_preload rather than after the calling object (docs/transparent.md).
+///
+/// # Safety
+/// As glibc's `dlsym`.
+#[no_mangle]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let Some(real_dlsym) = driver::real_dlsym() else { return std::ptr::null_mut() };
+    // SAFETY: the caller's arguments, passed to glibc's dlsym as they came.
+    let found = unsafe { real_dlsym(handle, name) };
+    if found.is_null() || name.is_null() || inside() {
+        return found;
+    }
+    // SAFETY: checked non-null; dlsym's caller passes a NUL-terminated name.
+    if !driver_name(unsafe { CStr::from_ptr(name) }.to_bytes()) {
+        return found;
+    }
+    let _inside = enter();
+    catch_unwind(AssertUnwindSafe(|| route(found))).unwrap_or(found)
+}
+
+/// Routes the pointer a successful `cuGetProcAddress(_v2)` wrote to `pfn`.
+///
+/// # Safety
+/// `pfn` null or valid for reads and writes.
+unsafe fn route_result(code: CuResult, pfn: *mut *mut c_void) -> CuResult {
+    if code == CUDA_SUCCESS && !pfn.is_null() {
+        // SAFETY: checked non-null; the driver wrote the function it found there.
+        unsafe { *pfn = route(*pfn) };
+    }
+    code
+}
+
+/// `cuGetProcAddress` (CUDA 11.3 to 12): the driver resolves `symbol` for `cuda_version` and
+/// `flags` (legacy or per-thread default stream); a routed result becomes tiermem's wrapper.
+///
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CuResult {
+    let Some(real) = driver().and_then(|d| d.get_proc_address) else { return CUDA_ERROR_NOT_FOUND };
+    // SAFETY: the driver's own function with the caller's arguments.
+    let code = to_driver(|| unsafe { real(symbol, pfn, cuda_version, flags) });
+    if inside() {
+        return code;
+    }
+    // SAFETY: the caller's out-pointer, which the driver just wrote on success.
+    guard("cuGetProcAddress", || unsafe { route_result(code, pfn) })
+}
+
+/// `cuGetProcAddress_v2` (CUDA 12 and later; `cuGetProcAddress` in 12.x headers): as
+/// `cuGetProcAddress`, with the driver's `symbol_status` passed back unchanged.
+///
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    symbol_status: *mut c_int,
+) -> CuResult {
+    let Some(real) = driver().and_then(|d| d.get_proc_address_v2) else { return CUDA_ERROR_NOT_FOUND };
+    // SAFETY: the driver's own function with the caller's arguments.
+    let code = to_driver(|| unsafe { real(symbol, pfn, cuda_version, flags, symbol_status) });
+    if inside() {
+        return code;
+    }
+    // SAFETY: the caller's out-pointer, which the driver just wrote on success.
+    guard("cuGetProcAddress_v2", || unsafe { route_result(code, pfn) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::driver_name;
+
+    #[test]
+    fn only_driver_api_names_are_looked_at() {
+        for name in ["cuMemAlloc_v2", "cuGetProcAddress", "cuInit"] {
+            assert!(driver_name(name.as_bytes()), "{name}");
+        }
+        for name in ["cudaMalloc", "cublasCreate_v2", "cu", "malloc", "CUDA"] {
+            assert!(!driver_name(name.as_bytes()), "{name}");
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! Allocations under a budget of 64 MiB: within it in HBM, beyond it on the host, every byte
+//! read back; bad frees and zero bytes answered as the driver answers them; nothing leaked.
+
+mod support;
+
+#[test]
+fn allocations_beyond_the_budget_land_on_the_host_and_keep_their_bytes() {
+    let env = [("TIERMEM_HBM_LIMIT", "64MiB"), ("TIERMEM_FAKE_HBM", "256M")];
+    let output = support::probe("memory", &["memory"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("memory: ok"), "{stdout}");
+    assert!(!stderr.contains("tiermem:"), "no complaint expected:\n{stderr}");
+}
+
+#[test]
+fn stats_at_exit_say_what_went_where() {
+    let env = [("TIERMEM_HBM_LIMIT", "64MiB"), ("TIERMEM_FAKE_HBM", "256M"), ("TIERMEM_STATS", "1")];
+    let output = support::probe("stats", &["memory"], &env);
+    let (_, stderr) = support::assert_passed(&output);
+    // a (2 chunks), b (32 in HBM + 20 on the host), c (1 on the host), the pitched one (1).
+    assert!(
+        stderr.contains("tiermem: stats: 4 allocations (2 with chunks on the host, 0 refused), 0 live at exit"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("HBM 0 B at exit, peak 64.00 MiB; host 0 B at exit, peak 42.00 MiB"), "{stderr}");
+    assert!(stderr.contains("managed (passed through) 0 B at exit, peak 4.00 KiB"), "{stderr}");
+}
+
+#[test]
+fn the_default_budget_is_free_memory_less_the_reserve() {
+    let output = support::probe("budget", &["budget", &(1usize << 30).to_string()], &[("TIERMEM_FAKE_HBM", "3G")]);
+    support::assert_passed(&output);
+}
+
+#[test]
+fn a_full_gpu_sends_the_rest_to_the_host_before_the_budget_does() {
+    let env = [("TIERMEM_HBM_LIMIT", "64MiB"), ("TIERMEM_FAKE_HBM", "8M")];
+    let output = support::probe("gpufull", &["gpu-full"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("gpu-full: ok"), "{stdout}");
+    assert!(!stderr.contains("tiermem:"), "no complaint expected:\n{stderr}");
+}

@@ -1,0 +1,69 @@
+//! Runs the probe program (src/bin/probe.rs) as an unmodified CUDA program: with
+//! libtiermem_preload.so preloaded, over the fake driver (crates/fakecuda) as `libcuda.so.1`.
+//!
+//! Cargo builds both libraries into the target folder's `deps/` before these tests run: the
+//! preload library because this package's lib is a cdylib (and an rlib, which makes cargo build
+//! it for integration tests), the fake because it is a dev-dependency of the same kind. So a
+//! clean clone needs nothing beyond `cargo test`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The target folder's `deps/`, where this test binary and both libraries are.
+fn deps() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent().expect("deps/").to_path_buf()
+}
+
+fn library(name: &str) -> PathBuf {
+    let path = deps().join(name);
+    assert!(path.is_file(), "{} was not built (cargo builds it with this package's tests)", path.display());
+    path
+}
+
+pub fn preload_library() -> PathBuf {
+    library("libtiermem_preload.so")
+}
+
+/// A folder holding `libcuda.so.1` and `libcuda.so`, links to the fake driver; one per test.
+fn fake_driver_dir(test: &str) -> PathBuf {
+    let fake = library("libtiermem_fakecuda.so");
+    let dir = std::env::temp_dir().join(format!("tiermem-fakecuda-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    for name in ["libcuda.so.1", "libcuda.so"] {
+        std::os::unix::fs::symlink(&fake, dir.join(name)).expect("a link to the fake driver");
+    }
+    dir
+}
+
+/// Runs the probe with `args` and `env`, preloaded over the fake driver.
+pub fn probe(test: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let dir = fake_driver_dir(test);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tiermem-preload-probe"));
+    command.args(args).env("LD_PRELOAD", preload_library()).env("LD_LIBRARY_PATH", library_path(&dir));
+    for var in ["TIERMEM_HBM_LIMIT", "TIERMEM_STATS", "TIERMEM_FAKE_HBM", "TIERMEM_FAKE_HOST_CHUNKS"] {
+        command.env_remove(var);
+    }
+    command.envs(env.iter().copied());
+    let output = command.output().expect("the probe runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    output
+}
+
+fn library_path(dir: &Path) -> std::ffi::OsString {
+    let mut path = dir.as_os_str().to_owned();
+    if let Some(rest) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(rest);
+    }
+    path
+}
+
+/// Asserts the probe passed, showing what it printed if not.
+pub fn assert_passed(output: &Output) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "the probe failed ({}):\n{stdout}\n{stderr}", output.status);
+    (stdout, stderr)
+}
