@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rm -rf dist && mkdir -p dist/tests
-cargo build --release -p tiermem-cli
-cp target/release/tiermem dist/
+cargo build --release -p tiermem-cli -p tiermem-preload
+cp target/release/tiermem target/release/libtiermem_preload.so dist/
 # Test binaries, named after their crate and target (no failpoints: those are simulated-device tests).
 cargo test --release --no-run -p tiermem -p tiermem-mechanism --message-format=json \
   | python3 -c '

@@ -349,6 +349,35 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, len: usize)
     })
 }
 
+/// # Safety
+/// As the driver's: plain values only.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoD_v2(dst: u64, src: u64, len: usize) -> Code {
+    with(|fake| {
+        if !fake.memory.accessible(dst, len) || !fake.memory.accessible(src, len) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: both ranges are fake device memory mapped read-write (checked); `copy`
+        // allows them to overlap.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
+        CUDA_SUCCESS
+    })
+}
+
+/// # Safety
+/// As the driver's: plain values only.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD8_v2(dst: u64, value: u8, len: usize) -> Code {
+    with(|fake| {
+        if !fake.memory.accessible(dst, len) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: `dst..dst+len` is fake device memory mapped read-write (checked).
+        unsafe { std::ptr::write_bytes(dst as *mut u8, value, len) };
+        CUDA_SUCCESS
+    })
+}
+
 /// What the fake holds now, for tests' leak checks. Not a driver function.
 ///
 /// # Safety

@@ -45,6 +45,8 @@ fn rows() -> Vec<Row> {
         row(c"cuMemFree", 3020, cuMemFree_v2 as *mut c_void),
         row(c"cuMemGetInfo", 3020, cuMemGetInfo_v2 as *mut c_void),
         row(c"cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2 as *mut c_void),
+        row(c"cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2 as *mut c_void),
+        row(c"cuMemsetD8", 3020, cuMemsetD8_v2 as *mut c_void),
         row(c"cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2 as *mut c_void),
         row(c"cuMemAllocManaged", 6000, cuMemAllocManaged as *mut c_void),
         Row {
