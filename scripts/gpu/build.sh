@@ -19,7 +19,7 @@ for line in sys.stdin:
     shutil.copy(m["executable"], "dist/tests/" + name)
     print("dist/tests/" + name)
 '
-strip dist/tiermem dist/tests/*
+strip dist/tiermem dist/libtiermem_preload.so dist/tests/*
 # The test binaries travel compressed: with them plain, dist/ outgrows what a run may carry (64 MiB).
 tar -C dist -cJf dist/tests.tar.xz tests && rm -r dist/tests
 # fio for `bench swap` (the GPU machine has none): static, cached outside the repository.
