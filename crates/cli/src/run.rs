@@ -62,17 +62,23 @@ fn preload_with(library: &OsStr, existing: Option<&OsStr>) -> OsString {
     value
 }
 
+/// Makes `command` run under tiermem: the library preloaded, the budget (bytes) if given.
+pub(crate) fn interpose(command: &mut Command, hbm_limit: Option<usize>) -> Result<(), String> {
+    let library = preload_library()?;
+    command.env("LD_PRELOAD", preload_with(library.as_os_str(), std::env::var_os("LD_PRELOAD").as_deref()));
+    if let Some(bytes) = hbm_limit {
+        command.env("TIERMEM_HBM_LIMIT", bytes.to_string());
+    }
+    Ok(())
+}
+
 /// Execs the command; returns only if it could not be started.
 pub fn run(args: RunArgs) -> Result<(), String> {
-    let library = preload_library()?;
     let (program, rest) = args.command.split_first().ok_or("run: no command given (tiermem run -- CMD ARGS…)")?;
     let mut command = Command::new(program);
     command.args(rest);
-    command.env("LD_PRELOAD", preload_with(library.as_os_str(), std::env::var_os("LD_PRELOAD").as_deref()));
-    if let Some(limit) = &args.hbm_limit {
-        let bytes = tiermem::parse_size(limit).map_err(|e| format!("run: --hbm-limit: {e}"))?;
-        command.env("TIERMEM_HBM_LIMIT", bytes.to_string());
-    }
+    let limit = args.hbm_limit.as_deref().map(tiermem::parse_size).transpose();
+    interpose(&mut command, limit.map_err(|e| format!("run: --hbm-limit: {e}"))?)?;
     if args.stats {
         command.env("TIERMEM_STATS", "1");
     }

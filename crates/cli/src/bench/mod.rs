@@ -13,6 +13,7 @@ mod swap_job;
 mod swap_sys;
 mod tenant_worker;
 mod tenants;
+mod transparent;
 
 use std::path::PathBuf;
 
@@ -145,6 +146,27 @@ pub enum Suite {
         #[arg(long)]
         decode: Option<PathBuf>,
     },
+    /// Unmodified programs (issue 16): a PyTorch training loop plainly, under `tiermem run`
+    /// with a budget above its peak and at 0.7× and 0.5× of it, and with the stock allocator
+    /// capped at 0.7× (needs python3, torch, transformers, and libtiermem_preload.so beside
+    /// the tiermem executable or at TIERMEM_PRELOAD).
+    Transparent {
+        /// Folder to write transparent-<yyyymmdd>-<shortsha>.json into.
+        #[arg(long)]
+        json: PathBuf,
+        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        #[arg(long)]
+        commit: Option<String>,
+        /// The training script.
+        #[arg(long, default_value = "bench/transparent_train.py")]
+        script: PathBuf,
+        /// Training steps per run (the first is not timed).
+        #[arg(long, default_value_t = 8)]
+        steps: usize,
+        /// A model of a few hundred MiB: a smoke test of the suite, not a measurement.
+        #[arg(long)]
+        small: bool,
+    },
     /// The swap-bound job of `bench swap` (a process of its own, in a memory-limited cgroup).
     #[command(hide = true)]
     SwapJob(swap_job::JobArgs),
@@ -177,6 +199,10 @@ pub fn run(suite: Suite) -> Result<(), String> {
             swap::run(&json, &commit(given), setup)
         }
         Suite::SwapJob(args) => swap_job::run(args),
+        Suite::Transparent { json, commit: given, script, steps, small } => {
+            let setup = transparent::Setup { script, steps: steps.max(2), small };
+            transparent::run(&json, &commit(given), setup)
+        }
         Suite::Peer { json, commit: given, borrower, lender, size, reps, job_bytes, job_seconds, decode } => {
             let setup = peer::Setup { borrower, lender, size, reps: reps.max(1), job_bytes, job_seconds, decode };
             peer::run(&json, &commit(given), setup)

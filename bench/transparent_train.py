@@ -1,0 +1,71 @@
+"""The workload of `tiermem bench transparent` (issue 16): an unmodified PyTorch training loop —
+a Llama-style transformer (random weights, eager attention, fp32, AdamW) trained for a few
+steps on fixed random tokens, deterministic so that two runs give bitwise identical losses.
+It knows nothing of tiermem: the benchmark runs it plainly, under `tiermem run` with several
+budgets, and with the stock allocator capped by `--memory-fraction` (which should run out of
+memory). Writes one JSON object to --out: losses, the median step time, the allocator's peaks,
+and `oom` (true if a CUDA out-of-memory error stopped it).
+
+Usage: python bench/transparent_train.py --out FILE [--steps 8] [--memory-fraction F] [--small]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--memory-fraction", type=float, default=None,
+                        help="cap the stock caching allocator at this fraction of the GPU's memory")
+    parser.add_argument("--small", action="store_true", help="a model of a few hundred MiB (a smoke test)")
+    args = parser.parse_args()
+    torch.use_deterministic_algorithms(True)
+    if args.memory_fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(args.memory_fraction)
+    free, total = torch.cuda.mem_get_info()
+    result = {"mem_get_info_total": total, "mem_get_info_free_at_start": free, "oom": False, "losses": [],
+              "device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    hidden, layers, heads, mlp, batch, seq = (256, 2, 4, 1024, 2, 128) if args.small else (1024, 8, 16, 4096, 8, 1024)
+    config = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=seq,
+        attn_implementation="eager",
+    )  # fmt: skip
+    times = []
+    try:
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config).cuda().train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        gen = torch.Generator("cuda").manual_seed(1)
+        ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda", generator=gen)
+        for _ in range(args.steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            result["losses"].append(loss.item())
+            times.append(time.perf_counter() - t0)
+    except torch.OutOfMemoryError as e:
+        result["oom"], result["error"] = True, str(e).splitlines()[0]
+    result["step_s_median"] = statistics.median(times[1:]) if len(times) > 1 else None
+    result["step_s"] = times
+    result["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+    result["max_memory_reserved"] = torch.cuda.max_memory_reserved()
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+//! `tiermem bench transparent` (issue 16): an unmodified PyTorch training loop
+//! (bench/transparent_train.py) timed (a) plainly, with no cap; (b) under `tiermem run` with a
+//! budget above its peak (the interposition's overhead); (c) under budgets of 0.7× and 0.5×
+//! that peak; and (d) plainly with the stock caching allocator capped at 0.7× of the peak,
+//! which should run out of memory. Each run is a process of its own; the peak is what the
+//! allocator reserved in (a). The losses of every run that finished must be bitwise those of (a).
+//!
+//! Stage 1 of transparent mode places chunks when memory is allocated and moves nothing after,
+//! so `quiesce_ms_per_step` is 0 and `launches_all_in_hbm_share` is not measured (launches are
+//! not interposed yet): both are reported as null with the reason.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+pub struct Setup {
+    /// The training script.
+    pub script: PathBuf,
+    pub steps: usize,
+    /// A small model (a smoke test of the suite, not a measurement).
+    pub small: bool,
+}
+
+/// One run of the script: its report, or why it gave none.
+fn train(setup: &Setup, label: &str, budget: Option<usize>, memory_fraction: Option<f64>) -> Result<Value, String> {
+    let out = std::env::temp_dir().join(format!("tiermem-transparent-{}-{label}.json", std::process::id()));
+    let mut command = Command::new("python3");
+    command.arg(&setup.script).arg("--out").arg(&out).args(["--steps", &setup.steps.to_string()]);
+    command.args(setup.small.then_some("--small"));
+    if let Some(fraction) = memory_fraction {
+        command.args(["--memory-fraction", &format!("{fraction:.4}")]);
+    }
+    if let Some(bytes) = budget {
+        crate::run::interpose(&mut command, Some(bytes))?;
+        command.env("TIERMEM_STATS", "1");
+    }
+    println!("bench transparent: {label}{}", budget.map_or(String::new(), |b| format!(", budget {b} bytes")));
+    let status = command.status().map_err(|e| format!("bench transparent: python3 {}: {e}", setup.script.display()))?;
+    let report = std::fs::read_to_string(&out).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok());
+    let _ = std::fs::remove_file(&out);
+    match report {
+        Some(report) if status.success() => Ok(report),
+        _ => Err(format!("bench transparent: the {label} run failed ({status}) and wrote no report")),
+    }
+}
+
+/// As [`train`], a failure recorded in the report (`failed`) instead of ending the suite.
+fn train_or_record(setup: &Setup, label: &str, budget: Option<usize>, fraction: Option<f64>) -> Value {
+    train(setup, label, budget, fraction).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        json!({ "failed": e, "oom": null, "losses": null })
+    })
+}
+
+fn step_s(report: &Value) -> Option<f64> {
+    report["step_s_median"].as_f64()
+}
+
+pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
+    let uncapped = train(&setup, "uncapped", None, None)?;
+    let peak =
+        uncapped["max_memory_reserved"].as_u64().filter(|&p| p > 0).ok_or("bench transparent: no peak reported")?;
+    let total = uncapped["mem_get_info_total"].as_f64().ok_or("bench transparent: no GPU memory reported")?;
+    let budget = |share: f64| (peak as f64 * share) as usize;
+    let fits = train_or_record(&setup, "fits", Some(budget(2.0)), None);
+    let at_0_7 = train_or_record(&setup, "budget 0.7", Some(budget(0.7)), None);
+    let at_0_5 = train_or_record(&setup, "budget 0.5", Some(budget(0.5)), None);
+    let stock = train_or_record(&setup, "stock allocator capped at 0.7", None, Some(0.7 * peak as f64 / total));
+
+    let same = |run: &Value| run["oom"] == false && run["losses"] == uncapped["losses"];
+    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
+    let (s_uncapped, s_fits, s_07, s_05) = (step_s(&uncapped), step_s(&fits), step_s(&at_0_7), step_s(&at_0_5));
+    let checks = json!({
+        "losses_identical": same(&fits) && same(&at_0_7) && same(&at_0_5),
+        "uncapped_finished": uncapped["oom"] == false,
+        "pytorch_training_fits": same(&fits),
+        "pytorch_training_budget_0_7": same(&at_0_7),
+        "pytorch_training_budget_0_5": same(&at_0_5),
+    });
+    let verified = checks.as_object().is_some_and(|c| c.values().all(|v| v == true));
+    let metrics = json!({
+        "step_s_uncapped": s_uncapped,
+        "step_s_interposed_fits": s_fits,
+        "step_s_budget_0_7": s_07,
+        "step_s_budget_0_5": s_05,
+        "stock_oom_at_0_7": stock["oom"] == true,
+        "quiesce_ms_per_step": 0.0,
+        "launches_all_in_hbm_share": null,
+        "peak_reserved_bytes": peak,
+        "budgets_bytes": { "fits": budget(2.0), "0_7": budget(0.7), "0_5": budget(0.5) },
+        "small": setup.small,
+    });
+    let ratios = json!({
+        "overhead": ratio(s_fits, s_uncapped),
+        "speed_0_7": ratio(s_uncapped, s_07),
+        "speed_0_5": ratio(s_uncapped, s_05),
+    });
+    let date = super::today();
+    let mut report = json!({
+        "suite": "transparent", "commit": commit, "date": date,
+        "device": { "name": uncapped["device"], "torch": uncapped["torch"] },
+        "metrics": metrics, "ratios": ratios, "checks": checks, "verified": verified,
+        "notes": "stage 1: chunks placed at allocation (HBM up to the budget, host-located VMM chunks beyond), \
+                  never moved: no quiesce points yet (quiesce_ms_per_step 0), launches not interposed \
+                  (launches_all_in_hbm_share not measured)",
+    });
+    report["metrics"]["stock_error"] = stock["error"].clone();
+    let detail =
+        json!({ "uncapped": uncapped, "fits": fits, "budget_0_7": at_0_7, "budget_0_5": at_0_5, "stock_0_7": stock });
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&json!({ "ratios": report["ratios"], "checks": report["checks"] }))
+            .unwrap_or_default()
+    );
+    super::write_report(dir, "transparent", &date, commit, &report, &detail)
+}
