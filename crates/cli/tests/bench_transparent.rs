@@ -1,0 +1,85 @@
+//! `tiermem bench transparent`'s harness, over a stand-in for the training script (CI has no
+//! GPU and no PyTorch): which runs are preloaded and with which budget, how the peak turns into
+//! budgets, and how the report's ratios and checks come out of the runs' own reports.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+/// A stand-in for bench/transparent_train.py: reports a peak of 1000 bytes reserved on a GPU of
+/// 10,000; under tiermem (LD_PRELOAD set) a step takes 0.12 s with a budget of at least the
+/// peak, 0.2 s below it, else 0.1 s; with --memory-fraction it runs out of memory. With
+/// FAKE_DIFFER set, the run at half the peak reports other losses.
+const FAKE: &str = r#"
+import json, os, sys
+args = sys.argv[1:]
+out = args[args.index("--out") + 1]
+budget = int(os.environ.get("TIERMEM_HBM_LIMIT", "0")) if "tiermem_preload" in os.environ.get("LD_PRELOAD", "") else None
+r = {"mem_get_info_total": 10000, "max_memory_reserved": 1000, "oom": False, "losses": [3.0, 2.5],
+     "device": "fake GPU", "torch": "none", "budget_seen": budget}
+if "--memory-fraction" in args:
+    r.update(oom=True, losses=[3.0], error="CUDA out of memory", fraction=float(args[args.index("--memory-fraction") + 1]))
+r["step_s_median"] = 0.1 if budget is None else (0.12 if budget >= 1000 else 0.2)
+if budget == 500 and os.environ.get("FAKE_DIFFER"):
+    r["losses"] = [3.0, 2.4]
+json.dump(r, open(out, "w"))
+"#;
+
+fn preload_library() -> PathBuf {
+    std::env::current_exe().unwrap().parent().unwrap().join("libtiermem_preload.so")
+}
+
+fn bench(dir: &Path, differ: bool) -> serde_json::Value {
+    let script = dir.join("fake_train.py");
+    std::fs::write(&script, FAKE).unwrap();
+    let mut command = support::tiermem();
+    command.args(["bench", "transparent", "--commit", "abcdef0123", "--steps", "3", "--script"]).arg(&script);
+    command.arg("--json").arg(dir).env("TIERMEM_PRELOAD", preload_library()).env_remove("LD_PRELOAD");
+    if differ {
+        command.env("FAKE_DIFFER", "1");
+    }
+    let output = command.output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{text}");
+    let name = format!("transparent-{}-abcdef0.json", tiermem_cli_today());
+    serde_json::from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap()
+}
+
+/// The report's date, as the suite writes it (UTC).
+fn tiermem_cli_today() -> String {
+    let out = std::process::Command::new("date").args(["-u", "+%Y%m%d"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn the_runs_budgets_ratios_and_checks() {
+    if !preload_library().is_file() || std::process::Command::new("python3").arg("-V").output().is_err() {
+        eprintln!("skipped: needs python3 and the preload library beside the test");
+        return;
+    }
+    let dir = support::TempDir::new("bench-transparent");
+    let report = bench(&dir.0, false);
+    let (metrics, ratios, checks) = (&report["metrics"], &report["ratios"], &report["checks"]);
+    assert_eq!(report["suite"], "transparent");
+    assert_eq!(metrics["peak_reserved_bytes"], 1000);
+    assert_eq!(metrics["budgets_bytes"], serde_json::json!({ "fits": 2000, "0_7": 700, "0_5": 500 }));
+    assert_eq!(metrics["stock_oom_at_0_7"], true);
+    let close = |v: &serde_json::Value, want: f64| (v.as_f64().unwrap() - want).abs() < 1e-9;
+    assert!(close(&ratios["overhead"], 1.2), "{ratios}");
+    assert!(close(&ratios["speed_0_7"], 0.5) && close(&ratios["speed_0_5"], 0.5), "{ratios}");
+    assert_eq!(checks["losses_identical"], true, "{checks}");
+    assert_eq!(report["verified"], true);
+    // The stock run was capped at 0.7 of the peak, as a fraction of the GPU, and not preloaded.
+    let detail_name = format!("transparent-{}-abcdef0.detail.json", tiermem_cli_today());
+    let detail: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.0.join(detail_name)).unwrap()).unwrap();
+    assert_eq!(detail["stock_0_7"]["fraction"], 0.07);
+    assert_eq!(detail["stock_0_7"]["budget_seen"], serde_json::Value::Null);
+    assert_eq!(detail["uncapped"]["budget_seen"], serde_json::Value::Null);
+    assert_eq!(detail["budget_0_5"]["budget_seen"], 500);
+
+    let report = bench(&dir.0, true);
+    assert_eq!(report["checks"]["losses_identical"], false);
+    assert_eq!(report["checks"]["pytorch_training_budget_0_5"], false);
+    assert_eq!(report["verified"], false);
+}
