@@ -447,17 +447,15 @@ def tied_loading_and_sleep(args, results):
         torch.cuda.empty_cache()
 
 
-def mixture_of_experts(args, results):
-    """A Mixtral-style model (8 experts, 2 per token) at least 1.5x the cap: resident, then
-    offloaded (each sparse block one step: tiermem.units), decoded at batch 16."""
-    metrics, ratios, checks = results["metrics"], results["ratios"], results["checks"]
-    hidden, mlp, layers, heads, kv = (512, 1024, 4, 8, 2) if args.small else (2048, 2816, 12, 16, 4)
+def mixtral(small: bool):
+    """The benchmark's Mixtral-style model (8 experts, 2 per token; random bf16 weights, seeded)
+    on the GPU, its HBM cap and its config."""
+    hidden, mlp, layers, heads, kv = (512, 1024, 4, 8, 2) if small else (2048, 2816, 12, 16, 4)
     config = transformers.MixtralConfig(
         vocab_size=32000, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv, num_local_experts=8, num_experts_per_tok=2,
         max_position_embeddings=4096,
     )  # fmt: skip
-    cap = 64 * MiB if args.small else 2 * GiB
     torch.manual_seed(4)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
@@ -466,6 +464,14 @@ def mixture_of_experts(args, results):
             model = transformers.MixtralForCausalLM(config).eval()
     finally:
         torch.set_default_dtype(previous)
+    return model, (64 * MiB if small else 2 * GiB), config
+
+
+def mixture_of_experts(args, results):
+    """A Mixtral-style model (8 experts, 2 per token) at least 1.5x the cap: resident, then
+    offloaded (each sparse block one step: tiermem.units), decoded at batch 16."""
+    metrics, ratios, checks = results["metrics"], results["ratios"], results["checks"]
+    model, cap, config = mixtral(args.small)
     size = nbytes(model)
     gen = torch.Generator("cuda").manual_seed(23)
     prompt = torch.randint(0, config.vocab_size, (16, 32), device="cuda", generator=gen)

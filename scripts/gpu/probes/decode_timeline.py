@@ -57,20 +57,8 @@ def tied_model():
 
 
 def moe_model():
-    config = transformers.MixtralConfig(
-        vocab_size=32000, hidden_size=2048, intermediate_size=2816, num_hidden_layers=12,
-        num_attention_heads=16, num_key_value_heads=4, num_local_experts=8, num_experts_per_tok=2,
-        max_position_embeddings=4096,
-    )  # fmt: skip
-    torch.manual_seed(4)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            model = transformers.MixtralForCausalLM(config).eval()
-    finally:
-        torch.set_default_dtype(previous)
-    return model, 2 * GiB, config.vocab_size
+    model, cap, config = tb.mixtral(small=False)
+    return model, cap, config.vocab_size
 
 
 def union(intervals):
