@@ -46,3 +46,43 @@ fn released_hbm_comes_back_on_page_in_with_every_byte() {
     assert_contents(e, b, &bytes_b);
     assert_no_leaks(engine, sim);
 }
+
+/// `prepare_hbm` creates idle chunks ahead of the page-ins that follow, never beyond the budget,
+/// from another thread while page-ins run too (a wake after a sleep): the page-ins take those
+/// chunks instead of creating their own, every byte survives, nothing leaks.
+#[test]
+fn prepared_hbm_is_idle_within_the_budget_and_page_ins_use_it() {
+    let (engine, sim) = support::engine(4, 16, EngineConfig::default());
+    let e = &engine;
+    let (a, _) = e.alloc(3 * CHUNK, AllocOptions { read_only: true, ..Default::default() }).unwrap();
+    let bytes_a = fill(e, a, 3 * CHUNK, 3);
+    e.page_out(Target::All).unwrap();
+    e.release_idle_hbm().unwrap();
+    assert_eq!(e.prepare_hbm(2 * CHUNK + 1).unwrap(), 3 * CHUNK, "whole chunks");
+    assert_eq!(e.prepare_hbm(100 * CHUNK).unwrap(), CHUNK, "only what the budget of 4 leaves");
+    assert_eq!(e.prepare_hbm(CHUNK).unwrap(), 0, "the budget is full");
+    if let Some(sim) = &sim {
+        assert_eq!((sim.live().chunks, sim.live().mapped_chunks), (4, 0), "created, idle, unmapped");
+    }
+    e.page_in(Target::Buffer(a)).unwrap();
+    if let Some(sim) = &sim {
+        assert_eq!(sim.live().chunks, 4, "the page-in created nothing more");
+    }
+    assert_contents(e, a, &bytes_a);
+
+    // Preparing on one thread while another pages in: the budget holds, every byte survives.
+    for round in 0..8 {
+        e.page_out(Target::All).unwrap();
+        e.release_idle_hbm().unwrap();
+        std::thread::scope(|s| {
+            let preparing = s.spawn(|| (0..4).map(|_| e.prepare_hbm(CHUNK).unwrap()).sum::<usize>());
+            e.page_in(Target::Buffer(a)).unwrap();
+            assert!(preparing.join().unwrap() <= 4 * CHUNK, "round {round}");
+        });
+        if let Some(sim) = &sim {
+            assert!(sim.live().chunks <= 4, "round {round}: {:?}", sim.live());
+        }
+        assert_contents(e, a, &bytes_a);
+    }
+    assert_no_leaks(engine, sim);
+}
