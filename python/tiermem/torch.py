@@ -348,17 +348,8 @@ class Offload:
             seen.add(buffer.id)
             room -= need
             chosen.append((buffer, need))
-        # The chunks a sleep gave back are made again on another thread while this one maps
-        # them and starts the copies: making one (~11 µs on the H200) and mapping it (~27 µs)
-        # on one thread took longer than copying it (~38 µs).
-        total = sum(need for _, need in chosen)
-        preparing = threading.Thread(target=_prepare, args=(self.pool, total), name="tiermem-prepare", daemon=True)
-        preparing.start()
-        try:
-            tickets = [self.pool.page_in_start(b) for b in _overlapping(chosen, chunk)]
-        finally:
-            preparing.join()
-        waking = Waking(self.pool, tickets, total)
+        tickets = [self.pool.page_in_start(b) for b in _overlapping(chosen, chunk)]
+        waking = Waking(self.pool, tickets, sum(need for _, need in chosen))
         if block:
             waking.wait()
         return waking
@@ -394,15 +385,6 @@ class Waking:
         self._thread.join()
         if self._error is not None:
             raise self._error
-
-
-def _prepare(pool: Pool, total: int) -> None:
-    """Makes HBM chunks until `total` bytes of idle ones were there for the page-ins (the engine
-    hands them over 16 at a time). A failure only means the page-ins make their own."""
-    try:
-        pool.prepare_hbm(total)
-    except Exception:  # noqa: BLE001 - page-ins create what is missing themselves
-        pass
 
 
 def _overlapping(chosen: list[tuple[object, int]], chunk: int) -> list:

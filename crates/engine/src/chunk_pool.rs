@@ -100,27 +100,6 @@ impl ChunkPool {
         self.idle.push(chunk);
     }
 
-    /// Chunks created and idle.
-    pub fn idle(&self) -> usize {
-        self.idle.len()
-    }
-
-    /// Chunks that may still be created under the budget.
-    pub fn creatable(&self) -> usize {
-        self.cap.saturating_sub(self.created)
-    }
-
-    /// Takes in `chunk`, created outside the pool (`Engine::prepare_hbm`), as idle; `false`
-    /// (and the caller releases it) if the budget has no room for it.
-    pub fn adopt(&mut self, chunk: PhysHandle) -> bool {
-        if self.creatable() == 0 {
-            return false;
-        }
-        self.created += 1;
-        self.idle.push(chunk);
-        true
-    }
-
     /// Releases every idle chunk; the engine calls this once all chunks are back.
     pub fn release_all(&mut self, device: &dyn Device) -> Result<()> {
         while let Some(chunk) = self.idle.pop() {

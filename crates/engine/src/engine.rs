@@ -41,8 +41,6 @@ use tiermem_mechanism::{Device, DeviceInfo, StreamHandle, StreamPriority};
 use tiermem_policy::{new_policy, EvictionPolicy, PolicyKind};
 
 /// How often the lender watch reads the lenders' free memory (lender_watch.rs).
-/// Chunks `prepare_hbm` makes before handing them to the pool.
-const PREPARE_BATCH: usize = 16;
 const LENDER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What `page_in` and `page_out` act on.
@@ -339,59 +337,6 @@ impl Engine {
         let inner = &mut *guard;
         inner.tiers.reap(&mut inner.state)?;
         Ok(inner.tiers.release_idle_beyond(&mut inner.state, "release_idle_hbm", 0)? * inner.tiers.chunk)
-    }
-
-    /// Creates physical HBM chunks until `bytes` of idle ones are ready (whole chunks, never
-    /// beyond the budget), so that page-ins that follow only map them. The driver calls are made outside the
-    /// engine's lock: a thread can prepare while another pages in, and creating (~11 µs a
-    /// chunk on the H200, waiting for no copy) then overlaps the copies instead of adding to
-    /// the mapping every chunk needs (a wake after `release_idle_hbm`: tiermem.torch).
-    /// Returns the bytes created; stops early, without error, when the driver is out of memory.
-    pub fn prepare_hbm(&self, bytes: usize) -> Result<usize> {
-        let call = "prepare_hbm";
-        let (chunk, mut wanted) = {
-            let inner = self.lock();
-            let (g, pool) = (inner.tiers.chunk, &inner.tiers.pool);
-            (g, bytes.div_ceil(g).saturating_sub(pool.idle()).min(pool.creatable()))
-        };
-        // In batches, each handed to the pool as soon as it is made, so that page-ins running
-        // meanwhile take them.
-        let mut adopted = 0;
-        while wanted > 0 {
-            let (mut made, mut failure, mut stop) = (Vec::new(), None, false);
-            for _ in 0..wanted.min(PREPARE_BATCH) {
-                match self.device.create_chunk() {
-                    Ok(p) => made.push(p),
-                    Err(tiermem_mechanism::DeviceError::OutOfMemory { .. }) => stop = true,
-                    Err(e) => failure = Some(Error::Device { call, source: e }),
-                }
-                if stop || failure.is_some() {
-                    break;
-                }
-            }
-            wanted -= made.len();
-            let mut spare = Vec::new();
-            {
-                let mut inner = self.lock();
-                for p in made {
-                    match inner.tiers.pool.adopt(p) {
-                        true => adopted += 1,
-                        false => spare.push(p), // the budget shrank, or page-ins created meanwhile
-                    }
-                }
-            }
-            stop |= !spare.is_empty();
-            for p in spare {
-                self.device.release_chunk(p).map_err(|e| Error::Device { call, source: e })?;
-            }
-            if let Some(e) = failure {
-                return Err(e);
-            }
-            if stop {
-                break;
-            }
-        }
-        Ok(adopted * chunk)
     }
 
     /// Changes the HBM budget (the cap) to `bytes`, whole chunks, while the engine runs. A larger

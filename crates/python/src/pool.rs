@@ -336,14 +336,6 @@ impl Pool {
         py.allow_threads(|| engine.release_idle_hbm()).map_err(to_py)
     }
 
-    /// Creates HBM chunks until `size` bytes of idle ones are ready for the page-ins that follow
-    /// (never beyond the budget), without holding the Pool while the driver creates them: run it on another
-    /// thread while page-ins go on (`tiermem.torch`'s wake does). Returns the bytes created.
-    fn prepare_hbm(&self, py: Python<'_>, size: usize) -> PyResult<usize> {
-        let engine = self.open("prepare_hbm")?;
-        py.allow_threads(|| engine.prepare_hbm(size)).map_err(to_py)
-    }
-
     /// Changes the HBM budget (`hbm_cap`) to `size` bytes while the Pool runs (whole chunks).
     /// A smaller budget sends the excess down and gives its HBM back as the copies land
     /// (acquired memory stays until released); returns a ticket for `finish`, which waits for
