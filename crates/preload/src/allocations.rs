@@ -36,11 +36,13 @@ pub struct Allocations {
     by_va: BTreeMap<u64, Allocation>,
     /// `cuMemAllocManaged` pointers and their sizes: passed through, counted, never moved.
     managed: BTreeMap<u64, usize>,
+    /// Small allocations left to the driver (placement.rs): pointer → (GPU, bytes counted).
+    small: BTreeMap<u64, (usize, usize)>,
 }
 
 impl Allocations {
     pub const fn new() -> Self {
-        Self { by_va: BTreeMap::new(), managed: BTreeMap::new() }
+        Self { by_va: BTreeMap::new(), managed: BTreeMap::new(), small: BTreeMap::new() }
     }
 
     pub fn insert(&mut self, allocation: Allocation) {
@@ -51,6 +53,15 @@ impl Allocations {
     /// of a live interposed allocation (a pointer of the driver's, or one freed already).
     pub fn remove(&mut self, ptr: u64) -> Option<Allocation> {
         self.by_va.remove(&ptr)
+    }
+
+    pub fn insert_small(&mut self, ptr: u64, ordinal: usize, bytes: usize) {
+        self.small.insert(ptr, (ordinal, bytes));
+    }
+
+    /// The GPU and counted bytes of the small allocation at `ptr`, taken out of the books.
+    pub fn remove_small(&mut self, ptr: u64) -> Option<(usize, usize)> {
+        self.small.remove(&ptr)
     }
 
     pub fn insert_managed(&mut self, ptr: u64, size: usize) {

@@ -11,7 +11,7 @@ use std::ffi::c_uint;
 
 use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
 use crate::driver::{driver, Driver, Stream};
-use crate::process::{self, Drain};
+use crate::process::{self, Drain, Served};
 
 /// `CU_STREAM_PER_THREAD`: what stream 0 means to a `_ptsz` entry point.
 const CU_STREAM_PER_THREAD: Stream = 0x2 as Stream;
@@ -36,12 +36,19 @@ unsafe fn alloc_or(call: &str, dptr: *mut u64, size: usize, fallback: impl FnOnc
         return to_driver(fallback);
     }
     guard(call, || match process::alloc(call, size) {
-        Ok(Some(ptr)) => {
+        Ok(Served::Tiermem(ptr)) => {
             // SAFETY: checked non-null; the caller's out-pointer.
             unsafe { *dptr = ptr };
             CUDA_SUCCESS
         }
-        Ok(None) => fallback(),
+        Ok(Served::Driver) => fallback(),
+        Ok(Served::DriverCounted { ordinal, bytes }) => {
+            let code = fallback();
+            // SAFETY: checked non-null; the driver wrote the pointer on success.
+            let made = (code == CUDA_SUCCESS).then(|| unsafe { *dptr });
+            process::driver_allocated(ordinal, bytes, made);
+            code
+        }
         Err(code) => code,
     })
 }
@@ -99,12 +106,19 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         return driver();
     }
     guard("cuMemAllocPitch_v2", || match process::alloc("cuMemAllocPitch_v2", size) {
-        Ok(Some(ptr)) => {
+        Ok(Served::Tiermem(ptr)) => {
             // SAFETY: both checked non-null; the caller's out-pointers.
             unsafe { (*dptr, *pitch) = (ptr, padded) };
             CUDA_SUCCESS
         }
-        Ok(None) => driver(),
+        Ok(Served::Driver) => driver(),
+        Ok(Served::DriverCounted { ordinal, bytes }) => {
+            let code = driver();
+            // SAFETY: checked non-null; the driver wrote the pointer on success.
+            let made = (code == CUDA_SUCCESS).then(|| unsafe { *dptr });
+            process::driver_allocated(ordinal, bytes, made);
+            code
+        }
         Err(code) => code,
     })
 }

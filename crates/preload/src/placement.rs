@@ -5,6 +5,23 @@
 //! the rest to host memory. Nothing moves afterwards, so an allocation made while HBM is full
 //! stays on the host even after HBM frees up.
 
+/// Whether an allocation of `size` bytes is left to the driver's own allocator, counted against
+/// the budget: a small one (at most half a chunk) that fits in it. Whole chunks for a few KiB
+/// would spend the budget 2 MiB at a time and cost a driver call of ~11 µs or more each, where
+/// the driver packs small allocations together; a program of many small buffers that fits must
+/// run as it does without tiermem. Such an allocation is HBM for good (the driver's memory
+/// cannot be remapped), which costs little while it is small. One that does not fit takes
+/// chunks as any other (on the host).
+pub fn small_to_driver(size: usize, chunk_bytes: usize, budget: usize, hbm_used: usize) -> bool {
+    size <= chunk_bytes / 2 && hbm_used.saturating_add(small_footprint(size)) <= budget
+}
+
+/// What a small allocation left to the driver counts against the budget: its size rounded up
+/// to the driver's alignment of 512 B.
+pub fn small_footprint(size: usize) -> usize {
+    size.next_multiple_of(512)
+}
+
 /// Where one chunk lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
@@ -63,6 +80,18 @@ mod tests {
         // but HBM chunks fall back to the host when the GPU is full, not the other way round).
         assert_eq!(place(4, MIB2, 2 << 20, 8 << 20), Placement { hbm: 0, host: 4 });
         assert_eq!(place(4, MIB2, 0, 0).tier(0), Tier::Host);
+    }
+
+    #[test]
+    fn small_allocations_that_fit_go_to_the_driver() {
+        assert!(small_to_driver(4096, MIB2, 64 << 20, 0));
+        assert!(small_to_driver(1 << 20, MIB2, 64 << 20, 0), "half a chunk is small");
+        assert!(!small_to_driver((1 << 20) + 1, MIB2, 64 << 20, 0), "more than half a chunk takes chunks");
+        assert!(small_to_driver(1000, MIB2, 1024, 0), "1000 B count as 1024");
+        assert!(!small_to_driver(1000, MIB2, 1023, 0), "but not beyond the budget");
+        assert!(!small_to_driver(1, MIB2, 64 << 20, 64 << 20), "a full budget sends even 1 B to chunks");
+        assert_eq!(small_footprint(1), 512);
+        assert_eq!(small_footprint(512), 512);
     }
 
     #[test]

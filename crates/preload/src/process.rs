@@ -115,17 +115,34 @@ impl Process {
     }
 }
 
-/// Allocates `size` (> 0) bytes on the current GPU, always mapped. `Ok(None)`: tiermem does
-/// not manage this GPU; the caller passes the call to the driver.
-pub fn alloc(call: &str, size: usize) -> Result<Option<u64>, CuResult> {
+/// How an allocation is served.
+pub enum Served {
+    /// By tiermem, always mapped: the pointer.
+    Tiermem(u64),
+    /// By the driver, unmanaged (a GPU tiermem does not manage).
+    Driver,
+    /// By the driver, counted against GPU `ordinal`'s budget (a small one, placement.rs): the
+    /// caller makes it, then calls [`driver_allocated`] with the outcome.
+    DriverCounted { ordinal: usize, bytes: usize },
+}
+
+/// Allocates `size` (> 0) bytes on the current GPU, always mapped, or says who else serves it.
+pub fn alloc(call: &str, size: usize) -> Result<Served, CuResult> {
     let ordinal = match current_gpu() {
-        None => return Ok(None),
+        None => return Ok(Served::Driver),
         Some(current) => current?,
     };
     let mut p = process();
     let gpu = p.gpu(call, ordinal);
-    let Some(device) = gpu.device.clone() else { return Ok(None) };
+    let Some(device) = gpu.device.clone() else { return Ok(Served::Driver) };
     let (chunk, budget, hbm_used) = (gpu.chunk, gpu.budget, gpu.hbm_used);
+    if placement::small_to_driver(size, chunk, budget, hbm_used) {
+        // Counted now, before the driver is asked, so that threads allocating at once never
+        // overrun the budget together; given back if the driver refuses.
+        let bytes = placement::small_footprint(size);
+        gpu.hbm_used += bytes;
+        return Ok(Served::DriverCounted { ordinal, bytes });
+    }
     let Some(chunks) = size.checked_next_multiple_of(chunk).map(|bytes| bytes / chunk) else {
         p.stats.refused += 1;
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
@@ -138,7 +155,7 @@ pub fn alloc(call: &str, size: usize) -> Result<Option<u64>, CuResult> {
             p.stats.allocated(hbm, host);
             let va = allocation.va;
             p.books.insert(allocation);
-            Ok(Some(va))
+            Ok(Served::Tiermem(va))
         }
         Err(why) => {
             p.stats.refused += 1;
@@ -269,6 +286,22 @@ pub fn mem_info(call: &str) -> Option<Result<(usize, usize), CuResult>> {
     Some(Ok((gpu.budget.saturating_sub(gpu.hbm_used), gpu.budget)))
 }
 
+/// The driver made (`Some(ptr)`) or refused the small allocation [`alloc`] counted.
+pub fn driver_allocated(ordinal: usize, bytes: usize, made: Option<u64>) {
+    let mut p = process();
+    match made {
+        Some(ptr) => {
+            p.books.insert_small(ptr, ordinal, bytes);
+            p.stats.allocated(bytes, 0);
+        }
+        None => {
+            if let Some(gpu) = p.gpus.get_mut(&ordinal) {
+                gpu.hbm_used = gpu.hbm_used.saturating_sub(bytes);
+            }
+        }
+    }
+}
+
 /// Counts a managed allocation the driver made.
 pub fn managed_allocated(ptr: u64, size: usize) {
     let mut p = process();
@@ -276,11 +309,17 @@ pub fn managed_allocated(ptr: u64, size: usize) {
     p.stats.managed_allocated(size);
 }
 
-/// The driver freed `ptr`: if it was a managed allocation, it is no longer counted.
+/// The driver freed `ptr`: if it was a managed or a small allocation, it is no longer counted.
 pub fn driver_freed(ptr: u64) {
     let mut p = process();
     if let Some(size) = p.books.remove_managed(ptr) {
         p.stats.managed_freed(size);
+    }
+    if let Some((ordinal, bytes)) = p.books.remove_small(ptr) {
+        if let Some(gpu) = p.gpus.get_mut(&ordinal) {
+            gpu.hbm_used = gpu.hbm_used.saturating_sub(bytes);
+        }
+        p.stats.freed(bytes, 0);
     }
 }
 

@@ -40,3 +40,12 @@ fn a_full_gpu_sends_the_rest_to_the_host_before_the_budget_does() {
     assert!(stdout.contains("gpu-full: ok"), "{stdout}");
     assert!(!stderr.contains("tiermem:"), "no complaint expected:\n{stderr}");
 }
+
+#[test]
+fn small_allocations_that_fit_are_the_drivers_counted_against_the_budget() {
+    let env = [("TIERMEM_HBM_LIMIT", "64MiB"), ("TIERMEM_FAKE_HBM", "256M")];
+    let output = support::probe("small", &["small"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("small: ok"), "{stdout}");
+    assert!(!stderr.contains("tiermem:"), "no complaint expected:\n{stderr}");
+}

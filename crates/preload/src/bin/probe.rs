@@ -266,6 +266,47 @@ fn memory() {
     println!("memory: ok");
 }
 
+/// Small allocations (at most half a chunk) that fit the budget of 64 MiB are the driver's own,
+/// counted against the budget; one that does not fit takes a chunk on the host.
+fn small() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+    let free: Free = cuda.get(c"cuMemFree", 0);
+    let before = cuda.census();
+    const N: usize = 1000;
+    let mut ptrs = vec![0u64; N];
+    // SAFETY: the driver's (tiermem's) functions with valid out-pointers, and pointers they gave.
+    unsafe {
+        for p in ptrs.iter_mut() {
+            assert_eq!(alloc(p, 4096), 0, "4 KiB");
+        }
+        let census = cuda.census();
+        assert_eq!(census.plain, before.plain + N, "the driver made every small one");
+        assert_eq!((census.gpu_chunks, census.host_chunks), (0, 0), "no chunk for a small allocation");
+        assert_eq!(cuda.mem_info().0, 64 * MIB - N * 4096, "each counted against the budget");
+        for (i, &p) in ptrs.iter().enumerate().step_by(97) {
+            cuda.write_and_verify(p, 4096, i as u8);
+        }
+        for &p in &ptrs {
+            assert_eq!(free(p), 0);
+        }
+        assert_eq!(free(ptrs[0]), 1, "a second free: the driver's error");
+        assert_eq!(cuda.mem_info(), (64 * MIB, 64 * MIB), "the budget is whole again");
+
+        let (mut big, mut late) = (0u64, 0u64);
+        assert_eq!(alloc(&mut big, 64 * MIB), 0, "the whole budget in chunks");
+        assert_eq!(alloc(&mut late, 1000), 0, "1000 B that no longer fit");
+        assert_eq!(cuda.census().host_chunks, 1, "take a chunk on the host");
+        cuda.write_and_verify(late, 1000, 7);
+        assert_eq!(free(late), 0);
+        assert_eq!(free(big), 0);
+    }
+    let after = cuda.census();
+    assert_eq!(after.held(), before.held(), "leak");
+    println!("small: ok");
+}
+
 fn no_host_chunks() {
     let cuda = Cuda::load();
     cuda.start();
@@ -352,6 +393,7 @@ fn main() {
     match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["routing"] => routing(),
         ["memory"] => memory(),
+        ["small"] => small(),
         ["no-host-chunks"] => no_host_chunks(),
         ["budget", bytes] => budget(bytes.parse().expect("budget BYTES")),
         ["threads"] => threads(),
