@@ -66,6 +66,31 @@ ok(cuda.cuMemcpyDtoD_v2(C.c_uint64(buffers[2]), C.c_uint64(buffers[0]), C.c_size
 ok(cuda.cuMemcpyDtoH_v2(back, C.c_uint64(buffers[2]), C.c_size_t(size)), "cuMemcpyDtoH_v2")
 check("device_to_device_copy_intact", bytes(back)[:4] == bytes([17] * 4) and bytes(back)[-4:] == bytes([101] * 4))
 
+# Small allocations (at most 1 MiB) that fit the budget are the driver's own, counted against it.
+for d in buffers[1:]:
+    ok(cuda.cuMemFree_v2(C.c_uint64(d)), "cuMemFree_v2")
+buffers = buffers[:1]
+ok(cuda.cuMemGetInfo_v2(C.byref(free), C.byref(total)), "cuMemGetInfo_v2")
+room = free.value
+small = []
+for i in range(1000):
+    p = C.c_uint64()
+    ok(cuda.cuMemAlloc_v2(C.byref(p), C.c_size_t(4096)), "cuMemAlloc_v2 (4 KiB)")
+    small.append(p.value)
+ok(cuda.cuMemGetInfo_v2(C.byref(free), C.byref(total)), "cuMemGetInfo_v2")
+check("small_allocations_counted", budget == 0 or room - free.value == 1000 * 4096, f"{room - free.value} B counted")
+cell = (C.c_ubyte * 4096)()
+for i in range(0, 1000, 99):
+    C.memset(cell, i % 251, 4096)
+    ok(cuda.cuMemcpyHtoD_v2(C.c_uint64(small[i]), cell, C.c_size_t(4096)), "cuMemcpyHtoD_v2 (small)")
+for i in range(0, 1000, 99):
+    ok(cuda.cuMemcpyDtoH_v2(cell, C.c_uint64(small[i]), C.c_size_t(4096)), "cuMemcpyDtoH_v2 (small)")
+    check(f"small_{i}_intact", bytes(cell) == bytes([i % 251]) * 4096)
+for d in small:
+    ok(cuda.cuMemFree_v2(C.c_uint64(d)), "cuMemFree_v2 (small)")
+ok(cuda.cuMemGetInfo_v2(C.byref(free), C.byref(total)), "cuMemGetInfo_v2")
+check("small_frees_give_the_budget_back", free.value == room, f"{free.value} vs {room}")
+
 for d in buffers:
     ok(cuda.cuMemFree_v2(C.c_uint64(d)), "cuMemFree_v2")
 again = cuda.cuMemFree_v2(C.c_uint64(buffers[0]))
