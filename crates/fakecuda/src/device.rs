@@ -58,6 +58,21 @@ pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> Code {
     with(|_| unsafe { put(count, 1) })
 }
 
+/// The one GPU's PCI address, `0000:01:00.0` (the fake NVML says the same).
+///
+/// # Safety
+/// As the driver's: `out` valid for `len` characters.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(out: *mut c_char, len: c_int, device: c_int) -> Code {
+    let text = b"0000:01:00.0\0";
+    if out.is_null() || device != 0 || (len as usize) < text.len() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked: `out` holds at least `text.len()` characters.
+    unsafe { std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), out, text.len()) };
+    CUDA_SUCCESS
+}
+
 /// # Safety
 /// As the driver's.
 #[no_mangle]

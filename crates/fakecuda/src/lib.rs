@@ -13,6 +13,7 @@
 
 mod device;
 mod memory;
+mod nvml;
 mod proc_address;
 
 use std::cell::Cell;

@@ -76,6 +76,7 @@ mod allocations;
 mod boundary;
 mod driver;
 mod entry;
+mod nvml;
 mod placement;
 mod process;
 mod routes;
@@ -85,6 +86,7 @@ pub use entry::{
     cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocManaged, cuMemAllocPitch_v2, cuMemAlloc_v2, cuMemFreeAsync,
     cuMemFreeAsync_ptsz, cuMemFree_v2, cuMemGetInfo_v2,
 };
+pub use nvml::{nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2};
 pub use routes::{cuGetProcAddress, cuGetProcAddress_v2, dlsym};
 
 /// Prints the statistics at exit when `TIERMEM_STATS` is set (`tiermem run --stats`).

@@ -323,6 +323,18 @@ pub fn driver_freed(ptr: u64) {
     }
 }
 
+/// The GPUs tiermem manages in this process (opened, with a budget).
+pub fn managed_gpus() -> Vec<usize> {
+    process().gpus.iter().filter(|(_, gpu)| gpu.device.is_some()).map(|(&ordinal, _)| ordinal).collect()
+}
+
+/// GPU `ordinal`'s budget and the HBM tiermem holds on it, if tiermem manages it.
+pub fn budget_and_use(ordinal: usize) -> Option<(usize, usize)> {
+    let p = process();
+    let gpu = p.gpus.get(&ordinal).filter(|gpu| gpu.device.is_some())?;
+    Some((gpu.budget, gpu.hbm_used))
+}
+
 /// The statistics so far.
 pub fn stats() -> Stats {
     process().stats

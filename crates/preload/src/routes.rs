@@ -62,7 +62,8 @@ fn driver_name(name: &[u8]) -> bool {
     name.len() > 2 && name.starts_with(b"cu") && name[2].is_ascii_uppercase()
 }
 
-/// `dlsym`: glibc's answer, with a routed driver function swapped for tiermem's wrapper.
+/// `dlsym`: glibc's answer, with a routed driver function swapped for tiermem's wrapper (and
+/// NVML's memory queries for tiermem's, nvml.rs).
 ///
 /// Lookups on a thread inside tiermem (cudarc loading the driver for the mechanism crate) get
 /// glibc's answer unchanged. Caveat: glibc resolves `RTLD_NEXT` relative to its caller, which
@@ -80,7 +81,11 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
         return found;
     }
     // SAFETY: checked non-null; dlsym's caller passes a NUL-terminated name.
-    if !driver_name(unsafe { CStr::from_ptr(name) }.to_bytes()) {
+    let name = unsafe { CStr::from_ptr(name) }.to_bytes();
+    if name.starts_with(b"nvml") {
+        return crate::nvml::route(name, found).unwrap_or(found);
+    }
+    if !driver_name(name) {
         return found;
     }
     let _inside = enter();

@@ -49,3 +49,11 @@ fn small_allocations_that_fit_are_the_drivers_counted_against_the_budget() {
     assert!(stdout.contains("small: ok"), "{stdout}");
     assert!(!stderr.contains("tiermem:"), "no complaint expected:\n{stderr}");
 }
+
+#[test]
+fn nvml_reports_the_budget_like_cu_mem_get_info() {
+    let env = [("TIERMEM_HBM_LIMIT", "64MiB"), ("TIERMEM_FAKE_HBM", "256M")];
+    let output = support::probe("nvml", &["nvml"], &env);
+    let (stdout, _) = support::assert_passed(&output);
+    assert!(stdout.contains("nvml: ok"), "{stdout}");
+}

@@ -307,6 +307,59 @@ fn small() {
     println!("small: ok");
 }
 
+/// NVML's memory queries, taken by dlsym as pynvml does, are tiermem's: NVML's own numbers
+/// before tiermem has seen the GPU, the budget's (64 MiB) once it manages it.
+fn nvml() {
+    type Init = unsafe extern "C" fn() -> c_int;
+    type Handle = unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int;
+    type Info = unsafe extern "C" fn(*mut c_void, *mut [u64; 3]) -> c_int;
+    type InfoV2 = unsafe extern "C" fn(*mut c_void, *mut [u64; 5]) -> c_int;
+    // SAFETY: dlopen of a library name, kept for the life of the process.
+    let nvml = unsafe { libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW) };
+    assert!(!nvml.is_null(), "dlopen(libnvidia-ml.so.1) failed");
+    let info_ptr = Cuda::dlsym(nvml, c"nvmlDeviceGetMemoryInfo");
+    assert_tiermem(info_ptr, "dlsym(libnvidia-ml, nvmlDeviceGetMemoryInfo)");
+    assert_tiermem(Cuda::dlsym(nvml, c"nvmlDeviceGetMemoryInfo_v2"), "dlsym(libnvidia-ml, nvmlDeviceGetMemoryInfo_v2)");
+    assert_driver(Cuda::dlsym(nvml, c"nvmlDeviceGetHandleByIndex_v2"), "nvmlDeviceGetHandleByIndex_v2");
+    // SAFETY: the functions have these signatures (nvml.h); pointers from dlsym.
+    let (init, handle, info, info_v2) = unsafe {
+        (
+            std::mem::transmute::<*mut c_void, Init>(Cuda::dlsym(nvml, c"nvmlInit_v2")),
+            std::mem::transmute::<*mut c_void, Handle>(Cuda::dlsym(nvml, c"nvmlDeviceGetHandleByIndex_v2")),
+            std::mem::transmute::<*mut c_void, Info>(info_ptr),
+            std::mem::transmute::<*mut c_void, InfoV2>(Cuda::dlsym(nvml, c"nvmlDeviceGetMemoryInfo_v2")),
+        )
+    };
+    let mut device = std::ptr::null_mut();
+    let (mut memory, mut memory_v2) = ([0u64; 3], [2u64 << 24, 0, 0, 0, 0]);
+    // SAFETY: NVML's functions with valid out-pointers.
+    unsafe {
+        assert_eq!(init(), 0);
+        assert_eq!(handle(0, &mut device), 0);
+        assert_eq!(info(device, &mut memory), 0);
+    }
+    assert_eq!(memory[0], 256 * MIB as u64, "before tiermem has seen the GPU: NVML's own total");
+
+    let cuda = Cuda::load();
+    cuda.start();
+    let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+    let free: Free = cuda.get(c"cuMemFree", 0);
+    let mut a = 0u64;
+    // SAFETY: as in `memory`, and NVML's functions with valid out-pointers.
+    unsafe {
+        assert_eq!(alloc(&mut a, 4 * MIB), 0);
+        assert_eq!(info(device, &mut memory), 0);
+        assert_eq!(memory, [64 * MIB as u64, 60 * MIB as u64, 4 * MIB as u64], "total, free, used: the budget's");
+        assert_eq!(info_v2(device, &mut memory_v2), 0);
+        let [_, total, _, free_v2, used] = memory_v2;
+        assert_eq!((total, free_v2, used), (64 * MIB as u64, 60 * MIB as u64, 4 * MIB as u64), "v2 too");
+        assert_eq!(free(a), 0);
+        assert_eq!(info(device, &mut memory), 0);
+    }
+    assert_eq!(memory, [64 * MIB as u64, 64 * MIB as u64, 0], "freed");
+    println!("nvml: ok");
+}
+
 fn no_host_chunks() {
     let cuda = Cuda::load();
     cuda.start();
@@ -394,6 +447,7 @@ fn main() {
         ["routing"] => routing(),
         ["memory"] => memory(),
         ["small"] => small(),
+        ["nvml"] => nvml(),
         ["no-host-chunks"] => no_host_chunks(),
         ["budget", bytes] => budget(bytes.parse().expect("budget BYTES")),
         ["threads"] => threads(),

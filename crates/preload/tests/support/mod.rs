@@ -25,13 +25,14 @@ pub fn preload_library() -> PathBuf {
     library("libtiermem_preload.so")
 }
 
-/// A folder holding `libcuda.so.1` and `libcuda.so`, links to the fake driver; one per test.
+/// A folder holding `libcuda.so.1`, `libcuda.so` and `libnvidia-ml.so.1`, links to the fake
+/// driver (which answers NVML's few calls too); one per test.
 fn fake_driver_dir(test: &str) -> PathBuf {
     let fake = library("libtiermem_fakecuda.so");
     let dir = std::env::temp_dir().join(format!("tiermem-fakecuda-{}-{test}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a temporary folder");
-    for name in ["libcuda.so.1", "libcuda.so"] {
+    for name in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1"] {
         std::os::unix::fs::symlink(&fake, dir.join(name)).expect("a link to the fake driver");
     }
     dir
