@@ -53,8 +53,6 @@ struct PciInfo {
 }
 
 type Device = *mut c_void;
-type GetMemoryInfo = unsafe extern "C" fn(Device, *mut Memory) -> c_int;
-type GetMemoryInfoV2 = unsafe extern "C" fn(Device, *mut MemoryV2) -> c_int;
 type GetPciInfo = unsafe extern "C" fn(Device, *mut PciInfo) -> c_int;
 type CudaPciBusId = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> u32;
 
@@ -146,28 +144,48 @@ fn budget_view(device: Device, real: *mut c_void) -> Option<(u64, u64)> {
     Some((budget as u64, used as u64))
 }
 
-/// `nvmlDeviceGetMemoryInfo`: NVML's answer, the budget's for a GPU tiermem manages.
+/// Calls NVML's query behind `slot` (`name`), then, for a GPU tiermem manages, writes the
+/// budget's view into `*memory` with `fill(memory, total, used)`.
 ///
 /// # Safety
-/// As NVML's.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: Device, memory: *mut Memory) -> c_int {
-    let real = real(&REAL_V1, c"nvmlDeviceGetMemoryInfo");
+/// `memory` as the query takes it; the query's signature is `(device, *mut M) -> nvmlReturn_t`.
+unsafe fn budgeted<M>(
+    slot: &AtomicPtr<c_void>,
+    name: &CStr,
+    device: Device,
+    memory: *mut M,
+    fill: fn(&mut M, u64, u64),
+) -> c_int {
+    let real = real(slot, name);
     if real.is_null() {
         return NVML_ERROR_UNINITIALIZED;
     }
-    // SAFETY: NVML's function with the `GetMemoryInfo` signature and the caller's arguments.
-    let code = unsafe { std::mem::transmute::<*mut c_void, GetMemoryInfo>(real)(device, memory) };
+    // SAFETY: NVML's memory queries take a device and a pointer to their struct (nvml.h).
+    let query =
+        unsafe { std::mem::transmute_copy::<*mut c_void, unsafe extern "C" fn(Device, *mut M) -> c_int>(&real) };
+    // SAFETY: the caller's arguments.
+    let code = unsafe { query(device, memory) };
     if code != NVML_SUCCESS || memory.is_null() || inside() {
         return code;
     }
     let _inside = enter();
     if let Ok(Some((total, used))) = std::panic::catch_unwind(|| budget_view(device, real)) {
         // SAFETY: checked non-null; NVML just filled it.
-        let m = unsafe { &mut *memory };
-        (m.total, m.used, m.free) = (total, used, total.saturating_sub(used));
+        fill(unsafe { &mut *memory }, total, used);
     }
     code
+}
+
+/// `nvmlDeviceGetMemoryInfo`: NVML's answer, the budget's for a GPU tiermem manages.
+///
+/// # Safety
+/// As NVML's.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: Device, memory: *mut Memory) -> c_int {
+    let fill =
+        |m: &mut Memory, total: u64, used: u64| (m.total, m.used, m.free) = (total, used, total.saturating_sub(used));
+    // SAFETY: the caller's arguments, as NVML takes them.
+    unsafe { budgeted(&REAL_V1, c"nvmlDeviceGetMemoryInfo", device, memory, fill) }
 }
 
 /// `nvmlDeviceGetMemoryInfo_v2`: as [`nvmlDeviceGetMemoryInfo`]; `reserved` is kept.
@@ -176,22 +194,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: Device, memory: *mut Me
 /// As NVML's.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: Device, memory: *mut MemoryV2) -> c_int {
-    let real = real(&REAL_V2, c"nvmlDeviceGetMemoryInfo_v2");
-    if real.is_null() {
-        return NVML_ERROR_UNINITIALIZED;
-    }
-    // SAFETY: NVML's function with the `GetMemoryInfoV2` signature and the caller's arguments.
-    let code = unsafe { std::mem::transmute::<*mut c_void, GetMemoryInfoV2>(real)(device, memory) };
-    if code != NVML_SUCCESS || memory.is_null() || inside() {
-        return code;
-    }
-    let _inside = enter();
-    if let Ok(Some((total, used))) = std::panic::catch_unwind(|| budget_view(device, real)) {
-        // SAFETY: checked non-null; NVML just filled it.
-        let m = unsafe { &mut *memory };
-        (m.total, m.used, m.free) = (total, used, total.saturating_sub(used));
-    }
-    code
+    let fill =
+        |m: &mut MemoryV2, total: u64, used: u64| (m.total, m.used, m.free) = (total, used, total.saturating_sub(used));
+    // SAFETY: the caller's arguments, as NVML takes them.
+    unsafe { budgeted(&REAL_V2, c"nvmlDeviceGetMemoryInfo_v2", device, memory, fill) }
 }
 
 #[cfg(test)]
