@@ -35,16 +35,32 @@ unsafe fn alloc_or(call: &str, dptr: *mut u64, size: usize, fallback: impl FnOnc
     if inside() || dptr.is_null() || size == 0 {
         return to_driver(fallback);
     }
+    // SAFETY: checked non-null; the caller's out-pointer.
+    unsafe { serve(call, size, dptr, fallback, |ptr| *dptr = ptr) }
+}
+
+/// Carries out what `process::alloc` decides for `size` bytes: tiermem's pointer handed over by
+/// `hand_over`, or the driver's allocation made by `driver` (a small one counted against the
+/// budget, placement.rs).
+///
+/// # Safety
+/// `dptr` non-null and valid for reads: the driver writes the pointer there on success.
+unsafe fn serve(
+    call: &str,
+    size: usize,
+    dptr: *mut u64,
+    driver: impl FnOnce() -> CuResult,
+    hand_over: impl FnOnce(u64),
+) -> CuResult {
     guard(call, || match process::alloc(call, size) {
         Ok(Served::Tiermem(ptr)) => {
-            // SAFETY: checked non-null; the caller's out-pointer.
-            unsafe { *dptr = ptr };
+            hand_over(ptr);
             CUDA_SUCCESS
         }
-        Ok(Served::Driver) => fallback(),
+        Ok(Served::Driver) => driver(),
         Ok(Served::DriverCounted { ordinal, bytes }) => {
-            let code = fallback();
-            // SAFETY: checked non-null; the driver wrote the pointer on success.
+            let code = driver();
+            // SAFETY: non-null (the caller's contract); the driver wrote the pointer on success.
             let made = (code == CUDA_SUCCESS).then(|| unsafe { *dptr });
             process::driver_allocated(ordinal, bytes, made);
             code
@@ -105,22 +121,8 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     if inside() || !valid || size == 0 {
         return driver();
     }
-    guard("cuMemAllocPitch_v2", || match process::alloc("cuMemAllocPitch_v2", size) {
-        Ok(Served::Tiermem(ptr)) => {
-            // SAFETY: both checked non-null; the caller's out-pointers.
-            unsafe { (*dptr, *pitch) = (ptr, padded) };
-            CUDA_SUCCESS
-        }
-        Ok(Served::Driver) => driver(),
-        Ok(Served::DriverCounted { ordinal, bytes }) => {
-            let code = driver();
-            // SAFETY: checked non-null; the driver wrote the pointer on success.
-            let made = (code == CUDA_SUCCESS).then(|| unsafe { *dptr });
-            process::driver_allocated(ordinal, bytes, made);
-            code
-        }
-        Err(code) => code,
-    })
+    // SAFETY: both checked non-null; the caller's out-pointers.
+    unsafe { serve("cuMemAllocPitch_v2", size, dptr, driver, |ptr| (*dptr, *pitch) = (ptr, padded)) }
 }
 
 /// `cuMemFree_v2`: waits for the context, then unmaps.

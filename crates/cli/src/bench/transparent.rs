@@ -85,6 +85,7 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "step_s_budget_0_7": s_07,
         "step_s_budget_0_5": s_05,
         "stock_oom_at_0_7": stock["oom"] == true,
+        "stock_error": stock["error"],
         "quiesce_ms_per_step": 0.0,
         "launches_all_in_hbm_share": null,
         "peak_reserved_bytes": peak,
@@ -97,7 +98,7 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "speed_0_5": ratio(s_uncapped, s_05),
     });
     let date = super::today();
-    let mut report = json!({
+    let report = json!({
         "suite": "transparent", "commit": commit, "date": date,
         "device": { "name": uncapped["device"], "torch": uncapped["torch"] },
         "metrics": metrics, "ratios": ratios, "checks": checks, "verified": verified,
@@ -105,7 +106,6 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
                   never moved: no quiesce points yet (quiesce_ms_per_step 0), launches not interposed \
                   (launches_all_in_hbm_share not measured)",
     });
-    report["metrics"]["stock_error"] = stock["error"].clone();
     let detail =
         json!({ "uncapped": uncapped, "fits": fits, "budget_0_7": at_0_7, "budget_0_5": at_0_5, "stock_0_7": stock });
     println!(
