@@ -77,10 +77,11 @@ fn free_or(call: &str, ptr: u64, drain: Drain, fallback: impl FnOnce() -> CuResu
     guard(call, || match process::free(call, ptr, drain) {
         Some(code) => code,
         None => {
+            // Out of the books before the driver frees it: the driver may hand the address
+            // to another thread's allocation the moment it is free.
+            let taken = process::take_driver_allocation(ptr);
             let code = fallback();
-            if code == CUDA_SUCCESS {
-                process::driver_freed(ptr);
-            }
+            process::driver_free_done(taken, code == CUDA_SUCCESS);
             code
         }
     })

@@ -309,13 +309,38 @@ pub fn managed_allocated(ptr: u64, size: usize) {
     p.stats.managed_allocated(size);
 }
 
-/// The driver freed `ptr`: if it was a managed or a small allocation, it is no longer counted.
-pub fn driver_freed(ptr: u64) {
+/// A driver allocation tiermem counts (managed, or small: placement.rs), taken out of the books
+/// before the driver frees it.
+pub struct Taken {
+    ptr: u64,
+    managed: Option<usize>,
+    small: Option<(usize, usize)>,
+}
+
+/// Takes the counted driver allocation at `ptr`, if any, out of the books: the address is
+/// the driver's to reuse as soon as it frees it, and an allocation of another thread may then
+/// be booked under it.
+pub fn take_driver_allocation(ptr: u64) -> Taken {
     let mut p = process();
-    if let Some(size) = p.books.remove_managed(ptr) {
+    Taken { ptr, managed: p.books.remove_managed(ptr), small: p.books.remove_small(ptr) }
+}
+
+/// The driver freed `taken` (it is no longer counted), or refused to (it goes back in the books).
+pub fn driver_free_done(taken: Taken, freed: bool) {
+    let mut p = process();
+    if !freed {
+        if let Some(size) = taken.managed {
+            p.books.insert_managed(taken.ptr, size);
+        }
+        if let Some((ordinal, bytes)) = taken.small {
+            p.books.insert_small(taken.ptr, ordinal, bytes);
+        }
+        return;
+    }
+    if let Some(size) = taken.managed {
         p.stats.managed_freed(size);
     }
-    if let Some((ordinal, bytes)) = p.books.remove_small(ptr) {
+    if let Some((ordinal, bytes)) = taken.small {
         if let Some(gpu) = p.gpus.get_mut(&ordinal) {
             gpu.hbm_used = gpu.hbm_used.saturating_sub(bytes);
         }
