@@ -30,7 +30,8 @@ use crate::buffer::{Access, AllocOptions, BufferId, Region};
 use crate::engine::{Inner, Target, Ticket, TicketWork};
 use crate::error::retag;
 use crate::error::Context;
-use crate::fence::Fence;
+use crate::fence::{Fence, Waits};
+use crate::file_writes::Owner;
 use crate::movement::Purpose;
 use crate::placement::Among;
 use crate::state::{Below, Buffer, ChunkRef};
@@ -69,18 +70,23 @@ impl Inner {
         if pinned_chunks > 0 {
             return Err(Error::Acquired { call: "free", buffer: id, pinned_chunks });
         }
-        for chunk in buffer.chunks() {
-            for fence in chunk.in_flight().chain(chunk.leaving()) {
-                fence.wait().during("free")?;
+        // Transfers still running on its chunks end first: waited for with the lock released
+        // where the façade runs this again after (`Engine::unlocked_waits`).
+        let mut running = Vec::new();
+        for fence in buffer.chunks().iter().flat_map(|chunk| chunk.in_flight().chain(chunk.leaving())) {
+            if !fence.is_done().during("free")? {
+                running.push(Arc::clone(fence));
             }
         }
+        self.wait_for("free", running)?;
+        let buffer = self.buffer("free", id)?;
         // Unmap first, with the buffer still here: if cuMemUnmap fails the buffer stays and a
         // retry unmaps only what is still mapped. Its data is being discarded.
         let (va, reserved) = (buffer.va, buffer.reserved);
         self.tiers.unmap_buffer(&mut self.state, id).during("free")?;
         self.tiers.device.unreserve(va, reserved).during("free")?;
         let copies = self.state.remove_buffer(id);
-        self.strides.remove(&id);
+        self.strides.forget(id);
         if let Some(schedule) = self.schedule.as_mut() {
             schedule.forget(id);
         }
@@ -131,16 +137,38 @@ impl Inner {
                 return Err(Error::ReadOnly { call: "acquire", buffer: r.buffer });
             }
         }
-        let (_, in_hbm) = self.serve_in_place("acquire", &refs, access)?;
+        let (_, in_hbm) = self.tiers.serve_in_place(&mut self.state, "acquire", &refs, access)?;
         self.check_fits("acquire", &in_hbm)?;
         if in_hbm.iter().any(|&r| !self.state.chunk(r).is_resident()) {
             self.tiers.reap(&mut self.state)?;
             self.bring_in("acquire", &in_hbm, Purpose::Demand)?;
         }
         self.pin("acquire", &refs, access, stream)?;
-        self.prefetch_strides(regions);
-        self.pre_evict();
+        self.ahead_of_demand(regions);
         Ok(())
+    }
+
+    /// After an acquire, best effort (it stands whatever happens here): stride prefetch
+    /// brings the next chunks of walked buffers into free HBM (stride.rs), and pre-eviction
+    /// starts cheap victims down to keep HBM free (pre_evict.rs).
+    fn ahead_of_demand(&mut self, regions: &[Region]) {
+        if self.schedule.is_none() {
+            for wanted in self.strides.next_chunks(&self.state, regions, self.tiers.chunk) {
+                if self.tiers.pool.available() > 0 {
+                    let _ = self.bring_in("stride prefetch", &wanted, Purpose::Prefetch);
+                }
+            }
+        }
+        if self.pre_evict_chunks == 0 || self.tiers.reap(&mut self.state).is_err() {
+            return;
+        }
+        let free = self.tiers.pool.available() + self.tiers.in_flight.chunks_moving_down();
+        let Some(short) = crate::pre_evict::shortfall(self.pre_evict_chunks, free) else { return };
+        let Ok(victims) = self.victims(Among::Resident, "pre-evict", 2 * short, &[], None) else { return };
+        let chosen = crate::pre_evict::cheap_victims(&self.state, victims, self.tiers.peer.free_slots(), short);
+        if !chosen.is_empty() {
+            let _ = self.send_victims_down("pre-evict", &chosen);
+        }
     }
 
     /// `acquire` for a synchronous host copy: returns the buffer's address.
@@ -152,7 +180,7 @@ impl Inner {
         call: &'static str,
     ) -> Result<u64> {
         let refs = self.resolve(call, regions)?;
-        let (_, in_hbm) = self.serve_in_place(call, &refs, access)?;
+        let (_, in_hbm) = self.tiers.serve_in_place(&mut self.state, call, &refs, access)?;
         self.check_fits(call, &in_hbm)?;
         self.tiers.reap(&mut self.state)?;
         self.bring_in(call, &in_hbm, Purpose::Demand)?;
@@ -238,10 +266,17 @@ impl Inner {
             self.state.unpin(r, Arc::clone(&fence));
         }
         if self.over_budget() {
-            // The budget shrank while these were acquired: they leave first ("The HBM budget" above). The
-            // release itself is done: if they cannot leave now (the tiers below are full, or
-            // the driver fails), they stay until a later call makes room.
-            let _ = self.shed_excess("release", &refs);
+            // The budget shrank while these were acquired: they leave first ("The HBM budget"
+            // above). The release itself is done and waits for nothing: if they cannot leave
+            // now (the tiers below are full, or room there is still being made, or the driver
+            // fails), they stay until a later call makes room. A spill to the file started
+            // here runs on; a later call commits it (`commit_ended_writes`).
+            let waits_unlocked = std::mem::replace(&mut self.wait_unlocked, true);
+            let shed = self.shed_excess("release", &refs);
+            self.wait_unlocked = waits_unlocked;
+            if let Err(Error::MustWait(Waits { spill: Some(spill), .. })) = shed {
+                self.tiers.writes.abandon(Owner::Spill(spill));
+            }
         }
         Ok(())
     }
@@ -379,13 +414,16 @@ impl Inner {
         Ok(refs)
     }
 
-    /// Sends down those of `refs` that are resident now.
-    fn send_down_resident(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<Vec<Arc<Fence>>> {
-        let resident: Vec<ChunkRef> = refs.iter().copied().filter(|&r| self.state.chunk(r).is_resident()).collect();
-        self.send_down(call, &resident)
-    }
-
-    pub(crate) fn exchange_start(&mut self, outgoing: Target, incoming: Target) -> Result<Ticket> {
+    /// Brings `incoming` in and sends `outgoing` down, adding the fences to wait for to
+    /// `fences`. Run again after a wait with the lock released (`Engine::unlocked_waits`), it
+    /// does what is left: incoming chunks already in HBM bring nothing, outgoing chunks
+    /// already leaving bring their fences.
+    pub(crate) fn exchange_start(
+        &mut self,
+        outgoing: Target,
+        incoming: Target,
+        fences: &mut Vec<Arc<Fence>>,
+    ) -> Result<()> {
         let call = "exchange";
         let out = self.outgoing_refs(call, outgoing)?;
         let inc = self.target_refs(call, incoming)?;
@@ -398,9 +436,13 @@ impl Inner {
         // 17 ms instead of 0.35 ms during a 1 GiB copy down), while copies up do not delay it.
         // So the incoming chunks are mapped first, their copies up streaming meanwhile, and only
         // then are the outgoing copies issued: the two directions overlap.
-        let mut fences = self.bring_in(call, &inc, Purpose::Demand)?;
-        fences.extend(self.send_down_resident(call, &out)?);
-        Ok(self.ticket(fences))
+        fences.extend(self.bring_in(call, &inc, Purpose::Demand)?);
+        for fence in self.send_target_down(call, &out, true)? {
+            if !fences.iter().any(|f| Arc::ptr_eq(f, &fence)) {
+                fences.push(fence);
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn ticket(&mut self, fences: Vec<Arc<Fence>>) -> Ticket {

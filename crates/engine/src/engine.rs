@@ -4,19 +4,21 @@
 //! (state.rs) alone changes chunk state. The module docs of lib.rs draw the layers.
 //!
 //! # Locking
-//! Calls plan under the lock, wait without it, and commit under it where they can:
-//! `finish` waits for fences and background file writes with the lock released and commits
-//! under it; `acquire`, `write`, `read`, `page_in_start`, `advance`, `page_out_start` and
-//! `page_out_to_file_start` run through `unlocked_waits`, so where they must wait — for
-//! eviction's copies down, a page-out round, a host slot still read by a copy, or a file write
-//! spilling the full host tier (started in the background, file_writes.rs) — they return what
-//! to wait for (`Error::MustWait`, internal), wait with the lock released and run again,
-//! committing their spill first — an acquire of resident memory never waits for another
-//! thread's transfers or spills (tests/unlocked_waits.rs, tests/spill_unlocked.rs). The
-//! schedule recorder (recorder.rs) has its own lock, always taken before the engine's, never
-//! after. The calls that still block while holding the lock, and what they wait for, are
-//! listed in ARCHITECTURE.md ("Locking"); the engine's own threads (the file reader, file
-//! writers) never take the lock.
+//! Calls plan under the lock, wait without it, and commit under it: `finish` waits for fences
+//! and background file writes with the lock released and commits under it; `acquire`,
+//! `write`, `read`, `page_in_start`, `advance`, `page_out_start`, `page_out_to_file_start`,
+//! `exchange_start`, `set_hbm_budget` and `free` run through `unlocked_waits`, so where they
+//! must wait — for eviction's copies down, a page-out round, a host slot still read by a copy,
+//! a buffer's transfers, or a file write spilling the full host tier (started in the
+//! background, file_writes.rs) — they return what to wait for (`Error::MustWait`, internal),
+//! wait with the lock released and run again, committing their spill first. `release` never
+//! waits: what a shrunk budget would send down but cannot without waiting stays for a later
+//! call. So an acquire of resident memory never waits for another thread's transfers or
+//! spills (tests/unlocked_waits.rs, tests/spill_unlocked.rs). The schedule recorder
+//! (recorder.rs) has its own lock, always taken before the engine's, never after. Only the
+//! peer tier's reclaim and cleaning still wait while holding the lock (a lender asking for its
+//! memory comes first); ARCHITECTURE.md ("Locking") lists every wait. The engine's own threads
+//! (the file reader, file writers) never take the lock.
 
 use crate::buffer::{Access, AllocOptions, BufferId, Region};
 use crate::chunk_pool::ChunkPool;
@@ -92,8 +94,7 @@ pub(crate) struct Inner {
     /// (`Engine::unlocked_waits`): waits are returned to it instead of done here.
     pub wait_unlocked: bool,
     /// Each buffer's walk, for stride prefetch (stride.rs), and how far ahead it prefetches.
-    pub strides: HashMap<BufferId, tiermem_policy::Stride>,
-    pub stride_chunks: usize,
+    pub strides: crate::stride::Strides,
     /// Chunks kept free or on their way down ahead of demand (pre_evict.rs); 0: off.
     pub pre_evict_chunks: usize,
     /// Paging ahead looks past resident steps for streamed chunks to swap in (schedule.rs).
@@ -177,8 +178,7 @@ impl Engine {
             tickets: HashMap::new(),
             next_ticket: 1,
             wait_unlocked: false,
-            strides: HashMap::new(),
-            stride_chunks: config.stride_prefetch / chunk,
+            strides: crate::stride::Strides::new(config.stride_prefetch / chunk),
             pre_evict_chunks: config.pre_evict / chunk,
             look_past: config.look_past,
         };
@@ -286,9 +286,10 @@ impl Engine {
         self.lock().alloc(size, options)
     }
 
-    /// Frees a buffer, waiting for any transfer of its chunks. The buffer must not be acquired.
+    /// Frees a buffer, waiting (with the lock released) for any transfer of its chunks. The
+    /// buffer must not be acquired.
     pub fn free(&self, buffer: BufferId) -> Result<()> {
-        self.lock().free(buffer)
+        self.unlocked_waits(|inner| inner.free(buffer))
     }
 
     /// The device address of a buffer.
@@ -309,6 +310,8 @@ impl Engine {
     }
 
     /// Ends an `acquire`: the chunks may move once the work enqueued on `stream` so far is done.
+    /// If the HBM budget shrank while they were acquired, they leave first (calls.rs, "The HBM
+    /// budget"), as far as that needs no wait: the release never waits.
     pub fn release(&self, regions: &[Region], stream: StreamHandle) -> Result<()> {
         self.lock().release(regions, stream)
     }
@@ -345,9 +348,11 @@ impl Engine {
     /// (acquired chunks as they are released) and its HBM given back to the driver as the
     /// copies land. `finish` on the ticket waits for those copies. See calls.rs ("The HBM budget").
     pub fn set_hbm_budget(&self, bytes: usize) -> Result<Ticket> {
-        let mut inner = self.lock();
-        let fences = inner.set_hbm_budget(bytes)?;
-        Ok(inner.ticket(fences))
+        // Run again after a wait, the call sends down only what is not leaving yet: the fences
+        // of every run make the ticket.
+        let mut fences = Vec::new();
+        self.unlocked_waits(|inner| inner.set_hbm_budget(bytes).map(|sent| fences.extend(sent)))?;
+        Ok(self.lock().ticket(fences))
     }
 
     /// Moves `target` out of HBM into the host tier and waits. Clean chunks leave with
@@ -370,7 +375,11 @@ impl Engine {
     }
 
     pub fn exchange_start(&self, outgoing: Target, incoming: Target) -> Result<Ticket> {
-        self.lock().exchange_start(outgoing, incoming)
+        // Run again after a wait, the incoming chunks brought in by an earlier run bring no
+        // fences a second time: the fences of every run make the ticket.
+        let mut fences = Vec::new();
+        self.unlocked_waits(|inner| inner.exchange_start(outgoing, incoming, &mut fences))?;
+        Ok(self.lock().ticket(fences))
     }
 
     /// Waits for an asynchronous page-in or page-out to complete.
@@ -406,12 +415,12 @@ impl Engine {
         if work.then_to_file.is_empty() {
             return Ok(());
         }
-        let mut guard = self.lock();
-        let inner = &mut *guard;
-        inner.tiers.reap(&mut inner.state)?;
-        // Buffers freed since the start have nothing left to move.
-        let live: Vec<ChunkRef> = work.then_to_file.into_iter().filter(|r| inner.state.buffer(r.0).is_some()).collect();
-        inner.tiers.spill_chunks(&mut inner.state, "finish", &live)
+        // What the background write did not cover is spilled now (rare), its write waited for
+        // with the lock released; buffers freed since the start have nothing left to move.
+        self.unlocked_waits(|inner| {
+            inner.tiers.reap(&mut inner.state)?;
+            inner.spill("finish", &work.then_to_file)
+        })
     }
 
     /// Moves `target` out of HBM and out of the host tier into the file tier, and waits.

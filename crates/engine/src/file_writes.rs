@@ -41,7 +41,7 @@ use crate::host_tier::Slot;
 use crate::state::ChunkRef;
 use crate::sync::{thread, Arc, Done};
 use crate::{Error, Result};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use tiermem_mechanism::file_store::{FileSlot, FileStore};
 
 /// A file write running in the background.
@@ -67,6 +67,9 @@ pub(crate) enum Owner {
 pub(crate) struct BackgroundWrites {
     running: BTreeMap<Owner, FileWrite>,
     outcomes: HashMap<Owner, Result<()>>,
+    /// Owners that will not ask for their outcome (a spill started by a call that does not
+    /// wait for it): committed by whoever needs the room, their outcome dropped.
+    abandoned: HashSet<Owner>,
     /// Spills started so far (numbered from 1).
     spills: u64,
 }
@@ -109,7 +112,16 @@ impl BackgroundWrites {
 
     /// Keeps the outcome of `owner`'s write, committed by someone else.
     pub(crate) fn keep_outcome(&mut self, owner: Owner, outcome: Result<()>) {
-        self.outcomes.insert(owner, outcome);
+        if !self.abandoned.remove(&owner) {
+            self.outcomes.insert(owner, outcome);
+        }
+    }
+
+    /// Nobody will ask for the outcome of `owner`'s write: it is dropped once committed.
+    pub(crate) fn abandon(&mut self, owner: Owner) {
+        if self.outcomes.remove(&owner).is_none() && self.running.contains_key(&owner) {
+            self.abandoned.insert(owner);
+        }
     }
 
     /// The write of `owner` if it still runs, else its outcome (`Ok` if it had none).

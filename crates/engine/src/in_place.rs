@@ -18,7 +18,6 @@
 //! switching a chunk from reads in place to reads in HBM while its last kernel still runs.
 
 use crate::buffer::Access;
-use crate::engine::Inner;
 use crate::error::Context;
 use crate::state::{ChunkRef, ChunkTable, Location};
 use crate::tiers::Tiers;
@@ -26,46 +25,47 @@ use crate::{Error, Result};
 use tiermem_mechanism::DeviceError;
 use tiermem_policy::{read_in_place, PeerRead};
 
-impl Inner {
+impl Tiers {
     /// Splits an acquire's chunks (sorted) into those read in place, mapped there now if they
     /// were not, and those to be made resident. Refused, changing nothing, for `ReadWrite` of a
     /// chunk someone holds in place.
     pub(crate) fn serve_in_place(
         &mut self,
+        state: &mut ChunkTable,
         call: &'static str,
         refs: &[ChunkRef],
         access: Access,
     ) -> Result<(Vec<ChunkRef>, Vec<ChunkRef>)> {
-        if !self.tiers.peer.exists() || !self.tiers.peer.readable_in_place() {
+        if !self.peer.exists() || !self.peer.readable_in_place() {
             return Ok((Vec::new(), refs.to_vec()));
         }
         if access == Access::ReadWrite {
-            if let Some(&(buffer, _)) = refs.iter().find(|&&r| self.state.chunk(r).pinned_in_place()) {
+            if let Some(&(buffer, _)) = refs.iter().find(|&&r| state.chunk(r).pinned_in_place()) {
                 return Err(Error::AcquiredInPlace { call, buffer });
             }
         }
         let reads: Vec<PeerRead> = refs
             .iter()
             .map(|&r| {
-                let chunk = self.state.chunk(r);
+                let chunk = state.chunk(r);
                 match chunk.location() {
                     Location::Peer(_) if chunk.pinned_in_place() => PeerRead::Pinned,
                     // Its lender wants the slot back: read it in HBM.
-                    Location::Peer(slot) if self.tiers.peer.is_draining(slot) => PeerRead::Elsewhere,
+                    Location::Peer(slot) if self.peer.is_draining(slot) => PeerRead::Elsewhere,
                     Location::Peer(_) if chunk.is_in_place() => PeerRead::Mapped,
                     Location::Peer(_) => PeerRead::Unmapped,
                     _ => PeerRead::Elsewhere,
                 }
             })
             .collect();
-        let missing = refs.iter().filter(|&&r| !self.state.chunk(r).is_resident()).count()
+        let missing = refs.iter().filter(|&&r| !state.chunk(r).is_resident()).count()
             - reads.iter().filter(|&&p| p != PeerRead::Elsewhere).count();
         let allowed = match access {
             Access::InPlaceOk => true,
-            Access::ReadOnly => refs.iter().all(|&(id, _)| self.state.buffer(id).is_some_and(|b| b.options.in_place)),
+            Access::ReadOnly => refs.iter().all(|&(id, _)| state.buffer(id).is_some_and(|b| b.options.in_place)),
             Access::ReadWrite => false,
         };
-        let answer = read_in_place(&reads, missing, self.tiers.pool.available(), allowed);
+        let answer = read_in_place(&reads, missing, self.pool.available(), allowed);
         let (mut there, mut rest) = (Vec::new(), Vec::new());
         for (&r, in_place) in refs.iter().zip(answer) {
             if in_place {
@@ -74,14 +74,12 @@ impl Inner {
                 rest.push(r)
             }
         }
-        let to_map: Vec<ChunkRef> = there.iter().copied().filter(|&r| !self.state.chunk(r).is_in_place()).collect();
-        self.tiers.map_in_place(&mut self.state, &to_map).during(call)?;
-        self.tiers.counters.in_place_reads += there.len() as u64;
+        let to_map: Vec<ChunkRef> = there.iter().copied().filter(|&r| !state.chunk(r).is_in_place()).collect();
+        self.map_in_place(state, &to_map).during(call)?;
+        self.counters.in_place_reads += there.len() as u64;
         Ok((there, rest))
     }
-}
 
-impl Tiers {
     /// Maps each chunk of `refs` (sorted, located in the peer tier, not acquired) at its peer
     /// slot: per run of consecutive chunks, one `cuMemMap` each and one `cuMemSetAccess`. On
     /// failure the chunks of the failing run are as before (unmapped); earlier runs stay mapped.

@@ -183,91 +183,11 @@ impl Inner {
         (peer, slots.into_iter().map(Below::Peer).collect(), host)
     }
 
-    /// Gives the peer tier's draining slabs back to their lenders (peer_tier.rs): chunks whose
-    /// only copy is in one are copied to host slots (spilling the host tier to the file if it
-    /// must), other copies there are dropped, and the emptied slabs are released. Returns the
-    /// bytes given back. Waits under the lock: a lender asking for its memory comes first. A slab
-    /// holding a chunk acquired in place (in_place.rs) goes back at a later call, once it is
-    /// released (the lender watch calls this every tick).
-    pub(crate) fn reclaim_peer(&mut self, call: &'static str) -> Result<usize> {
-        if !self.tiers.peer.draining() {
-            return Ok(0);
-        }
-        let draining = |tiers: &crate::tiers::Tiers, chunk: &crate::state::Chunk| {
-            chunk.peer().is_some_and(|slot| tiers.peer.is_draining(slot))
-        };
-        // Chunks still leaving HBM with a copy there: let them land first.
-        let landing: Vec<Arc<Fence>> = self
-            .state
-            .chunks()
-            .filter(|(_, c)| draining(&self.tiers, c))
-            .filter_map(|(_, c)| c.leaving().cloned())
-            .collect();
-        self.wait_here(call, landing)?;
-        self.tiers.reap(&mut self.state)?;
-        let mut only_copies = Vec::new();
-        let refs: Vec<ChunkRef> =
-            self.state.chunks().filter(|(_, c)| draining(&self.tiers, c)).map(|(r, _)| r).collect();
-        for r in refs {
-            let chunk = self.state.chunk(r);
-            if chunk.pinned_in_place() {
-                // Read where it lies until released: its slab goes back at a later reclaim.
-                continue;
-            }
-            if chunk.maps_in_place() {
-                // Mapped at its slot in place: undone before the slot goes.
-                self.tiers.unmap_below(&mut self.state, r).during(call)?;
-            }
-            let chunk = self.state.chunk(r);
-            if chunk.phys().is_some() {
-                let reader = chunk.ready().cloned();
-                let slot = self.state.drop_peer_copy(r).expect("a peer copy");
-                self.tiers.retire(Below::Peer(slot), reader);
-            } else if chunk.host().is_some() || chunk.file().is_some() {
-                let slot = self.state.drop_peer_copy(r).expect("a peer copy");
-                self.tiers.peer.free(slot);
-            } else {
-                only_copies.push(r);
-            }
-        }
-        for group in only_copies.chunks(self.tiers.host.cap().max(1)) {
-            let slots = self.host_slots(call, group)?;
-            let fence = match self.tiers.copy_peer_to_host(&self.state, call, group, &slots) {
-                Ok(fence) => fence,
-                Err(e) => {
-                    slots.into_iter().for_each(|s| self.tiers.host.free(s));
-                    return Err(e);
-                }
-            };
-            self.wait_here(call, vec![fence])?;
-            for (&r, &slot) in group.iter().zip(&slots) {
-                self.state.add_host_copy(r, slot);
-                let peer = self.state.drop_peer_copy(r).expect("a peer copy");
-                self.tiers.peer.free(peer);
-            }
-        }
-        // Copies up still reading dropped peer slots hold them until they are done.
-        while self.tiers.peer.draining_in_use() {
-            let Some(fence) = self.tiers.in_flight.next_retired().cloned() else { break };
-            self.wait_here(call, vec![fence])?;
-            self.tiers.reap(&mut self.state)?;
-        }
-        self.tiers.peer.release_drained(self.tiers.device.as_ref()).during(call)
-    }
-
-    /// Waits for `fences` with the lock held (the calls that may not retry).
-    pub(crate) fn wait_here(&mut self, call: &'static str, fences: Vec<Arc<Fence>>) -> Result<()> {
-        let unlocked = std::mem::replace(&mut self.wait_unlocked, false);
-        let waited = self.wait_for(call, fences);
-        self.wait_unlocked = unlocked;
-        waited
-    }
-
     /// Host slots for `dirty`. When the tier is full: give up clean copies of resident chunks,
     /// commit background writes that have ended, spill cold chunks to the file tier, and wait
     /// for slots that copies or file writes still read — with the lock released where the call
     /// runs through `Engine::unlocked_waits`.
-    fn host_slots(&mut self, call: &'static str, dirty: &[ChunkRef]) -> Result<Vec<Slot>> {
+    pub(crate) fn host_slots(&mut self, call: &'static str, dirty: &[ChunkRef]) -> Result<Vec<Slot>> {
         let n = dirty.len();
         loop {
             if let Some(slots) = self.tiers.host.alloc(self.tiers.device.as_ref(), n).during(call)? {
@@ -337,11 +257,33 @@ impl Inner {
         if victims.is_empty() {
             return Ok(false);
         }
-        if self.wait_unlocked {
-            return self.spill_in_background(call, &victims);
-        }
-        self.tiers.spill_chunks(&mut self.state, call, &victims)?;
+        self.spill(call, &victims)?;
         Ok(true)
+    }
+
+    /// Moves those of `refs` (sorted) that live in buffers not freed and lie on the host now
+    /// into the file tier: in the background where the call runs through
+    /// `Engine::unlocked_waits` (which runs it again once the write is done, finding them
+    /// gone from the host), else written here, under the lock.
+    pub fn spill(&mut self, call: &'static str, refs: &[ChunkRef]) -> Result<()> {
+        // A write that has ended (another ticket's, covering some of these) is committed
+        // first: its chunks then leave without a write, and a call run again after waiting for
+        // it finds it done.
+        self.tiers.commit_ended_writes(&mut self.state);
+        let mut on_host: Vec<ChunkRef> = refs
+            .iter()
+            .copied()
+            .filter(|&r| self.state.buffer(r.0).is_some())
+            .filter(|&r| matches!(self.state.chunk(r).location(), Location::Host(_)))
+            .collect();
+        on_host.sort_unstable();
+        if on_host.is_empty() {
+            return Ok(());
+        }
+        if self.wait_unlocked {
+            return self.spill_in_background(call, &on_host).map(|_| ());
+        }
+        self.tiers.spill_chunks(&mut self.state, call, &on_host)
     }
 
     /// Spills `victims` (sorted, located on the host) without writing under the lock: those the

@@ -168,3 +168,99 @@ fn a_failed_background_spill_loses_nothing() {
     support::assert_no_leaks(Arc::into_inner(engine).unwrap(), Some(sim));
     scenario.teardown();
 }
+
+/// `a` (two chunks) paged out fills the host tier; `b` (two chunks) filled, in HBM beside
+/// `resident`. Returns their buffers and bytes.
+fn host_tier_full(engine: &Engine) -> ((BufferId, Vec<u8>), (BufferId, Vec<u8>)) {
+    let (a, _) = engine.alloc(2 * CHUNK, AllocOptions::default()).unwrap();
+    let a_bytes = fill(engine, a, 2 * CHUNK, 3);
+    engine.page_out(Target::Buffer(a)).unwrap();
+    let (b, _) = engine.alloc(2 * CHUNK, AllocOptions::default()).unwrap();
+    let b_bytes = fill(engine, b, 2 * CHUNK, 4);
+    ((a, a_bytes), (b, b_bytes))
+}
+
+/// Another thread's exchange sends `b` down to a full host tier, which spills `a` to the file.
+#[test]
+fn acquires_of_resident_memory_go_on_while_another_threads_exchange_spills_to_the_file() {
+    let (_guard, scenario) = scenario();
+    let (engine, sim) = small_host("spill-unlocked-exchange");
+    let (resident, resident_bytes, held) = held_resident(&engine);
+    let ((a, a_bytes), (b, b_bytes)) = host_tier_full(&engine);
+    let (d, _) = engine.alloc(2 * CHUNK, AllocOptions::default()).unwrap();
+
+    while_a_spill_is_paused(&engine, (resident, &resident_bytes), move |engine| {
+        engine.exchange(Target::Buffer(b), Target::Buffer(d)).unwrap()
+    });
+
+    let (a_stats, b_stats, d_stats) = (buffer_stats(&engine, a), buffer_stats(&engine, b), buffer_stats(&engine, d));
+    assert_eq!(a_stats.in_file, 2, "{a_stats:?}");
+    assert_eq!((b_stats.in_hbm, d_stats.in_hbm), (0, 2), "{b_stats:?} {d_stats:?}");
+    engine.release(&held, StreamHandle(0)).unwrap();
+    for (buffer, bytes) in [(resident, &resident_bytes), (a, &a_bytes), (b, &b_bytes), (d, &vec![0; 2 * CHUNK])] {
+        assert_contents(&engine, buffer, bytes);
+    }
+    support::assert_hbm_accounted(&engine);
+    support::assert_no_leaks(Arc::into_inner(engine).unwrap(), Some(sim));
+    scenario.teardown();
+}
+
+/// A budget shrunk below what is in HBM sends `b` down to a full host tier, which spills `a`.
+#[test]
+fn acquires_of_resident_memory_go_on_while_a_shrinking_budget_spills_to_the_file() {
+    let (_guard, scenario) = scenario();
+    let (engine, sim) = small_host("spill-unlocked-budget");
+    let (resident, resident_bytes, held) = held_resident(&engine);
+    let ((a, a_bytes), (b, b_bytes)) = host_tier_full(&engine);
+    while_a_spill_is_paused(&engine, (resident, &resident_bytes), move |engine| {
+        let ticket = engine.set_hbm_budget(CHUNK).unwrap();
+        engine.finish(ticket).unwrap()
+    });
+    let (a_stats, b_stats) = (buffer_stats(&engine, a), buffer_stats(&engine, b));
+    assert_eq!(a_stats.in_file, 2, "{a_stats:?}");
+    assert_eq!((b_stats.in_hbm, b_stats.in_host), (0, 2), "{b_stats:?}");
+    engine.release(&held, StreamHandle(0)).unwrap();
+    for (buffer, bytes) in [(resident, &resident_bytes), (a, &a_bytes), (b, &b_bytes)] {
+        assert_contents(&engine, buffer, bytes);
+    }
+    support::assert_hbm_accounted(&engine);
+    support::assert_no_leaks(Arc::into_inner(engine).unwrap(), Some(sim));
+    scenario.teardown();
+}
+
+/// Shrunk while `b` is acquired, the budget is met as `b` is released; a release never waits:
+/// when sending `b` down must first spill the host tier, the release starts the spill and
+/// returns, `b` staying in HBM, and a later call (the budget set again) commits the spill
+/// and sends `b` down.
+#[test]
+fn a_release_beyond_the_budget_starts_a_spill_and_does_not_wait_for_it() {
+    let (_guard, scenario) = scenario();
+    let (engine, sim) = small_host("spill-unlocked-release");
+    let ((a, a_bytes), (b, b_bytes)) = host_tier_full(&engine);
+    let b_region = [Region::whole(b)];
+    engine.acquire(&b_region, Access::ReadOnly, StreamHandle(0)).unwrap();
+    let ticket = engine.set_hbm_budget(CHUNK).unwrap(); // nothing may leave yet
+    engine.finish(ticket).unwrap();
+    assert_eq!(buffer_stats(&engine, b).in_hbm, 2);
+
+    let (at_write, go) = pause_first("file_store::write");
+    engine.release(&b_region, StreamHandle(0)).unwrap(); // returns while the spill is paused
+    at_write.recv_timeout(Duration::from_secs(10)).expect("the release spills the host tier");
+    assert_eq!(buffer_stats(&engine, b).in_hbm, 2, "b waits for the room the spill makes");
+    assert_eq!(engine.stats().transfers.file_writes, 0);
+    go.wait();
+    fail::remove("file_store::write");
+
+    let ticket = engine.set_hbm_budget(CHUNK).unwrap();
+    engine.finish(ticket).unwrap();
+    // One chunk of `b` over the budget of one: it takes the host slot of one of `a`'s, spilled.
+    let (a_stats, b_stats) = (buffer_stats(&engine, a), buffer_stats(&engine, b));
+    assert_eq!((a_stats.in_host, a_stats.in_file), (1, 1), "{a_stats:?}");
+    assert_eq!((b_stats.in_hbm, b_stats.in_host), (1, 1), "{b_stats:?}");
+    for (buffer, bytes) in [(a, &a_bytes), (b, &b_bytes)] {
+        assert_contents(&engine, buffer, bytes);
+    }
+    support::assert_hbm_accounted(&engine);
+    support::assert_no_leaks(Arc::into_inner(engine).unwrap(), Some(sim));
+    scenario.teardown();
+}
