@@ -6,12 +6,12 @@
 #   COMMIT the commit being measured
 #   PHASES comma-separated, default all: rust,demo,limits,soak,python,engine,tenants,nvme,torch (torch-small:
 #          the torch benchmark's smoke test). Not in the default, asked for by name: swap (bench swap:
-#          enables swap, loop devices, zram, cgroups as root, all undone at the end; at most 8 minutes)
+#          enables swap, loop devices, zram, cgroups as root, all undone at the end; at most 9 minutes)
 #          and swap-quick (its smoke test, at most 4 minutes); transparent (bench transparent: an unmodified
 #          PyTorch training loop under tiermem run; needs dist/libtiermem_preload.so); peer (bench peer: GPU 0 borrows GPU 1's HBM;
 #          needs two GPUs with peer access, e.g. nvidia-h200-x2; PEER_ARGS adds to it).
 # SOAK_SECONDS (default 300) and SOAK_THREADS (default 8) size the soak; TENANTS_ARGS adds to bench tenants;
-# SWAP_ARGS adds to bench swap (e.g. "--size 2GiB --swap-args=--devices=4"); SWAP_TIMEOUT (default 480 s)
+# SWAP_ARGS adds to bench swap (e.g. "--size 2GiB --swap-args=--devices=4"); SWAP_TIMEOUT (default 540 s)
 # ends it (SIGTERM: it stops and undoes what it set up; SIGKILL 20 s later, then the cleanup here).
 set -uo pipefail
 dist=$1 out=$2 commit=$3 phases=${4:-rust,demo,limits,soak,python,engine,tenants,nvme,torch}
@@ -98,7 +98,7 @@ if want swap || want swap-quick; then
   trap swap_cleanup EXIT
   trap 'swap_cleanup; exit 1' INT TERM
   df -T "$scratch" | tail -1
-  PATH="$dist:$PATH" TIERMEM_ALLOW_SWAP=1 TIERMEM_COMMIT=$commit run timeout -k 20 "${SWAP_TIMEOUT:-480}" "$dist/tiermem" bench swap "${swap_args[@]}" ${SWAP_ARGS:-}
+  PATH="$dist:$PATH" TIERMEM_ALLOW_SWAP=1 TIERMEM_COMMIT=$commit run timeout -k 20 "${SWAP_TIMEOUT:-540}" "$dist/tiermem" bench swap "${swap_args[@]}" ${SWAP_ARGS:-}
   swap_cleanup 2>&1 | tee -a "$out/log.txt"
   trap - EXIT INT TERM
   echo "--- kernel log: hung tasks, OOM kills, I/O errors"

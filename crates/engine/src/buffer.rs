@@ -32,7 +32,7 @@ pub enum Access {
     /// Read and written: chunks become dirty and must be copied down when evicted.
     ReadWrite,
     /// Only read, and chunks held by the peer tier may be read where they lie, in a neighbour
-    /// GPU's HBM over NVLink, instead of coming into this GPU's HBM (in_place.rs says when).
+    /// GPU's HBM over NVLink, instead of coming into this GPU's HBM (movement.rs, "Reading in place", says when).
     InPlaceOk,
 }
 

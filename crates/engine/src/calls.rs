@@ -27,13 +27,13 @@
 //! change itself never fails for that, and neither does a `release`.
 
 use crate::buffer::{Access, AllocOptions, BufferId, Region};
+use crate::candidates::Among;
 use crate::engine::{Inner, Target, Ticket, TicketWork};
 use crate::error::retag;
 use crate::error::Context;
 use crate::fence::{Fence, Waits};
 use crate::file_writes::Owner;
 use crate::movement::Purpose;
-use crate::placement::Among;
 use crate::state::{Below, Buffer, ChunkRef};
 use crate::sync::Arc;
 use crate::{Error, Result};
@@ -507,38 +507,6 @@ impl Inner {
             self.tiers.device.destroy_stream(stream).during("shutdown")?;
         }
         first_error.map_or(Ok(()), Err)
-    }
-
-    /// Reads each lender's free memory and sets what it lends (`lenders::recap`), giving back
-    /// at once what it no longer lends, and whether its own work keeps it busy (its traffic is
-    /// held then: peer_traffic.rs). Returns the bytes given back.
-    pub(crate) fn watch_lenders(&mut self, reserve: usize) -> Result<usize> {
-        let device = Arc::clone(&self.tiers.device);
-        for lender in self.tiers.peer.lenders().to_vec() {
-            // A lender whose memory cannot be read now keeps what it lends.
-            let Ok(memory) = device.gpu_memory(lender.gpu) else { continue };
-            let borrowed = self.tiers.peer.borrowed_from(lender.gpu);
-            let cap = crate::lenders::recap(borrowed, memory.free, reserve, lender.most);
-            let busy = memory.busy_percent.is_some_and(|p| p >= crate::peer_traffic::BUSY_PERCENT);
-            self.tiers.peer.set_busy(lender.gpu, busy);
-            if cap != self.tiers.peer.cap_of(&lender) {
-                self.tiers.peer.set_cap(lender.gpu, cap);
-            }
-        }
-        self.reclaim_peer("watch_lenders")
-    }
-
-    /// What GPU `gpu` lends becomes `bytes`; what it no longer lends is given back before this
-    /// returns (chunks whose only copy was there copied to the host). Returns the bytes given back.
-    pub(crate) fn set_peer_lending(&mut self, gpu: usize, bytes: usize) -> Result<usize> {
-        if !self.tiers.peer.lenders().iter().any(|l| l.gpu == gpu) {
-            let lenders: Vec<usize> = self.tiers.peer.lenders().iter().map(|l| l.gpu).collect();
-            return Err(Error::Config(format!(
-                "set_peer_lending: GPU {gpu} does not lend to this engine (its lenders: {lenders:?}; see Engine::peer_notes)"
-            )));
-        }
-        self.tiers.peer.set_most(gpu, bytes);
-        self.reclaim_peer("set_peer_lending")
     }
 
     /// Sets the HBM budget to `bytes` (whole chunks, rounded down) and starts sending down what

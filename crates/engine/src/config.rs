@@ -59,7 +59,7 @@ pub struct EngineConfig {
     pub peer_busy_rate: Option<usize>,
     /// `TIERMEM_PEER_CLEAN=on|off` (default on): chunks whose only copy is in a lender's HBM
     /// are copied to free host room in the background, so that the lender gets its memory back
-    /// without waiting for a copy (harvest.rs).
+    /// without waiting for a copy (movement.rs, "Cleaning borrowed chunks").
     pub peer_clean: bool,
     /// `TIERMEM_STRIDE_PREFETCH`: bytes brought in ahead of a buffer walked in one direction,
     /// when no schedule is set (stride.rs); 0 turns it off. Default 32 MiB.

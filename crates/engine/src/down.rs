@@ -195,7 +195,7 @@ impl Tiers {
             Tier::Peer => c.peer().is_some(),
             _ => c.host().is_some(),
         };
-        // A host copy of a chunk in the peer tier (harvest.rs) is a spare too.
+        // A host copy of a chunk in the peer tier (movement.rs, "Cleaning borrowed chunks") is a spare too.
         let spare_below = |c: &crate::state::Chunk| {
             tier == Tier::Host && c.phys().is_none() && c.peer().is_some() && c.host().is_some() && c.pins() == 0
         };

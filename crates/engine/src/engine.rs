@@ -187,7 +187,7 @@ impl Engine {
         let peer_reserve = config.peer_reserve(device.info().backend);
         let lender_watch = match has_peers {
             true => {
-                let started = crate::lender_watch::watch_engine(&inner, peer_reserve, config.peer_clean, LENDER_POLL);
+                let started = watch_lenders_every(&inner, peer_reserve, config.peer_clean, LENDER_POLL);
                 Some(started.map_err(|e| Error::Config(format!("Engine::new: no lender watch thread: {e}")))?)
             }
             false => None,
@@ -303,7 +303,7 @@ impl Engine {
     /// If everything is resident this makes no driver call, unless the acquire continues a walk
     /// through the buffer that stride prefetch brings the next chunks in for (stride.rs), or
     /// pre-eviction is on (pre_evict.rs), or the program's loop is being learned from its
-    /// acquires (`TIERMEM_LEARN_LOOPS`: schedule_calls.rs).
+    /// acquires (`TIERMEM_LEARN_LOOPS`: control.rs).
     pub fn acquire(&self, regions: &[Region], access: Access, stream: StreamHandle) -> Result<()> {
         self.learn_from(regions);
         self.unlocked_waits(|inner| inner.acquire(regions, access, stream))
@@ -330,29 +330,6 @@ impl Engine {
 
     pub fn page_in_start(&self, target: Target) -> Result<Ticket> {
         self.unlocked_waits(|inner| inner.page_in_start(target))
-    }
-
-    /// Gives the HBM of idle physical chunks back to the driver (for other users of the GPU)
-    /// and returns its bytes. Stale mappings of them are unmapped first; chunks brought in
-    /// later are created afresh, so the next pass maps again. Data is untouched.
-    pub fn release_idle_hbm(&self) -> Result<usize> {
-        let mut guard = self.lock();
-        let inner = &mut *guard;
-        inner.tiers.reap(&mut inner.state)?;
-        Ok(inner.tiers.release_idle_beyond(&mut inner.state, "release_idle_hbm", 0)? * inner.tiers.chunk)
-    }
-
-    /// Changes the HBM budget (the cap) to `bytes`, whole chunks, while the engine runs. A larger
-    /// budget is used from the next page-in on. A smaller one is met without waiting: no chunk
-    /// is handed out while more are in use than it allows, and the excess is sent down at once
-    /// (acquired chunks as they are released) and its HBM given back to the driver as the
-    /// copies land. `finish` on the ticket waits for those copies. See calls.rs ("The HBM budget").
-    pub fn set_hbm_budget(&self, bytes: usize) -> Result<Ticket> {
-        // Run again after a wait, the call sends down only what is not leaving yet: the fences
-        // of every run make the ticket.
-        let mut fences = Vec::new();
-        self.unlocked_waits(|inner| inner.set_hbm_budget(bytes).map(|sent| fences.extend(sent)))?;
-        Ok(self.lock().ticket(fences))
     }
 
     /// Moves `target` out of HBM into the host tier and waits. Clean chunks leave with
@@ -533,4 +510,37 @@ impl Drop for Engine {
             Ok(()) => {}
         }
     }
+}
+
+/// Starts the watch of `inner`'s lenders: every `period`, `watch_lenders(reserve)`, then (if
+/// `clean`) one batch of `clean_borrowed`. Failures are reported on stderr and the next poll
+/// tries again, except the driver's shutdown, which ends the watch.
+fn watch_lenders_every(
+    inner: &Arc<Mutex<Inner>>,
+    reserve: usize,
+    clean: bool,
+    period: std::time::Duration,
+) -> std::io::Result<crate::lender_watch::LenderWatch> {
+    let weak = Arc::downgrade(inner);
+    let watch = move || {
+        let Some(inner) = weak.upgrade() else { return false };
+        let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
+        let gave_back = guard.watch_lenders(reserve).map(drop);
+        let inner = &mut *guard;
+        let cleaned = match clean {
+            true => inner.tiers.clean_borrowed(&mut inner.state, crate::lender_watch::CLEAN_BATCH).map(drop),
+            false => Ok(()),
+        };
+        for (what, result) in
+            [("giving borrowed HBM back to a lender", gave_back), ("copying borrowed chunks to the host tier", cleaned)]
+        {
+            match result {
+                Err(e) if e.is_driver_shutdown() => return false,
+                Err(e) => eprintln!("tiermem: {what} failed: {e}"),
+                Ok(()) => {}
+            }
+        }
+        true
+    };
+    crate::lender_watch::LenderWatch::start(watch, period)
 }

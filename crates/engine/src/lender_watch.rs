@@ -2,7 +2,7 @@
 //! lender's free memory and gives back, at once, what the lender's reserve needs
 //! (`Inner::watch_lenders`), so a program starting on a lender finds its memory even while
 //! the borrowing program sits idle; then it copies a batch of chunks whose only copy is on a
-//! lender to free host room (harvest.rs). It runs only when the engine has a peer tier, holds
+//! lender to free host room (movement.rs, "Cleaning borrowed chunks"). It runs only when the engine has a peer tier, holds
 //! the engine only while it looks (a weak reference otherwise), and stops when the engine drops
 //! or, quietly, when the CUDA driver shuts down under it (a process exiting with its engine
 //! still alive, as a Python interpreter does with a module-level pool).
@@ -11,34 +11,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// Starts the watch of `inner`'s lenders: every `period`, `watch_lenders(reserve)`, then (if
-/// `clean`) one batch of `clean_borrowed`. Failures are reported on stderr and the next poll
-/// tries again, except the driver's shutdown, which ends the watch.
-pub(crate) fn watch_engine(
-    inner: &crate::sync::Arc<crate::sync::Mutex<crate::engine::Inner>>,
-    reserve: usize,
-    clean: bool,
-    period: Duration,
-) -> std::io::Result<LenderWatch> {
-    let weak = crate::sync::Arc::downgrade(inner);
-    let watch = move || {
-        let Some(inner) = weak.upgrade() else { return false };
-        let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
-        let gave_back = guard.watch_lenders(reserve).map(drop);
-        let cleaned = if clean { guard.clean_borrowed(crate::harvest::CLEAN_BATCH).map(drop) } else { Ok(()) };
-        for (what, result) in
-            [("giving borrowed HBM back to a lender", gave_back), ("copying borrowed chunks to the host tier", cleaned)]
-        {
-            match result {
-                Err(e) if e.is_driver_shutdown() => return false,
-                Err(e) => eprintln!("tiermem: {what} failed: {e}"),
-                Ok(()) => {}
-            }
-        }
-        true
-    };
-    LenderWatch::start(watch, period)
-}
+/// The most chunks cleaned per poll of the lender watch (32 MiB; movement.rs, "Cleaning
+/// borrowed chunks").
+pub const CLEAN_BATCH: usize = 16;
 
 pub(crate) struct LenderWatch {
     stop: Arc<(Mutex<bool>, Condvar)>,

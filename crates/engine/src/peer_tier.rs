@@ -19,7 +19,7 @@
 //! made a lender wait 15–17 ms per GiB. A slab that cannot be created (the lender ran out of
 //! memory meanwhile) caps that lender where it stands: the engine falls back to the host tier.
 //!
-//! **Mapped in place.** To read a chunk where it lies (in_place.rs), its slot is mapped at the
+//! **Mapped in place.** To read a chunk where it lies (movement.rs, "Reading in place"), its slot is mapped at the
 //! chunk's own address too. The driver maps only whole allocations (`cuMemMap` takes an
 //! offset that "must currently be zero"; a part of a 64 MiB allocation is refused with
 //! `CUDA_ERROR_NOT_SUPPORTED` on the H200), so with `TIERMEM_PEER_IN_PLACE` slabs are made of

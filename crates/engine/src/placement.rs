@@ -1,19 +1,20 @@
 //! Placement: what comes into HBM and what leaves it. Bringing chunks in (cancelling moves
 //! down, keeping streamed chunks' homes, making room), sending chunks down (finding host slots,
 //! spilling the host tier to the file when it is full), and making room: victims chosen by the
-//! policy (Belady's choice while a schedule is set) among chunks that are resident, not
-//! acquired and not protected — or, for a spill, located on the host — sent down and waited
-//! for. The copies themselves are the tiers' (movement.rs, down.rs).
+//! policy (Belady's choice while a schedule is set) among the chunks candidates.rs offers, sent
+//! down and waited for. The copies themselves are the tiers' (movement.rs, down.rs). Giving a
+//! lender's memory back (`reclaim_peer`, `watch_lenders`, `set_peer_lending`) is here too.
 //!
 //! This and a page-in ahead of the schedule (which waits for its victims to pace the caller to
 //! the GPU) are where the host waits for copies: through `wait_for`, which in the calls that
-//! run through `Engine::unlocked_waits` (`acquire`, `write`, `read`, `page_in`, `advance`,
-//! `page_out`, `page_out_to_file`) hands the wait to the façade to do with the lock released.
-//! There a full host tier spills to the file in the background too (`spill_in_background`):
-//! the call waits for the write without the lock and commits it when it runs again. Other
-//! calls (`exchange`, `release` and `set_hbm_budget` shedding an excess) still spill and wait
-//! under the lock.
+//! run through `Engine::unlocked_waits` (every call that moves chunks but `release`, which
+//! never waits, and the peer tier's reclaim) hands the wait to the façade to do with the lock
+//! released. There a full host tier spills to the file in the background too
+//! (`spill_in_background`): the call waits for the write without the lock and commits it when
+//! it runs again. A reclaim waits under the lock (`Tiers::wait_here`): a lender asking for its
+//! memory comes first.
 
+use crate::candidates::{candidates, next_settling, Among, Settling};
 use crate::down::COPIES_OUT_OF_HBM;
 use crate::engine::Inner;
 use crate::error::Context;
@@ -22,10 +23,8 @@ use crate::host_tier::Slot;
 use crate::movement::Purpose;
 use crate::state::{Below, ChunkRef, Location};
 use crate::sync::Done;
-use crate::BufferId;
 use crate::{Error, Result};
 use std::sync::Arc;
-use tiermem_mechanism::DeviceError;
 use tiermem_policy::{leave_hbm, new_policy, Candidate, Leave, PolicyKind, Tier};
 
 impl Inner {
@@ -41,7 +40,7 @@ impl Inner {
                 // an identical copy, so it stays clean; users wait for the copy before writing.
                 Location::Hbm { leaving: true, .. } => self.state.cancel_leaving(r),
                 Location::Hbm { leaving: false, .. } => {}
-                // Acquired where it lies in the peer tier (in_place.rs): it stays there. Mapped
+                // Acquired where it lies in the peer tier (movement.rs, "Reading in place"): it stays there. Mapped
                 // there, it is read there at no cost: only a demand moves it.
                 Location::Peer(_) if self.state.chunk(r).pinned_in_place() => {}
                 Location::Peer(_) if purpose != Purpose::Demand && self.state.chunk(r).is_in_place() => {}
@@ -183,6 +182,110 @@ impl Inner {
         (peer, slots.into_iter().map(Below::Peer).collect(), host)
     }
 
+    /// Reads each lender's free memory and sets what it lends (`lenders::recap`), giving back
+    /// at once what it no longer lends, and whether its own work keeps it busy (its traffic is
+    /// held then: peer_traffic.rs). Returns the bytes given back.
+    pub(crate) fn watch_lenders(&mut self, reserve: usize) -> Result<usize> {
+        let device = Arc::clone(&self.tiers.device);
+        for lender in self.tiers.peer.lenders().to_vec() {
+            // A lender whose memory cannot be read now keeps what it lends.
+            let Ok(memory) = device.gpu_memory(lender.gpu) else { continue };
+            let borrowed = self.tiers.peer.borrowed_from(lender.gpu);
+            let cap = crate::lenders::recap(borrowed, memory.free, reserve, lender.most);
+            let busy = memory.busy_percent.is_some_and(|p| p >= crate::peer_traffic::BUSY_PERCENT);
+            self.tiers.peer.set_busy(lender.gpu, busy);
+            if cap != self.tiers.peer.cap_of(&lender) {
+                self.tiers.peer.set_cap(lender.gpu, cap);
+            }
+        }
+        self.reclaim_peer("watch_lenders")
+    }
+
+    /// What GPU `gpu` lends becomes `bytes`; what it no longer lends is given back before this
+    /// returns (chunks whose only copy was there copied to the host). Returns the bytes given back.
+    pub(crate) fn set_peer_lending(&mut self, gpu: usize, bytes: usize) -> Result<usize> {
+        if !self.tiers.peer.lenders().iter().any(|l| l.gpu == gpu) {
+            let lenders: Vec<usize> = self.tiers.peer.lenders().iter().map(|l| l.gpu).collect();
+            return Err(Error::Config(format!(
+                "set_peer_lending: GPU {gpu} does not lend to this engine (its lenders: {lenders:?}; see Engine::peer_notes)"
+            )));
+        }
+        self.tiers.peer.set_most(gpu, bytes);
+        self.reclaim_peer("set_peer_lending")
+    }
+
+    /// Gives the peer tier's draining slabs back to their lenders (peer_tier.rs): chunks whose
+    /// only copy is in one are copied to host slots (spilling the host tier to the file if it
+    /// must), other copies there are dropped, and the emptied slabs are released. Returns the
+    /// bytes given back. Waits under the lock: a lender asking for its memory comes first. A slab
+    /// holding a chunk acquired in place (movement.rs, "Reading in place") goes back at a later call, once it is
+    /// released (the lender watch calls this every tick).
+    pub(crate) fn reclaim_peer(&mut self, call: &'static str) -> Result<usize> {
+        if !self.tiers.peer.draining() {
+            return Ok(0);
+        }
+        let draining = |tiers: &crate::tiers::Tiers, chunk: &crate::state::Chunk| {
+            chunk.peer().is_some_and(|slot| tiers.peer.is_draining(slot))
+        };
+        // Chunks still leaving HBM with a copy there: let them land first.
+        let landing: Vec<Arc<Fence>> = self
+            .state
+            .chunks()
+            .filter(|(_, c)| draining(&self.tiers, c))
+            .filter_map(|(_, c)| c.leaving().cloned())
+            .collect();
+        self.tiers.wait_here(call, landing)?;
+        self.tiers.reap(&mut self.state)?;
+        let mut only_copies = Vec::new();
+        let refs: Vec<ChunkRef> =
+            self.state.chunks().filter(|(_, c)| draining(&self.tiers, c)).map(|(r, _)| r).collect();
+        for r in refs {
+            let chunk = self.state.chunk(r);
+            if chunk.pinned_in_place() {
+                // Read where it lies until released: its slab goes back at a later reclaim.
+                continue;
+            }
+            if chunk.maps_in_place() {
+                // Mapped at its slot in place: undone before the slot goes.
+                self.tiers.unmap_below(&mut self.state, r).during(call)?;
+            }
+            let chunk = self.state.chunk(r);
+            if chunk.phys().is_some() {
+                let reader = chunk.ready().cloned();
+                let slot = self.state.drop_peer_copy(r).expect("a peer copy");
+                self.tiers.retire(Below::Peer(slot), reader);
+            } else if chunk.host().is_some() || chunk.file().is_some() {
+                let slot = self.state.drop_peer_copy(r).expect("a peer copy");
+                self.tiers.peer.free(slot);
+            } else {
+                only_copies.push(r);
+            }
+        }
+        for group in only_copies.chunks(self.tiers.host.cap().max(1)) {
+            let slots = self.host_slots(call, group)?;
+            let fence = match self.tiers.copy_peer_to_host(&self.state, call, group, &slots) {
+                Ok(fence) => fence,
+                Err(e) => {
+                    slots.into_iter().for_each(|s| self.tiers.host.free(s));
+                    return Err(e);
+                }
+            };
+            self.tiers.wait_here(call, vec![fence])?;
+            for (&r, &slot) in group.iter().zip(&slots) {
+                self.state.add_host_copy(r, slot);
+                let peer = self.state.drop_peer_copy(r).expect("a peer copy");
+                self.tiers.peer.free(peer);
+            }
+        }
+        // Copies up still reading dropped peer slots hold them until they are done.
+        while self.tiers.peer.draining_in_use() {
+            let Some(fence) = self.tiers.in_flight.next_retired().cloned() else { break };
+            self.tiers.wait_here(call, vec![fence])?;
+            self.tiers.reap(&mut self.state)?;
+        }
+        self.tiers.peer.release_drained(self.tiers.device.as_ref()).during(call)
+    }
+
     /// Host slots for `dirty`. When the tier is full: give up clean copies of resident chunks,
     /// commit background writes that have ended, spill cold chunks to the file tier, and wait
     /// for slots that copies or file writes still read — with the lock released where the call
@@ -318,7 +421,7 @@ impl Inner {
             if self.evict(call, short, protect, None)? {
                 continue;
             }
-            match self.next_settling(protect) {
+            match next_settling(&self.tiers.in_flight, &self.state, protect) {
                 Settling::Wait(fence) => self.wait_for(call, vec![fence])?,
                 Settling::Now => {}
                 Settling::Never => {
@@ -374,7 +477,8 @@ impl Inner {
         protect: &[ChunkRef],
         horizon: Option<u64>,
     ) -> Result<Vec<ChunkRef>> {
-        let (refs, candidates) = self.candidates(among, protect, horizon, count).during(call)?;
+        let (refs, candidates) =
+            candidates(&self.state, self.schedule.as_ref(), among, protect, horizon, count).during(call)?;
         let mut victims: Vec<ChunkRef> = self.select_victims(&candidates, count).into_iter().map(|i| refs[i]).collect();
         victims.sort_unstable();
         Ok(victims)
@@ -396,12 +500,7 @@ impl Inner {
         if self.wait_unlocked {
             return Err(Error::MustWait(Waits::fences(call, fences)));
         }
-        let started = std::time::Instant::now();
-        for fence in fences {
-            fence.wait().during(call)?;
-        }
-        self.tiers.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
-        Ok(())
+        self.tiers.wait_here(call, fences)
     }
 
     /// Sends `victims` (sorted) down without waiting, counted as evictions; with a schedule
@@ -421,114 +520,4 @@ impl Inner {
             None => self.policy.select_victims(candidates, count),
         }
     }
-
-    /// Chunks that may leave their tier, with their metadata: located in the tier `among`
-    /// names, not acquired, not protected, and next used beyond `horizon` steps (if given).
-    /// A resident chunk is clean if the host holds a copy; a host-located one if the file
-    /// does (the cost of the move is then no copy). Without a schedule only resident chunks whose
-    /// fences have completed are offered (the policy prefers what can leave at once); with one,
-    /// every chunk is, because Belady's order matters more than a wait: in a loop the chunk
-    /// just released is the one needed furthest away, and passing it over for an idle one
-    /// would evict a chunk that stays resident for the whole pass.
-    ///
-    /// With a schedule, every chunk of a buffer has the buffer's next use, so buffers are
-    /// visited in Belady's order and only as many as give `count` chunks are offered (whole
-    /// groups of equal next use, so the policy still breaks ties among all of them): an
-    /// eviction looks at a few buffers, not at every chunk in HBM.
-    fn candidates(
-        &self,
-        among: Among,
-        protect: &[ChunkRef],
-        horizon: Option<u64>,
-        count: usize,
-    ) -> Result<(Vec<ChunkRef>, Vec<Candidate>), DeviceError> {
-        let mut order: Vec<(Option<std::cmp::Reverse<u64>>, BufferId)> = Vec::new();
-        for (id, buffer) in self.state.buffers() {
-            if among == Among::Resident && buffer.mapped() == 0 {
-                continue;
-            }
-            let next_use = self.schedule.as_ref().and_then(|s| s.next_use(id));
-            if let (Some(horizon), Some(next)) = (horizon, next_use) {
-                if next <= horizon {
-                    continue;
-                }
-            }
-            order.push((next_use.map(std::cmp::Reverse), id));
-        }
-        if self.schedule.is_some() {
-            order.sort_unstable();
-        }
-        let (mut refs, mut candidates) = (Vec::new(), Vec::new());
-        let mut group = None;
-        for (key, id) in order {
-            if self.schedule.is_some() && candidates.len() >= count && group != Some(key) {
-                break;
-            }
-            group = Some(key);
-            let buffer = self.state.buffer(id).expect("a live buffer");
-            for (index, chunk) in buffer.chunks().iter().enumerate() {
-                let (here, clean) = match among {
-                    Among::Resident => (chunk.is_resident(), chunk.host().is_some()),
-                    Among::OnHost => (matches!(chunk.location(), Location::Host(_)), chunk.file().is_some()),
-                };
-                if !here || chunk.pins() > 0 || protect.binary_search(&(id, index)).is_ok() {
-                    continue;
-                }
-                let unsettled = || Ok::<_, DeviceError>(!settled(chunk.ready())? || !settled(chunk.busy())?);
-                if among == Among::Resident && self.schedule.is_none() && unsettled()? {
-                    continue;
-                }
-                candidates.push(Candidate {
-                    key: refs.len() as u64,
-                    last_use: chunk.last_use(),
-                    clean,
-                    priority: buffer.options.priority,
-                    next_use: key.map(|r| r.0),
-                });
-                refs.push((id, index));
-            }
-        }
-        Ok((refs, candidates))
-    }
-
-    /// What to wait for before HBM can be made free: the next copy down to land, or the work
-    /// still running on a chunk that could then be evicted. `Now` if such a chunk has no work
-    /// left: it finished since the candidates were listed (the GPU does not wait for the
-    /// engine), so evicting again will find it.
-    fn next_settling(&self, protect: &[ChunkRef]) -> Settling {
-        if let Some(fence) = self.tiers.in_flight.next_landing() {
-            return Settling::Wait(Arc::clone(fence));
-        }
-        let mut settled = false;
-        for (r, chunk) in self.state.chunks() {
-            if !chunk.is_resident() || chunk.pins() > 0 || protect.binary_search(&r).is_ok() {
-                continue;
-            }
-            match chunk.in_flight().find(|f| !matches!(f.is_done(), Ok(true))) {
-                Some(fence) => return Settling::Wait(Arc::clone(fence)),
-                None => settled = true,
-            }
-        }
-        if settled {
-            Settling::Now
-        } else {
-            Settling::Never
-        }
-    }
-}
-
-/// Which chunks may be chosen to leave their tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Among {
-    /// Resident in HBM (evicted to the host, or dropped if clean).
-    Resident,
-    /// Located in the host tier (spilled to the file, or dropped if the file holds them).
-    OnHost,
-}
-
-/// See [`Inner::next_settling`].
-enum Settling {
-    Wait(Arc<Fence>),
-    Now,
-    Never,
 }

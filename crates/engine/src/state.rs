@@ -43,7 +43,7 @@
 //! is free (homes.rs). A stale mapping is never read: only acquired chunks may be touched, and
 //! those are resident.
 //!
-//! **Mapped in place** (in_place.rs). A chunk located in the peer tier may have its address
+//! **Mapped in place** (movement.rs, "Reading in place"). A chunk located in the peer tier may have its address
 //! mapped to its peer slot instead (`in_place`): an acquire that allows it then pins the chunk
 //! there, with no copy, and kernels read it over NVLink. Such a chunk is never brought into
 //! HBM while acquired; unpinned, its mapping is undone (like a stale one) before it is mapped
@@ -92,7 +92,7 @@ struct Hbm {
     leaving: Option<Arc<Fence>>,
 }
 
-/// Whether a chunk's address maps its peer slot (in_place.rs).
+/// Whether a chunk's address maps its peer slot (movement.rs, "Reading in place").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum InPlace {
     No,

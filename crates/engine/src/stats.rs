@@ -46,7 +46,7 @@ pub struct Counters {
     /// PCIe link (multipath.rs).
     pub by_neighbours: u64,
     /// Chunks whose only copy was in a neighbour's HBM, copied to the host tier in the
-    /// background so that the lender can take the memory back without a copy (harvest.rs).
+    /// background so that the lender can take the memory back without a copy (movement.rs, "Cleaning borrowed chunks").
     pub cleaned: u64,
     /// Host time spent mapping chunks and setting their access (driver calls), in milliseconds,
     /// as the device's timing adaptor measured it ([`crate::Engine::driver_times`]).

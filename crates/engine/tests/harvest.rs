@@ -1,4 +1,4 @@
-//! Keeping borrowed HBM removable (harvest.rs): chunks whose only copy is on a lender are
+//! Keeping borrowed HBM removable (movement.rs, "Cleaning borrowed chunks"): chunks whose only copy is on a lender are
 //! copied to free host room, so giving the lender its memory back copies nothing; those host
 //! copies are spares the host tier takes back when it needs room; and the lender watch does
 //! it in the background.

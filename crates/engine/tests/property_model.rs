@@ -529,7 +529,7 @@ proptest! {
     fn every_byte_survives_moves_across_three_tiers(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4, fault_seed in any::<u64>()) {
         let policy = tiermem::policy::PolicyKind::ALL[policy];
         let path = support::file_tier_path("property");
-        // Half the cases learn a loop from the acquires (schedule_calls.rs), paging one chunk ahead.
+        // Half the cases learn a loop from the acquires (control.rs), paging one chunk ahead.
         let learn_loops = (fault_seed & 1 == 0).then_some(CHUNK);
         let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, learn_loops, ..EngineConfig::default() };
         let (engine, sim) = support::engine(HBM_CHUNKS, SMALL_HOST_CHUNKS, config);

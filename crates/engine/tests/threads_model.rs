@@ -431,7 +431,7 @@ fn run_config(timing: Timing, with_file: bool, seed: u64, ops_per_thread: usize)
         batch_chunks: 3,
         file: path.clone(),
         file_limit: FILE_CHUNKS * CHUNK,
-        // The configurations of even seeds learn loops from the acquires (schedule_calls.rs).
+        // The configurations of even seeds learn loops from the acquires (control.rs).
         learn_loops: (seed % 2 == 0).then_some(CHUNK),
         ..Default::default()
     };

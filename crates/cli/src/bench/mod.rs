@@ -109,7 +109,7 @@ pub enum Suite {
         #[arg(long, allow_hyphen_values = true)]
         swap_args: Option<String>,
         /// Seconds after which parts not yet begun are skipped, and 90 s later the part under
-        /// way is stopped [default: 330, 150 with --quick].
+        /// way is stopped [default: 400, 150 with --quick].
         #[arg(long)]
         budget_s: Option<f64>,
     },
@@ -194,7 +194,7 @@ pub fn run(suite: Suite) -> Result<(), String> {
                 quick,
                 fio,
                 swap_args: swap_args.unwrap_or_default().split_whitespace().map(String::from).collect(),
-                budget_s: budget_s.unwrap_or(if quick { 150.0 } else { 330.0 }),
+                budget_s: budget_s.unwrap_or(if quick { 150.0 } else { 400.0 }),
             };
             swap::run(&json, &commit(given), setup)
         }

@@ -35,8 +35,9 @@ mod jobs_phase;
 mod report;
 mod targets;
 
-use super::swap_sys::{self as sys, HungReport, PREFIX};
-use serde_json::{json, Map, Value};
+use super::swap_sys::{self as sys, PREFIX};
+use report::Record;
+use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -89,6 +90,8 @@ impl Kind {
     }
 }
 
+/// The run's context: what it measures with, where, since when. What it records is a
+/// [`report::Record`], beside it.
 struct Bench {
     setup: Setup,
     commit: String,
@@ -97,17 +100,9 @@ struct Bench {
     info: tiermem::mechanism::DeviceInfo,
     exe: PathBuf,
     started: Instant,
-    metrics: Map<String, Value>,
-    failures: Map<String, Value>,
-    detail: Map<String, Value>,
-    /// Each verification planned: passed, failed, or never ran (`None`).
-    checks: Vec<(String, Option<bool>)>,
-    fio_errors: Option<u64>,
-    hung: HungReport,
 }
 
 impl Bench {
-    /// A run about to begin, every metric still `null`.
     fn new(
         setup: Setup,
         commit: &str,
@@ -116,21 +111,8 @@ impl Bench {
         info: tiermem::mechanism::DeviceInfo,
         exe: PathBuf,
     ) -> Self {
-        Bench {
-            setup,
-            commit: commit.to_string(),
-            date,
-            json_dir: json_dir.to_path_buf(),
-            info,
-            exe,
-            started: Instant::now(),
-            metrics: report::metric_keys().into_iter().map(|k| (k, Value::Null)).collect(),
-            failures: Map::new(),
-            detail: Map::new(),
-            checks: Vec::new(),
-            fio_errors: None,
-            hung: HungReport::default(),
-        }
+        let (commit, json_dir, started) = (commit.to_string(), json_dir.to_path_buf(), Instant::now());
+        Bench { setup, commit, date, json_dir, info, exe, started }
     }
 
     fn elapsed(&self) -> f64 {
@@ -138,12 +120,12 @@ impl Bench {
     }
 
     /// Whether a part may begin: not past the time budget, not interrupted. Records why not.
-    fn may_begin(&mut self, part: &str) -> bool {
+    fn may_begin(&self, record: &mut Record, part: &str) -> bool {
         if sys::interrupted() {
-            self.fail(part, "skipped: interrupted");
+            record.fail(part, "skipped: interrupted");
             false
         } else if self.elapsed() > self.setup.budget_s {
-            self.fail(part, format!("skipped: past the time budget of {:.0} s", self.setup.budget_s));
+            record.fail(part, format!("skipped: past the time budget of {:.0} s", self.setup.budget_s));
             false
         } else {
             true
@@ -209,7 +191,8 @@ pub fn run(json_dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         device.info().clone()
     };
     let exe = crate::native_program("bench swap")?;
-    let mut bench = Bench::new(Setup { dir, ..setup }, commit, super::today(), json_dir, info, exe);
+    let bench = Bench::new(Setup { dir, ..setup }, commit, super::today(), json_dir, info, exe);
+    let mut record = Record::new();
     let s = &bench.setup;
     eprintln!(
         "bench swap on {}: job {} GiB × {} passes (cgroup memory.max half of it), fio over {} GiB, swap devices of {} GiB, files in {}{}",
@@ -226,9 +209,9 @@ pub fn run(json_dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "swap_device_bytes": bench.swap_size(), "quick": s.quick, "dir": s.dir.display().to_string(),
         "swap_args": s.swap_args, "budget_s": s.budget_s, "nbd_vram_seq_read_GBps": NBD_VRAM_SEQ_READ_GBPS,
     });
-    bench.note(&["setup"], setup_json);
-    bench.note(&["settings"], sys::settings());
-    bench.note(
+    record.note(&["setup"], setup_json);
+    record.note(&["settings"], sys::settings());
+    record.note(
         &["swaps_before"],
         json!(sys::active_swaps()
             .iter()
@@ -242,32 +225,32 @@ pub fn run(json_dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
     let _zswap = match sys::ZswapOff::take(&bench.setup.dir) {
         Ok(z) => z,
         Err(e) => {
-            bench.fail("zswap", format!("could not turn zswap off (the devices are measured behind it): {e}"));
+            record.fail("zswap", format!("could not turn zswap off (the devices are measured behind it): {e}"));
             None
         }
     };
     let _others = match sys::OtherSwapsOff::take() {
         Ok(g) => Some(g),
         Err(e) => {
-            bench.fail("other_swaps", format!("a swap area active before could not be taken off: {e}"));
+            record.fail("other_swaps", format!("a swap area active before could not be taken off: {e}"));
             None
         }
     };
-    bench.fio_all();
-    bench.jobs_all();
-    bench.save(false);
-    let (report, _) = bench.report(false);
+    fio_phase::fio_all(&bench, &mut record);
+    jobs_phase::jobs_all(&bench, &mut record);
+    record.save(&bench, false);
+    let (report, _) = record.report(&bench, false);
     eprintln!("bench swap: done in {:.0} s", bench.elapsed());
     println!("metrics: {}", report["metrics"]);
     println!("ratios: {}", report["ratios"]);
-    if !bench.failures.is_empty() {
-        println!("failures: {}", Value::Object(bench.failures.clone()));
+    if !record.failures().is_empty() {
+        println!("failures: {}", Value::Object(record.failures().clone()));
     }
-    println!("verified: {}", bench.verified());
+    println!("verified: {}", record.verified());
     if sys::interrupted() {
         return Err("bench swap: interrupted (everything set up was undone)".into());
     }
-    if bench.verified() {
+    if record.verified() {
         Ok(())
     } else {
         Err("bench swap: a verification failed or did not run (see failures and the detail's checks)".into())

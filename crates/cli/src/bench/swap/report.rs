@@ -74,7 +74,35 @@ fn targets() -> Value {
     })
 }
 
-impl Bench {
+/// What the run has recorded so far; the parts add to it, the report is made of it.
+pub(super) struct Record {
+    metrics: Map<String, Value>,
+    failures: Map<String, Value>,
+    detail: Map<String, Value>,
+    /// Each verification planned: passed, failed, or never ran (`None`).
+    checks: Vec<(String, Option<bool>)>,
+    fio_errors: Option<u64>,
+    hung: HungReport,
+}
+
+impl Record {
+    /// Nothing recorded yet: every metric `null`.
+    pub(super) fn new() -> Self {
+        Record {
+            metrics: metric_keys().into_iter().map(|k| (k, Value::Null)).collect(),
+            failures: Map::new(),
+            detail: Map::new(),
+            checks: Vec::new(),
+            fio_errors: None,
+            hung: HungReport::default(),
+        }
+    }
+
+    /// The failures so far, by part.
+    pub(super) fn failures(&self) -> &Map<String, Value> {
+        &self.failures
+    }
+
     pub(super) fn fail(&mut self, what: &str, why: impl Into<String>) {
         let why = why.into();
         eprintln!("bench swap: {what}: FAILED: {why}");
@@ -116,15 +144,16 @@ impl Bench {
         !self.checks.is_empty() && self.checks.iter().all(|(_, passed)| *passed == Some(true))
     }
 
-    pub(super) fn report(&self, partial: bool) -> (Value, Value) {
+    /// The report and the detail of run `bench` so far.
+    pub(super) fn report(&self, bench: &Bench, partial: bool) -> (Value, Value) {
         let mut metrics = self.metrics.clone();
         metrics.insert("fio_verify_errors".into(), self.fio_errors.map_or(Value::Null, |e| json!(e)));
         let ratios = ratios(&metrics);
         let mut report = crate::bench::report(
             "vramswap",
-            &self.commit,
-            &self.date,
-            &self.info,
+            &bench.commit,
+            &bench.date,
+            &bench.info,
             Value::Object(metrics),
             ratios,
             self.verified(),
@@ -135,9 +164,9 @@ impl Bench {
         }
         let mut detail = self.detail.clone();
         detail.insert("suite".into(), json!("vramswap-detail"));
-        detail.insert("commit".into(), json!(self.commit));
-        detail.insert("date".into(), json!(self.date));
-        detail.insert("seconds".into(), json!(self.elapsed()));
+        detail.insert("commit".into(), json!(bench.commit));
+        detail.insert("date".into(), json!(bench.date));
+        detail.insert("seconds".into(), json!(bench.elapsed()));
         detail.insert("checks".into(), self.checks.iter().map(|(n, p)| (n.clone(), json!(p))).collect());
         detail.insert("hung_vram".into(), json!(self.hung));
         detail.insert("failures".into(), Value::Object(self.failures.clone()));
@@ -145,10 +174,11 @@ impl Bench {
         (report, Value::Object(detail))
     }
 
-    pub(super) fn save(&self, partial: bool) {
-        let (report, detail) = self.report(partial);
+    /// Writes the report and the detail of run `bench` so far.
+    pub(super) fn save(&self, bench: &Bench, partial: bool) {
+        let (report, detail) = self.report(bench, partial);
         if let Err(e) =
-            crate::bench::write_report(&self.json_dir, "vramswap", &self.date, &self.commit, &report, &detail)
+            crate::bench::write_report(&bench.json_dir, "vramswap", &bench.date, &bench.commit, &report, &detail)
         {
             eprintln!("bench swap: {e}");
         }
@@ -171,7 +201,6 @@ impl Bench {
 mod tests {
     use super::super::{jobs_phase::job_metric, test_bench};
     use super::*;
-    use std::path::Path;
 
     #[test]
     fn every_metric_the_issue_names_is_a_key() {
@@ -214,7 +243,8 @@ mod tests {
     #[test]
     fn the_report_has_the_suites_keys_and_nulls_with_reasons() {
         let dir = std::env::temp_dir().join(format!("tiermem-swap-report-{}", std::process::id()));
-        let mut b = test_bench(&dir);
+        let bench = test_bench(&dir);
+        let mut b = Record::new();
         b.set("seq_read_GBps", 9.0);
         b.set("job_s_vram", 12.0);
         b.set("job_s_disk", 30.0);
@@ -222,7 +252,7 @@ mod tests {
         b.record_verify("fio_verify_vram", Some(0));
         b.check("jobs_vramx1".into(), Some(true));
         b.add_hung(HungReport { hung_tasks: 0, longest_d_s: 0.4, samples: 5, ..Default::default() }, "jobs_vram");
-        let (report, detail) = b.report(true);
+        let (report, detail) = b.report(&bench, true);
         for key in ["suite", "commit", "date", "device", "metrics", "ratios", "verified", "failures"] {
             assert!(report.get(key).is_some(), "{key}: {report}");
         }
@@ -238,8 +268,8 @@ mod tests {
         assert!(detail["targets"]["job_vs_disk"].is_string());
         // A verification that did not run leaves the run unverified.
         b.check("jobs_diskx1".into(), None);
-        assert_eq!(b.report(false).0["verified"], false);
-        b.save(false);
+        assert_eq!(b.report(&bench, false).0["verified"], false);
+        b.save(&bench, false);
         let written = std::fs::read_to_string(dir.join("vramswap-20261123-0123456.json")).unwrap();
         let back: Value = serde_json::from_str(&written).unwrap();
         assert!(back.get("partial").is_none());
@@ -249,7 +279,7 @@ mod tests {
 
     #[test]
     fn failed_verification_counts_errors() {
-        let mut b = test_bench(Path::new("/nonexistent"));
+        let mut b = Record::new();
         b.record_verify("fio_verify_disk", Some(0));
         b.record_verify("fio_verify_vram", Some(3));
         assert_eq!(b.fio_errors, Some(3));
