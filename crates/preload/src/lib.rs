@@ -76,11 +76,18 @@ mod allocations;
 mod boundary;
 mod driver;
 mod entry;
+mod gate;
+mod gated;
+mod hotness;
+mod launch;
+mod migrate;
+mod moves;
 mod nvml;
 mod placement;
 mod process;
 mod routes;
 mod stats;
+mod wrappers;
 
 pub use entry::{
     cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocManaged, cuMemAllocPitch_v2, cuMemAlloc_v2, cuMemFreeAsync,
@@ -89,18 +96,36 @@ pub use entry::{
 pub use nvml::{nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2};
 pub use routes::{cuGetProcAddress, cuGetProcAddress_v2, dlsym};
 
-/// Prints the statistics at exit when `TIERMEM_STATS` is set (`tiermem run --stats`).
-extern "C" fn print_stats() {
-    let _ = std::panic::catch_unwind(|| eprintln!("{}", process::stats().report()));
+/// At exit: prints the statistics when `TIERMEM_STATS` is set (`tiermem run --stats`), and
+/// writes them as JSON to `TIERMEM_STATS_JSON` when that is set (`tiermem bench transparent`).
+extern "C" fn report_stats() {
+    let _ = std::panic::catch_unwind(|| {
+        let (stats, migration) = (process::stats(), migrate::counters());
+        if stats_wanted() {
+            eprintln!("{}\n{}", stats.report(), migration.report());
+        }
+        if let Some(path) = std::env::var_os("TIERMEM_STATS_JSON").filter(|p| !p.is_empty()) {
+            if let Err(why) = std::fs::write(&path, migration.json(&stats)) {
+                boundary::log(
+                    "TIERMEM_STATS_JSON",
+                    &format!("{} could not be written ({why})", path.to_string_lossy()),
+                    "no JSON stats",
+                );
+            }
+        }
+    });
 }
 
-/// Runs when the library is loaded: registers [`print_stats`] if asked for.
+fn stats_wanted() -> bool {
+    std::env::var_os("TIERMEM_STATS").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Runs when the library is loaded: registers [`report_stats`] if asked for.
 extern "C" fn on_load() {
-    let wanted = std::env::var_os("TIERMEM_STATS").is_some_and(|v| !v.is_empty() && v != "0");
-    if wanted {
+    if stats_wanted() || std::env::var_os("TIERMEM_STATS_JSON").is_some() {
         // SAFETY: registers a function with the C signature atexit expects; it touches only
-        // tiermem's counters and stderr, both usable until the process ends.
-        unsafe { libc::atexit(print_stats) };
+        // tiermem's counters, stderr and one file, all usable until the process ends.
+        unsafe { libc::atexit(report_stats) };
     }
 }
 
