@@ -49,6 +49,13 @@ fn rows() -> Vec<Row> {
         row(c"cuMemsetD8", 3020, cuMemsetD8_v2 as *mut c_void),
         row(c"cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2 as *mut c_void),
         row(c"cuMemAllocManaged", 6000, cuMemAllocManaged as *mut c_void),
+        row(c"cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2 as *mut c_void),
+        row(c"cuEventSynchronize", 2000, cuEventSynchronize as *mut c_void),
+        row(c"cuFuncGetParamInfo", 12040, cuFuncGetParamInfo as *mut c_void),
+        Row {
+            per_thread: Some(cuLaunchKernel_ptsz as *mut c_void),
+            ..row(c"cuLaunchKernel", 4000, cuLaunchKernel as *mut c_void)
+        },
         Row {
             per_thread: Some(cuMemAllocAsync_ptsz as *mut c_void),
             ..row(c"cuMemAllocAsync", 11020, cuMemAllocAsync as *mut c_void)
