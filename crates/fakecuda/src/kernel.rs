@@ -48,8 +48,8 @@ pub(crate) fn injected(name: &str) -> bool {
     }
     *left -= 1;
     let now = *left == 0;
-    if now {
-        guard.as_mut().map(|k| k.fail = None);
+    if let (true, Some(kernels)) = (now, guard.as_mut()) {
+        kernels.fail = None;
     }
     now
 }
@@ -149,45 +149,32 @@ unsafe fn run(f: *mut c_void, params: *mut *mut c_void) -> Code {
     })
 }
 
-/// # Safety
-/// As the driver's.
-#[no_mangle]
-pub unsafe extern "C" fn cuLaunchKernel(
-    f: *mut c_void,
-    _gx: c_uint,
-    _gy: c_uint,
-    _gz: c_uint,
-    _bx: c_uint,
-    _by: c_uint,
-    _bz: c_uint,
-    _shared: c_uint,
-    _stream: *mut c_void,
-    params: *mut *mut c_void,
-    _extra: *mut *mut c_void,
-) -> Code {
-    // SAFETY: passed on from the caller.
-    unsafe { run(f, params) }
+/// `cuLaunchKernel` and its per-thread variant: the same launch (work is never in flight).
+macro_rules! launches {
+    ($($name:ident),*) => {$(
+        /// # Safety
+        /// As the driver's.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            f: *mut c_void,
+            _gx: c_uint,
+            _gy: c_uint,
+            _gz: c_uint,
+            _bx: c_uint,
+            _by: c_uint,
+            _bz: c_uint,
+            _shared: c_uint,
+            _stream: *mut c_void,
+            params: *mut *mut c_void,
+            _extra: *mut *mut c_void,
+        ) -> Code {
+            // SAFETY: passed on from the caller.
+            unsafe { run(f, params) }
+        }
+    )*};
 }
 
-/// # Safety
-/// As the driver's.
-#[no_mangle]
-pub unsafe extern "C" fn cuLaunchKernel_ptsz(
-    f: *mut c_void,
-    _gx: c_uint,
-    _gy: c_uint,
-    _gz: c_uint,
-    _bx: c_uint,
-    _by: c_uint,
-    _bz: c_uint,
-    _shared: c_uint,
-    _stream: *mut c_void,
-    params: *mut *mut c_void,
-    _extra: *mut *mut c_void,
-) -> Code {
-    // SAFETY: passed on from the caller.
-    unsafe { run(f, params) }
-}
+launches!(cuLaunchKernel, cuLaunchKernel_ptsz);
 
 /// Copies at once (work is never in flight in the fake).
 #[no_mangle]

@@ -50,22 +50,39 @@
 //! `dlsym` itself is found with `dlvsym(RTLD_NEXT, "dlsym", <glibc version>)`, which does not
 //! call `dlsym`.
 //!
-//! # Stage 1: always mapped, no migration
+//! # Stage 1: always mapped
 //!
 //! Every allocation becomes VA reserved by tiermem with 2 MiB VMM chunks mapped into it: on
 //! the GPU while the budget (`TIERMEM_HBM_LIMIT`) allows, in host memory after that
 //! (`ChunkLocation::Host`), so the program never sees `CUDA_ERROR_OUT_OF_MEMORY` while host
-//! memory lasts; its kernels reach host chunks over PCIe. Chunks do not move yet (stage 2:
-//! quiesce points); where they go is one pure function (placement.rs).
+//! memory lasts; its kernels reach host chunks over PCIe. Where they go at allocation is one
+//! pure function (placement.rs).
+//!
+//! # Stage 2: migration at quiesce points
+//!
+//! What lands on the host is whatever was allocated last — for a training loop, activations,
+//! the hottest bytes — so chunks must move, and moving one is safe only when no work that
+//! could touch it is in flight, and none is enqueued while it moves. Launch arguments do not
+//! reveal every pointer a kernel uses, so tiermem never moves a chunk because a launch did not
+//! name it; it moves chunks only at *quiesce points* — the program's own synchronizations —
+//! holding a *gate* that every routed launch, copy and memset holds while it enqueues
+//! (gate.rs), after waiting for the context. Which chunks move is decided by *hotness*: the
+//! pointers in launch arguments, counted per chunk between quiesce points (launch.rs,
+//! hotness.rs), given to a pure policy (moves.rs). The moves keep each chunk's address, so
+//! nothing the program holds — pointers, captured graphs — goes stale (migrate.rs).
 //!
 //! ```text
 //!  dlsym · cuGetProcAddress(_v2)   routes.rs: real pointer → wrapper
 //!        │
 //!  cuMemAlloc_v2, cuMemFree_v2 …   entry.rs: what tiermem serves, what goes to the driver
+//!  cuLaunchKernel …                launch.rs: gate + argument scan → hotness.rs
+//!  cuMemcpy* · cuMemset* · sync    gated.rs (wrappers.rs writes them): gate, quiesce points
 //!        │
 //!  process.rs                      GPUs, budget, allocations.rs (books), stats.rs
-//!        │                 └──── placement.rs (pure: HBM or host)
-//!  tiermem-mechanism (CudaDevice)  reserve, create, map, set access
+//!        │                 └──── placement.rs (pure: HBM or host at allocation)
+//!  migrate.rs                      at a quiesce point: moves.rs (pure: what moves), then maps, copies, remaps
+//!        │
+//!  tiermem-mechanism (CudaDevice)  reserve, create, map, set access, copy
 //!  driver.rs                       the real dlsym, libcuda, the driver's own entry points
 //! ```
 //!

@@ -35,39 +35,30 @@ fn with_migration_off_nothing_moves() {
     assert!(stderr.contains("migration off: 0 chunks up, 0 down"), "{stderr}");
 }
 
-#[test]
-fn a_map_failing_mid_migration_leaves_that_chunk_where_it_was() {
-    // Down: 4 maps at the scratch range, then one per remap: the 6th is the second remap's.
-    let output =
-        support::probe("migrate-fail-map", &["migrate-fail", "cuMemMap", "6"], &with(&[("TIERMEM_STATS", "1")]));
+/// The `nth` call of `call` from the synchronization on fails: one move down fails, so one
+/// move up finds no room; the rest complete, bytes intact (the probe checks them).
+fn one_failure_mid_migration(test: &str, call: &str, nth: &str) {
+    let output = support::probe(test, &["migrate-fail", call, nth], &with(&[("TIERMEM_STATS", "1")]));
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("migrate-fail: ok"), "{stdout}");
     assert!(stderr.contains("3 chunks up, 3 down (12.00 MiB moved), 1 failed"), "{stderr}");
 }
 
 #[test]
+fn a_map_failing_mid_migration_leaves_that_chunk_where_it_was() {
+    // Down: 4 maps at the scratch range, then one per remap: the 6th is the second remap's.
+    one_failure_mid_migration("migrate-fail-map", "cuMemMap", "6");
+}
+
+#[test]
 fn a_copy_failing_mid_migration_leaves_that_chunk_where_it_was() {
-    let output = support::probe(
-        "migrate-fail-copy",
-        &["migrate-fail", "cuMemcpyDtoDAsync_v2", "2"],
-        &with(&[("TIERMEM_STATS", "1")]),
-    );
-    let (stdout, stderr) = support::assert_passed(&output);
-    assert!(stdout.contains("migrate-fail: ok"), "{stdout}");
-    assert!(stderr.contains("3 chunks up, 3 down (12.00 MiB moved), 1 failed"), "{stderr}");
+    one_failure_mid_migration("migrate-fail-copy", "cuMemcpyDtoDAsync_v2", "2");
 }
 
 #[test]
 fn an_access_failing_mid_migration_leaves_that_chunk_where_it_was() {
     // Scratch maps and their access come first (4 each); the 6th access is the second remap's.
-    let output = support::probe(
-        "migrate-fail-access",
-        &["migrate-fail", "cuMemSetAccess", "6"],
-        &with(&[("TIERMEM_STATS", "1")]),
-    );
-    let (stdout, stderr) = support::assert_passed(&output);
-    assert!(stdout.contains("migrate-fail: ok"), "{stdout}");
-    assert!(stderr.contains("3 chunks up, 3 down (12.00 MiB moved), 1 failed"), "{stderr}");
+    one_failure_mid_migration("migrate-fail-access", "cuMemSetAccess", "6");
 }
 
 #[test]

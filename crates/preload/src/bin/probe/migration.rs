@@ -4,6 +4,7 @@
 //! kernel that writes adds one to each word its pointers name.
 
 use std::ffi::{c_int, c_uint, c_void, CString};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use super::{Alloc, Census, Code, Cuda, Free, GetInfo, MIB, PER_THREAD};
 
@@ -117,13 +118,19 @@ fn hbm_in_use(cuda: &Cuda) -> usize {
     total - free
 }
 
-pub fn migrate() {
+/// The driver started, what it held before, `cuCtxSynchronize`, and A and B as `hot_b` makes them.
+fn setup() -> (Cuda, Census, Sync, u64, u64) {
     let cuda = Cuda::load();
     cuda.start();
     let before = cuda.census();
     let kernels = Kernels::register(&cuda);
     let sync: Sync = cuda.get(c"cuCtxSynchronize", 0);
     let (a, b) = hot_b(&cuda, &kernels);
+    (cuda, before, sync, a, b)
+}
+
+pub fn migrate() {
+    let (cuda, before, sync, a, b) = setup();
     // SAFETY: the driver's synchronization.
     assert_eq!(unsafe { sync() }, 0);
     let on = std::env::var("TIERMEM_MIGRATE").map_or(true, |v| v != "off");
@@ -149,12 +156,7 @@ pub fn migrate() {
 /// The `nth` call of `call` fails mid-migration: the move it belongs to leaves its chunk where
 /// it was, every other move completes, and every byte is intact.
 pub fn migrate_fail(call: &str, nth: usize) {
-    let cuda = Cuda::load();
-    cuda.start();
-    let before = cuda.census();
-    let kernels = Kernels::register(&cuda);
-    let sync: Sync = cuda.get(c"cuCtxSynchronize", 0);
-    let (a, b) = hot_b(&cuda, &kernels);
+    let (cuda, before, sync, a, b) = setup();
     let fail: Fail = cuda.fake(c"tiermem_fake_fail");
     let name = CString::new(call).expect("a call name");
     // SAFETY: the fake's injection with a NUL-terminated name; the driver's synchronization.
@@ -175,11 +177,11 @@ pub fn migrate_fail(call: &str, nth: usize) {
 }
 
 /// Counts a thread as done when dropped.
-struct Done<'a>(&'a std::sync::atomic::AtomicUsize);
+struct Done<'a>(&'a AtomicUsize);
 
 impl Drop for Done<'_> {
     fn drop(&mut self) {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.fetch_add(1, SeqCst);
     }
 }
 
@@ -187,7 +189,7 @@ impl Drop for Done<'_> {
 /// while the main thread synchronizes over and over (each a quiesce point, chunks moving both
 /// ways); no launch may fault, and no increment may be lost to a copy made under it.
 pub fn threads() {
-    const LAUNCHES: u64 = 3000;
+    const LAUNCHES: u64 = 8000;
     let cuda = Cuda::load();
     cuda.start();
     let before = cuda.census();
@@ -205,16 +207,24 @@ pub fn threads() {
     let word = |base: u64, t: u64| base + t * 5 * MIB as u64 + 64;
     let start = |base: u64, t: u64| u64::from_le_bytes(cuda.read(word(base, t), 8).try_into().expect("8 bytes"));
     let starts: Vec<(u64, u64)> = (0..3).map(|t| (start(a, t), start(b, t))).collect();
-    let done = std::sync::atomic::AtomicUsize::new(0);
+    let (done, syncs) = (AtomicUsize::new(0), AtomicUsize::new(0));
     std::thread::scope(|scope| {
         for t in 0..3u64 {
-            let (kernels, done, word) = (&kernels, &done, &word);
+            let (kernels, done, syncs, word) = (&kernels, &done, &syncs, &word);
             let cuda = &cuda;
             scope.spawn(move || {
                 // Counted even if an assertion fails, so that the main thread stops waiting.
                 let _done = Done(done);
                 cuda.start();
                 for i in 0..LAUNCHES {
+                    if i % 250 == 0 {
+                        // A new phase starts after two quiesce points, however busy the machine:
+                        // the next ones find this phase's heat and move chunks while it launches.
+                        let seen = syncs.load(SeqCst);
+                        while syncs.load(SeqCst) < seen + 2 {
+                            std::thread::yield_now();
+                        }
+                    }
                     // B and A by turns, so that chunks keep moving both ways.
                     let target = if (i / 250) % 2 == 0 { word(b, t) } else { word(a, t) };
                     let code = kernels.launch(WRITES, &mut [target as *mut c_void]);
@@ -222,9 +232,10 @@ pub fn threads() {
                 }
             });
         }
-        while done.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+        while done.load(SeqCst) < 3 {
             // SAFETY: the driver's synchronization.
             assert_eq!(unsafe { sync() }, 0);
+            syncs.fetch_add(1, SeqCst);
         }
     });
     for (t, &(from_a, from_b)) in starts.iter().enumerate() {
