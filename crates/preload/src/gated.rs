@@ -46,7 +46,9 @@ fn quiesce(name: &'static str, call: impl FnOnce() -> CuResult) -> CuResult {
 
 /// A capture that began forbids migration until it ends.
 fn capture_begins(_name: &'static str, call: impl FnOnce() -> CuResult) -> CuResult {
-    // Counted before the call: a migration must not start between the driver's answer and ours.
+    // Counted before the call, under the gate: a migration either finished before the capture
+    // begins, or sees it counted once it holds the gate (and then does not synchronize).
+    let _gate = (!inside()).then(gate::shared);
     gate::capture(1);
     let code = to_driver(call);
     if code != CUDA_SUCCESS {
@@ -67,7 +69,11 @@ fn capture_ends(_name: &'static str, call: impl FnOnce() -> CuResult) -> CuResul
 
 /// A context of the program's own: migration stops (gate.rs says why).
 fn context_created(name: &'static str, call: impl FnOnce() -> CuResult) -> CuResult {
-    gate::own_context();
+    {
+        // As for a capture: a migration under way finishes first, a later one sees the mark.
+        let _gate = (!inside()).then(gate::shared);
+        gate::own_context();
+    }
     crate::migrate::stop(
         name,
         "the program creates a CUDA context of its own; migration waits only for primary contexts",

@@ -344,7 +344,7 @@ fn swap(call: &str, device: &dyn Device, chunk: usize, m: &Move) -> bool {
 pub fn release_if_idle(ordinal: usize) {
     // A migration in progress holds the state; the next free gets its turn.
     let Some(mut state) = try_state() else { return };
-    let Some(state) = state.as_mut() else { return };
+    let Some(state) = state.as_mut().filter(|state| state.gpus.contains_key(&ordinal)) else { return };
     let device = {
         let p = process::lock();
         if p.books.iter().any(|a| a.ordinal == ordinal) {

@@ -69,3 +69,11 @@ fn launches_on_other_threads_never_reach_a_chunk_mid_move() {
     let moved = stderr.lines().find(|l| l.contains("migration on:")).unwrap_or_default().to_string();
     assert!(!moved.contains(": 0 chunks up"), "the test is void unless chunks moved while threads launched: {moved}");
 }
+
+#[test]
+fn nothing_moves_while_a_stream_capture_is_under_way() {
+    let output = support::probe("migrate-capture", &["migrate-capture"], &with(&[("TIERMEM_STATS", "1")]));
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("migrate-capture: ok"), "{stdout}");
+    assert!(stderr.contains("1 quiesce points taken"), "{stderr}");
+}

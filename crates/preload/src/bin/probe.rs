@@ -15,7 +15,8 @@
 //! allocation that landed on the host bring it up at the next synchronization, and the cold one
 //! goes down; every byte stays (with `TIERMEM_MIGRATE=off`, nothing moves). `migrate-fail CALL N`:
 //! the same with the Nth call of CALL failing mid-migration. `migrate-threads`: threads launch
-//! kernels that write while another synchronizes, and migrates (src/bin/probe/migration.rs).
+//! kernels that write while another synchronizes, and migrates; `migrate-capture`: nothing moves
+//! while a stream capture is under way (src/bin/probe/migration.rs).
 //! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
 //! once under a budget of 16 MiB; every byte reads back, the budget is whole again, nothing leaks.
 
@@ -498,10 +499,11 @@ fn main() {
         ["migrate"] => migration::migrate(),
         ["migrate-fail", call, nth] => migration::migrate_fail(call, nth.parse().expect("migrate-fail CALL N")),
         ["migrate-threads"] => migration::threads(),
+        ["migrate-capture"] => migration::capture(),
         _ => {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
-                 | migrate | migrate-fail CALL N | migrate-threads"
+                 | migrate | migrate-fail CALL N | migrate-threads | migrate-capture"
             );
             std::process::exit(2);
         }

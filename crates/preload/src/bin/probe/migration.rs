@@ -153,6 +153,29 @@ pub fn migrate() {
     println!("migrate: ok");
 }
 
+/// While a stream capture is under way nothing moves (a context synchronization would break
+/// it); once it ends, the next synchronization moves what the launches heated.
+pub fn capture() {
+    type Begin = unsafe extern "C" fn(*mut c_void, c_int) -> Code;
+    type End = unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> Code;
+    let (cuda, before, sync, a, b) = setup();
+    let (begin, end): (Begin, End) = (cuda.get(c"cuStreamBeginCapture", 0), cuda.get(c"cuStreamEndCapture", 0));
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: the driver's capture calls on the legacy stream, a valid out-pointer; its synchronization.
+    unsafe {
+        assert_eq!(begin(std::ptr::null_mut(), 0), 0);
+        assert_eq!(sync(), 0);
+        assert_eq!(locations(&cuda, b, 8 * MIB), [2; 4], "no move while a capture is under way");
+        assert_eq!(end(std::ptr::null_mut(), &mut graph), 0);
+        assert_eq!(sync(), 0);
+    }
+    assert_eq!(locations(&cuda, b, 8 * MIB), [1; 4], "the capture over, B came up");
+    cuda.verify(a, 16 * MIB, 11);
+    cuda.verify(b, 8 * MIB, 22);
+    free_all(&cuda, &[a, b], &before);
+    println!("migrate-capture: ok");
+}
+
 /// The `nth` call of `call` fails mid-migration: the move it belongs to leaves its chunk where
 /// it was, every other move completes, and every byte is intact.
 pub fn migrate_fail(call: &str, nth: usize) {
