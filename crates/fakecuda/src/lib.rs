@@ -7,11 +7,15 @@
 //! memory (default 1 GiB); `TIERMEM_FAKE_HOST_CHUNKS=0` — the driver says it cannot put VMM
 //! chunks in host memory (an older driver).
 //!
-//! What is not here: kernels, streams, events, asynchronous copies, pinned host memory. The
-//! entry points the mechanism checks for at open exist, and answer `CUDA_ERROR_NOT_SUPPORTED`.
-//! Work is never in flight, so synchronizing returns at once.
+//! Kernels are handles a test registers, which touch the memory their pointer arguments name
+//! when launched (kernel.rs); tests can make one call of a few chunk operations fail.
+//!
+//! What is not here: streams, events, pinned host memory, most asynchronous copies. The entry
+//! points the mechanism checks for at open exist, and answer `CUDA_ERROR_NOT_SUPPORTED`. Work
+//! is never in flight (launches and copies run at once), so synchronizing returns at once.
 
 mod device;
+mod kernel;
 mod memory;
 mod nvml;
 mod proc_address;
@@ -210,6 +214,9 @@ pub extern "C" fn cuMemRelease(handle: u64) -> Code {
 
 #[no_mangle]
 pub extern "C" fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> Code {
+    if kernel::injected("cuMemMap") {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if flags != 0 {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -227,6 +234,9 @@ pub extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> Code {
 pub unsafe extern "C" fn cuMemSetAccess(ptr: u64, size: usize, desc: *const c_void, count: usize) -> Code {
     if desc.is_null() || count == 0 {
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    if kernel::injected("cuMemSetAccess") {
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     with(|fake| fake.memory.set_access(ptr, size).err().unwrap_or(CUDA_SUCCESS))
 }
@@ -350,10 +360,13 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, len: usize)
     })
 }
 
-/// # Safety
-/// As the driver's: plain values only.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoD_v2(dst: u64, src: u64, len: usize) -> Code {
+pub extern "C" fn cuMemcpyDtoD_v2(dst: u64, src: u64, len: usize) -> Code {
+    copy_device(dst, src, len)
+}
+
+/// A copy between two ranges of fake device memory, synchronous and asynchronous alike.
+fn copy_device(dst: u64, src: u64, len: usize) -> Code {
     with(|fake| {
         if !fake.memory.accessible(dst, len) || !fake.memory.accessible(src, len) {
             return CUDA_ERROR_INVALID_VALUE;
@@ -397,6 +410,22 @@ pub unsafe extern "C" fn tiermem_fake_census(out: *mut Census) -> Code {
     })
 }
 
+/// Where the chunk mapped at `va` lives: 1 the GPU, 2 the host, 0 nothing mapped there. Not a
+/// driver function. (A chunk released while mapped reads as the host's.)
+#[no_mangle]
+pub extern "C" fn tiermem_fake_location(va: u64) -> c_int {
+    let mut location = 0;
+    with(|fake| {
+        location = match fake.memory.location(va) {
+            Some(true) => 1,
+            Some(false) => 2,
+            None => 0,
+        };
+        CUDA_SUCCESS
+    });
+    location
+}
+
 /// Entry points the mechanism crate requires at open but the fake does not implement.
 macro_rules! not_supported {
     ($($name:ident),* $(,)?) => {$(
@@ -419,17 +448,15 @@ not_supported!(
     cuEventDestroy_v2,
     cuEventRecord,
     cuEventQuery,
-    cuEventSynchronize,
     cuEventElapsedTime_v2,
     cuMemcpyHtoDAsync_v2,
     cuMemcpyDtoHAsync_v2,
-    cuMemcpyDtoDAsync_v2,
     cuMemsetD8Async,
     cuModuleLoadData,
     cuModuleGetFunction,
     cuModuleUnload,
-    cuLaunchKernel,
 );
 
 pub use device::*;
+pub use kernel::*;
 pub use proc_address::{cuGetProcAddress, cuGetProcAddress_v2};

@@ -22,6 +22,7 @@ struct Chunk {
 struct Mapping {
     size: usize,
     accessible: bool,
+    handle: u64,
 }
 
 /// Everything the fake driver holds. Not thread-safe by itself (lib.rs locks it).
@@ -146,6 +147,11 @@ impl Memory {
         Ok(())
     }
 
+    /// Whether `va..va+size` lies in one reservation (mapped or not).
+    pub fn reserved(&self, va: u64, size: usize) -> bool {
+        self.reservation_holds(va, size)
+    }
+
     fn reservation_holds(&self, va: u64, size: usize) -> bool {
         self.reservations.range(..=va).next_back().is_some_and(|(&start, &len)| va + size as u64 <= start + len as u64)
     }
@@ -164,7 +170,7 @@ impl Memory {
         if p == libc::MAP_FAILED {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
-        self.mappings.insert(va, Mapping { size, accessible: false });
+        self.mappings.insert(va, Mapping { size, accessible: false, handle });
         Ok(())
     }
 
@@ -243,6 +249,12 @@ impl Memory {
             at += mapping.size as u64;
         }
         at >= end
+    }
+
+    /// Where the chunk mapped at `va` lives: `Some(true)` on the GPU, `Some(false)` on the host.
+    pub fn location(&self, va: u64) -> Option<bool> {
+        let (&start, mapping) = self.mappings.range(..=va).next_back()?;
+        (va < start + mapping.size as u64).then(|| self.chunks.get(&mapping.handle).is_some_and(|c| c.on_gpu))
     }
 
     pub fn census(&self) -> Census {

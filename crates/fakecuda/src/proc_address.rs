@@ -25,6 +25,11 @@ fn row(name: &'static CStr, since: c_int, legacy: *mut c_void) -> Row {
     Row { name, since, legacy, per_thread: None }
 }
 
+/// A row whose per-thread-stream flavour is a function of its own (`_ptsz`).
+fn threaded(name: &'static CStr, since: c_int, legacy: *mut c_void, per_thread: *mut c_void) -> Row {
+    Row { per_thread: Some(per_thread), ..row(name, since, legacy) }
+}
+
 fn rows() -> Vec<Row> {
     vec![
         row(c"cuInit", 2000, cuInit as *mut c_void),
@@ -36,10 +41,12 @@ fn rows() -> Vec<Row> {
         row(c"cuCtxSetCurrent", 4000, cuCtxSetCurrent as *mut c_void),
         row(c"cuCtxGetDevice", 2000, cuCtxGetDevice as *mut c_void),
         row(c"cuCtxSynchronize", 2000, cuCtxSynchronize as *mut c_void),
-        Row {
-            per_thread: Some(cuStreamSynchronize_ptsz as *mut c_void),
-            ..row(c"cuStreamSynchronize", 2000, cuStreamSynchronize as *mut c_void)
-        },
+        threaded(
+            c"cuStreamSynchronize",
+            2000,
+            cuStreamSynchronize as *mut c_void,
+            cuStreamSynchronize_ptsz as *mut c_void,
+        ),
         row(c"cuMemAlloc", 3020, cuMemAlloc_v2 as *mut c_void),
         row(c"cuMemAllocPitch", 3020, cuMemAllocPitch_v2 as *mut c_void),
         row(c"cuMemFree", 3020, cuMemFree_v2 as *mut c_void),
@@ -49,14 +56,14 @@ fn rows() -> Vec<Row> {
         row(c"cuMemsetD8", 3020, cuMemsetD8_v2 as *mut c_void),
         row(c"cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2 as *mut c_void),
         row(c"cuMemAllocManaged", 6000, cuMemAllocManaged as *mut c_void),
-        Row {
-            per_thread: Some(cuMemAllocAsync_ptsz as *mut c_void),
-            ..row(c"cuMemAllocAsync", 11020, cuMemAllocAsync as *mut c_void)
-        },
-        Row {
-            per_thread: Some(cuMemFreeAsync_ptsz as *mut c_void),
-            ..row(c"cuMemFreeAsync", 11020, cuMemFreeAsync as *mut c_void)
-        },
+        row(c"cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2 as *mut c_void),
+        row(c"cuEventSynchronize", 2000, cuEventSynchronize as *mut c_void),
+        row(c"cuFuncGetParamInfo", 12040, cuFuncGetParamInfo as *mut c_void),
+        row(c"cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2 as *mut c_void),
+        row(c"cuStreamEndCapture", 10000, cuStreamEndCapture as *mut c_void),
+        threaded(c"cuLaunchKernel", 4000, cuLaunchKernel as *mut c_void, cuLaunchKernel_ptsz as *mut c_void),
+        threaded(c"cuMemAllocAsync", 11020, cuMemAllocAsync as *mut c_void, cuMemAllocAsync_ptsz as *mut c_void),
+        threaded(c"cuMemFreeAsync", 11020, cuMemFreeAsync as *mut c_void, cuMemFreeAsync_ptsz as *mut c_void),
     ]
 }
 

@@ -55,6 +55,21 @@ impl Allocations {
         self.by_va.remove(&ptr)
     }
 
+    /// The allocation starting at `va`.
+    pub fn get(&self, va: u64) -> Option<&Allocation> {
+        self.by_va.get(&va)
+    }
+
+    /// The allocation starting at `va`, to change where its chunks are (migrate.rs).
+    pub fn get_mut(&mut self, va: u64) -> Option<&mut Allocation> {
+        self.by_va.get_mut(&va)
+    }
+
+    /// Every live interposed allocation, by address.
+    pub fn iter(&self) -> impl Iterator<Item = &Allocation> {
+        self.by_va.values()
+    }
+
     pub fn insert_small(&mut self, ptr: u64, ordinal: usize, bytes: usize) {
         self.small.insert(ptr, (ordinal, bytes));
     }

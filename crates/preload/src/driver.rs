@@ -25,6 +25,9 @@ pub type MemAllocManagedFn = unsafe extern "C" fn(*mut u64, usize, c_uint) -> Cu
 pub type CtxGetDeviceFn = unsafe extern "C" fn(*mut DeviceHandle) -> CuResult;
 pub type CtxSynchronizeFn = unsafe extern "C" fn() -> CuResult;
 pub type StreamSynchronizeFn = unsafe extern "C" fn(Stream) -> CuResult;
+/// `cuFuncGetParamInfo` and `cuKernelGetParamInfo` (CUDA 12.4): a kernel, a parameter's index,
+/// its offset and size.
+pub type ParamInfoFn = unsafe extern "C" fn(*mut c_void, usize, *mut usize, *mut usize) -> CuResult;
 
 /// glibc's `dlsym`, found by version so that our own `dlsym` is skipped (2.34 moved it into
 /// libc proper; 2.2.5 and 2.17 are the base versions on x86_64 and aarch64).
@@ -67,6 +70,8 @@ pub struct Driver {
     pub ctx_get_device: Option<CtxGetDeviceFn>,
     pub ctx_synchronize: Option<CtxSynchronizeFn>,
     pub stream_synchronize: Option<StreamSynchronizeFn>,
+    pub func_get_param_info: Option<ParamInfoFn>,
+    pub kernel_get_param_info: Option<ParamInfoFn>,
 }
 
 // SAFETY: the handle and function pointers are immutable after loading, and the driver library
@@ -116,6 +121,8 @@ impl Driver {
             ctx_get_device: entry!(handle, c"cuCtxGetDevice", CtxGetDeviceFn),
             ctx_synchronize: entry!(handle, c"cuCtxSynchronize", CtxSynchronizeFn),
             stream_synchronize: entry!(handle, c"cuStreamSynchronize", StreamSynchronizeFn),
+            func_get_param_info: entry!(handle, c"cuFuncGetParamInfo", ParamInfoFn),
+            kernel_get_param_info: entry!(handle, c"cuKernelGetParamInfo", ParamInfoFn),
         })
     }
 

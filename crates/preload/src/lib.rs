@@ -50,22 +50,39 @@
 //! `dlsym` itself is found with `dlvsym(RTLD_NEXT, "dlsym", <glibc version>)`, which does not
 //! call `dlsym`.
 //!
-//! # Stage 1: always mapped, no migration
+//! # Stage 1: always mapped
 //!
 //! Every allocation becomes VA reserved by tiermem with 2 MiB VMM chunks mapped into it: on
 //! the GPU while the budget (`TIERMEM_HBM_LIMIT`) allows, in host memory after that
 //! (`ChunkLocation::Host`), so the program never sees `CUDA_ERROR_OUT_OF_MEMORY` while host
-//! memory lasts; its kernels reach host chunks over PCIe. Chunks do not move yet (stage 2:
-//! quiesce points); where they go is one pure function (placement.rs).
+//! memory lasts; its kernels reach host chunks over PCIe. Where they go at allocation is one
+//! pure function (placement.rs).
+//!
+//! # Stage 2: migration at quiesce points
+//!
+//! What lands on the host is whatever was allocated last — for a training loop, activations,
+//! the hottest bytes — so chunks must move, and moving one is safe only when no work that
+//! could touch it is in flight, and none is enqueued while it moves. Launch arguments do not
+//! reveal every pointer a kernel uses, so tiermem never moves a chunk because a launch did not
+//! name it; it moves chunks only at *quiesce points* — the program's own synchronizations —
+//! holding a *gate* that every routed launch, copy and memset holds while it enqueues
+//! (gate.rs), after waiting for the context. Which chunks move is decided by *hotness*: the
+//! pointers in launch arguments, counted per chunk between quiesce points (launch.rs,
+//! hotness.rs), given to a pure policy (moves.rs). The moves keep each chunk's address, so
+//! nothing the program holds — pointers, captured graphs — goes stale (migrate.rs).
 //!
 //! ```text
 //!  dlsym · cuGetProcAddress(_v2)   routes.rs: real pointer → wrapper
 //!        │
 //!  cuMemAlloc_v2, cuMemFree_v2 …   entry.rs: what tiermem serves, what goes to the driver
+//!  cuLaunchKernel …                launch.rs: gate + argument scan → hotness.rs
+//!  cuMemcpy* · cuMemset* · sync    gated.rs (wrappers.rs writes them): gate, quiesce points
 //!        │
 //!  process.rs                      GPUs, budget, allocations.rs (books), stats.rs
-//!        │                 └──── placement.rs (pure: HBM or host)
-//!  tiermem-mechanism (CudaDevice)  reserve, create, map, set access
+//!        │                 └──── placement.rs (pure: HBM or host at allocation)
+//!  migrate.rs                      at a quiesce point: moves.rs (pure: what moves), then maps, copies, remaps
+//!        │
+//!  tiermem-mechanism (CudaDevice)  reserve, create, map, set access, copy
 //!  driver.rs                       the real dlsym, libcuda, the driver's own entry points
 //! ```
 //!
@@ -76,11 +93,18 @@ mod allocations;
 mod boundary;
 mod driver;
 mod entry;
+mod gate;
+mod gated;
+mod hotness;
+mod launch;
+mod migrate;
+mod moves;
 mod nvml;
 mod placement;
 mod process;
 mod routes;
 mod stats;
+mod wrappers;
 
 pub use entry::{
     cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocManaged, cuMemAllocPitch_v2, cuMemAlloc_v2, cuMemFreeAsync,
@@ -89,18 +113,36 @@ pub use entry::{
 pub use nvml::{nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2};
 pub use routes::{cuGetProcAddress, cuGetProcAddress_v2, dlsym};
 
-/// Prints the statistics at exit when `TIERMEM_STATS` is set (`tiermem run --stats`).
-extern "C" fn print_stats() {
-    let _ = std::panic::catch_unwind(|| eprintln!("{}", process::stats().report()));
+/// At exit: prints the statistics when `TIERMEM_STATS` is set (`tiermem run --stats`), and
+/// writes them as JSON to `TIERMEM_STATS_JSON` when that is set (`tiermem bench transparent`).
+extern "C" fn report_stats() {
+    let _ = std::panic::catch_unwind(|| {
+        let (stats, migration) = (process::stats(), migrate::counters());
+        if stats_wanted() {
+            eprintln!("{}\n{}", stats.report(), migration.report());
+        }
+        if let Some(path) = std::env::var_os("TIERMEM_STATS_JSON").filter(|p| !p.is_empty()) {
+            if let Err(why) = std::fs::write(&path, migration.json(&stats)) {
+                boundary::log(
+                    "TIERMEM_STATS_JSON",
+                    &format!("{} could not be written ({why})", path.to_string_lossy()),
+                    "no JSON stats",
+                );
+            }
+        }
+    });
 }
 
-/// Runs when the library is loaded: registers [`print_stats`] if asked for.
+fn stats_wanted() -> bool {
+    std::env::var_os("TIERMEM_STATS").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Runs when the library is loaded: registers [`report_stats`] if asked for.
 extern "C" fn on_load() {
-    let wanted = std::env::var_os("TIERMEM_STATS").is_some_and(|v| !v.is_empty() && v != "0");
-    if wanted {
+    if stats_wanted() || std::env::var_os("TIERMEM_STATS_JSON").is_some() {
         // SAFETY: registers a function with the C signature atexit expects; it touches only
-        // tiermem's counters and stderr, both usable until the process ends.
-        unsafe { libc::atexit(print_stats) };
+        // tiermem's counters, stderr and one file, all usable until the process ends.
+        unsafe { libc::atexit(report_stats) };
     }
 }
 

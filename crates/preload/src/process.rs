@@ -22,6 +22,7 @@ use tiermem_mechanism::{ChunkLocation, Device, DeviceError};
 use crate::allocations::{Allocation, Allocations};
 use crate::boundary::{log, CuResult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
 use crate::driver::{driver, Stream};
+use crate::hotness;
 use crate::placement::{self, Placement, Tier};
 use crate::stats::Stats;
 
@@ -30,17 +31,18 @@ use crate::stats::Stats;
 const DEFAULT_RESERVE: usize = 2 << 30;
 
 /// One GPU as tiermem manages it; `device` is `None` for a GPU left to the driver.
-struct Gpu {
-    device: Option<Arc<dyn Device>>,
-    chunk: usize,
-    budget: usize,
-    hbm_used: usize,
+pub struct Gpu {
+    pub device: Option<Arc<dyn Device>>,
+    pub chunk: usize,
+    pub budget: usize,
+    pub hbm_used: usize,
 }
 
-struct Process {
-    gpus: BTreeMap<usize, Gpu>,
-    books: Allocations,
-    stats: Stats,
+/// The process-wide state (module documentation); migrate.rs moves chunks under its lock.
+pub struct Process {
+    pub gpus: BTreeMap<usize, Gpu>,
+    pub books: Allocations,
+    pub stats: Stats,
     /// Whether the missing host chunks were reported already.
     said_no_host_chunks: bool,
 }
@@ -51,6 +53,11 @@ static PROCESS: Mutex<Process> = Mutex::new(Process {
     stats: Stats::new(),
     said_no_host_chunks: false,
 });
+
+/// The process state, locked.
+pub fn lock() -> MutexGuard<'static, Process> {
+    process()
+}
 
 fn process() -> MutexGuard<'static, Process> {
     // Every change under the lock is a few map and counter updates: consistent after a panic.
@@ -67,7 +74,7 @@ pub enum Drain {
 
 /// The ordinal of the GPU of the calling thread's current context, or the driver's error
 /// (no context: `CUDA_ERROR_INVALID_CONTEXT`). `None`: the driver cannot say; leave the call to it.
-fn current_gpu() -> Option<Result<usize, CuResult>> {
+pub fn current_gpu() -> Option<Result<usize, CuResult>> {
     let get_device = driver()?.ctx_get_device?;
     let mut device = 0;
     // SAFETY: valid out-pointer; the driver's cuCtxGetDevice.
@@ -154,6 +161,7 @@ pub fn alloc(call: &str, size: usize) -> Result<Served, CuResult> {
             p.gpu(call, ordinal).hbm_used += hbm;
             p.stats.allocated(hbm, host);
             let va = allocation.va;
+            hotness::insert(va, chunk, allocation.chunks.iter().map(|&(_, tier)| tier == Tier::Host).collect());
             p.books.insert(allocation);
             Ok(Served::Tiermem(va))
         }
@@ -234,6 +242,7 @@ pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
     let (allocation, device) = {
         let mut p = process();
         let allocation = p.books.remove(ptr)?;
+        hotness::remove(ptr);
         let device = p.gpus.get(&allocation.ordinal).and_then(|gpu| gpu.device.clone());
         (allocation, device)
     };
@@ -256,6 +265,8 @@ pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
         gpu.hbm_used = gpu.hbm_used.saturating_sub(hbm);
     }
     p.stats.freed(hbm, host);
+    drop(p);
+    crate::migrate::release_if_idle(allocation.ordinal);
     if let Err(why) = torn_down {
         log(call, &format!("0x{ptr:x} could not be unmapped ({why})"), "its memory stays held until the process exits");
         return Some(CUDA_ERROR_UNKNOWN);

@@ -14,14 +14,15 @@ use std::sync::OnceLock;
 
 use crate::boundary::{enter, guard, inside, to_driver, CuResult, CUDA_SUCCESS};
 use crate::driver::{self, driver};
-use crate::entry;
+use crate::wrappers::Route;
+use crate::{entry, gated, launch};
 
 /// `CUDA_ERROR_NOT_FOUND`: what the driver answers for a symbol it does not have.
 const CUDA_ERROR_NOT_FOUND: CuResult = 500;
 
 /// The routed functions: the driver's versioned name and tiermem's function for it.
-fn routed() -> [(&'static CStr, *mut c_void); 11] {
-    [
+fn routed() -> Vec<Route> {
+    let memory = [
         (c"cuGetProcAddress", cuGetProcAddress as *mut c_void),
         (c"cuGetProcAddress_v2", cuGetProcAddress_v2 as *mut c_void),
         (c"cuMemAlloc_v2", entry::cuMemAlloc_v2 as *mut c_void),
@@ -33,7 +34,10 @@ fn routed() -> [(&'static CStr, *mut c_void); 11] {
         (c"cuMemFreeAsync", entry::cuMemFreeAsync as *mut c_void),
         (c"cuMemFreeAsync_ptsz", entry::cuMemFreeAsync_ptsz as *mut c_void),
         (c"cuMemAllocManaged", entry::cuMemAllocManaged as *mut c_void),
-    ]
+    ];
+    let around_migration: [fn() -> Vec<Route>; 5] =
+        [gated::copy_routes, gated::memset_routes, gated::sync_routes, gated::capture_routes, launch::launch_routes];
+    memory.into_iter().chain(around_migration.iter().flat_map(|table| table())).collect()
 }
 
 /// Real pointer → wrapper, as addresses; built once, when the driver is first needed.

@@ -65,6 +65,13 @@ impl Stats {
         self.host.sub(host);
     }
 
+    /// A chunk of `bytes` moved up to HBM (`up`) or down to the host (migrate.rs).
+    pub fn moved(&mut self, bytes: usize, up: bool) {
+        let (to, from) = if up { (&mut self.hbm, &mut self.host) } else { (&mut self.host, &mut self.hbm) };
+        to.add(bytes);
+        from.sub(bytes);
+    }
+
     pub fn managed_allocated(&mut self, bytes: usize) {
         self.managed.add(bytes);
     }
@@ -93,6 +100,82 @@ impl Stats {
     }
 }
 
+/// What migration did (migrate.rs's counters), and what launches showed (hotness.rs).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Migration {
+    pub enabled: bool,
+    /// Chunks moved up to HBM, down to the host, and moves that failed (the chunk stayed).
+    pub up: u64,
+    pub down: u64,
+    pub failed: u64,
+    pub bytes: u64,
+    /// Quiesce points where chunks moved, and those passed over (module docs of migrate.rs).
+    pub taken: u64,
+    pub skipped: u64,
+    /// Time spent at the quiesce points taken: waiting for the context, then moving.
+    pub nanos: u64,
+    /// Launches whose arguments were scanned (only while some chunk is on the host), those
+    /// that passed pointers into tiermem's allocations, and those of which all were in HBM.
+    pub launches_scanned: u64,
+    pub launches_with_pointers: u64,
+    pub launches_all_in_hbm: u64,
+}
+
+impl Migration {
+    /// The share of launches with tiermem's pointers whose pointers were all in HBM, if any.
+    pub fn all_in_hbm_share(&self) -> Option<f64> {
+        (self.launches_with_pointers > 0).then(|| self.launches_all_in_hbm as f64 / self.launches_with_pointers as f64)
+    }
+
+    /// The lines `--stats` prints.
+    pub fn report(&self) -> String {
+        let share = self.all_in_hbm_share().map_or("-".to_string(), |s| format!("{:.1}%", s * 100.0));
+        format!(
+            "tiermem: stats: migration {}: {} chunks up, {} down ({} moved), {} failed; {} quiesce points taken ({:.1} ms), {} skipped\n\
+             tiermem: stats: launches: {} scanned, {} with tiermem pointers, {share} of those all in HBM",
+            if self.enabled { "on" } else { "off" },
+            self.up,
+            self.down,
+            format_size(self.bytes as usize),
+            self.failed,
+            self.taken,
+            self.nanos as f64 / 1e6,
+            self.skipped,
+            self.launches_scanned,
+            self.launches_with_pointers,
+        )
+    }
+
+    /// The counters as one JSON object (`TIERMEM_STATS_JSON`), with the allocation counters.
+    pub fn json(&self, stats: &Stats) -> String {
+        let share = self.all_in_hbm_share().map_or("null".to_string(), |s| format!("{s:.6}"));
+        format!(
+            concat!(
+                "{{\"allocations\": {}, \"refused\": {}, \"hbm_peak_bytes\": {}, \"host_peak_bytes\": {}, ",
+                "\"migration\": {{\"enabled\": {}, \"chunks_up\": {}, \"chunks_down\": {}, \"bytes_moved\": {}, ",
+                "\"failed\": {}, \"quiesce_taken\": {}, \"quiesce_skipped\": {}, \"quiesce_ms\": {:.3}}}, ",
+                "\"launches\": {{\"scanned\": {}, \"with_pointers\": {}, \"all_in_hbm\": {}, \"all_in_hbm_share\": {}}}}}"
+            ),
+            stats.allocations,
+            stats.refused,
+            stats.hbm.peak,
+            stats.host.peak,
+            self.enabled,
+            self.up,
+            self.down,
+            self.bytes,
+            self.failed,
+            self.taken,
+            self.skipped,
+            self.nanos as f64 / 1e6,
+            self.launches_scanned,
+            self.launches_with_pointers,
+            self.launches_all_in_hbm,
+            share,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,5 +191,30 @@ mod tests {
         let report = s.report();
         assert!(report.contains("2 allocations (1 with chunks on the host, 0 refused)"), "{report}");
         assert!(report.contains("HBM 4.00 MiB at exit, peak 6.00 MiB; host 0 B at exit, peak 6.00 MiB"), "{report}");
+    }
+
+    #[test]
+    fn moves_shift_bytes_between_tiers_and_are_reported() {
+        let mut s = Stats::default();
+        s.allocated(2 << 20, 4 << 20);
+        s.moved(2 << 20, true);
+        assert_eq!((s.hbm.now, s.host.now), (4 << 20, 2 << 20));
+        s.moved(2 << 20, false);
+        assert_eq!((s.hbm.now, s.host.now), (2 << 20, 4 << 20));
+        let m = Migration {
+            enabled: true,
+            up: 3,
+            down: 1,
+            bytes: 8 << 20,
+            taken: 2,
+            skipped: 5,
+            nanos: 1_500_000,
+            ..Migration::default()
+        };
+        let report = m.report();
+        assert!(report.contains("migration on: 3 chunks up, 1 down (8.00 MiB moved), 0 failed; 2 quiesce points taken (1.5 ms), 5 skipped"), "{report}");
+        assert!(report.contains("launches: 0 scanned, 0 with tiermem pointers, - of those"), "{report}");
+        let json = m.json(&s);
+        assert!(json.contains("\"chunks_up\": 3") && json.contains("\"all_in_hbm_share\": null}}"), "{json}");
     }
 }

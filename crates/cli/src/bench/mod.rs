@@ -160,8 +160,9 @@ pub enum Suite {
         /// The training script.
         #[arg(long, default_value = "bench/transparent_train.py")]
         script: PathBuf,
-        /// Training steps per run (the first is not timed).
-        #[arg(long, default_value_t = 8)]
+        /// Training steps per run (the first is not timed; migration settles over the first
+        /// few, so the median of the rest is the steady state).
+        #[arg(long, default_value_t = 12)]
         steps: usize,
         /// A model of a few hundred MiB: a smoke test of the suite, not a measurement.
         #[arg(long)]

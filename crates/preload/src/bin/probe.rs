@@ -11,8 +11,17 @@
 //! `tiermem-preload-probe budget BYTES` — `cuMemGetInfo_v2` reports `BYTES` as the total.
 //! `tiermem-preload-probe gpu-full` — a budget of 64 MiB on a GPU of 8 MiB: when the GPU is
 //! full before the budget is, the rest of an allocation goes to the host.
+//! `tiermem-preload-probe migrate` — under a budget of 16 MiB, kernels launched on the
+//! allocation that landed on the host bring it up at the next synchronization, and the cold one
+//! goes down; every byte stays (with `TIERMEM_MIGRATE=off`, nothing moves). `migrate-fail CALL N`:
+//! the same with the Nth call of CALL failing mid-migration. `migrate-threads`: threads launch
+//! kernels that write while another synchronizes, and migrates; `migrate-capture`: nothing moves
+//! while a stream capture is under way (src/bin/probe/migration.rs).
 //! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
 //! once under a budget of 16 MiB; every byte reads back, the budget is whole again, nothing leaks.
+
+#[path = "probe/migration.rs"]
+mod migration;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
@@ -98,9 +107,7 @@ impl Cuda {
     }
 
     fn census(&self) -> Census {
-        let f = Self::dlsym(self.handle, c"tiermem_fake_census");
-        // SAFETY: the fake driver's census function: one out-pointer.
-        let census = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut Census) -> Code>(f) };
+        let census: unsafe extern "C" fn(*mut Census) -> Code = self.fake(c"tiermem_fake_census");
         let mut out = Census::default();
         // SAFETY: valid out-pointer.
         assert_eq!(unsafe { census(&mut out) }, 0);
@@ -133,17 +140,42 @@ impl Cuda {
 
     /// Writes a pattern of `seed` over `len` bytes at `ptr` and reads it back.
     fn write_and_verify(&self, ptr: u64, len: usize, seed: u8) {
+        self.write(ptr, len, seed);
+        self.verify(ptr, len, seed);
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed).wrapping_add((i >> 12) as u8)).collect()
+    }
+
+    /// Writes the pattern of `seed` over `len` bytes at `ptr`.
+    fn write(&self, ptr: u64, len: usize, seed: u8) {
         let copy_in: CopyIn = self.get(c"cuMemcpyHtoD", 0);
+        let bytes = Self::pattern(len, seed);
+        // SAFETY: the host buffer holds `len` bytes; `ptr` is device memory of `len` bytes.
+        assert_eq!(unsafe { copy_in(ptr, bytes.as_ptr().cast(), len) }, 0, "cuMemcpyHtoD_v2 to 0x{ptr:x}");
+    }
+
+    /// The `len` bytes at `ptr`.
+    fn read(&self, ptr: u64, len: usize) -> Vec<u8> {
         let copy_out: CopyOut = self.get(c"cuMemcpyDtoH", 0);
-        let bytes: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
         let mut back = vec![0u8; len];
-        // SAFETY: both host buffers hold `len` bytes; `ptr` is device memory of `len` bytes.
-        unsafe {
-            assert_eq!(copy_in(ptr, bytes.as_ptr().cast(), len), 0, "cuMemcpyHtoD_v2 to 0x{ptr:x}");
-            assert_eq!(copy_out(back.as_mut_ptr().cast(), ptr, len), 0, "cuMemcpyDtoH_v2 from 0x{ptr:x}");
-        }
-        let first_bad = bytes.iter().zip(&back).position(|(a, b)| a != b);
+        // SAFETY: the host buffer holds `len` bytes; `ptr` is device memory of `len` bytes.
+        assert_eq!(unsafe { copy_out(back.as_mut_ptr().cast(), ptr, len) }, 0, "cuMemcpyDtoH_v2 from 0x{ptr:x}");
+        back
+    }
+
+    /// Checks that the `len` bytes at `ptr` are the pattern of `seed`.
+    fn verify(&self, ptr: u64, len: usize, seed: u8) {
+        let first_bad = Self::pattern(len, seed).iter().zip(&self.read(ptr, len)).position(|(a, b)| a != b);
         assert_eq!(first_bad, None, "bytes read back differ from those written at 0x{ptr:x}");
+    }
+
+    /// A function of the fake driver's own (not a driver function), as type `F`.
+    fn fake<F: Copy>(&self, name: &CStr) -> F {
+        let f = Self::dlsym(self.handle, name);
+        // SAFETY: `F` is the signature of `name` in crates/fakecuda (the caller names both).
+        unsafe { std::mem::transmute_copy::<*mut c_void, F>(&f) }
     }
 }
 
@@ -173,7 +205,11 @@ fn routing() {
     assert_tiermem(Cuda::dlsym(cuda.handle, c"cuGetProcAddress"), "dlsym(libcuda, cuGetProcAddress)");
     assert_tiermem(Cuda::dlsym(cuda.handle, c"cuMemAlloc_v2"), "dlsym(libcuda, cuMemAlloc_v2)");
     assert_tiermem(Cuda::dlsym(libc::RTLD_DEFAULT, c"cuMemFree_v2"), "dlsym(RTLD_DEFAULT, cuMemFree_v2)");
-    assert_driver(Cuda::dlsym(cuda.handle, c"cuMemcpyHtoD_v2"), "dlsym(libcuda, cuMemcpyHtoD_v2)");
+    assert_tiermem(
+        Cuda::dlsym(cuda.handle, c"cuMemcpyHtoD_v2"),
+        "dlsym(libcuda, cuMemcpyHtoD_v2): copies hold the gate",
+    );
+    assert_driver(Cuda::dlsym(cuda.handle, c"cuDeviceGet"), "dlsym(libcuda, cuDeviceGet)");
 
     let alloc = cuda.proc(c"cuMemAlloc", 12000, 0).2;
     assert_tiermem(alloc, "cuGetProcAddress(cuMemAlloc)");
@@ -187,8 +223,16 @@ fn routing() {
     assert_tiermem(cuda.proc(c"cuMemFreeAsync", 12000, PER_THREAD).2, "cuMemFreeAsync_ptsz");
     assert_tiermem(cuda.proc(c"cuGetProcAddress", 12000, 0).2, "cuGetProcAddress(cuGetProcAddress)");
     assert_tiermem(cuda.proc(c"cuMemGetInfo", 12000, 0).2, "cuGetProcAddress(cuMemGetInfo)");
-    assert_driver(cuda.proc(c"cuStreamSynchronize", 12000, PER_THREAD).2, "cuStreamSynchronize_ptsz");
-    assert_driver(cuda.proc(c"cuCtxSynchronize", 12000, 0).2, "cuCtxSynchronize");
+    let sync = cuda.proc(c"cuStreamSynchronize", 12000, PER_THREAD).2;
+    assert_tiermem(sync, "cuStreamSynchronize_ptsz (a quiesce point)");
+    assert_eq!(sync, Cuda::dlsym(cuda.handle, c"cuStreamSynchronize_ptsz"));
+    assert_tiermem(cuda.proc(c"cuCtxSynchronize", 12000, 0).2, "cuCtxSynchronize");
+    let (launch, launch_ptsz) =
+        (cuda.proc(c"cuLaunchKernel", 12000, 0).2, cuda.proc(c"cuLaunchKernel", 12000, PER_THREAD).2);
+    assert_tiermem(launch, "cuLaunchKernel");
+    assert_tiermem(launch_ptsz, "cuLaunchKernel_ptsz");
+    assert_ne!(launch, launch_ptsz, "each launch flavour has its wrapper");
+    assert_driver(cuda.proc(c"cuFuncGetParamInfo", 12040, 0).2, "cuFuncGetParamInfo");
 
     // The driver's own refusals come back unchanged: an old version, an unknown name.
     let (code, status, f) = cuda.proc(c"cuMemAllocAsync", 11000, 0);
@@ -452,9 +496,14 @@ fn main() {
         ["budget", bytes] => budget(bytes.parse().expect("budget BYTES")),
         ["threads"] => threads(),
         ["gpu-full"] => gpu_full(),
+        ["migrate"] => migration::migrate(),
+        ["migrate-fail", call, nth] => migration::migrate_fail(call, nth.parse().expect("migrate-fail CALL N")),
+        ["migrate-threads"] => migration::threads(),
+        ["migrate-capture"] => migration::capture(),
         _ => {
             eprintln!(
-                "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full"
+                "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
+                 | migrate | migrate-fail CALL N | migrate-threads | migrate-capture"
             );
             std::process::exit(2);
         }

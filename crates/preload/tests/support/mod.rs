@@ -43,7 +43,9 @@ pub fn probe(test: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let dir = fake_driver_dir(test);
     let mut command = Command::new(env!("CARGO_BIN_EXE_tiermem-preload-probe"));
     command.args(args).env("LD_PRELOAD", preload_library()).env("LD_LIBRARY_PATH", library_path(&dir));
-    for var in ["TIERMEM_HBM_LIMIT", "TIERMEM_STATS", "TIERMEM_FAKE_HBM", "TIERMEM_FAKE_HOST_CHUNKS"] {
+    for var in
+        ["TIERMEM_HBM_LIMIT", "TIERMEM_STATS", "TIERMEM_STATS_JSON", "TIERMEM_FAKE_HBM", "TIERMEM_FAKE_HOST_CHUNKS"]
+    {
         command.env_remove(var);
     }
     command.envs(env.iter().copied());

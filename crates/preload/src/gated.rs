@@ -1,0 +1,172 @@
+//! The routed calls around migration, other than launches (launch.rs): copies and memsets hold
+//! the gate while they enqueue (gate.rs), synchronizations are quiesce points (migrate.rs), and
+//! stream captures and the program's own contexts forbid migration while they matter.
+//!
+//! Copies and memsets are routed because another thread may enqueue one that touches a chunk
+//! while it is being moved. The family routed is the one a CUDA program uses on linear device
+//! memory, each with its per-thread variant (`_ptds` for the synchronous ones, `_ptsz` for the
+//! asynchronous ones). PyTorch's copies come through `cuMemcpyAsync` (most of `copy_`),
+//! `cuMemcpyHtoDAsync_v2`/`cuMemcpyDtoHAsync_v2`/`cuMemcpyDtoDAsync_v2` (explicit directions),
+//! `cuMemcpy2DAsync_v2` (strided copies), `cuMemcpyPeerAsync` (between GPUs) and
+//! `cuMemsetD8Async`/`cuMemsetD32Async` (`zero_`, `fill_` of bytes); all are here. Not routed
+//! (docs/transparent.md lists them): copies to and from CUDA arrays (`cuMemcpyAtoD_v2`…),
+//! `cuMemcpyBatchAsync` and `cuMemcpy3DBatchAsync` (CUDA 12.8), stream memory operations
+//! (`cuStreamWriteValue32`…), and anything reached without the driver's exported entry points.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_SUCCESS};
+use crate::driver::Stream;
+use crate::gate;
+use crate::wrappers::wrappers;
+
+type Ctx = *mut c_void;
+type Desc = *const c_void;
+
+/// Holds the gate while the driver enqueues the call.
+pub fn enqueue(_name: &'static str, call: impl FnOnce() -> CuResult) -> CuResult {
+    if inside() {
+        return to_driver(call);
+    }
+    let _gate = gate::shared();
+    to_driver(call)
+}
+
+/// The driver's synchronization, then a quiesce point if it succeeded.
+fn quiesce(name: &'static str, call: impl FnOnce() -> CuResult) -> CuResult {
+    let code = to_driver(call);
+    if code == CUDA_SUCCESS && !inside() {
+        guard(name, || {
+            crate::migrate::quiesce_point(name);
+            CUDA_SUCCESS
+        });
+    }
+    code
+}
+
+/// A capture that began forbids migration until it ends.
+fn capture_begins(_name: &'static str, call: impl FnOnce() -> CuResult) -> CuResult {
+    // Counted before the call, under the gate: a migration either finished before the capture
+    // begins, or sees it counted once it holds the gate (and then does not synchronize).
+    let _gate = (!inside()).then(gate::shared);
+    gate::capture(1);
+    let code = to_driver(call);
+    if code != CUDA_SUCCESS {
+        gate::capture(-1);
+    }
+    code
+}
+
+/// `cuStreamEndCapture`: the capture is over when it succeeds or reports the capture broken
+/// (`CUDA_ERROR_STREAM_CAPTURE_*`, 900 to 908); other errors (not capturing, a bad handle) end none.
+fn capture_ends(_name: &'static str, call: impl FnOnce() -> CuResult) -> CuResult {
+    let code = to_driver(call);
+    if code == CUDA_SUCCESS || (900..=908).contains(&code) {
+        gate::capture(-1);
+    }
+    code
+}
+
+/// A context of the program's own: migration stops (gate.rs says why).
+fn context_created(name: &'static str, call: impl FnOnce() -> CuResult) -> CuResult {
+    {
+        // As for a capture: a migration under way finishes first, a later one sees the mark.
+        let _gate = (!inside()).then(gate::shared);
+        gate::own_context();
+    }
+    crate::migrate::stop(
+        name,
+        "the program creates a CUDA context of its own; migration waits only for primary contexts",
+    );
+    to_driver(call)
+}
+
+wrappers! { copy_routes:
+    cuMemcpy(dst: u64, src: u64, bytes: usize) => enqueue;
+    cuMemcpy_ptds(dst: u64, src: u64, bytes: usize) => enqueue;
+    cuMemcpyAsync(dst: u64, src: u64, bytes: usize, stream: Stream) => enqueue;
+    cuMemcpyAsync_ptsz(dst: u64, src: u64, bytes: usize, stream: Stream) => enqueue;
+    cuMemcpyPeer(dst: u64, dst_ctx: Ctx, src: u64, src_ctx: Ctx, bytes: usize) => enqueue;
+    cuMemcpyPeer_ptds(dst: u64, dst_ctx: Ctx, src: u64, src_ctx: Ctx, bytes: usize) => enqueue;
+    cuMemcpyPeerAsync(dst: u64, dst_ctx: Ctx, src: u64, src_ctx: Ctx, bytes: usize, stream: Stream) => enqueue;
+    cuMemcpyPeerAsync_ptsz(dst: u64, dst_ctx: Ctx, src: u64, src_ctx: Ctx, bytes: usize, stream: Stream) => enqueue;
+    cuMemcpyHtoD_v2(dst: u64, src: *const c_void, bytes: usize) => enqueue;
+    cuMemcpyHtoD_v2_ptds(dst: u64, src: *const c_void, bytes: usize) => enqueue;
+    cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, bytes: usize) => enqueue;
+    cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: u64, bytes: usize) => enqueue;
+    cuMemcpyDtoD_v2(dst: u64, src: u64, bytes: usize) => enqueue;
+    cuMemcpyDtoD_v2_ptds(dst: u64, src: u64, bytes: usize) => enqueue;
+    cuMemcpyHtoDAsync_v2(dst: u64, src: *const c_void, bytes: usize, stream: Stream) => enqueue;
+    cuMemcpyHtoDAsync_v2_ptsz(dst: u64, src: *const c_void, bytes: usize, stream: Stream) => enqueue;
+    cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, bytes: usize, stream: Stream) => enqueue;
+    cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: u64, bytes: usize, stream: Stream) => enqueue;
+    cuMemcpyDtoDAsync_v2(dst: u64, src: u64, bytes: usize, stream: Stream) => enqueue;
+    cuMemcpyDtoDAsync_v2_ptsz(dst: u64, src: u64, bytes: usize, stream: Stream) => enqueue;
+    cuMemcpy2D_v2(copy: Desc) => enqueue;
+    cuMemcpy2D_v2_ptds(copy: Desc) => enqueue;
+    cuMemcpy2DUnaligned_v2(copy: Desc) => enqueue;
+    cuMemcpy2DUnaligned_v2_ptds(copy: Desc) => enqueue;
+    cuMemcpy2DAsync_v2(copy: Desc, stream: Stream) => enqueue;
+    cuMemcpy2DAsync_v2_ptsz(copy: Desc, stream: Stream) => enqueue;
+    cuMemcpy3D_v2(copy: Desc) => enqueue;
+    cuMemcpy3D_v2_ptds(copy: Desc) => enqueue;
+    cuMemcpy3DAsync_v2(copy: Desc, stream: Stream) => enqueue;
+    cuMemcpy3DAsync_v2_ptsz(copy: Desc, stream: Stream) => enqueue;
+    cuMemcpy3DPeer(copy: Desc) => enqueue;
+    cuMemcpy3DPeer_ptds(copy: Desc) => enqueue;
+    cuMemcpy3DPeerAsync(copy: Desc, stream: Stream) => enqueue;
+    cuMemcpy3DPeerAsync_ptsz(copy: Desc, stream: Stream) => enqueue;
+}
+
+wrappers! { memset_routes:
+    cuMemsetD8_v2(dst: u64, value: u8, count: usize) => enqueue;
+    cuMemsetD8_v2_ptds(dst: u64, value: u8, count: usize) => enqueue;
+    cuMemsetD16_v2(dst: u64, value: u16, count: usize) => enqueue;
+    cuMemsetD16_v2_ptds(dst: u64, value: u16, count: usize) => enqueue;
+    cuMemsetD32_v2(dst: u64, value: c_uint, count: usize) => enqueue;
+    cuMemsetD32_v2_ptds(dst: u64, value: c_uint, count: usize) => enqueue;
+    cuMemsetD2D8_v2(dst: u64, pitch: usize, value: u8, width: usize, height: usize) => enqueue;
+    cuMemsetD2D8_v2_ptds(dst: u64, pitch: usize, value: u8, width: usize, height: usize) => enqueue;
+    cuMemsetD2D16_v2(dst: u64, pitch: usize, value: u16, width: usize, height: usize) => enqueue;
+    cuMemsetD2D16_v2_ptds(dst: u64, pitch: usize, value: u16, width: usize, height: usize) => enqueue;
+    cuMemsetD2D32_v2(dst: u64, pitch: usize, value: c_uint, width: usize, height: usize) => enqueue;
+    cuMemsetD2D32_v2_ptds(dst: u64, pitch: usize, value: c_uint, width: usize, height: usize) => enqueue;
+    cuMemsetD8Async(dst: u64, value: u8, count: usize, stream: Stream) => enqueue;
+    cuMemsetD8Async_ptsz(dst: u64, value: u8, count: usize, stream: Stream) => enqueue;
+    cuMemsetD16Async(dst: u64, value: u16, count: usize, stream: Stream) => enqueue;
+    cuMemsetD16Async_ptsz(dst: u64, value: u16, count: usize, stream: Stream) => enqueue;
+    cuMemsetD32Async(dst: u64, value: c_uint, count: usize, stream: Stream) => enqueue;
+    cuMemsetD32Async_ptsz(dst: u64, value: c_uint, count: usize, stream: Stream) => enqueue;
+    cuMemsetD2D8Async(dst: u64, pitch: usize, value: u8, width: usize, height: usize, stream: Stream) => enqueue;
+    cuMemsetD2D8Async_ptsz(dst: u64, pitch: usize, value: u8, width: usize, height: usize, stream: Stream) => enqueue;
+    cuMemsetD2D16Async(dst: u64, pitch: usize, value: u16, width: usize, height: usize, stream: Stream) => enqueue;
+    cuMemsetD2D16Async_ptsz(dst: u64, pitch: usize, value: u16, width: usize, height: usize, stream: Stream) => enqueue;
+    cuMemsetD2D32Async(dst: u64, pitch: usize, value: c_uint, width: usize, height: usize, stream: Stream) => enqueue;
+    cuMemsetD2D32Async_ptsz(dst: u64, pitch: usize, value: c_uint, width: usize, height: usize, stream: Stream) => enqueue;
+}
+
+wrappers! { sync_routes:
+    cuCtxSynchronize() => quiesce;
+    cuStreamSynchronize(stream: Stream) => quiesce;
+    cuStreamSynchronize_ptsz(stream: Stream) => quiesce;
+    cuEventSynchronize(event: *mut c_void) => quiesce;
+    cuGraphLaunch(graph: *mut c_void, stream: Stream) => enqueue;
+    cuGraphLaunch_ptsz(graph: *mut c_void, stream: Stream) => enqueue;
+}
+
+wrappers! { capture_routes:
+    cuStreamBeginCapture_v2(stream: Stream, mode: c_int) => capture_begins;
+    cuStreamBeginCapture_v2_ptsz(stream: Stream, mode: c_int) => capture_begins;
+    cuStreamBeginCaptureToGraph(
+        stream: Stream, graph: *mut c_void, deps: *const c_void, data: *const c_void, count: usize, mode: c_int
+    ) => capture_begins;
+    cuStreamBeginCaptureToGraph_ptsz(
+        stream: Stream, graph: *mut c_void, deps: *const c_void, data: *const c_void, count: usize, mode: c_int
+    ) => capture_begins;
+    cuStreamEndCapture(stream: Stream, graph: *mut *mut c_void) => capture_ends;
+    cuStreamEndCapture_ptsz(stream: Stream, graph: *mut *mut c_void) => capture_ends;
+    cuCtxCreate_v2(ctx: *mut Ctx, flags: c_uint, device: c_int) => context_created;
+    cuCtxCreate_v3(ctx: *mut Ctx, params: *mut c_void, count: c_int, flags: c_uint, device: c_int) => context_created;
+    cuCtxCreate_v4(ctx: *mut Ctx, params: *mut c_void, flags: c_uint, device: c_int) => context_created;
+    cuGreenCtxCreate(ctx: *mut Ctx, desc: *mut c_void, device: c_int, flags: c_uint) => context_created;
+}

@@ -1,0 +1,195 @@
+//! Kernel launches: each holds the gate while it enqueues (gate.rs), and its arguments are
+//! scanned for pointers into tiermem's allocations, the launch-argument analysis of GDM (§5): a
+//! buffer passed to a kernel is hot (hotness.rs counts them).
+//!
+//! The arguments come one of two ways. `kernelParams` is an array of pointers, one per kernel
+//! parameter, whose sizes only the kernel knows: `cuFuncGetParamInfo` (CUDA 12.4) answers them
+//! for a `CUfunction`, `cuKernelGetParamInfo` for a `CUkernel` passed in its place (the CUDA
+//! runtime's library kernels). `extra` may instead carry one packed buffer
+//! (`CU_LAUNCH_PARAM_BUFFER_POINTER`, `CU_LAUNCH_PARAM_BUFFER_SIZE`). Either way the whole
+//! payload is read as 8-byte words at 8-byte offsets from each parameter's start — a pointer
+//! argument is one word, and PyTorch's `multi_tensor_apply` passes arrays of addresses inside
+//! one struct, so every word is a candidate, not only parameters of 8 bytes. A word that falls
+//! in no allocation (most of them: sizes, strides, scalars) is dropped after two compares.
+//! Where the driver cannot say a kernel's parameters (older than 12.4), its launches carry no
+//! hotness: they still hold the gate, which is what safety needs.
+//!
+//! While no chunk is on the host no launch is scanned at all: nothing could move up, so the
+//! hotness would be wasted, and a program that fits pays the gate only.
+
+use std::cell::RefCell;
+use std::ffi::{c_uint, c_void};
+
+use crate::boundary::{enter, inside, to_driver, CuResult, CUDA_SUCCESS};
+use crate::driver::{driver, Stream};
+use crate::gate;
+use crate::hotness;
+use crate::wrappers::wrappers;
+
+type Function = *mut c_void;
+type Params = *mut *mut c_void;
+
+/// `CU_LAUNCH_PARAM_*`: the keys of `extra`.
+const PARAM_END: usize = 0;
+const PARAM_BUFFER_POINTER: usize = 1;
+const PARAM_BUFFER_SIZE: usize = 2;
+/// More parameters than any kernel has (the driver's limit is 32 KiB of them): a bound on the
+/// loop asking for them, in case a driver never answers "no such parameter".
+const MAX_PARAMS: usize = 4096;
+/// At most this many (key, value) pairs of `extra` are read.
+const MAX_EXTRA: usize = 16;
+
+thread_local! {
+    /// The candidate pointers of the launch being scanned (kept to spare an allocation per launch).
+    static FOUND: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Holds the gate, records the launch's pointers if hotness is wanted, enqueues.
+fn launch(
+    _name: &'static str,
+    call: impl FnOnce() -> CuResult,
+    f: Function,
+    params: Params,
+    extra: Params,
+) -> CuResult {
+    if inside() {
+        return to_driver(call);
+    }
+    let _gate = gate::shared();
+    if hotness::watching() {
+        let _inside = enter();
+        // A bug in scanning must not stop the launch: a panic only loses this launch's hotness.
+        // SAFETY: the caller's launch arguments, which the driver is about to read the same way.
+        let _ = std::panic::catch_unwind(|| unsafe { record(f, params, extra) });
+    }
+    to_driver(call)
+}
+
+/// `launch` for `cuLaunchKernelEx`, whose configuration comes first.
+fn launch_ex(
+    name: &'static str,
+    call: impl FnOnce() -> CuResult,
+    f: Function,
+    params: Params,
+    extra: Params,
+) -> CuResult {
+    launch(name, call, f, params, extra)
+}
+
+/// `launch` for `cuLaunchCooperativeKernel`, which has no `extra`.
+fn launch_cooperative(name: &'static str, call: impl FnOnce() -> CuResult, f: Function, params: Params) -> CuResult {
+    launch(name, call, f, params, std::ptr::null_mut())
+}
+
+/// Scans one launch's arguments and records the words that fall in tiermem's allocations.
+///
+/// # Safety
+/// `params` and `extra` as the driver's launch functions take them for kernel `f`.
+unsafe fn record(f: Function, params: Params, extra: Params) {
+    FOUND.with(|found| {
+        let mut found = found.borrow_mut();
+        found.clear();
+        if !params.is_null() {
+            // SAFETY: passed on from the caller.
+            unsafe { scan_params(f, params, &mut found) };
+        } else if !extra.is_null() {
+            // SAFETY: passed on from the caller.
+            unsafe { scan_extra(extra, &mut found) };
+        }
+        hotness::record(&found);
+    });
+}
+
+/// The size of parameter `index` of `f`, or `None` past the last (or if the driver cannot say).
+fn param_size(f: Function, index: usize) -> Option<usize> {
+    let driver = driver()?;
+    let (mut offset, mut size) = (0usize, 0usize);
+    for info in [driver.func_get_param_info, driver.kernel_get_param_info].into_iter().flatten() {
+        // SAFETY: valid out-pointers; the driver validates the handle and the index.
+        if unsafe { info(f, index, &mut offset, &mut size) } == CUDA_SUCCESS {
+            return Some(size);
+        }
+        if index > 0 {
+            // The kind of handle is settled by parameter 0: an error now means past the last.
+            return None;
+        }
+    }
+    None
+}
+
+/// # Safety
+/// `params` holds one pointer per parameter of `f`, each to that parameter's value.
+unsafe fn scan_params(f: Function, params: Params, found: &mut Vec<u64>) {
+    // Parameter 0 decides which query knows `f`; a kernel without parameters answers none.
+    let mut index = 0;
+    while index < MAX_PARAMS {
+        let Some(size) = param_size(f, index) else { break };
+        // SAFETY: `params` has an entry for each parameter the kernel has.
+        let value = unsafe { *params.add(index) };
+        if !value.is_null() {
+            // SAFETY: the entry points to the parameter's `size` bytes.
+            unsafe { scan_words(value.cast::<u8>(), size, found) };
+        }
+        index += 1;
+    }
+}
+
+/// # Safety
+/// `extra` is a `CU_LAUNCH_PARAM_END`-terminated list of (key, value) pairs, as the driver takes it.
+unsafe fn scan_extra(extra: Params, found: &mut Vec<u64>) {
+    let (mut buffer, mut size): (*const u8, Option<usize>) = (std::ptr::null(), None);
+    for pair in 0..MAX_EXTRA {
+        // SAFETY: the list holds pairs until its END key (read first).
+        let key = unsafe { *extra.add(2 * pair) } as usize;
+        if key == PARAM_END {
+            break;
+        }
+        // SAFETY: as above: a key other than END has its value after it.
+        let value = unsafe { *extra.add(2 * pair + 1) };
+        match key {
+            PARAM_BUFFER_POINTER => buffer = value.cast::<u8>(),
+            // SAFETY: the BUFFER_SIZE value points to a size_t.
+            PARAM_BUFFER_SIZE if !value.is_null() => size = Some(unsafe { *value.cast::<usize>() }),
+            _ => {}
+        }
+    }
+    if let (false, Some(size)) = (buffer.is_null(), size) {
+        // SAFETY: the buffer holds `size` bytes: the launch's packed arguments.
+        unsafe { scan_words(buffer, size, found) };
+    }
+}
+
+/// Each 8-byte word at an 8-byte offset in `bytes..bytes+len` that may be a pointer of tiermem's.
+///
+/// # Safety
+/// `bytes` valid for reads of `len` bytes (no alignment needed).
+unsafe fn scan_words(bytes: *const u8, len: usize, found: &mut Vec<u64>) {
+    for offset in (0..len / 8).map(|word| word * 8) {
+        // SAFETY: `offset + 8 <= len`; an unaligned read of a plain integer.
+        let word = unsafe { bytes.add(offset).cast::<u64>().read_unaligned() };
+        if hotness::may_hold(word) {
+            found.push(word);
+        }
+    }
+}
+
+wrappers! { launch_routes:
+    cuLaunchKernel(
+        f: Function, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: Stream, params: Params, extra: Params
+    ) => launch(f, params, extra);
+    cuLaunchKernel_ptsz(
+        f: Function, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: Stream, params: Params, extra: Params
+    ) => launch(f, params, extra);
+    cuLaunchKernelEx(config: *const c_void, f: Function, params: Params, extra: Params) => launch_ex(f, params, extra);
+    cuLaunchKernelEx_ptsz(config: *const c_void, f: Function, params: Params, extra: Params) => launch_ex(f, params, extra);
+    cuLaunchCooperativeKernel(
+        f: Function, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: Stream, params: Params
+    ) => launch_cooperative(f, params);
+    cuLaunchCooperativeKernel_ptsz(
+        f: Function, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: Stream, params: Params
+    ) => launch_cooperative(f, params);
+}

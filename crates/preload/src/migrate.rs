@@ -1,0 +1,380 @@
+//! Migration at quiesce points: when the program synchronizes (gated.rs), chunks that launches
+//! show to be hot come up from the host and cold ones go down, at the same addresses.
+//!
+//! # When
+//!
+//! A successful `cuCtxSynchronize`, `cuStreamSynchronize(_ptsz)` or `cuEventSynchronize` is a
+//! quiesce point: the program waits anyway (PyTorch's `loss.item()` every step). One is *taken*
+//! only if all of these hold, else it is *skipped* at the cost of a few atomic reads:
+//! migration is on (`TIERMEM_MIGRATE`); some chunk is on the host; no other thread is
+//! migrating; no stream capture is under way and the program made no context of its own
+//! (gate.rs); the last evaluation was at least `TIERMEM_MIGRATE_INTERVAL_MS` ago (100 ms: a
+//! program that synchronizes after every kernel pays the evaluation, ~1 ms for thousands of
+//! chunks, at most ten times a second); and the plan for the epoch's heats (moves.rs) is not
+//! empty. Each evaluation ends the hotness epoch.
+//!
+//! # How
+//!
+//! Holding the gate exclusively (no routed work is enqueued meanwhile), tiermem waits for the
+//! context (`cuCtxSynchronize`: nothing in flight touches a chunk), then moves in two batches,
+//! the chunks going down first, so that the HBM they free is what the chunks coming up land
+//! in (the GPU never holds more than the budget) and no chunk is created for them. A batch of
+//! moves, each a chunk's address, its physical chunk and a new one at the other location:
+//!
+//! 1. maps every new chunk at a scratch address (a reservation kept per GPU) with access;
+//! 2. copies every chunk's bytes to its new chunk, on the legacy stream, and waits;
+//! 3. unmaps the scratch addresses, then for each move unmaps the chunk's address and maps the
+//!    new chunk there (with access).
+//!
+//! All maps come before all copies, and the copies are done before the remaps: on some
+//! machines `cuMemMap`/`cuMemSetAccess` wait for copies in flight in one direction.
+//! Any failure leaves that chunk where it was, its bytes intact: before step 3 nothing the
+//! program sees has changed; in step 3 a failed map puts the old chunk back at the address.
+//! Host chunks freed by moves up are kept as spares for the next moves down (creating a host
+//! chunk costs ~0.7 ms), at most a batch of them, until the GPU's last allocation is freed.
+//!
+//! Locking: the migration state's mutex (one migration at a time), then the gate, then the
+//! process state (process.rs), then the hotness index; the process lock is held through the
+//! moves, so no allocation or free of the GPU's memory interleaves with them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
+use std::time::{Duration, Instant};
+
+use tiermem_mechanism::{ChunkLocation, Device, PhysHandle, StreamHandle};
+
+use crate::boundary::{log, CUDA_SUCCESS};
+use crate::driver::driver;
+use crate::hotness::{self, Heats};
+use crate::moves::{self, Candidate, Plan};
+use crate::placement::Tier;
+use crate::process::{self, Process};
+use crate::{gate, stats};
+
+/// Quiesce points a chunk that moved stays where it is, whatever its heat.
+const COOLDOWN: u64 = 2;
+
+/// The knobs, read once from the environment (docs/transparent.md).
+struct Config {
+    enabled: bool,
+    interval: Duration,
+    batch: usize,
+}
+
+fn config() -> &'static Config {
+    static CONFIG: OnceLock<Config> = OnceLock::new();
+    CONFIG.get_or_init(|| {
+        let number = |name: &str, default: u64| match std::env::var(name) {
+            Err(_) => default,
+            Ok(text) => text.trim().parse().unwrap_or_else(|_| {
+                log(name, &format!("{text:?} is not a whole number"), &format!("using {default}"));
+                default
+            }),
+        };
+        let enabled = match std::env::var("TIERMEM_MIGRATE").as_deref() {
+            Err(_) | Ok("on" | "1" | "true" | "") => true,
+            Ok("off" | "0" | "false") => false,
+            Ok(other) => {
+                log("TIERMEM_MIGRATE", &format!("{other:?} is neither on nor off"), "migrating (on)");
+                true
+            }
+        };
+        let interval = Duration::from_millis(number("TIERMEM_MIGRATE_INTERVAL_MS", 100));
+        let batch = number("TIERMEM_MIGRATE_BATCH", 256).max(1) as usize;
+        Config { enabled, interval, batch }
+    })
+}
+
+/// Whether migration is on (`TIERMEM_MIGRATE`, default on).
+pub fn enabled() -> bool {
+    config().enabled
+}
+
+/// What migration keeps per GPU between quiesce points.
+#[derive(Default)]
+struct Tools {
+    /// A reservation of a batch of chunks, where new chunks are mapped to be copied into.
+    scratch: Option<u64>,
+    /// Host chunks, unmapped, ready to take a chunk going down.
+    spares: Vec<PhysHandle>,
+}
+
+#[derive(Default)]
+struct State {
+    last: Option<Instant>,
+    evaluations: u64,
+    /// Chunk address → the evaluation that last moved it.
+    moved_at: HashMap<u64, u64>,
+    gpus: BTreeMap<usize, Tools>,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+/// The migration state, unless another thread holds it (migrating).
+fn try_state() -> Option<MutexGuard<'static, Option<State>>> {
+    match STATE.try_lock() {
+        Ok(state) => Some(state),
+        // A panic mid-migration left the books as far as the moves that succeeded: still valid.
+        Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+/// The counters `--stats` reports.
+static TAKEN: AtomicU64 = AtomicU64::new(0);
+static SKIPPED: AtomicU64 = AtomicU64::new(0);
+static UP: AtomicU64 = AtomicU64::new(0);
+static DOWN: AtomicU64 = AtomicU64::new(0);
+static FAILED: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+static NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// Logs `why` migration stops, once per process.
+pub fn stop(call: &str, why: &str) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if enabled() && !SAID.swap(true, Relaxed) {
+        log(call, why, "chunks stay where they are from now on (said once)");
+    }
+}
+
+/// A quiesce point: the program's synchronization `call` just succeeded (module documentation).
+pub fn quiesce_point(call: &str) {
+    let config = config();
+    if !config.enabled || !hotness::watching() {
+        return;
+    }
+    let Some(mut state) = try_state() else {
+        SKIPPED.fetch_add(1, Relaxed);
+        return;
+    };
+    let state = state.get_or_insert_with(State::default);
+    let now = Instant::now();
+    if gate::forbidden().is_some() || state.last.is_some_and(|last| now - last < config.interval) {
+        SKIPPED.fetch_add(1, Relaxed);
+        return;
+    }
+    state.last = Some(now);
+    state.evaluations += 1;
+    let heats = hotness::take_epoch();
+    let Some(Ok(ordinal)) = process::current_gpu() else { return };
+    if plan_for(&process::lock(), ordinal, &heats, state, config.batch).0.is_empty() {
+        SKIPPED.fetch_add(1, Relaxed);
+        return;
+    }
+    let _gate = gate::exclusive();
+    let started = Instant::now();
+    // A capture that began before the gate was taken makes a context synchronization illegal.
+    let synced = gate::forbidden().is_none()
+        // SAFETY: the driver's cuCtxSynchronize, on this thread's current context.
+        && driver().and_then(|d| d.ctx_synchronize).is_some_and(|sync| unsafe { sync() } == CUDA_SUCCESS);
+    if !synced {
+        SKIPPED.fetch_add(1, Relaxed);
+        return;
+    }
+    let mut p = process::lock();
+    let (plan, ids) = plan_for(&p, ordinal, &heats, state, config.batch);
+    execute(call, &mut p, ordinal, &plan, &ids, state, config.batch);
+    TAKEN.fetch_add(1, Relaxed);
+    NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+}
+
+/// A chunk: its allocation's start and its index there.
+type ChunkId = (u64, usize);
+
+/// The plan for GPU `ordinal`'s chunks, and the chunk each id of it names.
+fn plan_for(p: &Process, ordinal: usize, heats: &Heats, state: &State, batch: usize) -> (Plan, Vec<ChunkId>) {
+    let Some(gpu) = p.gpus.get(&ordinal).filter(|gpu| gpu.device.is_some()) else { return Default::default() };
+    let (mut candidates, mut ids) = (Vec::new(), Vec::new());
+    for allocation in p.books.iter().filter(|a| a.ordinal == ordinal) {
+        let heat = heats.get(&allocation.va);
+        for (index, &(_, tier)) in allocation.chunks.iter().enumerate() {
+            let address = allocation.va + (index * gpu.chunk) as u64;
+            let cooling = state.moved_at.get(&address).is_some_and(|&at| state.evaluations - at <= COOLDOWN);
+            let heat = heat.and_then(|h| h.get(index)).copied().unwrap_or(0);
+            candidates.push(Candidate { id: ids.len(), on_host: tier == Tier::Host, heat, cooling });
+            ids.push((allocation.va, index));
+        }
+    }
+    let room = gpu.budget.saturating_sub(gpu.hbm_used) / gpu.chunk.max(1);
+    (moves::plan(&candidates, room, batch), ids)
+}
+
+/// One chunk to move: its address, its physical chunk now, the one it moves to.
+struct Move {
+    id: ChunkId,
+    address: u64,
+    old: PhysHandle,
+    new: PhysHandle,
+}
+
+/// Carries out `plan` on GPU `ordinal` (module documentation): down first, then up.
+fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[ChunkId], state: &mut State, batch: usize) {
+    let Some(gpu) = p.gpus.get(&ordinal) else { return };
+    let (Some(device), chunk) = (gpu.device.clone(), gpu.chunk) else { return };
+    let device = device.as_ref();
+    let tools = state.gpus.entry(ordinal).or_default();
+    let scratch = match tools.scratch {
+        Some(scratch) => scratch,
+        None => match device.reserve(batch * chunk) {
+            Ok(va) => *tools.scratch.insert(va),
+            Err(why) => return log(call, &format!("no scratch address range ({why})"), "nothing moved"),
+        },
+    };
+    let evaluation = state.evaluations;
+    let address = |&(va, index): &ChunkId| va + (index * chunk) as u64;
+    let handle = |p: &Process, id: ChunkId| p.books.get(id.0).map(|a| a.chunks[id.1].0);
+
+    // Down: into spare host chunks, or new ones.
+    let mut down = Vec::new();
+    for &id in plan.down.iter().map(|&i| &ids[i]) {
+        let Some(old) = handle(p, id) else { continue };
+        let Some(new) = tools.spares.pop().or_else(|| device.create_chunk_at(ChunkLocation::Host).ok()) else { break };
+        down.push(Move { id, address: address(&id), old, new });
+    }
+    let mut freed_hbm = Vec::new();
+    for (m, moved) in down.iter().zip(move_batch(call, device, scratch, chunk, &down)) {
+        if moved {
+            settle(p, ordinal, m, Tier::Host, chunk);
+            freed_hbm.push(m.old);
+            state.moved_at.insert(m.address, evaluation);
+        } else {
+            tools.spares.push(m.new);
+        }
+    }
+
+    // Up: into the HBM just freed, or new chunks, as far as the budget has room.
+    let room = p.gpus.get(&ordinal).map_or(0, |g| g.budget.saturating_sub(g.hbm_used) / chunk);
+    let mut up = Vec::new();
+    for &id in plan.up.iter().take(room).map(|&i| &ids[i]) {
+        let Some(old) = handle(p, id) else { continue };
+        let Some(new) = freed_hbm.pop().or_else(|| device.create_chunk_at(ChunkLocation::Gpu(ordinal)).ok()) else {
+            break;
+        };
+        up.push(Move { id, address: address(&id), old, new });
+    }
+    for (m, moved) in up.iter().zip(move_batch(call, device, scratch, chunk, &up)) {
+        if moved {
+            settle(p, ordinal, m, Tier::Hbm, chunk);
+            tools.spares.push(m.old);
+            state.moved_at.insert(m.address, evaluation);
+        } else {
+            freed_hbm.push(m.new);
+        }
+    }
+    let extra = tools.spares.len().saturating_sub(batch);
+    for handle in freed_hbm.into_iter().chain(tools.spares.drain(..extra)) {
+        let _ = device.release_chunk(handle);
+    }
+    state.moved_at.retain(|_, &mut at| evaluation - at <= COOLDOWN);
+}
+
+/// The books after move `m` to `tier` succeeded: the chunk's handle and tier, the budget, stats.
+fn settle(p: &mut Process, ordinal: usize, m: &Move, tier: Tier, chunk: usize) {
+    if let Some(slot) = p.books.get_mut(m.id.0).and_then(|a| a.chunks.get_mut(m.id.1)) {
+        *slot = (m.new, tier);
+    }
+    if let Some(gpu) = p.gpus.get_mut(&ordinal) {
+        gpu.hbm_used = if tier == Tier::Hbm { gpu.hbm_used + chunk } else { gpu.hbm_used.saturating_sub(chunk) };
+    }
+    p.stats.moved(chunk, tier == Tier::Hbm);
+    hotness::moved(m.id.0, m.id.1, tier == Tier::Host);
+    (if tier == Tier::Hbm { &UP } else { &DOWN }).fetch_add(1, Relaxed);
+    BYTES.fetch_add(chunk as u64, Relaxed);
+}
+
+/// Moves each of `moves` (at most a batch) whose every step succeeds; which did.
+fn move_batch(call: &str, device: &dyn Device, scratch: u64, chunk: usize, moves: &[Move]) -> Vec<bool> {
+    let slot = |i: usize| scratch + (i * chunk) as u64;
+    let mut ok: Vec<bool> = (0..moves.len())
+        .map(|i| match device.map(slot(i), moves[i].new) {
+            Ok(()) if device.set_access(slot(i), chunk).is_ok() => true,
+            Ok(()) => {
+                // Should this fail too, the slot stays mapped and later maps there fail: safe.
+                let _ = device.unmap(slot(i), chunk);
+                false
+            }
+            Err(_) => false,
+        })
+        .collect();
+    let mapped = ok.clone();
+    for (i, (m, ok)) in moves.iter().zip(ok.iter_mut()).enumerate().filter(|(_, (_, ok))| **ok) {
+        *ok = device.copy_between_devices_async(slot(i), m.address, chunk, StreamHandle(0)).is_ok();
+    }
+    if let Err(why) = device.synchronize_stream(StreamHandle(0)) {
+        log(call, &format!("migration copies failed ({why})"), "the chunks stay where they were");
+        ok.iter_mut().for_each(|ok| *ok = false);
+    }
+    for i in (0..moves.len()).filter(|&i| mapped[i]) {
+        ok[i] &= device.unmap(slot(i), chunk).is_ok();
+    }
+    for (m, ok) in moves.iter().zip(ok.iter_mut()) {
+        *ok = *ok && swap(call, device, chunk, m);
+        if !*ok {
+            FAILED.fetch_add(1, Relaxed);
+        }
+    }
+    ok
+}
+
+/// Maps `m.new` at the chunk's address in place of `m.old`; on failure puts `m.old` back.
+fn swap(call: &str, device: &dyn Device, chunk: usize, m: &Move) -> bool {
+    if device.unmap(m.address, chunk).is_err() {
+        return false;
+    }
+    let mapped = device.map(m.address, m.new).is_ok();
+    if mapped && device.set_access(m.address, chunk).is_ok() {
+        return true;
+    }
+    if mapped {
+        let _ = device.unmap(m.address, chunk);
+    }
+    if let Err(why) = device.map(m.address, m.old).and_then(|()| device.set_access(m.address, chunk)) {
+        log(
+            call,
+            &format!("0x{:x} could not be mapped again after a failed move ({why})", m.address),
+            "its bytes are safe but unreachable: the program will fault there; please report it",
+        );
+    }
+    false
+}
+
+/// After a free on GPU `ordinal`: if none of its allocations is left, gives back the spare
+/// chunks and the scratch range (so a program that frees everything holds nothing).
+pub fn release_if_idle(ordinal: usize) {
+    // A migration in progress holds the state; the next free gets its turn.
+    let Some(mut state) = try_state() else { return };
+    let Some(state) = state.as_mut().filter(|state| state.gpus.contains_key(&ordinal)) else { return };
+    let device = {
+        let p = process::lock();
+        if p.books.iter().any(|a| a.ordinal == ordinal) {
+            return;
+        }
+        p.gpus.get(&ordinal).and_then(|gpu| gpu.device.clone().map(|d| (d, gpu.chunk)))
+    };
+    let (Some(tools), Some((device, chunk))) = (state.gpus.remove(&ordinal), device) else { return };
+    for spare in tools.spares {
+        let _ = device.release_chunk(spare);
+    }
+    if let Some(scratch) = tools.scratch {
+        let _ = device.unreserve(scratch, config().batch * chunk);
+    }
+}
+
+/// The counters, as `--stats` prints them (stats.rs).
+pub fn counters() -> stats::Migration {
+    let (scanned, with_pointers, all_in_hbm) = hotness::launch_counts();
+    stats::Migration {
+        enabled: enabled(),
+        up: UP.load(Relaxed),
+        down: DOWN.load(Relaxed),
+        failed: FAILED.load(Relaxed),
+        bytes: BYTES.load(Relaxed),
+        taken: TAKEN.load(Relaxed),
+        skipped: SKIPPED.load(Relaxed),
+        nanos: NANOS.load(Relaxed),
+        launches_scanned: scanned,
+        launches_with_pointers: with_pointers,
+        launches_all_in_hbm: all_in_hbm,
+    }
+}

@@ -1,0 +1,153 @@
+//! Which chunks move at a quiesce point: pure logic, no driver (migrate.rs carries it out).
+//!
+//! Given each chunk's heat this epoch (hotness.rs), where it is, whether it moved recently,
+//! and how many chunks the budget has room for, the plan is:
+//!
+//! 1. **Fill the room**: the hottest host chunks (heat above zero) come up while the budget has
+//!    room for them.
+//! 2. **Swap**: then, pairing the hottest remaining host chunk with the coldest HBM chunk, one
+//!    goes up and the other down while the host chunk is hotter by a margin:
+//!    `host > hbm + hbm / 2 + 1`. The margin is the hysteresis: a pair swapped at one quiesce
+//!    point cannot swap back at the next unless their heats have turned round by more than the
+//!    margin, so nothing ping-pongs on noise, and with heats unchanged a second plan moves
+//!    nothing (a property test checks it; the argument holds for any margin `f(hbm) >= hbm`
+//!    that grows with `hbm`).
+//! 3. **Bounds**: at most `batch` chunks go each way per quiesce point, and chunks that moved
+//!    in the last few quiesce points (`cooling`) stay where they are.
+//!
+//! The budget is never exceeded: ups − downs ≤ room. Ties break by the chunk's position, so the
+//! plan is deterministic.
+
+/// One chunk as the policy sees it. `id` is the caller's, returned in the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    pub id: usize,
+    pub on_host: bool,
+    pub heat: u64,
+    pub cooling: bool,
+}
+
+/// The chunks to bring up to HBM and to send down to the host (ids).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub up: Vec<usize>,
+    pub down: Vec<usize>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.up.is_empty() && self.down.is_empty()
+    }
+}
+
+/// Whether a host chunk of heat `host` is worth swapping with an HBM chunk of heat `hbm`: hotter
+/// by half as much again, plus one. Heats are launches per epoch (about a training step), small
+/// numbers: an activation read three times a step must displace an optimizer state read once
+/// (3 > 1 + 1), while 5 against 4 is noise.
+fn worth_swapping(host: u64, hbm: u64) -> bool {
+    host > hbm.saturating_add(hbm / 2).saturating_add(1)
+}
+
+/// The plan for `chunks`, with `room` chunks free in the budget and at most `batch` moves each way.
+pub fn plan(chunks: &[Candidate], room: usize, batch: usize) -> Plan {
+    let mut hot: Vec<&Candidate> = chunks.iter().filter(|c| c.on_host && !c.cooling && c.heat > 0).collect();
+    hot.sort_by_key(|c| (std::cmp::Reverse(c.heat), c.id));
+    let mut cold: Vec<&Candidate> = chunks.iter().filter(|c| !c.on_host && !c.cooling).collect();
+    cold.sort_by_key(|c| (c.heat, c.id));
+
+    let mut plan = Plan::default();
+    let fill = hot.len().min(room).min(batch);
+    plan.up.extend(hot[..fill].iter().map(|c| c.id));
+    for (host, hbm) in hot[fill..].iter().zip(&cold) {
+        if plan.up.len() >= batch || plan.down.len() >= batch || !worth_swapping(host.heat, hbm.heat) {
+            break;
+        }
+        plan.up.push(host.id);
+        plan.down.push(hbm.id);
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn chunk(id: usize, on_host: bool, heat: u64) -> Candidate {
+        Candidate { id, on_host, heat, cooling: false }
+    }
+
+    #[test]
+    fn hot_host_chunks_fill_the_room_then_swap_with_cold_hbm_chunks() {
+        let chunks = [chunk(0, false, 0), chunk(1, false, 9), chunk(2, true, 50), chunk(3, true, 7), chunk(4, true, 0)];
+        assert_eq!(plan(&chunks, 1, 8), Plan { up: vec![2, 3], down: vec![0] }, "room for 50; 7 > 0 + 0 + 1");
+        assert_eq!(plan(&chunks, 0, 8), Plan { up: vec![2], down: vec![0] }, "no room: 50 for 0; 7 is not > 9 + 4 + 1");
+        assert_eq!(plan(&chunks, 5, 8).up, [2, 3], "never-touched chunks stay where they are");
+        assert_eq!(plan(&chunks, 0, 1), Plan { up: vec![2], down: vec![0] }, "one each way");
+    }
+
+    #[test]
+    fn a_small_margin_is_not_worth_a_swap() {
+        let chunks = [chunk(0, false, 10), chunk(1, false, 30), chunk(2, true, 16), chunk(3, true, 17)];
+        assert_eq!(plan(&chunks, 0, 8), Plan { up: vec![3], down: vec![0] }, "17 > 10 + 5 + 1; 16 is not");
+        assert_eq!(plan(&[chunk(0, false, 1), chunk(1, true, 3)], 0, 8), Plan { up: vec![1], down: vec![0] });
+        assert!(plan(&[chunk(0, false, 4), chunk(1, true, 5)], 0, 8).is_empty(), "5 against 4 is noise");
+        let cooling = [Candidate { cooling: true, ..chunk(0, false, 0) }, chunk(1, true, 99)];
+        assert!(plan(&cooling, 0, 8).is_empty(), "a chunk that just moved stays");
+    }
+
+    fn chunks() -> impl Strategy<Value = Vec<Candidate>> {
+        prop::collection::vec((any::<bool>(), 0u64..40, prop::bool::weighted(0.1)), 0..60).prop_map(|v| {
+            v.into_iter()
+                .enumerate()
+                .map(|(id, (on_host, heat, cooling))| Candidate { id, on_host, heat, cooling })
+                .collect()
+        })
+    }
+
+    fn apply(chunks: &[Candidate], plan: &Plan) -> Vec<Candidate> {
+        let mut after = chunks.to_vec();
+        for &id in &plan.up {
+            after[id].on_host = false;
+        }
+        for &id in &plan.down {
+            after[id].on_host = true;
+        }
+        after
+    }
+
+    proptest! {
+        #[test]
+        fn plans_respect_budget_batch_direction_and_cooling(chunks in chunks(), room in 0usize..20, batch in 1usize..20) {
+            let p = plan(&chunks, room, batch);
+            prop_assert!(p.up.len() <= batch && p.down.len() <= batch);
+            prop_assert!(p.up.len() <= p.down.len() + room, "ups − downs ≤ room");
+            let mut ids: Vec<usize> = p.up.iter().chain(&p.down).copied().collect();
+            ids.sort_unstable();
+            ids.dedup();
+            prop_assert_eq!(ids.len(), p.up.len() + p.down.len(), "no chunk twice");
+            for &id in &p.up {
+                prop_assert!(chunks[id].on_host && !chunks[id].cooling && chunks[id].heat > 0);
+            }
+            for &id in &p.down {
+                prop_assert!(!chunks[id].on_host && !chunks[id].cooling);
+            }
+            // Every chunk going down is colder than every chunk coming up, by the margin.
+            for &down in &p.down {
+                for &up in &p.up {
+                    prop_assert!(chunks[up].heat > chunks[down].heat);
+                }
+            }
+        }
+
+        #[test]
+        fn with_heats_unchanged_a_second_plan_moves_nothing(chunks in chunks(), room in 0usize..20) {
+            let unbounded = chunks.len() + 1;
+            let warm: Vec<Candidate> = chunks.iter().map(|c| Candidate { cooling: false, ..*c }).collect();
+            let first = plan(&warm, room, unbounded);
+            let room_after = room + first.down.len() - first.up.len();
+            let second = plan(&apply(&warm, &first), room_after, unbounded);
+            prop_assert!(second.is_empty(), "{:?} then {:?}", first, second);
+        }
+    }
+}

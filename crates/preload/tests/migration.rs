@@ -1,0 +1,79 @@
+//! Stage 2: chunks move at quiesce points. Under a budget of 16 MiB, an allocation that landed
+//! on the host and is passed to kernels comes up at the next synchronization while a cold one
+//! goes down, every byte intact, the books exact; nothing moves with `TIERMEM_MIGRATE=off`;
+//! a failure injected mid-migration leaves its chunk where it was; kernels launched by other
+//! threads while chunks move never reach one mid-move.
+
+mod support;
+
+const ENV: [(&str, &str); 3] =
+    [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_HBM", "256M"), ("TIERMEM_MIGRATE_INTERVAL_MS", "0")];
+
+fn with(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+    ENV.iter().chain(extra).copied().collect()
+}
+
+#[test]
+fn hot_chunks_come_up_and_cold_ones_go_down_at_a_synchronization() {
+    let output = support::probe("migrate", &["migrate"], &with(&[("TIERMEM_STATS", "1")]));
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("migrate: ok"), "{stdout}");
+    assert!(
+        stderr.contains("migration on: 4 chunks up, 4 down (16.00 MiB moved), 0 failed; 1 quiesce points taken"),
+        "{stderr}"
+    );
+    // 10 launches on B by pointer, 5 with B's addresses inside a struct; A never.
+    assert!(stderr.contains("launches: 15 scanned, 15 with tiermem pointers, 0.0% of those all in HBM"), "{stderr}");
+}
+
+#[test]
+fn with_migration_off_nothing_moves() {
+    let output =
+        support::probe("migrate-off", &["migrate"], &with(&[("TIERMEM_MIGRATE", "off"), ("TIERMEM_STATS", "1")]));
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("migrate: ok"), "{stdout}");
+    assert!(stderr.contains("migration off: 0 chunks up, 0 down"), "{stderr}");
+}
+
+/// The `nth` call of `call` from the synchronization on fails: one move down fails, so one
+/// move up finds no room; the rest complete, bytes intact (the probe checks them).
+fn one_failure_mid_migration(test: &str, call: &str, nth: &str) {
+    let output = support::probe(test, &["migrate-fail", call, nth], &with(&[("TIERMEM_STATS", "1")]));
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("migrate-fail: ok"), "{stdout}");
+    assert!(stderr.contains("3 chunks up, 3 down (12.00 MiB moved), 1 failed"), "{stderr}");
+}
+
+#[test]
+fn a_map_failing_mid_migration_leaves_that_chunk_where_it_was() {
+    // Down: 4 maps at the scratch range, then one per remap: the 6th is the second remap's.
+    one_failure_mid_migration("migrate-fail-map", "cuMemMap", "6");
+}
+
+#[test]
+fn a_copy_failing_mid_migration_leaves_that_chunk_where_it_was() {
+    one_failure_mid_migration("migrate-fail-copy", "cuMemcpyDtoDAsync_v2", "2");
+}
+
+#[test]
+fn an_access_failing_mid_migration_leaves_that_chunk_where_it_was() {
+    // Scratch maps and their access come first (4 each); the 6th access is the second remap's.
+    one_failure_mid_migration("migrate-fail-access", "cuMemSetAccess", "6");
+}
+
+#[test]
+fn launches_on_other_threads_never_reach_a_chunk_mid_move() {
+    let output = support::probe("migrate-threads", &["migrate-threads"], &with(&[("TIERMEM_STATS", "1")]));
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("migrate-threads: ok"), "{stdout}");
+    let moved = stderr.lines().find(|l| l.contains("migration on:")).unwrap_or_default().to_string();
+    assert!(!moved.contains(": 0 chunks up"), "the test is void unless chunks moved while threads launched: {moved}");
+}
+
+#[test]
+fn nothing_moves_while_a_stream_capture_is_under_way() {
+    let output = support::probe("migrate-capture", &["migrate-capture"], &with(&[("TIERMEM_STATS", "1")]));
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("migrate-capture: ok"), "{stdout}");
+    assert!(stderr.contains("1 quiesce points taken"), "{stderr}");
+}
