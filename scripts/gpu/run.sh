@@ -79,6 +79,7 @@ swap_cleanup() {
     echo 1 >"/sys/block/zram$id/reset"; echo "$id" >/sys/class/zram-control/hot_remove 2>/dev/null
   done
   [ -e "$scratch/tiermem-swapbench-zswap-was-on" ] && echo Y >/sys/module/zswap/parameters/enabled
+  [ -e "$scratch/tiermem-swapbench-page-cluster-was" ] && cat "$scratch/tiermem-swapbench-page-cluster-was" >/proc/sys/vm/page-cluster
   for g in /sys/fs/cgroup/tiermem-swapbench-*/; do
     [ -d "$g" ] || continue
     for c in "$g"*/; do

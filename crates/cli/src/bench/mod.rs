@@ -112,6 +112,10 @@ pub enum Suite {
         /// way is stopped [default: 400, 150 with --quick].
         #[arg(long)]
         budget_s: Option<f64>,
+        /// Sets vm.page-cluster (swap-in reads 2^N pages around the one faulted) for the whole
+        /// run, every device alike, and puts the old value back at the end [default: unchanged].
+        #[arg(long)]
+        page_cluster: Option<u32>,
     },
     /// A neighbour GPU's spare HBM as a tier (issue 12): tiermem's peer tier against the raw
     /// NVLink copy, reclaim by the lender, the lender's own job alone and while it lends.
@@ -187,7 +191,7 @@ pub fn run(suite: Suite) -> Result<(), String> {
             tenants::run(&json, &commit(given), setup)
         }
         Suite::TenantWorker(args) => tenant_worker::run(args),
-        Suite::Swap { json, commit: given, dir, size, passes, quick, fio, swap_args, budget_s } => {
+        Suite::Swap { json, commit: given, dir, size, passes, quick, fio, swap_args, budget_s, page_cluster } => {
             let setup = swap::Setup {
                 dir,
                 size: size.map_or(if quick { 1 << 30 } else { 4 << 30 }, |s| s as u64),
@@ -196,6 +200,7 @@ pub fn run(suite: Suite) -> Result<(), String> {
                 fio,
                 swap_args: swap_args.unwrap_or_default().split_whitespace().map(String::from).collect(),
                 budget_s: budget_s.unwrap_or(if quick { 150.0 } else { 400.0 }),
+                page_cluster,
             };
             swap::run(&json, &commit(given), setup)
         }

@@ -62,6 +62,8 @@ pub struct Setup {
     /// Seconds after which the parts not yet begun are skipped; 90 s later, the part under way
     /// is stopped.
     pub budget_s: f64,
+    /// `vm.page-cluster` for the whole run (every device alike); `None`: as the machine has it.
+    pub page_cluster: Option<u32>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -208,6 +210,7 @@ pub fn run(json_dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "job_bytes": s.size, "job_passes": s.passes, "job_block_bytes": 256 << 10, "fio_area_bytes": bench.fio_area(),
         "swap_device_bytes": bench.swap_size(), "quick": s.quick, "dir": s.dir.display().to_string(),
         "swap_args": s.swap_args, "budget_s": s.budget_s, "nbd_vram_seq_read_GBps": NBD_VRAM_SEQ_READ_GBPS,
+        "page_cluster": s.page_cluster,
     });
     record.note(&["setup"], setup_json);
     record.note(&["settings"], sys::settings());
@@ -228,6 +231,11 @@ pub fn run(json_dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
             record.fail("zswap", format!("could not turn zswap off (the devices are measured behind it): {e}"));
             None
         }
+    };
+    let _page_cluster = match bench.setup.page_cluster.map(|n| sys::PageCluster::set(&bench.setup.dir, n)) {
+        Some(Err(e)) => return Err(format!("bench swap: {e}")),
+        Some(Ok(guard)) => Some(guard),
+        None => None,
     };
     let _others = match sys::OtherSwapsOff::take() {
         Ok(g) => Some(g),
@@ -268,6 +276,7 @@ fn test_bench(dir: &Path) -> Bench {
         fio: None,
         swap_args: Vec::new(),
         budget_s: 100.0,
+        page_cluster: None,
     };
     let info = tiermem::mechanism::DeviceInfo {
         backend: tiermem::mechanism::BackendKind::Sim,
