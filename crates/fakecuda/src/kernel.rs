@@ -1,7 +1,8 @@
 //! The fake's kernels, asynchronous device copies and injected failures.
 //!
 //! A kernel is a handle the test registers with `tiermem_fake_kernel` (not a driver function):
-//! its parameters' sizes, which `cuFuncGetParamInfo` answers, and whether it writes. A launch
+//! its parameters' sizes, which `cuFuncGetParamInfo` answers (`cuKernelGetParamInfo` for one
+//! registered as a library kernel, a `CUkernel`), and whether it writes. A launch
 //! runs at once, as the GPU would at some point: each parameter of 8 bytes whose value is an
 //! address in a reservation of the fake is dereferenced, as the kernel would — read, or
 //! incremented by one if the kernel writes. An address whose chunk is not mapped with access at
@@ -25,6 +26,8 @@ pub const CUDA_ERROR_UNKNOWN: Code = 999;
 struct Kernel {
     sizes: Vec<usize>,
     writes: bool,
+    /// A library kernel (`CUkernel`): `cuKernelGetParamInfo` knows it, `cuFuncGetParamInfo` not.
+    library: bool,
 }
 
 struct Kernels {
@@ -54,8 +57,9 @@ pub(crate) fn injected(name: &str) -> bool {
     now
 }
 
-/// Registers kernel `handle` with `count` parameters of `sizes`; `writes` non-zero if it writes.
-/// Not a driver function.
+/// Registers kernel `handle` with `count` parameters of `sizes`; bit 0 of `flags` set if it
+/// writes, bit 1 if it is a library kernel (a `CUkernel`, whose parameters only
+/// `cuKernelGetParamInfo` answers). Not a driver function.
 ///
 /// # Safety
 /// `sizes` valid for `count` reads.
@@ -64,7 +68,7 @@ pub unsafe extern "C" fn tiermem_fake_kernel(
     handle: *mut c_void,
     sizes: *const usize,
     count: usize,
-    writes: c_int,
+    flags: c_int,
 ) -> Code {
     if sizes.is_null() && count > 0 {
         return CUDA_ERROR_INVALID_VALUE;
@@ -73,7 +77,7 @@ pub unsafe extern "C" fn tiermem_fake_kernel(
     let sizes = if count == 0 { Vec::new() } else { unsafe { std::slice::from_raw_parts(sizes, count) }.to_vec() };
     let mut guard = kernels();
     let k = guard.get_or_insert_with(|| Kernels { by_handle: HashMap::new(), fail: None });
-    k.by_handle.insert(handle as usize, Kernel { sizes, writes: writes != 0 });
+    k.by_handle.insert(handle as usize, Kernel { sizes, writes: flags & 1 != 0, library: flags & 2 != 0 });
     CUDA_SUCCESS
 }
 
@@ -102,8 +106,31 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
     offset: *mut usize,
     size: *mut usize,
 ) -> Code {
+    // SAFETY: the caller's out-pointers, passed on.
+    unsafe { param_info(f, false, index, offset, size) }
+}
+
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetParamInfo(
+    f: *mut c_void,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> Code {
+    // SAFETY: the caller's out-pointers, passed on.
+    unsafe { param_info(f, true, index, offset, size) }
+}
+
+/// Parameter `index` of kernel `f`, if it is a library kernel exactly when `library`.
+///
+/// # Safety
+/// `offset` and `size` valid for writes.
+unsafe fn param_info(f: *mut c_void, library: bool, index: usize, offset: *mut usize, size: *mut usize) -> Code {
     let guard = kernels();
-    let Some(kernel) = guard.as_ref().and_then(|k| k.by_handle.get(&(f as usize))) else {
+    let known = guard.as_ref().and_then(|k| k.by_handle.get(&(f as usize)));
+    let Some(kernel) = known.filter(|k| k.library == library) else {
         return CUDA_ERROR_INVALID_HANDLE;
     };
     let Some(&bytes) = kernel.sizes.get(index) else { return CUDA_ERROR_INVALID_VALUE };

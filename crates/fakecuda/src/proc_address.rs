@@ -59,6 +59,7 @@ fn rows() -> Vec<Row> {
         row(c"cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2 as *mut c_void),
         row(c"cuEventSynchronize", 2000, cuEventSynchronize as *mut c_void),
         row(c"cuFuncGetParamInfo", 12040, cuFuncGetParamInfo as *mut c_void),
+        row(c"cuKernelGetParamInfo", 12040, cuKernelGetParamInfo as *mut c_void),
         row(c"cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2 as *mut c_void),
         row(c"cuStreamEndCapture", 10000, cuStreamEndCapture as *mut c_void),
         threaded(c"cuLaunchKernel", 4000, cuLaunchKernel as *mut c_void, cuLaunchKernel_ptsz as *mut c_void),

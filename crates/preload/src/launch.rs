@@ -21,7 +21,7 @@ use std::cell::RefCell;
 use std::ffi::{c_uint, c_void};
 
 use crate::boundary::{enter, inside, to_driver, CuResult, CUDA_SUCCESS};
-use crate::driver::{driver, Stream};
+use crate::driver::{driver, ParamInfoFn, Stream};
 use crate::gate;
 use crate::hotness;
 use crate::wrappers::wrappers;
@@ -100,30 +100,34 @@ unsafe fn record(f: Function, params: Params, extra: Params) {
     });
 }
 
-/// The size of parameter `index` of `f`, or `None` past the last (or if the driver cannot say).
-fn param_size(f: Function, index: usize) -> Option<usize> {
+/// The driver's query that knows `f`'s parameters: `cuFuncGetParamInfo` for a `CUfunction`,
+/// `cuKernelGetParamInfo` for a `CUkernel` passed in its place (the CUDA runtime's library
+/// kernels) — whichever answers for parameter 0. `None` for a kernel without parameters, or a
+/// driver that cannot say.
+fn param_query(f: Function) -> Option<ParamInfoFn> {
     let driver = driver()?;
-    let (mut offset, mut size) = (0usize, 0usize);
-    for info in [driver.func_get_param_info, driver.kernel_get_param_info].into_iter().flatten() {
+    [driver.func_get_param_info, driver.kernel_get_param_info].into_iter().flatten().find(|&info| {
+        let (mut offset, mut size) = (0usize, 0usize);
         // SAFETY: valid out-pointers; the driver validates the handle and the index.
-        if unsafe { info(f, index, &mut offset, &mut size) } == CUDA_SUCCESS {
-            return Some(size);
-        }
-        if index > 0 {
-            // The kind of handle is settled by parameter 0: an error now means past the last.
-            return None;
-        }
-    }
-    None
+        unsafe { info(f, 0, &mut offset, &mut size) == CUDA_SUCCESS }
+    })
+}
+
+/// The size of parameter `index` of `f` as `query` answers it, or `None` past the last.
+fn param_size(query: ParamInfoFn, f: Function, index: usize) -> Option<usize> {
+    let (mut offset, mut size) = (0usize, 0usize);
+    // SAFETY: valid out-pointers; the driver validates the handle and the index.
+    (unsafe { query(f, index, &mut offset, &mut size) } == CUDA_SUCCESS).then_some(size)
 }
 
 /// # Safety
 /// `params` holds one pointer per parameter of `f`, each to that parameter's value.
 unsafe fn scan_params(f: Function, params: Params, found: &mut Vec<u64>) {
-    // Parameter 0 decides which query knows `f`; a kernel without parameters answers none.
+    // Parameter 0 decides which query knows `f`, for every parameter after it too.
+    let Some(query) = param_query(f) else { return };
     let mut index = 0;
     while index < MAX_PARAMS {
-        let Some(size) = param_size(f, index) else { break };
+        let Some(size) = param_size(query, f, index) else { break };
         // SAFETY: `params` has an entry for each parameter the kernel has.
         let value = unsafe { *params.add(index) };
         if !value.is_null() {

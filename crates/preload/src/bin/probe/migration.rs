@@ -32,6 +32,9 @@ type Fail = unsafe extern "C" fn(*const std::ffi::c_char, usize) -> Code;
 const READS: usize = 0x1000;
 const TAKES_STRUCT: usize = 0x2000;
 const WRITES: usize = 0x3000;
+/// A library kernel (a `CUkernel`, as the CUDA runtime launches its own): its parameters only
+/// `cuKernelGetParamInfo` answers, and its pointer is its second parameter.
+const LIBRARY: usize = 0x4000;
 const CHUNK: usize = 2 * MIB;
 
 struct Kernels {
@@ -46,6 +49,7 @@ impl Kernels {
             assert_eq!(register(READS as *mut c_void, [8usize, 8, 4].as_ptr(), 3, 0), 0);
             assert_eq!(register(TAKES_STRUCT as *mut c_void, [64usize].as_ptr(), 1, 0), 0);
             assert_eq!(register(WRITES as *mut c_void, [8usize].as_ptr(), 1, 1), 0);
+            assert_eq!(register(LIBRARY as *mut c_void, [4usize, 8].as_ptr(), 2, 2), 0);
         }
         Kernels { launch: cuda.get(c"cuLaunchKernel", PER_THREAD) }
     }
@@ -95,6 +99,10 @@ fn hot_b(cuda: &Cuda, kernels: &Kernels) -> (u64, u64) {
         (inside[1], inside[5]) = (b + 2 * MIB as u64, b + 6 * MIB as u64);
         let code = kernels.launch_with(TAKES_STRUCT, &mut [inside.as_mut_ptr().cast::<c_void>()]);
         assert_eq!(code, 0, "a launch with B's addresses inside a struct");
+    }
+    for _ in 0..3 {
+        let mut args = [4usize as *mut c_void, (b + MIB as u64) as *mut c_void];
+        assert_eq!(kernels.launch(LIBRARY, &mut args), 0, "a library kernel's launch on B");
     }
     (a, b)
 }
