@@ -102,15 +102,14 @@ unsafe fn record(f: Function, params: Params, extra: Params) {
 
 /// The driver's query that knows `f`'s parameters: `cuFuncGetParamInfo` for a `CUfunction`,
 /// `cuKernelGetParamInfo` for a `CUkernel` passed in its place (the CUDA runtime's library
-/// kernels) — whichever answers for parameter 0. `None` for a kernel without parameters, or a
-/// driver that cannot say.
-fn param_query(f: Function) -> Option<ParamInfoFn> {
+/// kernels) — whichever answers for parameter 0 — and parameter 0's size. `None` for a kernel
+/// without parameters, or a driver that cannot say.
+fn param_query(f: Function) -> Option<(ParamInfoFn, usize)> {
     let driver = driver()?;
-    [driver.func_get_param_info, driver.kernel_get_param_info].into_iter().flatten().find(|&info| {
-        let (mut offset, mut size) = (0usize, 0usize);
-        // SAFETY: valid out-pointers; the driver validates the handle and the index.
-        unsafe { info(f, 0, &mut offset, &mut size) == CUDA_SUCCESS }
-    })
+    [driver.func_get_param_info, driver.kernel_get_param_info]
+        .into_iter()
+        .flatten()
+        .find_map(|query| Some((query, param_size(query, f, 0)?)))
 }
 
 /// The size of parameter `index` of `f` as `query` answers it, or `None` past the last.
@@ -124,17 +123,18 @@ fn param_size(query: ParamInfoFn, f: Function, index: usize) -> Option<usize> {
 /// `params` holds one pointer per parameter of `f`, each to that parameter's value.
 unsafe fn scan_params(f: Function, params: Params, found: &mut Vec<u64>) {
     // Parameter 0 decides which query knows `f`, for every parameter after it too.
-    let Some(query) = param_query(f) else { return };
+    let Some((query, first)) = param_query(f) else { return };
     let mut index = 0;
-    while index < MAX_PARAMS {
-        let Some(size) = param_size(query, f, index) else { break };
+    let mut size = Some(first);
+    while let Some(bytes) = size.filter(|_| index < MAX_PARAMS) {
         // SAFETY: `params` has an entry for each parameter the kernel has.
         let value = unsafe { *params.add(index) };
         if !value.is_null() {
-            // SAFETY: the entry points to the parameter's `size` bytes.
-            unsafe { scan_words(value.cast::<u8>(), size, found) };
+            // SAFETY: the entry points to the parameter's `bytes` bytes.
+            unsafe { scan_words(value.cast::<u8>(), bytes, found) };
         }
         index += 1;
+        size = param_size(query, f, index);
     }
 }
 
