@@ -18,7 +18,7 @@ from accelerate import init_empty_weights
 
 import tiermem
 import tiermem.torch as tt
-from tiermem.units import Site, is_group, plan
+from tiermem.units import Site, plan
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -39,8 +39,8 @@ def config(kind: str, small: bool):
     return cls, transformers.LlamaConfig(tie_word_embeddings=kind == "tied", **kwargs)
 
 
-def schedule(kind: str) -> tuple[list[list[tuple[str, int]]], list[bool], int]:
-    """Steps (each its units' names and bytes), whether each is a blocking group, model bytes."""
+def schedule(kind: str) -> tuple[list[list[tuple[str, int]]], int]:
+    """Steps (each its units' names and bytes) and the model's bytes."""
     cls, cfg = config(kind, small=True)
     small = cls(cfg).eval()
     _, sites = plan(small)
@@ -62,12 +62,12 @@ def schedule(kind: str) -> tuple[list[list[tuple[str, int]]], list[bool], int]:
     by_name: dict[str, Site] = {s.name: s for s in sites}
     size = {id(u): sum(o.nbytes() for o in u.tensors) for u in units}
     steps = [[(u.name, size[id(u)]) for u in by_name[n].units] for n in order]
-    return steps, [is_group(by_name[n].module) for n in order], sum(size.values())
+    return steps, sum(size.values())
 
 
 def traffic(kind: str, cap: int, prefetch: int, passes: int = 3) -> tuple[float, int]:
     """(bytes paged in during the last pass, the window used) with Offload's window rules."""
-    steps, blocking, _ = schedule(kind)
+    steps, _ = schedule(kind)
     pool = tiermem.Pool(backend="sim", hbm_limit=cap)
     buffers = {}
     for step in steps:
@@ -76,13 +76,12 @@ def traffic(kind: str, cap: int, prefetch: int, passes: int = 3) -> tuple[float,
                 buffers[name] = pool.alloc(nbytes, name=name)
                 buffers[name].write(b"\0")  # written, so that streaming copies bytes
     pool.set_schedule([[buffers[n] for n, _ in step] for step in steps])
-    chunk, window = pool.chunk_size, min(prefetch, cap // tt.WINDOW_SHARE)
+    window = min(prefetch, cap // tt.WINDOW_SHARE)
     moved = 0
     for _ in range(passes):
         before = pool.stats()["transfers"]["bytes_in"]
         for i, step in enumerate(steps):
-            own = sum(-(-b.size // chunk) * chunk for b in {id(buffers[n]): buffers[n] for n, _ in step}.values())
-            pool.advance(i, window + (own if blocking[i] else 0))
+            pool.advance(i, window)
             held = list({id(buffers[n]): buffers[n] for n, _ in step}.values())
             for b in held:
                 pool.acquire(b, 0, False)
@@ -98,7 +97,7 @@ def main():
     parser.add_argument("--prefetch", default="256", help="prefetch_bytes to try, in MiB, comma-separated")
     args = parser.parse_args()
     cap = int((args.cap or MODELS[args.kind][3]) * GiB)
-    _, _, total = schedule(args.kind)
+    _, total = schedule(args.kind)
     for p in args.prefetch.split(","):
         moved, window = traffic(args.kind, cap, int(float(p) * MiB))
         print(f"{args.kind}: model {total / GiB:.2f} GiB, cap {cap / GiB:.2f} GiB, prefetch {p} MiB (window "

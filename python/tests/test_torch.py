@@ -290,7 +290,7 @@ def test_units_share_tied_tensors_and_group_experts_without_a_gpu():
     from tiermem.units import plan
 
     model = tiny_llama(layers=1, tied=True, device="cpu")
-    units, sites = plan(model)
+    units, sites = plan(model, small=0)  # no packing: see the next test
     shared = [u for u in units if len([s for s in sites if u in s.units]) > 1]
     assert [u.name for u in shared] == ["shared:model.embed_tokens.weight"]
     distinct = {id(t) for t in list(model.parameters()) + list(model.buffers())}
@@ -298,3 +298,28 @@ def test_units_share_tied_tensors_and_group_experts_without_a_gpu():
     units, sites = plan(tiny_mixtral(device="cpu"))
     moe = [s for s in sites if any("experts" in n for u in s.units for o in u.tensors for n in o.names)]
     assert len(moe) == 4 and all(len(s.units) == 1 for s in moe)
+
+
+def test_small_units_are_packed_a_chunk_at_a_time_and_sites_still_use_only_their_own_tensors():
+    """A 3B-sized Llama on the meta device: its norms (6 KB each) share one buffer, acquired by
+    each norm; the projections keep theirs; every tensor is laid out once."""
+    transformers = pytest.importorskip("transformers")
+    from tiermem.units import PACK, SMALL, plan
+
+    cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=3072, intermediate_size=8192, num_hidden_layers=3,
+                                   num_attention_heads=24, num_key_value_heads=8, tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    units, sites = plan(model)
+    packs = [u for u in units if u.name.startswith("pack:")]
+    assert len(packs) == 1 and packs[0].weight_bytes <= PACK
+    small = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.nbytes <= SMALL]
+    assert sorted(n for o in packs[0].tensors for n in o.names) == sorted(small)
+    assert len(small) == 9  # 7 norms' weights, the rotary embedding's two buffers
+    assert all(u.weight_bytes > SMALL for u in units if u not in packs)
+    norms = [s for s in sites if "norm" in s.name]
+    assert len(norms) == 7 and all(s.units == packs and [o.name for o in s.uses] == [f"{s.name}.weight"] for s in norms)
+    distinct = {id(t) for t in list(model.parameters()) + list(model.buffers())}
+    assert sorted(id(o.tensor) for u in units for o in u.tensors) == sorted(distinct), "every tensor once"
+    few = plan(model, pack=4 << 10)[0]  # no room for a norm: nothing worth packing
+    assert not [u for u in few if u.name.startswith("pack:")] and len(few) == len(units) - 1 + 8

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch", reason="tiermem.torch needs PyTorch")
 transformers = pytest.importorskip("transformers", reason="these tests build transformers models")
 import tiermem.torch as tt  # noqa: E402
 from tiermem import loading  # noqa: E402
+import tiermem.units  # noqa: E402
 
 class FakeBuffer:
     """A tiermem Buffer stand-in: bytes in a CPU tensor, exported through DLPack."""
@@ -44,7 +45,7 @@ class FakePool:
     def __init__(self):
         self.acq = {}
 
-    def alloc(self, size, name=None):
+    def alloc(self, size, name=None, in_place=False):
         return FakeBuffer(size, name)
 
     def acquire(self, buffer, stream=0, write=False):
@@ -105,6 +106,13 @@ def cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(synchronize=lambda: None, cuda_stream=0))
 
 
+@pytest.fixture(params=[True, False], ids=["packed", "unpacked"])
+def packing(request, monkeypatch):
+    """Small units packed together (the default) or each in a buffer of its own."""
+    if not request.param:
+        monkeypatch.setattr(tiermem.units, "SMALL", 0)
+
+
 def llama(tied, layers=2, dtype=torch.float32, seed=0):
     cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=tied)
@@ -123,7 +131,7 @@ IDS = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(1))
 
 
 @pytest.mark.parametrize("make", [lambda: llama(True), lambda: llama(False), mixtral], ids=["tied", "untied", "moe"])
-def test_inference_sleep_wake_and_remove_give_the_resident_outputs(cpu, make):
+def test_inference_sleep_wake_and_remove_give_the_resident_outputs(cpu, packing, make):
     ref, m = make(), make()
     pool = FakePool()
     h = tt.offload(m, pool, prefetch_bytes=1 << 20)
@@ -145,7 +153,7 @@ def test_inference_sleep_wake_and_remove_give_the_resident_outputs(cpu, make):
         assert torch.equal(m(IDS).logits, e)
 
 
-def test_training_a_tied_model_with_adamw_gives_the_same_losses(cpu):
+def test_training_a_tied_model_with_adamw_gives_the_same_losses(cpu, packing):
     def train(offload):
         m = llama(True).train()
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)

@@ -159,11 +159,15 @@ class Offload:
         for site in self.sites:
             self._hooks.append(site.module.register_forward_pre_hook(self._forward_pre(site)))
             self._hooks.append(site.module.register_forward_hook(self._forward_post(site)))
+        users: dict[int, list[Site]] = {}  # id(owned) -> the sites using it
+        for site in self.sites:
+            for owned in site.uses:
+                users.setdefault(id(owned), []).append(site)
         for unit in self.units:
             for owned in unit.params:
                 if owned.tensor.requires_grad:
-                    users = [s for s in self.sites if unit in s.units]
-                    self._hooks.append(owned.tensor.register_post_accumulate_grad_hook(self._grad_done(users)))
+                    hook = self._grad_done(users.get(id(owned), []))
+                    self._hooks.append(owned.tensor.register_post_accumulate_grad_hook(hook))
 
     def _forward_pre(self, site: Site):
         def hook(module, args):
@@ -447,7 +451,7 @@ def _prepare(call: str, model: torch.nn.Module, pool: Pool, optimizer, meta_ok: 
         raise InvalidArgumentError(f"{call}: this model is already offloaded (Offload.remove() first)")
     if optimizer is not None and type(optimizer).__name__ not in ("Adam", "AdamW"):
         raise InvalidArgumentError(f"{call}: optimizer state in tiermem supports Adam and AdamW, not {type(optimizer).__name__}")
-    units, sites = plan(model)
+    units, sites = plan(model, pack=pool.chunk_size)
     for unit in units:
         for o in unit.tensors:
             _check_tensor(call, o.name, o.tensor, device, meta_ok)
@@ -491,7 +495,8 @@ def _install(model, pool: Pool, prefetch_bytes: int, units, sites, optimizer) ->
 def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "1GiB", optimizer=None,
             in_place: bool = False) -> Offload:
     """Moves ``model``'s parameters and buffers into ``pool`` (one buffer per module that owns
-    tensors, one per tied tensor, one per mixture-of-experts block: :mod:`tiermem.units`)
+    tensors, one per tied tensor, one per mixture-of-experts block, modules with small tensors
+    packed together a chunk at a time: :mod:`tiermem.units`)
     and hooks the modules so a buffer is acquired only while a module using it runs.
     Parameters stay ``nn.Parameter``s; tied parameters stay one. ``prefetch_bytes``: how far
     ahead of the running module the engine pages in, once the first pass has recorded the

@@ -18,6 +18,13 @@ tensors are its unit, and it is its own site. Two cases make them differ:
   schedule is the same every pass, and streaming runs at the dense model's fraction of the
   PCIe link. The price is moving experts that a pass does not use; at decoding batch sizes
   nearly all of a layer's experts are hit anyway.
+* **Small tensors are packed.** HBM and the link move whole chunks (2 MiB), so a module whose
+  tensors are small (a norm's weight: 6 KB in a 3B Llama) would take a chunk of its own and
+  move 300× its bytes: a 3B Llama's 25 norms took 50 MiB of HBM and streamed most of it every
+  pass. Units of at most ``small`` bytes used by one site each are laid out together, in the
+  order of the model, in packs of up to a chunk; each of their sites acquires its pack. A pack
+  is used all through a pass, so Belady keeps it resident. A site still *uses* only its own
+  tensors (``Site.uses``): backward releases it when those have their gradients.
 
 Everything here is pure bookkeeping on module structure (no GPU needed), so it also runs on
 models whose parameters are on the ``meta`` device (:mod:`tiermem.loading`).
@@ -30,6 +37,8 @@ from dataclasses import dataclass, field
 import torch
 
 ALIGN = 256  # bytes; every tensor in a buffer starts at a multiple of this
+SMALL = 256 << 10  # bytes of weights: a unit at most this big is packed with others
+PACK = 2 << 20  # bytes of weights in a pack at most (the engine's chunk)
 
 # Which of a unit's buffers each phase acquires, and whether it writes them.
 PHASES = {
@@ -88,6 +97,10 @@ class Unit:
     def params(self) -> list[Owned]:
         return [o for o in self.tensors if o.role == "param"]
 
+    @property
+    def weight_bytes(self) -> int:
+        return sum(-(-o.nbytes() // ALIGN) * ALIGN for o in self.tensors)
+
     def phase(self, name: str) -> list[tuple[object, bool]]:
         return [(self.parts[part], write) for part, write in PHASES[name] if part in self.parts]
 
@@ -113,11 +126,13 @@ class Unit:
 
 @dataclass(eq=False)
 class Site:
-    """A hooked module and the units it acquires when it runs (its own first)."""
+    """A hooked module, the tensors it uses and the units holding them, which it acquires
+    when it runs (its own first)."""
 
     module: torch.nn.Module
     name: str
     units: list[Unit] = field(default_factory=list)
+    uses: list[Owned] = field(default_factory=list)
     held: list = field(default_factory=list)
     pending_grads: int = 0
 
@@ -126,7 +141,7 @@ class Site:
 
     @property
     def grad_params(self) -> list[Owned]:
-        return [o for u in self.units for o in u.params if o.tensor.requires_grad]
+        return [o for o in self.uses if o.role == "param" and o.tensor.requires_grad]
 
 
 def is_group(module: torch.nn.Module) -> bool:
@@ -134,8 +149,10 @@ def is_group(module: torch.nn.Module) -> bool:
     return isinstance(getattr(module, "experts", None), torch.nn.Module) and "experts" in module._modules
 
 
-def plan(model: torch.nn.Module) -> tuple[list[Unit], list[Site]]:
-    """Units and sites for ``model``, in the order of ``named_modules``."""
+def plan(model: torch.nn.Module, small: int | None = None, pack: int = PACK) -> tuple[list[Unit], list[Site]]:
+    """Units and sites for ``model``, in the order of ``named_modules``; units of at most
+    ``small`` bytes (default :data:`SMALL`; 0: none) packed ``pack`` bytes at most together."""
+    small = SMALL if small is None else small
     root_name = type(model).__name__
     site_of: dict[int, Site] = {}  # id(module) -> the site its tensors are acquired by
     sites: list[Site] = []
@@ -161,13 +178,17 @@ def plan(model: torch.nn.Module) -> tuple[list[Unit], list[Site]]:
             if parent not in users.setdefault(id(t), []):
                 users[id(t)].append(parent)
     units_of: dict[int, Unit] = {}  # id(site) -> its own unit
+    owner: dict[int, Site] = {}  # id(unit) -> the site whose own unit it is
     units: list[Unit] = []
     for key in order:
         o, using = owned[key], users[key]
+        for site in using:
+            site.uses.append(o)
         if len(using) == 1:
             unit = units_of.get(id(using[0]))
             if unit is None:
                 unit = units_of[id(using[0])] = Unit(using[0].name)
+                owner[id(unit)] = using[0]
                 units.append(unit)
                 using[0].units.insert(0, unit)
             unit.tensors.append(o)
@@ -176,4 +197,36 @@ def plan(model: torch.nn.Module) -> tuple[list[Unit], list[Site]]:
             units.append(unit)
             for site in using:
                 site.units.append(unit)
+    units = _packed(units, owner, small, pack) if small and pack else units
     return units, [s for s in sites if s.units]
+
+
+def _packed(units: list[Unit], owner: dict[int, Site], small: int, pack: int) -> list[Unit]:
+    """``units`` with those of at most ``small`` bytes that a site owns (``owner``: its first
+    unit) laid out together, in order, in packs of at most ``pack`` bytes; each such site
+    acquires the pack instead. A unit alone in its pack stays as it was."""
+    groups: list[list[Unit]] = []
+    out: list = []  # units, and groups of small units in their place
+    for unit in units:
+        size = unit.weight_bytes
+        if id(unit) not in owner or size > small:
+            out.append(unit)
+        elif groups and sum(u.weight_bytes for u in groups[-1]) + size <= pack:
+            groups[-1].append(unit)
+        else:
+            groups.append([unit])
+            out.append(groups[-1])
+    result: list[Unit] = []
+    for entry in out:
+        if isinstance(entry, Unit):
+            result.append(entry)
+            continue
+        if len(entry) == 1:
+            result.append(entry[0])
+            continue
+        packed = Unit(f"pack:{entry[0].name}+{len(entry) - 1}", [o for u in entry for o in u.tensors])
+        result.append(packed)
+        for unit in entry:
+            site = owner[id(unit)]
+            site.units[0] = packed
+    return result
