@@ -124,6 +124,7 @@ pub fn run(args: WorkerArgs) -> Result<(), String> {
     device.synchronize_stream(stream).and_then(|()| device.read(counter, &mut count)).map_err(|e| e.to_string())?;
     let seconds = working.elapsed().as_secs_f64();
     let mismatches = u32::from_le_bytes(count);
+    let stats = engine.stats();
     let line = serde_json::json!({
         "rounds": rounds,
         "bytes": bytes,
@@ -134,6 +135,8 @@ pub fn run(args: WorkerArgs) -> Result<(), String> {
         "retries": worker.retries,
         "linked": link.is_some(),
         "hbm_cap": engine.hbm_cap(),
+        "paged_in_bytes": stats.bytes_in,
+        "paged_out_bytes": stats.bytes_out,
     });
     println!("{line}");
     drop(link);

@@ -54,6 +54,8 @@ struct Outcome {
     bytes: f64,
     seconds: f64,
     ok: bool,
+    /// Bytes the job's engine copied in from the host (the work its budget cost).
+    paged_in: f64,
 }
 
 impl Outcome {
@@ -126,6 +128,7 @@ fn outcome(child: Child) -> Outcome {
         Some(v) => Outcome {
             bytes: field(&v, "bytes"),
             seconds: field(&v, "seconds"),
+            paged_in: field(&v, "paged_in_bytes"),
             ok: output.status.success() && v["mismatched_words"].as_u64() == Some(0),
         },
         None => Outcome::default(),
@@ -309,7 +312,8 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
         "vs_serial": throughput_tiermemd / throughput_serial,
     });
     let speeds = |o: &[Outcome]| {
-        o.iter().map(|o| serde_json::json!({"bytes": o.bytes, "seconds": o.seconds, "ok": o.ok})).collect::<Vec<_>>()
+        let json = |o: &Outcome| serde_json::json!({"bytes": o.bytes, "seconds": o.seconds, "paged_in": o.paged_in, "ok": o.ok});
+        o.iter().map(json).collect::<Vec<_>>()
     };
     let detail = serde_json::json!({
         "static": speeds(&stat), "tiermemd": speeds(&tmd), "serial": speeds(&serial), "victims_alone": speeds(&alone),
