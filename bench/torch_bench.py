@@ -501,6 +501,7 @@ def main():
     parser.add_argument("--in-place", action="store_true",
                         help="the dense decode reads parameters in a neighbour GPU's lent HBM where they lie (offload(in_place=True))")
     parser.add_argument("--scratch", type=Path, default=None, help="where the checkpoint is saved and read back (a real disk)")
+    parser.add_argument("--no-pack", action="store_true", help="every module's small tensors in a buffer of their own (tiermem.units)")
     parts = {"inference": inference, "training": training, "moe": mixture_of_experts, "tied": tied_loading_and_sleep}
     parser.add_argument("--parts", type=lambda v: v.split(","), default=list(parts),
                         help=f"which parts to run, comma-separated, of {','.join(parts)} (default: all)")
@@ -508,6 +509,8 @@ def main():
     unknown = [p for p in args.parts if p not in parts]
     if unknown:
         parser.error(f"--parts: unknown {unknown}; choose among {list(parts)}")
+    if args.no_pack:
+        tiermem.units.SMALL = 0
     props = torch.cuda.get_device_properties(0)
     results = {
         "suite": "torch",
@@ -518,6 +521,7 @@ def main():
         "ratios": {},
         "checks": {},
         "small": args.small,
+        "packed_small_units": not args.no_pack,
     }
     try:
         for part in args.parts:
@@ -525,7 +529,7 @@ def main():
     finally:
         results["verified"] = bool(results["checks"]) and all(results["checks"].values())
         args.json.mkdir(parents=True, exist_ok=True)
-        stem = f"torch-{results['date'].replace('-', '')}-{args.commit}" + ("-small" if args.small else "")
+        stem = f"torch-{results['date'].replace('-', '')}-{args.commit}" + ("-small" if args.small else "") + ("-no-pack" if args.no_pack else "")
         path = args.json / f"{stem}.json"
         path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
         log(json.dumps({"ratios": results["ratios"], "checks": results["checks"]}, indent=2))
