@@ -524,6 +524,8 @@ def main():
         "packed_small_units": not args.no_pack,
     }
     try:
+        if "inference" not in args.parts:  # it measures the link every bound is counted against
+            results["metrics"]["raw_h2d_GBps"] = raw_h2d_GBps()
         for part in args.parts:
             parts[part](args, results)
     finally:

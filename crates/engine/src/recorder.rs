@@ -21,7 +21,9 @@
 //!   program that never says where its passes begin, each acquire is a step (named by its
 //!   buffers) and a pass begins whenever the first step ever acquired comes round again (or,
 //!   if another step comes round before it, that step: the first was a one-off). The
-//!   schedule is kept only while it predicts: a pass in which fewer acquires land on the
+//!   schedule is kept only while it predicts: the same buffers acquired again at once (a
+//!   second kernel on them, or an acquire refused for want of room and tried again) are one
+//!   step, and a pass in which fewer acquires land on the
 //!   expected step than off it (or on none) ends the learning for good, and the engine goes
 //!   back to its policy. A program that uses `pass_begins`/`step_enters` itself is never
 //!   second-guessed.
@@ -59,6 +61,8 @@ struct Learning {
     /// A learned schedule failed to predict: nothing more is learned.
     gave_up: bool,
     first: Option<u64>,
+    /// The key of the last acquire: the same buffers acquired again at once are the same step.
+    last: Option<u64>,
     /// Acquires of this pass located at the expected step, and elsewhere or nowhere.
     hits: u32,
     misses: u32,
@@ -145,7 +149,7 @@ impl Recorder {
     /// "Learning from acquires" above.
     pub fn acquired(&mut self, key: u64, buffers: &[BufferId]) -> Learned {
         let learning = &mut self.learning;
-        if learning.explicit || learning.gave_up {
+        if learning.explicit || learning.gave_up || learning.last.replace(key) == Some(key) {
             return Learned::Nothing;
         }
         let first = *learning.first.get_or_insert(key);

@@ -68,6 +68,40 @@ fn a_loop_learned_from_acquires_streams_only_what_exceeds_hbm() {
 }
 
 #[test]
+fn acquires_refused_and_tried_again_do_not_end_the_learning() {
+    // A tenant whose budget shrank: its acquires fail until room is made, and it retries
+    // (tiermemd's tenants do). The refused tries are not steps: the loop stays learned.
+    let (engine, sim) = engine(true);
+    let buffers = buffers(&engine);
+    let in_order: Vec<usize> = (0..BUFFERS).collect();
+    pass(&engine, &buffers, &in_order);
+    pass(&engine, &buffers, &in_order);
+    assert_eq!(engine.recorded_steps().len(), BUFFERS);
+    // Half a pass, then another holds all of HBM while the next acquire is tried again and again.
+    pass(&engine, &buffers, &in_order[..BUFFERS / 2]);
+    let (all_of_hbm, _) = engine.alloc(CAP * CHUNK, AllocOptions::default()).unwrap();
+    let hog = [Region::whole(all_of_hbm)];
+    engine.acquire(&hog, Access::ReadWrite, S).unwrap();
+    let next = [Region::whole(buffers[BUFFERS / 2].0)];
+    for _ in 0..3 * BUFFERS {
+        let refused = engine.acquire(&next, Access::ReadOnly, S).unwrap_err();
+        assert!(matches!(refused, tiermem::Error::OutOfMemory { .. }), "{refused}");
+    }
+    engine.release(&hog, S).unwrap();
+    engine.free(all_of_hbm).unwrap();
+    pass(&engine, &buffers, &in_order[BUFFERS / 2..]);
+    let moved: Vec<u64> = (0..3).map(|_| pass(&engine, &buffers, &in_order)).collect();
+    assert_eq!(engine.recorded_steps().len(), BUFFERS, "still learned");
+    // Belady's pass after the hog emptied HBM: a chunk more than from a warm start, far from
+    // LRU's every chunk.
+    assert!(moved[2] <= (BUFFERS - CAP + 2) as u64, "a learned pass moved {} chunks: {moved:?}", moved[2]);
+    for (id, data) in &buffers {
+        assert_contents(&engine, *id, data);
+    }
+    support::assert_no_leaks(engine, sim);
+}
+
+#[test]
 fn acquires_in_no_fixed_order_give_the_policy_back_and_lose_nothing() {
     let (engine, sim) = engine(true);
     let buffers = buffers(&engine);
