@@ -76,6 +76,11 @@ pub struct EngineConfig {
     /// paging ahead looks past steps whose chunks are all resident, for streamed chunks to swap
     /// in (schedule.rs, "Looking past resident steps").
     pub look_past: bool,
+    /// `TIERMEM_AHEAD_WAITS=on|off` (default off): paging ahead along a schedule waits for the
+    /// chunks it evicts to leave, so that it brings in the whole window at once. Off, it starts
+    /// them down and goes on: the program's host thread is not held while they leave, and what
+    /// they free is filled by the next step's page-ahead (placement.rs, `bring_in`).
+    pub ahead_waits: bool,
     /// `TIERMEM_SIM_GPUS`: GPUs of the simulated node (default 1), each of `sim_hbm`, with
     /// peer access to each other, so the peer tier can be tried without a GPU.
     pub sim_gpus: usize,
@@ -137,6 +142,7 @@ impl Default for EngineConfig {
             stride_prefetch: 32 << 20,
             pre_evict: 0,
             look_past: false,
+            ahead_waits: false,
             learn_loops: None,
             sim_gpus: 1,
         }
@@ -209,6 +215,9 @@ impl EngineConfig {
         }
         if let Some(v) = var("TIERMEM_LOOK_PAST") {
             c.look_past = on_or_off("TIERMEM_LOOK_PAST", &v)?;
+        }
+        if let Some(v) = var("TIERMEM_AHEAD_WAITS") {
+            c.ahead_waits = on_or_off("TIERMEM_AHEAD_WAITS", &v)?;
         }
         if let Some(v) = var("TIERMEM_PRE_EVICT") {
             c.pre_evict = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PRE_EVICT: {e}")))?;

@@ -12,6 +12,9 @@ use crate::schedule::Schedule;
 use crate::sync::MutexGuard;
 use crate::{BufferId, Engine, Error, Region, Result};
 
+/// A loop learned from acquires pages ahead at most this share of the HBM budget (`learn_from`).
+const LEARNED_WINDOW_SHARE: usize = 8;
+
 impl Engine {
     /// Gives the HBM of idle physical chunks back to the driver (for other users of the GPU)
     /// and returns its bytes. Stale mappings of them are unmapped first; chunks brought in
@@ -147,7 +150,13 @@ impl Engine {
             },
             Learned::Step(step) => step,
         };
-        let _ = self.unlocked_waits(|inner| inner.advance(step, window));
+        let _ = self.unlocked_waits(|inner| {
+            // Every byte of window is a byte of HBM the loop's kept set gives up: at most an
+            // eighth of the budget (as tiermem.torch), so a window larger than the budget (a
+            // tenant whose share shrank) does not turn Belady into streaming everything.
+            let budget = inner.tiers.pool.cap() * inner.tiers.chunk;
+            inner.advance(step, window.min(budget / LEARNED_WINDOW_SHARE))
+        });
     }
 
     /// The neighbour GPUs lending to the peer tier: (GPU, bytes lent now, bytes borrowed now).

@@ -99,6 +99,8 @@ pub(crate) struct Inner {
     pub pre_evict_chunks: usize,
     /// Paging ahead looks past resident steps for streamed chunks to swap in (schedule.rs).
     pub look_past: bool,
+    /// Paging ahead waits for its evictions (`TIERMEM_AHEAD_WAITS`; placement.rs, `bring_in`).
+    pub ahead_waits: bool,
 }
 
 /// What `finish` waits for: fences, the ticket's background file write if any (kept in
@@ -181,6 +183,7 @@ impl Engine {
             strides: crate::stride::Strides::new(config.stride_prefetch / chunk),
             pre_evict_chunks: config.pre_evict / chunk,
             look_past: config.look_past,
+            ahead_waits: config.ahead_waits,
         };
         let has_peers = inner.tiers.peer.exists();
         let inner = Arc::new(Mutex::new(inner));

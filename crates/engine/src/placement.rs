@@ -78,11 +78,26 @@ impl Inner {
             // A swap evicts only the holders of its chunks' homes (above): never a chunk Belady
             // keeps, and every chunk comes back to the physical chunk it left (no mapping).
             Purpose::Prefetch | Purpose::Swap { .. } => {}
-            Purpose::Ahead { horizon } => {
+            Purpose::Ahead { horizon } if self.ahead_waits => {
                 while self.tiers.pool.available() < todo.len() {
                     let short = todo.len() - self.tiers.pool.available();
                     if !self.evict_beyond(call, short, wanted, horizon)? {
                         break;
+                    }
+                }
+            }
+            // Room for the window is made without waiting: victims needed later than the
+            // window start down (behind the GPU's last use of them, on the device), counting
+            // those already on their way; what is free now is filled now, and what they free
+            // is filled by a later page-ahead. The host thread goes on with its step.
+            Purpose::Ahead { horizon } => {
+                self.tiers.reap(&mut self.state)?;
+                let coming = self.tiers.pool.available() + self.tiers.in_flight.chunks_moving_down();
+                if coming < todo.len() {
+                    let victims = self.victims(Among::Resident, call, todo.len() - coming, wanted, Some(horizon))?;
+                    if !victims.is_empty() {
+                        self.send_victims_down(call, &victims)?;
+                        self.tiers.reap(&mut self.state)?;
                     }
                 }
             }
