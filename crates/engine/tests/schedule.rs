@@ -168,7 +168,7 @@ fn model_like_loops_move_only_what_does_not_fit_and_map_nothing() {
         let trace = traced_passes(&engine, &buffers, 5, Some(window * CHUNK));
         let bound = (total - cap + window + 16) as u64;
         let geometry = format!("{total} chunks, cap {cap}, window {window}: (page-ins, maps) per pass {trace:?}");
-        for &(page_ins, maps) in &trace[2..] {
+        for &(page_ins, _) in &trace[2..] {
             assert!(page_ins <= bound, "more than {bound} page-ins; {geometry}");
         }
         // Streamed chunks come back to their homes: from the second warm pass on, at most a few
