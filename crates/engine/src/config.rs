@@ -2,6 +2,9 @@ use crate::{Error, Result};
 use tiermem_mechanism::BackendChoice;
 use tiermem_policy::PolicyKind;
 
+/// The window a loop learned from acquires pages ahead by default (`TIERMEM_LEARN_LOOPS=on`).
+const LEARNED_WINDOW: usize = 256 << 20;
+
 /// How an [`crate::Engine`] is set up. `EngineConfig::from_env()` reads the `TIERMEM_*`
 /// variables; every field can also be set directly.
 #[derive(Debug, Clone)]
@@ -66,8 +69,10 @@ pub struct EngineConfig {
     pub stride_prefetch: usize,
     /// `TIERMEM_LEARN_LOOPS=off|on|SIZE`: a program that acquires its buffers in the same order
     /// pass after pass, without naming its passes, has that order learned from its acquires and
-    /// followed — Belady eviction, SIZE paged ahead (`on`: 256 MiB) — for as long as it
-    /// predicts (recorder.rs). Default off, until measured on the GPU.
+    /// followed — Belady eviction, SIZE paged ahead (`on`: 256 MiB), at most an eighth of the
+    /// HBM budget — for as long as it predicts (recorder.rs). Default on (256 MiB): on the H200
+    /// three tenants cycling through 1.8× their node's HBM ran 1.9–2.2× faster with it
+    /// (`bench tenants`, BENCHMARKS.md, eleventh session).
     pub learn_loops: Option<usize>,
     /// `TIERMEM_PRE_EVICT`: HBM kept free ahead of demand by starting evictions early, after
     /// each acquire (pre_evict.rs); 0 (the default, until measured) turns it off.
@@ -143,7 +148,7 @@ impl Default for EngineConfig {
             pre_evict: 0,
             look_past: false,
             ahead_waits: false,
-            learn_loops: None,
+            learn_loops: Some(LEARNED_WINDOW),
             sim_gpus: 1,
         }
     }
@@ -207,7 +212,7 @@ impl EngineConfig {
         if let Some(v) = var("TIERMEM_LEARN_LOOPS") {
             c.learn_loops = match v.trim().to_ascii_lowercase().as_str() {
                 "off" | "none" => None,
-                "on" => Some(256 << 20),
+                "on" => Some(LEARNED_WINDOW),
                 size => Some(parse_size(size).map_err(|e| {
                     Error::Config(format!("TIERMEM_LEARN_LOOPS: {e}: on, off, or the bytes to page ahead"))
                 })?),

@@ -59,7 +59,8 @@ fn schedule_of(layers: &[(BufferId, Vec<u8>)]) -> Vec<Vec<BufferId>> {
 
 #[test]
 fn with_the_schedule_a_loop_larger_than_hbm_streams_only_the_excess() {
-    let (engine, sim) = support::engine(CAP, 64, EngineConfig::default());
+    // The policy's LRU first: no loop learned from the acquires (learned_loops.rs tests that).
+    let (engine, sim) = support::engine(CAP, 64, EngineConfig { learn_loops: None, ..EngineConfig::default() });
     let layers = layers(&engine);
     // LRU: every layer leaves just before it is needed again.
     assert_eq!(run_passes(&engine, &layers, 3, None), LAYERS as u64);
