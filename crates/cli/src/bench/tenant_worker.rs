@@ -139,7 +139,10 @@ pub fn run(args: WorkerArgs) -> Result<(), String> {
         "paged_out_bytes": stats.bytes_out,
     });
     println!("{line}");
-    drop(link);
+    // Ended before the process exits: a budget arriving as the driver shuts down is not an error.
+    if let Some(link) = link {
+        link.end();
+    }
     for (id, _, _) in buffers {
         engine.free(id).map_err(|e| e.to_string())?;
     }
