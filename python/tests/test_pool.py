@@ -341,7 +341,7 @@ def test_stats_keep_the_keys_front_ends_read(pool):
 def borrowing_pool(monkeypatch, **settings):
     """A Pool on GPU 0 of three simulated GPUs, borrowing 16 MiB from its neighbours in all
     (GPU 1 lends it alone), with an HBM cap of two chunks; ``settings`` are more TIERMEM_*."""
-    settings = {"SIM_GPUS": "3", "PEER_RESERVE": "0", "PEER_LIMIT": "16MiB", **settings}
+    settings = {"SIM_GPUS": "3", "PEERS": "auto", "PEER_RESERVE": "0", "PEER_LIMIT": "16MiB", **settings}
     for name, value in settings.items():
         monkeypatch.setenv(f"TIERMEM_{name}", value)
     return tiermem.Pool(backend="sim", hbm_limit=2 * CHUNK, host_limit="64MiB")
