@@ -91,6 +91,7 @@
 
 mod allocations;
 mod boundary;
+mod cycle;
 mod driver;
 mod entry;
 mod gate;
@@ -103,6 +104,7 @@ mod nvml;
 mod placement;
 mod process;
 mod routes;
+mod segments;
 mod stats;
 mod wrappers;
 
