@@ -12,8 +12,9 @@
 //! more launches than recorded, ends following for the rest of the cycle (no more pauses; the
 //! synchronization that ends it plans again from what was recorded meanwhile).
 //!
-//! Bounded: at most [`MAX_LAUNCHES`] launches per cycle are recorded (a longer cycle is not
-//! planned), [`MAX_POINTERS`] pointers per launch and [`MAX_CHUNKS`] chunks per launch.
+//! Bounded: at most [`MAX_LAUNCHES`] launches and [`MAX_CYCLE_POINTERS`] pointers per cycle
+//! are recorded (a longer cycle is not planned), [`MAX_POINTERS`] pointers and [`MAX_CHUNKS`]
+//! chunks per launch.
 //!
 //! Locking: one mutex over the recording and the plan, held for a few pushes per launch and
 //! never while calling the driver or taking another lock; planning reads the hotness index
@@ -35,6 +36,8 @@ pub const MAX_LAUNCHES: usize = 200_000;
 pub const MAX_POINTERS: usize = 64;
 /// Chunks a launch is taken to touch at most.
 pub const MAX_CHUNKS: usize = 4096;
+/// Pointers recorded per cycle at most (16 MiB of them); a cycle passing more is not planned.
+pub const MAX_CYCLE_POINTERS: usize = 2 << 20;
 
 /// The knobs (docs/transparent.md).
 struct Config {
@@ -123,6 +126,7 @@ static PAUSE_NANOS: AtomicU64 = AtomicU64::new(0);
 static PAUSE_CHUNKS: AtomicU64 = AtomicU64::new(0);
 static FOLLOWED: AtomicU64 = AtomicU64::new(0);
 static DIVERGED: AtomicU64 = AtomicU64::new(0);
+static PLAN_NANOS: AtomicU64 = AtomicU64::new(0);
 
 /// Before launch of kernel `f` is enqueued (no gate held): the moves of the segment it begins,
 /// if the cycle is being followed and it begins one with moves.
@@ -152,6 +156,11 @@ pub fn record(f: usize, words: &[u64]) {
     }
     let mut c = cycles();
     if c.functions.len() > MAX_LAUNCHES {
+        return;
+    }
+    if c.pointers.len() + words.len().min(MAX_POINTERS) > MAX_CYCLE_POINTERS {
+        // Too long to plan: marked as more launches than recorded at most.
+        c.functions.resize(MAX_LAUNCHES + 1, 0);
         return;
     }
     c.functions.push(f);
@@ -193,12 +202,15 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
     if functions.is_empty() || functions.len() > MAX_LAUNCHES || pointers.is_empty() {
         return None;
     }
+    let started = std::time::Instant::now();
     let words: Vec<&[u64]> = (0..offsets.len())
         .map(|i| &pointers[offsets[i]..offsets.get(i + 1).copied().unwrap_or(pointers.len())])
         .collect();
     let touched = hotness::launch_chunks(&words, MAX_CHUNKS);
     let Some(Ok(ordinal)) = process::current_gpu() else { return None };
-    let (first, pauses) = plan(ordinal, &touched)?;
+    let planned = plan(ordinal, &touched);
+    PLAN_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+    let (first, pauses) = planned?;
     let mut c = cycles();
     // Launches of other threads since the cycle ended would shift the indices: no following.
     c.following = c.count == 0;
@@ -236,9 +248,11 @@ fn plan(ordinal: usize, touched: &[Vec<ChunkId>]) -> Option<(Arc<Boundary>, Paus
     Some((first, pauses))
 }
 
-/// The counters: pauses, ms in them, chunks moved at them, cycles followed to the end, diverged.
-pub fn counters() -> (u64, u64, u64, u64, u64) {
+/// The counters: pauses, ns in them, chunks moved at them, cycles followed to the end, diverged,
+/// ns spent planning.
+pub fn counters() -> (u64, u64, u64, u64, u64, u64) {
     (
+        PLAN_NANOS.load(Relaxed),
         PAUSES.load(Relaxed),
         PAUSE_NANOS.load(Relaxed),
         PAUSE_CHUNKS.load(Relaxed),

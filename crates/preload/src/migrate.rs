@@ -423,7 +423,7 @@ pub fn release_if_idle(ordinal: usize) {
 /// The counters, as `--stats` prints them (stats.rs).
 pub fn counters() -> stats::Migration {
     let (scanned, with_pointers, all_in_hbm) = hotness::launch_counts();
-    let (pauses, pause_nanos, pause_chunks, cycles_followed, cycles_diverged) = crate::cycle::counters();
+    let (plan_nanos, pauses, pause_nanos, pause_chunks, cycles_followed, cycles_diverged) = crate::cycle::counters();
     stats::Migration {
         enabled: enabled(),
         up: UP.load(Relaxed),
@@ -437,6 +437,7 @@ pub fn counters() -> stats::Migration {
         launches_with_pointers: with_pointers,
         launches_all_in_hbm: all_in_hbm,
         segments: crate::cycle::enabled(),
+        plan_nanos,
         pauses,
         pause_nanos,
         pause_chunks,

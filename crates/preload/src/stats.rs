@@ -120,8 +120,10 @@ pub struct Migration {
     pub launches_with_pointers: u64,
     pub launches_all_in_hbm: u64,
     /// Stage 3 (cycle.rs): whether it is on, pauses taken within cycles, time in them, chunks
-    /// moved at them; cycles followed to their end, and those that diverged from the recording.
+    /// moved at them; cycles followed to their end, and those that diverged from the recording;
+    /// time spent planning (at the synchronizations that end cycles).
     pub segments: bool,
+    pub plan_nanos: u64,
     pub pauses: u64,
     pub pause_nanos: u64,
     pub pause_chunks: u64,
@@ -141,7 +143,7 @@ impl Migration {
         format!(
             "tiermem: stats: migration {}: {} chunks up, {} down ({} moved), {} failed; {} quiesce points taken ({:.1} ms), {} skipped\n\
              tiermem: stats: launches: {} scanned, {} with tiermem pointers, {share} of those all in HBM\n\
-             tiermem: stats: segments {}: {} pauses ({:.1} ms), {} chunks moved at pauses; {} cycles followed to the end, {} diverged",
+             tiermem: stats: segments {}: {} pauses ({:.1} ms), {} chunks moved at pauses; {} cycles followed to the end, {} diverged; {:.1} ms planning",
             if self.enabled { "on" } else { "off" },
             self.up,
             self.down,
@@ -158,6 +160,7 @@ impl Migration {
             self.pause_chunks,
             self.cycles_followed,
             self.cycles_diverged,
+            self.plan_nanos as f64 / 1e6,
         )
     }
 
@@ -170,7 +173,7 @@ impl Migration {
                 "\"migration\": {{\"enabled\": {}, \"chunks_up\": {}, \"chunks_down\": {}, \"bytes_moved\": {}, ",
                 "\"failed\": {}, \"quiesce_taken\": {}, \"quiesce_skipped\": {}, \"quiesce_ms\": {:.3}}}, ",
                 "\"segments\": {{\"enabled\": {}, \"pauses\": {}, \"pause_ms\": {:.3}, \"pause_chunks\": {}, ",
-                "\"cycles_followed\": {}, \"cycles_diverged\": {}}}, ",
+                "\"cycles_followed\": {}, \"cycles_diverged\": {}, \"plan_ms\": {:.3}}}, ",
                 "\"launches\": {{\"scanned\": {}, \"with_pointers\": {}, \"all_in_hbm\": {}, \"all_in_hbm_share\": {}}}}}"
             ),
             stats.allocations,
@@ -191,6 +194,7 @@ impl Migration {
             self.pause_chunks,
             self.cycles_followed,
             self.cycles_diverged,
+            self.plan_nanos as f64 / 1e6,
             self.launches_scanned,
             self.launches_with_pointers,
             self.launches_all_in_hbm,
