@@ -8,6 +8,11 @@
 //! *pause* tiermem makes before the segment's first launch is enqueued: the gate held
 //! exclusively, the context waited for, the moves made as at a quiesce point.
 //!
+//! Several cycles a step (a program that synchronizes more than once per step) are told apart
+//! by their kernel sequences: the next cycle is predicted as the one that followed the cycle
+//! just ended the last two times ([`KEPT`] recordings and successors kept), else as that cycle
+//! again (a one-off cycle does not change the prediction).
+//!
 //! Following checks each launch against the recording: a different kernel at that index, or
 //! more launches than recorded, ends following for the rest of the cycle (no more pauses; the
 //! synchronization that ends it plans again from what was recorded meanwhile).
@@ -21,6 +26,7 @@
 //! (for extents), then the process state, each on its own.
 
 use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -89,17 +95,37 @@ impl Boundary {
 /// Launch index → the moves of the segment it begins (those with moves).
 type Pauses = HashMap<usize, Arc<Boundary>>;
 
-/// The plan for the cycle under way: the recorded kernels, and the boundaries with moves.
+/// The plan for the cycle under way: the recording it was made from, and the boundaries with moves.
 struct Following {
-    functions: Vec<usize>,
+    recording: Arc<Recording>,
     pauses: Pauses,
 }
 
-struct Cycles {
-    /// The cycle being recorded: each launch's kernel, and its pointers (`pointers[offsets[i]..]`).
+/// One cycle's launches: each one's kernel, and its pointers (`pointers[offsets[i]..]`).
+#[derive(Default)]
+struct Recording {
     functions: Vec<usize>,
     offsets: Vec<usize>,
     pointers: Vec<u64>,
+}
+
+impl Recording {
+    /// Its kernels' sequence, hashed: cycles with the same one are taken to be the same cycle.
+    fn fingerprint(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        self.functions.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// The pointers of launch `i`.
+    fn words(&self, i: usize) -> &[u64] {
+        &self.pointers[self.offsets[i]..self.offsets.get(i + 1).copied().unwrap_or(self.pointers.len())]
+    }
+}
+
+struct Cycles {
+    /// The cycle being recorded.
+    recording: Recording,
     /// Launches since the cycle began (counted before each launch is enqueued).
     count: usize,
     plan: Option<Following>,
@@ -107,9 +133,7 @@ struct Cycles {
 }
 
 static CYCLES: Mutex<Cycles> = Mutex::new(Cycles {
-    functions: Vec::new(),
-    offsets: Vec::new(),
-    pointers: Vec::new(),
+    recording: Recording { functions: Vec::new(), offsets: Vec::new(), pointers: Vec::new() },
     count: 0,
     plan: None,
     following: false,
@@ -118,6 +142,53 @@ static CYCLES: Mutex<Cycles> = Mutex::new(Cycles {
 fn cycles() -> MutexGuard<'static, Cycles> {
     // Every change under the lock is a push or a counter: consistent after a panic.
     CYCLES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Recordings kept (the latest of each kernel sequence), and successors remembered.
+const KEPT: usize = 4;
+
+/// Which cycle came after which: a step with several synchronizations is several cycles that
+/// follow each other in turn, and the next cycle is predicted as the one that followed the
+/// cycle just ended last time (else as the cycle just ended).
+struct History {
+    /// Fingerprint → the latest recording with it; most recently seen last.
+    recordings: Vec<(u64, Arc<Recording>)>,
+    /// Fingerprint → the fingerprint of the cycle after it, last time, and how many times in a
+    /// row that one came after it.
+    successors: Vec<(u64, u64, u32)>,
+    last: Option<u64>,
+}
+
+static HISTORY: Mutex<History> = Mutex::new(History { recordings: Vec::new(), successors: Vec::new(), last: None });
+
+impl History {
+    /// Learns that `recording` just ended; the recording the next cycle is predicted to repeat.
+    fn learn(&mut self, recording: Arc<Recording>) -> Arc<Recording> {
+        let fingerprint = recording.fingerprint();
+        self.recordings.retain(|(f, _)| *f != fingerprint);
+        self.recordings.push((fingerprint, recording.clone()));
+        if self.recordings.len() > KEPT {
+            self.recordings.remove(0);
+        }
+        if let Some(previous) = self.last.replace(fingerprint) {
+            let at = self.successors.iter().position(|s| s.0 == previous);
+            let seen = at.map(|at| self.successors.remove(at)).filter(|s| s.1 == fingerprint).map_or(0, |s| s.2);
+            self.successors.push((previous, fingerprint, seen.saturating_add(1)));
+            if self.successors.len() > KEPT {
+                self.successors.remove(0);
+            }
+        }
+        // A successor seen once may be a one-off (a step that diverged): twice in a row, it is
+        // the pattern.
+        let next = self.successors.iter().find(|s| s.0 == fingerprint && s.2 >= 2).map(|s| s.1);
+        next.and_then(|next| self.recordings.iter().find(|(f, _)| *f == next).map(|(_, r)| r.clone()))
+            .unwrap_or(recording)
+    }
+}
+
+fn history() -> MutexGuard<'static, History> {
+    // Every change under the lock is a few vector updates: consistent after a panic.
+    HISTORY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The counters `--stats` reports.
@@ -141,7 +212,7 @@ pub fn before_launch(f: usize) -> Option<Arc<Boundary>> {
         return None;
     }
     let plan = c.plan.as_ref()?;
-    if plan.functions.get(index) != Some(&f) {
+    if plan.recording.functions.get(index) != Some(&f) {
         c.following = false;
         DIVERGED.fetch_add(1, Relaxed);
         return None;
@@ -154,19 +225,18 @@ pub fn record(f: usize, words: &[u64]) {
     if !enabled() {
         return;
     }
-    let mut c = cycles();
-    if c.functions.len() > MAX_LAUNCHES {
+    let r = &mut cycles().recording;
+    if r.functions.len() > MAX_LAUNCHES {
         return;
     }
-    if c.pointers.len() + words.len().min(MAX_POINTERS) > MAX_CYCLE_POINTERS {
+    if r.pointers.len() + words.len().min(MAX_POINTERS) > MAX_CYCLE_POINTERS {
         // Too long to plan: marked as more launches than recorded at most.
-        c.functions.resize(MAX_LAUNCHES + 1, 0);
+        r.functions.resize(MAX_LAUNCHES + 1, 0);
         return;
     }
-    c.functions.push(f);
-    let offset = c.pointers.len();
-    c.offsets.push(offset);
-    c.pointers.extend(words.iter().take(MAX_POINTERS));
+    r.functions.push(f);
+    r.offsets.push(r.pointers.len());
+    r.pointers.extend(words.iter().take(MAX_POINTERS));
 }
 
 /// Pauses taken, time in them, chunks moved at them.
@@ -183,29 +253,28 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
     if !enabled() {
         return None;
     }
-    let (functions, offsets, pointers) = {
+    let recording = {
         let mut c = cycles();
         // Two synchronizations in a row: not a cycle; the plan stays for the one under way.
-        if c.count == 0 && c.functions.is_empty() {
+        if c.count == 0 && c.recording.functions.is_empty() {
             return None;
         }
         if c.following {
-            let recorded = c.plan.as_ref().map_or(0, |p| p.functions.len());
+            let recorded = c.plan.as_ref().map_or(0, |p| p.recording.functions.len());
             (if c.count == recorded { &FOLLOWED } else { &DIVERGED }).fetch_add(1, Relaxed);
         }
         c.count = 0;
         c.following = false;
         c.plan = None;
-        let functions = std::mem::take(&mut c.functions);
-        (functions, std::mem::take(&mut c.offsets), std::mem::take(&mut c.pointers))
+        std::mem::take(&mut c.recording)
     };
-    if functions.is_empty() || functions.len() > MAX_LAUNCHES || pointers.is_empty() {
+    if recording.functions.len() > MAX_LAUNCHES || recording.pointers.is_empty() {
+        history().last = None;
         return None;
     }
     let started = std::time::Instant::now();
-    let words: Vec<&[u64]> = (0..offsets.len())
-        .map(|i| &pointers[offsets[i]..offsets.get(i + 1).copied().unwrap_or(pointers.len())])
-        .collect();
+    let recording = history().learn(Arc::new(recording));
+    let words: Vec<&[u64]> = (0..recording.offsets.len()).map(|i| recording.words(i)).collect();
     let touched = hotness::launch_chunks(&words, MAX_CHUNKS);
     let Some(Ok(ordinal)) = process::current_gpu() else { return None };
     let planned = plan(ordinal, &touched);
@@ -214,7 +283,7 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
     let mut c = cycles();
     // Launches of other threads since the cycle ended would shift the indices: no following.
     c.following = c.count == 0;
-    c.plan = Some(Following { functions, pauses });
+    c.plan = Some(Following { recording, pauses });
     Some(first)
 }
 
@@ -259,4 +328,27 @@ pub fn counters() -> (u64, u64, u64, u64, u64, u64) {
         FOLLOWED.load(Relaxed),
         DIVERGED.load(Relaxed),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cycle(functions: &[usize]) -> Arc<Recording> {
+        Arc::new(Recording { functions: functions.to_vec(), offsets: vec![0; functions.len()], pointers: Vec::new() })
+    }
+
+    /// What `learn` predicts after each cycle of `sequence` ends (by the first kernel).
+    fn predictions(sequence: &[&[usize]]) -> Vec<usize> {
+        let mut history = History { recordings: Vec::new(), successors: Vec::new(), last: None };
+        sequence.iter().map(|&functions| history.learn(cycle(functions)).functions[0]).collect()
+    }
+
+    #[test]
+    fn the_next_cycle_is_the_one_that_followed_twice_else_the_same() {
+        let (a, b, c): (&[usize], &[usize], &[usize]) = (&[1, 2], &[3], &[4, 4]);
+        assert_eq!(predictions(&[a, a, a]), [1, 1, 1], "one cycle a step");
+        assert_eq!(predictions(&[a, b, a, b, a, b]), [1, 3, 1, 3, 3, 1], "two a step, told apart from the fifth");
+        assert_eq!(predictions(&[a, a, c, a, a]), [1, 1, 4, 1, 1], "a one-off cycle changes nothing");
+    }
 }

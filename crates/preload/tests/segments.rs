@@ -3,7 +3,7 @@
 //! segment that needs the buffers on the host and bring them in, so every launch finds its
 //! pointers in HBM (the probe checks each, and every byte); cycles that diverge from the
 //! recording fall back and are counted; with `TIERMEM_SEGMENTS=off`, stage 2 alone leaves a
-//! third of the launches reading the host.
+//! third of the launches reading the host. A step of two different cycles is followed too.
 
 mod support;
 
@@ -52,4 +52,16 @@ fn with_segments_off_stage_two_alone_leaves_launches_on_the_host() {
     assert!(stderr.contains("segments off: 0 pauses"), "{stderr}");
     let share = all_in_hbm_share(&stderr);
     assert!(share < 0.8, "launches all in HBM without segments: {share}\n{stderr}");
+}
+
+#[test]
+fn two_cycles_a_step_are_told_apart() {
+    let output = support::probe("segments-alternate", &["segments-alternate"], &ENV);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("segments-alternate: ok"), "{stdout}");
+    // Until each cycle has followed the other twice in a row, the next cycle is planned as the
+    // one before it, and diverges (4 times); then each is predicted as its successor.
+    assert!(stderr.contains("11 cycles followed to the end, 4 diverged"), "{stderr}");
+    let share = all_in_hbm_share(&stderr);
+    assert!(share > 0.85, "launches all in HBM: {share}\n{stderr}");
 }

@@ -4,12 +4,14 @@
 //! chunk. From the third cycle on (the first is recorded, the second follows its plan), every
 //! kernel must find its buffer in HBM once its launch returns (the fake runs kernels at once);
 //! cycles that diverge from the recording (another kernel at an index, more launches) run
-//! correctly without that; every byte is checked at the end.
+//! correctly without that; every byte is checked at the end. `segments-alternate`: a step of
+//! two different cycles (the loop, then the buffers in reverse order read by another kernel),
+//! each ended by a synchronization.
 
 use std::ffi::c_void;
 
 use super::migration::{free_all, hbm_in_use, locations, Kernels, Sync, CHUNK, LIBRARY, READS, WRITES};
-use super::{Alloc, Cuda, MIB};
+use super::{Alloc, Census, Cuda, MIB};
 
 const BUFFERS: usize = 6;
 const SIZE: usize = 4 * MIB;
@@ -24,12 +26,19 @@ enum Shape {
     OtherKernel,
     /// Three more launches at the end.
     Longer,
+    /// The buffers in reverse order, each read by the library kernel: another cycle.
+    Reversed,
 }
 
 /// One cycle over the buffers; checks each launch found its buffer in HBM if `resident`.
 fn cycle(cuda: &Cuda, kernels: &Kernels, sync: Sync, buffers: &[u64], shape: Shape, resident: bool) {
-    for (i, &b) in buffers.iter().enumerate() {
-        let code = if shape == Shape::OtherKernel && i == 1 {
+    let order: Vec<(usize, u64)> = if shape == Shape::Reversed {
+        buffers.iter().copied().enumerate().rev().collect()
+    } else {
+        buffers.iter().copied().enumerate().collect()
+    };
+    for (i, b) in order {
+        let code = if shape == Shape::Reversed || (shape == Shape::OtherKernel && i == 1) {
             kernels.launch(LIBRARY, &mut [4usize as *mut c_void, b as *mut c_void])
         } else {
             kernels.launch(READS, &mut [b as *mut c_void, b as *mut c_void, 7usize as *mut c_void])
@@ -59,7 +68,9 @@ fn expected(seed: u8, writes: u64) -> Vec<u8> {
     bytes
 }
 
-pub fn segments() {
+/// `segments`, or `segments-alternate`: two different cycles a step (each ended by a
+/// synchronization), told apart once each has followed the other twice.
+pub fn segments(alternate: bool) {
     let cuda = Cuda::load();
     cuda.start();
     let before = cuda.census();
@@ -80,6 +91,15 @@ pub fn segments() {
             *w += 1 + u64::from(shape == Shape::Longer && i < 3);
         }
     };
+    if alternate {
+        for step in 0..8 {
+            run(Shape::Loop, step >= 3);
+            run(Shape::Reversed, step >= 2);
+        }
+        check_and_free(&cuda, &buffers, &writes, &before);
+        println!("segments-alternate: ok");
+        return;
+    }
     for n in 0..8 {
         run(Shape::Loop, n >= 1);
     }
@@ -91,9 +111,14 @@ pub fn segments() {
         run(Shape::Loop, true);
         run(Shape::Loop, true);
     }
+    check_and_free(&cuda, &buffers, &writes, &before);
+    println!("segments: ok");
+}
+
+/// Checks every byte of the buffers, then frees them (and checks nothing is left).
+fn check_and_free(cuda: &Cuda, buffers: &[u64], writes: &[u64], before: &Census) {
     for (i, &b) in buffers.iter().enumerate() {
         assert!(cuda.read(b, SIZE) == expected(i as u8, writes[i]), "buffer {i}'s bytes");
     }
-    free_all(&cuda, &buffers, &before);
-    println!("segments: ok");
+    free_all(cuda, buffers, before);
 }
