@@ -14,6 +14,10 @@
 //! Where the driver cannot say a kernel's parameters (older than 12.4), its launches carry no
 //! hotness: they still hold the gate, which is what safety needs.
 //!
+//! Stage 3 (cycle.rs) counts every launch against the plan of the cycle under way: the first
+//! launch of a planned segment takes a pause before it takes the gate — the segment's moves
+//! are made (migrate.rs's `carry`) — and each launch's pointers are recorded for the next plan.
+//!
 //! While no chunk is on the host no launch is scanned at all: nothing could move up, so the
 //! hotness would be wasted, and a program that fits pays the gate only.
 

@@ -13,6 +13,11 @@
 //! chunks, at most ten times a second); and the plan for the epoch's heats (moves.rs) is not
 //! empty. Each evaluation ends the hotness epoch.
 //!
+//! With stage 3 on (cycle.rs), a quiesce point first ends the program's cycle and plans the
+//! next; when there is a plan, its first segment's moves are made here ([`carry`]) instead of
+//! the hotness plan's, whatever the interval. `carry` also makes the moves of the pauses stage 3
+//! takes before a segment's first launch, under the same guards and the same gate.
+//!
 //! # How
 //!
 //! Holding the gate exclusively (no routed work is enqueued meanwhile), tiermem waits for the
