@@ -173,6 +173,40 @@ pub fn take_epoch() -> Heats {
     heats
 }
 
+/// A chunk: its allocation's start and its index there.
+pub type ChunkId = (u64, usize);
+
+/// For each launch of a recorded cycle (cycle.rs), given the pointers it passed, the chunks it
+/// touches: the extents (module docs) of the pointers the whole cycle passed, at most `cap`
+/// chunks per launch (those of its first pointers). Pointers now in no allocation are dropped.
+pub fn launch_chunks(launches: &[&[u64]], cap: usize) -> Vec<Vec<ChunkId>> {
+    let index = index();
+    let mut pointers: Vec<u64> = launches.iter().flat_map(|words| words.iter().copied()).collect();
+    pointers.sort_unstable();
+    pointers.dedup();
+    // Each pointer's extent: its allocation, first and last chunk.
+    let mut extents: HashMap<u64, (u64, usize, usize)> = HashMap::with_capacity(pointers.len());
+    for (i, &ptr) in pointers.iter().enumerate() {
+        let Some((start, region)) = index.region_of(ptr) else { continue };
+        let end = pointers.get(i + 1).filter(|&&next| next < region.end).copied().unwrap_or(region.end);
+        let first = ((ptr - start) / region.chunk) as usize;
+        let last = ((end - 1 - start) / region.chunk) as usize;
+        extents.insert(ptr, (start, first, last));
+    }
+    launches
+        .iter()
+        .map(|words| {
+            let mut chunks: Vec<ChunkId> = Vec::new();
+            for &(start, first, last) in words.iter().filter_map(|w| extents.get(w)) {
+                chunks.extend((first..=last).map(|c| (start, c)).take(cap.saturating_sub(chunks.len())));
+            }
+            chunks.sort_unstable();
+            chunks.dedup();
+            chunks
+        })
+        .collect()
+}
+
 /// Launches scanned, with pointers of tiermem's, and with all of those in HBM, so far.
 pub fn launch_counts() -> (u64, u64, u64) {
     (SCANNED.load(Relaxed), WITH_POINTERS.load(Relaxed), ALL_IN_HBM.load(Relaxed))

@@ -14,13 +14,19 @@
 //! Where the driver cannot say a kernel's parameters (older than 12.4), its launches carry no
 //! hotness: they still hold the gate, which is what safety needs.
 //!
+//! Stage 3 (cycle.rs) counts every launch against the plan of the cycle under way: the first
+//! launch of a planned segment takes a pause before it takes the gate — the segment's moves
+//! are made (migrate.rs's `carry`) — and each launch's pointers are recorded for the next plan.
+//!
 //! While no chunk is on the host no launch is scanned at all: nothing could move up, so the
 //! hotness would be wasted, and a program that fits pays the gate only.
 
 use std::cell::RefCell;
 use std::ffi::{c_uint, c_void};
+use std::time::Instant;
 
-use crate::boundary::{enter, inside, to_driver, CuResult, CUDA_SUCCESS};
+use crate::boundary::{enter, guard, inside, to_driver, CuResult, CUDA_SUCCESS};
+use crate::cycle;
 use crate::driver::{driver, ParamInfoFn, Stream};
 use crate::gate;
 use crate::hotness;
@@ -45,15 +51,19 @@ thread_local! {
 }
 
 /// Holds the gate, records the launch's pointers if hotness is wanted, enqueues.
-fn launch(
-    _name: &'static str,
-    call: impl FnOnce() -> CuResult,
-    f: Function,
-    params: Params,
-    extra: Params,
-) -> CuResult {
+fn launch(name: &'static str, call: impl FnOnce() -> CuResult, f: Function, params: Params, extra: Params) -> CuResult {
     if inside() {
         return to_driver(call);
+    }
+    // Stage 3: the first launch of a planned segment waits for its chunks (cycle.rs).
+    if let Some(boundary) = cycle::before_launch(f as usize) {
+        guard(name, || {
+            let started = Instant::now();
+            if let Some(moved) = crate::migrate::carry(name, &boundary) {
+                cycle::paused(started.elapsed().as_nanos() as u64, moved);
+            }
+            CUDA_SUCCESS
+        });
     }
     let _gate = gate::shared();
     if hotness::watching() {
@@ -61,6 +71,8 @@ fn launch(
         // A bug in scanning must not stop the launch: a panic only loses this launch's hotness.
         // SAFETY: the caller's launch arguments, which the driver is about to read the same way.
         let _ = std::panic::catch_unwind(|| unsafe { record(f, params, extra) });
+    } else {
+        cycle::record(f as usize, &[]);
     }
     to_driver(call)
 }
@@ -97,6 +109,7 @@ unsafe fn record(f: Function, params: Params, extra: Params) {
             unsafe { scan_extra(extra, &mut found) };
         }
         hotness::record(&found);
+        cycle::record(f as usize, &found);
     });
 }
 

@@ -71,16 +71,30 @@
 //! hotness.rs), given to a pure policy (moves.rs). The moves keep each chunk's address, so
 //! nothing the program holds — pointers, captured graphs — goes stale (migrate.rs).
 //!
+//! # Stage 3: paging within a cycle
+//!
+//! A training loop touches its whole working set every step, so placing chunks once per step
+//! leaves the share beyond the budget on the host. tiermem records each *cycle* — the launches
+//! between two synchronizations: kernel handle, chunks touched — and plans the next as the same
+//! (cycle.rs): consecutive segments whose working set fits the budget, with the moves before
+//! each (segments.rs, pure: bring the segment's chunks up, send down those used furthest ahead).
+//! The first segment's moves are made at the synchronization; each later one at a *pause*
+//! tiermem makes before the segment's first launch (gate exclusive, context idle, stage 2's
+//! moves). A kernel other than the recorded one at an index, or more launches, stops following
+//! until the next synchronization. Safe with pointers tiermem never saw: moves happen only with
+//! the context idle.
+//!
 //! ```text
 //!  dlsym · cuGetProcAddress(_v2)   routes.rs: real pointer → wrapper
 //!        │
 //!  cuMemAlloc_v2, cuMemFree_v2 …   entry.rs: what tiermem serves, what goes to the driver
-//!  cuLaunchKernel …                launch.rs: gate + argument scan → hotness.rs
+//!  cuLaunchKernel …                launch.rs: pause (cycle.rs) + gate + argument scan → hotness.rs, cycle.rs
 //!  cuMemcpy* · cuMemset* · sync    gated.rs (wrappers.rs writes them): gate, quiesce points
 //!        │
 //!  process.rs                      GPUs, budget, allocations.rs (books), stats.rs
 //!        │                 └──── placement.rs (pure: HBM or host at allocation)
-//!  migrate.rs                      at a quiesce point: moves.rs (pure: what moves), then maps, copies, remaps
+//!  migrate.rs                      at a quiesce point: moves.rs (pure: what moves), then maps, copies, remaps;
+//!                                  at a pause: a segment's moves (segments.rs, pure: cut and Belady)
 //!        │
 //!  tiermem-mechanism (CudaDevice)  reserve, create, map, set access, copy
 //!  driver.rs                       the real dlsym, libcuda, the driver's own entry points
@@ -91,6 +105,7 @@
 
 mod allocations;
 mod boundary;
+mod cycle;
 mod driver;
 mod entry;
 mod gate;
@@ -103,6 +118,7 @@ mod nvml;
 mod placement;
 mod process;
 mod routes;
+mod segments;
 mod stats;
 mod wrappers;
 

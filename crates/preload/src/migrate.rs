@@ -13,6 +13,11 @@
 //! chunks, at most ten times a second); and the plan for the epoch's heats (moves.rs) is not
 //! empty. Each evaluation ends the hotness epoch.
 //!
+//! With stage 3 on (cycle.rs), a quiesce point first ends the program's cycle and plans the
+//! next; when there is a plan, its first segment's moves are made here ([`carry`]) instead of
+//! the hotness plan's, whatever the interval. `carry` also makes the moves of the pauses stage 3
+//! takes before a segment's first launch, under the same guards and the same gate.
+//!
 //! # How
 //!
 //! Holding the gate exclusively (no routed work is enqueued meanwhile), tiermem waits for the
@@ -45,8 +50,9 @@ use std::time::{Duration, Instant};
 use tiermem_mechanism::{ChunkLocation, Device, PhysHandle, StreamHandle};
 
 use crate::boundary::{log, CUDA_SUCCESS};
+use crate::cycle::Boundary;
 use crate::driver::driver;
-use crate::hotness::{self, Heats};
+use crate::hotness::{self, ChunkId, Heats};
 use crate::moves::{self, Candidate, Plan};
 use crate::placement::Tier;
 use crate::process::{self, Process};
@@ -141,7 +147,29 @@ pub fn stop(call: &str, why: &str) {
 /// A quiesce point: the program's synchronization `call` just succeeded (module documentation).
 pub fn quiesce_point(call: &str) {
     let config = config();
-    if !config.enabled || !hotness::watching() {
+    if !config.enabled {
+        return;
+    }
+    // Stage 3 (cycle.rs): the cycle ends; with a plan for the next, its first segment's moves
+    // are made here instead of the hotness plan's.
+    let first = crate::cycle::cycle_ends();
+    if !hotness::watching() {
+        return;
+    }
+    if let Some(first) = first {
+        let started = Instant::now();
+        // The epoch's heat is not used while segments place the chunks; it is kept for a later
+        // quiesce point if they could not (a stream capture under way, another migration).
+        match first.is_empty().then_some(0).or_else(|| carry(call, &first)) {
+            Some(moved) => {
+                drop(hotness::take_epoch());
+                if moved > 0 {
+                    TAKEN.fetch_add(1, Relaxed);
+                    NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+                }
+            }
+            None => drop(SKIPPED.fetch_add(1, Relaxed)),
+        }
         return;
     }
     let Some(mut state) = try_state() else {
@@ -179,9 +207,6 @@ pub fn quiesce_point(call: &str) {
     NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
 }
 
-/// A chunk: its allocation's start and its index there.
-type ChunkId = (u64, usize);
-
 /// The plan for GPU `ordinal`'s chunks, and the chunk each id of it names.
 fn plan_for(p: &Process, ordinal: usize, heats: &Heats, state: &State, batch: usize) -> (Plan, Vec<ChunkId>) {
     let Some(gpu) = p.gpus.get(&ordinal).filter(|gpu| gpu.device.is_some()) else { return Default::default() };
@@ -198,6 +223,45 @@ fn plan_for(p: &Process, ordinal: usize, heats: &Heats, state: &State, batch: us
     }
     let room = gpu.budget.saturating_sub(gpu.hbm_used) / gpu.chunk.max(1);
     (moves::plan(&candidates, room, batch), ids)
+}
+
+/// Makes the moves of a segment boundary (cycle.rs), at a pause or at a quiesce point: as a
+/// quiesce point does, under the same guards (another migration under way, a stream capture, a
+/// context of the program's own: nothing moves), the gate held exclusively and the context
+/// waited for; in batches. Moves that no longer apply (a chunk freed, or already where it would
+/// go) are dropped. The chunks moved, or `None` if nothing could be done.
+pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
+    let config = config();
+    let mut state = try_state()?;
+    let state = state.get_or_insert_with(State::default);
+    if gate::forbidden().is_some() {
+        return None;
+    }
+    let Some(Ok(ordinal)) = process::current_gpu() else { return None };
+    let _gate = gate::exclusive();
+    // A capture that began before the gate was taken makes a context synchronization illegal.
+    let synced = gate::forbidden().is_none()
+        // SAFETY: the driver's cuCtxSynchronize, on this thread's current context.
+        && driver().and_then(|d| d.ctx_synchronize).is_some_and(|sync| unsafe { sync() } == CUDA_SUCCESS);
+    if !synced {
+        return None;
+    }
+    let mut p = process::lock();
+    state.evaluations += 1;
+    let applies = |p: &Process, id: &ChunkId, tier: Tier| {
+        p.books.get(id.0).filter(|a| a.ordinal == ordinal).and_then(|a| a.chunks.get(id.1)).is_some_and(|c| c.1 == tier)
+    };
+    let down: Vec<ChunkId> = boundary.down.iter().copied().filter(|id| applies(&p, id, Tier::Hbm)).collect();
+    let up: Vec<ChunkId> = boundary.up.iter().copied().filter(|id| applies(&p, id, Tier::Host)).collect();
+    let ids: Vec<ChunkId> = down.iter().chain(&up).copied().collect();
+    let before = UP.load(Relaxed) + DOWN.load(Relaxed);
+    let batch = config.batch;
+    for round in 0..down.len().max(up.len()).div_ceil(batch) {
+        let range = |len: usize| (round * batch).min(len)..((round + 1) * batch).min(len);
+        let plan = Plan { down: range(down.len()).collect(), up: range(up.len()).map(|i| down.len() + i).collect() };
+        execute(call, &mut p, ordinal, &plan, &ids, state, batch);
+    }
+    Some(UP.load(Relaxed) + DOWN.load(Relaxed) - before)
 }
 
 /// One chunk to move: its address, its physical chunk now, the one it moves to.
@@ -364,6 +428,7 @@ pub fn release_if_idle(ordinal: usize) {
 /// The counters, as `--stats` prints them (stats.rs).
 pub fn counters() -> stats::Migration {
     let (scanned, with_pointers, all_in_hbm) = hotness::launch_counts();
+    let (plan_nanos, pauses, pause_nanos, pause_chunks, cycles_followed, cycles_diverged) = crate::cycle::counters();
     stats::Migration {
         enabled: enabled(),
         up: UP.load(Relaxed),
@@ -376,5 +441,12 @@ pub fn counters() -> stats::Migration {
         launches_scanned: scanned,
         launches_with_pointers: with_pointers,
         launches_all_in_hbm: all_in_hbm,
+        segments: crate::cycle::enabled(),
+        plan_nanos,
+        pauses,
+        pause_nanos,
+        pause_chunks,
+        cycles_followed,
+        cycles_diverged,
     }
 }

@@ -119,6 +119,16 @@ pub struct Migration {
     pub launches_scanned: u64,
     pub launches_with_pointers: u64,
     pub launches_all_in_hbm: u64,
+    /// Stage 3 (cycle.rs): whether it is on, pauses taken within cycles, time in them, chunks
+    /// moved at them; cycles followed to their end, and those that diverged from the recording;
+    /// time spent planning (at the synchronizations that end cycles).
+    pub segments: bool,
+    pub plan_nanos: u64,
+    pub pauses: u64,
+    pub pause_nanos: u64,
+    pub pause_chunks: u64,
+    pub cycles_followed: u64,
+    pub cycles_diverged: u64,
 }
 
 impl Migration {
@@ -132,7 +142,8 @@ impl Migration {
         let share = self.all_in_hbm_share().map_or("-".to_string(), |s| format!("{:.1}%", s * 100.0));
         format!(
             "tiermem: stats: migration {}: {} chunks up, {} down ({} moved), {} failed; {} quiesce points taken ({:.1} ms), {} skipped\n\
-             tiermem: stats: launches: {} scanned, {} with tiermem pointers, {share} of those all in HBM",
+             tiermem: stats: launches: {} scanned, {} with tiermem pointers, {share} of those all in HBM\n\
+             tiermem: stats: segments {}: {} pauses ({:.1} ms), {} chunks moved at pauses; {} cycles followed to the end, {} diverged; {:.1} ms planning",
             if self.enabled { "on" } else { "off" },
             self.up,
             self.down,
@@ -143,6 +154,13 @@ impl Migration {
             self.skipped,
             self.launches_scanned,
             self.launches_with_pointers,
+            if self.segments { "on" } else { "off" },
+            self.pauses,
+            self.pause_nanos as f64 / 1e6,
+            self.pause_chunks,
+            self.cycles_followed,
+            self.cycles_diverged,
+            self.plan_nanos as f64 / 1e6,
         )
     }
 
@@ -154,6 +172,8 @@ impl Migration {
                 "{{\"allocations\": {}, \"refused\": {}, \"hbm_peak_bytes\": {}, \"host_peak_bytes\": {}, ",
                 "\"migration\": {{\"enabled\": {}, \"chunks_up\": {}, \"chunks_down\": {}, \"bytes_moved\": {}, ",
                 "\"failed\": {}, \"quiesce_taken\": {}, \"quiesce_skipped\": {}, \"quiesce_ms\": {:.3}}}, ",
+                "\"segments\": {{\"enabled\": {}, \"pauses\": {}, \"pause_ms\": {:.3}, \"pause_chunks\": {}, ",
+                "\"cycles_followed\": {}, \"cycles_diverged\": {}, \"plan_ms\": {:.3}}}, ",
                 "\"launches\": {{\"scanned\": {}, \"with_pointers\": {}, \"all_in_hbm\": {}, \"all_in_hbm_share\": {}}}}}"
             ),
             stats.allocations,
@@ -168,6 +188,13 @@ impl Migration {
             self.taken,
             self.skipped,
             self.nanos as f64 / 1e6,
+            self.segments,
+            self.pauses,
+            self.pause_nanos as f64 / 1e6,
+            self.pause_chunks,
+            self.cycles_followed,
+            self.cycles_diverged,
+            self.plan_nanos as f64 / 1e6,
             self.launches_scanned,
             self.launches_with_pointers,
             self.launches_all_in_hbm,
@@ -214,7 +241,14 @@ mod tests {
         let report = m.report();
         assert!(report.contains("migration on: 3 chunks up, 1 down (8.00 MiB moved), 0 failed; 2 quiesce points taken (1.5 ms), 5 skipped"), "{report}");
         assert!(report.contains("launches: 0 scanned, 0 with tiermem pointers, - of those"), "{report}");
+        assert!(
+            report.contains(
+                "segments off: 0 pauses (0.0 ms), 0 chunks moved at pauses; 0 cycles followed to the end, 0 diverged"
+            ),
+            "{report}"
+        );
         let json = m.json(&s);
         assert!(json.contains("\"chunks_up\": 3") && json.contains("\"all_in_hbm_share\": null}}"), "{json}");
+        assert!(json.contains("\"segments\": {\"enabled\": false, \"pauses\": 0, \"pause_ms\": 0.000"), "{json}");
     }
 }

@@ -9,7 +9,8 @@
 //! moved and the time it spent at quiesce points (`quiesce_ms_per_step` divides it by the steps
 //! run), and the share of launches with tiermem's pointers whose pointers were all in HBM
 //! (`launches_all_in_hbm_share`, from the run at 0.7× the peak). Both are in each run's report
-//! under `tiermem`.
+//! under `tiermem`. Stage 3's counters (pauses, their time, cycles followed and diverged) are
+//! in `segments_0_7`/`segments_0_5`, and `pause_ms_per_step` divides the time in pauses by the steps.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -79,10 +80,11 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
     let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
     let (s_uncapped, s_fits, s_07, s_05) = (step_s(&uncapped), step_s(&fits), step_s(&at_0_7), step_s(&at_0_5));
     // Time at quiesce points over the steps run (the first, which warms up, included).
-    let quiesce_ms_per_step = |run: &Value| {
+    let per_step = |run: &Value, group: &str, key: &str| {
         let steps = run["step_s"].as_array().map_or(0, Vec::len);
-        run["tiermem"]["migration"]["quiesce_ms"].as_f64().filter(|_| steps > 0).map(|ms| ms / steps as f64)
+        run["tiermem"][group][key].as_f64().filter(|_| steps > 0).map(|ms| ms / steps as f64)
     };
+    let quiesce_ms_per_step = |run: &Value| per_step(run, "migration", "quiesce_ms");
     let checks = json!({
         "losses_identical": same(&fits) && same(&at_0_7) && same(&at_0_5),
         "uncapped_finished": uncapped["oom"] == false,
@@ -104,6 +106,10 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "launches_all_in_hbm_share_0_5": at_0_5["tiermem"]["launches"]["all_in_hbm_share"],
         "migration_0_7": at_0_7["tiermem"]["migration"],
         "migration_0_5": at_0_5["tiermem"]["migration"],
+        "pause_ms_per_step": per_step(&at_0_7, "segments", "pause_ms"),
+        "pause_ms_per_step_0_5": per_step(&at_0_5, "segments", "pause_ms"),
+        "segments_0_7": at_0_7["tiermem"]["segments"],
+        "segments_0_5": at_0_5["tiermem"]["segments"],
         "peak_reserved_bytes": peak,
         "budgets_bytes": { "fits": budget(2.0), "0_7": budget(0.7), "0_5": budget(0.5) },
         "small": setup.small,
@@ -120,6 +126,8 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "metrics": metrics, "ratios": ratios, "checks": checks, "verified": verified,
         "notes": "stage 2: chunks placed at allocation (HBM up to the budget, host-located VMM chunks beyond), \
                   moved at quiesce points (the program's synchronizations) by hotness from launch arguments; \
+                  stage 3 (TIERMEM_SEGMENTS, on unless set off): each step's launches recorded and paged in by \
+                  segments at pauses (pause_ms_per_step, segments_*); \
                   quiesce_ms_per_step and launches_all_in_hbm_share from the run at 0.7x the peak",
     });
     let detail =

@@ -17,11 +17,17 @@
 //! the same with the Nth call of CALL failing mid-migration. `migrate-threads`: threads launch
 //! kernels that write while another synchronizes, and migrates; `migrate-capture`: nothing moves
 //! while a stream capture is under way (src/bin/probe/migration.rs).
+//! `tiermem-preload-probe segments` — stage 3: a loop over more buffers than the budget, one
+//! synchronization per cycle, finds each buffer in HBM when its kernel runs once the cycle is
+//! recorded; diverging cycles run correctly; every byte stays; `segments-alternate`: two
+//! different cycles a step, told apart (src/bin/probe/segments.rs).
 //! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
 //! once under a budget of 16 MiB; every byte reads back, the budget is whole again, nothing leaks.
 
 #[path = "probe/migration.rs"]
 mod migration;
+#[path = "probe/segments.rs"]
+mod segments;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
@@ -500,6 +506,8 @@ fn main() {
         ["migrate-fail", call, nth] => migration::migrate_fail(call, nth.parse().expect("migrate-fail CALL N")),
         ["migrate-threads"] => migration::threads(),
         ["migrate-capture"] => migration::capture(),
+        ["segments"] => segments::segments(false),
+        ["segments-alternate"] => segments::segments(true),
         _ => {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \

@@ -21,7 +21,7 @@ type Launch = unsafe extern "C" fn(
     *mut *mut c_void,
     *mut *mut c_void,
 ) -> Code;
-type Sync = unsafe extern "C" fn() -> Code;
+pub type Sync = unsafe extern "C" fn() -> Code;
 type Register = unsafe extern "C" fn(*mut c_void, *const usize, usize, c_int) -> Code;
 type Location = extern "C" fn(u64) -> c_int;
 type Fail = unsafe extern "C" fn(*const std::ffi::c_char, usize) -> Code;
@@ -29,20 +29,20 @@ type Fail = unsafe extern "C" fn(*const std::ffi::c_char, usize) -> Code;
 /// Kernels: one that reads two pointers and a 4-byte scalar; one that takes a 64-byte struct
 /// of addresses (as PyTorch's multi_tensor_apply does), which only tiermem's scan sees; one
 /// that writes through one pointer.
-const READS: usize = 0x1000;
+pub const READS: usize = 0x1000;
 const TAKES_STRUCT: usize = 0x2000;
-const WRITES: usize = 0x3000;
+pub const WRITES: usize = 0x3000;
 /// A library kernel (a `CUkernel`, as the CUDA runtime launches its own): its parameters only
 /// `cuKernelGetParamInfo` answers, and its pointer is its second parameter.
-const LIBRARY: usize = 0x4000;
-const CHUNK: usize = 2 * MIB;
+pub const LIBRARY: usize = 0x4000;
+pub const CHUNK: usize = 2 * MIB;
 
-struct Kernels {
+pub struct Kernels {
     launch: Launch,
 }
 
 impl Kernels {
-    fn register(cuda: &Cuda) -> Kernels {
+    pub fn register(cuda: &Cuda) -> Kernels {
         let register: Register = cuda.fake(c"tiermem_fake_kernel");
         // SAFETY: the fake's registration with arrays of the counts given.
         unsafe {
@@ -55,7 +55,7 @@ impl Kernels {
     }
 
     /// Launches `kernel` with 8-byte parameter values `args` (each passed by address, as CUDA does).
-    fn launch(&self, kernel: usize, args: &mut [*mut c_void]) -> Code {
+    pub fn launch(&self, kernel: usize, args: &mut [*mut c_void]) -> Code {
         let mut params = args.iter_mut().map(|a| (a as *mut *mut c_void).cast::<c_void>()).collect::<Vec<_>>();
         self.launch_with(kernel, &mut params)
     }
@@ -70,7 +70,7 @@ impl Kernels {
 }
 
 /// Where each chunk of `len` bytes at `ptr` lives: 1 HBM, 2 host.
-fn locations(cuda: &Cuda, ptr: u64, len: usize) -> Vec<c_int> {
+pub fn locations(cuda: &Cuda, ptr: u64, len: usize) -> Vec<c_int> {
     let location: Location = cuda.fake(c"tiermem_fake_location");
     (0..len / CHUNK).map(|i| location(ptr + (i * CHUNK) as u64)).collect()
 }
@@ -108,7 +108,7 @@ fn hot_b(cuda: &Cuda, kernels: &Kernels) -> (u64, u64) {
 }
 
 /// Frees A and B; checks the budget is whole and nothing is held beyond `before`.
-fn free_all(cuda: &Cuda, ptrs: &[u64], before: &Census) {
+pub fn free_all(cuda: &Cuda, ptrs: &[u64], before: &Census) {
     let free: Free = cuda.get(c"cuMemFree", 0);
     for &p in ptrs {
         // SAFETY: pointers the allocation gave.
@@ -118,7 +118,7 @@ fn free_all(cuda: &Cuda, ptrs: &[u64], before: &Census) {
     assert_eq!(cuda.census().held(), before.held(), "leak: spare chunks and the scratch range go with the last free");
 }
 
-fn hbm_in_use(cuda: &Cuda) -> usize {
+pub fn hbm_in_use(cuda: &Cuda) -> usize {
     let get_info: GetInfo = cuda.get(c"cuMemGetInfo", 0);
     let (mut free, mut total) = (0, 0);
     // SAFETY: valid out-pointers.

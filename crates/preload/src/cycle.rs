@@ -1,0 +1,354 @@
+//! Stage 3: paging within a step. A *cycle* is what the program launches between two of its
+//! synchronizations (the quiesce points of migrate.rs); a training loop repeats the same one
+//! every step. tiermem records each cycle's launches — the kernel's handle and the pointers the
+//! scan found in its arguments (launch.rs) — and at the synchronization that ends it plans the
+//! next one as the same: segments whose working set fits in the budget, with the moves to make
+//! before each segment's first launch (segments.rs). The first segment's moves are made at the
+//! synchronization itself (migrate.rs, in place of stage 2's hotness plan); each later one at a
+//! *pause* tiermem makes before the segment's first launch is enqueued: the gate held
+//! exclusively, the context waited for, the moves made as at a quiesce point.
+//!
+//! Several cycles a step (a program that synchronizes more than once per step) are told apart
+//! by their kernel sequences: the next cycle is predicted as the one that followed the cycle
+//! just ended the last two times ([`KEPT`] recordings and successors kept), else as that cycle
+//! again (a one-off cycle does not change the prediction).
+//!
+//! Following checks each launch against the recording: a different kernel at that index, or
+//! more launches than recorded, ends following for the rest of the cycle (no more pauses; the
+//! synchronization that ends it plans again from what was recorded meanwhile).
+//!
+//! Bounded: at most [`MAX_LAUNCHES`] launches and [`MAX_CYCLE_POINTERS`] pointers per cycle
+//! are recorded (a longer cycle is not planned), [`MAX_POINTERS`] pointers and [`MAX_CHUNKS`]
+//! chunks per launch.
+//!
+//! Locking: one mutex over the recording and the plan, held for a few pushes per launch and
+//! never while calling the driver or taking another lock; planning reads the hotness index
+//! (for extents), then the process state, each on its own.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use crate::boundary::log;
+use crate::hotness::{self, ChunkId};
+use crate::placement::Tier;
+use crate::process;
+use crate::segments::{self, Cycle};
+
+/// Launches recorded per cycle at most; a longer cycle is not planned.
+pub const MAX_LAUNCHES: usize = 200_000;
+/// Pointers recorded per launch at most (the first ones scanned).
+pub const MAX_POINTERS: usize = 64;
+/// Chunks a launch is taken to touch at most.
+pub const MAX_CHUNKS: usize = 4096;
+/// Pointers recorded per cycle at most (16 MiB of them); a cycle passing more is not planned.
+pub const MAX_CYCLE_POINTERS: usize = 2 << 20;
+
+/// The knobs (docs/transparent.md).
+struct Config {
+    enabled: bool,
+    /// Budget left free by the plans, in bytes.
+    margin: usize,
+}
+
+fn config() -> &'static Config {
+    static CONFIG: OnceLock<Config> = OnceLock::new();
+    CONFIG.get_or_init(|| {
+        let enabled = match std::env::var("TIERMEM_SEGMENTS").as_deref() {
+            Err(_) | Ok("on" | "1" | "true" | "") => true,
+            Ok("off" | "0" | "false") => false,
+            Ok(other) => {
+                log("TIERMEM_SEGMENTS", &format!("{other:?} is neither on nor off"), "segments on");
+                true
+            }
+        };
+        let margin = match std::env::var("TIERMEM_SEGMENT_MARGIN") {
+            Err(_) => 0,
+            Ok(text) => tiermem::parse_size(&text).unwrap_or_else(|why| {
+                log("TIERMEM_SEGMENT_MARGIN", &why.to_string(), "no margin");
+                0
+            }),
+        };
+        Config { enabled, margin }
+    })
+}
+
+/// Whether stage 3 is on (`TIERMEM_SEGMENTS`, default on; nothing without migration).
+pub fn enabled() -> bool {
+    config().enabled && crate::migrate::enabled()
+}
+
+/// The moves at one segment boundary.
+#[derive(Debug, Default)]
+pub struct Boundary {
+    pub up: Vec<ChunkId>,
+    pub down: Vec<ChunkId>,
+}
+
+impl Boundary {
+    pub fn is_empty(&self) -> bool {
+        self.up.is_empty() && self.down.is_empty()
+    }
+}
+
+/// Launch index → the moves of the segment it begins (those with moves).
+type Pauses = HashMap<usize, Arc<Boundary>>;
+
+/// The plan for the cycle under way: the recording it was made from, and the boundaries with moves.
+struct Following {
+    recording: Arc<Recording>,
+    pauses: Pauses,
+}
+
+/// One cycle's launches: each one's kernel, and its pointers (`pointers[offsets[i]..]`).
+#[derive(Default)]
+struct Recording {
+    functions: Vec<usize>,
+    offsets: Vec<usize>,
+    pointers: Vec<u64>,
+}
+
+impl Recording {
+    /// Its kernels' sequence, hashed: cycles with the same one are taken to be the same cycle.
+    fn fingerprint(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        self.functions.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// The pointers of launch `i`.
+    fn words(&self, i: usize) -> &[u64] {
+        &self.pointers[self.offsets[i]..self.offsets.get(i + 1).copied().unwrap_or(self.pointers.len())]
+    }
+}
+
+struct Cycles {
+    /// The cycle being recorded.
+    recording: Recording,
+    /// Launches since the cycle began (counted before each launch is enqueued).
+    count: usize,
+    plan: Option<Following>,
+    following: bool,
+}
+
+static CYCLES: Mutex<Cycles> = Mutex::new(Cycles {
+    recording: Recording { functions: Vec::new(), offsets: Vec::new(), pointers: Vec::new() },
+    count: 0,
+    plan: None,
+    following: false,
+});
+
+fn cycles() -> MutexGuard<'static, Cycles> {
+    // Every change under the lock is a push or a counter: consistent after a panic.
+    CYCLES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Recordings kept (the latest of each kernel sequence), and successors remembered.
+const KEPT: usize = 4;
+
+/// Which cycle came after which: a step with several synchronizations is several cycles that
+/// follow each other in turn, and the next cycle is predicted as the one that followed the
+/// cycle just ended last time (else as the cycle just ended).
+struct History {
+    /// Fingerprint → the latest recording with it; most recently seen last.
+    recordings: Vec<(u64, Arc<Recording>)>,
+    /// Fingerprint → the fingerprint of the cycle after it, last time, and how many times in a
+    /// row that one came after it.
+    successors: Vec<(u64, u64, u32)>,
+    last: Option<u64>,
+}
+
+static HISTORY: Mutex<History> = Mutex::new(History { recordings: Vec::new(), successors: Vec::new(), last: None });
+
+impl History {
+    /// Learns that `recording` just ended; the recording the next cycle is predicted to repeat.
+    fn learn(&mut self, recording: Arc<Recording>) -> Arc<Recording> {
+        let fingerprint = recording.fingerprint();
+        self.recordings.retain(|(f, _)| *f != fingerprint);
+        self.recordings.push((fingerprint, recording.clone()));
+        if self.recordings.len() > KEPT {
+            self.recordings.remove(0);
+        }
+        if let Some(previous) = self.last.replace(fingerprint) {
+            let at = self.successors.iter().position(|s| s.0 == previous);
+            let seen = at.map(|at| self.successors.remove(at)).filter(|s| s.1 == fingerprint).map_or(0, |s| s.2);
+            self.successors.push((previous, fingerprint, seen.saturating_add(1)));
+            if self.successors.len() > KEPT {
+                self.successors.remove(0);
+            }
+        }
+        // A successor seen once may be a one-off (a step that diverged): twice in a row, it is
+        // the pattern.
+        let next = self.successors.iter().find(|s| s.0 == fingerprint && s.2 >= 2).map(|s| s.1);
+        next.and_then(|next| self.recordings.iter().find(|(f, _)| *f == next).map(|(_, r)| r.clone()))
+            .unwrap_or(recording)
+    }
+}
+
+fn history() -> MutexGuard<'static, History> {
+    // Every change under the lock is a few vector updates: consistent after a panic.
+    HISTORY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The counters `--stats` reports.
+static PAUSES: AtomicU64 = AtomicU64::new(0);
+static PAUSE_NANOS: AtomicU64 = AtomicU64::new(0);
+static PAUSE_CHUNKS: AtomicU64 = AtomicU64::new(0);
+static FOLLOWED: AtomicU64 = AtomicU64::new(0);
+static DIVERGED: AtomicU64 = AtomicU64::new(0);
+static PLAN_NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// Before launch of kernel `f` is enqueued (no gate held): the moves of the segment it begins,
+/// if the cycle is being followed and it begins one with moves.
+pub fn before_launch(f: usize) -> Option<Arc<Boundary>> {
+    if !enabled() {
+        return None;
+    }
+    let mut c = cycles();
+    let index = c.count;
+    c.count += 1;
+    if !c.following {
+        return None;
+    }
+    let plan = c.plan.as_ref()?;
+    if plan.recording.functions.get(index) != Some(&f) {
+        c.following = false;
+        DIVERGED.fetch_add(1, Relaxed);
+        return None;
+    }
+    plan.pauses.get(&index).cloned()
+}
+
+/// Records launch of kernel `f`, which passed the candidate pointers `words` (under the gate).
+pub fn record(f: usize, words: &[u64]) {
+    if !enabled() {
+        return;
+    }
+    let r = &mut cycles().recording;
+    if r.functions.len() > MAX_LAUNCHES {
+        return;
+    }
+    if r.pointers.len() + words.len().min(MAX_POINTERS) > MAX_CYCLE_POINTERS {
+        // Too long to plan: marked as more launches than recorded at most.
+        r.functions.resize(MAX_LAUNCHES + 1, 0);
+        return;
+    }
+    r.functions.push(f);
+    r.offsets.push(r.pointers.len());
+    r.pointers.extend(words.iter().take(MAX_POINTERS));
+}
+
+/// Pauses taken, time in them, chunks moved at them.
+pub fn paused(nanos: u64, chunks: u64) {
+    PAUSES.fetch_add(1, Relaxed);
+    PAUSE_NANOS.fetch_add(nanos, Relaxed);
+    PAUSE_CHUNKS.fetch_add(chunks, Relaxed);
+}
+
+/// The program synchronized (a quiesce point): the cycle ends. Plans the next one from its
+/// recording; the first segment's moves, to make now, if there is a plan (empty: nothing to
+/// move, and stage 2's hotness plan stays out of the way).
+pub fn cycle_ends() -> Option<Arc<Boundary>> {
+    if !enabled() {
+        return None;
+    }
+    let recording = {
+        let mut c = cycles();
+        // Two synchronizations in a row: not a cycle; the plan stays for the one under way.
+        if c.count == 0 && c.recording.functions.is_empty() {
+            return None;
+        }
+        if c.following {
+            let recorded = c.plan.as_ref().map_or(0, |p| p.recording.functions.len());
+            (if c.count == recorded { &FOLLOWED } else { &DIVERGED }).fetch_add(1, Relaxed);
+        }
+        c.count = 0;
+        c.following = false;
+        c.plan = None;
+        std::mem::take(&mut c.recording)
+    };
+    if recording.functions.len() > MAX_LAUNCHES || recording.pointers.is_empty() {
+        history().last = None;
+        return None;
+    }
+    let started = std::time::Instant::now();
+    let recording = history().learn(Arc::new(recording));
+    let words: Vec<&[u64]> = (0..recording.offsets.len()).map(|i| recording.words(i)).collect();
+    let touched = hotness::launch_chunks(&words, MAX_CHUNKS);
+    let Some(Ok(ordinal)) = process::current_gpu() else { return None };
+    let planned = plan(ordinal, &touched);
+    PLAN_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+    let (first, pauses) = planned?;
+    let mut c = cycles();
+    // Launches of other threads since the cycle ended would shift the indices: no following.
+    c.following = c.count == 0;
+    c.plan = Some(Following { recording, pauses });
+    Some(first)
+}
+
+/// The plan for a cycle whose launches touch `touched` on GPU `ordinal`: the first boundary's
+/// moves, and the later boundaries with moves by launch index.
+fn plan(ordinal: usize, touched: &[Vec<ChunkId>]) -> Option<(Arc<Boundary>, Pauses)> {
+    let p = process::lock();
+    let gpu = p.gpus.get(&ordinal).filter(|gpu| gpu.device.is_some() && gpu.chunk > 0)?;
+    let (mut ids, mut dense, mut in_hbm) = (Vec::new(), HashMap::new(), Vec::new());
+    for allocation in p.books.iter().filter(|a| a.ordinal == ordinal) {
+        for (index, &(_, tier)) in allocation.chunks.iter().enumerate() {
+            dense.insert((allocation.va, index), ids.len());
+            ids.push((allocation.va, index));
+            in_hbm.push(tier == Tier::Hbm);
+        }
+    }
+    let resident = in_hbm.iter().filter(|&&h| h).count();
+    let room = gpu.budget.saturating_sub(gpu.hbm_used) / gpu.chunk;
+    let budget = (resident + room).saturating_sub(config().margin.div_ceil(gpu.chunk));
+    drop(p);
+    let launches: Vec<Vec<usize>> =
+        touched.iter().map(|chunks| chunks.iter().filter_map(|id| dense.get(id).copied()).collect()).collect();
+    let pinned = vec![false; ids.len()];
+    let segments = segments::plan(&Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, budget });
+    let boundary = |s: &segments::Segment| Boundary {
+        up: s.up.iter().map(|&i| ids[i]).collect(),
+        down: s.down.iter().map(|&i| ids[i]).collect(),
+    };
+    let first = Arc::new(segments.first().map(boundary).unwrap_or_default());
+    let pauses = segments.iter().skip(1).filter(|s| s.moves() > 0).map(|s| (s.start, Arc::new(boundary(s)))).collect();
+    Some((first, pauses))
+}
+
+/// The counters: pauses, ns in them, chunks moved at them, cycles followed to the end, diverged,
+/// ns spent planning.
+pub fn counters() -> (u64, u64, u64, u64, u64, u64) {
+    (
+        PLAN_NANOS.load(Relaxed),
+        PAUSES.load(Relaxed),
+        PAUSE_NANOS.load(Relaxed),
+        PAUSE_CHUNKS.load(Relaxed),
+        FOLLOWED.load(Relaxed),
+        DIVERGED.load(Relaxed),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cycle(functions: &[usize]) -> Arc<Recording> {
+        Arc::new(Recording { functions: functions.to_vec(), offsets: vec![0; functions.len()], pointers: Vec::new() })
+    }
+
+    /// What `learn` predicts after each cycle of `sequence` ends (by the first kernel).
+    fn predictions(sequence: &[&[usize]]) -> Vec<usize> {
+        let mut history = History { recordings: Vec::new(), successors: Vec::new(), last: None };
+        sequence.iter().map(|&functions| history.learn(cycle(functions)).functions[0]).collect()
+    }
+
+    #[test]
+    fn the_next_cycle_is_the_one_that_followed_twice_else_the_same() {
+        let (a, b, c): (&[usize], &[usize], &[usize]) = (&[1, 2], &[3], &[4, 4]);
+        assert_eq!(predictions(&[a, a, a]), [1, 1, 1], "one cycle a step");
+        assert_eq!(predictions(&[a, b, a, b, a, b]), [1, 3, 1, 3, 3, 1], "two a step, told apart from the fifth");
+        assert_eq!(predictions(&[a, a, c, a, a]), [1, 1, 4, 1, 1], "a one-off cycle changes nothing");
+    }
+}

@@ -1,0 +1,255 @@
+//! Stage 3's policy: a recorded *cycle* (the launches between two of the program's
+//! synchronizations, each with the chunks it touches) cut into consecutive *segments* whose
+//! working set fits in the budget, and the moves to make at each segment's first launch. Pure
+//! logic, no driver (like moves.rs): cycle.rs records and follows, migrate.rs moves.
+//!
+//! # Cutting
+//!
+//! Greedy: a segment grows launch by launch while the union of the chunks its launches touch
+//! (those that can move) fits in the capacity (the budget in chunks, less the pinned chunks in
+//! HBM). The working set of a range of launches only grows as the range does, so extending each
+//! segment as far as it goes gives the fewest segments — each costs a pause. A launch whose own
+//! chunks exceed the capacity gets a segment of its own and finds part of them on the host
+//! (slow, never wrong: host chunks stay mapped).
+//!
+//! # Moves at a boundary
+//!
+//! Up: the segment's chunks on the host. Down: as many HBM chunks as the capacity needs, never
+//! one the segment touches, those whose next use is furthest first (Belady), the next use
+//! looked for in the recorded cycle after the segment, wrapping to the next cycle's start; a
+//! chunk the cycle never touches is the first to go. Pinned chunks never move.
+
+use std::collections::{BTreeSet, HashMap};
+
+/// One segment: its first launch (an index in the cycle) and the moves before it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Segment {
+    pub start: usize,
+    pub up: Vec<usize>,
+    pub down: Vec<usize>,
+}
+
+impl Segment {
+    pub fn moves(&self) -> usize {
+        self.up.len() + self.down.len()
+    }
+}
+
+/// What the policy is given: per launch of the cycle, the ids (`0..chunks`) of the chunks it
+/// touches; which chunks are in HBM at the cycle's start; which cannot move; the budget.
+pub struct Cycle<'a> {
+    pub launches: &'a [Vec<usize>],
+    pub in_hbm: &'a [bool],
+    pub pinned: &'a [bool],
+    /// HBM the chunks may take, in chunks (the margin already taken off).
+    pub budget: usize,
+}
+
+/// Cuts the cycle into segments, the first starting at launch 0 (module documentation).
+/// Nothing for an empty cycle.
+pub fn plan(cycle: &Cycle) -> Vec<Segment> {
+    let Cycle { launches, in_hbm, pinned, budget } = *cycle;
+    let chunks = in_hbm.len();
+    let movable = |c: &usize| *c < chunks && !pinned[*c];
+    let pinned_hbm = (0..chunks).filter(|&c| pinned[c] && in_hbm[c]).count();
+    let capacity = budget.saturating_sub(pinned_hbm);
+
+    // Cut: each segment as long as its working set (movable chunks) fits.
+    let mut cuts: Vec<(usize, BTreeSet<usize>)> = Vec::new();
+    let mut current: Option<(usize, BTreeSet<usize>)> = None;
+    for (i, touched) in launches.iter().enumerate() {
+        let own: BTreeSet<usize> = touched.iter().copied().filter(movable).collect();
+        current = Some(match current.take() {
+            Some((start, mut set)) if own.iter().filter(|c| !set.contains(c)).count() + set.len() <= capacity => {
+                set.extend(own);
+                (start, set)
+            }
+            previous => {
+                cuts.extend(previous);
+                (i, own)
+            }
+        });
+        // A launch that alone exceeds the capacity is a segment of its own.
+        if current.as_ref().is_some_and(|(_, set)| set.len() > capacity) {
+            cuts.extend(current.take());
+        }
+    }
+    cuts.extend(current);
+
+    // Uses of each chunk, in launch order, for the next-use lookups.
+    let mut uses: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (i, touched) in launches.iter().enumerate() {
+        for &c in touched.iter().filter(|c| movable(c)) {
+            let list = uses.entry(c).or_default();
+            if list.last() != Some(&i) {
+                list.push(i);
+            }
+        }
+    }
+    let length = launches.len();
+    // The next use of chunk `c` at or after launch `from`, counted on past the cycle's end.
+    let next_use = |c: usize, from: usize| -> usize {
+        let Some(list) = uses.get(&c) else { return usize::MAX };
+        let at = list.partition_point(|&i| i < from);
+        list.get(at).copied().unwrap_or(length + list[0])
+    };
+
+    let mut hbm = in_hbm.to_vec();
+    let mut segments = Vec::with_capacity(cuts.len());
+    for (s, (start, set)) in cuts.iter().enumerate() {
+        let end = cuts.get(s + 1).map_or(length, |(next, _)| *next);
+        let resident = (0..chunks).filter(|&c| hbm[c] && !pinned[c]).count();
+        let mut up: Vec<usize> = set.iter().copied().filter(|&c| !hbm[c]).collect();
+        // An oversized segment brings up what fits once its own chunks in HBM stay.
+        let keep = set.len() - up.len();
+        up.truncate(capacity.saturating_sub(keep));
+        let excess = (resident + up.len()).saturating_sub(capacity);
+        let mut victims: Vec<(usize, usize)> =
+            (0..chunks).filter(|&c| hbm[c] && !pinned[c] && !set.contains(&c)).map(|c| (next_use(c, end), c)).collect();
+        // Furthest next use first; ties by id, for determinism.
+        victims.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let down: Vec<usize> = victims.into_iter().take(excess).map(|(_, c)| c).collect();
+        // Should victims run short (not with the capacity counted above), fewer come up.
+        up.truncate(capacity.saturating_sub(resident - down.len()));
+        for &c in &down {
+            hbm[c] = false;
+        }
+        for &c in &up {
+            hbm[c] = true;
+        }
+        segments.push(Segment { start: *start, up, down });
+    }
+    segments
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn run(launches: &[Vec<usize>], in_hbm: &[bool], budget: usize) -> Vec<Segment> {
+        let pinned = vec![false; in_hbm.len()];
+        plan(&Cycle { launches, in_hbm, pinned: &pinned, budget })
+    }
+
+    #[test]
+    fn a_cycle_that_fits_and_is_resident_moves_nothing() {
+        let launches = vec![vec![0, 1], vec![1, 2], vec![0]];
+        let segments = run(&launches, &[true, true, true, false], 3);
+        assert_eq!(segments, [Segment { start: 0, up: vec![], down: vec![] }]);
+        assert!(run(&[], &[true], 1).is_empty(), "an empty cycle has no segments");
+    }
+
+    #[test]
+    fn a_loop_over_more_than_the_budget_pages_by_belady() {
+        // Six buffers of two chunks each, one launch each, 8 chunks of budget; 0..=3 in HBM.
+        let launches: Vec<Vec<usize>> = (0..6).map(|b| vec![2 * b, 2 * b + 1]).collect();
+        let in_hbm: Vec<bool> = (0..12).map(|c| c < 8).collect();
+        let segments = run(&launches, &in_hbm, 8);
+        assert_eq!(segments.len(), 2, "{segments:?}");
+        assert_eq!((segments[0].start, segments[0].moves()), (0, 0), "the first four buffers are in HBM already");
+        assert_eq!(segments[1].start, 4);
+        assert_eq!(segments[1].up, [8, 9, 10, 11]);
+        // Buffers 2 and 3 are used last in the next cycle: they go.
+        let mut down = segments[1].down.clone();
+        down.sort_unstable();
+        assert_eq!(down, [4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn a_launch_larger_than_the_budget_is_a_segment_of_its_own() {
+        let launches = vec![vec![0], vec![1, 2, 3, 4], vec![0]];
+        let segments = run(&launches, &[true, false, false, false, false], 2);
+        let starts: Vec<usize> = segments.iter().map(|s| s.start).collect();
+        assert_eq!(starts, [0, 1, 2]);
+        assert_eq!(segments[1].up.len(), 2, "what fits comes up");
+        assert_eq!(segments[1].down, [0]);
+    }
+
+    #[test]
+    fn pinned_chunks_stay_and_take_their_room() {
+        let launches = vec![vec![0, 1], vec![2]];
+        let pinned = [false, false, false, true];
+        let segments =
+            plan(&Cycle { launches: &launches, in_hbm: &[true, true, false, true], pinned: &pinned, budget: 3 });
+        assert_eq!(segments.len(), 2);
+        assert_eq!((segments[1].up.as_slice(), segments[1].down.len()), (&[2][..], 1));
+    }
+
+    fn cycles() -> impl Strategy<Value = (Vec<Vec<usize>>, Vec<bool>, Vec<bool>, usize)> {
+        (1usize..24).prop_flat_map(|chunks| {
+            (
+                prop::collection::vec(prop::collection::vec(0..chunks, 0..5), 0..40),
+                prop::collection::vec(any::<bool>(), chunks),
+                prop::collection::vec(prop::bool::weighted(0.15), chunks),
+                0usize..16,
+            )
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn plans_keep_the_budget_and_bring_in_what_fits(
+            (launches, in_hbm, pinned, budget) in cycles()
+        ) {
+            // Start within the budget: drop HBM chunks (movable first) beyond it.
+            let mut in_hbm = in_hbm;
+            let mut extra = in_hbm.iter().filter(|&&h| h).count().saturating_sub(budget);
+            for order in [false, true] {
+                for c in 0..in_hbm.len() {
+                    if extra > 0 && in_hbm[c] && pinned[c] == order {
+                        in_hbm[c] = false;
+                        extra -= 1;
+                    }
+                }
+            }
+            let segments = plan(&Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, budget });
+            prop_assert_eq!(segments.is_empty(), launches.is_empty());
+            let pinned_hbm = (0..in_hbm.len()).filter(|&c| pinned[c] && in_hbm[c]).count();
+            let capacity = budget.saturating_sub(pinned_hbm);
+            let mut hbm = in_hbm.clone();
+            for (s, segment) in segments.iter().enumerate() {
+                let end = segments.get(s + 1).map_or(launches.len(), |n| n.start);
+                prop_assert!(segment.start < end, "segments are consecutive and not empty");
+                for &c in &segment.down {
+                    prop_assert!(hbm[c] && !pinned[c], "down: a movable HBM chunk");
+                    hbm[c] = false;
+                }
+                for &c in &segment.up {
+                    prop_assert!(!hbm[c] && !pinned[c], "up: a movable host chunk");
+                    hbm[c] = true;
+                }
+                prop_assert!(hbm.iter().filter(|&&h| h).count() <= budget, "the budget holds after the moves");
+                let set: BTreeSet<usize> =
+                    launches[segment.start..end].iter().flatten().copied().filter(|&c| !pinned[c]).collect();
+                if set.len() <= capacity {
+                    for &c in &set {
+                        prop_assert!(hbm[c], "chunk {} of a segment that fits is in HBM", c);
+                    }
+                } else {
+                    prop_assert_eq!(end - segment.start, 1, "only a single launch may exceed the budget");
+                }
+                if s > 0 {
+                    // Fewest segments: the previous one could not take this one's first launch.
+                    let prev = &segments[s - 1];
+                    let joined: BTreeSet<usize> = launches[prev.start..=segment.start]
+                        .iter().flatten().copied().filter(|&c| !pinned[c]).collect();
+                    prop_assert!(joined.len() > capacity);
+                }
+            }
+            let all: BTreeSet<usize> = launches.iter().flatten().copied().filter(|&c| !pinned[c]).collect();
+            if all.len() <= capacity && all.iter().all(|&c| in_hbm[c]) {
+                prop_assert!(segments.iter().all(|s| s.moves() == 0), "a resident cycle that fits moves nothing");
+            }
+            if all.len() <= capacity {
+                prop_assert!(segments.len() <= 1, "a cycle that fits is one segment");
+            }
+        }
+
+        #[test]
+        fn plans_are_deterministic((launches, in_hbm, pinned, budget) in cycles()) {
+            let cycle = Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, budget };
+            prop_assert_eq!(plan(&cycle), plan(&cycle));
+        }
+    }
+}

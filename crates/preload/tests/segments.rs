@@ -1,0 +1,67 @@
+//! Stage 3: paging within a cycle. A loop over six buffers of 4 MiB under a budget of 16 MiB,
+//! one synchronization per cycle: once a cycle is recorded, the next ones pause before the
+//! segment that needs the buffers on the host and bring them in, so every launch finds its
+//! pointers in HBM (the probe checks each, and every byte); cycles that diverge from the
+//! recording fall back and are counted; with `TIERMEM_SEGMENTS=off`, stage 2 alone leaves a
+//! third of the launches reading the host. A step of two different cycles is followed too.
+
+mod support;
+
+const ENV: [(&str, &str); 4] = [
+    ("TIERMEM_HBM_LIMIT", "16MiB"),
+    ("TIERMEM_FAKE_HBM", "256M"),
+    ("TIERMEM_MIGRATE_INTERVAL_MS", "0"),
+    ("TIERMEM_STATS", "1"),
+];
+
+/// The share of launches with tiermem pointers whose pointers were all in HBM, from `--stats`.
+fn all_in_hbm_share(stderr: &str) -> f64 {
+    for line in stderr.lines().filter(|l| l.contains("stats: ")) {
+        eprintln!("{line}");
+    }
+    let line = stderr.lines().find(|l| l.contains("with tiermem pointers")).expect("the launches line");
+    let percent = line.split(", ").nth(2).and_then(|part| part.split('%').next()).expect("a share");
+    percent.trim().parse::<f64>().expect("a number") / 100.0
+}
+
+#[test]
+fn a_loop_larger_than_the_budget_finds_its_buffers_in_hbm() {
+    let output = support::probe("segments", &["segments"], &ENV);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("segments: ok"), "{stdout}");
+    // 8 loop cycles (the first recorded), then two diverging cycles each followed by the loop
+    // planned from them (which diverges too) and two more loops (module docs of the probe).
+    assert!(stderr.contains("11 cycles followed to the end, 4 diverged"), "{stderr}");
+    let pauses: u64 = stderr
+        .split("segments on: ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("the segments line");
+    assert!(pauses >= 10, "a pause per followed cycle: {stderr}");
+    let share = all_in_hbm_share(&stderr);
+    assert!(share > 0.9, "launches all in HBM: {share}\n{stderr}");
+}
+
+#[test]
+fn with_segments_off_stage_two_alone_leaves_launches_on_the_host() {
+    let env: Vec<_> = ENV.iter().copied().chain([("TIERMEM_SEGMENTS", "off")]).collect();
+    let output = support::probe("segments-off", &["segments"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("segments: ok"), "{stdout}");
+    assert!(stderr.contains("segments off: 0 pauses"), "{stderr}");
+    let share = all_in_hbm_share(&stderr);
+    assert!(share < 0.8, "launches all in HBM without segments: {share}\n{stderr}");
+}
+
+#[test]
+fn two_cycles_a_step_are_told_apart() {
+    let output = support::probe("segments-alternate", &["segments-alternate"], &ENV);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("segments-alternate: ok"), "{stdout}");
+    // Until each cycle has followed the other twice in a row, the next cycle is planned as the
+    // one before it, and diverges (4 times); then each is predicted as its successor.
+    assert!(stderr.contains("11 cycles followed to the end, 4 diverged"), "{stderr}");
+    let share = all_in_hbm_share(&stderr);
+    assert!(share > 0.85, "launches all in HBM: {share}\n{stderr}");
+}
