@@ -57,9 +57,18 @@ fn a_copy_failing_mid_migration_leaves_that_chunk_where_it_was() {
 }
 
 #[test]
-fn an_access_failing_mid_migration_leaves_that_chunk_where_it_was() {
-    // Scratch maps and their access come first (4 each); the 6th access is the second remap's.
-    one_failure_mid_migration("migrate-fail-access", "cuMemSetAccess", "6");
+fn an_access_failing_mid_migration_leaves_those_chunks_where_they_were() {
+    // Access is given a run of neighbouring chunks per call: the scratch range's first, then
+    // the remapped addresses' (A's four chunks going down are neighbours: one call). The
+    // second fails: all four moves down are undone, so nothing comes up; bytes intact.
+    let output = support::probe(
+        "migrate-fail-access",
+        &["migrate-fail", "cuMemSetAccess", "2", "0"],
+        &with(&[("TIERMEM_STATS", "1")]),
+    );
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("migrate-fail: ok"), "{stdout}");
+    assert!(stderr.contains("0 chunks up, 0 down") && stderr.contains("4 failed"), "{stderr}");
 }
 
 #[test]

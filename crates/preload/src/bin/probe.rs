@@ -13,7 +13,7 @@
 //! full before the budget is, the rest of an allocation goes to the host.
 //! `tiermem-preload-probe migrate` — under a budget of 16 MiB, kernels launched on the
 //! allocation that landed on the host bring it up at the next synchronization, and the cold one
-//! goes down; every byte stays (with `TIERMEM_MIGRATE=off`, nothing moves). `migrate-fail CALL N`:
+//! goes down; every byte stays (with `TIERMEM_MIGRATE=off`, nothing moves). `migrate-fail CALL N [MOVED]`:
 //! the same with the Nth call of CALL failing mid-migration. `migrate-threads`: threads launch
 //! kernels that write while another synchronizes, and migrates; `migrate-capture`: nothing moves
 //! while a stream capture is under way (src/bin/probe/migration.rs).
@@ -503,7 +503,12 @@ fn main() {
         ["threads"] => threads(),
         ["gpu-full"] => gpu_full(),
         ["migrate"] => migration::migrate(),
-        ["migrate-fail", call, nth] => migration::migrate_fail(call, nth.parse().expect("migrate-fail CALL N")),
+        ["migrate-fail", call, nth] => migration::migrate_fail(call, nth.parse().expect("migrate-fail CALL N"), 3),
+        ["migrate-fail", call, nth, moved] => migration::migrate_fail(
+            call,
+            nth.parse().expect("migrate-fail CALL N MOVED"),
+            moved.parse().expect("migrate-fail CALL N MOVED"),
+        ),
         ["migrate-threads"] => migration::threads(),
         ["migrate-capture"] => migration::capture(),
         ["segments"] => segments::segments(false),
@@ -511,7 +516,7 @@ fn main() {
         _ => {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
-                 | migrate | migrate-fail CALL N | migrate-threads | migrate-capture"
+                 | migrate | migrate-fail CALL N [MOVED] | migrate-threads | migrate-capture"
             );
             std::process::exit(2);
         }
