@@ -7,7 +7,8 @@
 
 mod support;
 
-const ENV: [(&str, &str); 4] = [
+const ENV: [(&str, &str); 5] = [
+    ("TIERMEM_SEGMENTS", "on"),
     ("TIERMEM_HBM_LIMIT", "16MiB"),
     ("TIERMEM_FAKE_HBM", "256M"),
     ("TIERMEM_MIGRATE_INTERVAL_MS", "0"),
@@ -44,8 +45,8 @@ fn a_loop_larger_than_the_budget_finds_its_buffers_in_hbm() {
 }
 
 #[test]
-fn with_segments_off_stage_two_alone_leaves_launches_on_the_host() {
-    let env: Vec<_> = ENV.iter().copied().chain([("TIERMEM_SEGMENTS", "off")]).collect();
+fn with_segments_off_by_default_stage_two_alone_leaves_launches_on_the_host() {
+    let env: Vec<_> = ENV.iter().copied().filter(|&(name, _)| name != "TIERMEM_SEGMENTS").collect();
     let output = support::probe("segments-off", &["segments"], &env);
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("segments: ok"), "{stdout}");
