@@ -102,6 +102,8 @@ pub fn run(args: WorkerArgs) -> Result<(), String> {
     }
     let working = Instant::now();
     let (mut rounds, mut bytes) = (0u64, 0u64);
+    // Per round: (seconds since the work began, HBM budget, bytes paged in so far) at its end.
+    let mut trace: Vec<(f64, usize, u64)> = Vec::new();
     loop {
         let stop = args.stop_file.as_ref().is_some_and(|f| f.exists());
         if (args.rounds > 0 && rounds >= args.rounds) || (args.rounds == 0 && stop) {
@@ -119,6 +121,7 @@ pub fn run(args: WorkerArgs) -> Result<(), String> {
             *written += 1;
             bytes += size as u64;
         }
+        trace.push((working.elapsed().as_secs_f64(), engine.hbm_cap(), engine.stats().bytes_in));
     }
     let mut count = [0u8; 4];
     device.synchronize_stream(stream).and_then(|()| device.read(counter, &mut count)).map_err(|e| e.to_string())?;
@@ -137,6 +140,7 @@ pub fn run(args: WorkerArgs) -> Result<(), String> {
         "hbm_cap": engine.hbm_cap(),
         "paged_in_bytes": stats.bytes_in,
         "paged_out_bytes": stats.bytes_out,
+        "rounds_trace": trace,
     });
     println!("{line}");
     // Ended before the process exits: a budget arriving as the driver shuts down is not an error.

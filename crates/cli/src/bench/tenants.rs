@@ -56,6 +56,8 @@ struct Outcome {
     ok: bool,
     /// Bytes the job's engine copied in from the host (the work its budget cost).
     paged_in: f64,
+    /// Per round: seconds since the job's work began, its HBM budget, bytes paged in so far.
+    rounds: serde_json::Value,
 }
 
 impl Outcome {
@@ -129,6 +131,7 @@ fn outcome(child: Child) -> Outcome {
             bytes: field(&v, "bytes"),
             seconds: field(&v, "seconds"),
             paged_in: field(&v, "paged_in_bytes"),
+            rounds: v["rounds_trace"].clone(),
             ok: output.status.success() && v["mismatched_words"].as_u64() == Some(0),
         },
         None => Outcome::default(),
@@ -312,7 +315,7 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
         "vs_serial": throughput_tiermemd / throughput_serial,
     });
     let speeds = |o: &[Outcome]| {
-        let json = |o: &Outcome| serde_json::json!({"bytes": o.bytes, "seconds": o.seconds, "paged_in": o.paged_in, "ok": o.ok});
+        let json = |o: &Outcome| serde_json::json!({"bytes": o.bytes, "seconds": o.seconds, "paged_in": o.paged_in, "ok": o.ok, "rounds": o.rounds});
         o.iter().map(json).collect::<Vec<_>>()
     };
     let detail = serde_json::json!({
