@@ -55,7 +55,10 @@ impl Inner {
             Purpose::Ahead { horizon } | Purpose::Swap { horizon } => Some(horizon),
             Purpose::Prefetch => None,
         };
-        if let (Some(schedule), Some(horizon)) = (self.schedule.as_ref(), horizon) {
+        // Homes (homes.rs) only when HBM is short: with free room (a budget that grew) the
+        // incoming chunks take it, mapped afresh once, and nothing that now fits is evicted.
+        let short = todo.len().saturating_sub(self.tiers.pool.available());
+        if let (Some(schedule), Some(horizon), true) = (self.schedule.as_ref(), horizon, short > 0) {
             let mut holders = crate::homes::holders_to_send_home(&self.state, schedule, &todo, wanted, horizon);
             if matches!(purpose, Purpose::Swap { .. }) {
                 // A swap waits for nothing: only clean holders the GPU has finished with leave.
@@ -69,6 +72,7 @@ impl Inner {
                 }
                 holders = idle;
             }
+            holders.truncate(short);
             if !holders.is_empty() {
                 self.evict_now(call, &holders)?;
             }

@@ -117,6 +117,25 @@ fn paging_ahead_never_evicts_what_is_needed_sooner() {
 }
 
 #[test]
+fn a_budget_grown_past_the_loop_ends_its_streaming() {
+    // Streamed chunks come back to their homes (homes.rs) while HBM is short; once the budget
+    // holds the whole loop, they take the free room instead and nothing streams any more.
+    let (engine, sim) = support::engine(LAYERS + 2, 64, EngineConfig::default());
+    let layers = layers(&engine);
+    engine.finish(engine.set_hbm_budget(CAP * CHUNK).unwrap()).unwrap();
+    engine.set_schedule(schedule_of(&layers)).unwrap();
+    assert_eq!(run_passes(&engine, &layers, 3, Some(0)), (LAYERS - CAP + 1) as u64);
+    engine.finish(engine.set_hbm_budget((LAYERS + 2) * CHUNK).unwrap()).unwrap();
+    let trace = traced_passes(&engine, &layers, 3, Some(0));
+    assert!(trace[0].0 <= (LAYERS - CAP + 1) as u64, "{trace:?}");
+    assert_eq!((trace[1].0, trace[2].0), (0, 0), "the loop fits: (page-ins, maps) per pass {trace:?}");
+    for (id, bytes) in &layers {
+        assert_contents(&engine, *id, bytes);
+    }
+    support::assert_no_leaks(engine, sim);
+}
+
+#[test]
 fn schedule_errors_name_the_call_and_change_nothing() {
     let (engine, sim) = support::engine(CAP, 64, EngineConfig::default());
     let layers = layers(&engine);
