@@ -21,9 +21,9 @@
 //! A holder that may not leave (needed sooner, or acquired) leaves its home taken: the
 //! incoming chunk gets whatever Belady frees and maps afresh, as before.
 //!
-//! Homes are used only while HBM is short (placement.rs, `bring_in`: fewer free chunks than
-//! chunks coming in). A budget that grew leaves free room: the incoming chunks take it, mapped
-//! afresh once, rather than sending holders that now fit out — which kept a loop
+//! Homes are used only while HBM is short (placement.rs, `bring_in`: at most as many holders
+//! as free chunks are missing). A budget that grew leaves free room: the incoming chunks take
+//! it, mapped afresh once, rather than sending holders that now fit out — which kept a loop
 //! streaming whatever its budget (on the H200 a tenant alone with twice its working set paged
 //! 1.7 GiB a round, as with a third of it).
 

@@ -55,12 +55,10 @@ impl Inner {
             Purpose::Ahead { horizon } | Purpose::Swap { horizon } => Some(horizon),
             Purpose::Prefetch => None,
         };
-        // Homes (homes.rs) only when HBM is short: with room for all of them (a budget that
-        // grew) the incoming chunks take it, mapped afresh once, and nothing that now fits is
-        // evicted. Short even by one chunk, every home is taken back as before, so that a loop
-        // that streams keeps its chains (its few free chunks are not handed out of turn).
-        let short = todo.len() > self.tiers.pool.available();
-        if let (Some(schedule), Some(horizon), true) = (self.schedule.as_ref(), horizon, short) {
+        // Homes (homes.rs) only when HBM is short: with free room (a budget that grew) the
+        // incoming chunks take it, mapped afresh once, and nothing that now fits is evicted.
+        let short = todo.len().saturating_sub(self.tiers.pool.available());
+        if let (Some(schedule), Some(horizon), true) = (self.schedule.as_ref(), horizon, short > 0) {
             let mut holders = crate::homes::holders_to_send_home(&self.state, schedule, &todo, wanted, horizon);
             if matches!(purpose, Purpose::Swap { .. }) {
                 // A swap waits for nothing: only clean holders the GPU has finished with leave.
@@ -74,6 +72,7 @@ impl Inner {
                 }
                 holders = idle;
             }
+            holders.truncate(short);
             if !holders.is_empty() {
                 self.evict_now(call, &holders)?;
             }
