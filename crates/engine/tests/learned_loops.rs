@@ -14,7 +14,7 @@ const S: StreamHandle = StreamHandle(0);
 const BUFFERS: usize = 12;
 const CAP: usize = 6;
 
-fn engine(learn: bool) -> (Engine, Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>) {
+fn engine(learn: bool) -> (Engine, Sim) {
     let config = EngineConfig { learn_loops: learn.then_some(0), stride_prefetch: 0, ..EngineConfig::default() };
     support::engine(CAP, 2 * BUFFERS, config)
 }
@@ -40,6 +40,18 @@ fn pass(engine: &Engine, buffers: &[(BufferId, Vec<u8>)], order: &[usize]) -> u6
         engine.release(&region, S).unwrap();
     }
     engine.stats().transfers.page_ins - before
+}
+
+/// An engine that learned the loop over [`buffers`] in order from two passes.
+fn learned(
+) -> (Engine, Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>, Vec<(BufferId, Vec<u8>)>, Vec<usize>) {
+    let (engine, sim) = engine(true);
+    let buffers = buffers(&engine);
+    let in_order: Vec<usize> = (0..BUFFERS).collect();
+    pass(&engine, &buffers, &in_order);
+    pass(&engine, &buffers, &in_order);
+    assert_eq!(engine.recorded_steps().len(), BUFFERS);
+    (engine, sim, buffers, in_order)
 }
 
 #[test]
@@ -71,12 +83,7 @@ fn a_loop_learned_from_acquires_streams_only_what_exceeds_hbm() {
 fn acquires_refused_and_tried_again_do_not_end_the_learning() {
     // A tenant whose budget shrank: its acquires fail until room is made, and it retries
     // (tiermemd's tenants do). The refused tries are not steps: the loop stays learned.
-    let (engine, sim) = engine(true);
-    let buffers = buffers(&engine);
-    let in_order: Vec<usize> = (0..BUFFERS).collect();
-    pass(&engine, &buffers, &in_order);
-    pass(&engine, &buffers, &in_order);
-    assert_eq!(engine.recorded_steps().len(), BUFFERS);
+    let (engine, sim, buffers, in_order) = learned();
     // Half a pass, then another holds all of HBM while the next acquire is tried again and again.
     pass(&engine, &buffers, &in_order[..BUFFERS / 2]);
     let (all_of_hbm, _) = engine.alloc(CAP * CHUNK, AllocOptions::default()).unwrap();
@@ -103,12 +110,7 @@ fn acquires_refused_and_tried_again_do_not_end_the_learning() {
 
 #[test]
 fn acquires_in_no_fixed_order_give_the_policy_back_and_lose_nothing() {
-    let (engine, sim) = engine(true);
-    let buffers = buffers(&engine);
-    let in_order: Vec<usize> = (0..BUFFERS).collect();
-    pass(&engine, &buffers, &in_order);
-    pass(&engine, &buffers, &in_order);
-    assert_eq!(engine.recorded_steps().len(), BUFFERS);
+    let (engine, sim, buffers, _) = learned();
     // Then the program changes its ways: a scrambled order each pass, starting where it used to.
     for round in 1..4u64 {
         let mut order: Vec<usize> = (1..BUFFERS).collect();
