@@ -42,9 +42,10 @@ fn pass(engine: &Engine, buffers: &[(BufferId, Vec<u8>)], order: &[usize]) -> u6
     engine.stats().transfers.page_ins - before
 }
 
+type Sim = Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>;
+
 /// An engine that learned the loop over [`buffers`] in order from two passes.
-fn learned(
-) -> (Engine, Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>, Vec<(BufferId, Vec<u8>)>, Vec<usize>) {
+fn learned() -> (Engine, Sim, Vec<(BufferId, Vec<u8>)>, Vec<usize>) {
     let (engine, sim) = engine(true);
     let buffers = buffers(&engine);
     let in_order: Vec<usize> = (0..BUFFERS).collect();
