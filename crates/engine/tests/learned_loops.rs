@@ -43,9 +43,10 @@ fn pass(engine: &Engine, buffers: &[(BufferId, Vec<u8>)], order: &[usize]) -> u6
 }
 
 type Sim = Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>;
+type Buffers = Vec<(BufferId, Vec<u8>)>;
 
-/// An engine that learned the loop over [`buffers`] in order from two passes.
-fn learned() -> (Engine, Sim, Vec<(BufferId, Vec<u8>)>, Vec<usize>) {
+/// An engine that learned the loop over [`buffers`] in order from two passes, and the order.
+fn learned() -> (Engine, Sim, Buffers, Vec<usize>) {
     let (engine, sim) = engine(true);
     let buffers = buffers(&engine);
     let in_order: Vec<usize> = (0..BUFFERS).collect();
