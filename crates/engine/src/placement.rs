@@ -55,8 +55,9 @@ impl Inner {
             Purpose::Ahead { horizon } | Purpose::Swap { horizon } => Some(horizon),
             Purpose::Prefetch => None,
         };
-        // Homes (homes.rs) only when HBM is short: with free room (a budget that grew) the
-        // incoming chunks take it, mapped afresh once, and nothing that now fits is evicted.
+        // Homes (homes.rs) only for the shortfall: free room (a budget that grew) is taken
+        // first, mapped afresh once, and only as many holders are sent home as free chunks are
+        // missing, so nothing that now fits is evicted.
         let short = todo.len().saturating_sub(self.tiers.pool.available());
         if let (Some(schedule), Some(horizon), true) = (self.schedule.as_ref(), horizon, short > 0) {
             let mut holders = crate::homes::holders_to_send_home(&self.state, schedule, &todo, wanted, horizon);

@@ -23,9 +23,8 @@
 //!   if another step comes round before it, that step: the first was a one-off). The
 //!   schedule is kept only while it predicts: the same buffers acquired again at once (a
 //!   second kernel on them, or an acquire refused for want of room and tried again) are one
-//!   step, and a pass in which fewer acquires land on the
-//!   expected step than off it (or on none) ends the learning for good, and the engine goes
-//!   back to its policy. A program that uses `pass_begins`/`step_enters` itself is never
+//!   step, and a pass in which fewer acquires land on the expected step than off it (or on
+//!   none) ends the learning for good, and the engine goes back to its policy. A program that uses `pass_begins`/`step_enters` itself is never
 //!   second-guessed.
 //!
 //! Invariants: the schedule is recorded once and never changes until [`Recorder::forget`];
