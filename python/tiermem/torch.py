@@ -332,10 +332,11 @@ class Offload:
         return self.pool.release_idle_hbm() if release_hbm else 0
 
     def wake(self, block: bool = True) -> "Waking":
-        """Pages the weights in, in about the order the model uses them (a large buffer waits
-        until copies already running hide the making of its chunks: :func:`_overlapping`), as
-        far as HBM allows: every buffer's copies are started before any is waited for, so
-        they overlap and run at the PCIe link's speed. ``block=False`` returns at once; the returned :class:`Waking`
+        """Pages the weights in, in the order the model uses them, as far as HBM allows: every
+        buffer's copies are started before any is waited for, so they overlap and run at the
+        PCIe link's speed (the engine starts a page-in's copies batch by batch, so the
+        physical chunks that must be made again after a sleep gave HBM back are made while
+        earlier copies run). ``block=False`` returns at once; the returned :class:`Waking`
         says when the copies are done. Running the model before then is safe (it waits on
         the device for what it needs)."""
         self._usable("Offload.wake")
@@ -352,7 +353,7 @@ class Offload:
             seen.add(buffer.id)
             room -= need
             chosen.append((buffer, need))
-        tickets = [self.pool.page_in_start(b) for b in _overlapping(chosen, chunk)]
+        tickets = [self.pool.page_in_start(b) for b, _ in chosen]
         waking = Waking(self.pool, tickets, sum(need for _, need in chosen))
         if block:
             waking.wait()
@@ -389,28 +390,6 @@ class Waking:
         self._thread.join()
         if self._error is not None:
             raise self._error
-
-
-def _overlapping(chosen: list[tuple[object, int]], chunk: int) -> list:
-    """The buffers of ``chosen`` (``(buffer, bytes to bring in)``, in the order of use) in an
-    order whose page-ins keep the link busy. A page-in takes (creates, after a sleep that gave
-    HBM back) all its physical chunks before its first copy: ~11 µs each on the H200 against
-    ~38 µs to copy one, so a large buffer started first leaves the link idle while its chunks
-    are made (4 ms for a 0.73 GiB embedding). So a buffer waits until the copies already
-    started take at least as long as making its chunks, i.e. until the bytes started exceed a
-    third of its own (a batch of 16 chunks is always started at once); the order of use is
-    kept otherwise."""
-    out, waiting, started = [], [], 0
-    for buffer, need in chosen:
-        waiting.append((buffer, need))
-        while waiting:
-            ready = [i for i, (_, n) in enumerate(waiting) if n <= max(16 * chunk, 3 * started)]
-            if not ready:
-                break
-            b, n = waiting.pop(ready[0])
-            out.append(b)
-            started += n
-    return out + [b for b, _ in waiting]
 
 
 def _buffers(entries) -> list:

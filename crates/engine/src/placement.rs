@@ -27,6 +27,11 @@ use crate::{Error, Result};
 use std::sync::Arc;
 use tiermem_policy::{leave_hbm, new_policy, Candidate, Leave, PolicyKind, Tier};
 
+/// Chunks a demand brings in per batch (16 MiB of 2 MiB chunks): its copies (~0.3 ms at the
+/// PCIe link's speed) overlap the making and mapping of the next batch's physical chunks where
+/// they must be made (~40 µs a chunk on the H200, after HBM went back to the driver).
+const DEMAND_BATCH: usize = 8;
+
 impl Inner {
     /// Makes `wanted` (sorted) resident, or as many as free HBM allows for a prefetch: cancels
     /// moves down, makes room by policy, takes physical chunks; the tiers then copy.
@@ -50,6 +55,28 @@ impl Inner {
         if todo.is_empty() {
             return Ok(Vec::new());
         }
+        if purpose != Purpose::Demand {
+            return self.bring_in_batch(call, todo, wanted, purpose);
+        }
+        // A demand comes in batch by batch (`DEMAND_BATCH`), each one's copies started before the
+        // next batch's physical chunks are taken: chunks that must be created and mapped (after
+        // HBM went back to the driver) are then made while earlier copies run, instead of all
+        // before the first copy. Every batch protects all of `wanted`.
+        let mut fences = Vec::new();
+        for batch in todo.chunks(DEMAND_BATCH) {
+            fences.extend(self.bring_in_batch(call, batch.to_vec(), wanted, purpose)?);
+        }
+        Ok(fences)
+    }
+
+    /// `bring_in` for `todo` (chunks of `wanted` not in HBM), protecting all of `wanted`.
+    fn bring_in_batch(
+        &mut self,
+        call: &'static str,
+        mut todo: Vec<ChunkRef>,
+        wanted: &[ChunkRef],
+        purpose: Purpose,
+    ) -> Result<Vec<Arc<Fence>>> {
         let horizon = match purpose {
             Purpose::Demand => Some(0),
             Purpose::Ahead { horizon } | Purpose::Swap { horizon } => Some(horizon),
