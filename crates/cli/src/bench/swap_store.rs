@@ -80,70 +80,19 @@ impl Lat {
     }
 }
 
-/// The read path's calls, timed one by one (item 4).
-struct Steps {
-    acquire: Lat,
-    copy_async: Lat,
-    sync: Lat,
-    release: Lat,
-    memcpy: Lat,
-    total: Lat,
-    raw_copy_sync: Lat,
-    idle_sync: Lat,
-    mismatches: u64,
-}
-
-/// One store's figures that are compared with and without learned loops.
-struct Section {
-    learn_loops: Option<usize>,
-    fill_gbps: f64,
-    resident: f64,
-    read32k: Lat,
-    steps: Steps,
-}
-
-impl Section {
-    fn to_json(&self) -> Map<String, Value> {
-        let mut m = Map::new();
-        m.insert("learn_loops_bytes".into(), json!(self.learn_loops));
-        m.insert("fill_GBps".into(), json!(self.fill_gbps));
-        m.insert("hbm_resident_fraction".into(), json!(self.resident));
-        self.read32k.put(&mut m, "read32k_lat", true);
-        let s = &self.steps;
-        for (name, lat) in [
-            ("step_acquire", s.acquire),
-            ("step_copy_async", s.copy_async),
-            ("step_sync", s.sync),
-            ("step_release", s.release),
-            ("step_memcpy", s.memcpy),
-            ("step_total", s.total),
-            ("raw_copy_sync", s.raw_copy_sync),
-            ("idle_sync", s.idle_sync),
-        ] {
-            lat.put(&mut m, name, false);
-        }
-        m.insert("store_overhead_us_p50".into(), json!(self.read32k.p50 - s.total.p50));
-        m
-    }
-
-    fn print(&self, label: &str) {
-        let s = &self.steps;
-        eprintln!(
-            "  [{label}] steps p50 (µs): acquire {:.2}, copy_async {:.2}, sync {:.2}, release {:.2}, memcpy {:.2} = {:.2}; store overhead {:.2}",
-            s.acquire.p50,
-            s.copy_async.p50,
-            s.sync.p50,
-            s.release.p50,
-            s.memcpy.p50,
-            s.total.p50,
-            self.read32k.p50 - s.total.p50
-        );
-        eprintln!(
-            "  [{label}] bare 32 KiB copy + sync {:.2} µs (p99 {:.2}), idle stream sync {:.2} µs (p99 {:.2})",
-            s.raw_copy_sync.p50, s.raw_copy_sync.p99, s.idle_sync.p50, s.idle_sync.p99
-        );
-    }
-}
+/// The read path's calls, timed one by one (item 4), in this order; `step_total` is the first
+/// five together, as `in_lane` and `engine_read` run them.
+const STEPS: [&str; 8] = [
+    "step_acquire",
+    "step_copy_async",
+    "step_sync",
+    "step_release",
+    "step_memcpy",
+    "step_total",
+    "raw_copy_sync",
+    "idle_sync",
+];
+const TOTAL: usize = 5;
 
 /// A store of `size` bytes as `tiermem swap on` opens one, with no spill file, no monitor and
 /// limits that let it take all free VRAM; `learn`: the engine's default learned loops, or none.
@@ -178,17 +127,12 @@ fn fill(store: &VramStore) -> Result<f64, String> {
     Ok(size as f64 / 1e9 / t.elapsed().as_secs_f64())
 }
 
+/// Latencies in µs, and reads that did not match.
+type Timed = (Vec<f64>, u64);
+
 /// `warmup + ops` requests of `len` bytes at random offsets aligned to `len`, one at a time,
-/// writing the pattern back or reading and checking it: the timed latencies in µs, and the
-/// reads that did not match.
-fn series(
-    store: &VramStore,
-    write: bool,
-    len: usize,
-    warmup: usize,
-    ops: usize,
-    seed: u64,
-) -> Result<(Vec<f64>, u64), String> {
+/// writing the pattern back or reading and checking it.
+fn series(store: &VramStore, write: bool, len: usize, warmup: usize, ops: usize, seed: u64) -> Result<Timed, String> {
     let slots = store.size() / len as u64;
     let mut rng = Pcg64Mcg::seed_from_u64(seed);
     let mut buf = vec![0u8; len];
@@ -230,28 +174,21 @@ fn threaded(store: &VramStore, ops: usize) -> Result<(Lat, f64, u64), String> {
             .collect();
         start.wait();
         let t = Instant::now();
-        let (mut all, mut bad) = (Vec::with_capacity(per * THREADS), 0);
-        let mut failed = None;
-        for worker in workers {
-            match worker.join().map_err(|_| "bench swap-store: a reading thread panicked".to_string()) {
-                Ok(Ok((lat, b))) => {
-                    all.extend(lat);
-                    bad += b;
-                }
-                Ok(Err(e)) | Err(e) => failed = failed.or(Some(e)),
-            }
-        }
+        let joined: Vec<_> = workers.into_iter().map(|worker| worker.join()).collect();
         let seconds = t.elapsed().as_secs_f64();
-        match failed {
-            Some(e) => Err(e),
-            None => Ok((Lat::of(all), (per * THREADS) as f64 / seconds / 1e3, bad)),
+        let (mut all, mut bad) = (Vec::with_capacity(per * THREADS), 0);
+        for result in joined {
+            let (lat, b) = result.map_err(|_| "bench swap-store: a reading thread panicked".to_string())??;
+            all.extend(lat);
+            bad += b;
         }
+        Ok((Lat::of(all), (per * THREADS) as f64 / seconds / 1e3, bad))
     })
 }
 
 /// Item 4 on the store's engine: a buffer of a few chunks, a stream and a pinned chunk of
 /// staging as a lane has (lanes.rs), freed again whatever happens.
-fn steps(store: &VramStore, iters: usize) -> Result<Steps, String> {
+fn steps(store: &VramStore, iters: usize) -> Result<([Lat; STEPS.len()], u64), String> {
     let engine = store.engine();
     let device = engine.device();
     let chunk = engine.chunk_size();
@@ -287,12 +224,12 @@ fn time_steps(
     stream: StreamHandle,
     staging: HostPtr,
     iters: usize,
-) -> Result<Steps, String> {
+) -> Result<([Lat; STEPS.len()], u64), String> {
     let device = engine.device();
     let slots = size / K32;
     let mut rng = Pcg64Mcg::seed_from_u64(STEP_SEED);
     let mut out = vec![0u8; K32];
-    let mut t: [Vec<f64>; 6] = Default::default();
+    let mut t: [Vec<f64>; STEPS.len()] = Default::default();
     let mut mismatches = 0;
     for i in 0..WARMUP + iters {
         let at = rng.random_range(0..slots) * K32;
@@ -325,9 +262,8 @@ fn time_steps(
     // The same copy with no engine call (the whole buffer acquired once), then an idle stream.
     let whole = [Region::whole(id)];
     engine.acquire(&whole, Access::ReadOnly, stream).map_err(err("Engine::acquire"))?;
-    let raw = (|| {
+    let bare = (|| {
         device.synchronize_stream(stream).map_err(err("cuStreamSynchronize"))?;
-        let (mut raw, mut idle) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
         for i in 0..WARMUP + iters {
             let at = rng.random_range(0..slots) * K32;
             let t0 = Instant::now();
@@ -335,85 +271,77 @@ fn time_steps(
             unsafe { device.copy_to_host_async(staging, va + at as u64, K32, stream) }
                 .map_err(err("cuMemcpyDtoHAsync"))?;
             device.synchronize_stream(stream).map_err(err("cuStreamSynchronize"))?;
-            let copy_us = us_since(t0);
+            let t1 = Instant::now();
             // SAFETY: the copy has completed; the staging is at least 32 KiB.
             let copied = unsafe { std::slice::from_raw_parts(staging as *const u8, K32) };
             mismatches += u64::from(pattern::first_mismatch(STEP_SEED, at, copied).is_some());
-            let t1 = Instant::now();
+            let t2 = Instant::now();
             device.synchronize_stream(stream).map_err(err("cuStreamSynchronize"))?;
-            let idle_us = us_since(t1);
             if i >= WARMUP {
-                raw.push(copy_us);
-                idle.push(idle_us);
+                t[TOTAL + 1].push((t1 - t0).as_secs_f64() * 1e6);
+                t[TOTAL + 2].push(us_since(t2));
             }
         }
-        Ok::<_, String>((raw, idle))
+        Ok::<_, String>(())
     })();
     let released = engine.release(&whole, stream).map_err(err("Engine::release"));
-    let (raw, idle) = raw?;
-    released?;
-    let [acquire, copy_async, sync, release, memcpy, total] = t.map(Lat::of);
-    Ok(Steps {
-        acquire,
-        copy_async,
-        sync,
-        release,
-        memcpy,
-        total,
-        raw_copy_sync: Lat::of(raw),
-        idle_sync: Lat::of(idle),
-        mismatches,
-    })
+    bare.and(released)?;
+    Ok((t.map(Lat::of), mismatches))
 }
 
 /// Opens and fills a store, times its single-thread 32 KiB reads and the steps, then runs
-/// `more` on the same store.
+/// `more` on the same store; the figures compared with and without learned loops.
 fn section(
     size: u64,
     ops: usize,
     learn: bool,
     bad: &mut u64,
     more: impl FnOnce(&VramStore, &mut u64) -> Result<(), String>,
-) -> Result<(Section, VramStore), String> {
+) -> Result<(Map<String, Value>, VramStore), String> {
     let label = if learn { "learn_loops on" } else { "learn_loops off" };
     let (store, learn_loops) = open(size, learn)?;
+    let info = store.engine().device_info();
     if learn {
-        let (engine, info) = (store.engine(), store.engine().device_info());
         eprintln!(
-            "bench swap-store: {} (driver {}), {} random requests of each kind",
-            info.name, info.driver_version, ops
+            "bench swap-store: {} (driver {}), {ops} timed requests of each kind",
+            info.name, info.driver_version
         );
-        if info.backend == BackendKind::Sim {
-            eprintln!(
-                "bench swap-store: SIMULATED DEVICE ({}) — these numbers are not evidence of speed",
-                engine.fallback_reason().unwrap_or("TIERMEM_BACKEND=sim")
-            );
-        }
+    }
+    if learn && info.backend == BackendKind::Sim {
+        eprintln!(
+            "bench swap-store: SIMULATED DEVICE ({}) — these numbers are not evidence of speed",
+            store.engine().fallback_reason().unwrap_or("TIERMEM_BACKEND=sim")
+        );
     }
     let fill_gbps = fill(&store)?;
     let resident = store.stats().hbm_bytes as f64 / size as f64;
-    eprintln!(
-        "bench swap-store [{label}]: {} written in {:.1} GB/s, {:.0}% of it in HBM",
-        tiermem::format_size(size as usize),
-        fill_gbps,
-        resident.min(1.0) * 100.0
-    );
+    let size_text = tiermem::format_size(size as usize);
+    eprintln!("[{label}] {size_text} written at {fill_gbps:.1} GB/s, {:.0}% of it in HBM", resident * 100.0);
     if resident < 1.0 {
         eprintln!("  WARNING: not all of the device is in HBM: reads of the rest page in first");
     }
+    let mut m = Map::new();
+    m.insert("learn_loops_bytes".into(), json!(learn_loops));
+    m.insert("fill_GBps".into(), json!(fill_gbps));
+    m.insert("hbm_resident_fraction".into(), json!(resident));
     let (lat, b) = series(&store, false, K32, WARMUP, ops, SEED ^ 32)?;
-    *bad += b;
     let read32k = Lat::of(lat);
+    read32k.put(&mut m, "read32k_lat", true);
     eprintln!(
         "  [{label}] 32 KiB reads, 1 thread: {:.2} µs mean, {:.2} p50, {:.2} p99 (target ≤ {TARGET_US})",
         read32k.mean, read32k.p50, read32k.p99
     );
-    let steps = steps(&store, ops)?;
-    *bad += steps.mismatches;
-    let section = Section { learn_loops, fill_gbps, resident, read32k, steps };
-    section.print(label);
+    let (steps, b2) = steps(&store, ops)?;
+    *bad += b + b2;
+    for (name, lat) in STEPS.iter().zip(&steps) {
+        lat.put(&mut m, name, false);
+    }
+    let overhead = read32k.p50 - steps[TOTAL].p50;
+    m.insert("store_overhead_us_p50".into(), json!(overhead));
+    let p50s: Vec<String> = STEPS.iter().zip(&steps).map(|(name, lat)| format!("{name} {:.2}", lat.p50)).collect();
+    eprintln!("  [{label}] p50 µs: {}; store overhead {overhead:.2}", p50s.join(", "));
     more(&store, bad)?;
-    Ok((section, store))
+    Ok((m, store))
 }
 
 pub fn run(dir: &Path, commit: &str, size: usize, ops: usize) -> Result<(), String> {
@@ -452,24 +380,31 @@ pub fn run(dir: &Path, commit: &str, size: usize, ops: usize) -> Result<(), Stri
     let verified = bad == 0;
     eprintln!("bench swap-store: {bad} mismatched reads; verified: {verified}");
 
-    let (on_json, off_json) = (on.to_json(), off.to_json());
-    let mut metrics = on_json.clone();
+    let mut metrics = on.clone();
     metrics.extend(singles);
     eight.0.put(&mut metrics, "read32k_8threads_lat", false);
     metrics.insert("read32k_8threads_kops".into(), json!(eight.1));
-    off.read32k.put(&mut metrics, "read32k_learn_off_lat", true);
-    off.steps.acquire.put(&mut metrics, "step_acquire_learn_off", false);
+    for (key, from) in [
+        ("read32k_learn_off_lat_us_mean", "read32k_lat_us_mean"),
+        ("read32k_learn_off_lat_us_p50", "read32k_lat_us_p50"),
+        ("read32k_learn_off_lat_us_p99", "read32k_lat_us_p99"),
+        ("step_acquire_learn_off_us_p50", "step_acquire_us_p50"),
+    ] {
+        metrics.insert(key.into(), off[from].clone());
+    }
     metrics.insert("mismatches".into(), json!(bad));
     let date = today();
+    let get = |m: &Map<String, Value>, key: &str| m[key].as_f64().unwrap_or(f64::NAN);
+    let read32k = get(&on, "read32k_lat_us_p50");
     let ratios = json!({
-        "read32k_p50_vs_target": on.read32k.p50 / TARGET_US,
-        "read32k_p50_learn_off_vs_on": off.read32k.p50 / on.read32k.p50,
-        "step_total_vs_read32k_p50": on.steps.total.p50 / on.read32k.p50,
+        "read32k_p50_vs_target": read32k / TARGET_US,
+        "read32k_p50_learn_off_vs_on": get(&off, "read32k_lat_us_p50") / read32k,
+        "step_total_vs_read32k_p50": get(&on, "step_total_us_p50") / read32k,
     });
     let mut report = super::report("vramswap-store", commit, &date, &info, Value::Object(metrics), ratios, verified);
     if let Some(object) = report.as_object_mut() {
-        object.insert("learn_loops_on".into(), Value::Object(on_json));
-        object.insert("learn_loops_off".into(), Value::Object(off_json));
+        object.insert("learn_loops_on".into(), Value::Object(on));
+        object.insert("learn_loops_off".into(), Value::Object(off));
     }
     let detail = json!({
         "suite": "vramswap-store-detail",
