@@ -10,6 +10,7 @@ pub(crate) mod raw;
 mod swap;
 mod swap_fio;
 mod swap_job;
+mod swap_store;
 mod swap_sys;
 mod tenant_worker;
 mod tenants;
@@ -117,6 +118,23 @@ pub enum Suite {
         #[arg(long)]
         page_cluster: Option<u32>,
     },
+    /// The VRAM swap device's store alone, with no kernel devices and no root (safe on a shared
+    /// machine): 4 and 32 KiB reads and 4 KiB writes at queue depth 1 and from 8 threads, the
+    /// read path's calls timed one by one, with and without loops learned from the acquires.
+    SwapStore {
+        /// Folder to write vramswap-store-<yyyymmdd>-<shortsha>.json into.
+        #[arg(long)]
+        json: PathBuf,
+        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        #[arg(long)]
+        commit: Option<String>,
+        /// The device's size, written whole before the timings (all of it in HBM).
+        #[arg(long, value_parser = tiermem::parse_size, default_value = "1GiB")]
+        size: usize,
+        /// Timed requests of each kind (the 8-thread run shares them out).
+        #[arg(long, default_value_t = 20000)]
+        ops: usize,
+    },
     /// A neighbour GPU's spare HBM as a tier (issue 12): tiermem's peer tier against the raw
     /// NVLink copy, reclaim by the lender, the lender's own job alone and while it lends.
     Peer {
@@ -205,6 +223,7 @@ pub fn run(suite: Suite) -> Result<(), String> {
             swap::run(&json, &commit(given), setup)
         }
         Suite::SwapJob(args) => swap_job::run(args),
+        Suite::SwapStore { json, commit: given, size, ops } => swap_store::run(&json, &commit(given), size, ops),
         Suite::Transparent { json, commit: given, script, steps, small } => {
             let setup = transparent::Setup { script, steps: steps.max(2), small };
             transparent::run(&json, &commit(given), setup)
