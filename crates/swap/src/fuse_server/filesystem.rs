@@ -172,6 +172,7 @@ impl Filesystem for SwapFs {
         let out = Buffers::aligned(&mut buffer, len);
         match self.store.read(device.offset + offset, out) {
             Ok(()) => {
+                self.stats.reads_in_store.record(len as u64, started);
                 reply.data(out);
                 self.stats.reads.record(len as u64, started);
             }

@@ -113,6 +113,10 @@ pub struct OpReport {
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct IoReport {
     pub reads: OpReport,
+    /// The same reads timed from arrival until the store had the bytes, before the reply:
+    /// what `reads` adds to this is the reply's write to `/dev/fuse`, in which the kernel
+    /// copies the bytes to the reader and completes its request.
+    pub reads_in_store: OpReport,
     pub writes: OpReport,
     pub discards: OpReport,
     /// Requests answered with an error (the store's, or a request outside a file).
@@ -125,6 +129,7 @@ pub struct IoReport {
 /// The server's counters, shared with whoever reports them.
 pub struct IoStats {
     pub(super) reads: OpStats,
+    pub(super) reads_in_store: OpStats,
     pub(super) writes: OpStats,
     pub(super) discards: OpStats,
     pub(super) errors: AtomicU64,
@@ -135,6 +140,7 @@ impl IoStats {
     pub(super) fn new() -> Self {
         IoStats {
             reads: OpStats::new(),
+            reads_in_store: OpStats::new(),
             writes: OpStats::new(),
             discards: OpStats::new(),
             errors: AtomicU64::new(0),
@@ -145,6 +151,7 @@ impl IoStats {
     pub fn report(&self) -> IoReport {
         IoReport {
             reads: self.reads.report(),
+            reads_in_store: self.reads_in_store.report(),
             writes: self.writes.report(),
             discards: self.discards.report(),
             errors: self.errors.load(Ordering::Relaxed),
