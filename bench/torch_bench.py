@@ -345,17 +345,22 @@ def decode_vs_bound(metrics, key, model, pool, prompt, steps, size, cap):
 
 
 def window_sweep(args, metrics, key, handle, model, pool, prompt, steps, size, cap):
-    """With ``--sweep``: the same decode under each smaller paging-ahead window (the window is
-    at most an eighth of the cap, so larger ones change nothing), recorded as
-    ``{key}_window_{N}MiB_…``; the handle's window is put back after."""
+    """With ``--sweep``: the same decode under each paging-ahead window, each in a fresh
+    offload (a schedule that has settled keeps streaming the chunks it streams, so a window
+    changed on a running model changes little), recorded as ``{key}_window_{N}MiB_…``.
+    Returns the handle, offloaded again with the first window."""
     headline = handle.prefetch_bytes
     for window in args.sweep:
-        handle.prefetch_bytes = window
+        handle.remove("cuda")
+        handle = tt.offload(model, pool, prefetch_bytes=window)
         name = f"{key}_window_{window >> 20}MiB"
         *_, ratio = decode_vs_bound(metrics, name, model, pool, prompt, steps, size, cap)
         log(f"{key}, window {handle.window_bytes >> 20} MiB: {ratio:.3f} of the PCIe bound, "
             f"{metrics[f'{name}_traffic_vs_optimum']:.3f}x the optimum's traffic")
-    handle.prefetch_bytes = headline
+    if args.sweep:
+        handle.remove("cuda")
+        handle = tt.offload(model, pool, prefetch_bytes=headline)
+    return handle
 
 
 def where_time_goes(metrics, key, handle, pool, model, prompt, steps, size, cap):
@@ -422,7 +427,7 @@ def tied_loading_and_sleep(args, results):
         tokens, logits, ratios["tied_vs_pcie_bound"] = decode_vs_bound(metrics, "tied", model, pool, prompt, steps, size, cap)
         log(f"tied: {metrics['tied_decode_tok_s']:.1f} tok/s = {ratios['tied_vs_pcie_bound']:.2f} of the PCIe bound, "
             f"window {handle.window_bytes / MiB:.0f} MiB, {metrics['tied_traffic_vs_optimum']:.2f}x the optimum's traffic")
-        window_sweep(args, metrics, "tied", handle, model, pool, prompt, steps, size, cap)
+        handle = window_sweep(args, metrics, "tied", handle, model, pool, prompt, steps, size, cap)
         where_time_goes(metrics, "tied", handle, pool, model, prompt, steps, size, cap)
 
         # Sleep and wake: released HBM (the default), then kept HBM; the model must not change.
@@ -500,7 +505,7 @@ def mixture_of_experts(args, results):
     checks["moe_identical"] = torch.equal(tokens, ref_tokens) and torch.equal(logits, ref_logits)
     log(f"MoE ({size / GiB:.2f} GiB, cap {cap / GiB:.2f}): {metrics['moe_decode_tok_s']:.1f} tok/s = {ratios['moe_vs_pcie_bound']:.2f} of the PCIe bound, "
         f"window {handle.window_bytes / MiB:.0f} MiB, {metrics['moe_traffic_vs_optimum']:.2f}x the optimum's traffic")
-    window_sweep(args, metrics, "moe", handle, model, pool, prompt, 8, size, cap)
+    handle = window_sweep(args, metrics, "moe", handle, model, pool, prompt, 8, size, cap)
     where_time_goes(metrics, "moe", handle, pool, model, prompt, 8, size, cap)
     del model, handle, pool
     gc.collect()
