@@ -34,18 +34,6 @@ impl InFlight {
         self.down.iter().map(|group| group.chunks.len()).sum()
     }
 
-    /// The chunks moving down, each with the fence it leaves behind, oldest group first.
-    pub fn moving(&self) -> impl Iterator<Item = (&Arc<Fence>, ChunkRef)> {
-        self.down.iter().flat_map(|group| group.chunks.iter().map(move |&r| (&group.fence, r)))
-    }
-
-    /// Chunk `r` no longer moves down behind `fence` (it handed its HBM over: handover.rs).
-    pub fn stop_moving(&mut self, fence: &Arc<Fence>, r: ChunkRef) {
-        if let Some(group) = self.down.iter_mut().find(|group| Arc::ptr_eq(&group.fence, fence)) {
-            group.chunks.retain(|&c| c != r);
-        }
-    }
-
     /// The groups whose move down has completed, taken out of the index.
     pub fn landed(&mut self) -> Result<Vec<PendingDown>> {
         let mut landed = Vec::new();

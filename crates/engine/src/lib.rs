@@ -36,7 +36,6 @@ mod fence;
 mod file_reads;
 mod file_tier;
 mod file_writes;
-mod handover;
 mod homes;
 mod host_tier;
 mod in_flight;

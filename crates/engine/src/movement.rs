@@ -25,8 +25,7 @@
 //! it issues its outgoing copies, and evictions finish their copies before the freed chunks
 //! are mapped again.
 //!
-//! **Room**: placement.rs (`make_room`); a clean chunk still leaving behind its last use hands its
-//! physical chunk to one coming in, whose copy waits for that use on the device (handover.rs). The copies down, and the bookkeeping of chunks that
+//! **Room**: placement.rs (`make_room`). The copies down, and the bookkeeping of chunks that
 //! have left (`reap`), are in down.rs. Streams: `up` for demand, `prefetch` (low priority) for prefetches,
 //! `down` for page-outs, so the two directions overlap on the two copy engines.
 //!
@@ -100,20 +99,13 @@ impl Tiers {
         state: &mut ChunkTable,
         call: &'static str,
         todo: &[ChunkRef],
-        (phys, after): (Vec<PhysHandle>, Vec<Arc<Fence>>),
+        phys: Vec<PhysHandle>,
         purpose: Purpose,
     ) -> Result<Vec<Arc<Fence>>> {
         let stream = match purpose {
             Purpose::Demand => self.streams.up,
             Purpose::Prefetch | Purpose::Ahead { .. } | Purpose::Swap { .. } => self.streams.prefetch,
         };
-        // Physical chunks handed over by chunks still leaving: the copies wait for their last
-        // uses, on the device (handover.rs), or, if the stream cannot be made to, on the host.
-        for fence in &after {
-            if self.device.stream_wait_event(stream, fence.event()).is_err() {
-                fence.wait().during(call)?;
-            }
-        }
         let start = match purpose {
             Purpose::Demand => Some(self.events.record(stream).during(call)?),
             Purpose::Prefetch | Purpose::Ahead { .. } | Purpose::Swap { .. } => None,
@@ -128,7 +120,7 @@ impl Tiers {
             match self.events.later() {
                 Ok(fence) => read_fences.push(fence),
                 Err(e) => {
-                    self.give_back(phys, &after, Vec::new());
+                    phys.into_iter().for_each(|p| self.pool.give(p));
                     return Err(Error::Device { call, source: e });
                 }
             }
@@ -161,11 +153,7 @@ impl Tiers {
         if !reads.is_empty() {
             fences.push(self.queue_read(state, call, reads, &mut read_fences));
         }
-        let unused: Vec<PhysHandle> = phys.collect();
-        if !unused.is_empty() {
-            // Only after a failure: those handed over are idle once the last uses are done.
-            self.give_back(unused, &after, Vec::new());
-        }
+        phys.for_each(|p| self.pool.give(p));
         // The chunks' fence (or a failure) must come after the copies along other paths.
         if let Err(e) = self.multipath.join(self.device.as_ref(), stream) {
             failure.get_or_insert(Error::Device { call, source: e });
@@ -215,58 +203,31 @@ impl Tiers {
         fence
     }
 
-    /// Physical chunks for `todo`, one each, for as many of its first chunks as can be served,
-    /// with the fences the copies into them must wait for on the device. A chunk whose stale
-    /// mapping points at an idle physical chunk (its home) takes that one, or the home itself
-    /// from a holder that is leaving and may hand it over (handover.rs): neither needs a driver
-    /// call. The others take whatever is idle or can still be created, then what leaving
-    /// chunks hand over.
+    /// Physical chunks for `todo`, one each, for as many of its first chunks as the pool can
+    /// serve: a chunk whose stale mapping points at an idle physical chunk takes that one (it
+    /// needs no driver call), the others whatever is idle or can still be created.
     pub(crate) fn take_phys(
         &mut self,
-        state: &mut ChunkTable,
+        state: &ChunkTable,
         call: &'static str,
         todo: &[ChunkRef],
-    ) -> Result<(Vec<PhysHandle>, Vec<Arc<Fence>>)> {
-        let mut homes: Vec<Option<PhysHandle>> =
-            todo.iter().map(|&r| state.chunk(r).alias().filter(|&p| self.pool.take_exact(p))).collect();
-        let (mut phys, mut after) = (Vec::with_capacity(todo.len()), Vec::new());
-        for (i, &r) in todo.iter().enumerate() {
-            if let Some(p) = homes[i].take() {
-                phys.push(p);
-                continue;
+    ) -> Result<Vec<PhysHandle>> {
+        let aliases: Vec<Option<PhysHandle>> = todo.iter().map(|&r| state.chunk(r).alias()).collect();
+        let mut phys: Vec<Option<PhysHandle>> =
+            aliases.into_iter().map(|alias| alias.filter(|&p| self.pool.take_exact(p))).collect();
+        for slot in phys.iter_mut().filter(|slot| slot.is_none()) {
+            match self.pool.take(self.device.as_ref()) {
+                Ok(Some(p)) => *slot = Some(p),
+                Ok(None) => break,
+                Err(e) => {
+                    phys.into_iter().flatten().for_each(|p| self.pool.give(p));
+                    return Err(Error::Device { call, source: e });
+                }
             }
-            let handed = !matches!(state.chunk(r).location(), Location::File(_));
-            let home_holder = state.chunk(r).alias().and_then(|p| state.holder(p));
-            let from = match home_holder {
-                Some(h) if handed && self.may_hand_over(state, h).during(call)? => Some(h),
-                _ => None,
-            };
-            let taken = match from {
-                Some(_) => None,
-                None => match self.pool.take(self.device.as_ref()) {
-                    Ok(taken) => taken,
-                    Err(e) => {
-                        self.give_back(phys, &after, homes);
-                        return Err(Error::Device { call, source: e });
-                    }
-                },
-            };
-            if let Some(p) = taken {
-                phys.push(p);
-                continue;
-            }
-            let from = match from {
-                Some(h) => Some(h),
-                None if handed => self.next_handover(state).during(call)?,
-                None => None,
-            };
-            let Some(from) = from else { break };
-            let (p, last_use) = self.take_over(state, from, r);
-            phys.push(p);
-            after.push(last_use);
         }
-        homes.into_iter().flatten().for_each(|p| self.pool.give(p));
-        Ok((phys, after))
+        let served = phys.iter().position(Option::is_none).unwrap_or(phys.len());
+        phys[served..].iter().flatten().for_each(|&p| self.pool.give(p));
+        Ok(phys[..served].iter().flatten().copied().collect())
     }
 
     /// Maps one batch of consecutive chunks of one buffer and enqueues their copies up: from

@@ -77,7 +77,6 @@ impl Inner {
         wanted: &[ChunkRef],
         purpose: Purpose,
     ) -> Result<Vec<Arc<Fence>>> {
-        let from_file = todo.iter().any(|&r| matches!(self.state.chunk(r).location(), Location::File(_)));
         let horizon = match purpose {
             Purpose::Demand => Some(0),
             Purpose::Ahead { horizon } | Purpose::Swap { horizon } => Some(horizon),
@@ -102,28 +101,23 @@ impl Inner {
                 holders = idle;
             }
             holders.truncate(short);
-            if !holders.is_empty() && from_file {
+            if !holders.is_empty() {
                 self.evict_now(call, &holders)?;
-            } else if !holders.is_empty() {
-                // No wait: a holder leaving behind its last use hands its home over, and the
-                // copy in waits for that use on the device (handover.rs).
-                self.send_victims_down(call, &holders)?;
-                self.tiers.reap(&mut self.state)?;
             }
         }
         match purpose {
-            Purpose::Demand => self.make_room(call, todo.len(), wanted, !from_file)?,
+            Purpose::Demand => self.make_room(call, todo.len(), wanted)?,
             // A swap evicts only the holders of its chunks' homes (above): never a chunk Belady
             // keeps, and every chunk comes back to the physical chunk it left (no mapping).
             Purpose::Prefetch | Purpose::Swap { .. } => {}
-            Purpose::Ahead { horizon } if self.ahead_waits => loop {
-                // Holders sent home above that may hand it over are room too (handover.rs).
-                let handed = if from_file { 0 } else { self.tiers.handovers_ready(&self.state).during(call)? };
-                let room = self.tiers.pool.available() + handed;
-                if room >= todo.len() || !self.evict_beyond(call, todo.len() - room, wanted, horizon)? {
-                    break;
+            Purpose::Ahead { horizon } if self.ahead_waits => {
+                while self.tiers.pool.available() < todo.len() {
+                    let short = todo.len() - self.tiers.pool.available();
+                    if !self.evict_beyond(call, short, wanted, horizon)? {
+                        break;
+                    }
                 }
-            },
+            }
             // Room for the window is made without waiting: victims needed later than the
             // window start down (behind the GPU's last use of them, on the device), counting
             // those already on their way; what is free now is filled now, and what they free
@@ -140,26 +134,22 @@ impl Inner {
                 }
             }
         }
-        let (mut phys, mut after) = self.tiers.take_phys(&mut self.state, call, &todo)?;
-        // The driver may give fewer chunks than the cap promised (the cap then shrinks), and
-        // chunks read from the file take no handovers: a demand evicts for the rest, counting
-        // handovers as room only while they serve it.
-        let mut handovers = !from_file;
+        let mut phys = self.tiers.take_phys(&self.state, call, &todo)?;
+        // The driver may give fewer chunks than the cap promised (the cap then shrinks): a demand
+        // evicts for the rest.
         while purpose == Purpose::Demand && phys.len() < todo.len() {
-            if let Err(e) = self.make_room(call, todo.len() - phys.len(), wanted, handovers) {
-                self.tiers.give_back(phys, &after, Vec::new());
+            if let Err(e) = self.make_room(call, todo.len() - phys.len(), wanted) {
+                phys.into_iter().for_each(|p| self.tiers.pool.give(p));
                 return Err(e);
             }
-            let (more, more_after) = self.tiers.take_phys(&mut self.state, call, &todo[phys.len()..])?;
-            handovers &= !more.is_empty();
+            let more = self.tiers.take_phys(&self.state, call, &todo[phys.len()..])?;
             phys.extend(more);
-            after.extend(more_after);
         }
         todo.truncate(phys.len());
         if todo.is_empty() {
             return Ok(Vec::new());
         }
-        self.tiers.copy_in(&mut self.state, call, &todo, (phys, after), purpose)
+        self.tiers.copy_in(&mut self.state, call, &todo, phys, purpose)
     }
 
     /// Moves resident, unacquired chunks (sorted) out of HBM. Returns the fences after which
@@ -466,42 +456,17 @@ impl Inner {
         Err(Error::MustWait(Waits { writes, spill, ..Waits::fences(call, Vec::new()) }))
     }
 
-    /// Frees HBM until `need` chunks can be taken from the pool (or, with `handovers`, handed
-    /// over by chunks leaving: handover.rs), evicting by policy.
-    pub(crate) fn make_room(
-        &mut self,
-        call: &'static str,
-        need: usize,
-        protect: &[ChunkRef],
-        handovers: bool,
-    ) -> Result<()> {
+    /// Frees HBM until `need` chunks can be taken from the pool, evicting by policy.
+    pub(crate) fn make_room(&mut self, call: &'static str, need: usize, protect: &[ChunkRef]) -> Result<()> {
         loop {
             self.tiers.reap(&mut self.state)?;
-            // Chunks leaving that may hand their HBM over are room: the copies in wait for them
-            // on the device (handover.rs), not the host here.
-            let handed = if handovers { self.tiers.handovers_ready(&self.state).during(call)? } else { 0 };
-            let available = self.tiers.pool.available() + handed;
+            let available = self.tiers.pool.available();
             if available >= need {
                 return Ok(());
             }
             let short = need - available;
-            if !handovers {
-                if self.evict(call, short, protect, None)? {
-                    continue;
-                }
-            } else {
-                // Victims start down; those that may hand over are room now. Only if that is
-                // not enough (dirty victims copy down first) does the host wait for them.
-                let victims = self.victims(Among::Resident, call, short, protect, None)?;
-                if !victims.is_empty() {
-                    let fences = self.send_victims_down(call, &victims)?;
-                    self.tiers.reap(&mut self.state)?;
-                    let handed = self.tiers.handovers_ready(&self.state).during(call)?;
-                    if self.tiers.pool.available() + handed < need {
-                        self.wait_for(call, fences)?;
-                    }
-                    continue;
-                }
+            if self.evict(call, short, protect, None)? {
+                continue;
             }
             match next_settling(&self.tiers.in_flight, &self.state, protect) {
                 Settling::Wait(fence) => self.wait_for(call, vec![fence])?,

@@ -449,18 +449,6 @@ impl ChunkTable {
         hbm.phys
     }
 
-    /// Chunk `r` (leaving HBM, clean, behind its last use only) gives its physical chunk to a
-    /// chunk coming in, whose copy waits for that last use on the device (handover.rs). It
-    /// leaves HBM now; its address keeps mapping the physical chunk, stale, and its last use
-    /// stays its `busy` fence, which whoever unmaps the address waits for (`unmap_below`).
-    /// Returns the physical chunk.
-    pub fn hand_over(&mut self, r: ChunkRef) -> PhysHandle {
-        let busy = self.at(r).busy.take();
-        let phys = self.leave_hbm(r);
-        self.at(r).busy = busy;
-        phys
-    }
-
     /// Chunk `r`'s address maps nothing any more.
     pub fn unmapped(&mut self, r: ChunkRef) {
         let chunk = self.at(r);

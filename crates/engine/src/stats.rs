@@ -56,9 +56,6 @@ pub struct Counters {
     /// Host time spent waiting for evicted chunks to leave (the GPU's last use of them, or
     /// their copy down), in milliseconds.
     pub evict_wait_ms: f64,
-    /// Chunks that came into HBM in the physical chunk of one still leaving it, their copies
-    /// waiting for its last use on the device (handover.rs).
-    pub handovers: u64,
 }
 
 /// One tier's use.
