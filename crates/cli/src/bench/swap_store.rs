@@ -186,6 +186,44 @@ fn threaded(store: &VramStore, ops: usize) -> Result<(Lat, f64, u64), String> {
     })
 }
 
+/// The 32 KiB reads as the FUSE server serves them: each handed to a thread asleep on a
+/// channel, which reads and answers, with a pause between requests (the server's thread sleeps
+/// while the kernel completes one request and the program makes the next). Latencies of the
+/// read in the woken thread and of the whole round trip, and mismatches.
+fn handed(store: &VramStore, ops: usize) -> Result<(Lat, Lat, u64), String> {
+    let slots = store.size() / K32 as u64;
+    let (to_worker, requests) = std::sync::mpsc::channel::<u64>();
+    let (to_main, answers) = std::sync::mpsc::channel::<Result<(f64, bool), String>>();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let mut buf = vec![0u8; K32];
+            for at in requests {
+                let t = Instant::now();
+                let read = store.read(at, &mut buf).map_err(err("VramStore::read"));
+                let answer = read.map(|()| (us_since(t), pattern::first_mismatch(SEED, at as usize, &buf).is_some()));
+                if to_main.send(answer).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut rng = Pcg64Mcg::seed_from_u64(SEED ^ 0x5eed);
+        let (mut woken, mut trips, mut bad) = (Vec::with_capacity(ops), Vec::with_capacity(ops), 0);
+        for i in 0..WARMUP + ops {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            let t = Instant::now();
+            to_worker.send(rng.random_range(0..slots) * K32 as u64).map_err(err("the reading thread"))?;
+            let (us, mismatch) = answers.recv().map_err(err("the reading thread"))??;
+            if i >= WARMUP {
+                woken.push(us);
+                trips.push(us_since(t));
+            }
+            bad += u64::from(mismatch);
+        }
+        drop(to_worker);
+        Ok((Lat::of(woken), Lat::of(trips), bad))
+    })
+}
+
 /// Item 4 on the store's engine: a buffer of a few chunks, a stream and a pinned chunk of
 /// staging as a lane has (lanes.rs), freed again whatever happens.
 fn steps(store: &VramStore, iters: usize) -> Result<([Lat; STEPS.len()], u64), String> {
@@ -368,6 +406,14 @@ pub fn run(dir: &Path, commit: &str, size: usize, ops: usize) -> Result<(), Stri
             lat.p50, lat.p99
         );
         eight = (lat, kops);
+        let (woken, trip, b) = handed(store, ops.min(5000))?;
+        *bad += b;
+        eprintln!(
+            "  32 KiB reads handed to a sleeping thread: {:.2} µs p50 in the store, {:.2} p50 round trip",
+            woken.p50, trip.p50
+        );
+        woken.put(&mut singles, "read32k_woken_lat", true);
+        trip.put(&mut singles, "read32k_handoff_rtt", true);
         Ok(())
     })?;
     let info = store.engine().device_info().clone();
