@@ -176,6 +176,9 @@ fn random_reads_writes_and_punches_through_o_direct_match_a_reference() {
     assert_eq!(store.present_bytes(), 0);
     let report = mounted.server().stats().report();
     assert!(report.reads.count > 0 && report.writes.count > 0 && report.discards.count > 0, "{report:?}");
+    // Every read answered is timed twice: until the store had its bytes, and until the reply.
+    assert_eq!(report.reads_in_store.count, report.reads.count, "{report:?}");
+    assert!(report.reads_in_store.mean_us <= report.reads.mean_us, "{report:?}");
     assert_eq!(report.errors, 0);
     assert_eq!(report.buffer_allocations, 0, "no read allocated a buffer");
     let terms = mounted.server().kernel_terms();

@@ -112,6 +112,7 @@ fn render(r: &StatusReport) -> String {
         };
         out += "requests:\n";
         out += &op("reads", &q.reads);
+        out += &op(" in store", &q.reads_in_store);
         out += &op("writes", &q.writes);
         out += &op("discards", &q.discards);
         out += &format!("  errors {}, buffers allocated on the I/O path {}\n", q.errors, q.buffer_allocations);
