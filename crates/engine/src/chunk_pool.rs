@@ -25,6 +25,11 @@ impl ChunkPool {
         self.created - self.idle.len()
     }
 
+    /// Chunks made and idle: to be had without a driver call.
+    pub fn idle(&self) -> usize {
+        self.idle.len()
+    }
+
     /// Chunks that can be had without evicting anything.
     pub fn available(&self) -> usize {
         self.cap.saturating_sub(self.in_use())

@@ -55,13 +55,16 @@ impl Inner {
         if todo.is_empty() {
             return Ok(Vec::new());
         }
-        if purpose != Purpose::Demand {
+        // A demand whose physical chunks must mostly be made (after HBM went back to the driver)
+        // and fit without evicting comes in batch by batch (`DEMAND_BATCH`), each one's copies
+        // started before the next batch's chunks are made and mapped, which then overlaps the
+        // copies. Anything else comes in at once: batches that evict wait for their victims one
+        // batch at a time (on the H200 an LRU cycle through twice its HBM ran 14% slower so).
+        let makes = todo.len().saturating_sub(self.tiers.pool.idle());
+        let batched = purpose == Purpose::Demand && makes > DEMAND_BATCH && self.tiers.pool.available() >= todo.len();
+        if !batched {
             return self.bring_in_batch(call, todo, wanted, purpose);
         }
-        // A demand comes in batch by batch (`DEMAND_BATCH`), each one's copies started before the
-        // next batch's physical chunks are taken: chunks that must be created and mapped (after
-        // HBM went back to the driver) are then made while earlier copies run, instead of all
-        // before the first copy. Every batch protects all of `wanted`.
         let mut fences = Vec::new();
         for batch in todo.chunks(DEMAND_BATCH) {
             fences.extend(self.bring_in_batch(call, batch.to_vec(), wanted, purpose)?);
