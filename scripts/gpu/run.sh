@@ -7,7 +7,8 @@
 #   PHASES comma-separated, default all: rust,demo,limits,soak,python,engine,tenants,nvme,torch (torch-small:
 #          the torch benchmark's smoke test). Not in the default, asked for by name: swap (bench swap:
 #          enables swap, loop devices, zram, cgroups as root, all undone at the end; at most 9 minutes)
-#          and swap-quick (its smoke test, at most 4 minutes); transparent (bench transparent: an unmodified
+#          and swap-quick (its smoke test, at most 4 minutes); swap-store (bench swap-store: the swap
+#          device's store alone, no root, seconds); transparent (bench transparent: an unmodified
 #          PyTorch training loop under tiermem run; needs dist/libtiermem_preload.so); peer (bench peer: GPU 0 borrows GPU 1's HBM;
 #          needs two GPUs with peer access, e.g. nvidia-h200-x2; PEER_ARGS adds to it).
 # SOAK_SECONDS (default 300) and SOAK_THREADS (default 8) size the soak; TENANTS_ARGS adds to bench tenants;
@@ -51,6 +52,7 @@ fi
 want soak && { step "tiermem soak"; TIERMEM_COMMIT=$commit run "$dist/tiermem" soak --seconds "${SOAK_SECONDS:-300}" --threads "${SOAK_THREADS:-8}" --file "$scratch/soak-file" --json "$out/results"; }
 want engine && { step "tiermem bench engine"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench engine --json "$out/results"; }
 want peer && { step "tiermem bench peer"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench peer --json "$out/results" --decode bench/torch_bench.py ${PEER_ARGS:-}; }
+want swap-store && { step "tiermem bench swap-store"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench swap-store --json "$out/results"; }
 want tenants && { step "tiermem bench tenants"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench tenants --json "$out/results" ${TENANTS_ARGS:-}; }
 want transparent && { step "tiermem bench transparent"; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench transparent --json "$out/results"; }
 want nvme && { step "tiermem bench nvme"; df -T "$scratch" | tail -1; TIERMEM_COMMIT=$commit run "$dist/tiermem" bench nvme --json "$out/results" --dir "$scratch" --reps 5; }
