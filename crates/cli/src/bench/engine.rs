@@ -1,7 +1,7 @@
 //! The engine suite: tiermem page-in / page-out / both at once against the raw copy
 //! ceilings, an oversubscribed acquire cycle, and the cost of acquiring resident memory.
 
-use super::{median, raw, today};
+use super::{median, p99, raw, today};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::json;
@@ -224,10 +224,8 @@ fn acquire_resident_under_load(b: &Bench, size: usize, reps: usize) -> Result<(f
     })?;
     b.engine.free(id).map_err(|e| e.to_string())?;
     b.engine.free(mover).map_err(|e| e.to_string())?;
-    let mut sorted = samples.clone();
-    sorted.sort_by(f64::total_cmp);
-    let p99 = sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)];
-    Ok((median(samples), p99, cycles))
+    let tail = p99(&samples);
+    Ok((median(samples), tail, cycles))
 }
 
 pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), String> {

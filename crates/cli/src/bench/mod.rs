@@ -288,6 +288,13 @@ pub fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
+/// The 99th percentile of some measurements (the value 99% of them do not exceed); 0 for none.
+pub fn p99(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get((sorted.len() * 99 / 100).min(sorted.len().saturating_sub(1))).copied().unwrap_or(0.0)
+}
+
 /// Today's date as `YYYY-MM-DD` (UTC), from the system clock.
 pub fn today() -> String {
     let days =

@@ -21,7 +21,7 @@
 //!    `learn_loops_on` / `learn_loops_off`: a swap device's acquires are random, and learning
 //!    loops from them may only cost.
 
-use super::{median, today};
+use super::{median, p99, today};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 use serde_json::{json, Map, Value};
@@ -60,14 +60,12 @@ struct Lat {
 }
 
 impl Lat {
-    fn of(mut us: Vec<f64>) -> Self {
+    fn of(us: Vec<f64>) -> Self {
         if us.is_empty() {
             return Self { mean: 0.0, p50: 0.0, p99: 0.0 };
         }
-        us.sort_by(f64::total_cmp);
         let mean = us.iter().sum::<f64>() / us.len() as f64;
-        let p99 = us[(us.len() * 99 / 100).min(us.len() - 1)];
-        Self { mean, p50: median(us), p99 }
+        Self { mean, p99: p99(&us), p50: median(us) }
     }
 
     /// `<name>_us_p50` and `<name>_us_p99` (and `_mean` when `mean`) into `out`.
