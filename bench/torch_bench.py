@@ -103,6 +103,24 @@ class _CallTimer:
         return timed_call
 
 
+def timed_engine_calls(metrics, prefix, handle, pool, model, prompt):
+    """The host time of each engine call the hooks make over two passes (the prefill and one
+    decode step), and of what the engine did in them (maps, unmaps, waits for victims), as
+    ``{prefix}host_seconds_per_step`` and ``{prefix}host_calls_per_step``."""
+    timer = _CallTimer(pool)
+    handle.pool = timer
+    t0 = pool.stats()["transfers"]
+    try:
+        decode(model, prompt, 1)
+    finally:
+        handle.pool = pool
+    t1 = pool.stats()["transfers"]
+    for key in ("map_ms", "unmap_ms", "evict_wait_ms"):
+        timer.seconds[f"of which {key[:-3]}"] = (t1[key] - t0[key]) / 1e3
+    metrics[f"{prefix}host_seconds_per_step"] = {name: round(t, 4) for name, t in timer.seconds.items()}
+    metrics[f"{prefix}host_calls_per_step"] = dict(timer.calls)
+
+
 def raw_h2d_GBps(size=GiB, reps=5) -> float:
     src = torch.empty(size, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(size, dtype=torch.uint8, device="cuda")
@@ -198,16 +216,7 @@ def inference(args, results):
         metrics[f"bytes_moved_per_pass_prefetch_{window >> 20}MiB"] = moved
         log(f"(c) tiermem, prefetch {window >> 20} MiB: {batch / step_s:.1f} tok/s, {moved / GiB:.2f} GiB per pass")
     # Where one decode step's host time goes: the engine calls the hooks make, timed.
-    timer = _CallTimer(pool)
-    handle.pool = timer
-    t0 = pool.stats()["transfers"]
-    _, _, step_s = decode(model, prompt, 1)
-    handle.pool = pool
-    t1 = pool.stats()["transfers"]
-    for key in ("map_ms", "unmap_ms", "evict_wait_ms"):
-        timer.seconds[f"of which {key[:-3]}"] = (t1[key] - t0[key]) / 1e3
-    metrics["host_seconds_per_step"] = {name: round(t, 4) for name, t in timer.seconds.items()}
-    metrics["host_calls_per_step"] = dict(timer.calls)
+    timed_engine_calls(metrics, "", handle, pool, model, prompt)
     log(f"host time in engine calls over two passes (prefill and one decode step): {metrics['host_seconds_per_step']}")
     # The headline is the first window (the default), not the fastest of the sweep: one
     # configuration must meet every target, and a wider window buys little speed for its traffic.
@@ -368,12 +377,7 @@ def where_time_goes(metrics, key, handle, pool, model, prompt, steps, size, cap)
     the engine calls the hooks make over one step, and the decode speed with the whole model
     resident through tiermem (the budget raised above the model, then set back): the floor
     that compute and the hooks leave, whatever the link does."""
-    timer = _CallTimer(pool)
-    handle.pool = timer
-    decode(model, prompt, 1)
-    handle.pool = pool
-    metrics[f"{key}_host_seconds_per_step"] = {name: round(t, 4) for name, t in timer.seconds.items()}
-    metrics[f"{key}_host_calls_per_step"] = dict(timer.calls)
+    timed_engine_calls(metrics, f"{key}_", handle, pool, model, prompt)
     pool.finish(pool.set_hbm_budget(size + GiB))
     pool.page_in()
     decode(model, prompt, 1)
