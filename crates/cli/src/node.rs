@@ -98,6 +98,23 @@ pub fn pool_heading(pool: &PoolStatus) -> String {
     )
 }
 
+/// What the GPU's driver counts of a GPU's HBM pool (the daemon's census through NVML), in
+/// one line: what is used, and by whom.
+pub fn driver_line(pool: &PoolStatus) -> Option<String> {
+    let d = pool.driver.as_ref()?;
+    let size = |bytes: u64| format_size(bytes as usize);
+    let used = format!("driver: {} of {} used", size(d.used), size(d.total));
+    Some(match &d.note {
+        Some(note) => format!("{used}; {note}"),
+        None => format!(
+            "{used}: tenants' chunks {}, their processes' contexts and other allocations {}, other processes {}",
+            size(pool.used),
+            size(d.overhead),
+            size(d.others)
+        ),
+    })
+}
+
 /// The columns of a pool's tenant rows, and one tenant's cells in them (`LATE` or empty last).
 pub const SHARE_COLUMNS: [&str; 11] =
     ["tenant", "name", "pid", "w", "used / budget", "used", "budget", "target", "lent", "borrowed", ""];
@@ -128,6 +145,9 @@ fn render_pool(pool: &PoolStatus, tenants: &[TenantStatus]) -> String {
         )
     };
     let mut out = format!("\n{}\n", pool_heading(pool));
+    if let Some(line) = driver_line(pool) {
+        out += &format!("{line}\n");
+    }
     out += &row(&SHARE_COLUMNS.map(String::from));
     for share in &pool.shares {
         out += &row(&share_cells(share, tenants, pool));

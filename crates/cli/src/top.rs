@@ -2,7 +2,7 @@
 //! crossterm). `q`, `Esc` or `Ctrl-C` quits; the terminal is restored on exit and on panic.
 //! While the daemon does not answer, the last report stays on screen with the reason.
 
-use crate::node::{pool_heading, share_cells, SHARE_COLUMNS};
+use crate::node::{driver_line, pool_heading, share_cells, SHARE_COLUMNS};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
@@ -91,7 +91,11 @@ fn pool_table<'a>(pool: &'a PoolStatus, tenants: &'a [tiermem_protocol::TenantSt
     let rows = pool.shares.iter().map(|share| Row::new(share_cells(share, tenants, pool)));
     let header = Row::new(SHARE_COLUMNS).style(Style::new().add_modifier(Modifier::UNDERLINED));
     let widths = [6, 12, 8, 3, 26, 11, 11, 11, 11, 11, 4].map(Constraint::Length);
-    Table::new(rows, widths).header(header).block(Block::new().borders(Borders::ALL).title(title))
+    let mut block = Block::new().borders(Borders::ALL).title(title);
+    if let Some(line) = driver_line(pool) {
+        block = block.title_bottom(format!(" {line} "));
+    }
+    Table::new(rows, widths).header(header).block(block)
 }
 
 #[cfg(test)]
@@ -125,6 +129,7 @@ mod tests {
             priority: 0,
             connected_ms: 10,
             late: true,
+            overhead: Some(600 << 20),
         };
         let pool = PoolStatus {
             tier: Tier::Hbm,
@@ -133,6 +138,13 @@ mod tests {
             budgeted: 16 << 20,
             used: 8 << 20,
             shares: vec![share],
+            driver: Some(tiermem_protocol::DriverAccounts {
+                total: 1 << 30,
+                used: 1000 << 20,
+                others: 392 << 20,
+                overhead: 600 << 20,
+                note: None,
+            }),
         };
         let report = StatusReport {
             daemon: "tiermemd test".into(),
@@ -141,10 +153,20 @@ mod tests {
             tenants: vec![tenant],
             hidden_tenants: 1,
         };
-        let mut terminal = ratatui::Terminal::new(TestBackend::new(140, 10)).unwrap();
+        let mut terminal = ratatui::Terminal::new(TestBackend::new(160, 10)).unwrap();
         terminal.draw(|frame| draw(frame, Some(&report), None)).unwrap();
         let screen: String = terminal.backend().buffer().content().iter().map(|cell| cell.symbol()).collect();
-        for expected in ["tiermemd test", "1 not shown to you", "GPU 0 hbm", "training", "4242", "16.00 MiB", "LATE"] {
+        let expected = [
+            "tiermemd test",
+            "1 not shown to you",
+            "GPU 0 hbm",
+            "training",
+            "4242",
+            "16.00 MiB",
+            "LATE",
+            "other processes 392",
+        ];
+        for expected in expected {
             assert!(screen.contains(expected), "{expected:?} missing from the screen:\n{screen}");
         }
     }

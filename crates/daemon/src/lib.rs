@@ -11,15 +11,18 @@
 //!                               tiermem_policy::share (weighted max-min fair share)
 //! ```
 //!
-//! metrics.rs serves Prometheus metrics (`GET /metrics`) from the same registry.
+//! metrics.rs serves Prometheus metrics (`GET /metrics`) from the same registry; census.rs
+//! keeps each GPU's accounts against what its driver counts (NVML).
 //!
 //! Each tenant registers its engine and reports what it holds; the daemon answers with
 //! budgets (`Engine::set_hbm_budget` on the tenant side, crate `tiermem-tenant`). A tenant
 //! that asks for more than its share (a hog) or never frees (a leak) is held to its share: the
 //! rest of its data lives in the tiers below. One that dies gives its share back at once. The
-//! daemon holds no GPU memory and touches no device: capacities come from its configuration
-//! or from what tenants report of their GPU. See docs/daemon.md.
+//! daemon holds no GPU memory and makes no CUDA context: capacities come from its
+//! configuration or from what tenants report of their GPU, limited by what NVML says the
+//! GPU's other users hold (census.rs). See docs/daemon.md.
 
+pub mod census;
 pub mod config;
 mod metrics;
 mod peer;

@@ -75,11 +75,25 @@ impl Metrics {
         let target = gauges(&mut out, "tenant_target_bytes", "The budget a tenant is moving to");
         let lent = gauges(&mut out, "tenant_lent_bytes", "Of a tenant's own part, lent to others");
         let borrowed = gauges(&mut out, "tenant_borrowed_bytes", "Borrowed from others' idle parts");
+        let driver_used =
+            gauges(&mut out, "gpu_driver_used_bytes", "A GPU's memory in use, as its driver counts it (NVML)");
+        let others =
+            gauges(&mut out, "gpu_other_processes_bytes", "A GPU's memory held by processes that are not tenants");
+        let overhead = gauges(
+            &mut out,
+            "gpu_tenant_overhead_bytes",
+            "A GPU's memory held by tenant processes beyond their chunks (contexts, libraries)",
+        );
         for pool in &status.pools {
             let gpu = pool.gpu.map_or_else(|| "node".to_owned(), |g| g.to_string());
             let place = vec![("tier", pool.tier.name().to_owned()), ("gpu", gpu)];
             set(&capacity, place.clone(), pool.capacity);
             set(&budgeted, place.clone(), pool.budgeted);
+            if let Some(d) = &pool.driver {
+                set(&driver_used, place.clone(), d.used);
+                set(&others, place.clone(), d.others);
+                set(&overhead, place.clone(), d.overhead);
+            }
             for share in &pool.shares {
                 let name = status.tenants.iter().find(|t| t.tenant == share.tenant).map_or("?", |t| t.name.as_str());
                 let mut labels = place.clone();

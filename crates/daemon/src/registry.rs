@@ -14,18 +14,23 @@
 //! holds what it reports using). So the daemon never promises a byte twice, and a tenant that
 //! leaves gives back everything at once.
 //!
+//! A GPU's capacity is at most what its driver's census leaves for the tenants' chunks
+//! (census.rs): the GPU less other processes and less what tenant processes hold beyond their
+//! chunks.
+//!
 //! What tenants report is believed only as far as it cannot hurt the others: a floor (acquired
 //! memory) counts only up to what the tenant was allowed to hold, and a late tenant is never
 //! counted above what it held before the cut. A tenant that will not give back cannot be made
 //! to (reclaim is cooperative), but it cannot take more than its budget either.
 
+use crate::census::{Census, Ledger, MARGIN};
 use crate::config::{Config, Identity, TenantRule};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tiermem_policy::share::{fair_shares, spread_spare, stage_grants, Claim};
 use tiermem_protocol::{
-    DaemonMessage, GpuId, PoolStatus, ShareStatus, StatusReport, TenantStatus, Tier, TierBudget, TierBytes, TierUsage,
-    TransferCounters,
+    DaemonMessage, DriverAccounts, GpuId, PoolStatus, ShareStatus, StatusReport, TenantStatus, Tier, TierBudget,
+    TierBytes, TierUsage, TransferCounters,
 };
 
 pub type TenantId = u64;
@@ -95,6 +100,8 @@ pub struct Registry {
     /// Cuts met since [`Registry::take_reclaims`] last took them: bytes given back, and how long
     /// it took.
     reclaims: Vec<(u64, Duration)>,
+    /// Per GPU index: the driver's censuses of it (census.rs).
+    ledgers: BTreeMap<u32, Ledger>,
 }
 
 /// Messages to deliver, each to one tenant.
@@ -102,7 +109,8 @@ pub type Outbox = Vec<(TenantId, DaemonMessage)>;
 
 impl Registry {
     pub fn new(config: Config, now: Instant, daemon_uid: u32) -> Self {
-        Self { config, started: now, tenants: BTreeMap::new(), next_id: 1, daemon_uid, reclaims: Vec::new() }
+        let (tenants, reclaims, ledgers) = (BTreeMap::new(), Vec::new(), BTreeMap::new());
+        Self { config, started: now, tenants, next_id: 1, daemon_uid, reclaims, ledgers }
     }
 
     pub fn tenant_count(&self) -> usize {
@@ -228,10 +236,35 @@ impl Registry {
         (late, outbox)
     }
 
+    /// The GPUs a census is taken of: (index, UUID) of each real GPU with a tenant.
+    pub fn census_gpus(&self) -> Vec<(u32, String)> {
+        let mut gpus: Vec<(u32, String)> = self
+            .tenants
+            .values()
+            .filter(|t| !t.gpu.simulated)
+            .filter_map(|t| t.gpu.uuid.clone().map(|uuid| (t.gpu.index, uuid)))
+            .collect();
+        gpus.sort();
+        gpus.dedup_by_key(|g| g.0);
+        gpus
+    }
+
+    /// Takes the driver's census of GPU `index` into its ledger, and rebalances.
+    pub fn record_census(&mut self, index: u32, census: &Census, now: Instant) -> Outbox {
+        let mut chunks_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+        for t in self.tenants.values().filter(|t| t.gpu.index == index) {
+            *chunks_by_pid.entry(t.who.pid).or_default() += t.tiers[&Tier::Hbm].usage.used;
+        }
+        self.ledgers.entry(index).or_default().record(census, &chunks_by_pid);
+        self.rebalance(now)
+    }
+
     fn pools(&self) -> BTreeMap<PoolKey, u64> {
         let mut pools = BTreeMap::new();
         for t in self.tenants.values() {
-            let capacity = self.config.hbm_capacity(t.gpu.index, t.gpu.total_bytes, t.gpu.simulated);
+            let configured = self.config.hbm_capacity(t.gpu.index, t.gpu.total_bytes, t.gpu.simulated);
+            let counted = self.ledgers.get(&t.gpu.index).and_then(|l| l.capacity(MARGIN));
+            let capacity = counted.map_or(configured, |c| c.min(configured));
             pools.entry(PoolKey { tier: Tier::Hbm, gpu: Some(t.gpu.index) }).or_insert(capacity);
         }
         for tier in [Tier::Peer, Tier::Host, Tier::File] {
@@ -353,6 +386,20 @@ impl Registry {
                             borrowed: s.share.saturating_sub(s.entitled),
                         })
                         .collect(),
+                    driver: match pool.tier {
+                        Tier::Hbm => pool.gpu.and_then(|gpu| self.ledgers.get(&gpu)).map(|ledger| {
+                            let a = ledger.accounts();
+                            let note = a.unusable;
+                            DriverAccounts {
+                                total: a.total,
+                                used: a.used,
+                                others: a.others,
+                                overhead: a.overhead,
+                                note,
+                            }
+                        }),
+                        _ => None,
+                    },
                 }
             })
             .collect();
@@ -372,6 +419,7 @@ impl Registry {
                 priority: t.rule.priority,
                 connected_ms: ms(t.connected),
                 late: t.late,
+                overhead: self.ledgers.get(&t.gpu.index).and_then(|l| l.overhead(t.who.pid)),
             })
             .collect();
         StatusReport {

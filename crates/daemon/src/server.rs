@@ -1,4 +1,5 @@
-//! The mechanism: the Unix socket, one task per connection, a timer for deadlines. Every
+//! The mechanism: the Unix socket, one task per connection, a timer for deadlines, a census
+//! of each GPU's memory through NVML every half second (census.rs). Every
 //! decision is the registry's (registry.rs); this file reads frames, checks their order
 //! (`tiermem_protocol::ServerSession`), feeds the registry and delivers what it returns.
 //!
@@ -28,6 +29,8 @@ const MIN_CHUNK: u64 = 4 << 10;
 const MAX_CHUNK: u64 = 1 << 30;
 /// How often deadlines are checked.
 const TICK: Duration = Duration::from_millis(50);
+/// How often each GPU with tenants is counted (census.rs).
+const CENSUS_EVERY: Duration = Duration::from_millis(500);
 
 /// Messages a connection may have queued unsent: a client that does not read its replies
 /// (budgets, status) is closed rather than let the daemon's memory grow.
@@ -109,6 +112,7 @@ pub async fn serve_with_metrics(
     let hub =
         Arc::new(Mutex::new(Hub { registry: Registry::new(config, Instant::now(), uid), outboxes: HashMap::new() }));
     let ticker = tokio::spawn(expire_deadlines(Arc::clone(&hub)));
+    let census = tokio::spawn(take_censuses(Arc::clone(&hub)));
     let metrics_task = metrics.map(|listener| {
         let (hub, metrics) = (Arc::clone(&hub), crate::metrics::Metrics::default());
         let render = Arc::new(move || metrics.render(&mut lock(&hub).registry));
@@ -131,6 +135,7 @@ pub async fn serve_with_metrics(
         }
     }
     ticker.abort();
+    census.abort();
     if let Some(task) = metrics_task {
         task.abort();
     }
@@ -146,6 +151,45 @@ async fn expire_deadlines(hub: SharedHub) {
             log(&format!("tenant {id} did not meet its smaller budget in time: counted at its reported use"));
         }
         hub.deliver(outbox);
+    }
+}
+
+/// Every [`CENSUS_EVERY`], what NVML counts on each real GPU with tenants goes into the
+/// registry (census.rs). NVML's calls block, so they run off the async threads; a GPU NVML
+/// cannot count is logged once and its capacity stays as configured.
+async fn take_censuses(hub: SharedHub) {
+    let mut interval = tokio::time::interval(CENSUS_EVERY);
+    let mut failing: std::collections::HashSet<u32> = std::collections::HashSet::new();
+    loop {
+        interval.tick().await;
+        let gpus = lock(&hub).registry.census_gpus();
+        if gpus.is_empty() {
+            continue;
+        }
+        let Ok(counted) = tokio::task::spawn_blocking(move || {
+            gpus.into_iter()
+                .map(|(index, uuid)| (index, tiermem::mechanism::cuda::nvml::census(&uuid)))
+                .collect::<Vec<_>>()
+        })
+        .await
+        else {
+            continue;
+        };
+        let mut hub = lock(&hub);
+        for (index, census) in counted {
+            match census {
+                Ok(census) => {
+                    failing.remove(&index);
+                    let outbox = hub.registry.record_census(index, &census, Instant::now());
+                    hub.deliver(outbox);
+                }
+                Err(why) => {
+                    if failing.insert(index) {
+                        log(&format!("GPU {index}: no census of its memory, capacity as configured: {why}"));
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -276,3 +276,56 @@ fn neighbours_lent_hbm_is_shared_out_by_weight_when_configured() {
     let outbox = r.usage(b, borrowing(0), now);
     assert_eq!(tier_budgets(&outbox, Tier::Peer), vec![(a, 200 * MIB), (b, 0)]);
 }
+
+#[test]
+fn the_drivers_census_limits_the_capacity_to_what_other_users_leave_and_status_adds_it_up() {
+    use tiermem_daemon::census::{Census, MARGIN, SAMPLES};
+    let now = Instant::now();
+    // A real GPU of 1 GiB with no capacity configured: the default is its size less 2 GiB
+    // of reserve, so here the census alone decides.
+    let mut config = config();
+    config.gpus.clear();
+    config.hbm_reserve = tiermem_daemon::config::Size(0);
+    let mut r = Registry::new(config, now, 0);
+    let real = GpuId { index: 0, uuid: Some("GPU-test".into()), total_bytes: 1 << 30, simulated: false };
+    let (a, _, outbox) = r.register(who(1, None), real.clone(), CHUNK, &[], &[], now);
+    assert_eq!(budgets(&outbox), vec![(a, 1, 1 << 30, 1 << 30)], "no census yet: the whole GPU");
+    assert_eq!(r.census_gpus(), vec![(0, "GPU-test".to_owned())]);
+    let using = |mib: u64| {
+        let hbm = TierUsage { used: mib * MIB, acquired: 0, demand: 1 << 40 };
+        [
+            (Tier::Hbm, hbm),
+            (Tier::Peer, TierUsage::default()),
+            (Tier::Host, TierUsage::default()),
+            (Tier::File, TierUsage::default()),
+        ]
+    };
+    r.usage(a, using(300), now);
+    // Its process holds 100 MiB beyond its 300 MiB of chunks (a CUDA context); another
+    // process, no tenant, holds 200 MiB.
+    let census =
+        Census { total: 1 << 30, used: 600 * MIB, processes: vec![(101, Some(400 * MIB)), (7, Some(200 * MIB))] };
+    let mut outbox = Vec::new();
+    for _ in 0..SAMPLES {
+        outbox.extend(r.record_census(0, &census, now));
+    }
+    let capacity = (1 << 30) - 100 * MIB - 200 * MIB - MARGIN;
+    assert_eq!(budgets(&outbox), vec![(a, 2, capacity, capacity)], "cut to what the others leave");
+    let status = r.status(0, None, now);
+    let hbm = &status.pools[0];
+    let driver = hbm.driver.as_ref().expect("the driver's accounts");
+    assert_eq!(
+        (hbm.capacity, driver.others, driver.overhead, driver.note.as_deref()),
+        (capacity, 200 * MIB, 100 * MIB, None)
+    );
+    assert_eq!(
+        hbm.used + driver.overhead + driver.others,
+        driver.used,
+        "chunks + overhead + others = the driver's used"
+    );
+    assert_eq!(status.tenants[0].overhead, Some(100 * MIB));
+    // The other process exits: the capacity comes back at the next census.
+    let census = Census { total: 1 << 30, used: 400 * MIB, processes: vec![(101, Some(400 * MIB))] };
+    let outbox = r.record_census(0, &census, now);
+    assert_eq!(budgets(&outbox)[0].3, (1 << 30) - 100 * MIB - MARGIN);
+}

@@ -110,6 +110,9 @@ pub struct DeviceInfo {
     pub vmm_supported: bool,
     /// Ordinals of other devices this one can access directly (NVLink / PCIe peer access).
     pub peers: Vec<usize>,
+    /// The GPU's UUID as NVML and `nvidia-smi` print it ("GPU-…"): the same GPU to every
+    /// process, however each numbers its devices. `None` without NVML or on the simulated device.
+    pub uuid: Option<String>,
 }
 
 /// The narrow interface the engine needs from a device. Implementations hold no policy.

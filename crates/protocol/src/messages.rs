@@ -187,6 +187,26 @@ pub struct PoolStatus {
     pub budgeted: u64,
     pub used: u64,
     pub shares: Vec<ShareStatus>,
+    /// For a GPU's HBM, what its driver counts (NVML), when the daemon could take a census.
+    #[serde(default)]
+    pub driver: Option<DriverAccounts>,
+}
+
+/// A GPU's memory as its driver counts it, set against the tenants' chunks: the tenants'
+/// chunks (`used` of the pool) + `overhead` + `others` make `used` here, up to the chunks'
+/// movement between two reports. `capacity` of the pool is at most `total − others −
+/// overhead` less a margin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverAccounts {
+    pub total: u64,
+    pub used: u64,
+    /// Held by processes that are not tenants.
+    pub others: u64,
+    /// Held by tenant processes beyond their chunks (CUDA contexts, libraries, allocations
+    /// made outside tiermem).
+    pub overhead: u64,
+    /// Why the census does not limit the capacity, where it does not.
+    pub note: Option<String>,
 }
 
 /// One tenant's part of a pool.
@@ -225,4 +245,8 @@ pub struct TenantStatus {
     pub connected_ms: u64,
     /// A budget cut not met within its deadline.
     pub late: bool,
+    /// What its process holds of its GPU beyond its chunks, by the driver's count (see
+    /// [`DriverAccounts`]); `None` without a census.
+    #[serde(default)]
+    pub overhead: Option<u64>,
 }

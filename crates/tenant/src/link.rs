@@ -89,7 +89,7 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
             label: options.label.clone(),
             gpu: GpuId {
                 index: info.ordinal as u32,
-                uuid: None,
+                uuid: info.uuid.clone(),
                 total_bytes: info.total_bytes as u64,
                 simulated: info.backend == tiermem::mechanism::BackendKind::Sim,
             },

@@ -22,7 +22,7 @@
 mod driver;
 mod kernels;
 mod locations;
-mod nvml;
+pub mod nvml;
 mod ops;
 mod pinned;
 
@@ -202,6 +202,7 @@ impl CudaDevice {
                 granularity: 0,
                 vmm_supported: true,
                 peers: Vec::new(),
+                uuid: None,
             },
             kernels: std::sync::OnceLock::new(),
             pinned: pinned::PinnedAllocations::default(),
@@ -270,6 +271,7 @@ impl CudaDevice {
         self.info.driver_version = driver::nvml_driver_version(&cuda_version);
         self.info.cuda_version = cuda_version;
         self.info.peers = peers;
+        self.info.uuid = nvml::uuid_of(self.dev);
         Ok(())
     }
 

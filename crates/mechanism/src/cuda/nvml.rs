@@ -1,5 +1,6 @@
 //! What the machine knows of any GPU's memory, through NVML: free and total bytes, the
-//! processes using it, and how busy its kernels keep it.
+//! processes using it and what each holds ([`census`]: the node daemon's accounting), and how
+//! busy its kernels keep it.
 //!
 //! "How busy" is the SMs' share of time, from NVML's per-process samples of the last second,
 //! summed over processes: NVML's device-wide `utilization.gpu` also counts a GPU whose copy
@@ -71,4 +72,44 @@ pub(super) fn gpu_memory(ordinal: usize, dev: sys::CUdevice) -> Result<GpuMemory
     let other_processes = compute.zip(graphics).map(|(c, g)| c + g);
     let busy_percent = kernels_busy(&device);
     Ok(GpuMemory { free: memory.free as usize, total: memory.total as usize, other_processes, busy_percent })
+}
+
+/// The NVML UUID of CUDA device `dev` ("GPU-…"), if NVML can say.
+pub(super) fn uuid_of(dev: sys::CUdevice) -> Option<String> {
+    let bus = pci_bus_id(dev).ok()?;
+    nvml().ok()?.device_by_pci_bus_id(bus.as_str()).ok()?.uuid().ok()
+}
+
+/// One GPU's memory as the driver accounts for it: its size, what is in use, and what each
+/// process using it holds (process ids as the machine's NVML sees them: those of the host's
+/// pid namespace). Processes whose use NVML does not report are listed with `None`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Census {
+    pub total: u64,
+    pub used: u64,
+    pub processes: Vec<(u32, Option<u64>)>,
+}
+
+/// The [`Census`] of the GPU whose UUID is `uuid`. Needs NVML only: no CUDA context is made
+/// (a context would itself take hundreds of MiB of the GPU it counts).
+pub fn census(uuid: &str) -> std::result::Result<Census, String> {
+    use nvml_wrapper::enums::device::UsedGpuMemory;
+    let nvml = nvml().map_err(|e| format!("NVML is not available ({e})"))?;
+    let device = nvml.device_by_uuid(uuid).map_err(|e| format!("NVML, GPU {uuid}: {e}"))?;
+    let memory = device.memory_info().map_err(|e| format!("nvmlDeviceGetMemoryInfo, GPU {uuid}: {e}"))?;
+    let mut processes = Vec::new();
+    for list in [device.running_compute_processes(), device.running_graphics_processes()] {
+        let list = list.map_err(|e| format!("NVML's process list of GPU {uuid}: {e}"))?;
+        for p in list {
+            let bytes = match p.used_gpu_memory {
+                UsedGpuMemory::Used(bytes) => Some(bytes),
+                UsedGpuMemory::Unavailable => None,
+            };
+            // A process both computing and drawing is listed twice, with the same use.
+            if !processes.iter().any(|&(pid, _)| pid == p.pid) {
+                processes.push((p.pid, bytes));
+            }
+        }
+    }
+    Ok(Census { total: memory.total, used: memory.used, processes })
 }

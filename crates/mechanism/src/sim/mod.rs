@@ -206,6 +206,7 @@ impl SimDevice {
                 granularity: SIM_GRANULARITY,
                 vmm_supported: true,
                 peers: if peer_access { (0..gpus).filter(|&g| g != ordinal).collect() } else { Vec::new() },
+                uuid: None,
             },
             node: Arc::clone(&node),
         };

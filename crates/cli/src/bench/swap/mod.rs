@@ -289,6 +289,7 @@ fn test_bench(dir: &Path) -> Bench {
         granularity: 2 << 20,
         vmm_supported: false,
         peers: Vec::new(),
+        uuid: None,
     };
     Bench::new(setup, "0123456789abcdef", "2026-11-23".into(), dir, info, PathBuf::from("/nonexistent"))
 }
