@@ -28,6 +28,9 @@ pub struct TenantDemoArgs {
     /// Stop (after the round under way) once this file exists.
     #[arg(long)]
     stop_file: Option<PathBuf>,
+    /// While this file exists, wait between rounds touching nothing (an idle tenant).
+    #[arg(long)]
+    pause_file: Option<PathBuf>,
     /// Allocate one more buffer every round and never free it, up to this many bytes in all.
     #[arg(long, value_parser = parse_size)]
     leak: Option<usize>,
@@ -110,9 +113,12 @@ pub fn run(args: TenantDemoArgs) -> Result<(), String> {
     }
     let stop_at = Instant::now() + Duration::from_secs_f64(args.seconds);
     let mut rounds = 0u64;
+    let exists = |file: &Option<PathBuf>| file.as_ref().is_some_and(|f| f.exists());
     loop {
-        let stop_file = args.stop_file.as_ref().is_some_and(|f| f.exists());
-        if rounds > 0 && (stop_file || Instant::now() >= stop_at) {
+        while exists(&args.pause_file) && !exists(&args.stop_file) && Instant::now() < stop_at {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if rounds > 0 && (exists(&args.stop_file) || Instant::now() >= stop_at) {
             break;
         }
         rounds += 1;

@@ -129,6 +129,7 @@ mod tests {
             priority: 0,
             connected_ms: 10,
             late: true,
+            idle: true,
             overhead: Some(600 << 20),
         };
         let pool = PoolStatus {
@@ -163,7 +164,7 @@ mod tests {
             "training",
             "4242",
             "16.00 MiB",
-            "LATE",
+            "LATE IDLE",
             "other processes 392",
         ];
         for expected in expected {

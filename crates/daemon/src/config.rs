@@ -40,6 +40,11 @@ pub struct Config {
     /// stops reserving what it held beyond its reported use.
     #[serde(default = "default_deadline_ms")]
     pub deadline_ms: u64,
+    /// A tenant that has acquired nothing for this long is idle: what it holds beyond its
+    /// largest acquire is lent to the others until it acquires again (registry.rs, "Idle
+    /// tenants"). 0: never.
+    #[serde(default = "default_idle_after_ms")]
+    pub idle_after_ms: u64,
     /// HBM left out of a GPU's capacity when `[[gpu]]` does not give it (not on the simulated
     /// device): the CUDA context and libraries of each process take some.
     #[serde(default = "default_reserve")]
@@ -128,6 +133,9 @@ impl Default for TenantRule {
 fn default_deadline_ms() -> u64 {
     2000
 }
+fn default_idle_after_ms() -> u64 {
+    10_000
+}
 fn default_reserve() -> Size {
     Size(2 << 30)
 }
@@ -145,6 +153,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             deadline_ms: default_deadline_ms(),
+            idle_after_ms: default_idle_after_ms(),
             hbm_reserve: default_reserve(),
             socket_mode: default_socket_mode(),
             metrics: None,

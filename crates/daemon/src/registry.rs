@@ -18,6 +18,16 @@
 //! (census.rs): the GPU less other processes and less what tenant processes hold beyond their
 //! chunks.
 //!
+//! # Idle tenants
+//! A tenant whose acquire count has not moved for `idle_after_ms` is *idle*: in HBM its claim
+//! comes after every working tenant's (their weights count [`WORKING_FIRST`] times its own),
+//! down to a floor of its largest acquire. So what working tenants demand is lent to them out
+//! of its share (GDM §6: memory an application does not touch serves the others), and what
+//! they do not demand it keeps: nothing is taken from an idle tenant for nobody. Its next
+//! acquire, which the floor lets through, is reported within 50 ms; the tenant works again
+//! and its share comes back as the borrowers give it back (staged as any growth). Its data
+//! meanwhile lives in the tiers below.
+//!
 //! What tenants report is believed only as far as it cannot hurt the others: a floor (acquired
 //! memory) counts only up to what the tenant was allowed to hold, and a late tenant is never
 //! counted above what it held before the cut. A tenant that will not give back cannot be made
@@ -34,6 +44,9 @@ use tiermem_protocol::{
 };
 
 pub type TenantId = u64;
+
+/// How much a working tenant's weight counts over an idle one's in HBM ("Idle tenants").
+const WORKING_FIRST: u32 = 1 << 10;
 
 /// Reclaim timings kept between two scrapes of the metrics (older ones are dropped).
 const MAX_RECLAIMS_KEPT: usize = 4096;
@@ -81,6 +94,10 @@ struct Tenant {
     seq: u64,
     connected: Instant,
     late: bool,
+    /// When its acquire count last moved (or it registered).
+    active_at: Instant,
+    /// Idle when shares were last computed (registry.rs, "Idle tenants").
+    idle: bool,
 }
 
 /// Which pool: a tier, and the GPU for HBM.
@@ -153,6 +170,8 @@ impl Registry {
             transfers: TransferCounters::default(),
             connected: now,
             late: false,
+            active_at: now,
+            idle: false,
         };
         self.tenants.insert(id, tenant);
         (id, name, self.rebalance(now))
@@ -173,9 +192,13 @@ impl Registry {
         self.rebalance(now)
     }
 
-    /// The tenant's transfer counters (for metrics; they change no share).
-    pub fn record_transfers(&mut self, id: TenantId, transfers: TransferCounters) {
+    /// The tenant's transfer counters (for metrics, and its acquire count: whether it is idle;
+    /// a share that changes with it changes at the next rebalance).
+    pub fn record_transfers(&mut self, id: TenantId, transfers: TransferCounters, now: Instant) {
         if let Some(tenant) = self.tenants.get_mut(&id) {
+            if transfers.acquires != tenant.transfers.acquires {
+                tenant.active_at = now;
+            }
             tenant.transfers = transfers;
         }
     }
@@ -232,7 +255,8 @@ impl Registry {
                 }
             }
         }
-        let outbox = if late.is_empty() { Vec::new() } else { self.rebalance(now) };
+        let turned = self.tenants.values().any(|t| t.idle != self.is_idle(t, now));
+        let outbox = if late.is_empty() && !turned { Vec::new() } else { self.rebalance(now) };
         (late, outbox)
     }
 
@@ -282,6 +306,10 @@ impl Registry {
     /// Recomputes every pool's shares and stages the budgets; returns the budget messages of
     /// the tenants whose budget or target changed.
     pub fn rebalance(&mut self, now: Instant) -> Outbox {
+        let idle: Vec<(TenantId, bool)> = self.tenants.iter().map(|(&id, t)| (id, self.is_idle(t, now))).collect();
+        for (id, idle) in idle {
+            self.tenants.get_mut(&id).expect("a tenant").idle = idle;
+        }
         let mut changed: BTreeMap<TenantId, ()> = BTreeMap::new();
         for (pool, capacity) in self.pools() {
             let ids = self.members(pool);
@@ -330,6 +358,11 @@ impl Registry {
         outbox
     }
 
+    fn is_idle(&self, tenant: &Tenant, now: Instant) -> bool {
+        let after = Duration::from_millis(self.config.idle_after_ms);
+        self.config.idle_after_ms > 0 && now.saturating_duration_since(tenant.active_at) >= after
+    }
+
     fn claim(&self, tenant: &Tenant, tier: Tier, unit: u64) -> Claim {
         let slot = &tenant.tiers[&tier];
         let want = tenant.wants.get(&tier).copied();
@@ -337,11 +370,19 @@ impl Registry {
             true => slot.usage.demand,
             false => want.unwrap_or(u64::MAX),
         };
+
         let quota = [tenant.rule.quota.get(&tier).map(|s| s.0), want].into_iter().flatten().min();
         // A tenant's word on what it holds acquired cannot pin more than it was allowed to hold.
         let floor = slot.usage.acquired.min(slot.usage.used).min(slot.holding);
+        // An idle tenant's HBM comes after every working tenant's, down to its largest acquire
+        // (see "Idle tenants").
+        let (weight, floor) = match (tier == Tier::Hbm, tenant.idle) {
+            (true, true) => (tenant.rule.weight, floor.max(tenant.transfers.largest_acquire_bytes.min(slot.holding))),
+            (true, false) => (tenant.rule.weight.max(1).saturating_mul(WORKING_FIRST), floor),
+            (false, _) => (tenant.rule.weight, floor),
+        };
         Claim {
-            weight: tenant.rule.weight,
+            weight,
             demand: demand.div_ceil(unit),
             floor: floor.div_ceil(unit),
             quota: quota.map(|q| q / unit),
@@ -419,6 +460,7 @@ impl Registry {
                 priority: t.rule.priority,
                 connected_ms: ms(t.connected),
                 late: t.late,
+                idle: t.idle,
                 overhead: self.ledgers.get(&t.gpu.index).and_then(|l| l.overhead(t.who.pid)),
             })
             .collect();

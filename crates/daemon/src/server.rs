@@ -312,7 +312,7 @@ fn handle(
         ClientMessage::Usage { hbm, host, file, peer, transfers } => {
             let Some(id) = *tenant else { return Ok(()) };
             let mut hub = lock(hub);
-            hub.registry.record_transfers(id, transfers);
+            hub.registry.record_transfers(id, transfers, now);
             let outbox = hub.registry.usage(
                 id,
                 [(Tier::Hbm, hbm), (Tier::Peer, peer), (Tier::Host, host), (Tier::File, file)],

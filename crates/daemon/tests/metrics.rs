@@ -21,7 +21,13 @@ fn metrics_show_budgets_use_transfers_and_reclaims() {
     let (mut a, mut ra) = connect(&path);
     register(&mut a, &mut ra);
     let usage = TierUsage { used: 10 << 20, acquired: 2 << 20, demand: 1 << 30 };
-    let transfers = TransferCounters { bytes_in: 123 << 20, bytes_out: 45 << 20, evictions: 7, stall_us: 900 };
+    let transfers = TransferCounters {
+        bytes_in: 123 << 20,
+        bytes_out: 45 << 20,
+        evictions: 7,
+        stall_us: 900,
+        ..TransferCounters::default()
+    };
     let report = ClientMessage::Usage {
         hbm: usage,
         host: TierUsage::default(),

@@ -329,3 +329,72 @@ fn the_drivers_census_limits_the_capacity_to_what_other_users_leave_and_status_a
     let outbox = r.record_census(0, &census, now);
     assert_eq!(budgets(&outbox)[0].3, (1 << 30) - 100 * MIB - MARGIN);
 }
+
+#[test]
+fn an_idle_tenant_lends_all_but_its_largest_acquire_until_it_acquires_again() {
+    use tiermem_protocol::TransferCounters;
+    let t0 = Instant::now();
+    let mut config = config();
+    config.idle_after_ms = 1000;
+    let mut r = Registry::new(config, t0, 0);
+    let (a, _) = register(&mut r, 1, None, t0);
+    let (b, _) = register(&mut r, 2, None, t0);
+    let counters =
+        |acquires: u64| TransferCounters { acquires, largest_acquire_bytes: 40 * MIB, ..TransferCounters::default() };
+    for (id, seq) in [(a, 2), (b, 1)] {
+        r.budget_met(id, seq, t0);
+        r.record_transfers(id, counters(1), t0);
+        r.usage(id, demand(1 << 40), t0);
+    }
+    let target =
+        |r: &Registry, id| r.status(0, None, t0).pools[0].shares.iter().find(|s| s.tenant == id).unwrap().target;
+    assert_eq!((target(&r, a), target(&r, b)), (300 * MIB, 300 * MIB), "two working tenants: halves");
+
+    // B goes on acquiring; A stops. After idle_after_ms, A keeps its largest acquire.
+    let t1 = t0 + Duration::from_millis(600);
+    r.record_transfers(b, counters(50), t1);
+    r.usage(b, demand(1 << 40), t1);
+    let (_, outbox) = r.expire_deadlines(t1);
+    assert!(budgets(&outbox).is_empty(), "not idle yet");
+    let t2 = t0 + Duration::from_millis(1000);
+    let (_, outbox) = r.expire_deadlines(t2);
+    assert_eq!(budgets(&outbox).iter().map(|m| (m.0, m.3)).collect::<Vec<_>>(), vec![(a, 40 * MIB), (b, 560 * MIB)]);
+    assert!(r.status(0, None, t2).tenants.iter().find(|t| t.tenant == a).unwrap().idle);
+
+    // A acquires again: its share comes back (B is cut, A grows once B has met it).
+    let t3 = t0 + Duration::from_millis(1500);
+    r.record_transfers(b, counters(90), t3);
+    r.record_transfers(a, counters(2), t3);
+    let outbox = r.usage(a, demand(1 << 40), t3);
+    assert_eq!(budgets(&outbox).iter().map(|m| (m.0, m.3)).collect::<Vec<_>>(), vec![(a, 300 * MIB), (b, 300 * MIB)]);
+    assert!(!r.status(0, None, t3).tenants.iter().find(|t| t.tenant == a).unwrap().idle);
+}
+
+#[test]
+fn an_idle_tenant_keeps_what_the_working_ones_do_not_demand() {
+    use tiermem_protocol::TransferCounters;
+    let t0 = Instant::now();
+    let mut config = config();
+    config.idle_after_ms = 1000;
+    let mut r = Registry::new(config, t0, 0);
+    let (a, _) = register(&mut r, 1, None, t0);
+    let (b, _) = register(&mut r, 2, None, t0);
+    let counters =
+        |acquires: u64| TransferCounters { acquires, largest_acquire_bytes: 4 * MIB, ..TransferCounters::default() };
+    r.budget_met(a, 2, t0);
+    r.record_transfers(a, counters(1), t0);
+    r.usage(a, demand(400 * MIB), t0);
+    let t1 = t0 + Duration::from_millis(1500);
+    r.record_transfers(b, counters(9), t1);
+    r.usage(b, demand(100 * MIB), t1);
+    r.expire_deadlines(t1);
+    let status = r.status(0, None, t1);
+    let target = |id| status.pools[0].shares.iter().find(|s| s.tenant == id).unwrap().target;
+    assert!(status.tenants.iter().find(|t| t.tenant == a).unwrap().idle);
+    assert!(
+        target(a) >= 400 * MIB && target(b) >= 100 * MIB,
+        "A idle keeps all it demands: {} / {}",
+        target(a),
+        target(b)
+    );
+}

@@ -144,6 +144,7 @@ impl Inner {
             self.bring_in("acquire", &in_hbm, Purpose::Demand)?;
         }
         self.pin("acquire", &refs, access, stream)?;
+        self.count_acquire(refs.len());
         self.ahead_of_demand(regions);
         Ok(())
     }
@@ -185,7 +186,14 @@ impl Inner {
         self.tiers.reap(&mut self.state)?;
         self.bring_in(call, &in_hbm, Purpose::Demand)?;
         self.pin(call, &refs, access, stream)?;
+        self.count_acquire(refs.len());
         Ok(self.state.va((regions[0].buffer, 0)))
+    }
+
+    fn count_acquire(&mut self, chunks: usize) {
+        let counters = &mut self.tiers.counters;
+        counters.acquires += 1;
+        counters.largest_acquire = counters.largest_acquire.max(chunks as u64);
     }
 
     /// Refuses `chunks` chunks that could never be resident at once, whatever is evicted.

@@ -52,6 +52,13 @@ pub struct TransferCounters {
     pub evictions: u64,
     /// Device time that acquiring streams waited on demand copies, in microseconds.
     pub stall_us: u64,
+    /// Acquires so far: a tenant whose count stays put is idle (docs/daemon.md, "Idle tenants").
+    #[serde(default)]
+    pub acquires: u64,
+    /// The most bytes one acquire has held: an idle tenant keeps at least this much, so that
+    /// its next acquire can go through before its budget grows back.
+    #[serde(default)]
+    pub largest_acquire_bytes: u64,
 }
 
 /// One tier's budget for a tenant.
@@ -245,6 +252,10 @@ pub struct TenantStatus {
     pub connected_ms: u64,
     /// A budget cut not met within its deadline.
     pub late: bool,
+    /// Has acquired nothing for the daemon's `idle_after_ms`: what it holds beyond its largest
+    /// acquire is lent to the others.
+    #[serde(default)]
+    pub idle: bool,
     /// What its process holds of its GPU beyond its chunks, by the driver's count (see
     /// [`DriverAccounts`]); `None` without a census.
     #[serde(default)]

@@ -29,15 +29,11 @@ fn client_message() -> impl Strategy<Value = ClientMessage> {
                 held
             }
         ),
-        (usage(), usage(), usage(), usage(), any::<[u64; 4]>()).prop_map(
-            |(hbm, host, file, peer, [bytes_in, bytes_out, evictions, stall_us])| {
-                ClientMessage::Usage {
-                    hbm,
-                    host,
-                    file,
-                    peer,
-                    transfers: TransferCounters { bytes_in, bytes_out, evictions, stall_us },
-                }
+        (usage(), usage(), usage(), usage(), any::<[u64; 6]>()).prop_map(
+            |(hbm, host, file, peer, [bytes_in, bytes_out, evictions, stall_us, acquires, largest_acquire_bytes])| {
+                let transfers =
+                    TransferCounters { bytes_in, bytes_out, evictions, stall_us, acquires, largest_acquire_bytes };
+                ClientMessage::Usage { hbm, host, file, peer, transfers }
             }
         ),
         any::<u64>().prop_map(|seq| ClientMessage::BudgetMet { seq }),

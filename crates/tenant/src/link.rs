@@ -184,5 +184,7 @@ pub(crate) fn transfers_of(stats: &Stats) -> TransferCounters {
         bytes_out: stats.bytes_out,
         evictions: stats.transfers.evictions,
         stall_us: (stats.transfers.stall_ms * 1000.0) as u64,
+        acquires: stats.transfers.acquires,
+        largest_acquire_bytes: stats.transfers.largest_acquire * stats.chunk_size as u64,
     }
 }
