@@ -130,6 +130,7 @@ impl Inner {
 
     pub(crate) fn acquire(&mut self, regions: &[Region], access: Access, stream: StreamHandle) -> Result<()> {
         let refs = self.resolve("acquire", regions)?;
+        self.count_acquire(refs.len());
         if access == Access::ReadWrite {
             if let Some(r) =
                 regions.iter().find(|r| self.buffer("acquire", r.buffer).is_ok_and(|b| b.options.read_only))
@@ -144,7 +145,6 @@ impl Inner {
             self.bring_in("acquire", &in_hbm, Purpose::Demand)?;
         }
         self.pin("acquire", &refs, access, stream)?;
-        self.count_acquire(refs.len());
         self.ahead_of_demand(regions);
         Ok(())
     }
@@ -181,12 +181,12 @@ impl Inner {
         call: &'static str,
     ) -> Result<u64> {
         let refs = self.resolve(call, regions)?;
+        self.count_acquire(refs.len());
         let (_, in_hbm) = self.tiers.serve_in_place(&mut self.state, call, &refs, access)?;
         self.check_fits(call, &in_hbm)?;
         self.tiers.reap(&mut self.state)?;
         self.bring_in(call, &in_hbm, Purpose::Demand)?;
         self.pin(call, &refs, access, stream)?;
-        self.count_acquire(refs.len());
         Ok(self.state.va((regions[0].buffer, 0)))
     }
 

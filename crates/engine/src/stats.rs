@@ -56,10 +56,11 @@ pub struct Counters {
     /// Host time spent waiting for evicted chunks to leave (the GPU's last use of them, or
     /// their copy down), in milliseconds.
     pub evict_wait_ms: f64,
-    /// Acquires that succeeded (the program's, and those of `read` and `write`): a node
-    /// daemon tells a working tenant from an idle one by them.
+    /// Acquires tried (the program's, and those of `read` and `write`; one refused for want
+    /// of HBM counts too, and one that waited for room counts once per try): a node daemon
+    /// tells a working tenant, even one waiting for its budget, from an idle one by them.
     pub acquires: u64,
-    /// The most chunks one acquire has held: the HBM a tenant needs to go on at all.
+    /// The most chunks one acquire has asked for: the HBM a tenant needs to go on at all.
     pub largest_acquire: u64,
 }
 

@@ -33,6 +33,9 @@ pub struct WorkerArgs {
     /// job leaves the GPU to others.
     #[arg(long, default_value_t = 0.0)]
     pub think_ms: f64,
+    /// After this many rounds, acquire nothing more (an idle tenant) until --stop-file exists.
+    #[arg(long)]
+    pub idle_after_rounds: Option<u64>,
 }
 
 /// How long an acquire is retried while the budget is too small for it (a tenant that just
@@ -108,6 +111,10 @@ pub fn run(args: WorkerArgs) -> Result<(), String> {
         let stop = args.stop_file.as_ref().is_some_and(|f| f.exists());
         if (args.rounds > 0 && rounds >= args.rounds) || (args.rounds == 0 && stop) {
             break;
+        }
+        if args.idle_after_rounds.is_some_and(|idle| rounds >= idle) {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
         }
         if args.leak.is_some_and(|limit| (buffers.len() + 1) * size <= limit) {
             worker.add_buffer(&mut buffers)?;

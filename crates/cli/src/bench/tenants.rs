@@ -12,7 +12,10 @@
 //!   real jobs do between kernels, so one job alone leaves the GPU partly idle.
 //! * **Hog**: two jobs that each fit in a third of the cap, with and without a third asking for
 //!   3× the cap (`hog_victim_speed`: their speed with it ÷ without). **Leak**: two jobs beside one that allocates without freeing
-//!   (`leak_victims_finished`).
+//!   (`leak_victims_finished`). **Idle**: a job beside one that works a round over 0.6× the
+//!   cap and then acquires nothing (`idle_lender_others_speed`: the job's rounds once the
+//!   other is idle, median, against its rounds alone on the node; the daemon here counts a
+//!   tenant idle after `IDLE_AFTER_MS`).
 //! * **Fair share**: two equal tenants; `settle_ms` from the daemon's first sight of the second
 //!   until both budgets are, and stay, within 5% of half the cap; `fair_share_error` the
 //!   largest deviation over the last of three seconds.
@@ -34,13 +37,18 @@ pub struct Setup {
     pub think_ms: f64,
 }
 
-/// A job: its working set, rounds (0: until stopped) and leak limit.
-#[derive(Clone)]
+/// A job: its working set, rounds (0: until stopped), leak limit, and the rounds after which
+/// it acquires nothing more.
+#[derive(Clone, Default)]
 struct Job {
     working_set: usize,
     rounds: u64,
     leak: Option<usize>,
+    idle_after: Option<u64>,
 }
+
+/// How long a tenant of the benchmark's daemon acquires nothing before it is idle.
+const IDLE_AFTER_MS: u64 = 500;
 
 /// How the jobs of a set run: each with a static cap, or under the daemon on `socket`.
 #[derive(Clone)]
@@ -64,6 +72,14 @@ impl Outcome {
     fn speed(&self) -> f64 {
         self.bytes / self.seconds.max(1e-9)
     }
+
+    /// The median time of its rounds from the `from`-th on (each round's end is traced).
+    fn median_round_s(&self, from: usize) -> f64 {
+        let ends: Vec<f64> = self.rounds.as_array().into_iter().flatten().filter_map(|r| r[0].as_f64()).collect();
+        let mut times: Vec<f64> = ends.windows(2).map(|w| w[1] - w[0]).skip(from.saturating_sub(1)).collect();
+        times.sort_by(f64::total_cmp);
+        times.get(times.len() / 2).copied().unwrap_or(f64::NAN)
+    }
 }
 
 struct Daemon {
@@ -82,8 +98,11 @@ fn spawn_daemon(dir: &Path, cap: usize) -> Result<Daemon, String> {
     let config = dir.join("tiermemd.toml");
     let socket = dir.join("tiermemd.sock");
     let _ = std::fs::remove_file(&socket);
-    std::fs::write(&config, format!("deadline_ms = 2000\n\n[[gpu]]\nindex = 0\nhbm = \"{}MiB\"\n", cap >> 20))
-        .map_err(|e| format!("bench tenants: write {}: {e}", config.display()))?;
+    let text = format!(
+        "deadline_ms = 2000\nidle_after_ms = {IDLE_AFTER_MS}\n\n[[gpu]]\nindex = 0\nhbm = \"{}MiB\"\n",
+        cap >> 20
+    );
+    std::fs::write(&config, text).map_err(|e| format!("bench tenants: write {}: {e}", config.display()))?;
     let child = crate::own_program()?
         .args(["daemon", "--config"])
         .arg(&config)
@@ -111,6 +130,9 @@ fn spawn_job(setup: &Setup, job: &Job, mode: &Mode, stop: &Path) -> Result<Child
     command.arg("--stop-file").arg(stop);
     if let Some(limit) = job.leak {
         command.args(["--leak", &limit.to_string()]);
+    }
+    if let Some(rounds) = job.idle_after {
+        command.args(["--idle-after-rounds", &rounds.to_string()]);
     }
     // A simulated device as large as the node's cap (ignored on a GPU).
     command.env("TIERMEM_SIM_HBM", setup.cap.to_string());
@@ -166,7 +188,7 @@ fn fair_share(setup: &Setup, dir: &Path) -> Result<(f64, f64), String> {
     let daemon = spawn_daemon(dir, setup.cap)?;
     let stop = dir.join("stop");
     let _ = std::fs::remove_file(&stop);
-    let job = Job { working_set: setup.cap * 6 / 10, rounds: 0, leak: None };
+    let job = Job { working_set: setup.cap * 6 / 10, ..Job::default() };
     let mode = Mode::Daemon(daemon.socket.clone());
     let first = spawn_job(setup, &job, &mode, &stop)?;
     let until = Instant::now() + Duration::from_secs(60);
@@ -244,7 +266,7 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     .device_info()
     .clone();
     println!("tenants on {} under a node cap of {} MiB, buffers of {} MiB", info.name, cap >> 20, setup.buffer >> 20);
-    let job = |share: usize, rounds: u64| Job { working_set: cap * share / 10, rounds, leak: None };
+    let job = |share: usize, rounds: u64| Job { working_set: cap * share / 10, rounds, ..Job::default() };
     let set = [job(6, r), job(6, 2 * r), job(6, 3 * r)];
     let total = |o: &[Outcome]| o.iter().map(|o| o.bytes).sum::<f64>();
     let all_ok = |o: &[Outcome]| o.iter().all(|o| o.ok);
@@ -271,11 +293,11 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     // Two tenants that each fit in a third of the cap, beside one asking for 3× the cap.
     let victims = [job(3, 2 * r), job(3, 2 * r)];
     let (alone, _) = run_set(setup, scratch, &victims, &shared)?;
-    let hog = Job { working_set: 3 * cap, rounds: 0, leak: None };
+    let hog = Job { working_set: 3 * cap, ..Job::default() };
     let (with_hog, _) = run_set(setup, scratch, &[victims[0].clone(), victims[1].clone(), hog], &shared)?;
     let hog_victim_speed = (with_hog[0].speed() / alone[0].speed()).min(with_hog[1].speed() / alone[1].speed());
     println!("hog: the others at {hog_victim_speed:.2} of their speed without it");
-    let leaker = Job { working_set: cap / 10, rounds: 0, leak: Some(2 * cap) };
+    let leaker = Job { working_set: cap / 10, leak: Some(2 * cap), ..Job::default() };
     let (with_leak, _) = run_set(setup, scratch, &[victims[0].clone(), victims[1].clone(), leaker], &shared)?;
     let leak_victims_finished = with_leak[0].ok && with_leak[1].ok;
     println!("leak: the others finished with every byte: {leak_victims_finished}");
@@ -285,6 +307,15 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     let (under_daemon, _) = run_set(setup, scratch, &one, &shared)?;
     let (standalone, _) = run_set(setup, scratch, &one, &Mode::Static(cap))?;
     let overhead_alone = under_daemon[0].seconds / standalone[0].seconds.max(1e-9);
+    // Beside a tenant gone idle after one round: the job's later rounds against its rounds alone.
+    let idler = Job { working_set: cap * 6 / 10, idle_after: Some(1), ..Job::default() };
+    let busy = job(6, 6 * r);
+    let (with_idler, _) = run_set(setup, scratch, &[busy.clone(), idler], &shared)?;
+    let (busy_alone, _) = run_set(setup, scratch, &[busy], &shared)?;
+    let later = (3 * r) as usize;
+    let idle_lender_others_speed = busy_alone[0].median_round_s(later) / with_idler[0].median_round_s(later);
+    println!("idle: a job beside an idle tenant at {idle_lender_others_speed:.2} of its speed alone");
+    verified &= all_ok(&with_idler) && all_ok(&busy_alone);
     let mut pairs_finished = 0;
     let pair_shares = [6, 7, 8];
     for share in pair_shares {
@@ -309,6 +340,7 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
         "leak_victims_finished": leak_victims_finished, "fair_share_error": fair_share_error,
         "settle_ms": settle_ms, "reclaim_ms_per_GiB": reclaim, "overhead_alone": overhead_alone,
         "pairs_finished": pairs_finished, "pairs": pair_shares.len(),
+        "idle_lender_others_speed": idle_lender_others_speed, "idle_after_ms": IDLE_AFTER_MS,
     });
     let ratios = serde_json::json!({
         "vs_static": throughput_tiermemd / throughput_static,
@@ -321,6 +353,7 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     let detail = serde_json::json!({
         "static": speeds(&stat), "tiermemd": speeds(&tmd), "serial": speeds(&serial), "victims_alone": speeds(&alone),
         "victims_with_hog": speeds(&with_hog), "victims_with_leak": speeds(&with_leak),
+        "beside_an_idle_tenant": speeds(&with_idler), "alone_for_idle": speeds(&busy_alone),
     });
     let date = super::today();
     let report = super::report("tenants", commit, &date, &info, metrics, ratios, verified && leak_victims_finished);
