@@ -15,7 +15,7 @@
 //!   (`leak_victims_finished`). **Idle**: a job beside one that works a round over 0.6× the
 //!   cap and then acquires nothing (`idle_lender_others_speed`: the job's rounds once the
 //!   other is idle, median, against its rounds alone on the node; the daemon here counts a
-//!   tenant idle after `IDLE_AFTER_MS`).
+//!   tenant idle after `--idle-after-ms`, 500 by default).
 //! * **Fair share**: two equal tenants; `settle_ms` from the daemon's first sight of the second
 //!   until both budgets are, and stay, within 5% of half the cap; `fair_share_error` the
 //!   largest deviation over the last of three seconds.
@@ -35,6 +35,8 @@ pub struct Setup {
     pub rounds: u64,
     /// Host time per buffer's turn in every job (`tenant_worker.rs`).
     pub think_ms: f64,
+    /// The daemon's `idle_after_ms` (0: never idle).
+    pub idle_after_ms: u64,
 }
 
 /// A job: its working set, rounds (0: until stopped), leak limit, and the rounds after which
@@ -46,9 +48,6 @@ struct Job {
     leak: Option<usize>,
     idle_after: Option<u64>,
 }
-
-/// How long a tenant of the benchmark's daemon acquires nothing before it is idle.
-const IDLE_AFTER_MS: u64 = 500;
 
 /// How the jobs of a set run: each with a static cap, or under the daemon on `socket`.
 #[derive(Clone)]
@@ -94,12 +93,12 @@ impl Drop for Daemon {
     }
 }
 
-fn spawn_daemon(dir: &Path, cap: usize) -> Result<Daemon, String> {
+fn spawn_daemon(dir: &Path, cap: usize, idle_after_ms: u64) -> Result<Daemon, String> {
     let config = dir.join("tiermemd.toml");
     let socket = dir.join("tiermemd.sock");
     let _ = std::fs::remove_file(&socket);
     let text = format!(
-        "deadline_ms = 2000\nidle_after_ms = {IDLE_AFTER_MS}\n\n[[gpu]]\nindex = 0\nhbm = \"{}MiB\"\n",
+        "deadline_ms = 2000\nidle_after_ms = {idle_after_ms}\n\n[[gpu]]\nindex = 0\nhbm = \"{}MiB\"\n",
         cap >> 20
     );
     std::fs::write(&config, text).map_err(|e| format!("bench tenants: write {}: {e}", config.display()))?;
@@ -185,7 +184,7 @@ fn hbm_budgets(socket: &Path) -> Vec<u64> {
 /// deviation from half the cap over the last second, as a fraction of it). The second
 /// tenant's process start (the CUDA context, its first allocations) is not counted.
 fn fair_share(setup: &Setup, dir: &Path) -> Result<(f64, f64), String> {
-    let daemon = spawn_daemon(dir, setup.cap)?;
+    let daemon = spawn_daemon(dir, setup.cap, setup.idle_after_ms)?;
     let stop = dir.join("stop");
     let _ = std::fs::remove_file(&stop);
     let job = Job { working_set: setup.cap * 6 / 10, ..Job::default() };
@@ -275,7 +274,7 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     let (stat, wall_static) = run_set(setup, scratch, &set, &Mode::Static(cap / 3))?;
     let throughput_static = total(&stat) / wall_static / 1e9;
     println!("static thirds: {throughput_static:.2} GB/s over {wall_static:.1} s");
-    let daemon = spawn_daemon(scratch, cap)?;
+    let daemon = spawn_daemon(scratch, cap, setup.idle_after_ms)?;
     let shared = Mode::Daemon(daemon.socket.clone());
     let (tmd, wall_tmd) = run_set(setup, scratch, &set, &shared)?;
     let throughput_tiermemd = total(&tmd) / wall_tmd / 1e9;
@@ -340,7 +339,7 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
         "leak_victims_finished": leak_victims_finished, "fair_share_error": fair_share_error,
         "settle_ms": settle_ms, "reclaim_ms_per_GiB": reclaim, "overhead_alone": overhead_alone,
         "pairs_finished": pairs_finished, "pairs": pair_shares.len(),
-        "idle_lender_others_speed": idle_lender_others_speed, "idle_after_ms": IDLE_AFTER_MS,
+        "idle_lender_others_speed": idle_lender_others_speed, "idle_after_ms": setup.idle_after_ms,
     });
     let ratios = serde_json::json!({
         "vs_static": throughput_tiermemd / throughput_static,
