@@ -330,7 +330,8 @@ def test_stats_keep_the_keys_front_ends_read(pool):
     assert set(stats["hbm"]) == {"capacity_bytes", "used_bytes", "chunks"}
     assert set(stats["transfers"]) == {
         "page_ins", "page_outs", "zero_fills", "clean_drops", "evictions", "prefetched", "file_writes",
-        "file_reads", "maps", "in_place_maps", "in_place_reads", "by_neighbours", "cleaned", "bytes_in", "bytes_out", "stall_ms", "map_ms", "unmap_ms", "evict_wait_ms"}
+        "file_reads", "maps", "in_place_maps", "in_place_reads", "by_neighbours", "cleaned", "bytes_in", "bytes_out", "stall_ms", "map_ms", "unmap_ms", "evict_wait_ms",
+        "acquires", "largest_acquire"}
     [buf] = stats["buffers"]
     assert set(buf) == {"id", "name", "size", "priority", "read_only", "chunks", "in_hbm", "in_peer", "in_place",
                         "in_host", "in_file", "empty", "moving", "acquired"}
