@@ -62,6 +62,17 @@ fn demand(bytes: u64) -> [(Tier, TierUsage); 4] {
     ]
 }
 
+/// A report of `mib` MiB held in HBM by a tenant that would hold everything.
+fn using(mib: u64) -> [(Tier, TierUsage); 4] {
+    let hbm = TierUsage { used: mib * MIB, acquired: 0, demand: 1 << 40 };
+    [
+        (Tier::Hbm, hbm),
+        (Tier::Peer, TierUsage::default()),
+        (Tier::Host, TierUsage::default()),
+        (Tier::File, TierUsage::default()),
+    ]
+}
+
 fn register(r: &mut Registry, uid: u32, label: Option<&str>, now: Instant) -> (TenantId, Outbox) {
     let (id, _, outbox) = r.register(who(uid, label), gpu(), CHUNK, &[], &[], now);
     (id, outbox)
@@ -113,15 +124,6 @@ fn a_cut_not_met_in_time_stops_being_reserved() {
     let now = Instant::now();
     let mut r = Registry::new(config(), now, 0);
     let (a, _) = register(&mut r, 1, None, now);
-    let using = |mib: u64| {
-        let hbm = TierUsage { used: mib * MIB, acquired: 0, demand: 1 << 40 };
-        [
-            (Tier::Hbm, hbm),
-            (Tier::Peer, TierUsage::default()),
-            (Tier::Host, TierUsage::default()),
-            (Tier::File, TierUsage::default()),
-        ]
-    };
     // A uses 400 MiB and never answers the cut.
     r.usage(a, using(400), now);
     let (b, outbox) = register(&mut r, 2, None, now);
@@ -291,15 +293,6 @@ fn the_drivers_census_limits_the_capacity_to_what_other_users_leave_and_status_a
     let (a, _, outbox) = r.register(who(1, None), real.clone(), CHUNK, &[], &[], now);
     assert_eq!(budgets(&outbox), vec![(a, 1, 1 << 30, 1 << 30)], "no census yet: the whole GPU");
     assert_eq!(r.census_gpus(), vec![(0, "GPU-test".to_owned())]);
-    let using = |mib: u64| {
-        let hbm = TierUsage { used: mib * MIB, acquired: 0, demand: 1 << 40 };
-        [
-            (Tier::Hbm, hbm),
-            (Tier::Peer, TierUsage::default()),
-            (Tier::Host, TierUsage::default()),
-            (Tier::File, TierUsage::default()),
-        ]
-    };
     r.usage(a, using(300), now);
     // Its process holds 100 MiB beyond its 300 MiB of chunks (a CUDA context); another
     // process, no tenant, holds 200 MiB.
@@ -330,17 +323,29 @@ fn the_drivers_census_limits_the_capacity_to_what_other_users_leave_and_status_a
     assert_eq!(budgets(&outbox)[0].3, (1 << 30) - 100 * MIB - MARGIN);
 }
 
-#[test]
-fn an_idle_tenant_lends_all_but_its_largest_acquire_until_it_acquires_again() {
-    use tiermem_protocol::TransferCounters;
-    let t0 = Instant::now();
+/// A registry whose tenants are idle after 1 s, with tenants A and B registered at `t0`, and
+/// transfer counters of `acquires` acquires, the largest of `largest` bytes.
+fn idle_setup(
+    t0: Instant,
+    largest: u64,
+) -> (Registry, TenantId, TenantId, impl Fn(u64) -> tiermem_protocol::TransferCounters) {
     let mut config = config();
     config.idle_after_ms = 1000;
     let mut r = Registry::new(config, t0, 0);
     let (a, _) = register(&mut r, 1, None, t0);
     let (b, _) = register(&mut r, 2, None, t0);
-    let counters =
-        |acquires: u64| TransferCounters { acquires, largest_acquire_bytes: 40 * MIB, ..TransferCounters::default() };
+    let counters = move |acquires: u64| tiermem_protocol::TransferCounters {
+        acquires,
+        largest_acquire_bytes: largest,
+        ..Default::default()
+    };
+    (r, a, b, counters)
+}
+
+#[test]
+fn an_idle_tenant_lends_all_but_its_largest_acquire_until_it_acquires_again() {
+    let t0 = Instant::now();
+    let (mut r, a, b, counters) = idle_setup(t0, 40 * MIB);
     for (id, seq) in [(a, 2), (b, 1)] {
         r.budget_met(id, seq, t0);
         r.record_transfers(id, counters(1), t0);
@@ -372,15 +377,8 @@ fn an_idle_tenant_lends_all_but_its_largest_acquire_until_it_acquires_again() {
 
 #[test]
 fn an_idle_tenant_keeps_what_the_working_ones_do_not_demand() {
-    use tiermem_protocol::TransferCounters;
     let t0 = Instant::now();
-    let mut config = config();
-    config.idle_after_ms = 1000;
-    let mut r = Registry::new(config, t0, 0);
-    let (a, _) = register(&mut r, 1, None, t0);
-    let (b, _) = register(&mut r, 2, None, t0);
-    let counters =
-        |acquires: u64| TransferCounters { acquires, largest_acquire_bytes: 4 * MIB, ..TransferCounters::default() };
+    let (mut r, a, b, counters) = idle_setup(t0, 4 * MIB);
     r.budget_met(a, 2, t0);
     r.record_transfers(a, counters(1), t0);
     r.usage(a, demand(400 * MIB), t0);
