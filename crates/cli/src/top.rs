@@ -90,7 +90,7 @@ fn pool_table<'a>(pool: &'a PoolStatus, tenants: &'a [tiermem_protocol::TenantSt
     let title = format!(" {} ", pool_heading(pool));
     let rows = pool.shares.iter().map(|share| Row::new(share_cells(share, tenants, pool)));
     let header = Row::new(SHARE_COLUMNS).style(Style::new().add_modifier(Modifier::UNDERLINED));
-    let widths = [6, 12, 8, 3, 26, 11, 11, 11, 11, 11, 4].map(Constraint::Length);
+    let widths = [6, 12, 8, 3, 26, 11, 11, 11, 11, 11, 9].map(Constraint::Length);
     let mut block = Block::new().borders(Borders::ALL).title(title);
     if let Some(line) = driver_line(pool) {
         block = block.title_bottom(format!(" {line} "));
