@@ -20,7 +20,8 @@
 //! `others` is what processes that are not tenants hold. A process's overhead is the median
 //! of its last [`SAMPLES`] censuses: a tenant's report lags its chunks by up to 50 ms, so one
 //! census taken mid-page-in would count chunks as overhead, and a capacity that dipped with
-//! it would make every tenant evict for nothing. The registry takes the smaller of this and
+//! it would make every tenant evict for nothing; for the same reason the capacity moves only
+//! by [`STEADY`] or more (well within the margin). The registry takes the smaller of this and
 //! the configured capacity (registry.rs, `pools`), and `tiermem status` shows every term.
 //!
 //! NVML names processes as the host's pid namespace does, the daemon its tenants as its own
@@ -37,6 +38,10 @@ pub const SAMPLES: usize = 5;
 /// Left free of a GPU's counted capacity, for what grows between two censuses.
 pub const MARGIN: u64 = 256 << 20;
 
+/// The counted capacity changes only by at least this much (well within [`MARGIN`]): an
+/// overhead wandering by a few MiB does not send every tenant a new budget each census.
+pub const STEADY: u64 = 64 << 20;
+
 /// One GPU's memory as the driver counts it: its size, what is used, and what each process
 /// holds (`None`: NVML does not say).
 pub use tiermem::mechanism::cuda::nvml::Census;
@@ -51,6 +56,8 @@ pub struct Ledger {
     overheads: BTreeMap<u32, VecDeque<u64>>,
     /// Why the census cannot be used, if it cannot.
     unusable: Option<String>,
+    /// The capacity last adopted (before the margin), changed only by [`STEADY`] or more.
+    adopted: Option<u64>,
 }
 
 /// A ledger's terms, as the status shows them.
@@ -98,6 +105,11 @@ impl Ledger {
                 samples.pop_front();
             }
         }
+        let overhead: u64 = self.overheads.keys().filter_map(|&pid| self.overhead(pid)).sum();
+        let counted = self.total.saturating_sub(self.others).saturating_sub(overhead);
+        if self.adopted.is_none_or(|adopted| adopted.abs_diff(counted) >= STEADY) {
+            self.adopted = Some(counted);
+        }
     }
 
     /// The overhead of tenant process `pid` (median of its recent censuses).
@@ -111,11 +123,10 @@ impl Ledger {
     /// What the tenants' chunks may take together, `margin` left free for what grows between
     /// censuses; `None` when the census cannot be used (or none was taken).
     pub fn capacity(&self, margin: u64) -> Option<u64> {
-        if self.unusable.is_some() || self.total == 0 {
-            return None;
+        match &self.unusable {
+            Some(_) => None,
+            None => self.adopted.map(|c| c.saturating_sub(margin)),
         }
-        let overhead: u64 = self.overheads.keys().filter_map(|&pid| self.overhead(pid)).sum();
-        Some(self.total.saturating_sub(self.others).saturating_sub(overhead).saturating_sub(margin))
     }
 
     pub fn accounts(&self) -> Accounts {
@@ -189,6 +200,19 @@ mod tests {
         // Once the census can be used again, the capacity follows it.
         ledger.record(&census(&[(10, GIB)]), &BTreeMap::from([(10, 0)]));
         assert_eq!(ledger.capacity(0), Some(79 * GIB));
+    }
+
+    #[test]
+    fn the_capacity_moves_only_by_a_steady_step() {
+        let mut ledger = Ledger::default();
+        let tenants = BTreeMap::from([(10, 0)]);
+        ledger.record(&census(&[(10, GIB), (99, GIB)]), &tenants);
+        assert_eq!(ledger.capacity(0), Some(78 * GIB));
+        // The other process grows by 10 MiB: no new capacity; by STEADY: a new one.
+        ledger.record(&census(&[(10, GIB), (99, GIB + 10 * MIB)]), &tenants);
+        assert_eq!(ledger.capacity(0), Some(78 * GIB));
+        ledger.record(&census(&[(10, GIB), (99, GIB + STEADY)]), &tenants);
+        assert_eq!(ledger.capacity(0), Some(78 * GIB - STEADY));
     }
 
     #[test]

@@ -233,10 +233,12 @@ impl Registry {
 
     /// The tenant is gone: everything it held is free at once.
     pub fn disconnect(&mut self, id: TenantId, now: Instant) -> Outbox {
-        match self.tenants.remove(&id) {
-            Some(_) => self.rebalance(now),
-            None => Vec::new(),
+        let Some(gone) = self.tenants.remove(&id) else { return Vec::new() };
+        // The last tenant of a GPU takes its census along: the next one starts afresh.
+        if !self.tenants.values().any(|t| t.gpu.index == gone.gpu.index) {
+            self.ledgers.remove(&gone.gpu.index);
         }
+        self.rebalance(now)
     }
 
     /// Cuts not met in time: the tenant is late and holds what it reports using. Returns the
