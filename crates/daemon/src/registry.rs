@@ -20,7 +20,7 @@
 //!
 //! # Idle tenants
 //! A tenant whose acquire count has not moved for `idle_after_ms` is *idle*: in HBM its claim
-//! comes after every working tenant's (their weights count [`WORKING_FIRST`] times its own),
+//! comes after every working tenant's (their weights count `WORKING_FIRST` times its own),
 //! down to a floor of its largest acquire. So what working tenants demand is lent to them out
 //! of its share (GDM §6: memory an application does not touch serves the others), and what
 //! they do not demand it keeps: nothing is taken from an idle tenant for nobody. Its next
