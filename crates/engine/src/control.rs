@@ -36,7 +36,18 @@ impl Engine {
         // of every run make the ticket.
         let mut fences = Vec::new();
         self.unlocked_waits(|inner| inner.set_hbm_budget(bytes).map(|sent| fences.extend(sent)))?;
+        self.budget_wait.tell();
         Ok(self.lock().ticket(fences))
+    }
+
+    /// From now on an acquire that fails for want of HBM (larger than the budget, or every
+    /// chunk acquired) while the budget is below the engine's own cap waits up to `limit` for
+    /// the budget to grow or chunks to be released, trying again at each; zero (the default):
+    /// it fails at once. For engines whose budget
+    /// the node daemon moves (the tenant link sets it): a newcomer's first budget, or an idle
+    /// tenant's, grows once others give memory back.
+    pub fn wait_for_budget(&self, limit: std::time::Duration) {
+        self.budget_wait.set_limit(limit);
     }
 
     /// Tells the engine the order in which the program uses its buffers: a cycle of steps, each

@@ -74,6 +74,10 @@ pub struct Engine {
     pub(crate) peer_reserve: usize,
     /// Learns the schedule from the first pass (`pass_begins`, `step_enters`).
     pub(crate) recorder: Mutex<Recorder>,
+    /// Acquires that wait for the budget to grow (budget_wait.rs).
+    pub(crate) budget_wait: crate::budget_wait::BudgetWait,
+    /// The HBM cap the engine started with (its own limit), which no budget exceeds.
+    own_cap: usize,
     /// The window paged ahead along loops learned from acquires (`TIERMEM_LEARN_LOOPS`); `None`: off.
     pub(crate) learn_loops: Option<usize>,
     fallback: Option<String>,
@@ -202,6 +206,8 @@ impl Engine {
             lender_watch,
             peer_reserve,
             recorder: Mutex::new(Recorder::default()),
+            budget_wait: Default::default(),
+            own_cap: caps.hbm / chunk * chunk,
             learn_loops: config.learn_loops,
             fallback: None,
             peer_notes: notes,
@@ -292,7 +298,9 @@ impl Engine {
     /// Frees a buffer, waiting (with the lock released) for any transfer of its chunks. The
     /// buffer must not be acquired.
     pub fn free(&self, buffer: BufferId) -> Result<()> {
-        self.unlocked_waits(|inner| inner.free(buffer))
+        let freed = self.unlocked_waits(|inner| inner.free(buffer));
+        self.budget_wait.tell();
+        freed
     }
 
     /// The device address of a buffer.
@@ -307,16 +315,21 @@ impl Engine {
     /// through the buffer that stride prefetch brings the next chunks in for (stride.rs), or
     /// pre-eviction is on (pre_evict.rs), or the program's loop is being learned from its
     /// acquires (`TIERMEM_LEARN_LOOPS`: control.rs).
+    /// With [`Engine::wait_for_budget`], one that fails for want of HBM waits for the budget
+    /// to grow or chunks to be released, and tries again (budget_wait.rs).
     pub fn acquire(&self, regions: &[Region], access: Access, stream: StreamHandle) -> Result<()> {
         self.learn_from(regions);
-        self.unlocked_waits(|inner| inner.acquire(regions, access, stream))
+        let acquire = || self.unlocked_waits(|inner| inner.acquire(regions, access, stream));
+        self.budget_wait.retrying(acquire, || self.hbm_cap() < self.own_cap)
     }
 
     /// Ends an `acquire`: the chunks may move once the work enqueued on `stream` so far is done.
     /// If the HBM budget shrank while they were acquired, they leave first (calls.rs, "The HBM
     /// budget"), as far as that needs no wait: the release never waits.
     pub fn release(&self, regions: &[Region], stream: StreamHandle) -> Result<()> {
-        self.lock().release(regions, stream)
+        let released = self.lock().release(regions, stream);
+        self.budget_wait.tell();
+        released
     }
 
     /// Starts bringing `regions` into HBM in the background, using only free HBM (a prefetch

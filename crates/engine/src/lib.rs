@@ -23,6 +23,7 @@
 //! [`Engine::exchange`] (one out, another in, both directions at once) move whole buffers
 //! explicitly, synchronously or with `*_start` + [`Engine::finish`] (the Bakita paper's API).
 
+mod budget_wait;
 mod buffer;
 mod calls;
 mod candidates;

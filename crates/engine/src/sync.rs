@@ -42,7 +42,7 @@ pub(crate) use shuttle::{
     thread,
 };
 
-pub(crate) use atomic::{AtomicBool, Ordering};
+pub(crate) use atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// A one-shot signal: set once (by a background file write's thread as it ends, however it
 /// ends), waited on by any number of threads, none of which may hold the engine's lock.

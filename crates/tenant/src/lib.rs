@@ -4,7 +4,9 @@
 //! Python extension and the C library carry none) that registers the engine, reports what it
 //! holds (on change, at most every [`REPORT_EVERY`]), applies each budget with
 //! `Engine::set_hbm_budget` + `Engine::finish` and acknowledges it once met, and reconnects
-//! when the daemon restarts, keeping its current budget meanwhile. The link lives as long as
+//! when the daemon restarts, keeping its current budget meanwhile. A linked engine's acquire
+//! that does not fit its budget waits for the budget to grow ([`BUDGET_WAIT`]) instead of
+//! failing at once. The link lives as long as
 //! the engine (whose memory it leases), whoever owns the engine (a Python `Buffer` keeps it
 //! alive after its `Pool`): when the engine is dropped the thread ends within a poll, the daemon
 //! sees the socket close and re-shares the memory. [`DaemonLink::end`] ends it sooner.
@@ -32,6 +34,10 @@ use tiermem::Engine;
 pub const REPORT_EVERY: Duration = Duration::from_millis(50);
 /// How long [`attach_from_env`] waits for the first budget to reach its fair share.
 pub const SETTLE: Duration = Duration::from_secs(2);
+/// How long a linked engine's acquire waits for its budget to grow before failing for want of
+/// HBM (`Engine::wait_for_budget`): a newcomer's, or a waking idle tenant's, grows as others
+/// give memory back, each within the daemon's deadline (2 s by default).
+pub const BUDGET_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -136,6 +142,7 @@ impl DaemonLink {
             stop: AtomicBool::new(false),
         });
         let options = Options { socket, label, report_every: REPORT_EVERY, wants_hbm: holder.wants_hbm() };
+        holder.engine().wait_for_budget(BUDGET_WAIT);
         let weak: std::sync::Weak<dyn Leaseholder> = Arc::downgrade(holder) as std::sync::Weak<L>;
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
