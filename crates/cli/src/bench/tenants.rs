@@ -11,8 +11,9 @@
 //!   running take it. Each job spends `think_ms` of host time before each buffer's kernels, as
 //!   real jobs do between kernels, so one job alone leaves the GPU partly idle.
 //! * **Hog**: two jobs that each fit in a third of the cap, with and without a third asking for
-//!   3× the cap (`hog_victim_speed`: their speed with it ÷ without, over runs of 6R rounds;
-//!   `hog_victim_round_speed`: the same of their median rounds, once the budgets settled).
+//!   3× the cap (`hog_victim_speed`: their speed with it ÷ without, over runs of 6R rounds,
+//!   the hog already holding the GPU when they start; `…_costart`: the hog started with them;
+//!   `hog_victim_round_speed`: their median rounds then, once the budgets settled).
 //!   **Leak**: two jobs beside one that allocates without freeing (`leak_victims_finished`).
 //!   **Idle**: a job beside one that works a round over 0.6× the cap and then acquires nothing
 //!   (`idle_lender_others_speed`: the job's rounds once the other is idle, median, against
@@ -176,6 +177,25 @@ fn run_set(setup: &Setup, dir: &Path, jobs: &[Job], mode: &Mode) -> Result<(Vec<
     Ok((bounded.into_iter().chain(endless).collect(), wall))
 }
 
+/// Runs `jobs` as [`run_set`] does, beside `running` (a job without rounds) started first and
+/// given up to 10 s to fill its budget; `running` stops with them. Returns the jobs' outcomes,
+/// then its own.
+fn run_beside(setup: &Setup, dir: &Path, running: &Job, jobs: &[Job], socket: &Path) -> Result<Vec<Outcome>, String> {
+    let stop = dir.join("stop");
+    let _ = std::fs::remove_file(&stop);
+    let first = spawn_job(setup, running, &Mode::Daemon(socket.to_owned()), &stop)?;
+    let until = Instant::now() + Duration::from_secs(10);
+    let filled = |r: &tiermem_protocol::StatusReport| {
+        r.pools.iter().filter(|p| p.tier == Tier::Hbm).flat_map(|p| &p.shares).any(|s| s.used * 10 >= s.budget * 9)
+    };
+    while Instant::now() < until && !tiermem_tenant::query_status(socket).is_ok_and(|r| filled(&r)) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (mut outcomes, _) = run_set(setup, dir, jobs, &Mode::Daemon(socket.to_owned()))?;
+    outcomes.push(outcome(first));
+    Ok(outcomes)
+}
+
 fn hbm_budgets(socket: &Path) -> Vec<u64> {
     let Ok(report) = tiermem_tenant::query_status(socket) else { return Vec::new() };
     report.pools.iter().filter(|p| p.tier == Tier::Hbm).flat_map(|p| p.shares.iter().map(|s| s.budget)).collect()
@@ -292,23 +312,27 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     verified &= all_ok(&stat) && all_ok(&tmd) && all_ok(&serial);
 
     // Two tenants that each fit in a third of the cap, beside one asking for 3× the cap.
-    // Long enough (6R rounds) that the first round, in which the three budgets settle and the
-    // victims page in what the hog's start pushed out, is a small part of the run.
+    // Runs of 6R rounds. With the hog already running (holding the GPU) when they start
+    // (`hog_victim_speed`), and started with them (`…_costart`: the first round, in which the
+    // budgets settle and the victims page in what the hog's start pushed out, costs them).
     let victims = [job(3, 6 * r), job(3, 6 * r)];
     let (alone, _) = run_set(setup, scratch, &victims, &shared)?;
     let hog = Job { working_set: 3 * cap, ..Job::default() };
-    let (with_hog, _) = run_set(setup, scratch, &[victims[0].clone(), victims[1].clone(), hog], &shared)?;
-    let hog_victim_speed = (with_hog[0].speed() / alone[0].speed()).min(with_hog[1].speed() / alone[1].speed());
-    let round_ratio = |i: usize| alone[i].median_round_s(2) / with_hog[i].median_round_s(2);
+    let with_hog = run_beside(setup, scratch, &hog, &victims, &daemon.socket)?;
+    let (costart, _) = run_set(setup, scratch, &[victims[0].clone(), victims[1].clone(), hog], &shared)?;
+    let speed_ratio = |with: &[Outcome]| (with[0].speed() / alone[0].speed()).min(with[1].speed() / alone[1].speed());
+    let (hog_victim_speed, hog_victim_speed_costart) = (speed_ratio(&with_hog), speed_ratio(&costart));
+    let round_ratio = |i: usize| alone[i].median_round_s(2) / costart[i].median_round_s(2);
     let hog_victim_round_speed = round_ratio(0).min(round_ratio(1));
     println!(
-        "hog: the others at {hog_victim_speed:.2} of their speed without it ({hog_victim_round_speed:.2} once settled)"
+        "hog: the others at {hog_victim_speed:.2} of their speed without it; started with it {hog_victim_speed_costart:.2} \
+         ({hog_victim_round_speed:.2} once settled)"
     );
     let leaker = Job { working_set: cap / 10, leak: Some(2 * cap), ..Job::default() };
     let (with_leak, _) = run_set(setup, scratch, &[victims[0].clone(), victims[1].clone(), leaker], &shared)?;
     let leak_victims_finished = with_leak[0].ok && with_leak[1].ok;
     println!("leak: the others finished with every byte: {leak_victims_finished}");
-    verified &= all_ok(&alone) && all_ok(&with_hog) && all_ok(&with_leak);
+    verified &= all_ok(&alone) && all_ok(&with_hog) && all_ok(&costart) && all_ok(&with_leak);
 
     let one = [job(6, 2 * r)];
     let (under_daemon, _) = run_set(setup, scratch, &one, &shared)?;
@@ -344,7 +368,7 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
         "wall_serial_s": wall_serial,
         "throughput_static_GBps": throughput_static, "throughput_tiermemd_GBps": throughput_tiermemd,
         "throughput_serial_GBps": throughput_serial, "hog_victim_speed": hog_victim_speed,
-        "hog_victim_round_speed": hog_victim_round_speed,
+        "hog_victim_round_speed": hog_victim_round_speed, "hog_victim_speed_costart": hog_victim_speed_costart,
         "leak_victims_finished": leak_victims_finished, "fair_share_error": fair_share_error,
         "settle_ms": settle_ms, "reclaim_ms_per_GiB": reclaim, "overhead_alone": overhead_alone,
         "pairs_finished": pairs_finished, "pairs": pair_shares.len(),
@@ -360,7 +384,8 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     };
     let detail = serde_json::json!({
         "static": speeds(&stat), "tiermemd": speeds(&tmd), "serial": speeds(&serial), "victims_alone": speeds(&alone),
-        "victims_with_hog": speeds(&with_hog), "victims_with_leak": speeds(&with_leak),
+        "victims_with_hog": speeds(&with_hog), "victims_started_with_hog": speeds(&costart),
+        "victims_with_leak": speeds(&with_leak),
         "beside_an_idle_tenant": speeds(&with_idler), "alone_for_idle": speeds(&busy_alone),
     });
     let date = super::today();
