@@ -319,6 +319,11 @@ impl Registry {
             let unit = ids.iter().map(|id| self.tenants[id].chunk).max().unwrap_or(1);
             let claims: Vec<Claim> = ids.iter().map(|id| self.claim(&self.tenants[id], pool.tier, unit)).collect();
             let shares = fair_shares(capacity / unit, &claims);
+            // A tenant's own part (what it lends or borrows against) is by its configured
+            // weight, whether or not it works now: an idle tenant lends, it does not borrow.
+            let by_rule: Vec<Claim> =
+                ids.iter().zip(&claims).map(|(id, c)| Claim { weight: self.tenants[id].rule.weight, ..*c }).collect();
+            let own = fair_shares(capacity / unit, &by_rule);
             let holding: Vec<u64> =
                 ids.iter().map(|id| self.tenants[id].tiers[&pool.tier].holding.div_ceil(unit)).collect();
             let spare = spread_spare(capacity / unit, &claims, &shares);
@@ -327,7 +332,7 @@ impl Registry {
             for (i, id) in ids.iter().enumerate() {
                 let Some(slot) = self.tenants.get_mut(id).and_then(|t| t.tiers.get_mut(&pool.tier)) else { continue };
                 let (budget, target) = (granted[i] * unit, targets[i] * unit);
-                slot.entitled = shares[i].entitled * unit;
+                slot.entitled = own[i].entitled * unit;
                 slot.share = shares[i].budget * unit;
                 if !slot.pooled || budget != slot.budget || target != slot.target {
                     changed.insert(*id, ());

@@ -364,7 +364,12 @@ fn an_idle_tenant_lends_all_but_its_largest_acquire_until_it_acquires_again() {
     let t2 = t0 + Duration::from_millis(1000);
     let (_, outbox) = r.expire_deadlines(t2);
     assert_eq!(budgets(&outbox).iter().map(|m| (m.0, m.3)).collect::<Vec<_>>(), vec![(a, 40 * MIB), (b, 560 * MIB)]);
-    assert!(r.status(0, None, t2).tenants.iter().find(|t| t.tenant == a).unwrap().idle);
+    let status = r.status(0, None, t2);
+    assert!(status.tenants.iter().find(|t| t.tenant == a).unwrap().idle);
+    // The idle tenant lends what the working one borrows (their own parts are by weight).
+    let share = |id| status.pools[0].shares.iter().find(|s| s.tenant == id).unwrap().clone();
+    assert_eq!((share(a).lent, share(a).borrowed), (260 * MIB, 0));
+    assert_eq!((share(b).lent, share(b).borrowed), (0, 260 * MIB));
 
     // A acquires again: its share comes back (B is cut, A grows once B has met it).
     let t3 = t0 + Duration::from_millis(1500);
