@@ -373,7 +373,12 @@ impl Registry {
     fn claim(&self, tenant: &Tenant, tier: Tier, unit: u64) -> Claim {
         let slot = &tenant.tiers[&tier];
         let want = tenant.wants.get(&tier).copied();
-        let demand = match tenant.reported {
+        // Until it reports a use, a tenant demands what it would use alone; in HBM, until it
+        // has allocated something: a tenant that just arrived keeps its share while it sets
+        // up, rather than give it to a hog and wait for it back chunk by chunk as it allocates
+        // (a tenant that never allocates goes idle and lends it, see "Idle tenants").
+        let reported = tenant.reported && (tier != Tier::Hbm || slot.usage.demand > 0);
+        let demand = match reported {
             true => slot.usage.demand,
             false => want.unwrap_or(u64::MAX),
         };

@@ -401,3 +401,21 @@ fn an_idle_tenant_keeps_what_the_working_ones_do_not_demand() {
         target(b)
     );
 }
+
+#[test]
+fn a_tenant_that_has_allocated_nothing_yet_keeps_its_share_from_a_hog() {
+    let now = Instant::now();
+    let mut r = Registry::new(config(), now, 0);
+    let (hog, _) = register(&mut r, 1, None, now);
+    r.usage(hog, using(600), now);
+    let (newcomer, _) = register(&mut r, 2, None, now);
+    // Its first report: nothing allocated yet. Its share stays reserved for it.
+    let outbox = r.usage(newcomer, demand(0), now);
+    assert!(budgets(&outbox).iter().all(|m| m.0 != hog || m.3 == 300 * MIB), "{:?}", budgets(&outbox));
+    let target =
+        |r: &Registry, id| r.status(0, None, now).pools[0].shares.iter().find(|s| s.tenant == id).unwrap().target;
+    assert_eq!((target(&r, hog), target(&r, newcomer)), (300 * MIB, 300 * MIB));
+    // Once it has allocated, what it does not use goes to the hog.
+    r.usage(newcomer, demand(100 * MIB), now);
+    assert_eq!((target(&r, hog), target(&r, newcomer)), (500 * MIB, 100 * MIB));
+}
