@@ -43,9 +43,9 @@ impl Engine {
     /// From now on an acquire that fails for want of HBM (larger than the budget, or every
     /// chunk acquired) while the budget is below the engine's own cap waits up to `limit` for
     /// the budget to grow or chunks to be released, trying again at each; zero (the default):
-    /// it fails at once. For engines whose budget
-    /// the node daemon moves (the tenant link sets it): a newcomer's first budget, or an idle
-    /// tenant's, grows once others give memory back.
+    /// it fails at once. For engines whose budget the node daemon moves (the tenant link sets
+    /// it): a newcomer's first budget, or an idle tenant's, grows once others give memory back.
+    /// The wait holds no lock (budget_wait.rs).
     pub fn wait_for_budget(&self, limit: std::time::Duration) {
         self.budget_wait.set_limit(limit);
     }

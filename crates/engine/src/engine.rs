@@ -315,8 +315,9 @@ impl Engine {
     /// through the buffer that stride prefetch brings the next chunks in for (stride.rs), or
     /// pre-eviction is on (pre_evict.rs), or the program's loop is being learned from its
     /// acquires (`TIERMEM_LEARN_LOOPS`: control.rs).
-    /// With [`Engine::wait_for_budget`], one that fails for want of HBM waits for the budget
-    /// to grow or chunks to be released, and tries again (budget_wait.rs).
+    ///
+    /// With [`Engine::wait_for_budget`], one that fails for want of HBM waits (holding no lock)
+    /// for the budget to grow or chunks to be released, and tries again (budget_wait.rs).
     pub fn acquire(&self, regions: &[Region], access: Access, stream: StreamHandle) -> Result<()> {
         self.learn_from(regions);
         let acquire = || self.unlocked_waits(|inner| inner.acquire(regions, access, stream));
