@@ -17,8 +17,8 @@
 //!   **Leak**: two jobs beside one that allocates without freeing (`leak_victims_finished`).
 //!   **Idle**: a job beside one that works a round over 0.6× the cap and then acquires nothing
 //!   (`idle_lender_others_speed`: the job's rounds once the other is idle, median, against
-//!   its rounds alone on the node; the daemon here counts a
-//!   tenant idle after `--idle-after-ms`, 500 by default).
+//!   its rounds alone on the node; the daemon here counts a tenant idle after
+//!   `--idle-after-ms`, 500 by default).
 //! * **Fair share**: two equal tenants; `settle_ms` from the daemon's first sight of the second
 //!   until both budgets are, and stay, within 5% of half the cap; `fair_share_error` the
 //!   largest deviation over the last of three seconds.
