@@ -31,6 +31,7 @@
 //! capacity stands, and the status says why.
 
 use std::collections::{BTreeMap, VecDeque};
+use tiermem_protocol::DriverAccounts;
 
 /// Censuses a process's overhead is the median of.
 pub const SAMPLES: usize = 5;
@@ -58,16 +59,6 @@ pub struct Ledger {
     unusable: Option<String>,
     /// The capacity last adopted (before the margin), changed only by [`STEADY`] or more.
     adopted: Option<u64>,
-}
-
-/// A ledger's terms, as the status shows them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Accounts {
-    pub total: u64,
-    pub used: u64,
-    pub others: u64,
-    pub overhead: u64,
-    pub unusable: Option<String>,
 }
 
 impl Ledger {
@@ -105,8 +96,7 @@ impl Ledger {
                 samples.pop_front();
             }
         }
-        let overhead: u64 = self.overheads.keys().filter_map(|&pid| self.overhead(pid)).sum();
-        let counted = self.total.saturating_sub(self.others).saturating_sub(overhead);
+        let counted = self.total.saturating_sub(self.others).saturating_sub(self.overhead_sum());
         if self.adopted.is_none_or(|adopted| adopted.abs_diff(counted) >= STEADY) {
             self.adopted = Some(counted);
         }
@@ -129,13 +119,19 @@ impl Ledger {
         }
     }
 
-    pub fn accounts(&self) -> Accounts {
-        Accounts {
+    /// What tenant processes hold beyond their chunks, all together.
+    fn overhead_sum(&self) -> u64 {
+        self.overheads.keys().filter_map(|&pid| self.overhead(pid)).sum()
+    }
+
+    /// The ledger's terms, as the status shows them.
+    pub fn accounts(&self) -> DriverAccounts {
+        DriverAccounts {
             total: self.total,
             used: self.used,
             others: self.others,
-            overhead: self.overheads.keys().filter_map(|&pid| self.overhead(pid)).sum(),
-            unusable: self.unusable.clone(),
+            overhead: self.overhead_sum(),
+            note: self.unusable.clone(),
         }
     }
 }
@@ -193,7 +189,7 @@ mod tests {
         let mut ledger = Ledger::default();
         ledger.record(&census(&[(500, 10 * GIB)]), &BTreeMap::from([(10, 4 * GIB)]));
         assert_eq!(ledger.capacity(0), None);
-        assert!(ledger.accounts().unusable.unwrap().contains("pid namespace"));
+        assert!(ledger.accounts().note.unwrap().contains("pid namespace"));
         let unreported = Census { total: 80 * GIB, used: GIB, processes: vec![(10, Some(GIB)), (7, None)] };
         ledger.record(&unreported, &BTreeMap::from([(10, 0)]));
         assert_eq!(ledger.capacity(0), None);

@@ -39,8 +39,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tiermem_policy::share::{fair_shares, spread_spare, stage_grants, Claim};
 use tiermem_protocol::{
-    DaemonMessage, DriverAccounts, GpuId, PoolStatus, ShareStatus, StatusReport, TenantStatus, Tier, TierBudget,
-    TierBytes, TierUsage, TransferCounters,
+    DaemonMessage, GpuId, PoolStatus, ShareStatus, StatusReport, TenantStatus, Tier, TierBudget, TierBytes, TierUsage,
+    TransferCounters,
 };
 
 pub type TenantId = u64;
@@ -321,9 +321,15 @@ impl Registry {
             let shares = fair_shares(capacity / unit, &claims);
             // A tenant's own part (what it lends or borrows against) is by its configured
             // weight, whether or not it works now: an idle tenant lends, it does not borrow.
-            let by_rule: Vec<Claim> =
-                ids.iter().zip(&claims).map(|(id, c)| Claim { weight: self.tenants[id].rule.weight, ..*c }).collect();
-            let own = fair_shares(capacity / unit, &by_rule);
+            // Only an idle tenant makes the claims' weights differ from the configured ones.
+            let own = match pool.tier == Tier::Hbm && ids.iter().any(|id| self.tenants[id].idle) {
+                true => {
+                    let by_rule =
+                        ids.iter().zip(&claims).map(|(id, c)| Claim { weight: self.tenants[id].rule.weight, ..*c });
+                    fair_shares(capacity / unit, &by_rule.collect::<Vec<_>>())
+                }
+                false => shares.clone(),
+            };
             let holding: Vec<u64> =
                 ids.iter().map(|id| self.tenants[id].tiers[&pool.tier].holding.div_ceil(unit)).collect();
             let spare = spread_spare(capacity / unit, &claims, &shares);
@@ -382,7 +388,6 @@ impl Registry {
             true => slot.usage.demand,
             false => want.unwrap_or(u64::MAX),
         };
-
         let quota = [tenant.rule.quota.get(&tier).map(|s| s.0), want].into_iter().flatten().min();
         // A tenant's word on what it holds acquired cannot pin more than it was allowed to hold.
         let floor = slot.usage.acquired.min(slot.usage.used).min(slot.holding);
@@ -440,17 +445,7 @@ impl Registry {
                         })
                         .collect(),
                     driver: match pool.tier {
-                        Tier::Hbm => pool.gpu.and_then(|gpu| self.ledgers.get(&gpu)).map(|ledger| {
-                            let a = ledger.accounts();
-                            let note = a.unusable;
-                            DriverAccounts {
-                                total: a.total,
-                                used: a.used,
-                                others: a.others,
-                                overhead: a.overhead,
-                                note,
-                            }
-                        }),
+                        Tier::Hbm => pool.gpu.and_then(|gpu| self.ledgers.get(&gpu)).map(Ledger::accounts),
                         _ => None,
                     },
                 }
