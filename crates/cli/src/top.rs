@@ -153,6 +153,7 @@ mod tests {
             pools: vec![pool],
             tenants: vec![tenant],
             hidden_tenants: 1,
+            lenders: Vec::new(),
         };
         let mut terminal = ratatui::Terminal::new(TestBackend::new(160, 10)).unwrap();
         terminal.draw(|frame| draw(frame, Some(&report), None)).unwrap();

@@ -56,6 +56,9 @@ pub struct Config {
     pub metrics: Option<String>,
     #[serde(default)]
     pub status: StatusConfig,
+    /// HBM lent between processes (`tiermem lend`): deadlines, escalation, who may lend.
+    #[serde(default)]
+    pub lending: crate::lending::LendingConfig,
     /// Node-wide capacities of the host and file tiers (shared out only when given).
     #[serde(default)]
     pub tiers: NodeTiers,
@@ -158,6 +161,7 @@ impl Default for Config {
             socket_mode: default_socket_mode(),
             metrics: None,
             status: StatusConfig::default(),
+            lending: crate::lending::LendingConfig::default(),
             tiers: NodeTiers::default(),
             gpus: Vec::new(),
             default: TenantRule::default(),

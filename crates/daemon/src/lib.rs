@@ -12,7 +12,8 @@
 //! ```
 //!
 //! metrics.rs serves Prometheus metrics (`GET /metrics`) from the same registry; census.rs
-//! keeps each GPU's accounts against what its driver counts (NVML).
+//! keeps each GPU's accounts against what its driver counts (NVML); lending.rs decides which
+//! lender's exported slabs (`tiermem lend`) go to which tenant and when they come back.
 //!
 //! Each tenant registers its engine and reports what it holds; the daemon answers with
 //! budgets (`Engine::set_hbm_budget` on the tenant side, crate `tiermem-tenant`). A tenant
@@ -24,11 +25,13 @@
 
 pub mod census;
 pub mod config;
+pub mod lending;
 mod metrics;
 mod peer;
 pub mod registry;
 pub mod server;
 mod spawned;
+mod wire;
 
 pub use config::Config;
 pub use server::{bind, run, serve, serve_with_metrics};

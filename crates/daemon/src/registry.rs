@@ -130,6 +130,11 @@ impl Registry {
         Self { config, started: now, tenants, next_id: 1, daemon_uid, reclaims, ledgers }
     }
 
+    /// The user the daemon runs as.
+    pub fn daemon_uid(&self) -> u32 {
+        self.daemon_uid
+    }
+
     pub fn tenant_count(&self) -> usize {
         self.tenants.len()
     }
@@ -477,6 +482,7 @@ impl Registry {
             hidden_tenants: (self.tenants.len() - tenants.len()) as u32,
             pools,
             tenants,
+            lenders: Vec::new(),
         }
     }
 }

@@ -9,16 +9,19 @@
 //! registry call, never across an await.
 
 use crate::config::{Config, Identity};
+use crate::lending::{Action, LenderId, Lending, SlabId};
 use crate::registry::{Outbox, Registry, TenantId};
+use crate::wire::{read_some, write_frame, Outgoing};
 use crate::{log, DaemonError, DAEMON_NAME};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use tiermem_protocol::fd_passing::FdQueue;
 use tiermem_protocol::{
     encode, ClientMessage, DaemonMessage, FrameDecoder, ProtocolError, ServerSession, Tier, PROTOCOL_VERSION,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 
@@ -27,6 +30,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// The chunk sizes a tenant may register with (a budget is whole chunks of the largest).
 const MIN_CHUNK: u64 = 4 << 10;
 const MAX_CHUNK: u64 = 1 << 30;
+/// The largest slab a tenant may be lent.
+const MAX_SLAB: u64 = 1 << 30;
 /// How often deadlines are checked.
 const TICK: Duration = Duration::from_millis(50);
 /// How often each GPU with tenants is counted (census.rs).
@@ -39,23 +44,31 @@ const QUEUED: usize = 64;
 /// The way to one connection's writer.
 #[derive(Clone)]
 struct Mailbox {
-    tx: mpsc::Sender<DaemonMessage>,
+    tx: mpsc::Sender<Outgoing>,
     /// Told when the queue is full: the connection is then closed.
     stalled: Arc<tokio::sync::Notify>,
 }
 
 impl Mailbox {
     fn post(&self, message: DaemonMessage) {
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(message) {
+        self.post_with_fds(message, Vec::new())
+    }
+
+    /// `message` with file descriptors beside it (fd_passing in tiermem-protocol); they are
+    /// closed here once sent (the receiver has its own), or with the message if it cannot be.
+    fn post_with_fds(&self, message: DaemonMessage, fds: Vec<std::os::fd::OwnedFd>) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(Outgoing { message, fds }) {
             self.stalled.notify_one();
         }
     }
 }
 
-/// The registry and the way to each tenant's connection.
+/// The registry, the lending, and the way to each tenant's and lender's connection.
 struct Hub {
     registry: Registry,
     outboxes: HashMap<TenantId, Mailbox>,
+    lending: Lending,
+    lenders: HashMap<LenderId, Mailbox>,
 }
 
 type SharedHub = Arc<Mutex<Hub>>;
@@ -72,6 +85,53 @@ impl Hub {
                 mailbox.post(message);
             }
         }
+    }
+
+    /// Carries out what the lending decided; `exported` holds the descriptors of slabs a
+    /// lender just sent (each goes to its borrower, or is closed).
+    fn carry_out(&self, actions: Vec<Action>, mut exported: HashMap<SlabId, std::os::fd::OwnedFd>) {
+        for action in actions {
+            match action {
+                Action::Make { lender, ids, slab_bytes } => {
+                    if let Some(mailbox) = self.lenders.get(&lender) {
+                        mailbox.post(DaemonMessage::MakeSlabs { ids, slab_bytes });
+                    }
+                }
+                Action::Lend { borrower, gpu, slab_bytes, ids } => {
+                    let fds = ids.iter().filter_map(|id| exported.remove(id)).collect();
+                    if let Some(mailbox) = self.outboxes.get(&borrower) {
+                        mailbox.post_with_fds(DaemonMessage::Lent { gpu, slab_bytes, ids }, fds);
+                    }
+                }
+                Action::Return { borrower, ids, deadline_ms } => {
+                    if let Some(mailbox) = self.outboxes.get(&borrower) {
+                        mailbox.post(DaemonMessage::Return { ids, deadline_ms });
+                    }
+                }
+                Action::Release { lender, ids } => {
+                    if let Some(mailbox) = self.lenders.get(&lender) {
+                        mailbox.post(DaemonMessage::Release { ids });
+                    }
+                }
+                Action::Late { borrower, pid, ids, kill } => escalate(borrower, pid, &ids, kill),
+            }
+        }
+    }
+}
+
+/// A borrower kept lent slabs past their deadline (lending.rs, "Escalation").
+fn escalate(borrower: TenantId, pid: u32, ids: &[SlabId], kill: bool) {
+    let what = format!("tenant {borrower} (pid {pid}) did not return lent slab(s) {ids:?} in time");
+    if !kill || pid == 0 {
+        let why = if kill { " (its pid is only its own word: not killed)" } else { "" };
+        log(&format!("{what}; the lender waits{why}"));
+        return;
+    }
+    // SAFETY: kill(2) with a pid the kernel gave for this connection and a valid signal.
+    let outcome = unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    match outcome {
+        0 => log(&format!("{what}: killed ([lending] escalate = \"kill\"); the driver unmaps its memory")),
+        _ => log(&format!("{what}: could not kill it: {}", std::io::Error::last_os_error())),
     }
 }
 
@@ -109,8 +169,13 @@ pub async fn serve_with_metrics(
 ) {
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
-    let hub =
-        Arc::new(Mutex::new(Hub { registry: Registry::new(config, Instant::now(), uid), outboxes: HashMap::new() }));
+    let lending = Lending::new(config.lending.clone());
+    let hub = Arc::new(Mutex::new(Hub {
+        registry: Registry::new(config, Instant::now(), uid),
+        outboxes: HashMap::new(),
+        lending,
+        lenders: HashMap::new(),
+    }));
     let ticker = tokio::spawn(expire_deadlines(Arc::clone(&hub)));
     let census = tokio::spawn(take_censuses(Arc::clone(&hub)));
     let metrics_task = metrics.map(|listener| {
@@ -151,6 +216,8 @@ async fn expire_deadlines(hub: SharedHub) {
             log(&format!("tenant {id} did not meet its smaller budget in time: counted at its reported use"));
         }
         hub.deliver(outbox);
+        let actions = hub.lending.expire(Instant::now());
+        hub.carry_out(actions, HashMap::new());
     }
 }
 
@@ -200,13 +267,24 @@ fn identify(stream: &UnixStream) -> Identity {
     Identity { uid: cred.map_or(u32::MAX, |c| c.uid()), pid, cgroup: crate::peer::cgroup_of(pid), label: None }
 }
 
+/// Who is at the other end of a connection, once it has said.
+#[derive(Default)]
+struct Role {
+    tenant: Option<TenantId>,
+    lender: Option<LenderId>,
+    /// The pid came from the kernel (`SO_PEERCRED`), not the client's word: only such a
+    /// process is ever killed for keeping lent memory (lending.rs, "Escalation").
+    pid_verified: bool,
+}
+
 async fn connection(stream: UnixStream, hub: SharedHub) {
     let mut who = identify(&stream);
-    let (mut reader, mut writer) = stream.into_split();
-    let (tx, mut rx) = mpsc::channel::<DaemonMessage>(QUEUED);
+    let mut role = Role { pid_verified: who.pid != 0, ..Role::default() };
+    let (reader, mut writer) = stream.into_split();
+    let (tx, mut rx) = mpsc::channel::<Outgoing>(QUEUED);
     let mailbox = Mailbox { tx, stalled: Arc::new(tokio::sync::Notify::new()) };
     let write_task = tokio::spawn(async move {
-        while let Some(message) = rx.recv().await {
+        while let Some(Outgoing { message, fds }) = rx.recv().await {
             // A reply too large for a frame (a status of very many tenants) becomes an error.
             let (frame, last) = match encode(&message) {
                 Ok(frame) => (frame, matches!(message, DaemonMessage::Error { .. })),
@@ -215,7 +293,7 @@ async fn connection(stream: UnixStream, hub: SharedHub) {
                     Err(_) => break,
                 },
             };
-            if writer.write_all(&frame).await.is_err() || last {
+            if write_frame(&mut writer, &frame, &fds).await.is_err() || last {
                 break;
             }
         }
@@ -223,17 +301,17 @@ async fn connection(stream: UnixStream, hub: SharedHub) {
     });
     let mut session = ServerSession::new();
     let mut decoder = FrameDecoder::new();
-    let mut tenant: Option<TenantId> = None;
+    let mut fds = FdQueue::new();
     let mut buffer = vec![0u8; 16 * 1024];
     let outcome: Result<(), ProtocolError> = async {
         loop {
             while let Some(message) = decoder.next_message::<ClientMessage>()? {
                 session.accept(&message)?;
-                handle(message, &mut who, &mut tenant, &mailbox, &hub)?;
+                handle(message, &mut who, &mut role, &mut fds, &mailbox, &hub)?;
             }
             let read = async {
                 tokio::select! {
-                    read = reader.read(&mut buffer) => Ok(read?),
+                    read = read_some(&reader, &mut buffer, &mut fds) => Ok(read?),
                     _ = mailbox.stalled.notified() => Err(ProtocolError::Refused {
                         kind: tiermem_protocol::ErrorKind::Refused,
                         message: format!("more than {QUEUED} replies unread: a client must read what the daemon sends"),
@@ -253,12 +331,21 @@ async fn connection(stream: UnixStream, hub: SharedHub) {
         }
     }
     .await;
-    if let Some(id) = tenant {
+    if let Some(id) = role.tenant {
         let mut hub = lock(&hub);
         hub.outboxes.remove(&id);
         let outbox = hub.registry.disconnect(id, Instant::now());
         hub.deliver(outbox);
+        let actions = hub.lending.remove_borrower(id, Instant::now());
+        hub.carry_out(actions, HashMap::new());
         log(&format!("tenant {id} (pid {}) left; {} tenants", who.pid, hub.registry.tenant_count()));
+    }
+    if let Some(id) = role.lender {
+        let mut hub = lock(&hub);
+        hub.lenders.remove(&id);
+        let actions = hub.lending.remove_lender(id, Instant::now());
+        hub.carry_out(actions, HashMap::new());
+        log(&format!("lender {id} (pid {}) left: what it lent is asked back", who.pid));
     }
     if let Err(error) = outcome {
         if !matches!(error, ProtocolError::Io(_) | ProtocolError::Closed) {
@@ -274,21 +361,27 @@ async fn connection(stream: UnixStream, hub: SharedHub) {
 fn handle(
     message: ClientMessage,
     who: &mut Identity,
-    tenant: &mut Option<TenantId>,
+    role: &mut Role,
+    fds: &mut FdQueue,
     mailbox: &Mailbox,
     hub: &SharedHub,
 ) -> Result<(), ProtocolError> {
     let now = Instant::now();
+    let refused = |message: String| ProtocolError::Refused { kind: tiermem_protocol::ErrorKind::Refused, message };
     match message {
         ClientMessage::Hello { .. } => {
             mailbox.post(DaemonMessage::Welcome { version: PROTOCOL_VERSION, daemon: DAEMON_NAME.into() });
         }
-        ClientMessage::Register { pid, label, gpu, chunk_bytes, wants, held } => {
+        ClientMessage::Register { pid, label, gpu, chunk_bytes, wants, held, lent_slab_bytes } => {
             if !chunk_bytes.is_power_of_two() || !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_bytes) {
-                return Err(ProtocolError::Refused {
-                    kind: tiermem_protocol::ErrorKind::Refused,
-                    message: format!("register: a chunk of {chunk_bytes} bytes (a power of two from 4 KiB to 1 GiB)"),
-                });
+                return Err(refused(format!(
+                    "register: a chunk of {chunk_bytes} bytes (a power of two from 4 KiB to 1 GiB)"
+                )));
+            }
+            if lent_slab_bytes.is_some_and(|slab| slab == 0 || slab % chunk_bytes != 0 || slab > MAX_SLAB) {
+                return Err(refused(format!(
+                    "register: lent slabs of {lent_slab_bytes:?} bytes (whole chunks of {chunk_bytes}, at most {MAX_SLAB})"
+                )));
             }
             if who.pid == 0 {
                 who.pid = pid; // no SO_PEERCRED pid: take the tenant's word
@@ -296,10 +389,15 @@ fn handle(
             who.label = label;
             let mut hub = lock(hub);
             let (id, name, outbox) = hub.registry.register(who.clone(), gpu.clone(), chunk_bytes, &wants, &held, now);
-            *tenant = Some(id);
+            role.tenant = Some(id);
             hub.outboxes.insert(id, mailbox.clone());
             mailbox.post(DaemonMessage::Registered { tenant: id, name: name.clone() });
             hub.deliver(outbox);
+            if let Some(slab) = lent_slab_bytes {
+                let pid = if role.pid_verified { who.pid } else { 0 };
+                let actions = hub.lending.add_borrower(id, pid, gpu.index, slab, now);
+                hub.carry_out(actions, HashMap::new());
+            }
             log(&format!(
                 "tenant {id} registered: pid {} uid {} gpu {} as {name:?}{}; {} tenants",
                 who.pid,
@@ -310,7 +408,7 @@ fn handle(
             ));
         }
         ClientMessage::Usage { hbm, host, file, peer, transfers } => {
-            let Some(id) = *tenant else { return Ok(()) };
+            let Some(id) = role.tenant else { return Ok(()) };
             let mut hub = lock(hub);
             hub.registry.record_transfers(id, transfers, now);
             let outbox = hub.registry.usage(
@@ -319,16 +417,62 @@ fn handle(
                 now,
             );
             hub.deliver(outbox);
+            let actions = hub.lending.set_want(id, peer.demand, now);
+            hub.carry_out(actions, HashMap::new());
         }
         ClientMessage::BudgetMet { seq } => {
-            let Some(id) = *tenant else { return Ok(()) };
+            let Some(id) = role.tenant else { return Ok(()) };
             let mut hub = lock(hub);
             let outbox = hub.registry.budget_met(id, seq, now);
             hub.deliver(outbox);
         }
         ClientMessage::StatusRequest => {
-            let report = lock(hub).registry.status(who.uid, *tenant, now);
+            let hub = lock(hub);
+            let mut report = hub.registry.status(who.uid, role.tenant, now);
+            report.lenders = hub.lending.status();
             mailbox.post(DaemonMessage::Status(report));
+        }
+        ClientMessage::Lend { pid, gpu, offer_bytes } => {
+            let mut hub = lock(hub);
+            let daemon_uid = hub.registry.daemon_uid();
+            if !hub.lending.may_lend(who.uid, daemon_uid) {
+                return Err(refused(format!(
+                    "lend: uid {} may not lend (its memory would be mapped by other tenants): \
+                     add it to [lending] lender_uids in the daemon's config",
+                    who.uid
+                )));
+            }
+            if who.pid == 0 {
+                who.pid = pid;
+            }
+            let (id, actions) = hub.lending.add_lender(who.pid, gpu.index, offer_bytes, now);
+            role.lender = Some(id);
+            hub.lenders.insert(id, mailbox.clone());
+            mailbox.post(DaemonMessage::Registered { tenant: id, name: "lender".into() });
+            hub.carry_out(actions, HashMap::new());
+            log(&format!("lender {id} registered: pid {} gpu {} offers {offer_bytes} bytes", who.pid, gpu.index));
+        }
+        ClientMessage::Offer { bytes } => {
+            let Some(id) = role.lender else { return Ok(()) };
+            let mut hub = lock(hub);
+            let actions = hub.lending.set_offer(id, bytes, now);
+            hub.carry_out(actions, HashMap::new());
+        }
+        ClientMessage::Slabs { ids, failed, error } => {
+            let Some(id) = role.lender else { return Ok(()) };
+            let exported = fds.take(ids.len(), "slabs")?;
+            if let Some(why) = error.filter(|_| !failed.is_empty()) {
+                log(&format!("lender {id} could not make {} slab(s): {why}", failed.len()));
+            }
+            let mut hub = lock(hub);
+            let actions = hub.lending.made(id, &ids, &failed, now).map_err(refused)?;
+            hub.carry_out(actions, ids.into_iter().zip(exported).collect());
+        }
+        ClientMessage::Returned { ids } => {
+            let Some(id) = role.tenant else { return Ok(()) };
+            let mut hub = lock(hub);
+            let actions = hub.lending.returned(id, &ids, now);
+            hub.carry_out(actions, HashMap::new());
         }
     }
     Ok(())

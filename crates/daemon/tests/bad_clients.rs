@@ -45,7 +45,15 @@ fn bad_clients_are_refused_and_the_daemon_survives() {
     let (mut s, mut r) = connect(&path);
     hello(&mut s, &mut r);
     let gpu = GpuId { index: 0, uuid: None, total_bytes: 1 << 30, simulated: true };
-    let odd = ClientMessage::Register { pid: 1, label: None, gpu, chunk_bytes: u64::MAX, wants: vec![], held: vec![] };
+    let odd = ClientMessage::Register {
+        pid: 1,
+        label: None,
+        gpu,
+        chunk_bytes: u64::MAX,
+        wants: vec![],
+        held: vec![],
+        lent_slab_bytes: None,
+    };
     write_message(&mut s, &odd).unwrap();
     assert_eq!(expect_error_and_close(&mut r), ErrorKind::Refused);
 

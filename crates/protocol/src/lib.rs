@@ -1,12 +1,14 @@
 //! The protocol between tiermem tenants and the node daemon `tiermemd`: plain messages
 //! ([`ClientMessage`], [`DaemonMessage`]), their framing ([`frame`]) and their order
-//! ([`session`]), and where to meet ([`paths`]). Pure: no sockets, no runtime; the daemon (tokio) and the tenant (a blocking
+//! ([`session`]), and where to meet ([`paths`]). Pure but for [`fd_passing`] (file descriptors
+//! sent beside frames, `SCM_RIGHTS`): no runtime; the daemon (tokio) and the tenant (a blocking
 //! thread) bring their own I/O. The wire format is documented in `docs/protocol.md`.
 //!
 //! Invariants: every byte sequence a peer sends either decodes to a message or is a
 //! [`ProtocolError`] (never a panic, never more than [`MAX_FRAME_BYTES`] buffered for one
 //! frame); a peer speaking another [`PROTOCOL_VERSION`] is refused at the first message.
 
+pub mod fd_passing;
 pub mod frame;
 mod messages;
 pub mod paths;

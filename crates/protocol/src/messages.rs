@@ -91,7 +91,32 @@ pub enum ClientMessage {
         /// meanwhile): nothing is granted to others out of it until it gives it back.
         #[serde(default)]
         held: Vec<TierBytes>,
+        /// The tenant borrows HBM that lenders on neighbour GPUs export ([`DaemonMessage::Lent`]),
+        /// in slabs of this many bytes (its peer tier's slab); `None`: it does not.
+        #[serde(default)]
+        lent_slab_bytes: Option<u64>,
     },
+    /// Makes this connection a lender (`tiermem lend`): a process holding a GPU's spare HBM
+    /// that it exports, slab by slab, to tenants on other GPUs.
+    Lend {
+        pid: u32,
+        gpu: GpuId,
+        /// The most it lends, all borrowers together.
+        offer_bytes: u64,
+    },
+    /// A lender's new offer; below what is lent, borrowers are asked to return the difference.
+    Offer { bytes: u64 },
+    /// A lender's answer to [`DaemonMessage::MakeSlabs`]: the slabs made, each exported as a
+    /// file descriptor sent with this frame, in order; those it could not make (`error` says why).
+    Slabs {
+        ids: Vec<u64>,
+        #[serde(default)]
+        failed: Vec<u64>,
+        error: Option<String>,
+    },
+    /// A borrower has unmapped and released these lent slabs (asked by [`DaemonMessage::Return`]
+    /// or not): their memory is the lender's again.
+    Returned { ids: Vec<u64> },
     /// What the tenant holds, per tier; sent when it changes (at most every ~50 ms).
     Usage {
         hbm: TierUsage,
@@ -117,6 +142,10 @@ impl ClientMessage {
             Self::Usage { .. } => "usage",
             Self::BudgetMet { .. } => "budget_met",
             Self::StatusRequest => "status_request",
+            Self::Lend { .. } => "lend",
+            Self::Offer { .. } => "offer",
+            Self::Slabs { .. } => "slabs",
+            Self::Returned { .. } => "returned",
         }
     }
 }
@@ -159,6 +188,30 @@ pub enum DaemonMessage {
         kind: ErrorKind,
         message: String,
     },
+    /// To a lender: make these slabs (`slab_bytes` each) and send them back exported
+    /// ([`ClientMessage::Slabs`]).
+    MakeSlabs {
+        ids: Vec<u64>,
+        slab_bytes: u64,
+    },
+    /// To a tenant: slabs of GPU `gpu`'s HBM lent to it, each a file descriptor sent with this
+    /// frame, in order. It maps them into its peer tier.
+    Lent {
+        gpu: u32,
+        slab_bytes: u64,
+        ids: Vec<u64>,
+    },
+    /// To a tenant: give these lent slabs back within `deadline_ms` (move what they hold
+    /// elsewhere, unmap, release, then [`ClientMessage::Returned`]); a tenant that does not is
+    /// escalated (docs/daemon.md, "Borrowing neighbours' HBM").
+    Return {
+        ids: Vec<u64>,
+        deadline_ms: u64,
+    },
+    /// To a lender: no borrower maps these slabs any more; release them.
+    Release {
+        ids: Vec<u64>,
+    },
 }
 
 impl DaemonMessage {
@@ -169,6 +222,10 @@ impl DaemonMessage {
             Self::Budget { .. } => "budget",
             Self::Status(_) => "status",
             Self::Error { .. } => "error",
+            Self::MakeSlabs { .. } => "make_slabs",
+            Self::Lent { .. } => "lent",
+            Self::Return { .. } => "return",
+            Self::Release { .. } => "release",
         }
     }
 }
@@ -182,6 +239,22 @@ pub struct StatusReport {
     pub pools: Vec<PoolStatus>,
     pub tenants: Vec<TenantStatus>,
     pub hidden_tenants: u32,
+    /// Lenders (`tiermem lend`) and what they lend to whom.
+    #[serde(default)]
+    pub lenders: Vec<LenderStatus>,
+}
+
+/// A lender and its slabs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LenderStatus {
+    pub lender: u64,
+    pub pid: u32,
+    pub gpu: u32,
+    pub offer: u64,
+    /// Bytes of its slabs that tenants map now, by tenant.
+    pub lent: Vec<(u64, u64)>,
+    /// Bytes asked back and not yet returned.
+    pub returning: u64,
 }
 
 /// One tier of one GPU (`gpu`: None for the node-wide tiers).

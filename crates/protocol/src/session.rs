@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! AwaitHello ──hello (same version)──▶ Greeted ──register──▶ Tenant
-//!                                        │ status_request      │ usage, budget_met, status_request
+//!                                        │ status_request      │ usage, budget_met, returned, status_request
 //!                                        └──────◀──────────────┘ (a tenant stays a tenant)
+//!                                        └──lend──▶ Lender: offer, slabs, status_request
 //! ```
 //! Anything else (a second hello, a second register, usage before register, a version
 //! mismatch) is a [`ProtocolError`]; the daemon answers it with an error and closes.
@@ -16,6 +17,7 @@ pub enum SessionState {
     AwaitHello,
     Greeted,
     Tenant,
+    Lender,
 }
 
 /// One connection's place in the protocol, seen from the daemon.
@@ -43,13 +45,16 @@ impl ServerSession {
                 return Err(ProtocolError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: *version })
             }
             (S::Greeted, M::Register { .. }) => S::Tenant,
+            (S::Greeted, M::Lend { .. }) => S::Lender,
             (S::Greeted, M::StatusRequest) => S::Greeted,
-            (S::Tenant, M::Usage { .. } | M::BudgetMet { .. } | M::StatusRequest) => S::Tenant,
+            (S::Tenant, M::Usage { .. } | M::BudgetMet { .. } | M::Returned { .. } | M::StatusRequest) => S::Tenant,
+            (S::Lender, M::Offer { .. } | M::Slabs { .. } | M::StatusRequest) => S::Lender,
             (state, other) => {
                 let expected = match state {
                     S::AwaitHello => "hello",
-                    S::Greeted => "register or status_request",
-                    S::Tenant => "usage, budget_met or status_request",
+                    S::Greeted => "register, lend or status_request",
+                    S::Tenant => "usage, budget_met, returned or status_request",
+                    S::Lender => "offer, slabs or status_request",
                 };
                 return Err(ProtocolError::OutOfOrder { expected, got: other.kind() });
             }

@@ -12,6 +12,10 @@ fn usage() -> impl Strategy<Value = TierUsage> {
     (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(used, acquired, demand)| TierUsage { used, acquired, demand })
 }
 
+fn ids() -> impl Strategy<Value = Vec<u64>> {
+    prop::collection::vec(any::<u64>(), 0..8)
+}
+
 fn client_message() -> impl Strategy<Value = ClientMessage> {
     let gpu = (any::<u32>(), prop::option::of("[a-zA-Z0-9-]{0,40}"), any::<u64>(), any::<bool>())
         .prop_map(|(index, uuid, total_bytes, simulated)| GpuId { index, uuid, total_bytes, simulated });
@@ -19,16 +23,36 @@ fn client_message() -> impl Strategy<Value = ClientMessage> {
         || prop::collection::vec((tier(), any::<u64>()).prop_map(|(tier, bytes)| TierBytes { tier, bytes }), 0..4);
     prop_oneof![
         (any::<u32>(), ".{0,30}").prop_map(|(version, client)| ClientMessage::Hello { version, client }),
-        (any::<u32>(), prop::option::of(".{0,30}"), gpu, any::<u64>(), amounts(), amounts()).prop_map(
-            |(pid, label, gpu, chunk_bytes, wants, held)| ClientMessage::Register {
+        (
+            any::<u32>(),
+            prop::option::of(".{0,30}"),
+            gpu.clone(),
+            any::<u64>(),
+            amounts(),
+            amounts(),
+            prop::option::of(any::<u64>())
+        )
+            .prop_map(|(pid, label, gpu, chunk_bytes, wants, held, lent_slab_bytes)| ClientMessage::Register {
                 pid,
                 label,
                 gpu,
                 chunk_bytes,
                 wants,
-                held
-            }
-        ),
+                held,
+                lent_slab_bytes
+            }),
+        (any::<u32>(), gpu, any::<u64>()).prop_map(|(pid, gpu, offer_bytes)| ClientMessage::Lend {
+            pid,
+            gpu,
+            offer_bytes
+        }),
+        any::<u64>().prop_map(|bytes| ClientMessage::Offer { bytes }),
+        (ids(), ids(), prop::option::of(".{0,30}")).prop_map(|(ids, failed, error)| ClientMessage::Slabs {
+            ids,
+            failed,
+            error
+        }),
+        ids().prop_map(|ids| ClientMessage::Returned { ids }),
         (usage(), usage(), usage(), usage(), any::<[u64; 6]>()).prop_map(
             |(hbm, host, file, peer, [bytes_in, bytes_out, evictions, stall_us, acquires, largest_acquire_bytes])| {
                 let transfers =
@@ -50,6 +74,14 @@ fn daemon_message() -> impl Strategy<Value = DaemonMessage> {
         (any::<u64>(), prop::collection::vec(budget, 0..4), any::<u64>())
             .prop_map(|(seq, tiers, deadline_ms)| DaemonMessage::Budget { seq, tiers, deadline_ms }),
         ".{0,60}".prop_map(|message| DaemonMessage::Error { kind: ErrorKind::Malformed, message }),
+        (ids(), any::<u64>()).prop_map(|(ids, slab_bytes)| DaemonMessage::MakeSlabs { ids, slab_bytes }),
+        (any::<u32>(), any::<u64>(), ids()).prop_map(|(gpu, slab_bytes, ids)| DaemonMessage::Lent {
+            gpu,
+            slab_bytes,
+            ids
+        }),
+        (ids(), any::<u64>()).prop_map(|(ids, deadline_ms)| DaemonMessage::Return { ids, deadline_ms }),
+        ids().prop_map(|ids| DaemonMessage::Release { ids }),
     ]
 }
 
@@ -156,6 +188,7 @@ fn the_session_enforces_hello_then_register_then_usage() {
         chunk_bytes: 2 << 20,
         wants: vec![],
         held: vec![],
+        lent_slab_bytes: None,
     };
     let mut s = ServerSession::new();
     assert!(matches!(s.accept(&usage), Err(ProtocolError::OutOfOrder { expected: "hello", got: "usage" })));

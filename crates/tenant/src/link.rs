@@ -99,6 +99,7 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
                 TierBytes { tier: Tier::Peer, bytes: peer_offered },
             ],
             held: vec![TierBytes { tier: Tier::Hbm, bytes: engine.stats().tiers[Tier::Hbm].used_bytes as u64 }],
+            lent_slab_bytes: None,
         }
     };
     connection.send(&register)?;

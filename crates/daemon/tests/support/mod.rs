@@ -71,8 +71,15 @@ pub fn hello(stream: &mut UnixStream, reader: &mut FrameReader<UnixStream>) {
 pub fn register(stream: &mut UnixStream, reader: &mut FrameReader<UnixStream>) -> (u64, u64) {
     hello(stream, reader);
     let gpu = GpuId { index: 0, uuid: None, total_bytes: 1 << 30, simulated: true };
-    let register =
-        ClientMessage::Register { pid: 1, label: None, gpu, chunk_bytes: 2 << 20, wants: vec![], held: vec![] };
+    let register = ClientMessage::Register {
+        pid: 1,
+        label: None,
+        gpu,
+        chunk_bytes: 2 << 20,
+        wants: vec![],
+        held: vec![],
+        lent_slab_bytes: None,
+    };
     write_message(stream, &register).unwrap();
     let DaemonMessage::Registered { tenant, .. } = reader.wait(deadline()).unwrap() else { panic!("registered") };
     let DaemonMessage::Budget { tiers, .. } = reader.wait(deadline()).unwrap() else { panic!("a budget") };
