@@ -10,6 +10,7 @@
 mod bench;
 mod demo;
 mod info;
+mod lend;
 mod node;
 mod run;
 mod soak;
@@ -85,6 +86,9 @@ enum Command {
     Daemon(node::DaemonArgs),
     /// What the node daemon says of each GPU, tier and tenant: used, budget, lent.
     Status(node::StatusArgs),
+    /// Lend a GPU's spare HBM to tiermem tenants on the node's other GPUs, through the daemon
+    /// (slabs passed to them as file descriptors; docs/daemon.md).
+    Lend(lend::LendArgs),
     /// `status`, refreshed live in the terminal (q quits).
     Top(top::TopArgs),
     /// Run an unmodified CUDA program with tiermem under it: allocations beyond --hbm-limit
@@ -111,6 +115,7 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         Command::Bench { suite } => bench::run(suite),
         Command::Daemon(args) => node::daemon(args),
         Command::Status(args) => node::status(args),
+        Command::Lend(args) => lend::run(args),
         Command::Top(args) => top::run(args),
         Command::Run(args) => run::run(args),
         Command::Swap { command } => swap::run(command),

@@ -80,7 +80,32 @@ fn render(report: &StatusReport) -> String {
     if report.pools.is_empty() {
         out += "no tenants yet: pools appear as engines register\n";
     }
+    for lender in &report.lenders {
+        out += &lender_line(lender);
+    }
     out
+}
+
+/// A lender (`tiermem lend`): what it offers, and what it lends to whom.
+fn lender_line(lender: &tiermem_protocol::LenderStatus) -> String {
+    let size = |bytes: u64| format_size(bytes as usize);
+    let lent: u64 = lender.lent.iter().map(|(_, bytes)| bytes).sum();
+    let to: Vec<String> =
+        lender.lent.iter().map(|(tenant, bytes)| format!("tenant {tenant} {}", size(*bytes))).collect();
+    let returning = match lender.returning {
+        0 => String::new(),
+        bytes => format!(", {} being returned", size(bytes)),
+    };
+    format!(
+        "GPU {} lender {} (pid {}): {} of {} lent{returning}  {}{}\n",
+        lender.gpu,
+        lender.lender,
+        lender.pid,
+        size(lent),
+        size(lender.offer),
+        bar(lent, lender.offer, lender.offer),
+        if to.is_empty() { String::new() } else { format!("  to {}", to.join(", ")) }
+    )
 }
 
 /// A pool's heading: where it is, what is used and budgeted of it, and the bar.

@@ -113,6 +113,8 @@ pub fn run(args: TenantDemoArgs) -> Result<(), String> {
     }
     let stop_at = Instant::now() + Duration::from_secs_f64(args.seconds);
     let mut rounds = 0u64;
+    // The most chunks seen in the peer tier (neighbours' HBM, lent slabs included) after a round.
+    let mut peer_chunks_most = 0usize;
     let exists = |file: &Option<PathBuf>| file.as_ref().is_some_and(|f| f.exists());
     loop {
         while exists(&args.pause_file) && !exists(&args.stop_file) && Instant::now() < stop_at {
@@ -131,6 +133,8 @@ pub fn run(args: TenantDemoArgs) -> Result<(), String> {
             work.write(*id, size, seed(index, *generation + 1))?;
             *generation += 1;
         }
+        let in_peer = engine.stats().tiers.get(tiermem::Tier::Peer).map_or(0, |t| t.chunks);
+        peer_chunks_most = peer_chunks_most.max(in_peer);
     }
     for (index, &(id, generation)) in buffers.iter().enumerate() {
         work.verify(id, size, seed(index, generation))?;
@@ -145,6 +149,7 @@ pub fn run(args: TenantDemoArgs) -> Result<(), String> {
         "linked": link.is_some(),
         "sessions": state.sessions,
         "budgets_applied": state.budgets_applied,
+        "peer_chunks_most": peer_chunks_most,
     });
     println!("{report}");
     for (id, _) in buffers {

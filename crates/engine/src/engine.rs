@@ -68,8 +68,11 @@ pub struct Engine {
     /// The device wrapped in the timing adaptor: every driver call the engine makes is timed.
     timed: Arc<TimedDevice>,
     inner: Arc<Mutex<Inner>>,
-    /// Gives borrowed HBM back when a lender needs it (lender_watch.rs); with a peer tier only.
-    lender_watch: Option<crate::lender_watch::LenderWatch>,
+    /// Gives borrowed HBM back when a lender needs it and keeps borrowed chunks clean
+    /// (lender_watch.rs); started with the first lender (at the start, or a first lent slab).
+    lender_watch: std::sync::Mutex<Option<crate::lender_watch::LenderWatch>>,
+    /// Whether the lender watch cleans borrowed chunks (`EngineConfig::peer_clean`).
+    peer_clean: bool,
     /// HBM each lender keeps free for its own users (`EngineConfig::peer_reserve`).
     pub(crate) peer_reserve: usize,
     /// Learns the schedule from the first pass (`pass_begins`, `step_enters`).
@@ -203,7 +206,8 @@ impl Engine {
             device,
             timed,
             inner,
-            lender_watch,
+            lender_watch: std::sync::Mutex::new(lender_watch),
+            peer_clean: config.peer_clean,
             peer_reserve,
             recorder: Mutex::new(Recorder::default()),
             budget_wait: Default::default(),
@@ -518,7 +522,7 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        self.lender_watch.take();
+        self.lender_watch.lock().unwrap_or_else(|p| p.into_inner()).take();
         let mut inner = self.lock();
         match inner.shutdown() {
             // The process is exiting and the driver has already let go of everything.
@@ -526,6 +530,18 @@ impl Drop for Engine {
             Err(e) => eprintln!("tiermem: error while releasing device resources: {e}"),
             Ok(()) => {}
         }
+    }
+}
+
+impl Engine {
+    /// Starts the lender watch if it is not running (a first slab lent by another process).
+    pub(crate) fn ensure_lender_watch(&self) -> Result<()> {
+        let mut watch = self.lender_watch.lock().unwrap_or_else(|p| p.into_inner());
+        if watch.is_none() {
+            let started = watch_lenders_every(&self.inner, self.peer_reserve, self.peer_clean, LENDER_POLL);
+            *watch = Some(started.map_err(|e| Error::Config(format!("no lender watch thread: {e}")))?);
+        }
+        Ok(())
     }
 }
 

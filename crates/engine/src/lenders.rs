@@ -131,8 +131,8 @@ pub fn peer_lending(device: &dyn Device, config: &EngineConfig) -> Result<Lendin
 
 /// What a lender lends once it reports `free` bytes free (what is borrowed from it already
 /// counts as used there): less, down to nothing, when its free memory falls below `reserve`;
-/// more, up to `most` (what it lent at first), when memory frees up.
-pub(crate) fn recap(borrowed: usize, free: usize, reserve: usize, most: usize) -> usize {
+/// more, up to `most` (what it lent at first), when memory frees up. (`tiermem lend` offers by it too.)
+pub fn recap(borrowed: usize, free: usize, reserve: usize, most: usize) -> usize {
     match free.checked_sub(reserve) {
         Some(spare) => borrowed.saturating_add(spare).min(most),
         None => borrowed.saturating_sub(reserve - free),

@@ -42,6 +42,7 @@ mod host_tier;
 mod in_flight;
 mod lender_watch;
 mod lenders;
+mod lent;
 mod limits;
 #[cfg(all(test, feature = "shuttle"))]
 mod model_checks;
@@ -65,7 +66,7 @@ pub use buffer::{Access, AllocOptions, BufferId, Region};
 pub use config::{format_size, parse_size, EngineConfig, PeerChoice};
 pub use engine::{Engine, Target, Ticket};
 pub use error::{Error, Result};
-pub use lenders::{peer_lending, Lending as PeerLending};
+pub use lenders::{peer_lending, recap as lending_recap, Lending as PeerLending};
 pub use stats::{BufferStats, Counters, PerTier, Stats, TierStats};
 pub use tiermem_mechanism as mechanism;
 pub use tiermem_mechanism::StreamHandle;

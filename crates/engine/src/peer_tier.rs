@@ -66,6 +66,9 @@ pub(crate) struct Lender {
 
 struct Slab {
     lender: usize,
+    /// Lent by another process (peer_lent.rs): the daemon's id for it. Such a slab is not the
+    /// engine's to make or cap; it goes back when asked, or when its lender lowers what it lends.
+    lent: Option<u64>,
     va: DevicePtr,
     /// Its allocations: one for the slab, or one per slot where slots are read in place.
     handles: Vec<PhysHandle>,
@@ -87,12 +90,15 @@ pub(crate) struct PeerTier {
     /// its chunk's address ([`PeerTier::part`]).
     in_place: bool,
     traffic: LenderTraffic,
+    /// Lent slabs given back and not yet reported (peer_lent.rs).
+    returned_lent: Vec<u64>,
 }
 
 impl PeerTier {
     /// A tier borrowing from `lenders` (GPU ordinal, bytes it may lend) for GPU `me`.
     pub fn new(chunk: usize, me: usize, lenders: &[(usize, usize)]) -> Self {
-        let smallest = lenders.iter().map(|&(_, bytes)| bytes / chunk).filter(|&c| c > 0).min().unwrap_or(1);
+        // Without lenders of its own, slabs lent by other processes are whole slabs.
+        let smallest = lenders.iter().map(|&(_, bytes)| bytes / chunk).filter(|&c| c > 0).min().unwrap_or(SLAB_CHUNKS);
         let slab_chunks = smallest.clamp(1, SLAB_CHUNKS);
         let traffic = LenderTraffic::new(lenders.len(), None, chunk);
         let lenders = lenders
@@ -116,6 +122,7 @@ impl PeerTier {
             next_lender: 0,
             in_place: false,
             traffic,
+            returned_lent: Vec::new(),
         }
     }
 
@@ -181,9 +188,10 @@ impl PeerTier {
         !self.lenders.is_empty()
     }
 
-    /// The most slots all lenders lend now.
+    /// The most slots all lenders lend now (slabs lent by other processes included).
     pub fn cap(&self) -> usize {
-        self.lenders.iter().map(|l| l.cap_slabs).sum::<usize>() * self.slab_chunks
+        let lent = self.live().filter(|s| s.lent.is_some() && !s.draining).count();
+        (self.lenders.iter().map(|l| l.cap_slabs).sum::<usize>() + lent) * self.slab_chunks
     }
 
     /// Bytes of one slab: lenders lend whole slabs.
@@ -348,7 +356,7 @@ impl PeerTier {
         }
         device.set_access_from(va, size, &[self.me]).inspect_err(|_| undo(&handles))?;
         let index = self.slabs.len();
-        self.slabs.push(Some(Slab { lender, va, handles, used: 0, draining: false }));
+        self.slabs.push(Some(Slab { lender, lent: None, va, handles, used: 0, draining: false }));
         self.lenders[lender].live_slabs += 1;
         let base = (index * self.slab_chunks) as u32;
         self.free.extend((base..base + self.slab_chunks as u32).map(PeerSlot));
@@ -381,7 +389,7 @@ impl PeerTier {
         let cap_slabs = bytes / self.chunk / self.slab_chunks;
         self.lenders[lender].cap_slabs = cap_slabs;
         let mut mine: Vec<usize> = (0..self.slabs.len())
-            .filter(|&i| self.slabs[i].as_ref().is_some_and(|s| s.lender == lender && !s.draining))
+            .filter(|&i| self.slabs[i].as_ref().is_some_and(|s| s.lender == lender && s.lent.is_none() && !s.draining))
             .collect();
         // Slabs draining already go back anyway: only those kept count against the cap.
         let excess = mine.len().saturating_sub(cap_slabs);
@@ -433,7 +441,10 @@ impl PeerTier {
             // A slab that could not be given back stays draining, to be tried again.
             self.unmake(device, slab)?;
             let slab = self.slabs[index].take().expect("checked");
-            self.lenders[slab.lender].live_slabs -= 1;
+            match slab.lent {
+                Some(id) => self.returned_lent.push(id),
+                None => self.lenders[slab.lender].live_slabs -= 1,
+            }
             given += size;
         }
         Ok(given)
@@ -492,6 +503,9 @@ fn retried(tries: usize, mut call: impl FnMut() -> Result<()>) -> Result<()> {
     }
     outcome
 }
+
+#[path = "peer_lent.rs"]
+mod lent;
 
 #[cfg(test)]
 #[path = "peer_tier_tests.rs"]

@@ -3,13 +3,15 @@
 //! allocations, streams, events). It adds exactly one concern to the device it wraps, in the
 //! RMM style, and works on every backend — so a leak check on the GPU counts tiermem's own
 //! objects instead of guessing from the driver's free memory, which also moves with the
-//! driver's private pools.
+//! driver's private pools. A shareable allocation and an imported one are chunks like any
+//! other; an exported descriptor is the caller's, and not counted.
 
 use crate::forward::{forward_host_copies_to_inner, forward_to_inner};
 use crate::{
     ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, GpuMemory, HostPtr, PhysHandle, Result, StreamHandle,
     StreamPriority,
 };
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 /// Counts of what is held through a [`CountingDevice`]; all zero once everything is back.
@@ -74,6 +76,13 @@ impl Device for CountingDevice {
     fn create_chunks_at(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle> {
         self.count(self.inner.create_chunks_at(location, granules), |h| h.chunks += 1)
     }
+    fn create_shareable_chunks_at(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle> {
+        self.count(self.inner.create_shareable_chunks_at(location, granules), |h| h.chunks += 1)
+    }
+    /// An import is a handle of this process like a chunk made here: held until released.
+    fn import_chunk(&self, fd: BorrowedFd<'_>, size: usize) -> Result<PhysHandle> {
+        self.count(self.inner.import_chunk(fd, size), |h| h.chunks += 1)
+    }
     fn map_sized(&self, va: DevicePtr, chunk: PhysHandle, size: usize) -> Result<()> {
         let granules = (size / self.inner.info().granularity) as i64;
         self.count(self.inner.map_sized(va, chunk, size), |h| h.mapped_granules += granules)
@@ -119,6 +128,7 @@ impl Device for CountingDevice {
         fn mem_info(&self) -> Result<(usize, usize)>;
         fn gpu_memory(&self, ordinal: usize) -> Result<GpuMemory>;
         fn neighbour(&self, ordinal: usize) -> Result<std::sync::Arc<dyn Device>>;
+        fn export_chunk(&self, chunk: PhysHandle) -> Result<OwnedFd>;
         fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()>;
         fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()>;
         fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()>;

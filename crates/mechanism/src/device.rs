@@ -15,6 +15,12 @@
 //! * access from GPU `g` to a chunk in GPU `k`'s HBM needs `g == k` or peer access from `g`
 //!   to `k` ([`Device::peer_access`]); a chunk in host memory may be opened to any GPU;
 //! * `create_chunk`, `set_access` are this GPU's case of `create_chunk_at`, `set_access_from`.
+//!
+//! An allocation made with [`Device::create_shareable_chunks_at`] can also be handed to another
+//! process: [`Device::export_chunk`] gives a POSIX file descriptor for it, which that process
+//! (sent it over a Unix socket) turns into a handle of its own with [`Device::import_chunk`] and
+//! maps like any chunk. Bytes written through any mapping, in either process, are seen through
+//! every other; the memory lives until the last handle of every process is released and unmapped.
 
 use crate::Result;
 
@@ -185,6 +191,36 @@ pub trait Device: Send + Sync {
     /// at once by unmapping their range (a peer tier's slab), with no call per chunk then.
     fn release_mapped_chunk(&self, chunk: PhysHandle) -> Result<()> {
         self.release_chunk(chunk)
+    }
+    /// Creates one allocation of `granules` granules at `location` that another process can import
+    /// ([`Device::export_chunk`]): as [`Device::create_chunks_at`] otherwise (mapped with
+    /// [`Device::map_sized`], released with `release_chunk`/`release_mapped_chunk`). Errors name
+    /// `cuMemCreate`.
+    fn create_shareable_chunks_at(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle> {
+        Err(crate::DeviceError::Unsupported(format!(
+            "cuMemCreate of a shareable allocation ({granules} granules at {location}) on this device"
+        )))
+    }
+    /// A POSIX file descriptor for an allocation made by [`Device::create_shareable_chunks_at`]
+    /// (`cuMemExportToShareableHandle`), to pass to another process (SCM_RIGHTS) that imports it.
+    /// The caller owns the descriptor; closing it does not free the memory.
+    fn export_chunk(&self, chunk: PhysHandle) -> Result<std::os::fd::OwnedFd> {
+        Err(crate::DeviceError::Unsupported(format!(
+            "cuMemExportToShareableHandle of allocation 0x{:x} on this device",
+            chunk.0
+        )))
+    }
+    /// A handle of this process to the allocation behind `fd` (exported by
+    /// [`Device::export_chunk`], maybe in another process), `size` bytes long
+    /// (`cuMemImportFromShareableHandle`): mapped with [`Device::map_sized`] and given up with
+    /// `release_chunk`/`release_mapped_chunk` like one made here. The memory is freed once every
+    /// process has released its handle and unmapped it. `fd` stays the caller's.
+    fn import_chunk(&self, fd: std::os::fd::BorrowedFd<'_>, size: usize) -> Result<PhysHandle> {
+        use std::os::fd::AsRawFd;
+        Err(crate::DeviceError::Unsupported(format!(
+            "cuMemImportFromShareableHandle of fd {} ({size} bytes) on this device",
+            fd.as_raw_fd()
+        )))
     }
     /// Maps `chunk` (of any location) at `va` (granule-aligned, inside a reservation, not yet
     /// mapped). The mapping is not accessible until [`Device::set_access_from`] covers it.

@@ -7,7 +7,8 @@
 //!
 //! Copies, events and stream calls are passed on untimed: they are asynchronous (their cost is
 //! device time, which the engine measures with events) or waits (which the engine times where
-//! it waits, as a wait and not as a driver call).
+//! it waits, as a wait and not as a driver call). So is `export_chunk`, made once per
+//! allocation handed to another process, not on any path the engine's statistics describe.
 //!
 //! Thread safety: every call may come from any thread; the totals are lock-free atomics.
 //! A failed call is counted and timed like one that succeeded (it took the time). A snapshot
@@ -19,6 +20,7 @@ use crate::{
     ChunkLocation, Device, DeviceInfo, DevicePtr, EventHandle, GpuMemory, HostPtr, PhysHandle, Result, StreamHandle,
     StreamPriority,
 };
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -53,7 +55,9 @@ pub struct DriverTimes {
     pub reserve: CallTime,
     /// `cuMemAddressFree`.
     pub unreserve: CallTime,
-    /// `cuMemCreate`: one physical chunk each, at any location (`create_chunk_at`).
+    /// `cuMemCreate`: one physical chunk each, at any location (`create_chunk_at`), or one
+    /// allocation (`create_chunks_at`, `create_shareable_chunks_at`); and
+    /// `cuMemImportFromShareableHandle`, which makes a handle as well (`import_chunk`).
     pub create_chunk: CallTime,
     /// `cuMemRelease`.
     pub release_chunk: CallTime,
@@ -138,6 +142,12 @@ impl Device for TimedDevice {
     fn create_chunks_at(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle> {
         self.timed(Call::CreateChunk, || self.inner.create_chunks_at(location, granules))
     }
+    fn create_shareable_chunks_at(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle> {
+        self.timed(Call::CreateChunk, || self.inner.create_shareable_chunks_at(location, granules))
+    }
+    fn import_chunk(&self, fd: BorrowedFd<'_>, size: usize) -> Result<PhysHandle> {
+        self.timed(Call::CreateChunk, || self.inner.import_chunk(fd, size))
+    }
     fn map_sized(&self, va: DevicePtr, chunk: PhysHandle, size: usize) -> Result<()> {
         self.timed(Call::Map, || self.inner.map_sized(va, chunk, size))
     }
@@ -169,6 +179,7 @@ impl Device for TimedDevice {
         fn mem_info(&self) -> Result<(usize, usize)>;
         fn gpu_memory(&self, ordinal: usize) -> Result<GpuMemory>;
         fn neighbour(&self, ordinal: usize) -> Result<std::sync::Arc<dyn Device>>;
+        fn export_chunk(&self, chunk: PhysHandle) -> Result<OwnedFd>;
         fn create_stream(&self, priority: StreamPriority) -> Result<StreamHandle>;
         fn destroy_stream(&self, stream: StreamHandle) -> Result<()>;
         fn create_event(&self, timing: bool) -> Result<EventHandle>;

@@ -90,6 +90,10 @@ impl<R: Read> FrameReader<R> {
         &self.reader
     }
 
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.reader
+    }
+
     /// The next message; `Ok(None)` when the read timed out first. A closed stream is
     /// [`ProtocolError::Closed`].
     pub fn poll<M: DeserializeOwned>(&mut self) -> Result<Option<M>, ProtocolError> {

@@ -83,6 +83,11 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
     let register = {
         let Some(holder) = weak.upgrade() else { return Ok(()) };
         let engine = holder.engine();
+        // Slabs lent in an earlier session have ids this daemon (maybe a restarted one) does
+        // not know: give them back, and be lent afresh.
+        if let Err(e) = engine.return_lent_slabs(&engine.lent_slabs()) {
+            eprintln!("tiermem: daemon link: giving back slabs lent before: {e}");
+        }
         let info = engine.device_info();
         ClientMessage::Register {
             pid: std::process::id(),
@@ -99,7 +104,7 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
                 TierBytes { tier: Tier::Peer, bytes: peer_offered },
             ],
             held: vec![TierBytes { tier: Tier::Hbm, bytes: engine.stats().tiers[Tier::Hbm].used_bytes as u64 }],
-            lent_slab_bytes: None,
+            lent_slab_bytes: borrows_lent(engine).then(|| engine.peer_slab_bytes() as u64),
         }
     };
     connection.send(&register)?;
@@ -111,6 +116,10 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
         s.tenant = Some(tenant);
         s.sessions += 1;
     });
+    let accepts_lent = match weak.upgrade() {
+        Some(holder) => borrows_lent(holder.engine()),
+        None => return Ok(()),
+    };
     let mut last_report: Option<([TierUsage; 4], TransferCounters)> = None;
     let mut next_report = Instant::now();
     loop {
@@ -120,13 +129,17 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
         let Some(holder) = weak.upgrade() else { return Ok(()) };
         if Instant::now() >= next_report {
             let stats = holder.engine().stats();
-            let report = (usage_of(&stats, peer_offered), transfers_of(&stats));
+            let report = (usage_of(&stats, peer_offered, accepts_lent), transfers_of(&stats));
             if last_report != Some(report) {
                 let ([hbm, peer, host, file], transfers) = report;
                 connection.send(&ClientMessage::Usage { hbm, host, file, peer, transfers })?;
                 last_report = Some(report);
             }
             next_report = Instant::now() + options.report_every;
+            let returned = holder.engine().returned_lent_slabs();
+            if !returned.is_empty() {
+                connection.send(&ClientMessage::Returned { ids: returned })?;
+            }
         }
         drop(holder);
         match connection.poll()? {
@@ -150,6 +163,30 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
                 });
                 next_report = Instant::now(); // report what meeting it changed
             }
+            Some(DaemonMessage::Lent { gpu, slab_bytes, ids }) => {
+                let fds = connection.take_fds(ids.len(), "lent")?;
+                let Some(holder) = weak.upgrade() else { return Ok(()) };
+                let slabs: Vec<(u64, std::os::fd::BorrowedFd<'_>)> =
+                    ids.iter().zip(&fds).map(|(&id, fd)| (id, std::os::fd::AsFd::as_fd(fd))).collect();
+                let failed = holder.engine().adopt_lent_slabs(gpu as usize, slab_bytes as usize, &slabs);
+                if let Some((_, e)) = failed.first() {
+                    eprintln!("tiermem: daemon link: {} lent slab(s) of GPU {gpu} not mapped: {e}", failed.len());
+                    connection.send(&ClientMessage::Returned { ids: failed.iter().map(|(id, _)| *id).collect() })?;
+                }
+                next_report = Instant::now();
+            }
+            Some(DaemonMessage::Return { ids, .. }) => {
+                let Some(holder) = weak.upgrade() else { return Ok(()) };
+                match holder.engine().return_lent_slabs(&ids) {
+                    Ok(returned) if !returned.is_empty() => {
+                        connection.send(&ClientMessage::Returned { ids: returned })?
+                    }
+                    Ok(_) => {}
+                    // Not returned: the daemon's deadline escalates (docs/daemon.md).
+                    Err(e) => eprintln!("tiermem: daemon link: returning lent slabs {ids:?}: {e}"),
+                }
+                next_report = Instant::now();
+            }
             Some(DaemonMessage::Error { kind, message }) => {
                 return Err(tiermem_protocol::ProtocolError::Refused { kind, message }.into())
             }
@@ -158,10 +195,16 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
     }
 }
 
+/// Whether the engine maps slabs lent by other processes: it has neighbours it can reach.
+fn borrows_lent(engine: &tiermem::Engine) -> bool {
+    !engine.device_info().peers.is_empty()
+}
+
 /// What the engine holds, per tier (HBM, peer, host, file), as the daemon counts it. What it
 /// would borrow from neighbours if it could: what does not fit its HBM, up to what its
-/// lenders offered (`peer_offered`).
-pub(crate) fn usage_of(stats: &Stats, peer_offered: u64) -> [TierUsage; 4] {
+/// lenders offered (`peer_offered`), or all of it where lenders of other processes may lend
+/// (`accepts_lent`).
+pub(crate) fn usage_of(stats: &Stats, peer_offered: u64, accepts_lent: bool) -> [TierUsage; 4] {
     let chunk = stats.chunk_size as u64;
     let acquired: u64 = stats.buffers.iter().map(|b| b.acquired as u64).sum::<u64>() * chunk;
     let allocated: u64 = stats.buffers.iter().map(|b| b.chunks as u64).sum::<u64>() * chunk;
@@ -175,7 +218,8 @@ pub(crate) fn usage_of(stats: &Stats, peer_offered: u64) -> [TierUsage; 4] {
     let file = TierUsage { used: file_used, acquired: 0, demand: file_used };
     let peer_used = stats.tiers.get(Tier::Peer).map_or(0, |p| p.used_bytes as u64);
     let beyond_hbm = allocated.saturating_sub(stats.tiers[Tier::Hbm].capacity_bytes as u64);
-    let peer = TierUsage { used: peer_used, acquired: 0, demand: beyond_hbm.min(peer_offered).max(peer_used) };
+    let borrowable = if accepts_lent { beyond_hbm } else { beyond_hbm.min(peer_offered) };
+    let peer = TierUsage { used: peer_used, acquired: 0, demand: borrowable.max(peer_used) };
     [hbm, peer, host, file]
 }
 

@@ -58,6 +58,11 @@ impl Process {
         self.0.as_ref().map_or(0, Child::id)
     }
 
+    /// Waits for the process to end (however it ends) and returns how it ended.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        self.0.take().map(|mut child| child.wait().unwrap()).unwrap()
+    }
+
     /// Waits for the process to exit by itself and returns its output.
     pub fn finish(mut self) -> Output {
         self.0.take().map(|child| child.wait_with_output().unwrap()).unwrap()
@@ -90,6 +95,11 @@ pub fn start_daemon(dir: &TempDir, config: &str) -> Process {
 
 /// Starts a `tiermem tenant-demo` on the simulated device, linked to the directory's daemon.
 pub fn start_tenant(dir: &TempDir, label: Option<&str>, args: &[&str]) -> Process {
+    start_tenant_with(dir, label, args, &[])
+}
+
+/// [`start_tenant`] with more environment variables.
+pub fn start_tenant_with(dir: &TempDir, label: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Process {
     let mut command = tiermem();
     command
         .arg("tenant-demo")
@@ -102,6 +112,7 @@ pub fn start_tenant(dir: &TempDir, label: Option<&str>, args: &[&str]) -> Proces
         .env("TIERMEM_HOST_LIMIT", "512MiB")
         .env_remove("TIERMEM_HBM_LIMIT")
         .env_remove("TIERMEM_FILE")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     match label {
@@ -109,6 +120,22 @@ pub fn start_tenant(dir: &TempDir, label: Option<&str>, args: &[&str]) -> Proces
         None => command.env_remove("TIERMEM_LABEL"),
     };
     Process(Some(command.spawn().unwrap()))
+}
+
+/// Starts `tiermem lend --gpu 1` on a simulated node of two GPUs, lending `offer` through the
+/// directory's daemon.
+pub fn start_lender(dir: &TempDir, offer: &str) -> Process {
+    let child = tiermem()
+        .args(["lend", "--gpu", "1", "--reserve", "0", "--offer", offer, "--socket"])
+        .arg(dir.socket())
+        .env("TIERMEM_BACKEND", "sim")
+        .env("TIERMEM_SIM_GPUS", "2")
+        .env("TIERMEM_SIM_HBM", "256MiB")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    Process(Some(child))
 }
 
 /// `tiermem status --json`, or None while no daemon answers.

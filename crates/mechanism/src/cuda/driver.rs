@@ -41,6 +41,8 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemMap",
     "cuMemUnmap",
     "cuMemSetAccess",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
     "cuMemHostAlloc",
     "cuMemFreeHost",
     "cuMemHostRegister_v2",

@@ -18,6 +18,7 @@
 //! returns success there yet grants nothing past the hole: callers must only pass fully mapped
 //! ranges, as the trait requires. Every driver error names the call that failed;
 //! `CUDA_ERROR_OUT_OF_MEMORY` from device allocations becomes [`DeviceError::OutOfMemory`].
+//! Allocations shared with other processes as POSIX file descriptors: see `sharing`.
 
 mod driver;
 mod kernels;
@@ -25,6 +26,7 @@ mod locations;
 pub mod nvml;
 mod ops;
 mod pinned;
+mod sharing;
 
 pub use pinned::pinned_memory_way;
 #[cfg(test)]

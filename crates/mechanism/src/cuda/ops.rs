@@ -60,23 +60,19 @@ impl Device for CudaDevice {
 
     fn create_chunks_at(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle> {
         let prop = super::locations::chunk_prop(self, location)?;
-        let _ctx = self.bind()?;
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        let size = granules * self.granularity;
-        // SAFETY: valid out-pointer; `prop` is fully initialised; size is whole granules; flags 0.
-        let r = unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) };
-        check("cuMemCreate", r, || format!("size={size} at {location} (through GPU {})", self.info.ordinal)).map_err(
-            |e| match (e, location) {
-                // Host memory ran out: say so rather than report HBM exhaustion.
-                (DeviceError::OutOfMemory { call, detail }, ChunkLocation::Host) => DeviceError::Driver {
-                    call,
-                    code: "CUDA_ERROR_OUT_OF_MEMORY".to_string(),
-                    detail: format!("{detail}: host memory exhausted"),
-                },
-                (other, _) => other,
-            },
-        )?;
-        Ok(PhysHandle(handle))
+        self.create_allocation(&prop, location, granules)
+    }
+
+    fn create_shareable_chunks_at(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle> {
+        self.create_shareable(location, granules)
+    }
+
+    fn export_chunk(&self, chunk: PhysHandle) -> Result<std::os::fd::OwnedFd> {
+        self.export(chunk)
+    }
+
+    fn import_chunk(&self, fd: std::os::fd::BorrowedFd<'_>, size: usize) -> Result<PhysHandle> {
+        self.import(fd, size)
     }
 
     fn release_chunk(&self, chunk: PhysHandle) -> Result<()> {
@@ -347,5 +343,37 @@ impl Device for CudaDevice {
         // SAFETY: a pointer from `alloc_plain`; the driver rejects others.
         let r = unsafe { sys::cuMemFree_v2(ptr) };
         check("cuMemFree_v2", r, || format!("ptr=0x{ptr:x}"))
+    }
+}
+
+impl CudaDevice {
+    /// `cuMemCreate` of `granules` granules with `prop`, the properties of a chunk at `location`
+    /// (shareable or not).
+    pub(super) fn create_allocation(
+        &self,
+        prop: &sys::CUmemAllocationProp,
+        location: ChunkLocation,
+        granules: usize,
+    ) -> Result<PhysHandle> {
+        let _ctx = self.bind()?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        let size = granules * self.granularity;
+        // SAFETY: valid out-pointer; `prop` is fully initialised; size is whole granules; flags 0.
+        let r = unsafe { sys::cuMemCreate(&mut handle, size, prop, 0) };
+        let shareable = match prop.requestedHandleTypes == sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE {
+            true => "",
+            false => ", shareable as a POSIX fd",
+        };
+        let detail = || format!("size={size} at {location} (through GPU {}){shareable}", self.info.ordinal);
+        check("cuMemCreate", r, detail).map_err(|e| match (e, location) {
+            // Host memory ran out: say so rather than report HBM exhaustion.
+            (DeviceError::OutOfMemory { call, detail }, ChunkLocation::Host) => DeviceError::Driver {
+                call,
+                code: "CUDA_ERROR_OUT_OF_MEMORY".to_string(),
+                detail: format!("{detail}: host memory exhausted"),
+            },
+            (other, _) => other,
+        })?;
+        Ok(PhysHandle(handle))
     }
 }

@@ -1,6 +1,7 @@
 use super::driver::{self, format_cuda_version};
 use super::*;
-use crate::{Device, PhysHandle, StreamPriority};
+use crate::{ChunkLocation, Device, PhysHandle, StreamPriority};
+use std::os::fd::AsFd;
 
 fn assert_send_sync<T: Send + Sync>() {}
 
@@ -359,4 +360,46 @@ fn gpu_pinned_memory_of_any_size_carries_bytes_both_ways_and_frees() {
     }
     assert!(dev.free_pinned(0x1000, 4096).is_err(), "a pointer never given out is refused");
     dev.destroy_stream(stream).unwrap();
+}
+
+/// A shareable allocation exported and imported again (in this process, as another process
+/// would): both handles map the same memory, so bytes written through either mapping are read
+/// through the other.
+#[test]
+fn gpu_shareable_allocation_is_the_same_memory_once_imported() {
+    let Some(dev) = gpu() else { return };
+    let g = dev.info().granularity;
+    let size = 2 * g;
+    let here = ChunkLocation::Gpu(dev.info().ordinal);
+    let original = dev.create_shareable_chunks_at(here, 2).unwrap();
+    let (first, second) = (dev.reserve(size).unwrap(), dev.reserve(size).unwrap());
+    dev.map_sized(first, original, size).unwrap();
+    dev.set_access(first, size).unwrap();
+    let pattern: Vec<u8> = (0..size).map(|i| (i * 13 + i / g) as u8).collect();
+    dev.write(first, &pattern).unwrap();
+
+    let fd = dev.export_chunk(original).unwrap();
+    let imported = dev.import_chunk(fd.as_fd(), size).unwrap();
+    drop(fd); // the handle keeps the allocation; the descriptor only named it
+    dev.map_sized(second, imported, size).unwrap();
+    dev.set_access(second, size).unwrap();
+    let mut back = vec![0u8; size];
+    dev.read(second, &mut back).unwrap();
+    assert!(back == pattern, "the imported mapping reads other bytes than were written");
+
+    let other: Vec<u8> = pattern.iter().map(|b| !b).collect();
+    dev.write(second, &other).unwrap();
+    dev.read(first, &mut back).unwrap();
+    assert!(back == other, "a write through the import did not reach the original mapping");
+
+    let plain = dev.create_chunk().unwrap();
+    let err = dev.export_chunk(plain).unwrap_err();
+    assert!(matches!(err, DeviceError::Driver { call: "cuMemExportToShareableHandle", .. }), "{err}");
+    dev.release_chunk(plain).unwrap();
+
+    for (va, handle) in [(first, original), (second, imported)] {
+        dev.unmap(va, size).unwrap();
+        dev.release_chunk(handle).unwrap();
+        dev.unreserve(va, size).unwrap();
+    }
 }

@@ -123,24 +123,41 @@ impl Device for SimDevice {
         Ok(PhysHandle(handle))
     }
 
+    fn create_shareable_chunks_at(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle> {
+        fail::fail_point!("cuMemCreate", |_| Err(DeviceError::OutOfMemory {
+            call: "cuMemCreate",
+            detail: "injected by failpoint".into(),
+        }));
+        self.injected("cuMemCreate")?;
+        self.lock().memory.create_shareable(location, granules)
+    }
+
+    fn export_chunk(&self, chunk: PhysHandle) -> Result<std::os::fd::OwnedFd> {
+        failpoint!(self, "cuMemExportToShareableHandle");
+        let s = self.lock();
+        if s.released_mapped.contains(&chunk.0) {
+            let detail = format!("handle 0x{:x} was given up (release_mapped_chunk)", chunk.0);
+            return Err(Self::invalid("cuMemExportToShareableHandle", detail));
+        }
+        s.memory.export(chunk)
+    }
+
+    fn import_chunk(&self, fd: std::os::fd::BorrowedFd<'_>, size: usize) -> Result<PhysHandle> {
+        failpoint!(self, "cuMemImportFromShareableHandle");
+        self.lock().memory.import(fd, size)
+    }
+
     fn map_sized(&self, va: DevicePtr, chunk: PhysHandle, size: usize) -> Result<()> {
-        let Some(members) = self.lock().groups.get(&chunk.0).cloned() else {
-            return match size == self.gran() {
-                true => self.map(va, chunk),
-                false => Err(Self::invalid("cuMemMap", format!("size={size} for a chunk of one granule"))),
-            };
-        };
-        if size != members.len() * self.gran() {
-            return Err(Self::invalid(
-                "cuMemMap",
-                format!("size={size} for an allocation of {} granules", members.len()),
-            ));
+        let parts = self.parts(chunk);
+        if size != parts.len() * self.gran() {
+            let detail = format!("size={size} for an allocation of {} granule(s)", parts.len());
+            return Err(Self::invalid("cuMemMap", detail));
         }
         // One `cuMemMap`, which fails or succeeds whole: one failpoint, and a mapping that
         // fails part way (a bad address) is undone past the failpoints.
         failpoint!(self, "cuMemMap");
-        for (i, &member) in members.iter().enumerate() {
-            if let Err(e) = self.map_granule(va + (i * self.gran()) as u64, member) {
+        for (i, &(part, granule)) in parts.iter().enumerate() {
+            if let Err(e) = self.map_granule(va + (i * self.gran()) as u64, part, granule) {
                 if i > 0 {
                     self.unmap_range(va, i * self.gran()).expect("the granules just mapped");
                 }
@@ -192,8 +209,7 @@ impl Device for SimDevice {
     }
 
     fn map(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()> {
-        failpoint!(self, "cuMemMap");
-        self.map_granule(va, chunk)
+        self.map_sized(va, chunk, self.gran())
     }
 
     fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()> {
@@ -216,7 +232,8 @@ impl Device for SimDevice {
             let Some(m) = s.mappings.get(&a) else {
                 return Err(Self::invalid("cuMemSetAccess", format!("va=0x{va:x} size={size} is not fully mapped")));
             };
-            let home = Memory::location(m.chunk);
+            // An imported allocation's home is not known here: any GPU may reach it.
+            let Some(home) = s.memory.location(m.chunk) else { continue };
             if let Some(gpu) = gpus.iter().find(|&&gpu| !self.can_reach(gpu, home)) {
                 return Err(DeviceError::Driver {
                     call: "cuMemSetAccess",
@@ -446,6 +463,18 @@ impl SimDevice {
         self.lock().groups.get(&chunk.0).cloned()
     }
 
+    /// The granules a mapping of `chunk` is made of, in order: for each, the chunk whose memory
+    /// it is and its index within that memory. A dead handle counts as one granule (whose
+    /// mapping then fails).
+    fn parts(&self, chunk: PhysHandle) -> Vec<(PhysHandle, usize)> {
+        let s = self.lock();
+        if let Some(members) = s.groups.get(&chunk.0) {
+            return members.iter().map(|&member| (member, 0)).collect();
+        }
+        let granules = s.memory.shared_granules(chunk).unwrap_or(1);
+        (0..granules).map(|granule| (chunk, granule)).collect()
+    }
+
     /// Queues memory work `op` on `stream` (`call` names it in errors), after checking that
     /// the stream's GPU may touch each of `device` ranges now and that `pinned` is pinned;
     /// they are checked again when the work runs.
@@ -470,15 +499,16 @@ impl SimDevice {
         Ok(())
     }
 
-    /// `cuMemMap` of one granule, past its failpoint.
-    fn map_granule(&self, va: DevicePtr, chunk: PhysHandle) -> Result<()> {
+    /// `cuMemMap` of granule `granule` of `chunk`'s memory, past its failpoint.
+    fn map_granule(&self, va: DevicePtr, chunk: PhysHandle, granule: usize) -> Result<()> {
         let g = self.gran();
         self.check_aligned("cuMemMap", va, g)?;
         let mut s = self.lock_progressing();
         let inside =
             s.reservations.range(..=va).next_back().is_some_and(|(&base, &size)| va + g as u64 <= base + size as u64);
         let handle_kept = !s.released_mapped.contains(&chunk.0);
-        let backing = s.memory.backing(chunk).filter(|_| inside && handle_kept && !s.mappings.contains_key(&va));
+        let backing =
+            s.memory.backing(chunk, granule).filter(|_| inside && handle_kept && !s.mappings.contains_key(&va));
         let Some((memfd, offset)) = backing else {
             return Err(Self::invalid(
                 "cuMemMap",

@@ -18,6 +18,12 @@
 //! mappings with access from it. Access from GPU `g` to a chunk on GPU `k` needs peer access
 //! (every pair, or none: [`SimDevice::node_without_peer_access`]); host chunks open to all.
 //!
+//! Shareable allocations (`create_shareable_chunks_at`) each have a memfd of their own
+//! ([`shareable`]): `export_chunk` hands out a duplicate of it and `import_chunk`, in any
+//! simulated node of any process, takes one, so the bytes are shared as a GPU shares them
+//! between processes. An imported allocation counts against no GPU's capacity here (its maker
+//! counts it) and any GPU of the node may be given access to it: its home is not known.
+//!
 //! Freshly created chunks are filled with a poison byte, because `cuMemCreate` does not
 //! zero memory either: an engine that forgot to zero a never-written chunk fails its tests.
 //!
@@ -34,6 +40,7 @@ use crate::{
 };
 mod memory;
 mod queues;
+mod shareable;
 mod work;
 
 use crate::faults::RandomFaults;
