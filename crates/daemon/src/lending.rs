@@ -122,6 +122,9 @@ struct Borrower {
     gpu: u32,
     slab_bytes: u64,
     want: u64,
+    /// Lenders whose slabs it gave back unasked: it cannot map them (no peer access to that
+    /// GPU, say), so it is lent none of theirs again.
+    refused: Vec<LenderId>,
 }
 
 #[derive(Debug, Default)]
@@ -182,7 +185,7 @@ impl Lending {
         if slab_bytes == 0 {
             return Vec::new();
         }
-        self.borrowers.insert(borrower, Borrower { pid, gpu, slab_bytes, want: 0 });
+        self.borrowers.insert(borrower, Borrower { pid, gpu, slab_bytes, want: 0, refused: Vec::new() });
         self.rebalance(now)
     }
 
@@ -261,13 +264,22 @@ impl Lending {
         Ok(actions)
     }
 
-    /// `borrower` has let go of `ids` (asked or not). Ids it did not hold are ignored.
+    /// `borrower` has let go of `ids` (asked or not). A slab given back unasked is one it could
+    /// not map: it gets none of that lender's again. Ids it did not hold are ignored.
     pub fn returned(&mut self, borrower: TenantId, ids: &[SlabId], now: Instant) -> Vec<Action> {
         let mut actions = Vec::new();
         for &id in ids {
-            if self.slabs.get(&id).is_some_and(|s| s.borrower == Some(borrower) && s.stage != Stage::Making) {
-                actions.extend(self.release(id));
+            let Some(slab) = self.slabs.get(&id).filter(|s| s.borrower == Some(borrower) && s.stage != Stage::Making)
+            else {
+                continue;
+            };
+            if slab.stage == Stage::Lent {
+                let lender = slab.lender;
+                if let Some(b) = self.borrowers.get_mut(&borrower).filter(|b| !b.refused.contains(&lender)) {
+                    b.refused.push(lender);
+                }
             }
+            actions.extend(self.release(id));
         }
         actions.extend(self.rebalance(now));
         actions
@@ -358,7 +370,7 @@ impl Lending {
             needy.sort();
             let granted = needy.iter().find_map(|&(_, borrower)| {
                 let b = &self.borrowers[&borrower];
-                self.lender_with_room(b.gpu, b.slab_bytes).map(|lender| (borrower, lender, b.slab_bytes))
+                self.lender_with_room(b, b.slab_bytes).map(|lender| (borrower, lender, b.slab_bytes))
             });
             let Some((borrower, lender, bytes)) = granted else { break };
             let id = self.next_slab;
@@ -374,11 +386,12 @@ impl Lending {
         actions
     }
 
-    /// The lender on another GPU than `gpu` with the most room for a slab of `bytes`.
-    fn lender_with_room(&self, gpu: u32, bytes: u64) -> Option<LenderId> {
+    /// The lender on another GPU than the borrower's, that it has not refused, with the most
+    /// room for a slab of `bytes`.
+    fn lender_with_room(&self, borrower: &Borrower, bytes: u64) -> Option<LenderId> {
         self.lenders
             .iter()
-            .filter(|(_, l)| !l.gone && l.gpu != gpu)
+            .filter(|(id, l)| !l.gone && l.gpu != borrower.gpu && !borrower.refused.contains(id))
             .map(|(&id, l)| (l.offer.saturating_sub(self.lent_by(id)), id))
             .filter(|&(room, _)| room >= bytes)
             .max_by_key(|&(room, id)| (room, std::cmp::Reverse(id)))
@@ -419,8 +432,8 @@ impl Lending {
             .map(|(&id, _)| (self.held_by(id), id))
             .collect();
         for (held, poor) in starved {
-            let gpu = self.borrowers[&poor].gpu;
-            let slab = self.borrowers[&poor].slab_bytes;
+            let (gpu, slab) = (self.borrowers[&poor].gpu, self.borrowers[&poor].slab_bytes);
+            let refused = self.borrowers[&poor].refused.clone();
             let richest = self
                 .borrowers
                 .keys()
@@ -430,7 +443,7 @@ impl Lending {
                 .max();
             if let Some((_, rich)) = richest {
                 // Only slabs of lenders the poor one can use help it.
-                let usable = |l: LenderId| self.lenders.get(&l).is_some_and(|l| l.gpu != gpu);
+                let usable = |l: LenderId| !refused.contains(&l) && self.lenders.get(&l).is_some_and(|l| l.gpu != gpu);
                 let lender = self
                     .slabs
                     .values()

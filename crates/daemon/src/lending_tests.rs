@@ -159,3 +159,25 @@ fn only_trusted_users_lend() {
     assert!(l.may_lend(0, 500) && l.may_lend(500, 500) && l.may_lend(1000, 500));
     assert!(!l.may_lend(1001, 500));
 }
+
+#[test]
+fn a_slab_given_back_unasked_is_one_the_borrower_cannot_map_and_that_lender_lends_it_no_more() {
+    let (mut l, now) = (lending(), Instant::now());
+    let (first, _) = l.add_lender(10, 1, 4 * SLAB, now);
+    l.add_borrower(1, 100, 0, SLAB, now);
+    let asked = l.set_want(1, 2 * SLAB, now);
+    let Action::Make { ids, .. } = &asked[0] else { panic!("{asked:?}") };
+    let ids = ids.clone();
+    l.made(first, &ids, &[], now).unwrap();
+    // Not mappable there (no peer access): given back unasked; nothing more is asked of it.
+    let after = l.returned(1, &ids, now);
+    assert_eq!(after.iter().filter(|a| matches!(a, Action::Release { .. })).count(), 2);
+    assert!(!after.iter().any(|a| matches!(a, Action::Make { .. })), "{after:?}");
+    assert!(l.rebalance(now).is_empty(), "no churn");
+    // Another lender still lends to it.
+    let (second, asked) = l.add_lender(11, 2, 4 * SLAB, now);
+    assert!(
+        matches!(&asked[..], [Action::Make { lender, ids, .. }] if *lender == second && ids.len() == 2),
+        "{asked:?}"
+    );
+}
