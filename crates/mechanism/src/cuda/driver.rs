@@ -41,8 +41,6 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemMap",
     "cuMemUnmap",
     "cuMemSetAccess",
-    "cuMemExportToShareableHandle",
-    "cuMemImportFromShareableHandle",
     "cuMemHostAlloc",
     "cuMemFreeHost",
     "cuMemHostRegister_v2",
@@ -82,6 +80,15 @@ pub(super) fn missing_symbols() -> Vec<&'static str> {
         // SAFETY: the symbol is only looked up, never called, so its type does not matter.
         .filter(|name| unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err())
         .collect()
+}
+
+/// Whether the loaded driver library exports `name` (for entry points only some features need:
+/// a driver without them still opens). Only call when `sys::is_culib_present()` is true.
+pub(super) fn has_symbol(name: &str) -> bool {
+    // SAFETY: as in `missing_symbols`: the symbol is only looked up, never called.
+    let lib = unsafe { sys::culib() };
+    // SAFETY: as above.
+    unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_ok()
 }
 
 /// The event-timing entry point: CUDA 12.8+ drivers export `cuEventElapsedTime_v2` (the only

@@ -21,6 +21,16 @@ use crate::{ChunkLocation, DeviceError, PhysHandle, Result};
 const POSIX_FD: sys::CUmemAllocationHandleType =
     sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 
+/// An error if the loaded driver lacks `call` (a fake or very old `libcuda`): cudarc would panic.
+fn present(call: &'static str) -> Result<()> {
+    match super::driver::has_symbol(call) {
+        true => Ok(()),
+        false => Err(DeviceError::Unsupported(format!(
+            "the loaded libcuda lacks {call}: no memory shared between processes"
+        ))),
+    }
+}
+
 impl CudaDevice {
     /// `Device::create_shareable_chunks_at`.
     pub(super) fn create_shareable(&self, location: ChunkLocation, granules: usize) -> Result<PhysHandle> {
@@ -31,6 +41,7 @@ impl CudaDevice {
 
     /// `Device::export_chunk`.
     pub(super) fn export(&self, chunk: PhysHandle) -> Result<OwnedFd> {
+        present("cuMemExportToShareableHandle")?;
         let _ctx = self.bind()?;
         let mut fd: c_int = -1;
         // SAFETY: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the out-parameter is an `int`,
@@ -58,6 +69,7 @@ impl CudaDevice {
                 detail: format!("fd {raw}: size={size} is not whole granules of {} B", self.granularity),
             });
         }
+        present("cuMemImportFromShareableHandle")?;
         let _ctx = self.bind()?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer; for a POSIX fd the driver takes the descriptor's value in
