@@ -13,15 +13,17 @@ transformers = pytest.importorskip("transformers", reason="these tests build tra
 import tiermem.torch as tt  # noqa: E402
 from tiermem import loading  # noqa: E402
 import tiermem.units  # noqa: E402
+from tiermem import experts as experts_module  # noqa: E402
 
 class FakeBuffer:
     """A tiermem Buffer stand-in: bytes in a CPU tensor, exported through DLPack."""
 
     ids = itertools.count(1)
 
-    def __init__(self, size, name):
-        self.t = torch.zeros(max(size, 1), dtype=torch.uint8)
+    def __init__(self, size, name, t=None):
+        self.t = torch.zeros(max(size, 1), dtype=torch.uint8) if t is None else t
         self.size, self.name, self.id, self.ptr = size, name, next(self.ids), self.t.data_ptr()
+        self.base, self.saved = None, None  # parts: the whole reservation; a strict pool's copy
 
     def __dlpack__(self, **kwargs):
         return self.t.__dlpack__()
@@ -38,23 +40,45 @@ class FakeBuffer:
 
 
 class FakePool:
-    """A Pool stand-in that counts acquisitions (each must be released) and moves nothing."""
+    """A Pool stand-in that counts acquisitions (each must be released) and moves nothing;
+    ``strict``: a buffer not acquired holds garbage (its bytes come back when acquired), so
+    a read of memory not acquired changes the outputs."""
 
     chunk_size, hbm_cap, closed, backend = 2 << 20, 64 << 20, False, "cuda"
 
-    def __init__(self):
-        self.acq = {}
+    def __init__(self, strict=False):
+        self.acq, self.strict, self.buffers = {}, strict, {}
 
     def alloc(self, size, name=None, in_place=False):
-        return FakeBuffer(size, name)
+        return self._made(FakeBuffer(size, name))
+
+    def alloc_parts(self, sizes, name=None, in_place=False):
+        rounded = [-(-s // self.chunk_size) * self.chunk_size for s in sizes]
+        base, at, parts = torch.zeros(sum(rounded), dtype=torch.uint8), 0, []
+        for i, (size, r) in enumerate(zip(sizes, rounded)):
+            parts.append(self._made(FakeBuffer(size, f"{name}[{i}]", base[at : at + size])))
+            parts[-1].base, at = base, at + r
+        return parts
+
+    def _made(self, buffer):
+        self.buffers[buffer.id] = buffer
+        if self.strict:
+            buffer.saved = buffer.t.clone()
+            buffer.t.fill_(0xFF)  # NaN in every float type
+        return buffer
 
     def acquire(self, buffer, stream=0, write=False):
+        if self.strict and self.acq.get(buffer.id, 0) == 0:
+            buffer.t.copy_(buffer.saved)
         self.acq[buffer.id] = self.acq.get(buffer.id, 0) + 1
 
     def release(self, buffers, stream=0):
         for b in buffers if isinstance(buffers, list) else [buffers]:
             assert self.acq.get(b.id, 0) > 0, "release of a buffer not acquired"
             self.acq[b.id] -= 1
+            if self.strict and self.acq[b.id] == 0:
+                b.saved.copy_(b.t)
+                b.t.fill_(0xFF)
 
     def acquired(self, buffers, stream=0, write=False):
         pool = self
@@ -102,6 +126,7 @@ class FakePool:
 @pytest.fixture
 def cpu(monkeypatch):
     monkeypatch.setattr(tt, "_require_gpu", lambda pool, call: torch.device("cpu"))
+    monkeypatch.setattr(experts_module, "_span", lambda parts: parts[0].base[: parts[-1].ptr + parts[-1].size - parts[0].ptr])
     monkeypatch.setattr(tt, "_stream", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(synchronize=lambda: None, cuda_stream=0))
 
@@ -205,3 +230,47 @@ def test_the_window_paged_ahead_is_at_most_an_eighth_of_the_cap(cpu):
     assert h.window_bytes == pool.hbm_cap // 8 and steps and set(steps) == {pool.hbm_cap // 8}
     h.prefetch_bytes = 1 << 20
     assert h.window_bytes == 1 << 20
+
+
+@pytest.mark.parametrize("implementation", ["eager", "batched_mm", "grouped_mm"])
+def test_fused_experts_cut_by_expert_are_acquired_as_the_forward_uses_them(cpu, monkeypatch, implementation):
+    """Every expert part in a buffer of its own (tiermem.units: fused experts cut by expert); a
+    strict pool makes memory not acquired read as NaN, so identical outputs prove that the
+    eager loop acquires each expert it indexes, and that batched_mm's gather of all experts
+    acquires them all. The first pass records every expert as a step, in order, even those
+    its tokens skip; and remove() gives the fused tensors back whole."""
+    monkeypatch.setattr(tiermem.units, "WASTE", 0)  # cut however much rounding wastes
+    ref, m = mixtral(), mixtral()
+    for model in (ref, m):
+        model.config._experts_implementation = implementation
+    pool, steps = FakePool(strict=True), []
+    enters = pool.step_enters
+    pool.step_enters = lambda key, buffers, budget: steps.append((key, [b.id for b in buffers])) or enters(key, buffers, budget)
+    h = tt.offload(m, pool, prefetch_bytes=1 << 20)
+    block = [s for s in h.sites if s.experts][0]
+    gate_up = block.module.experts.gate_up_proj
+    assert type(gate_up) is experts_module.ExpertWeights and not gate_up.is_contiguous()
+    assert len(block.experts[0].units) == 4 and all(u.lazy for u in block.experts[0].units)
+    with torch.no_grad():
+        e = ref(IDS[:, :1]).logits  # two tokens choose at most four experts a layer
+        assert torch.equal(m(IDS[:, :1]).logits, e)
+        part_ids = {u.parts["weights"].id: k for k, u in enumerate(block.experts[0].units)}
+        first = [part_ids[ids[0]] for _, ids in steps if ids and ids[0] in part_ids]
+        assert first == [0, 1, 2, 3], first
+        for _ in range(2):
+            assert torch.equal(m(IDS).logits, ref(IDS).logits)
+        kw = dict(max_new_tokens=3, do_sample=False)
+        assert torch.equal(m.generate(IDS, **kw), ref.generate(IDS, **kw))
+    assert all(v == 0 for v in pool.acq.values()), pool.acq
+    h.remove()
+    assert type(m.model.layers[0].mlp.experts.gate_up_proj) is torch.nn.Parameter
+    assert m.model.layers[0].mlp.experts.gate_up_proj.is_contiguous()
+    with torch.no_grad():
+        assert torch.equal(m(IDS).logits, ref(IDS).logits)
+
+
+def test_fused_experts_stay_whole_when_training_with_an_optimizer(cpu, monkeypatch):
+    monkeypatch.setattr(tiermem.units, "WASTE", 0)
+    m = mixtral().train()
+    h = tt.offload(m, FakePool(), optimizer=torch.optim.AdamW(m.parameters()))
+    assert not any(s.experts for s in h.sites)

@@ -36,7 +36,8 @@ import torch
 
 from . import _tiermem
 from ._tiermem import BufferStateError, InvalidArgumentError, Pool, TiermemError
-from .units import Site, Unit, plan
+from .experts import fill_experts, unmark_experts
+from .units import Experts, Site, Unit, plan, view as _view
 _OFFLOADED = "_tiermem_offload"
 _STEP_KEYS = itertools.count(1)  # the engine's keys of the steps (Offload._key)
 WINDOW_SHARE = 8  # the paging-ahead window is at most this fraction of the HBM cap (Offload.window_bytes)
@@ -59,13 +60,6 @@ def _require_gpu(pool: Pool, call: str) -> torch.device:
     if pool.device >= torch.cuda.device_count():
         raise InvalidArgumentError(f"{call}: the Pool is on GPU {pool.device}, PyTorch sees {torch.cuda.device_count()}")
     return torch.device("cuda", pool.device)
-
-
-def _view(buffer, offset: int, like: torch.Tensor) -> torch.Tensor:
-    """A tensor shaped like ``like`` over ``buffer`` bytes from ``offset`` (no copy)."""
-    raw = torch.from_dlpack(buffer)  # uint8, keeps the buffer alive
-    n = like.numel() * like.element_size()
-    return raw[offset : offset + n].view(like.dtype).view(like.shape)
 
 
 def allocator(pool: Pool) -> torch.cuda.memory.CUDAPluggableAllocator:
@@ -113,6 +107,7 @@ class Offload:
         self._keys: dict[tuple[int, str], int] = {}  # (id(site or unit), phase) -> its step key
         self._named: dict[int, tuple[object, str]] = {}  # step key -> (site or unit, phase)
         self._backward_pending = False
+        self._recording = True  # the engine is recording this pass's steps (_pass_starts)
         self._hooks = []
 
     # --- schedule -------------------------------------------------------------------------
@@ -122,6 +117,7 @@ class Offload:
     def _pass_starts(self) -> None:
         """A root forward begins: the previous pass, if recorded, becomes the schedule."""
         self.pool.pass_begins()
+        self._recording = not self.pool.recorded_steps
 
     def _key(self, key, phase: str) -> int:
         """The engine's key for ``(key, phase)``: a number unique in the process, so that two
@@ -146,6 +142,30 @@ class Offload:
             raise
         key.held.append(acquired)
 
+    def _enter_expert(self, site: Site, experts: Experts, e: int) -> None:
+        """The running block's forward uses expert ``e``: its part is acquired, and held with
+        the block's own buffers until the block ends."""
+        if e in experts.entered:
+            return
+        if self._recording:
+            self._note_skipped(experts, e)
+        experts.entered.add(e)
+        unit = experts.units[e]
+        buffer = unit.parts["weights"]
+        self.pool.step_enters(self._key(unit, "forward"), [buffer], self.window_bytes)
+        self.pool.acquire(buffer, _stream(), False)
+        site.held[-1].append(buffer)
+
+    def _note_skipped(self, experts: Experts, upto: int) -> None:
+        """While the first pass is recorded, the experts before ``upto`` that this pass has
+        skipped are noted as steps (a step entered while recording pages nothing in), so the
+        schedule holds every expert in order whichever ones the recording pass's tokens chose."""
+        for k in range(experts.noted, upto):
+            if k not in experts.entered:
+                unit = experts.units[k]
+                self.pool.step_enters(self._key(unit, "forward"), [unit.parts["weights"]], self.window_bytes)
+        experts.noted = max(experts.noted, upto + 1)
+
     def _exit(self, key) -> None:
         if key.held:
             acquired = key.held.pop()
@@ -163,20 +183,29 @@ class Offload:
         for site in self.sites:
             for owned in site.uses:
                 users.setdefault(id(owned), []).append(site)
-        for unit in self.units:
-            for owned in unit.params:
-                if owned.tensor.requires_grad:
-                    hook = self._grad_done(users.get(id(owned), []))
-                    self._hooks.append(owned.tensor.register_post_accumulate_grad_hook(hook))
+        fused = [o for experts in self._experts() for o in experts.tensors if o.role == "param"]
+        for owned in [o for unit in self.units for o in unit.params] + fused:
+            if owned.tensor.requires_grad:
+                hook = self._grad_done(users.get(id(owned), []))
+                self._hooks.append(owned.tensor.register_post_accumulate_grad_hook(hook))
+
+    def _experts(self) -> list[Experts]:
+        return [experts for site in self.sites for experts in site.experts]
 
     def _forward_pre(self, site: Site):
         def hook(module, args):
             self._enter(site, "forward")
+            for experts in site.experts:
+                experts.active, experts.entered, experts.noted = (self, site), set(), 0
 
         return hook
 
     def _forward_post(self, site: Site):
         def hook(module, args, output):
+            for experts in site.experts:
+                if self._recording:
+                    self._note_skipped(experts, experts.count)
+                experts.active = None
             self._exit(site)
             if torch.is_grad_enabled() and site.grad_params:
                 first = _first_grad_tensor(output)
@@ -261,6 +290,12 @@ class Offload:
         the hooks and the schedule, and lets the tiermem buffers go. The model can then be
         offloaded again."""
         stream = _stream()
+        for experts in self._experts():
+            with self.pool.acquired([u.parts["weights"] for u in experts.units], stream, write=False):
+                for o in experts.tensors:
+                    unmark_experts(o.tensor)
+                    o.tensor.data = o.tensor.data.to(device, copy=True, memory_format=torch.contiguous_format)
+                torch.cuda.current_stream().synchronize()
         for unit in self.units:
             with self.pool.acquired(list(unit.parts.values()), stream, write=False):
                 for o in unit.tensors:
@@ -423,14 +458,15 @@ def _first_grad_tensor(output):
     return None
 
 
-def _prepare(call: str, model: torch.nn.Module, pool: Pool, optimizer, meta_ok: bool = False):
-    """Checks the model and plans its units; allocates nothing. Returns (units, sites)."""
+def _prepare(call: str, model: torch.nn.Module, pool: Pool, optimizer, meta_ok: bool = False, experts_apart: bool = False):
+    """Checks the model and plans its units (fused experts cut by expert with
+    ``experts_apart``: :mod:`tiermem.units`); allocates nothing. Returns (units, sites)."""
     device = _require_gpu(pool, call)
     if getattr(model, _OFFLOADED, None) is not None:
         raise InvalidArgumentError(f"{call}: this model is already offloaded (Offload.remove() first)")
     if optimizer is not None and type(optimizer).__name__ not in ("Adam", "AdamW"):
         raise InvalidArgumentError(f"{call}: optimizer state in tiermem supports Adam and AdamW, not {type(optimizer).__name__}")
-    units, sites = plan(model, pack=pool.chunk_size)
+    units, sites = plan(model, pack=pool.chunk_size, experts_apart=experts_apart and optimizer is None)
     for unit in units:
         for o in unit.tensors:
             _check_tensor(call, o.name, o.tensor, device, meta_ok)
@@ -444,12 +480,17 @@ def _prepare(call: str, model: torch.nn.Module, pool: Pool, optimizer, meta_ok: 
     return units, sites
 
 
-def _allocate(pool: Pool, units: list[Unit], layouts: list[dict], in_place: bool = False) -> None:
-    """One tiermem buffer per part of each unit; on failure none is left."""
+def _allocate(pool: Pool, units: list[Unit], layouts: list[dict], in_place: bool = False, sites: list[Site] = ()) -> None:
+    """One tiermem buffer per part of each unit, and for the sites' fused experts one part
+    of a reservation per expert (``Pool.alloc_parts``); on failure none is left."""
     try:
         for unit, layout in zip(units, layouts):
             for part, (_, size) in layout.items():
                 unit.parts[part] = pool.alloc(size, name=f"{unit.name}.{part}", in_place=in_place)
+        for experts in (e for site in sites for e in site.experts):
+            parts = pool.alloc_parts([experts.part_bytes] * experts.count, name=experts.name, in_place=in_place)
+            for unit, part in zip(experts.units, parts):
+                unit.parts["weights"] = part
     except BaseException:
         _free_all(units)
         raise
@@ -487,15 +528,17 @@ def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "1Gi
     Errors (the model is left unchanged): a model already offloaded, tensors on another
     device or on the meta device, sparse or non-contiguous tensors, a Pool without a GPU.
     """
-    units, sites = _prepare("offload", model, pool, optimizer)
+    units, sites = _prepare("offload", model, pool, optimizer, experts_apart=True)
     prefetch_bytes = _tiermem.parse_size(prefetch_bytes)
     layouts = [u.layout(optimizer is not None) for u in units]
-    _allocate(pool, units, layouts, in_place)
+    _allocate(pool, units, layouts, in_place, sites)
     # From here on nothing can fail for a reason of the model's: copy and swap.
     stream = _stream()
     for unit, layout in zip(units, layouts):
         for part, (entries, _) in layout.items():
             _fill(pool, unit.parts[part], entries, optimizer, stream)
+    for experts in (e for site in sites for e in site.experts):
+        fill_experts(pool, experts, stream)
     torch.cuda.current_stream().synchronize()
     return _install(model, pool, prefetch_bytes, units, sites, optimizer)
 

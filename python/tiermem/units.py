@@ -18,6 +18,22 @@ tensors are its unit, and it is its own site. Two cases make them differ:
   schedule is the same every pass, and streaming runs at the dense model's fraction of the
   PCIe link. The price is moving experts that a pass does not use; at decoding batch sizes
   nearly all of a layer's experts are hit anyway.
+* **Fused experts are cut by expert.** Moving a block whole has a floor: the block must be
+  resident whole while it runs, so the next block can only stream in while this one computes
+  if the window holds two blocks, and a pass then streams two blocks more than Belady's
+  optimum (a Mixtral-style block of 277 MB under a 2 GiB cap: 1.33x the optimum's traffic,
+  0.70 of the PCIe bound at best, measured on the H200). Since transformers 5 a block's
+  experts are one module whose tensors are fused (``gate_up_proj``: ``[experts, 2*mlp,
+  hidden]``) and whose forward indexes them one expert at a time (``gate_up_proj[e]``). With
+  ``experts_apart``, such tensors are laid out by expert: part ``e`` of one reservation of
+  consecutive addresses (``Pool.alloc_parts``) holds slice ``e`` of each, so the fused tensor is
+  a strided view over the parts and each expert is a buffer (a lazy :class:`Unit`) that the
+  schedule names on its own. :mod:`tiermem.torch` acquires an expert when the forward indexes
+  it (and every expert for any other use of the tensor: a grouped GEMM, say), so an expert
+  streams in while the one before it computes and a pass moves about one expert more than
+  the optimum. Only where each expert's part wastes at most 1/:data:`WASTE` of its bytes in
+  rounding to whole chunks, and not when training with an optimizer (its gradients and
+  moments would need the same cut). Backward acquires the block whole, as before.
 * **Small tensors are packed.** HBM and the link move whole chunks (2 MiB), so a module whose
   tensors are small (a norm's weight: 6 KB in a 3B Llama) would take a chunk of its own and
   move 300× its bytes: a 3B Llama's 25 norms took 50 MiB of HBM and streamed most of it every
@@ -39,6 +55,7 @@ import torch
 ALIGN = 256  # bytes; every tensor in a buffer starts at a multiple of this
 SMALL = 256 << 10  # bytes of weights: a unit at most this big is packed with others
 PACK = 2 << 20  # bytes of weights in a pack at most (the engine's chunk)
+WASTE = 8  # fused experts are cut by expert only if rounding a part to chunks wastes at most 1/WASTE
 
 # Which of a unit's buffers each phase acquires, and whether it writes them.
 PHASES = {
@@ -92,6 +109,7 @@ class Unit:
     tensors: list[Owned] = field(default_factory=list)
     parts: dict = field(default_factory=dict)
     held: list = field(default_factory=list)  # acquisitions not yet released (the step phase)
+    lazy: bool = False  # an expert's slices (:class:`Experts`): forward acquires it only when used
 
     @property
     def params(self) -> list[Owned]:
@@ -135,13 +153,57 @@ class Site:
     uses: list[Owned] = field(default_factory=list)
     held: list = field(default_factory=list)
     pending_grads: int = 0
+    experts: list["Experts"] = field(default_factory=list)  # fused experts cut by expert
 
     def phase(self, name: str) -> list[tuple[object, bool]]:
-        return [entry for unit in self.units for entry in unit.phase(name)]
+        """What the site acquires on entering ``name``: in forward, not the lazy units
+        (experts are acquired as the forward uses them)."""
+        return [e for unit in self.units if not (unit.lazy and name == "forward") for e in unit.phase(name)]
 
     @property
     def grad_params(self) -> list[Owned]:
         return [o for o in self.uses if o.role == "param" and o.tensor.requires_grad]
+
+
+@dataclass(eq=False)
+class Experts:
+    """A fused experts module's tensors (each ``[count, ...]``) cut by expert: ``units[e]``'s
+    weights buffer (a part, ``part_bytes`` long) holds slice ``e`` of ``tensors[i]`` at
+    ``offsets[i]``. ``active``, ``entered`` and ``noted`` are :mod:`tiermem.torch`'s while the
+    block runs."""
+
+    name: str
+    tensors: list[Owned]
+    units: list[Unit]
+    offsets: list[int]
+    part_bytes: int
+    active: object = None
+    entered: set = field(default_factory=set)
+    noted: int = 0
+
+    @property
+    def count(self) -> int:
+        return len(self.units)
+
+
+def _cut_by_expert(site: Site, owned: dict, users: dict, chunk: int) -> Experts | None:
+    """``site``'s fused experts as :class:`Experts`, or None where they are not fused, are
+    shared, or would waste more than 1/:data:`WASTE` of a part in rounding (module docs)."""
+    module = getattr(site.module, "experts", None)
+    if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+        return None
+    fused = [t for t in module._parameters.values() if t is not None]
+    count = fused[0].shape[0] if fused and fused[0].dim() >= 2 else 0
+    if count < 2 or any(t.dim() < 2 or t.shape[0] != count or users[id(t)] != [site] for t in fused):
+        return None
+    offsets, at = [], 0
+    for t in fused:
+        offsets.append(at)
+        at += -(-owned[id(t)].nbytes() // count // ALIGN) * ALIGN
+    if (-at % chunk) * WASTE > at:
+        return None
+    units = [Unit(f"{site.name}.experts[{e}]", lazy=True) for e in range(count)]
+    return Experts(f"{site.name}.experts", [owned[id(t)] for t in fused], units, offsets, at)
 
 
 def is_group(module: torch.nn.Module) -> bool:
@@ -149,9 +211,11 @@ def is_group(module: torch.nn.Module) -> bool:
     return isinstance(getattr(module, "experts", None), torch.nn.Module) and "experts" in module._modules
 
 
-def plan(model: torch.nn.Module, small: int | None = None, pack: int = PACK) -> tuple[list[Unit], list[Site]]:
+def plan(model: torch.nn.Module, small: int | None = None, pack: int = PACK,
+         experts_apart: bool = False) -> tuple[list[Unit], list[Site]]:
     """Units and sites for ``model``, in the order of ``named_modules``; units of at most
-    ``small`` bytes (default :data:`SMALL`; 0: none) packed ``pack`` bytes at most together."""
+    ``small`` bytes (default :data:`SMALL`; 0: none) packed ``pack`` bytes at most together;
+    with ``experts_apart``, fused experts cut by expert into parts of whole ``pack`` chunks."""
     small = SMALL if small is None else small
     root_name = type(model).__name__
     site_of: dict[int, Site] = {}  # id(module) -> the site its tensors are acquired by
@@ -177,6 +241,12 @@ def plan(model: torch.nn.Module, small: int | None = None, pack: int = PACK) -> 
             owned[id(t)].refs.append((qualified, module, attr))
             if parent not in users.setdefault(id(t), []):
                 users[id(t)].append(parent)
+    cut: set[int] = set()  # id(tensor) of fused experts laid out by expert
+    for site in sites if experts_apart else ():
+        experts = _cut_by_expert(site, owned, users, pack) if is_group(site.module) else None
+        if experts is not None:
+            site.experts.append(experts)
+            cut.update(id(o.tensor) for o in experts.tensors)
     units_of: dict[int, Unit] = {}  # id(site) -> its own unit
     owner: dict[int, Site] = {}  # id(unit) -> the site whose own unit it is
     units: list[Unit] = []
@@ -184,6 +254,8 @@ def plan(model: torch.nn.Module, small: int | None = None, pack: int = PACK) -> 
         o, using = owned[key], users[key]
         for site in using:
             site.uses.append(o)
+        if key in cut:
+            continue
         if len(using) == 1:
             unit = units_of.get(id(using[0]))
             if unit is None:
@@ -198,6 +270,10 @@ def plan(model: torch.nn.Module, small: int | None = None, pack: int = PACK) -> 
             for site in using:
                 site.units.append(unit)
     units = _packed(units, owner, small, pack) if small and pack else units
+    for site in sites:  # after packing: an expert's unit lists no tensor, but is no small one
+        for experts in site.experts:
+            site.units += experts.units
+            units += experts.units
     return units, [s for s in sites if s.units]
 
 
@@ -230,3 +306,10 @@ def _packed(units: list[Unit], owner: dict[int, Site], small: int, pack: int) ->
             site = owner[id(unit)]
             site.units[0] = packed
     return result
+
+
+def view(buffer, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """A tensor shaped like ``like`` over ``buffer`` bytes from ``offset`` (no copy)."""
+    raw = torch.from_dlpack(buffer)  # uint8, keeps the buffer alive
+    n = like.numel() * like.element_size()
+    return raw[offset : offset + n].view(like.dtype).view(like.shape)

@@ -48,20 +48,26 @@ impl Inner {
         if size == 0 {
             return Err(Error::ZeroSize { call: "alloc" });
         }
+        self.fits_in_all_tiers("alloc", size)?;
+        let reserved = size.next_multiple_of(self.tiers.chunk);
+        let va = self.tiers.device.reserve(reserved).during("alloc")?;
+        Ok((self.state.add_buffer(va, size, reserved, options), va))
+    }
+
+    /// Refuses an allocation of `size` bytes that all tiers together could not hold.
+    pub(crate) fn fits_in_all_tiers(&self, call: &'static str, size: usize) -> Result<()> {
         let file_cap = self.tiers.file.as_ref().map_or(0, |tier| tier.store.capacity_slots());
         let all_tiers = (self.tiers.pool.cap() + self.tiers.host.cap() + file_cap) * self.tiers.chunk;
         if size > all_tiers {
             return Err(Error::OutOfMemory {
-                call: "alloc",
+                call,
                 detail: format!(
                     "{size} bytes exceed all tiers together ({all_tiers} bytes: {})",
                     self.tiers.describe_tiers(&self.state)
                 ),
             });
         }
-        let reserved = size.next_multiple_of(self.tiers.chunk);
-        let va = self.tiers.device.reserve(reserved).during("alloc")?;
-        Ok((self.state.add_buffer(va, size, reserved, options), va))
+        Ok(())
     }
 
     pub(crate) fn free(&mut self, id: BufferId) -> Result<()> {
@@ -84,7 +90,11 @@ impl Inner {
         // retry unmaps only what is still mapped. Its data is being discarded.
         let (va, reserved) = (buffer.va, buffer.reserved);
         self.tiers.unmap_buffer(&mut self.state, id).during("free")?;
-        self.tiers.device.unreserve(va, reserved).during("free")?;
+        // A part of a shared reservation gives its range back with the last part (parts.rs).
+        if let Some((va, bytes)) = self.parts.to_unreserve(id, va, reserved) {
+            self.tiers.device.unreserve(va, bytes).during("free")?;
+        }
+        self.parts.freed(id);
         let copies = self.state.remove_buffer(id);
         self.strides.forget(id);
         if let Some(schedule) = self.schedule.as_mut() {

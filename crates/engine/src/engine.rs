@@ -108,6 +108,8 @@ pub(crate) struct Inner {
     pub look_past: bool,
     /// Paging ahead waits for its evictions (`TIERMEM_AHEAD_WAITS`; placement.rs, `bring_in`).
     pub ahead_waits: bool,
+    /// Buffers allocated side by side in one reservation (parts.rs).
+    pub parts: crate::parts::Parts,
 }
 
 /// What `finish` waits for: fences, the ticket's background file write if any (kept in
@@ -191,6 +193,7 @@ impl Engine {
             pre_evict_chunks: config.pre_evict / chunk,
             look_past: config.look_past,
             ahead_waits: config.ahead_waits,
+            parts: Default::default(),
         };
         let has_peers = inner.tiers.peer.exists();
         let inner = Arc::new(Mutex::new(inner));
@@ -297,6 +300,13 @@ impl Engine {
     /// Nothing is resident yet: each chunk reads as zeros when first made resident.
     pub fn alloc(&self, size: usize, options: AllocOptions) -> Result<(BufferId, u64)> {
         self.lock().alloc(size, options)
+    }
+
+    /// Buffers of `sizes` bytes at consecutive device addresses, each from a chunk boundary:
+    /// a tensor used a slice at a time, each slice a buffer of its own (parts.rs). Each part
+    /// is freed on its own; returns `(id, address)` per part.
+    pub fn alloc_parts(&self, sizes: &[usize], options: AllocOptions) -> Result<Vec<(BufferId, u64)>> {
+        self.lock().alloc_parts(sizes, options)
     }
 
     /// Frees a buffer, waiting (with the lock released) for any transfer of its chunks. The

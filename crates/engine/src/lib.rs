@@ -48,6 +48,7 @@ mod limits;
 mod model_checks;
 mod movement;
 mod multipath;
+mod parts;
 mod peer_tier;
 mod peer_traffic;
 mod placement;

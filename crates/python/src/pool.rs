@@ -182,6 +182,33 @@ impl Pool {
         Ok(Buffer::new(Arc::clone(&self.engine), id, ptr, size, name))
     }
 
+    /// Buffers of `sizes` bytes at consecutive device addresses, each from a chunk boundary
+    /// (`ptr` of one + its size rounded up to the chunk size = `ptr` of the next): a tensor
+    /// used a slice at a time, each slice a buffer that moves on its own. Each is freed on
+    /// its own; the addresses go back with the last. Named `name[0]`, `name[1]`, ….
+    #[pyo3(signature = (sizes, name=None, in_place=false))]
+    fn alloc_parts(
+        &self,
+        py: Python<'_>,
+        sizes: Vec<Bound<'_, PyAny>>,
+        name: Option<String>,
+        in_place: bool,
+    ) -> PyResult<Vec<Buffer>> {
+        let sizes = sizes.iter().map(|s| size_arg("sizes", s)).collect::<PyResult<Vec<usize>>>()?;
+        let options = AllocOptions { in_place, name: name.clone(), ..AllocOptions::default() };
+        let engine = self.open("alloc_parts")?;
+        let parts = py.allow_threads(|| engine.alloc_parts(&sizes, options)).map_err(to_py)?;
+        Ok(parts
+            .into_iter()
+            .zip(sizes)
+            .enumerate()
+            .map(|(i, ((id, ptr), size))| {
+                let name = name.as_ref().map(|n| format!("{n}[{i}]"));
+                Buffer::new(Arc::clone(&self.engine), id, ptr, size, name)
+            })
+            .collect())
+    }
+
     /// Makes `regions` resident until `release`; `stream` (a CUstream as an int, 0 = the legacy
     /// stream, e.g. `torch.cuda.current_stream().cuda_stream`) waits for them on the device.
     #[pyo3(signature = (regions, stream=0, write=false))]

@@ -1,0 +1,99 @@
+"""Fused experts cut by expert, while offloaded (:mod:`tiermem.units` says why and how they
+are laid out): the parameters' class that acquires an expert when the forward indexes it, and
+the copy into the parts."""
+
+from __future__ import annotations
+
+import torch
+
+from .units import Experts, view
+
+# Uses of a fused experts tensor that read no data (everything else acquires every expert).
+_METADATA_METHODS = {
+    torch.Tensor.size, torch.Tensor.dim, torch.Tensor.stride, torch.Tensor.numel, torch.Tensor.nelement,
+    torch.Tensor.element_size, torch.Tensor.is_contiguous, torch.Tensor.data_ptr, torch.Tensor.storage_offset,
+    torch.Tensor.get_device, torch.Tensor.is_floating_point, torch.Tensor.is_complex, torch.Tensor.__len__,
+}  # fmt: skip
+_METADATA_ATTRIBUTES = {"shape", "dtype", "device", "requires_grad", "ndim", "is_cuda", "is_meta", "layout", "is_leaf",
+                        "grad_fn", "itemsize", "nbytes", "is_sparse", "is_quantized", "is_nested", "names", "_version"}
+
+
+class ExpertWeights(torch.nn.Parameter):
+    """The class of a fused experts parameter cut by expert (:class:`tiermem.units.Experts`)
+    while it is offloaded. While its block runs, indexing it with one expert acquires that
+    expert; any other use that reads it (a grouped GEMM over all experts, a transpose, a
+    print) acquires every expert first, so nothing is ever read that is not resident. Results
+    are ordinary tensors; outside its block it behaves as any offloaded parameter."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func not in _METADATA_METHODS and getattr(getattr(func, "__self__", None), "__name__", None) not in _METADATA_ATTRIBUTES:
+            _experts_used(func, args)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+def _experts_used(func, args) -> None:
+    """Acquires what a use of fused experts tensors (``args``) needs while their block runs."""
+    for i, arg in enumerate(args):
+        for t in arg if isinstance(arg, (list, tuple)) else (arg,):
+            experts = getattr(t, "_tiermem_experts", None) if isinstance(t, ExpertWeights) else None
+            if experts is None or experts.active is None:
+                continue
+            offload, site = experts.active
+            e = _expert_index(args[1], experts.count) if func is torch.Tensor.__getitem__ and i == 0 else None
+            for k in range(experts.count) if e is None else (e,):
+                offload._enter_expert(site, experts, k)
+
+
+def _expert_index(index, count: int) -> int | None:
+    """The one expert that ``tensor[index]`` reads, or None (several, or not known)."""
+    if isinstance(index, torch.Tensor) and index.dim() == 0 and not index.is_floating_point() and index.dtype != torch.bool:
+        index = int(index)  # the experts' loop has synchronized on this index already
+    if isinstance(index, int) and not isinstance(index, bool) and -count <= index < count:
+        return index % count
+    return None
+
+
+def fill_experts(pool, experts: Experts, stream: int) -> None:
+    """Copies slice ``e`` of each fused tensor into part ``e``, then points each tensor at
+    its strided view over all the parts and marks it (:class:`ExpertWeights`)."""
+    for e, unit in enumerate(experts.units):
+        buffer = unit.parts["weights"]
+        with pool.acquired(buffer, stream, write=True):
+            for owned, offset in zip(experts.tensors, experts.offsets):
+                src = owned.tensor.detach()[e]
+                view(buffer, offset, src).copy_(src)
+    parts = [u.parts["weights"] for u in experts.units]
+    span, stride = _span(parts), parts[1].ptr - parts[0].ptr
+    for owned, offset in zip(experts.tensors, experts.offsets):
+        t, size = owned.tensor, owned.tensor.element_size()
+        inner = torch.empty(t.shape[1:], device="meta").stride()
+        owned.point_at(span.view(t.dtype).as_strided(t.shape, (stride // size, *inner), offset // size))
+        if owned.role == "param":
+            owned.tensor.__class__ = ExpertWeights
+            owned.tensor._tiermem_experts = experts
+
+
+def unmark_experts(param: torch.Tensor) -> None:
+    if isinstance(param, ExpertWeights):
+        param.__class__ = torch.nn.Parameter
+        del param._tiermem_experts
+
+
+class _Span:
+    """Consecutive buffers (``Pool.alloc_parts``) as one range of device memory, described by
+    the CUDA Array Interface; a tensor over it keeps every part alive."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+        self.size = parts[-1].ptr + parts[-1].size - parts[0].ptr
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": (self.size,), "typestr": "|u1", "data": (self.parts[0].ptr, False), "version": 3, "strides": None}
+
+
+def _span(parts: list) -> torch.Tensor:
+    """A uint8 tensor over consecutive buffers, from the first's start to the last's end."""
+    return torch.as_tensor(_Span(parts), device="cuda")
