@@ -505,6 +505,8 @@ def mixture_of_experts(args, results):
     handle = tt.offload(model, pool, prefetch_bytes=args.prefetch[0])
     torch.cuda.empty_cache()
     metrics["moe_model_bytes"], metrics["moe_hbm_cap_bytes"], metrics["moe_prefetch_bytes"] = size, cap, handle.window_bytes
+    results["moe_experts_implementation"] = getattr(model.config, "_experts_implementation", None)
+    metrics["moe_experts_cut"] = sum(len(s.experts) for s in handle.sites)
     tokens, logits, ratios["moe_vs_pcie_bound"] = decode_vs_bound(metrics, "moe", model, pool, prompt, 8, size, cap)
     checks["moe_identical"] = torch.equal(tokens, ref_tokens) and torch.equal(logits, ref_logits)
     log(f"MoE ({size / GiB:.2f} GiB, cap {cap / GiB:.2f}): {metrics['moe_decode_tok_s']:.1f} tok/s = {ratios['moe_vs_pcie_bound']:.2f} of the PCIe bound, "
@@ -529,6 +531,7 @@ def main():
                         help="the dense decode reads parameters in a neighbour GPU's lent HBM where they lie (offload(in_place=True))")
     parser.add_argument("--scratch", type=Path, default=None, help="where the checkpoint is saved and read back (a real disk)")
     parser.add_argument("--no-pack", action="store_true", help="every module's small tensors in a buffer of their own (tiermem.units)")
+    parser.add_argument("--whole-experts", action="store_true", help="fused experts move with their block whole, not one expert at a time (tiermem.units)")
     parts = {"inference": inference, "training": training, "moe": mixture_of_experts, "tied": tied_loading_and_sleep}
     parser.add_argument("--parts", type=lambda v: v.split(","), default=list(parts),
                         help=f"which parts to run, comma-separated, of {','.join(parts)} (default: all)")
@@ -538,17 +541,21 @@ def main():
         parser.error(f"--parts: unknown {unknown}; choose among {list(parts)}")
     if args.no_pack:
         tiermem.units.SMALL = 0
+    if args.whole_experts:
+        tiermem.units.EXPERTS_APART = False
     props = torch.cuda.get_device_properties(0)
     results = {
         "suite": "torch",
         "commit": args.commit,
         "date": datetime.date.today().isoformat(),
-        "device": {"name": props.name, "count": torch.cuda.device_count(), "torch": torch.__version__},
+        "device": {"name": props.name, "count": torch.cuda.device_count(), "torch": torch.__version__,
+                   "transformers": transformers.__version__},
         "metrics": {},
         "ratios": {},
         "checks": {},
         "small": args.small,
         "packed_small_units": not args.no_pack,
+        "experts_apart": not args.whole_experts,
     }
     try:
         if "inference" not in args.parts:  # it measures the link every bound is counted against
@@ -559,6 +566,7 @@ def main():
         results["verified"] = bool(results["checks"]) and all(results["checks"].values())
         args.json.mkdir(parents=True, exist_ok=True)
         stem = f"torch-{results['date'].replace('-', '')}-{args.commit}" + ("-small" if args.small else "") + ("-no-pack" if args.no_pack else "")
+        stem += "-whole-experts" if args.whole_experts else ""
         path = args.json / f"{stem}.json"
         path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
         log(json.dumps({"ratios": results["ratios"], "checks": results["checks"]}, indent=2))

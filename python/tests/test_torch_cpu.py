@@ -238,8 +238,11 @@ def test_fused_experts_cut_by_expert_are_acquired_as_the_forward_uses_them(cpu, 
     strict pool makes memory not acquired read as NaN, so identical outputs prove that the
     eager loop acquires each expert it indexes, and that batched_mm's gather of all experts
     acquires them all. The first pass records every expert as a step, in order, even those
-    its tokens skip; and remove() gives the fused tensors back whole."""
+    its tokens skip; grouped_mm's grouped GEMMs run one expert at a time; and remove() gives
+    the fused tensors back whole."""
     monkeypatch.setattr(tiermem.units, "WASTE", 0)  # cut however much rounding wastes
+    split, grouped = [], experts_module._grouped_by_expert
+    monkeypatch.setattr(experts_module, "_grouped_by_expert", lambda *a: split.append(grouped(*a)) or split[-1])
     ref, m = mixtral(), mixtral()
     for model in (ref, m):
         model.config._experts_implementation = implementation
@@ -262,6 +265,7 @@ def test_fused_experts_cut_by_expert_are_acquired_as_the_forward_uses_them(cpu, 
         kw = dict(max_new_tokens=3, do_sample=False)
         assert torch.equal(m.generate(IDS, **kw), ref.generate(IDS, **kw))
     assert all(v == 0 for v in pool.acq.values()), pool.acq
+    assert (implementation == "grouped_mm") == bool(split) and all(out is not None for out in split), "grouped GEMMs run by expert"
     h.remove()
     assert type(m.model.layers[0].mlp.experts.gate_up_proj) is torch.nn.Parameter
     assert m.model.layers[0].mlp.experts.gate_up_proj.is_contiguous()

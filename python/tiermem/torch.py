@@ -35,6 +35,7 @@ import threading
 import torch
 
 from . import _tiermem
+from . import units as units_module
 from ._tiermem import BufferStateError, InvalidArgumentError, Pool, TiermemError
 from .experts import fill_experts, unmark_experts
 from .units import Experts, Site, Unit, plan, view as _view
@@ -466,7 +467,8 @@ def _prepare(call: str, model: torch.nn.Module, pool: Pool, optimizer, meta_ok: 
         raise InvalidArgumentError(f"{call}: this model is already offloaded (Offload.remove() first)")
     if optimizer is not None and type(optimizer).__name__ not in ("Adam", "AdamW"):
         raise InvalidArgumentError(f"{call}: optimizer state in tiermem supports Adam and AdamW, not {type(optimizer).__name__}")
-    units, sites = plan(model, pack=pool.chunk_size, experts_apart=experts_apart and optimizer is None)
+    apart = experts_apart and optimizer is None and units_module.EXPERTS_APART
+    units, sites = plan(model, pack=pool.chunk_size, experts_apart=apart)
     for unit in units:
         for o in unit.tensors:
             _check_tensor(call, o.name, o.tensor, device, meta_ok)

@@ -56,6 +56,7 @@ ALIGN = 256  # bytes; every tensor in a buffer starts at a multiple of this
 SMALL = 256 << 10  # bytes of weights: a unit at most this big is packed with others
 PACK = 2 << 20  # bytes of weights in a pack at most (the engine's chunk)
 WASTE = 8  # fused experts are cut by expert only if rounding a part to chunks wastes at most 1/WASTE
+EXPERTS_APART = True  # False: fused experts move with their block whole, as before (for comparison)
 
 # Which of a unit's buffers each phase acquires, and whether it writes them.
 PHASES = {
