@@ -39,8 +39,9 @@ def config(kind: str, small: bool):
     return cls, transformers.LlamaConfig(tie_word_embeddings=kind == "tied", **kwargs)
 
 
-def schedule(kind: str) -> tuple[list[list[tuple[str, int]]], int]:
-    """Steps (each its units' names and bytes) and the model's bytes."""
+def schedule(kind: str, experts_apart: bool = False) -> tuple[list[list[tuple[str, int]]], int]:
+    """Steps (each its units' names and bytes) and the model's bytes; with ``experts_apart``,
+    fused experts cut by expert, each expert a step after its block's (tiermem.units)."""
     cls, cfg = config(kind, small=True)
     small = cls(cfg).eval()
     _, sites = plan(small)
@@ -58,16 +59,23 @@ def schedule(kind: str) -> tuple[list[list[tuple[str, int]]], int]:
     finally:
         torch.set_default_dtype(previous)
     big.tie_weights()
-    units, sites = plan(big)
+    units, sites = plan(big, experts_apart=experts_apart)
     by_name: dict[str, Site] = {s.name: s for s in sites}
     size = {id(u): sum(o.nbytes() for o in u.tensors) for u in units}
-    steps = [[(u.name, size[id(u)]) for u in by_name[n].units] for n in order]
+    for site in sites:
+        for experts in site.experts:
+            size.update({id(u): experts.part_bytes for u in experts.units})
+    steps = []
+    for n in order:
+        site = by_name[n]
+        steps.append([(u.name, size[id(u)]) for u in site.units if not u.lazy])
+        steps += [[(u.name, size[id(u)])] for experts in site.experts for u in experts.units]
     return steps, sum(size.values())
 
 
-def traffic(kind: str, cap: int, prefetch: int, passes: int = 3) -> tuple[float, int]:
+def traffic(kind: str, cap: int, prefetch: int, passes: int = 3, experts_apart: bool = False) -> tuple[float, int]:
     """(bytes paged in during the last pass, the window used) with Offload's window rules."""
-    steps, _ = schedule(kind)
+    steps, _ = schedule(kind, experts_apart)
     pool = tiermem.Pool(backend="sim", hbm_limit=cap)
     buffers = {}
     for step in steps:
@@ -95,11 +103,12 @@ def main():
     parser.add_argument("kind", choices=sorted(MODELS))
     parser.add_argument("--cap", type=float, help="HBM cap in GiB (default: the benchmark's)")
     parser.add_argument("--prefetch", default="256", help="prefetch_bytes to try, in MiB, comma-separated")
+    parser.add_argument("--experts-apart", action="store_true", help="fused experts cut by expert (tiermem.units)")
     args = parser.parse_args()
     cap = int((args.cap or MODELS[args.kind][3]) * GiB)
-    _, total = schedule(args.kind)
+    _, total = schedule(args.kind, args.experts_apart)
     for p in args.prefetch.split(","):
-        moved, window = traffic(args.kind, cap, int(float(p) * MiB))
+        moved, window = traffic(args.kind, cap, int(float(p) * MiB), experts_apart=args.experts_apart)
         print(f"{args.kind}: model {total / GiB:.2f} GiB, cap {cap / GiB:.2f} GiB, prefetch {p} MiB (window "
               f"{window / MiB:.0f} MiB): {moved / GiB:.3f} GiB per pass = {moved / (total - cap):.3f}x the optimum")
 
