@@ -32,7 +32,6 @@ import torch
 import transformers
 
 import tiermem
-import tiermem.experts
 import tiermem.torch as tt
 from tiermem.loading import dtype_kwargs
 
@@ -535,7 +534,6 @@ def main():
     parser.add_argument("--scratch", type=Path, default=None, help="where the checkpoint is saved and read back (a real disk)")
     parser.add_argument("--no-pack", action="store_true", help="every module's small tensors in a buffer of their own (tiermem.units)")
     parser.add_argument("--whole-experts", action="store_true", help="fused experts move with their block whole, not one expert at a time (tiermem.units)")
-    parser.add_argument("--grouped-whole", action="store_true", help="grouped GEMMs over experts cut by expert run whole (tiermem.experts)")
     parser.add_argument("--experts-implementation", default=None, help="the MoE model's transformers experts implementation (default: transformers')")
     parts = {"inference": inference, "training": training, "moe": mixture_of_experts, "tied": tied_loading_and_sleep}
     parser.add_argument("--parts", type=lambda v: v.split(","), default=list(parts),
@@ -548,8 +546,6 @@ def main():
         tiermem.units.SMALL = 0
     if args.whole_experts:
         tiermem.units.EXPERTS_APART = False
-    if args.grouped_whole:
-        tiermem.experts.GROUPED_BY_EXPERT = False
     props = torch.cuda.get_device_properties(0)
     results = {
         "suite": "torch",
@@ -573,7 +569,7 @@ def main():
         results["verified"] = bool(results["checks"]) and all(results["checks"].values())
         args.json.mkdir(parents=True, exist_ok=True)
         stem = f"torch-{results['date'].replace('-', '')}-{args.commit}" + ("-small" if args.small else "") + ("-no-pack" if args.no_pack else "")
-        stem += ("-whole-experts" if args.whole_experts else "") + ("-grouped-whole" if args.grouped_whole else "")
+        stem += "-whole-experts" if args.whole_experts else ""
         stem += f"-{args.experts_implementation}" if args.experts_implementation else ""
         path = args.json / f"{stem}.json"
         path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")

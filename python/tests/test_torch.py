@@ -264,17 +264,19 @@ def test_a_mixture_of_experts_model_is_bitwise_the_resident_one_with_the_same_sc
 def test_fused_experts_cut_by_expert_are_bitwise_the_resident_model(monkeypatch, implementation):
     """Each expert a part of one reservation (tiermem.units: fused experts cut by expert) on the
     real engine: the fused tensors are strided views over the parts, the forward acquires
-    experts as it uses them (eager's loop, grouped_mm one expert at a time), and the outputs
-    are bitwise the resident model's, pass after pass, with the schedule recorded once."""
+    experts as it uses them (eager's loop one at a time, grouped_mm's kernel all), and the
+    outputs are bitwise the resident model's, pass after pass, with the schedule recorded once."""
     import tiermem.units
     from tiermem import experts as experts_module
 
     monkeypatch.setattr(tiermem.units, "WASTE", 0)
     reference, model = tiny_mixtral(), tiny_mixtral()
     for m in (reference, model):
-        m.config._experts_implementation = implementation
+        m.config._experts_implementation = "eager"  # cut; grouped_mm is switched to after
     pool = tiermem.Pool(backend="cuda", hbm_limit=40 * MIB, host_limit="1GiB")
     handle = tt.offload(model, pool, prefetch_bytes=4 * MIB)
+    for m in (reference, model):
+        m.config._experts_implementation = implementation
     assert handle.bytes > 1.5 * pool.hbm_cap
     blocks = [s for s in handle.sites if s.experts]
     assert len(blocks) == 4 and all(e.count == 8 for s in blocks for e in s.experts)
@@ -294,31 +296,6 @@ def test_fused_experts_cut_by_expert_are_bitwise_the_resident_model(monkeypatch,
     assert type(model.model.layers[0].mlp.experts.gate_up_proj) is torch.nn.Parameter
     with torch.no_grad():
         assert torch.equal(model(_ids()).logits, reference(_ids()).logits)
-
-
-@needs_gpu
-@pytest.mark.parametrize("rows", [32, 1024])
-def test_a_grouped_gemm_run_one_expert_at_a_time_is_bitwise_the_whole(rows):
-    """The premise of running grouped_mm by expert: on this GPU, the grouped GEMM of each
-    expert's rows alone gives the same bytes as the grouped GEMM of all (bench-size experts)."""
-    from tiermem import experts as experts_module
-
-    gen = torch.Generator("cuda").manual_seed(rows)
-    experts, hidden, mlp = 8, 2048, 2816
-    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
-    w = torch.randn(experts, 2 * mlp, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
-    ids = torch.sort(torch.randint(0, experts, (rows,), device="cuda", generator=gen)).values
-    offs = torch.cumsum(torch.bincount(ids, minlength=experts), 0).to(torch.int32)
-    grouped = getattr(torch.nn.functional, "grouped_mm", None) or torch._grouped_mm
-    whole = grouped(x, w.transpose(-2, -1), offs=offs)
-
-    class Running:
-        count, entered = experts, []
-        active = (type("Offload", (), {"_enter_expert": lambda self, site, e, k: Running.entered.append(k)})(), None)
-
-    by_expert = experts_module._grouped_by_expert(grouped, (x, w.transpose(-2, -1)), {"offs": offs}, Running)
-    assert Running.entered == [e for e in range(experts) if (ids == e).any()]
-    assert torch.equal(by_expert[: int(offs[-1])], whole[: int(offs[-1])])
 
 
 @needs_gpu

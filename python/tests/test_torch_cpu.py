@@ -234,18 +234,16 @@ def test_the_window_paged_ahead_is_at_most_an_eighth_of_the_cap(cpu):
 
 @pytest.mark.parametrize("implementation", ["eager", "batched_mm", "grouped_mm"])
 def test_fused_experts_cut_by_expert_are_acquired_as_the_forward_uses_them(cpu, monkeypatch, implementation):
-    """Every expert part in a buffer of its own (tiermem.units: fused experts cut by expert); a
-    strict pool makes memory not acquired read as NaN, so identical outputs prove that the
-    eager loop acquires each expert it indexes, and that batched_mm's gather of all experts
-    acquires them all. The first pass records every expert as a step, in order, even those
-    its tokens skip; grouped_mm's grouped GEMMs run one expert at a time; and remove() gives
-    the fused tensors back whole."""
+    """An eager model's experts are cut (tiermem.units: each expert a part in a buffer of its
+    own); a strict pool makes memory not acquired read as NaN, so identical outputs prove that
+    the eager loop acquires each expert it indexes, and that a grouped implementation switched
+    to afterwards (one kernel over all experts) acquires them all. The first pass records
+    every expert as a step, in order, even those its tokens skip; remove() gives the fused
+    tensors back whole."""
     monkeypatch.setattr(tiermem.units, "WASTE", 0)  # cut however much rounding wastes
-    split, grouped = [], experts_module._grouped_by_expert
-    monkeypatch.setattr(experts_module, "_grouped_by_expert", lambda *a: split.append(grouped(*a)) or split[-1])
     ref, m = mixtral(), mixtral()
     for model in (ref, m):
-        model.config._experts_implementation = implementation
+        model.config._experts_implementation = "eager"
     pool, steps = FakePool(strict=True), []
     enters = pool.step_enters
     pool.step_enters = lambda key, buffers, budget: steps.append((key, [b.id for b in buffers])) or enters(key, buffers, budget)
@@ -260,17 +258,27 @@ def test_fused_experts_cut_by_expert_are_acquired_as_the_forward_uses_them(cpu, 
         part_ids = {u.parts["weights"].id: k for k, u in enumerate(block.experts[0].units)}
         first = [part_ids[ids[0]] for _, ids in steps if ids and ids[0] in part_ids]
         assert first == [0, 1, 2, 3], first
+        for model in (ref, m):
+            model.config._experts_implementation = implementation
         for _ in range(2):
             assert torch.equal(m(IDS).logits, ref(IDS).logits)
         kw = dict(max_new_tokens=3, do_sample=False)
         assert torch.equal(m.generate(IDS, **kw), ref.generate(IDS, **kw))
     assert all(v == 0 for v in pool.acq.values()), pool.acq
-    assert (implementation == "grouped_mm") == bool(split) and all(out is not None for out in split), "grouped GEMMs run by expert"
     h.remove()
     assert type(m.model.layers[0].mlp.experts.gate_up_proj) is torch.nn.Parameter
     assert m.model.layers[0].mlp.experts.gate_up_proj.is_contiguous()
     with torch.no_grad():
         assert torch.equal(m(IDS).logits, ref(IDS).logits)
+
+
+@pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm"])
+def test_fused_experts_read_in_one_kernel_move_with_their_block(cpu, monkeypatch, implementation):
+    monkeypatch.setattr(tiermem.units, "WASTE", 0)
+    m = mixtral()
+    m.config._experts_implementation = implementation
+    h = tt.offload(m, FakePool())
+    assert not any(s.experts for s in h.sites)
 
 
 def test_fused_experts_stay_whole_when_training_with_an_optimizer(cpu, monkeypatch):

@@ -16,40 +16,19 @@ _METADATA_METHODS = {
 }  # fmt: skip
 _METADATA_ATTRIBUTES = {"shape", "dtype", "device", "requires_grad", "ndim", "is_cuda", "is_meta", "layout", "is_leaf",
                         "grad_fn", "itemsize", "nbytes", "is_sparse", "is_quantized", "is_nested", "names", "_version"}
-# Views that keep the experts' dimension first: still one expert per index (grouped GEMMs take
-# the weights transposed).
-_VIEWS = {torch.Tensor.transpose, torch.Tensor.swapaxes, torch.Tensor.swapdims, torch.transpose}
-_VIEW_ATTRIBUTES = {"mT"}
-# Grouped GEMMs over all experts: run one expert at a time (``_grouped_by_expert``).
-_GROUPED = {f for f in (getattr(torch, "_grouped_mm", None), getattr(torch.nn.functional, "grouped_mm", None)) if f}
-GROUPED_BY_EXPERT = True
 
 
 def _torch_function(cls, func, types, args=(), kwargs=None):
-    """Dispatch of :class:`ExpertWeights` and :class:`ExpertView`: the expert(s) a use reads
-    are acquired first (while their block runs); results are ordinary tensors, except views
-    that keep the experts' dimension first, which stay marked."""
+    """Dispatch of :class:`ExpertWeights`: the expert(s) a use reads are acquired first, while
+    their block runs; results are ordinary tensors."""
     kwargs = kwargs or {}
     attribute = getattr(getattr(func, "__self__", None), "__name__", None)
-    if func in _METADATA_METHODS or attribute in _METADATA_ATTRIBUTES:
-        return _plain(func, args, kwargs)
-    experts = _active_experts(args)
-    if experts is None:
-        return _plain(func, args, kwargs)
-    offload, site = experts.active
-    if func in _VIEWS or attribute in _VIEW_ATTRIBUTES:
-        out = _plain(func, args, kwargs)
-        if out.dim() >= 1 and out.shape[0] == experts.count and out.stride(0) == args[0].stride(0):
-            marked = out.as_subclass(ExpertView)
-            marked._tiermem_experts = experts
-            return marked
-    if func in _GROUPED and GROUPED_BY_EXPERT:
-        out = _grouped_by_expert(func, args, kwargs, experts)
-        if out is not None:
-            return out
-    e = _expert_index(args[1], experts.count) if func is torch.Tensor.__getitem__ else None
-    for k in range(experts.count) if e is None else (e,):
-        offload._enter_expert(site, experts, k)
+    experts = None if func in _METADATA_METHODS or attribute in _METADATA_ATTRIBUTES else _active_experts(args)
+    if experts is not None:
+        offload, site = experts.active
+        e = _expert_index(args[1], experts.count) if func is torch.Tensor.__getitem__ else None
+        for k in range(experts.count) if e is None else (e,):
+            offload._enter_expert(site, experts, k)
     return _plain(func, args, kwargs)
 
 
@@ -61,17 +40,9 @@ def _plain(func, args, kwargs):
 class ExpertWeights(torch.nn.Parameter):
     """The class of a fused experts parameter cut by expert (:class:`tiermem.units.Experts`)
     while it is offloaded. While its block runs, indexing it with one expert acquires that
-    expert, a grouped GEMM over it runs one expert at a time (each acquired just before),
-    and any other use that reads it (a gather of several experts, a print) acquires every
-    expert first: nothing is ever read that is not resident. Outside its block it behaves as
-    any offloaded parameter."""
-
-    __torch_function__ = classmethod(_torch_function)
-
-
-class ExpertView(torch.Tensor):
-    """A view of an :class:`ExpertWeights` that keeps the experts' dimension first (the
-    transposed weights of a grouped GEMM): used as its parameter is."""
+    expert, and any other use that reads it (a grouped GEMM over all experts, a gather of
+    several, a print) acquires every expert first: nothing is ever read that is not resident.
+    Outside its block it behaves as any offloaded parameter."""
 
     __torch_function__ = classmethod(_torch_function)
 
@@ -80,7 +51,7 @@ def _active_experts(args):
     """The experts of the first marked tensor among ``args`` whose block is running."""
     for arg in args:
         for t in arg if isinstance(arg, (list, tuple)) else (arg,):
-            experts = getattr(t, "_tiermem_experts", None) if isinstance(t, (ExpertWeights, ExpertView)) else None
+            experts = getattr(t, "_tiermem_experts", None) if isinstance(t, ExpertWeights) else None
             if experts is not None and experts.active is not None:
                 return experts
     return None
@@ -93,31 +64,6 @@ def _expert_index(index, count: int) -> int | None:
     if isinstance(index, int) and not isinstance(index, bool) and -count <= index < count:
         return index % count
     return None
-
-
-def _grouped_by_expert(func, args, kwargs, experts):
-    """``func(x, w, offs=offs)`` (rows ``offs[e-1]:offs[e]`` of ``x`` times expert ``e`` of
-    ``w``) as one such call per expert that has rows, each after acquiring that expert: the
-    same GEMM per group, so the same bytes, while the next experts stream in. Rows past the
-    last offset are left unset, as the grouped GEMM leaves them. None for a call of another
-    shape (then every expert is acquired and the call runs whole)."""
-    x, w = args[0], args[1]
-    offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
-    rest = {k: v for k, v in kwargs.items() if k != "offs"}
-    if offs is None or len(args) > 3 or x.dim() != 2 or w.dim() != 3 or w.shape[0] != experts.count or offs.numel() != experts.count:
-        return None
-    offload, site = experts.active
-    ends, out, start = offs.tolist(), None, 0  # one synchronization: where each expert's rows end
-    with torch._C.DisableTorchFunctionSubclass():
-        for e, end in enumerate(ends):
-            if end > start:
-                offload._enter_expert(site, experts, e)
-                piece = func(x[start:end], w[e : e + 1], offs=offs[e : e + 1] - start, **rest)
-                if out is None:
-                    out = piece.new_empty((x.shape[0], *piece.shape[1:]))
-                out[start:end] = piece
-            start = max(start, end)
-    return out
 
 
 def fill_experts(pool, experts: Experts, stream: int) -> None:

@@ -18,22 +18,24 @@ tensors are its unit, and it is its own site. Two cases make them differ:
   schedule is the same every pass, and streaming runs at the dense model's fraction of the
   PCIe link. The price is moving experts that a pass does not use; at decoding batch sizes
   nearly all of a layer's experts are hit anyway.
-* **Fused experts are cut by expert.** Moving a block whole has a floor: the block must be
-  resident whole while it runs, so the next block can only stream in while this one computes
-  if the window holds two blocks, and a pass then streams two blocks more than Belady's
-  optimum (a Mixtral-style block of 277 MB under a 2 GiB cap: 1.33x the optimum's traffic,
-  0.70 of the PCIe bound at best, measured on the H200). Since transformers 5 a block's
+* **Fused experts that run one at a time are cut by expert.** Since transformers 5 a block's
   experts are one module whose tensors are fused (``gate_up_proj``: ``[experts, 2*mlp,
-  hidden]``) and whose forward indexes them one expert at a time (``gate_up_proj[e]``). With
-  ``experts_apart``, such tensors are laid out by expert: part ``e`` of one reservation of
-  consecutive addresses (``Pool.alloc_parts``) holds slice ``e`` of each, so the fused tensor is
-  a strided view over the parts and each expert is a buffer (a lazy :class:`Unit`) that the
-  schedule names on its own. :mod:`tiermem.torch` acquires an expert when the forward indexes
-  it (and every expert for any other use of the tensor: a grouped GEMM, say), so an expert
-  streams in while the one before it computes and a pass moves about one expert more than
-  the optimum. Only where each expert's part wastes at most 1/:data:`WASTE` of its bytes in
-  rounding to whole chunks, and not when training with an optimizer (its gradients and
-  moments would need the same cut). Backward acquires the block whole, as before.
+  hidden]``). Its "eager" implementation loops over the experts the tokens chose and indexes
+  one at a time (``gate_up_proj[e]``); there, such tensors are laid out by expert: part ``e``
+  of one reservation of consecutive addresses (``Pool.alloc_parts``) holds slice ``e`` of
+  each, the fused tensor is a strided view over the parts, and each expert is a buffer (a lazy
+  :class:`Unit`) that the schedule names on its own. :mod:`tiermem.experts` acquires an expert
+  when the forward indexes it, and every expert for any other use of the tensor, so an
+  expert streams in while the one before it computes. On the H200 this lifted an eager
+  Mixtral-style decode from 0.40 to 0.47 of the PCIe bound. The grouped implementations
+  (``grouped_mm``, transformers' default where it can run, and ``batched_mm``) read every
+  expert in one kernel: their blocks move whole, which measured best (0.64-0.66 against
+  0.57-0.62 cut, and 0.44 with each grouped GEMM run one expert at a time, whose extra
+  launches and synchronisations cost 15 ms of host time a step;
+  ``bench/results/probes-20261126/moe-experts-*``). Only where each expert's part wastes
+  at most 1/:data:`WASTE` of its bytes in rounding to whole chunks, and not when training with
+  an optimizer (gradients and moments would need the same cut). Backward acquires the block
+  whole, as before. A block implementation switched after :func:`offload` stays correct.
 * **Small tensors are packed.** HBM and the link move whole chunks (2 MiB), so a module whose
   tensors are small (a norm's weight: 6 KB in a 3B Llama) would take a chunk of its own and
   move 300× its bytes: a 3B Llama's 25 norms took 50 MiB of HBM and streamed most of it every
@@ -56,7 +58,7 @@ ALIGN = 256  # bytes; every tensor in a buffer starts at a multiple of this
 SMALL = 256 << 10  # bytes of weights: a unit at most this big is packed with others
 PACK = 2 << 20  # bytes of weights in a pack at most (the engine's chunk)
 WASTE = 8  # fused experts are cut by expert only if rounding a part to chunks wastes at most 1/WASTE
-EXPERTS_APART = True  # False: fused experts move with their block whole, as before (for comparison)
+EXPERTS_APART = True  # False: fused experts move with their block whole, even when eager (for comparison)
 
 # Which of a unit's buffers each phase acquires, and whether it writes them.
 PHASES = {
@@ -188,10 +190,12 @@ class Experts:
 
 
 def _cut_by_expert(site: Site, owned: dict, users: dict, chunk: int) -> Experts | None:
-    """``site``'s fused experts as :class:`Experts`, or None where they are not fused, are
-    shared, or would waste more than 1/:data:`WASTE` of a part in rounding (module docs)."""
+    """``site``'s fused experts as :class:`Experts`, or None where they are not fused, run in
+    one kernel (a grouped implementation), are shared, or would waste more than 1/:data:`WASTE`
+    of a part in rounding (module docs)."""
     module = getattr(site.module, "experts", None)
-    if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+    implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
+    if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)) or implementation not in (None, "eager"):
         return None
     fused = [t for t in module._parameters.values() if t is not None]
     count = fused[0].shape[0] if fused and fused[0].dim() >= 2 else 0
