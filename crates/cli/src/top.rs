@@ -2,7 +2,7 @@
 //! crossterm). `q`, `Esc` or `Ctrl-C` quits; the terminal is restored on exit and on panic.
 //! While the daemon does not answer, the last report stays on screen with the reason.
 
-use crate::node::{driver_line, pool_heading, share_cells, SHARE_COLUMNS};
+use crate::node::{bar, driver_line, pool_heading, share_cells, SHARE_COLUMNS};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
@@ -11,7 +11,8 @@ use ratatui::widgets::{Block, Borders, Row, Table};
 use ratatui::Frame;
 use std::path::PathBuf;
 use std::time::Duration;
-use tiermem_protocol::{PoolStatus, StatusReport};
+use tiermem::format_size;
+use tiermem_protocol::{LenderStatus, PoolStatus, StatusReport};
 
 #[derive(clap::Args)]
 pub struct TopArgs {
@@ -66,9 +67,15 @@ fn quit_requested(wait: Duration) -> std::io::Result<bool> {
 
 fn draw(frame: &mut Frame, report: Option<&StatusReport>, problem: Option<&str>) {
     let pools = report.map_or(&[][..], |r| &r.pools[..]);
+    let lenders = report.map_or(&[][..], |r| &r.lenders[..]);
     let heights = pools.iter().map(|p| Constraint::Length(p.shares.len() as u16 + 3));
-    let areas = Layout::vertical(std::iter::once(Constraint::Length(1)).chain(heights).chain([Constraint::Min(0)]))
-        .split(frame.area());
+    let lenders_height = if lenders.is_empty() { 0 } else { lenders.len() as u16 + 3 };
+    let areas = Layout::vertical(
+        std::iter::once(Constraint::Length(1))
+            .chain(heights)
+            .chain([Constraint::Length(lenders_height), Constraint::Min(0)]),
+    )
+    .split(frame.area());
     let header = match (report, problem) {
         (_, Some(problem)) => format!("tiermem top: {problem} (q quits)"),
         (Some(r), None) => format!(
@@ -84,6 +91,32 @@ fn draw(frame: &mut Frame, report: Option<&StatusReport>, problem: Option<&str>)
     for (pool, area) in pools.iter().zip(&areas[1..]) {
         frame.render_widget(pool_table(pool, report.map_or(&[][..], |r| &r.tenants[..])), *area);
     }
+    if !lenders.is_empty() {
+        frame.render_widget(lender_table(lenders), areas[pools.len() + 1]);
+    }
+}
+
+/// The lenders (`tiermem lend`): each one's offer, what it lends (bar: lent of offered), to whom.
+fn lender_table(lenders: &[LenderStatus]) -> Table<'_> {
+    let size = |bytes: u64| format_size(bytes as usize);
+    let rows = lenders.iter().map(|l| {
+        let lent: u64 = l.lent.iter().map(|(_, bytes)| bytes).sum();
+        let to: Vec<String> = l.lent.iter().map(|(tenant, bytes)| format!("{tenant}: {}", size(*bytes))).collect();
+        Row::new([
+            l.gpu.to_string(),
+            l.lender.to_string(),
+            l.pid.to_string(),
+            size(l.offer),
+            size(lent),
+            bar(lent, l.offer, l.offer),
+            size(l.returning),
+            to.join(", "),
+        ])
+    });
+    let header = Row::new(["GPU", "lender", "pid", "offer", "lent", "", "returning", "to tenants"])
+        .style(Style::new().add_modifier(Modifier::UNDERLINED));
+    let widths = [4, 7, 8, 11, 11, 26, 10, 40].map(Constraint::Length);
+    Table::new(rows, widths).header(header).block(Block::new().borders(Borders::ALL).title(" lenders "))
 }
 
 fn pool_table<'a>(pool: &'a PoolStatus, tenants: &'a [tiermem_protocol::TenantStatus]) -> Table<'a> {
@@ -153,9 +186,16 @@ mod tests {
             pools: vec![pool],
             tenants: vec![tenant],
             hidden_tenants: 1,
-            lenders: Vec::new(),
+            lenders: vec![LenderStatus {
+                lender: 9,
+                pid: 555,
+                gpu: 1,
+                offer: 8 << 30,
+                lent: vec![(3, 2 << 30)],
+                returning: 0,
+            }],
         };
-        let mut terminal = ratatui::Terminal::new(TestBackend::new(160, 10)).unwrap();
+        let mut terminal = ratatui::Terminal::new(TestBackend::new(160, 14)).unwrap();
         terminal.draw(|frame| draw(frame, Some(&report), None)).unwrap();
         let screen: String = terminal.backend().buffer().content().iter().map(|cell| cell.symbol()).collect();
         let expected = [
@@ -167,6 +207,9 @@ mod tests {
             "16.00 MiB",
             "LATE IDLE",
             "other processes 392",
+            "lenders",
+            "8.00 GiB",
+            "3: 2.00 GiB",
         ];
         for expected in expected {
             assert!(screen.contains(expected), "{expected:?} missing from the screen:\n{screen}");

@@ -16,10 +16,14 @@
 //! ```
 //!
 //! **Who gets what.** A borrower wants what does not fit its HBM (its usage report), in
-//! whole slabs. Slabs go one at a time to the borrower holding least among those that want
-//! more and can reach a lender with room (not on its own GPU): max-min fairness, slab by slab.
-//! When no lender has room, a borrower holding two slabs more than one that wants more gives one
-//! back; so holdings converge to equal shares of what is lent, each capped by its want. A
+//! whole slabs. Slabs go one at a time to the borrower holding least *for its weight* (its
+//! tenant's `weight`: held ÷ weight) among those that want more and can reach a lender with
+//! room (not on its own GPU): weighted max-min fairness, slab by slab, as the daemon shares
+//! HBM. When no lender has room, a borrower that would still hold at least as much for its
+//! weight after giving a slab to one that wants more (`(held − slab) ÷ weight ≥ (other's held +
+//! its slab) ÷ its weight`) gives one back, and first one holding more than it now wants; so
+//! holdings converge to shares of what is lent in proportion to the weights, each capped by
+//! its want. A
 //! lender whose offer falls below what it has lent (its GPU's own work needs memory) gets the
 //! difference back, from the borrower holding most of it first.
 //!
@@ -121,6 +125,8 @@ struct Borrower {
     pid: u32,
     gpu: u32,
     slab_bytes: u64,
+    /// Its tenant's weight (at least 1): shares of what is lent are in proportion to it.
+    weight: u64,
     want: u64,
     /// Lenders whose slabs it gave back unasked: it cannot map them (no peer access to that
     /// GPU, say), so it is lent none of theirs again.
@@ -173,19 +179,22 @@ impl Lending {
         actions
     }
 
-    /// `borrower` (process `pid`, on GPU `gpu`) maps lent slabs of `slab_bytes`.
+    /// `borrower` (process `pid`, on GPU `gpu`, of tenant weight `weight`) maps lent slabs
+    /// of `slab_bytes`.
     pub fn add_borrower(
         &mut self,
         borrower: TenantId,
         pid: u32,
         gpu: u32,
         slab_bytes: u64,
+        weight: u32,
         now: Instant,
     ) -> Vec<Action> {
         if slab_bytes == 0 {
             return Vec::new();
         }
-        self.borrowers.insert(borrower, Borrower { pid, gpu, slab_bytes, want: 0, refused: Vec::new() });
+        let weight = u64::from(weight.max(1));
+        self.borrowers.insert(borrower, Borrower { pid, gpu, slab_bytes, weight, want: 0, refused: Vec::new() });
         self.rebalance(now)
     }
 
@@ -355,17 +364,17 @@ impl Lending {
         self.lenders.retain(|&id, l| !l.gone || slabs.values().any(|s| s.lender == id));
     }
 
-    /// Max-min fair shares, one slab at a time (module docs).
+    /// Weighted max-min fair shares, one slab at a time (module docs).
     fn rebalance(&mut self, now: Instant) -> Vec<Action> {
         let mut actions = self.shrink_to_offers(now);
-        // Grants, slab by slab, to the borrower holding least.
+        // Grants, slab by slab, to the borrower holding least for its weight.
         let mut asks: BTreeMap<LenderId, (Vec<SlabId>, u64)> = BTreeMap::new();
         loop {
-            let mut needy: Vec<(u64, TenantId)> = self
+            let mut needy: Vec<(Share, TenantId)> = self
                 .borrowers
                 .iter()
                 .filter(|(&id, b)| self.held_by(id) + b.slab_bytes <= b.want)
-                .map(|(&id, _)| (self.held_by(id), id))
+                .map(|(&id, b)| (Share::of(self.held_by(id), b.weight), id))
                 .collect();
             needy.sort();
             let granted = needy.iter().find_map(|&(_, borrower)| {
@@ -422,25 +431,33 @@ impl Lending {
         actions
     }
 
-    /// One slab back from a borrower holding at least two slabs more than one that wants more
-    /// and cannot get it from a lender with room.
+    /// One slab back, for a borrower that wants more and cannot get it from a lender with room,
+    /// from one holding more than it wants, else from the one holding most for its weight if
+    /// it would still hold at least as much for its weight as the other once that one has a
+    /// slab more (module docs).
     fn take_from_richest(&mut self, now: Instant) -> Vec<Action> {
-        let starved: Vec<(u64, TenantId)> = self
+        let starved: Vec<TenantId> = self
             .borrowers
             .iter()
             .filter(|(&id, b)| self.held_by(id) + b.slab_bytes <= b.want)
-            .map(|(&id, _)| (self.held_by(id), id))
+            .map(|(&id, _)| id)
             .collect();
-        for (held, poor) in starved {
-            let (gpu, slab) = (self.borrowers[&poor].gpu, self.borrowers[&poor].slab_bytes);
+        for poor in starved {
+            let (gpu, slab, weight) =
+                (self.borrowers[&poor].gpu, self.borrowers[&poor].slab_bytes, self.borrowers[&poor].weight);
+            let poor_after = Share::of(self.held_by(poor) + slab, weight);
             let refused = self.borrowers[&poor].refused.clone();
             let richest = self
                 .borrowers
-                .keys()
-                .filter(|&&id| id != poor)
-                .map(|&id| (self.held_by(id), id))
-                .filter(|&(h, _)| h >= held + 2 * slab)
-                .max();
+                .iter()
+                .filter(|&(&id, _)| id != poor)
+                .filter(|&(&id, b)| {
+                    let spare = self.held_by(id).saturating_sub(b.slab_bytes);
+                    spare >= b.want || Share::of(spare, b.weight) >= poor_after
+                })
+                .map(|(&id, b)| (self.held_by(id) > b.want, Share::of(self.held_by(id), b.weight), id))
+                .max()
+                .map(|(_, share, id)| (share, id));
             if let Some((_, rich)) = richest {
                 // Only slabs of lenders the poor one can use help it.
                 let usable = |l: LenderId| !refused.contains(&l) && self.lenders.get(&l).is_some_and(|l| l.gpu != gpu);
@@ -474,6 +491,39 @@ impl Lending {
         vec![Action::Return { borrower, ids: vec![id], deadline_ms }]
     }
 }
+
+/// Bytes held for a weight, compared exactly (`held₁ × weight₂` against `held₂ × weight₁`).
+#[derive(Debug, Clone, Copy)]
+struct Share {
+    held: u64,
+    weight: u64,
+}
+
+impl Share {
+    fn of(held: u64, weight: u64) -> Self {
+        Self { held, weight: weight.max(1) }
+    }
+}
+
+impl Ord for Share {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (u128::from(self.held) * u128::from(other.weight)).cmp(&(u128::from(other.held) * u128::from(self.weight)))
+    }
+}
+
+impl PartialOrd for Share {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Share {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Share {}
 
 impl Slab {
     fn returning(&self) -> bool {

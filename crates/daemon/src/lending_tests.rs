@@ -35,7 +35,7 @@ fn a_borrower_gets_what_it_wants_up_to_the_offer_and_never_from_its_own_gpu() {
     let (own, a) = l.add_lender(10, 0, 100 * SLAB, now);
     assert!(a.is_empty());
     let (other, _) = l.add_lender(11, 1, 4 * SLAB, now);
-    let a = l.add_borrower(7, 70, 0, SLAB, now);
+    let a = l.add_borrower(7, 70, 0, SLAB, 1, now);
     assert!(a.is_empty(), "wants nothing yet");
     let wanted = l.set_want(7, 10 * SLAB, now);
     let actions = settle(&mut l, wanted, now);
@@ -56,11 +56,11 @@ fn a_borrower_gets_what_it_wants_up_to_the_offer_and_never_from_its_own_gpu() {
 fn two_borrowers_converge_to_equal_shares() {
     let (mut l, now) = (lending(), Instant::now());
     l.add_lender(10, 1, 8 * SLAB, now);
-    l.add_borrower(1, 100, 0, SLAB, now);
+    l.add_borrower(1, 100, 0, SLAB, 1, now);
     let wanted = l.set_want(1, 20 * SLAB, now);
     settle(&mut l, wanted, now);
     assert_eq!(lent_to(&l, 1), 8 * SLAB, "alone, it takes everything");
-    l.add_borrower(2, 200, 0, SLAB, now);
+    l.add_borrower(2, 200, 0, SLAB, 1, now);
     let mut actions = l.set_want(2, 20 * SLAB, now);
     for _ in 0..20 {
         settle(&mut l, actions, now);
@@ -74,8 +74,8 @@ fn two_borrowers_converge_to_equal_shares() {
 fn a_lender_lowering_its_offer_gets_the_difference_back_from_the_richest_first() {
     let (mut l, now) = (lending(), Instant::now());
     let (lender, _) = l.add_lender(10, 1, 6 * SLAB, now);
-    l.add_borrower(1, 100, 0, SLAB, now);
-    l.add_borrower(2, 200, 0, SLAB, now);
+    l.add_borrower(1, 100, 0, SLAB, 1, now);
+    l.add_borrower(2, 200, 0, SLAB, 1, now);
     let wanted = l.set_want(1, 4 * SLAB, now);
     settle(&mut l, wanted, now);
     let wanted = l.set_want(2, 2 * SLAB, now);
@@ -103,7 +103,7 @@ fn a_lender_lowering_its_offer_gets_the_difference_back_from_the_richest_first()
 fn a_borrower_that_does_not_return_in_time_is_escalated_once() {
     let (mut l, now) = (lending(), Instant::now());
     let (lender, _) = l.add_lender(10, 1, 2 * SLAB, now);
-    l.add_borrower(1, 4242, 0, SLAB, now);
+    l.add_borrower(1, 4242, 0, SLAB, 1, now);
     let wanted = l.set_want(1, 2 * SLAB, now);
     settle(&mut l, wanted, now);
     let asked = l.set_offer(lender, 0, now);
@@ -124,7 +124,7 @@ fn a_borrower_that_does_not_return_in_time_is_escalated_once() {
 fn a_borrower_gone_while_its_slabs_are_made_has_them_released() {
     let (mut l, now) = (lending(), Instant::now());
     let (lender, _) = l.add_lender(10, 1, 2 * SLAB, now);
-    l.add_borrower(1, 100, 0, SLAB, now);
+    l.add_borrower(1, 100, 0, SLAB, 1, now);
     let asked = l.set_want(1, 2 * SLAB, now);
     let Action::Make { ids, .. } = &asked[0] else { panic!("{asked:?}") };
     assert!(l.remove_borrower(1, now).is_empty());
@@ -140,7 +140,7 @@ fn a_borrower_gone_while_its_slabs_are_made_has_them_released() {
 fn a_lender_that_cannot_make_a_slab_offers_no_more_and_a_gone_lender_gets_nothing_back() {
     let (mut l, now) = (lending(), Instant::now());
     let (lender, _) = l.add_lender(10, 1, 4 * SLAB, now);
-    l.add_borrower(1, 100, 0, SLAB, now);
+    l.add_borrower(1, 100, 0, SLAB, 1, now);
     let asked = l.set_want(1, 4 * SLAB, now);
     let Action::Make { ids, .. } = &asked[0] else { panic!("{asked:?}") };
     let after = l.made(lender, &ids[..1], &ids[1..], now).unwrap();
@@ -164,7 +164,7 @@ fn only_trusted_users_lend() {
 fn a_slab_given_back_unasked_is_one_the_borrower_cannot_map_and_that_lender_lends_it_no_more() {
     let (mut l, now) = (lending(), Instant::now());
     let (first, _) = l.add_lender(10, 1, 4 * SLAB, now);
-    l.add_borrower(1, 100, 0, SLAB, now);
+    l.add_borrower(1, 100, 0, SLAB, 1, now);
     let asked = l.set_want(1, 2 * SLAB, now);
     let Action::Make { ids, .. } = &asked[0] else { panic!("{asked:?}") };
     let ids = ids.clone();
@@ -180,4 +180,36 @@ fn a_slab_given_back_unasked_is_one_the_borrower_cannot_map_and_that_lender_lend
         matches!(&asked[..], [Action::Make { lender, ids, .. }] if *lender == second && ids.len() == 2),
         "{asked:?}"
     );
+}
+
+#[test]
+fn shares_follow_the_tenants_weights_and_a_heavier_newcomer_gets_its_share_back() {
+    let (mut l, now) = (lending(), Instant::now());
+    l.add_lender(10, 1, 8 * SLAB, now);
+    l.add_borrower(1, 100, 0, SLAB, 1, now);
+    let wanted = l.set_want(1, 20 * SLAB, now);
+    settle(&mut l, wanted, now);
+    assert_eq!(lent_to(&l, 1), 8 * SLAB, "alone, it takes everything");
+    l.add_borrower(2, 200, 0, SLAB, 3, now);
+    let mut actions = l.set_want(2, 20 * SLAB, now);
+    for _ in 0..20 {
+        settle(&mut l, actions, now);
+        actions = l.rebalance(now);
+    }
+    assert_eq!((lent_to(&l, 1), lent_to(&l, 2)), (2 * SLAB, 6 * SLAB), "8 slabs shared 1:3");
+    // A want below the weighted share caps it; the rest goes to the other.
+    let mut actions = l.set_want(2, 5 * SLAB, now);
+    for _ in 0..20 {
+        settle(&mut l, actions, now);
+        actions = l.rebalance(now);
+    }
+    assert_eq!((lent_to(&l, 1), lent_to(&l, 2)), (3 * SLAB, 5 * SLAB));
+}
+
+#[test]
+fn shares_compare_exactly_whatever_the_weights() {
+    assert!(Share::of(2, 1) < Share::of(5, 2), "2/1 < 5/2");
+    assert_eq!(Share::of(3, 1), Share::of(9, 3));
+    assert!(Share::of(u64::MAX, 1) > Share::of(u64::MAX, 2), "no overflow");
+    assert_eq!(Share::of(4, 0), Share::of(4, 1), "a weight of 0 counts as 1");
 }

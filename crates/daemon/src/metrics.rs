@@ -14,6 +14,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use std::time::Instant;
+use tiermem_protocol::LenderStatus;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -52,8 +53,8 @@ fn set(family: &Family<Labels, Gauge>, labels: Labels, value: u64) {
 }
 
 impl Metrics {
-    /// The OpenMetrics text of `registry` now.
-    pub fn render(&self, registry: &mut Registry) -> String {
+    /// The OpenMetrics text of `registry` and of the `lenders` (lending.rs) now.
+    pub fn render(&self, registry: &mut Registry, lenders: &[LenderStatus]) -> String {
         for (bytes, took) in registry.take_reclaims() {
             self.reclaim_seconds.observe(took.as_secs_f64());
             self.reclaimed_bytes.inc_by(bytes);
@@ -120,6 +121,21 @@ impl Metrics {
             evictions.get_or_create(&labels).inc_by(transfers.evictions);
             stall.get_or_create(&labels).inc_by(transfers.stall_us);
         }
+        let offer =
+            gauges(&mut out, "lender_offer_bytes", "HBM a lender (tiermem lend) offers to tenants on other GPUs");
+        let lender_lent = gauges(&mut out, "lender_lent_bytes", "A lender's HBM that a tenant maps now");
+        let returning = gauges(&mut out, "lender_returning_bytes", "A lender's HBM asked back and not yet returned");
+        for l in lenders {
+            let place = vec![("gpu", l.gpu.to_string()), ("lender", l.lender.to_string()), ("pid", l.pid.to_string())];
+            set(&offer, place.clone(), l.offer);
+            set(&returning, place.clone(), l.returning);
+            for &(tenant, bytes) in &l.lent {
+                let name = status.tenants.iter().find(|t| t.tenant == tenant).map_or("?", |t| t.name.as_str());
+                let mut labels = place.clone();
+                labels.extend([("tenant", tenant.to_string()), ("name", name.to_owned())]);
+                set(&lender_lent, labels, bytes);
+            }
+        }
         out.register("reclaim_seconds", "From a smaller budget sent to its being met", self.reclaim_seconds.clone());
         out.register("reclaimed_bytes", "Bytes given back to meet smaller budgets", self.reclaimed_bytes.clone());
         let mut text = String::new();
@@ -155,5 +171,26 @@ pub async fn serve_http(listener: tokio::net::TcpListener, render: std::sync::Ar
             let io = hyper_util::rt::TokioIo::new(stream);
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn lenders_show_what_they_offer_lend_to_whom_and_have_asked_back() {
+        let mut registry = Registry::new(Config::default(), Instant::now(), 0);
+        let lender =
+            LenderStatus { lender: 2, pid: 77, gpu: 1, offer: 8 << 30, lent: vec![(5, 3 << 30)], returning: 1 << 30 };
+        let text = Metrics::default().render(&mut registry, &[lender]);
+        for expected in [
+            r#"tiermem_lender_offer_bytes{gpu="1",lender="2",pid="77"} 8589934592"#,
+            r#"tiermem_lender_lent_bytes{gpu="1",lender="2",pid="77",tenant="5",name="?"} 3221225472"#,
+            r#"tiermem_lender_returning_bytes{gpu="1",lender="2",pid="77"} 1073741824"#,
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+        }
     }
 }

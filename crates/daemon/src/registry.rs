@@ -135,6 +135,11 @@ impl Registry {
         self.daemon_uid
     }
 
+    /// The weight of tenant `id`'s rule (1 for a tenant that is not registered).
+    pub fn weight_of(&self, id: TenantId) -> u32 {
+        self.tenants.get(&id).map_or(1, |t| t.rule.weight)
+    }
+
     pub fn tenant_count(&self) -> usize {
         self.tenants.len()
     }

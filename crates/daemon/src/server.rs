@@ -180,7 +180,11 @@ pub async fn serve_with_metrics(
     let census = tokio::spawn(take_censuses(Arc::clone(&hub)));
     let metrics_task = metrics.map(|listener| {
         let (hub, metrics) = (Arc::clone(&hub), crate::metrics::Metrics::default());
-        let render = Arc::new(move || metrics.render(&mut lock(&hub).registry));
+        let render = Arc::new(move || {
+            let mut hub = lock(&hub);
+            let lenders = hub.lending.status();
+            metrics.render(&mut hub.registry, &lenders)
+        });
         tokio::spawn(crate::metrics::serve_http(listener, render))
     });
     tokio::pin!(shutdown);
@@ -395,7 +399,8 @@ fn handle(
             hub.deliver(outbox);
             if let Some(slab) = lent_slab_bytes {
                 let pid = if role.pid_verified { who.pid } else { 0 };
-                let actions = hub.lending.add_borrower(id, pid, gpu.index, slab, now);
+                let weight = hub.registry.weight_of(id);
+                let actions = hub.lending.add_borrower(id, pid, gpu.index, slab, weight, now);
                 hub.carry_out(actions, HashMap::new());
             }
             log(&format!(
