@@ -36,6 +36,7 @@ tensors are its unit, and it is its own site. Two cases make them differ:
   at most 1/:data:`WASTE` of its bytes in rounding to whole chunks, and not when training with
   an optimizer (gradients and moments would need the same cut). Backward acquires the block
   whole, as before. A block implementation switched after :func:`offload` stays correct.
+  (:func:`tiermem.torch.from_pretrained` does not cut yet: its blocks move whole.)
 * **Small tensors are packed.** HBM and the link move whole chunks (2 MiB), so a module whose
   tensors are small (a norm's weight: 6 KB in a 3B Llama) would take a chunk of its own and
   move 300× its bytes: a 3B Llama's 25 norms took 50 MiB of HBM and streamed most of it every
