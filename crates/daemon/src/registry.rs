@@ -124,6 +124,17 @@ pub struct Registry {
 /// Messages to deliver, each to one tenant.
 pub type Outbox = Vec<(TenantId, DaemonMessage)>;
 
+/// `claim` with `charge` units held beyond its chunks (its process's overhead): demand, floor
+/// and quota grow by it, so the share water-filled for it covers both.
+fn charged(claim: Claim, charge: u64) -> Claim {
+    Claim {
+        demand: claim.demand.saturating_add(charge),
+        floor: claim.floor + charge,
+        quota: claim.quota.map(|q| q.saturating_add(charge)),
+        ..claim
+    }
+}
+
 impl Registry {
     pub fn new(config: Config, now: Instant, daemon_uid: u32) -> Self {
         let (tenants, reclaims, ledgers) = (BTreeMap::new(), Vec::new(), BTreeMap::new());
@@ -327,7 +338,15 @@ impl Registry {
             let ids = self.members(pool);
             // Budgets are whole units: the largest chunk among the pool's tenants.
             let unit = ids.iter().map(|id| self.tenants[id].chunk).max().unwrap_or(1);
-            let claims: Vec<Claim> = ids.iter().map(|id| self.claim(&self.tenants[id], pool.tier, unit)).collect();
+            // Each tenant's overhead (the census: its process's memory beyond its chunks) is
+            // shared out as part of its own share and charged to it (census.rs).
+            let charges: Vec<u64> = ids.iter().map(|&id| self.overhead_charge(id, pool, unit)).collect();
+            let capacity = capacity + charges.iter().sum::<u64>() * unit;
+            let claims: Vec<Claim> = ids
+                .iter()
+                .zip(&charges)
+                .map(|(id, &charge)| charged(self.claim(&self.tenants[id], pool.tier, unit), charge))
+                .collect();
             let shares = fair_shares(capacity / unit, &claims);
             // A tenant's own part (what it lends or borrows against) is by its configured
             // weight, whether or not it works now: an idle tenant lends, it does not borrow.
@@ -340,16 +359,20 @@ impl Registry {
                 }
                 false => shares.clone(),
             };
-            let holding: Vec<u64> =
-                ids.iter().map(|id| self.tenants[id].tiers[&pool.tier].holding.div_ceil(unit)).collect();
+            let holding: Vec<u64> = ids
+                .iter()
+                .zip(&charges)
+                .map(|(id, charge)| self.tenants[id].tiers[&pool.tier].holding.div_ceil(unit) + charge)
+                .collect();
             let spare = spread_spare(capacity / unit, &claims, &shares);
             let targets: Vec<u64> = shares.iter().zip(&spare).map(|(s, x)| s.budget + x).collect();
             let granted = stage_grants(capacity / unit, &targets, &holding);
             for (i, id) in ids.iter().enumerate() {
                 let Some(slot) = self.tenants.get_mut(id).and_then(|t| t.tiers.get_mut(&pool.tier)) else { continue };
-                let (budget, target) = (granted[i] * unit, targets[i] * unit);
-                slot.entitled = own[i].entitled * unit;
-                slot.share = shares[i].budget * unit;
+                let chunks = |units: u64| units.saturating_sub(charges[i]) * unit;
+                let (budget, target) = (chunks(granted[i]), chunks(targets[i]));
+                slot.entitled = chunks(own[i].entitled);
+                slot.share = chunks(shares[i].budget);
                 if !slot.pooled || budget != slot.budget || target != slot.target {
                     changed.insert(*id, ());
                 }
@@ -379,6 +402,21 @@ impl Registry {
             outbox.push((id, DaemonMessage::Budget { seq, tiers, deadline_ms: self.config.deadline_ms }));
         }
         outbox
+    }
+
+    /// The units of tenant `id`'s process overhead it is charged in `pool` (the HBM of its
+    /// GPU, where a census has measured it; split evenly among the tenants of one process).
+    fn overhead_charge(&self, id: TenantId, pool: PoolKey, unit: u64) -> u64 {
+        let tenant = &self.tenants[&id];
+        let Some(overhead) = (pool.tier == Tier::Hbm)
+            .then(|| self.ledgers.get(&tenant.gpu.index).and_then(|l| l.overhead(tenant.who.pid)))
+            .flatten()
+        else {
+            return 0;
+        };
+        let same_process =
+            self.tenants.values().filter(|t| t.who.pid == tenant.who.pid && t.gpu.index == tenant.gpu.index).count();
+        overhead.div_ceil(unit).div_ceil(same_process.max(1) as u64)
     }
 
     fn is_idle(&self, tenant: &Tenant, now: Instant) -> bool {

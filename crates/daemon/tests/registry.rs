@@ -419,3 +419,40 @@ fn a_tenant_that_has_allocated_nothing_yet_keeps_its_share_from_a_hog() {
     r.usage(newcomer, demand(100 * MIB), now);
     assert_eq!((target(&r, hog), target(&r, newcomer)), (500 * MIB, 100 * MIB));
 }
+
+#[test]
+fn each_tenant_is_charged_its_own_overhead_so_a_heavy_context_does_not_shrink_the_others() {
+    use tiermem_daemon::census::{Census, MARGIN, SAMPLES};
+    let now = Instant::now();
+    let mut config = config();
+    config.gpus.clear();
+    config.hbm_reserve = tiermem_daemon::config::Size(0);
+    let mut r = Registry::new(config, now, 0);
+    let real = GpuId { index: 0, uuid: Some("GPU-test".into()), total_bytes: 2 << 30, simulated: false };
+    let (a, _, _) = r.register(who(1, None), real.clone(), CHUNK, &[], &[], now);
+    let (b, _, _) = r.register(who(2, None), real.clone(), CHUNK, &[], &[], now);
+    r.usage(a, using(200), now);
+    r.usage(b, using(200), now);
+    // A's process holds 300 MiB beyond its chunks (a large library workspace), B's 100 MiB.
+    let census =
+        Census { total: 2 << 30, used: 800 * MIB, processes: vec![(101, Some(500 * MIB)), (102, Some(300 * MIB))] };
+    let mut outbox = Vec::new();
+    for _ in 0..SAMPLES {
+        outbox.extend(r.record_census(0, &census, now));
+    }
+    // Both meet every budget they are sent (A first gave back what it held alone).
+    for _ in 0..4 {
+        let sent: Vec<(TenantId, u64)> = budgets(&outbox).into_iter().map(|(id, seq, ..)| (id, seq)).collect();
+        for (id, seq) in sent {
+            outbox.extend(r.budget_met(id, seq, now));
+        }
+    }
+    // Each gets half of what other users leave, its own overhead taken from its half.
+    let half = ((2 << 30) - MARGIN) / 2;
+    let last = |id| budgets(&outbox).into_iter().rfind(|&(t, ..)| t == id).map(|(_, _, bytes, _)| bytes);
+    assert_eq!((last(a), last(b)), (Some(half - 300 * MIB), Some(half - 100 * MIB)));
+    let status = r.status(0, None, now);
+    let driver = status.pools[0].driver.as_ref().expect("the driver's accounts");
+    assert_eq!(driver.overhead, 400 * MIB);
+    assert_eq!(status.pools[0].capacity, (2 << 30) - 400 * MIB - MARGIN, "the chunks' capacity is as before");
+}
