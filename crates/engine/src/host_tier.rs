@@ -1,8 +1,10 @@
 //! The host tier: pinned host memory cut into chunk-sized slots.
 //!
 //! Pinning is slow (hundreds of ms per GiB), so memory is pinned in slabs on first need, up
-//! to the host cap, and kept. A page-out of n chunks asks for n slots and gets a contiguous
-//! run when one is free, so that adjacent chunks travel in one copy.
+//! to the host cap, and kept — until a budget (the node daemon's share of the host's pinned
+//! memory, `Engine::set_host_budget`) falls below what is pinned: then slots beyond it are
+//! refused, and wholly free slabs at the end are unpinned. A page-out of n chunks asks for n
+//! slots and gets a contiguous run when one is free, so that adjacent chunks travel in one copy.
 
 use std::collections::{BTreeSet, HashMap};
 use tiermem_mechanism::{Device, HostPtr, Result};
@@ -14,6 +16,9 @@ pub(crate) struct Slot(pub u32);
 pub(crate) struct HostTier {
     chunk: usize,
     slab_slots: usize,
+    /// The most it ever pins (the configured cap, whole slabs).
+    most_slots: usize,
+    /// The most in use: `most_slots`, or less while a budget says so (`set_budget`).
     cap_slots: usize,
     slabs: Vec<HostPtr>,
     free: BTreeSet<Slot>,
@@ -26,8 +31,49 @@ impl HostTier {
     pub fn new(chunk: usize, cap_bytes: usize) -> Self {
         // Slabs of up to 1 GiB (at 2 MiB chunks); the cap is rounded down to whole slabs.
         let slab_slots = (cap_bytes / chunk).clamp(1, 512);
-        let cap_slots = cap_bytes / chunk / slab_slots * slab_slots;
-        Self { chunk, slab_slots, cap_slots, slabs: Vec::new(), free: BTreeSet::new(), held: HashMap::new() }
+        let most_slots = cap_bytes / chunk / slab_slots * slab_slots;
+        Self {
+            chunk,
+            slab_slots,
+            most_slots,
+            cap_slots: most_slots,
+            slabs: Vec::new(),
+            free: BTreeSet::new(),
+            held: HashMap::new(),
+        }
+    }
+
+    /// At most `slots` in use from now on (never more than the configured cap): allocations
+    /// beyond it are refused, as beyond the cap. Slots in use stay; the caller moves them.
+    pub fn set_budget(&mut self, slots: usize) {
+        self.cap_slots = slots.min(self.most_slots);
+    }
+
+    /// Slots in use beyond the budget.
+    pub fn excess(&self) -> usize {
+        self.in_use().saturating_sub(self.cap_slots)
+    }
+
+    /// Unpins the last slabs while they are wholly free and more is pinned than the budget
+    /// allows; returns the bytes unpinned. (A free slab before one in use stays pinned: slots
+    /// are numbered through the slabs.)
+    pub fn unpin_spare(&mut self, device: &dyn Device) -> Result<usize> {
+        let mut unpinned = 0;
+        while self.slabs.len() * self.slab_slots > self.cap_slots {
+            let base = (self.slabs.len() - 1) * self.slab_slots;
+            let slots = (base..base + self.slab_slots).map(|i| Slot(i as u32));
+            if slots.clone().any(|slot| !self.free.contains(&slot)) {
+                break;
+            }
+            let ptr = *self.slabs.last().expect("a slab");
+            device.free_pinned(ptr, self.slab_slots * self.chunk)?;
+            self.slabs.pop();
+            for slot in slots {
+                self.free.remove(&slot);
+            }
+            unpinned += self.slab_slots * self.chunk;
+        }
+        Ok(unpinned)
     }
 
     pub fn cap(&self) -> usize {
@@ -56,9 +102,12 @@ impl HostTier {
 
     /// `n` slots, contiguous where possible; `None` (and nothing taken) if the cap forbids.
     pub fn alloc(&mut self, device: &dyn Device, n: usize) -> Result<Option<Vec<Slot>>> {
+        if self.in_use() + n > self.cap_slots {
+            return Ok(None);
+        }
         while self.free.len() < n {
             let base = self.slabs.len() * self.slab_slots;
-            if base >= self.cap_slots {
+            if base >= self.most_slots {
                 return Ok(None);
             }
             self.slabs.push(device.alloc_pinned(self.slab_slots * self.chunk)?);
@@ -127,5 +176,36 @@ impl HostTier {
         }
         self.free.clear();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tiermem_mechanism::sim::SimDevice;
+
+    /// Slots of 4 KiB: slabs of 512 slots (2 MiB), so three slabs fit a small test.
+    #[test]
+    fn a_budget_refuses_slots_beyond_it_and_unpins_wholly_free_slabs_at_the_end() {
+        const SLOT: usize = 4096;
+        let device = SimDevice::new(8 << 20).unwrap();
+        let mut host = HostTier::new(SLOT, 3 * 512 * SLOT);
+        let first = host.alloc(&device, 600).unwrap().unwrap();
+        let last = host.alloc(&device, 500).unwrap().unwrap();
+        assert_eq!((host.in_use(), host.pinned_bytes()), (1100, 3 * 512 * SLOT));
+        host.set_budget(700);
+        assert_eq!(host.excess(), 400);
+        assert!(host.alloc(&device, 1).unwrap().is_none(), "beyond the budget: refused");
+        assert_eq!(host.unpin_spare(&device).unwrap(), 0, "the last slab is in use");
+        last.into_iter().for_each(|slot| host.free(slot));
+        assert_eq!(host.unpin_spare(&device).unwrap(), 512 * SLOT, "the third slab goes; the second is in use");
+        assert_eq!(device.live().pinned_bytes, 2 * 512 * SLOT);
+        host.set_budget(usize::MAX);
+        assert_eq!(host.cap(), 3 * 512, "never beyond the configured cap");
+        let again = host.alloc(&device, 900).unwrap().expect("room again, pinned anew");
+        assert_eq!(host.pinned_bytes(), 3 * 512 * SLOT);
+        first.into_iter().chain(again).for_each(|slot| host.free(slot));
+        host.release_all(&device).unwrap();
+        assert_eq!(device.live().pinned_bytes, 0);
     }
 }

@@ -101,6 +101,13 @@ pub trait Leaseholder: Send + Sync + 'static {
     fn meet_peer_budget(&self, bytes: u64) -> Result<(), String> {
         self.engine().set_peer_budget(bytes as usize).map(drop).map_err(|e| e.to_string())
     }
+
+    /// Meets a budget of `bytes` of the node's pinned host memory, returning once what
+    /// exceeds it has spilled to the file tier and spare pinned memory is unpinned. Default:
+    /// the engine's host budget.
+    fn meet_host_budget(&self, bytes: u64) -> Result<(), String> {
+        self.engine().set_host_budget(bytes as usize).map(drop).map_err(|e| e.to_string())
+    }
 }
 
 impl Leaseholder for Engine {

@@ -151,6 +151,10 @@ fn session(weak: &Weak<dyn Leaseholder>, shared: &Shared, options: &Options) -> 
                     // What it may borrow from neighbours (a pool the daemon shares out).
                     met = met.and_then(|()| holder.meet_peer_budget(peer.bytes));
                 }
+                if let Some(host) = tiers.iter().find(|t| t.tier == Tier::Host) {
+                    // Its share of the node's pinned host memory (`[tiers] host`).
+                    met = met.and_then(|()| holder.meet_host_budget(host.bytes));
+                }
                 match met {
                     Ok(()) => connection.send(&ClientMessage::BudgetMet { seq })?,
                     // Not acknowledged: the daemon's deadline marks this tenant late.

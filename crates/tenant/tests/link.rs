@@ -162,3 +162,58 @@ fn what_neighbours_lend_is_shared_out_by_the_daemon_and_given_back_when_asked() 
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+fn engine_with_file(name: &str) -> Arc<Engine> {
+    let file = std::env::temp_dir().join(format!("tiermem-link-{name}-{}.tier", std::process::id()));
+    let config = EngineConfig {
+        backend: "sim".parse().unwrap(),
+        hbm_limit: Some(64 << 20),
+        sim_hbm: 64 << 20,
+        host_limit: Some(256 << 20),
+        file: Some(file),
+        file_limit: 256 << 20,
+        ..EngineConfig::default()
+    };
+    Arc::new(Engine::new(config).unwrap())
+}
+
+fn host_used(engine: &Engine) -> u64 {
+    engine.stats().tiers[Tier::Host].used_bytes as u64
+}
+
+#[test]
+fn the_nodes_pinned_host_memory_is_shared_out_and_met_by_spilling_to_the_file() {
+    let path = socket("host");
+    let config = "[tiers]\nhost = \"64MiB\"\n[[gpu]]\nindex = 0\nhbm = \"32MiB\"";
+    let _daemon = tiermem_daemon::spawn(&path, tiermem_daemon::Config::parse(config, "test").unwrap()).unwrap();
+    let write = |engine: &Engine, byte: u8| {
+        let (buffer, _) = engine.alloc(80 << 20, AllocOptions::default()).unwrap();
+        let bytes = vec![byte; 8 << 20];
+        for offset in (0..80 << 20).step_by(8 << 20) {
+            engine.write(buffer, offset, &bytes).unwrap();
+        }
+        buffer
+    };
+    let a = engine_with_file("host-a");
+    let link_a = DaemonLink::attach(&a, path.clone(), None).unwrap();
+    link_a.wait_for(SETTLE, settled_at(32 * MIB));
+    let a_buffer = write(&a, 5);
+    let b = engine_with_file("host-b");
+    let link_b = DaemonLink::attach(&b, path.clone(), None).unwrap();
+    link_b.wait_for(SETTLE, settled_at(16 * MIB)); // half the GPU each (A gave its half back)
+    let b_buffer = write(&b, 6);
+    // Together they hold 128 MiB below HBM against 64 MiB of host: each is held to about half.
+    let deadline = std::time::Instant::now() + SETTLE;
+    while host_used(&a) + host_used(&b) > 64 * MIB {
+        assert!(std::time::Instant::now() < deadline, "host use {} + {}", host_used(&a), host_used(&b));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (engine, buffer, byte) in [(&a, a_buffer, 5u8), (&b, b_buffer, 6u8)] {
+        assert!(engine.stats().tiers.get(Tier::File).is_some_and(|f| f.used_bytes > 0), "spilled to the file");
+        let mut back = vec![0u8; 8 << 20];
+        for offset in (0..80 << 20).step_by(8 << 20) {
+            engine.read(buffer, offset, &mut back).unwrap();
+            assert!(back.iter().all(|&x| x == byte), "every byte survived the spill");
+        }
+    }
+}
