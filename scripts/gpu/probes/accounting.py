@@ -10,9 +10,12 @@ process exits:
   counts as used (within what moves between two reports);
 * every tenant's overhead is what nvidia-smi says its process holds less its chunks;
 * the tenants finish with every byte checked (no acquire failed for want of memory);
-* when the foreign process exits, the capacity grows back.
+* when the foreign process exits, the capacity grows back;
+* with ``--outside-gib N``, the first tenant also holds N GiB outside tiermem (a plain
+  allocation): its overhead is charged to its own share, so its budget is N GiB below the
+  other's (the tenants' contexts are alike), not N/2 below each.
 
-Usage: accounting.py TIERMEM_BINARY OUT_JSON [--foreign-gib 20] [--tenant-gib 65]
+Usage: accounting.py TIERMEM_BINARY OUT_JSON [--foreign-gib 20] [--tenant-gib 65] [--outside-gib 0]
 """
 
 import argparse
@@ -66,6 +69,10 @@ def checks(snap, tenant_pids, foreign_pid):
     out["overhead_by_pid"] = {pid: t.get("overhead") for pid, t in tenants.items()}
     out["smi_minus_chunks_by_pid"] = {pid: smi.get(pid, 0) - chunks[pid] for pid in tenants}
     out["others_match_smi"] = abs(driver["others"] - others) <= 64 << 20
+    out["budget_by_pid"] = {}
+    for share in hbm["shares"]:
+        pid = next(t["pid"] for t in snap["report"]["tenants"] if t["tenant"] == share["tenant"])
+        out["budget_by_pid"][pid] = share["budget"]
     out["ok"] = out["capacity_within_driver"] and out["budgets_within_capacity"] and out["others_match_smi"]
     return out
 
@@ -76,6 +83,7 @@ def main():
     ap.add_argument("out", type=Path)
     ap.add_argument("--foreign-gib", type=int, default=20)
     ap.add_argument("--tenant-gib", type=int, default=65)
+    ap.add_argument("--outside-gib", type=int, default=0)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tiermem-accounting-"))
     socket, stop = str(tmp / "tiermemd.sock"), tmp / "stop"
@@ -87,10 +95,11 @@ def main():
         "torch.cuda.synchronize(); print('ready', flush=True); time.sleep(3600)") % args.foreign_gib],
         stdout=subprocess.PIPE, text=True)
     assert foreign.stdout.readline().strip() == "ready"
+    outside = [["--outside", f"{args.outside_gib}GiB"]] if args.outside_gib else [[]]
     tenants = [subprocess.Popen([args.tiermem, "bench", "tenant-worker", "--working-set", f"{args.tenant_gib}GiB",
-                                 "--buffer-size", "512MiB", "--stop-file", str(stop)],
-                                env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    result = {"foreign_gib": args.foreign_gib, "tenant_gib": args.tenant_gib}
+                                 "--buffer-size", "512MiB", "--stop-file", str(stop)] + extra,
+                                env=env, stdout=subprocess.PIPE, text=True) for extra in outside + [[]]]
+    result = {"foreign_gib": args.foreign_gib, "tenant_gib": args.tenant_gib, "outside_gib": args.outside_gib}
     try:
         time.sleep(12)  # the tenants fill their working sets (paging beyond their budgets)
         tenant_pids = {t.pid for t in tenants}
@@ -105,8 +114,13 @@ def main():
         result["tenants_ok"] = all(o["mismatched_words"] == 0 for o in outcomes) and all(t.returncode == 0 for t in tenants)
         grew = result["after_foreign_exit"]["capacity"] - result["with_foreign"]["capacity"]
         result["capacity_grew_bytes"] = grew
+        budgets = result["after_foreign_exit"]["budget_by_pid"]
+        gap = budgets.get(tenants[1].pid, 0) - budgets.get(tenants[0].pid, 0)
+        result["budget_gap_bytes"] = gap  # the second tenant's budget less the first's
+        result["charged_to_its_own_share"] = abs(gap - args.outside_gib * GIB) <= GIB // 2
         result["verified"] = bool(result["with_foreign"]["ok"] and result["after_foreign_exit"]["ok"]
-                                  and result["tenants_ok"] and grew >= (args.foreign_gib - 1) * GIB)
+                                  and result["tenants_ok"] and grew >= (args.foreign_gib - 1) * GIB
+                                  and result["charged_to_its_own_share"])
     finally:
         for p in tenants + [foreign, daemon]:
             if p.poll() is None:

@@ -36,6 +36,10 @@ pub struct WorkerArgs {
     /// After this many rounds, acquire nothing more (an idle tenant) until --stop-file exists.
     #[arg(long)]
     pub idle_after_rounds: Option<u64>,
+    /// Also hold this much GPU memory outside tiermem (a plain allocation, written once), as a
+    /// program's own allocations or a library's workspace would: its process's overhead.
+    #[arg(long, value_parser = tiermem::parse_size)]
+    pub outside: Option<usize>,
 }
 
 /// How long an acquire is retried while the budget is too small for it (a tenant that just
@@ -97,6 +101,16 @@ pub fn run(args: WorkerArgs) -> Result<(), String> {
     let stream = device.create_stream(StreamPriority::High).map_err(|e| e.to_string())?;
     let counter = device.alloc_plain(4).map_err(|e| e.to_string())?;
     device.write(counter, &[0; 4]).map_err(|e| e.to_string())?;
+    let outside = match args.outside {
+        Some(bytes) if bytes > 0 => {
+            let ptr = device.alloc_plain(bytes).map_err(|e| format!("tenant-worker: --outside {bytes}: {e}"))?;
+            // Written, so that the driver backs every page of it.
+            let launched = device.fill_pattern_async(ptr, bytes / 8, 1, 0, stream);
+            launched.and_then(|()| device.synchronize_stream(stream)).map_err(|e| e.to_string())?;
+            Some(ptr)
+        }
+        _ => None,
+    };
     let size = args.buffer_size.next_multiple_of(engine.chunk_size());
     let mut worker = Worker { engine: Arc::clone(&engine), stream, counter, size, retries: 0 };
     let mut buffers = Vec::new();
@@ -156,6 +170,9 @@ pub fn run(args: WorkerArgs) -> Result<(), String> {
     }
     for (id, _, _) in buffers {
         engine.free(id).map_err(|e| e.to_string())?;
+    }
+    if let Some(ptr) = outside {
+        device.free_plain(ptr).map_err(|e| e.to_string())?;
     }
     device.free_plain(counter).and_then(|()| device.destroy_stream(stream)).map_err(|e| e.to_string())?;
     match mismatches {
