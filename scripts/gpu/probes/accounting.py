@@ -13,7 +13,9 @@ process exits:
 * when the foreign process exits, the capacity grows back;
 * with ``--outside-gib N``, the first tenant also holds N GiB outside tiermem (a plain
   allocation): its overhead is charged to its own share, so its budget is N GiB below the
-  other's (the tenants' contexts are alike), not N/2 below each.
+  other's (the tenants' contexts are alike), not N/2 below each. (Only while they contend:
+  give each a working set above half the GPU, e.g. ``--tenant-gib 80``; tenants that both fit
+  get what they ask whatever their overheads.)
 
 Usage: accounting.py TIERMEM_BINARY OUT_JSON [--foreign-gib 20] [--tenant-gib 65] [--outside-gib 0]
 """
