@@ -12,8 +12,8 @@ process exits:
 * the tenants finish with every byte checked (no acquire failed for want of memory);
 * when the foreign process exits, the capacity grows back;
 * with ``--outside-gib N``, the first tenant also holds N GiB outside tiermem (a plain
-  allocation): its overhead is charged to its own share, so its budget is N GiB below the
-  other's (the tenants' contexts are alike), not N/2 below each. (Only while they contend:
+  allocation): its overhead is charged to its own share, so its budget's target is N GiB below
+  the other's (the tenants' contexts are alike), not N/2 below each. (Only while they contend:
   give each a working set above half the GPU, e.g. ``--tenant-gib 80``; tenants that both fit
   get what they ask whatever their overheads.)
 
@@ -71,10 +71,11 @@ def checks(snap, tenant_pids, foreign_pid):
     out["overhead_by_pid"] = {pid: t.get("overhead") for pid, t in tenants.items()}
     out["smi_minus_chunks_by_pid"] = {pid: smi.get(pid, 0) - chunks[pid] for pid in tenants}
     out["others_match_smi"] = abs(driver["others"] - others) <= 64 << 20
-    out["budget_by_pid"] = {}
+    out["budget_by_pid"], out["target_by_pid"] = {}, {}
     for share in hbm["shares"]:
         pid = next(t["pid"] for t in snap["report"]["tenants"] if t["tenant"] == share["tenant"])
         out["budget_by_pid"][pid] = share["budget"]
+        out["target_by_pid"][pid] = share["target"]  # where its budget is going (grants are staged)
     out["ok"] = out["capacity_within_driver"] and out["budgets_within_capacity"] and out["others_match_smi"]
     return out
 
@@ -116,9 +117,9 @@ def main():
         result["tenants_ok"] = all(o["mismatched_words"] == 0 for o in outcomes) and all(t.returncode == 0 for t in tenants)
         grew = result["after_foreign_exit"]["capacity"] - result["with_foreign"]["capacity"]
         result["capacity_grew_bytes"] = grew
-        budgets = result["after_foreign_exit"]["budget_by_pid"]
-        gap = budgets.get(tenants[1].pid, 0) - budgets.get(tenants[0].pid, 0)
-        result["budget_gap_bytes"] = gap  # the second tenant's budget less the first's
+        targets = result["after_foreign_exit"]["target_by_pid"]
+        gap = targets.get(tenants[1].pid, 0) - targets.get(tenants[0].pid, 0)
+        result["target_gap_bytes"] = gap  # the second tenant's target less the first's
         result["charged_to_its_own_share"] = abs(gap - args.outside_gib * GIB) <= GIB // 2
         result["verified"] = bool(result["with_foreign"]["ok"] and result["after_foreign_exit"]["ok"]
                                   and result["tenants_ok"] and grew >= (args.foreign_gib - 1) * GIB
