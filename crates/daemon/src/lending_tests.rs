@@ -52,21 +52,33 @@ fn a_borrower_gets_what_it_wants_up_to_the_offer_and_never_from_its_own_gpu() {
     assert!(l.lenders.contains_key(&other));
 }
 
-#[test]
-fn two_borrowers_converge_to_equal_shares() {
-    let (mut l, now) = (lending(), Instant::now());
+/// Settles `actions`, then rebalances and settles again as each usage report would, until
+/// nothing moves.
+fn settle_rounds(l: &mut Lending, mut actions: Vec<Action>, now: Instant) {
+    for _ in 0..20 {
+        settle(l, actions, now);
+        actions = l.rebalance(now);
+    }
+}
+
+/// One lender of 8 slabs on GPU 1; borrower 1 (weight 1) takes all of them alone, then borrower
+/// 2 (weight `weight`) comes wanting as much; returns once they have settled.
+fn newcomer_of_weight(weight: u32, now: Instant) -> Lending {
+    let mut l = lending();
     l.add_lender(10, 1, 8 * SLAB, now);
     l.add_borrower(1, 100, 0, SLAB, 1, now);
     let wanted = l.set_want(1, 20 * SLAB, now);
     settle(&mut l, wanted, now);
     assert_eq!(lent_to(&l, 1), 8 * SLAB, "alone, it takes everything");
-    l.add_borrower(2, 200, 0, SLAB, 1, now);
-    let mut actions = l.set_want(2, 20 * SLAB, now);
-    for _ in 0..20 {
-        settle(&mut l, actions, now);
-        // Each usage report rebalances once more.
-        actions = l.rebalance(now);
-    }
+    l.add_borrower(2, 200, 0, SLAB, weight, now);
+    let actions = l.set_want(2, 20 * SLAB, now);
+    settle_rounds(&mut l, actions, now);
+    l
+}
+
+#[test]
+fn two_borrowers_converge_to_equal_shares() {
+    let l = newcomer_of_weight(1, Instant::now());
     assert_eq!((lent_to(&l, 1), lent_to(&l, 2)), (4 * SLAB, 4 * SLAB));
 }
 
@@ -184,25 +196,12 @@ fn a_slab_given_back_unasked_is_one_the_borrower_cannot_map_and_that_lender_lend
 
 #[test]
 fn shares_follow_the_tenants_weights_and_a_heavier_newcomer_gets_its_share_back() {
-    let (mut l, now) = (lending(), Instant::now());
-    l.add_lender(10, 1, 8 * SLAB, now);
-    l.add_borrower(1, 100, 0, SLAB, 1, now);
-    let wanted = l.set_want(1, 20 * SLAB, now);
-    settle(&mut l, wanted, now);
-    assert_eq!(lent_to(&l, 1), 8 * SLAB, "alone, it takes everything");
-    l.add_borrower(2, 200, 0, SLAB, 3, now);
-    let mut actions = l.set_want(2, 20 * SLAB, now);
-    for _ in 0..20 {
-        settle(&mut l, actions, now);
-        actions = l.rebalance(now);
-    }
+    let now = Instant::now();
+    let mut l = newcomer_of_weight(3, now);
     assert_eq!((lent_to(&l, 1), lent_to(&l, 2)), (2 * SLAB, 6 * SLAB), "8 slabs shared 1:3");
     // A want below the weighted share caps it; the rest goes to the other.
-    let mut actions = l.set_want(2, 5 * SLAB, now);
-    for _ in 0..20 {
-        settle(&mut l, actions, now);
-        actions = l.rebalance(now);
-    }
+    let actions = l.set_want(2, 5 * SLAB, now);
+    settle_rounds(&mut l, actions, now);
     assert_eq!((lent_to(&l, 1), lent_to(&l, 2)), (3 * SLAB, 5 * SLAB));
 }
 

@@ -279,17 +279,21 @@ fn neighbours_lent_hbm_is_shared_out_by_weight_when_configured() {
     assert_eq!(tier_budgets(&outbox, Tier::Peer), vec![(a, 200 * MIB), (b, 0)]);
 }
 
+/// A registry and a real GPU of `total` bytes with no capacity configured and no reserve: the
+/// census alone decides what is shared out.
+fn census_only(total: u64, now: Instant) -> (Registry, GpuId) {
+    let mut config = config();
+    config.gpus.clear();
+    config.hbm_reserve = tiermem_daemon::config::Size(0);
+    let real = GpuId { index: 0, uuid: Some("GPU-test".into()), total_bytes: total, simulated: false };
+    (Registry::new(config, now, 0), real)
+}
+
 #[test]
 fn the_drivers_census_limits_the_capacity_to_what_other_users_leave_and_status_adds_it_up() {
     use tiermem_daemon::census::{Census, MARGIN, SAMPLES};
     let now = Instant::now();
-    // A real GPU of 1 GiB with no capacity configured: the default is its size less 2 GiB
-    // of reserve, so here the census alone decides.
-    let mut config = config();
-    config.gpus.clear();
-    config.hbm_reserve = tiermem_daemon::config::Size(0);
-    let mut r = Registry::new(config, now, 0);
-    let real = GpuId { index: 0, uuid: Some("GPU-test".into()), total_bytes: 1 << 30, simulated: false };
+    let (mut r, real) = census_only(1 << 30, now);
     let (a, _, outbox) = r.register(who(1, None), real.clone(), CHUNK, &[], &[], now);
     assert_eq!(budgets(&outbox), vec![(a, 1, 1 << 30, 1 << 30)], "no census yet: the whole GPU");
     assert_eq!(r.census_gpus(), vec![(0, "GPU-test".to_owned())]);
@@ -424,11 +428,7 @@ fn a_tenant_that_has_allocated_nothing_yet_keeps_its_share_from_a_hog() {
 fn each_tenant_is_charged_its_own_overhead_so_a_heavy_context_does_not_shrink_the_others() {
     use tiermem_daemon::census::{Census, MARGIN, SAMPLES};
     let now = Instant::now();
-    let mut config = config();
-    config.gpus.clear();
-    config.hbm_reserve = tiermem_daemon::config::Size(0);
-    let mut r = Registry::new(config, now, 0);
-    let real = GpuId { index: 0, uuid: Some("GPU-test".into()), total_bytes: 2 << 30, simulated: false };
+    let (mut r, real) = census_only(2 << 30, now);
     let (a, _, _) = r.register(who(1, None), real.clone(), CHUNK, &[], &[], now);
     let (b, _, _) = r.register(who(2, None), real.clone(), CHUNK, &[], &[], now);
     r.usage(a, using(200), now);
