@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-use tiermem::Engine;
+use tiermem::{Engine, Tier};
 
 /// How often usage is looked at (and sent when it changed).
 pub const REPORT_EVERY: Duration = Duration::from_millis(50);
@@ -104,9 +104,21 @@ pub trait Leaseholder: Send + Sync + 'static {
 
     /// Meets a budget of `bytes` of the node's pinned host memory, returning once what
     /// exceeds it has spilled to the file tier and spare pinned memory is unpinned. Default:
-    /// the engine's host budget.
+    /// the engine's host budget; an error (the budget is not acknowledged, so the daemon sees
+    /// the tenant late) while more than the budget stays in use, as without a file tier.
     fn meet_host_budget(&self, bytes: u64) -> Result<(), String> {
-        self.engine().set_host_budget(bytes as usize).map(drop).map_err(|e| e.to_string())
+        let engine = self.engine();
+        engine.set_host_budget(bytes as usize).map_err(|e| e.to_string())?;
+        let stats = engine.stats();
+        let (used, cap) = (stats.tiers[Tier::Host].used_bytes, stats.tiers[Tier::Host].capacity_bytes);
+        match used <= cap {
+            true => Ok(()),
+            false => Err(format!(
+                "{} of host memory in use, {} over the budget (no file tier to spill it to: it leaves as it is paged in)",
+                tiermem::format_size(used),
+                tiermem::format_size(used - cap)
+            )),
+        }
     }
 }
 
