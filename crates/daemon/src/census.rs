@@ -63,6 +63,9 @@ pub struct Ledger {
     unusable: Option<String>,
     /// The capacity last adopted (before the margin), changed only by [`STEADY`] or more.
     adopted: Option<u64>,
+    /// Per tenant process: the overhead last adopted (what it is charged, registry.rs),
+    /// changed only when its median moves by [`STEADY`] or more.
+    charged: BTreeMap<u32, u64>,
 }
 
 impl Ledger {
@@ -83,6 +86,7 @@ impl Ledger {
             (true, _) => None,
         };
         self.overheads.retain(|pid, _| tenants.contains_key(pid));
+        self.charged.retain(|pid, _| tenants.contains_key(pid));
         if self.unusable.is_some() {
             return;
         }
@@ -100,9 +104,26 @@ impl Ledger {
                 samples.pop_front();
             }
         }
-        let counted = self.total.saturating_sub(self.others).saturating_sub(self.overhead_sum());
+        for &pid in tenants.keys() {
+            let median = self.overhead(pid).unwrap_or(0);
+            let charged = self.charged.entry(pid).or_insert(median);
+            if charged.abs_diff(median) >= STEADY {
+                *charged = median;
+            }
+        }
+        let counted = self.total.saturating_sub(self.others).saturating_sub(self.charged.values().sum());
         if self.adopted.is_none_or(|adopted| adopted.abs_diff(counted) >= STEADY) {
             self.adopted = Some(counted);
+        }
+    }
+
+    /// The overhead tenant process `pid` is charged (registry.rs): its median overhead as last
+    /// adopted, which moves only by [`STEADY`] or more, so that an overhead wandering by a few
+    /// MiB does not move every tenant's budget each census.
+    pub fn charge(&self, pid: u32) -> Option<u64> {
+        match &self.unusable {
+            Some(_) => None,
+            None => self.charged.get(&pid).copied(),
         }
     }
 

@@ -409,7 +409,7 @@ impl Registry {
     fn overhead_charge(&self, id: TenantId, pool: PoolKey, unit: u64) -> u64 {
         let tenant = &self.tenants[&id];
         let Some(overhead) = (pool.tier == Tier::Hbm)
-            .then(|| self.ledgers.get(&tenant.gpu.index).and_then(|l| l.overhead(tenant.who.pid)))
+            .then(|| self.ledgers.get(&tenant.gpu.index).and_then(|l| l.charge(tenant.who.pid)))
             .flatten()
         else {
             return 0;

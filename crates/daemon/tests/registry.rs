@@ -455,4 +455,10 @@ fn each_tenant_is_charged_its_own_overhead_so_a_heavy_context_does_not_shrink_th
     let driver = status.pools[0].driver.as_ref().expect("the driver's accounts");
     assert_eq!(driver.overhead, 400 * MIB);
     assert_eq!(status.pools[0].capacity, (2 << 30) - 400 * MIB - MARGIN, "the chunks' capacity is as before");
+    // Overheads wandering by a few MiB move no budget (each census would otherwise evict).
+    for wander in [10, 30, 20, 40, 10] {
+        let processes = vec![(101, Some((500 + wander) * MIB)), (102, Some((300 - wander) * MIB))];
+        let outbox = r.record_census(0, &Census { total: 2 << 30, used: 800 * MIB, processes }, now);
+        assert!(budgets(&outbox).is_empty(), "a census {wander} MiB off sent {:?}", budgets(&outbox));
+    }
 }
