@@ -23,10 +23,12 @@
 //! it would make every tenant evict for nothing; for the same reason the capacity moves only
 //! by [`STEADY`] or more (well within the margin). The registry takes the smaller of this and
 //! the configured capacity (registry.rs, `pools`), and `tiermem status` shows every term.
-//! It then charges each tenant its own process's overhead: the pool is shared out with every
+//! Where this count, not the configured capacity, is what limits the chunks, the registry
+//! then charges each tenant its own process's overhead: the pool is shared out with every
 //! overhead added back, each tenant claiming its overhead on top of its chunks, and the
 //! overhead is taken from that tenant's budget (registry.rs, `rebalance`), so one process's
-//! large context or workspace shrinks its own budget, not its neighbours'.
+//! large context or workspace shrinks its own budget, not its neighbours'. A charge (and
+//! with it the capacity) moves only when the overhead moves by [`STEADY`] or more.
 //!
 //! NVML names processes as the host's pid namespace does, the daemon its tenants as its own
 //! namespace does (`SO_PEERCRED`). Where they differ (a daemon in a container without the

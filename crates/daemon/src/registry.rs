@@ -404,14 +404,16 @@ impl Registry {
         outbox
     }
 
-    /// The units of tenant `id`'s process overhead it is charged in `pool` (the HBM of its
-    /// GPU, where a census has measured it; split evenly among the tenants of one process).
+    /// The units of tenant `id`'s process overhead it is charged in `pool`: the HBM of its
+    /// GPU, where a census has measured it and the driver's count, not the configured
+    /// capacity, is what limits the chunks (only then do overheads take memory the chunks could
+    /// have had); split evenly among the tenants of one process.
     fn overhead_charge(&self, id: TenantId, pool: PoolKey, unit: u64) -> u64 {
         let tenant = &self.tenants[&id];
-        let Some(overhead) = (pool.tier == Tier::Hbm)
-            .then(|| self.ledgers.get(&tenant.gpu.index).and_then(|l| l.charge(tenant.who.pid)))
-            .flatten()
-        else {
+        let gpu = tenant.gpu.index;
+        let configured = self.config.hbm_capacity(gpu, tenant.gpu.total_bytes, tenant.gpu.simulated);
+        let ledger = self.ledgers.get(&gpu).filter(|l| l.capacity(MARGIN).is_some_and(|c| c < configured));
+        let Some(overhead) = ledger.filter(|_| pool.tier == Tier::Hbm).and_then(|l| l.charge(tenant.who.pid)) else {
             return 0;
         };
         let same_process =

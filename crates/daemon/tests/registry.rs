@@ -462,3 +462,23 @@ fn each_tenant_is_charged_its_own_overhead_so_a_heavy_context_does_not_shrink_th
         assert!(budgets(&outbox).is_empty(), "a census {wander} MiB off sent {:?}", budgets(&outbox));
     }
 }
+
+#[test]
+fn overheads_are_not_charged_where_the_configured_capacity_binds_rather_than_the_driver() {
+    use tiermem_daemon::census::{Census, SAMPLES};
+    let now = Instant::now();
+    let mut r = Registry::new(config(), now, 0); // GPU 0 shares 600 MiB, far below what the census leaves
+    let real = GpuId { index: 0, uuid: Some("GPU-test".into()), total_bytes: 2 << 30, simulated: false };
+    let (a, _, _) = r.register(who(1, None), real.clone(), CHUNK, &[], &[], now);
+    let (b, _, _) = r.register(who(2, None), real.clone(), CHUNK, &[], &[], now);
+    r.usage(a, using(200), now);
+    r.usage(b, using(200), now);
+    let census =
+        Census { total: 2 << 30, used: 800 * MIB, processes: vec![(101, Some(500 * MIB)), (102, Some(300 * MIB))] };
+    for _ in 0..SAMPLES {
+        r.record_census(0, &census, now);
+    }
+    let status = r.status(0, None, now);
+    let targets: Vec<u64> = status.pools[0].shares.iter().map(|s| s.target).collect();
+    assert_eq!(targets, vec![300 * MIB, 300 * MIB], "the overheads take nothing from the 600 MiB configured");
+}
