@@ -38,7 +38,7 @@ from . import _tiermem
 from . import units as units_module
 from ._tiermem import BufferStateError, InvalidArgumentError, Pool, TiermemError
 from .experts import fill_experts, unmark_experts
-from .units import Experts, Site, Unit, plan, view as _view
+from .units import Experts, Site, Unit, dedup, phase_buffers, plan, view as _view
 _OFFLOADED = "_tiermem_offload"
 _STEP_KEYS = itertools.count(1)  # the engine's keys of the steps (Offload._key)
 WINDOW_SHARE = 8  # the paging-ahead window is at most this fraction of the HBM cap (Offload.window_bytes)
@@ -130,7 +130,7 @@ class Offload:
         return found
 
     def _enter(self, key, phase: str) -> None:
-        entries = _dedup(key.phase(phase))
+        entries = dedup(key.phase(phase))
         self.pool.step_enters(self._key(key, phase), [b for b, _ in entries], self.window_bytes)
         stream, acquired = _stream(), []
         try:
@@ -376,7 +376,7 @@ class Offload:
         says when the copies are done. Running the model before then is safe (it waits on
         the device for what it needs)."""
         self._usable("Offload.wake")
-        order = [b for key, phase in self.schedule if phase == "forward" for b in _buffers(key.phase(phase))]
+        order = [b for key, phase in self.schedule if phase == "forward" for b in phase_buffers(key.phase(phase))]
         order += [u.parts["weights"] for u in self.units]
         stats = self.pool.stats()
         room = stats["hbm"]["capacity_bytes"] - stats["hbm"]["used_bytes"]
@@ -426,21 +426,6 @@ class Waking:
         self._thread.join()
         if self._error is not None:
             raise self._error
-
-
-def _buffers(entries) -> list:
-    return [b for b, _ in _dedup(entries)]
-
-
-def _dedup(entries):
-    """Entries ``(buffer, write)`` with each buffer once (writing if any entry writes)."""
-    out: dict[int, list] = {}
-    for buffer, write in entries:
-        if id(buffer) in out:
-            out[id(buffer)][1] |= write
-        else:
-            out[id(buffer)] = [buffer, write]
-    return [tuple(e) for e in out.values()]
 
 
 def _first_grad_tensor(output):

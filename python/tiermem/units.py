@@ -319,3 +319,19 @@ def view(buffer, offset: int, like: torch.Tensor) -> torch.Tensor:
     raw = torch.from_dlpack(buffer)  # uint8, keeps the buffer alive
     n = like.numel() * like.element_size()
     return raw[offset : offset + n].view(like.dtype).view(like.shape)
+
+
+def phase_buffers(entries) -> list:
+    """The buffers of a phase's entries, each once."""
+    return [b for b, _ in dedup(entries)]
+
+
+def dedup(entries):
+    """Entries ``(buffer, write)`` with each buffer once (writing if any entry writes)."""
+    out: dict[int, list] = {}
+    for buffer, write in entries:
+        if id(buffer) in out:
+            out[id(buffer)][1] |= write
+        else:
+            out[id(buffer)] = [buffer, write]
+    return [tuple(e) for e in out.values()]
