@@ -84,6 +84,27 @@ def test_errors_are_tiermem_exceptions_that_change_nothing(pool):
         tiermem.OutOfMemoryError, tiermem.DeviceError, tiermem.FileTierError))
 
 
+def test_parts_lie_side_by_side_keep_their_bytes_and_bad_sizes_are_refused(pool):
+    parts = pool.alloc_parts([3 * CHUNK, CHUNK + 5, CHUNK], name="experts")
+    assert [p.size for p in parts] == [3 * CHUNK, CHUNK + 5, CHUNK]
+    assert [b.ptr - a.ptr for a, b in zip(parts, parts[1:])] == [3 * CHUNK, 2 * CHUNK], "from chunk boundaries"
+    assert [p.name for p in parts] == ["experts[0]", "experts[1]", "experts[2]"]
+    data = [pattern(i, p.size) for i, p in enumerate(parts)]
+    for p, d in zip(parts, data):
+        p.write(d)
+    for p in parts:  # each moves alone, through an HBM of four chunks
+        with pool.acquired([p]):
+            pass
+    assert [p.read() for p in parts] == data
+    parts[1].free()
+    assert parts[0].read() == data[0] and parts[2].read() == data[2], "freeing one part leaves the others"
+    for bad, says in (([], "alloc_parts"), ([CHUNK, 0], "alloc_parts"), (["lots"], "sizes"), ([-1], "sizes")):
+        with pytest.raises(tiermem.InvalidArgumentError, match=says):
+            pool.alloc_parts(bad)
+    with pytest.raises(tiermem.OutOfMemoryError, match="alloc_parts"):
+        pool.alloc_parts([1 << 40, CHUNK])
+
+
 def test_buffers_of_another_pool_are_refused(pool):
     other = tiermem.Pool(backend="sim", hbm_limit=2 * CHUNK, host_limit="8MiB")
     foreign = other.alloc(CHUNK)
