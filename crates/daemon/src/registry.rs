@@ -340,7 +340,7 @@ impl Registry {
             let unit = ids.iter().map(|id| self.tenants[id].chunk).max().unwrap_or(1);
             // Each tenant's overhead (the census: its process's memory beyond its chunks) is
             // shared out as part of its own share and charged to it (census.rs).
-            let charges: Vec<u64> = ids.iter().map(|&id| self.overhead_charge(id, pool, unit)).collect();
+            let charges = self.overhead_charges(pool, &ids, unit);
             let capacity = capacity + charges.iter().sum::<u64>() * unit;
             let claims: Vec<Claim> = ids
                 .iter()
@@ -404,21 +404,30 @@ impl Registry {
         outbox
     }
 
-    /// The units of tenant `id`'s process overhead it is charged in `pool`: the HBM of its
-    /// GPU, where a census has measured it and the driver's count, not the configured
-    /// capacity, is what limits the chunks (only then do overheads take memory the chunks could
-    /// have had); split evenly among the tenants of one process.
-    fn overhead_charge(&self, id: TenantId, pool: PoolKey, unit: u64) -> u64 {
-        let tenant = &self.tenants[&id];
-        let gpu = tenant.gpu.index;
-        let configured = self.config.hbm_capacity(gpu, tenant.gpu.total_bytes, tenant.gpu.simulated);
-        let ledger = self.ledgers.get(&gpu).filter(|l| l.capacity(MARGIN).is_some_and(|c| c < configured));
-        let Some(overhead) = ledger.filter(|_| pool.tier == Tier::Hbm).and_then(|l| l.charge(tenant.who.pid)) else {
-            return 0;
+    /// The units of process overhead each of `ids` (the members of `pool`) is charged: in the
+    /// HBM of a GPU where a census has measured it and the driver's count, not the configured
+    /// capacity, is what limits the chunks (only then do overheads take memory the chunks
+    /// could have had); a process's overhead split evenly among its tenants. Zero elsewhere.
+    fn overhead_charges(&self, pool: PoolKey, ids: &[TenantId], unit: u64) -> Vec<u64> {
+        let ledger = match (pool.tier, pool.gpu, ids.first()) {
+            (Tier::Hbm, Some(gpu), Some(first)) => {
+                let g = &self.tenants[first].gpu;
+                let configured = self.config.hbm_capacity(gpu, g.total_bytes, g.simulated);
+                self.ledgers.get(&gpu).filter(|l| l.capacity(MARGIN).is_some_and(|c| c < configured))
+            }
+            _ => None,
         };
-        let same_process =
-            self.tenants.values().filter(|t| t.who.pid == tenant.who.pid && t.gpu.index == tenant.gpu.index).count();
-        overhead.div_ceil(unit).div_ceil(same_process.max(1) as u64)
+        let Some(ledger) = ledger else { return vec![0; ids.len()] };
+        let mut tenants_of: BTreeMap<u32, u64> = BTreeMap::new();
+        for id in ids {
+            *tenants_of.entry(self.tenants[id].who.pid).or_default() += 1;
+        }
+        ids.iter()
+            .map(|id| {
+                let pid = self.tenants[id].who.pid;
+                ledger.charge(pid).map_or(0, |overhead| overhead.div_ceil(unit).div_ceil(tenants_of[&pid]))
+            })
+            .collect()
     }
 
     fn is_idle(&self, tenant: &Tenant, now: Instant) -> bool {

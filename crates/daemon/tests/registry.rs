@@ -424,22 +424,30 @@ fn a_tenant_that_has_allocated_nothing_yet_keeps_its_share_from_a_hog() {
     assert_eq!((target(&r, hog), target(&r, newcomer)), (500 * MIB, 100 * MIB));
 }
 
-#[test]
-fn each_tenant_is_charged_its_own_overhead_so_a_heavy_context_does_not_shrink_the_others() {
-    use tiermem_daemon::census::{Census, MARGIN, SAMPLES};
-    let now = Instant::now();
-    let (mut r, real) = census_only(2 << 30, now);
+/// Tenants A and B on `real`, 200 MiB of chunks each, whose processes hold 300 MiB (a large
+/// library workspace) and 100 MiB beyond them, over enough censuses to count; returns their
+/// ids and the budgets sent meanwhile.
+fn uneven_overheads(r: &mut Registry, real: &GpuId, now: Instant) -> (TenantId, TenantId, Outbox) {
+    use tiermem_daemon::census::{Census, SAMPLES};
     let (a, _, _) = r.register(who(1, None), real.clone(), CHUNK, &[], &[], now);
     let (b, _, _) = r.register(who(2, None), real.clone(), CHUNK, &[], &[], now);
     r.usage(a, using(200), now);
     r.usage(b, using(200), now);
-    // A's process holds 300 MiB beyond its chunks (a large library workspace), B's 100 MiB.
     let census =
         Census { total: 2 << 30, used: 800 * MIB, processes: vec![(101, Some(500 * MIB)), (102, Some(300 * MIB))] };
     let mut outbox = Vec::new();
     for _ in 0..SAMPLES {
         outbox.extend(r.record_census(0, &census, now));
     }
+    (a, b, outbox)
+}
+
+#[test]
+fn each_tenant_is_charged_its_own_overhead_so_a_heavy_context_does_not_shrink_the_others() {
+    use tiermem_daemon::census::{Census, MARGIN};
+    let now = Instant::now();
+    let (mut r, real) = census_only(2 << 30, now);
+    let (a, b, mut outbox) = uneven_overheads(&mut r, &real, now);
     // Both meet every budget they are sent (A first gave back what it held alone).
     for _ in 0..4 {
         let sent: Vec<(TenantId, u64)> = budgets(&outbox).into_iter().map(|(id, seq, ..)| (id, seq)).collect();
@@ -465,19 +473,10 @@ fn each_tenant_is_charged_its_own_overhead_so_a_heavy_context_does_not_shrink_th
 
 #[test]
 fn overheads_are_not_charged_where_the_configured_capacity_binds_rather_than_the_driver() {
-    use tiermem_daemon::census::{Census, SAMPLES};
     let now = Instant::now();
     let mut r = Registry::new(config(), now, 0); // GPU 0 shares 600 MiB, far below what the census leaves
     let real = GpuId { index: 0, uuid: Some("GPU-test".into()), total_bytes: 2 << 30, simulated: false };
-    let (a, _, _) = r.register(who(1, None), real.clone(), CHUNK, &[], &[], now);
-    let (b, _, _) = r.register(who(2, None), real.clone(), CHUNK, &[], &[], now);
-    r.usage(a, using(200), now);
-    r.usage(b, using(200), now);
-    let census =
-        Census { total: 2 << 30, used: 800 * MIB, processes: vec![(101, Some(500 * MIB)), (102, Some(300 * MIB))] };
-    for _ in 0..SAMPLES {
-        r.record_census(0, &census, now);
-    }
+    uneven_overheads(&mut r, &real, now);
     let status = r.status(0, None, now);
     let targets: Vec<u64> = status.pools[0].shares.iter().map(|s| s.target).collect();
     assert_eq!(targets, vec![300 * MIB, 300 * MIB], "the overheads take nothing from the 600 MiB configured");
