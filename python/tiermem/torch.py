@@ -118,7 +118,8 @@ class Offload:
     def _pass_starts(self) -> None:
         """A root forward begins: the previous pass, if recorded, becomes the schedule."""
         self.pool.pass_begins()
-        self._recording = not self.pool.recorded_steps
+        if self._recording:  # asked only until a pass is recorded: not on every later pass
+            self._recording = not self.pool.recorded_steps
 
     def _key(self, key, phase: str) -> int:
         """The engine's key for ``(key, phase)``: a number unique in the process, so that two
