@@ -10,23 +10,36 @@ use tiermem_mechanism::PhysHandle;
 
 use crate::placement::Tier;
 
-/// One interposed allocation: a reservation with its chunks mapped in order.
+/// One interposed allocation: a reservation with its chunks mapped in order, each `chunk`
+/// bytes but the last, which holds what is left (process.rs: a chunk is the unit that moves).
 #[derive(Debug)]
 pub struct Allocation {
     /// The reservation's start: the pointer the program got.
     pub va: u64,
-    /// Bytes reserved and mapped: the request rounded up to whole chunks.
+    /// Bytes reserved and mapped: the request rounded up to the driver's granularity.
     pub reserved: usize,
     /// The GPU whose context made it.
     pub ordinal: usize,
+    /// Bytes of every chunk but the last.
+    pub chunk: usize,
     /// The physical chunks, mapped one after the other from `va`, and where each lives.
     pub chunks: Vec<(PhysHandle, Tier)>,
 }
 
 impl Allocation {
+    /// Where chunk `index` is mapped.
+    pub fn chunk_va(&self, index: usize) -> u64 {
+        self.va + (index * self.chunk) as u64
+    }
+
+    /// Bytes of chunk `index`: a whole chunk, or what is left of the reservation.
+    pub fn chunk_len(&self, index: usize) -> usize {
+        self.chunk.min(self.reserved.saturating_sub(index * self.chunk))
+    }
+
     /// Bytes of this allocation on `tier`.
-    pub fn bytes_on(&self, tier: Tier, chunk_bytes: usize) -> usize {
-        self.chunks.iter().filter(|(_, t)| *t == tier).count() * chunk_bytes
+    pub fn bytes_on(&self, tier: Tier) -> usize {
+        self.chunks.iter().enumerate().filter(|(_, (_, t))| *t == tier).map(|(i, _)| self.chunk_len(i)).sum()
     }
 }
 
@@ -95,7 +108,7 @@ mod tests {
 
     fn allocation(va: u64, tiers: &[Tier]) -> Allocation {
         let chunks = tiers.iter().enumerate().map(|(i, &t)| (PhysHandle(i as u64), t)).collect();
-        Allocation { va, reserved: tiers.len() << 21, ordinal: 0, chunks }
+        Allocation { va, reserved: (tiers.len() << 21) - (1 << 20), ordinal: 0, chunk: 2 << 20, chunks }
     }
 
     #[test]
@@ -104,7 +117,8 @@ mod tests {
         books.insert(allocation(0x10_0000_0000, &[Tier::Hbm, Tier::Host]));
         assert!(books.remove(0x10_0000_0001).is_none(), "an inner pointer is not an allocation");
         let a = books.remove(0x10_0000_0000).expect("the allocation");
-        assert_eq!((a.bytes_on(Tier::Hbm, 2 << 20), a.bytes_on(Tier::Host, 2 << 20)), (2 << 20, 2 << 20));
+        assert_eq!((a.bytes_on(Tier::Hbm), a.bytes_on(Tier::Host)), (2 << 20, 1 << 20), "the last chunk is short");
+        assert_eq!((a.chunk_va(1), a.chunk_len(0), a.chunk_len(1)), (0x10_0020_0000, 2 << 20, 1 << 20));
         assert!(books.remove(0x10_0000_0000).is_none(), "a second free finds nothing");
     }
 

@@ -111,11 +111,11 @@ pub fn record(words: &[u64]) {
     }
 }
 
-/// A new allocation at `start`, of `on_host.len()` chunks of `chunk` bytes.
-pub fn insert(start: u64, chunk: usize, on_host: Vec<bool>) {
+/// A new allocation `[start, end)`, of `on_host.len()` chunks of `chunk` bytes (the last one
+/// shorter).
+pub fn insert(start: u64, end: u64, chunk: usize, on_host: Vec<bool>) {
     let mut index = index();
     HOST_CHUNKS.fetch_add(on_host.iter().filter(|&&h| h).count(), Relaxed);
-    let end = start + (chunk * on_host.len()) as u64;
     index.regions.insert(start, Region { end, chunk: chunk as u64, on_host });
     index.update_span();
 }
@@ -225,7 +225,7 @@ mod tests {
     fn extents_run_from_one_pointer_to_the_next_seen_in_the_allocation() {
         let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let a = 0x7000_0000_0000u64;
-        insert(a, CHUNK, vec![false, false, true, true, false]);
+        insert(a, a + 5 * CHUNK as u64, CHUNK, vec![false, false, true, true, false]);
         assert!(watching() && may_hold(a + 3) && !may_hold(a + 5 * CHUNK as u64) && !may_hold(a - 1));
         // A tensor at the start (seen twice), one in chunk 2 up to the end; a word outside.
         record(&[a + 16, a + 2 * CHUNK as u64 + 8, 42]);
@@ -247,7 +247,8 @@ mod tests {
         let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let base = 0x6000_0000_0000u64;
         for i in 0..1000u64 {
-            insert(base + i * 64 * CHUNK as u64, CHUNK, vec![i % 2 == 0; 32]);
+            let start = base + i * 64 * CHUNK as u64;
+            insert(start, start + 32 * CHUNK as u64, CHUNK, vec![i % 2 == 0; 32]);
         }
         let launches = 100_000u64;
         let started = std::time::Instant::now();

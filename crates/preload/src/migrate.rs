@@ -65,11 +65,23 @@ use crate::{gate, stats};
 /// Quiesce points a chunk that moved stays where it is, whatever its heat.
 const COOLDOWN: u64 = 2;
 
+/// Bytes moved each way per batch (and per quiesce point of stage 2) unless
+/// `TIERMEM_MIGRATE_BATCH` gives a number of chunks.
+const BATCH_BYTES: usize = 512 << 20;
+
 /// The knobs, read once from the environment (docs/transparent.md).
 struct Config {
     enabled: bool,
     interval: Duration,
-    batch: usize,
+    /// Chunks per batch, if set.
+    batch: Option<usize>,
+}
+
+impl Config {
+    /// Chunks moved each way per batch on a GPU whose chunks are `chunk` bytes.
+    fn batch(&self, chunk: usize) -> usize {
+        self.batch.unwrap_or(BATCH_BYTES / chunk.max(1)).max(1)
+    }
 }
 
 fn config() -> &'static Config {
@@ -91,7 +103,7 @@ fn config() -> &'static Config {
             }
         };
         let interval = Duration::from_millis(number("TIERMEM_MIGRATE_INTERVAL_MS", 100));
-        let batch = number("TIERMEM_MIGRATE_BATCH", 256).max(1) as usize;
+        let batch = std::env::var("TIERMEM_MIGRATE_BATCH").is_ok().then(|| number("TIERMEM_MIGRATE_BATCH", 1) as usize);
         Config { enabled, interval, batch }
     })
 }
@@ -106,8 +118,8 @@ pub fn enabled() -> bool {
 struct Tools {
     /// A reservation of a batch of chunks, where new chunks are mapped to be copied into.
     scratch: Option<u64>,
-    /// Host chunks, unmapped, ready to take a chunk going down.
-    spares: Vec<PhysHandle>,
+    /// Host chunks, unmapped, ready to take a chunk of their size going down: (bytes, handle).
+    spares: Vec<(usize, PhysHandle)>,
 }
 
 #[derive(Default)]
@@ -190,7 +202,7 @@ pub fn quiesce_point(call: &str) {
     state.evaluations += 1;
     let heats = hotness::take_epoch();
     let Some(Ok(ordinal)) = process::current_gpu() else { return };
-    if plan_for(&process::lock(), ordinal, &heats, state, config.batch).0.is_empty() {
+    if plan_for(&process::lock(), ordinal, &heats, state).0.is_empty() {
         SKIPPED.fetch_add(1, Relaxed);
         return;
     }
@@ -205,28 +217,29 @@ pub fn quiesce_point(call: &str) {
         return;
     }
     let mut p = process::lock();
-    let (plan, ids) = plan_for(&p, ordinal, &heats, state, config.batch);
-    execute(call, &mut p, ordinal, &plan, &ids, state, config.batch);
+    let (plan, ids) = plan_for(&p, ordinal, &heats, state);
+    execute(call, &mut p, ordinal, &plan, &ids, state);
     TAKEN.fetch_add(1, Relaxed);
     NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
 }
 
 /// The plan for GPU `ordinal`'s chunks, and the chunk each id of it names.
-fn plan_for(p: &Process, ordinal: usize, heats: &Heats, state: &State, batch: usize) -> (Plan, Vec<ChunkId>) {
+fn plan_for(p: &Process, ordinal: usize, heats: &Heats, state: &State) -> (Plan, Vec<ChunkId>) {
     let Some(gpu) = p.gpus.get(&ordinal).filter(|gpu| gpu.device.is_some()) else { return Default::default() };
     let (mut candidates, mut ids) = (Vec::new(), Vec::new());
     for allocation in p.books.iter().filter(|a| a.ordinal == ordinal) {
         let heat = heats.get(&allocation.va);
         for (index, &(_, tier)) in allocation.chunks.iter().enumerate() {
-            let address = allocation.va + (index * gpu.chunk) as u64;
+            let address = allocation.chunk_va(index);
             let cooling = state.moved_at.get(&address).is_some_and(|&at| state.evaluations - at <= COOLDOWN);
             let heat = heat.and_then(|h| h.get(index)).copied().unwrap_or(0);
             candidates.push(Candidate { id: ids.len(), on_host: tier == Tier::Host, heat, cooling });
             ids.push((allocation.va, index));
         }
     }
+    // Room in whole chunks: a short chunk counts as a whole one (execute checks the bytes).
     let room = gpu.budget.saturating_sub(gpu.hbm_used) / gpu.chunk.max(1);
-    (moves::plan(&candidates, room, batch), ids)
+    (moves::plan(&candidates, room, config().batch(gpu.chunk)), ids)
 }
 
 /// Makes the moves of a segment boundary (cycle.rs), at a pause or at a quiesce point: as a
@@ -259,28 +272,37 @@ pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
     let up: Vec<ChunkId> = boundary.up.iter().copied().filter(|id| applies(&p, id, Tier::Host)).collect();
     let ids: Vec<ChunkId> = down.iter().chain(&up).copied().collect();
     let before = UP.load(Relaxed) + DOWN.load(Relaxed);
-    let batch = config.batch;
+    let batch = p.gpus.get(&ordinal).map_or(1, |gpu| config.batch(gpu.chunk));
     for round in 0..down.len().max(up.len()).div_ceil(batch) {
         let range = |len: usize| (round * batch).min(len)..((round + 1) * batch).min(len);
         let plan = Plan { down: range(down.len()).collect(), up: range(up.len()).map(|i| down.len() + i).collect() };
-        execute(call, &mut p, ordinal, &plan, &ids, state, batch);
+        execute(call, &mut p, ordinal, &plan, &ids, state);
     }
     Some(UP.load(Relaxed) + DOWN.load(Relaxed) - before)
 }
 
-/// One chunk to move: its address, its physical chunk now, the one it moves to.
+/// One chunk to move: its address and bytes, its physical chunk now, the one it moves to.
 struct Move {
     id: ChunkId,
     address: u64,
+    len: usize,
     old: PhysHandle,
     new: PhysHandle,
 }
 
+/// Takes a chunk of `len` bytes out of `pool` (`(bytes, handle)` pairs), if one is there.
+fn take(pool: &mut Vec<(usize, PhysHandle)>, len: usize) -> Option<PhysHandle> {
+    let at = pool.iter().rposition(|&(bytes, _)| bytes == len)?;
+    Some(pool.swap_remove(at).1)
+}
+
 /// Carries out `plan` on GPU `ordinal` (module documentation): down first, then up.
-fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[ChunkId], state: &mut State, batch: usize) {
+fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[ChunkId], state: &mut State) {
     let Some(gpu) = p.gpus.get(&ordinal) else { return };
     let (Some(device), chunk) = (gpu.device.clone(), gpu.chunk) else { return };
     let device = device.as_ref();
+    let granularity = device.info().granularity.max(1);
+    let batch = config().batch(chunk);
     let tools = state.gpus.entry(ordinal).or_default();
     let scratch = match tools.scratch {
         Some(scratch) => scratch,
@@ -290,93 +312,105 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
         },
     };
     let evaluation = state.evaluations;
-    let address = |&(va, index): &ChunkId| va + (index * chunk) as u64;
-    let handle = |p: &Process, id: ChunkId| p.books.get(id.0).map(|a| a.chunks[id.1].0);
+    // The chunk's address, bytes and physical chunk now, while it is in the books.
+    let find = |p: &Process, (va, index): ChunkId| {
+        p.books
+            .get(va)
+            .filter(|a| index < a.chunks.len())
+            .map(|a| (a.chunk_va(index), a.chunk_len(index), a.chunks[index].0))
+    };
+    let create = |location, len: usize| device.create_chunks_at(location, len / granularity).ok();
 
     // Down: into spare host chunks, or new ones.
     let mut down = Vec::new();
     for &id in plan.down.iter().map(|&i| &ids[i]) {
-        let Some(old) = handle(p, id) else { continue };
-        let Some(new) = tools.spares.pop().or_else(|| device.create_chunk_at(ChunkLocation::Host).ok()) else { break };
-        down.push(Move { id, address: address(&id), old, new });
+        let Some((address, len, old)) = find(p, id) else { continue };
+        let Some(new) = take(&mut tools.spares, len).or_else(|| create(ChunkLocation::Host, len)) else { break };
+        down.push(Move { id, address, len, old, new });
     }
     let mut freed_hbm = Vec::new();
     for (m, moved) in down.iter().zip(move_batch(call, device, scratch, chunk, &down)) {
         if moved {
-            settle(p, ordinal, m, Tier::Host, chunk);
-            freed_hbm.push(m.old);
+            settle(p, ordinal, m, Tier::Host);
+            freed_hbm.push((m.len, m.old));
             state.moved_at.insert(m.address, evaluation);
         } else {
-            tools.spares.push(m.new);
+            tools.spares.push((m.len, m.new));
         }
     }
 
     // Up: into the HBM just freed, or new chunks, as far as the budget has room.
-    let room = p.gpus.get(&ordinal).map_or(0, |g| g.budget.saturating_sub(g.hbm_used) / chunk);
+    let mut room = p.gpus.get(&ordinal).map_or(0, |g| g.budget.saturating_sub(g.hbm_used));
     let mut up = Vec::new();
-    for &id in plan.up.iter().take(room).map(|&i| &ids[i]) {
-        let Some(old) = handle(p, id) else { continue };
-        let Some(new) = freed_hbm.pop().or_else(|| device.create_chunk_at(ChunkLocation::Gpu(ordinal)).ok()) else {
+    for &id in plan.up.iter().map(|&i| &ids[i]) {
+        let Some((address, len, old)) = find(p, id) else { continue };
+        if len > room {
             break;
-        };
-        up.push(Move { id, address: address(&id), old, new });
+        }
+        let Some(new) = take(&mut freed_hbm, len).or_else(|| create(ChunkLocation::Gpu(ordinal), len)) else { break };
+        room -= len;
+        up.push(Move { id, address, len, old, new });
     }
     for (m, moved) in up.iter().zip(move_batch(call, device, scratch, chunk, &up)) {
         if moved {
-            settle(p, ordinal, m, Tier::Hbm, chunk);
-            tools.spares.push(m.old);
+            settle(p, ordinal, m, Tier::Hbm);
+            tools.spares.push((m.len, m.old));
             state.moved_at.insert(m.address, evaluation);
         } else {
-            freed_hbm.push(m.new);
+            freed_hbm.push((m.len, m.new));
         }
     }
     let extra = tools.spares.len().saturating_sub(batch);
-    for handle in freed_hbm.into_iter().chain(tools.spares.drain(..extra)) {
+    for (_, handle) in freed_hbm.into_iter().chain(tools.spares.drain(..extra)) {
         let _ = device.release_chunk(handle);
     }
     state.moved_at.retain(|_, &mut at| evaluation - at <= COOLDOWN);
 }
 
 /// The books after move `m` to `tier` succeeded: the chunk's handle and tier, the budget, stats.
-fn settle(p: &mut Process, ordinal: usize, m: &Move, tier: Tier, chunk: usize) {
+fn settle(p: &mut Process, ordinal: usize, m: &Move, tier: Tier) {
     if let Some(slot) = p.books.get_mut(m.id.0).and_then(|a| a.chunks.get_mut(m.id.1)) {
         *slot = (m.new, tier);
     }
     if let Some(gpu) = p.gpus.get_mut(&ordinal) {
-        gpu.hbm_used = if tier == Tier::Hbm { gpu.hbm_used + chunk } else { gpu.hbm_used.saturating_sub(chunk) };
+        gpu.hbm_used = if tier == Tier::Hbm { gpu.hbm_used + m.len } else { gpu.hbm_used.saturating_sub(m.len) };
     }
-    p.stats.moved(chunk, tier == Tier::Hbm);
+    p.stats.moved(m.len, tier == Tier::Hbm);
     hotness::moved(m.id.0, m.id.1, tier == Tier::Host);
     (if tier == Tier::Hbm { &UP } else { &DOWN }).fetch_add(1, Relaxed);
-    BYTES.fetch_add(chunk as u64, Relaxed);
+    BYTES.fetch_add(m.len as u64, Relaxed);
 }
 
-/// Moves each of `moves` (at most a batch) whose every step succeeds; which did.
+/// Moves each of `moves` (at most a batch; slot `i` of the scratch range, `chunk` bytes apart,
+/// takes move `i`) whose every step succeeds; which did.
 fn move_batch(call: &str, device: &dyn Device, scratch: u64, chunk: usize, moves: &[Move]) -> Vec<bool> {
     let slot = |i: usize| scratch + (i * chunk) as u64;
-    let mapped: Vec<bool> = moves.iter().enumerate().map(|(i, m)| device.map(slot(i), m.new).is_ok()).collect();
-    // Access is given, and the slots unmapped, a run of neighbouring slots per call: each VMM
-    // call costs tens of µs whatever its size (a failed run's slots stay mapped until the
-    // unmap below; should that fail too, later maps there fail: safe).
+    let mapped: Vec<bool> =
+        moves.iter().enumerate().map(|(i, m)| device.map_sized(slot(i), m.new, m.len).is_ok()).collect();
+    // Access is given, and the slots unmapped, a run of neighbouring slots per call (a failed
+    // run's slots stay mapped until the unmap below; should that fail too, later maps there
+    // fail: safe).
+    let slots: Vec<(u64, usize)> = moves.iter().enumerate().map(|(i, m)| (slot(i), m.len)).collect();
     let mut ok = mapped.clone();
-    for run in runs(&mapped, slot, chunk) {
-        if device.set_access(slot(run.start), run.len() * chunk).is_err() {
+    for run in runs(&mapped, &slots) {
+        if device.set_access(slots[run.start].0, span(&slots[run.clone()])).is_err() {
             ok[run].fill(false);
         }
     }
     for (i, (m, ok)) in moves.iter().zip(ok.iter_mut()).enumerate().filter(|(_, (_, ok))| **ok) {
-        *ok = device.copy_between_devices_async(slot(i), m.address, chunk, StreamHandle(0)).is_ok();
+        *ok = device.copy_between_devices_async(slot(i), m.address, m.len, StreamHandle(0)).is_ok();
     }
     if let Err(why) = device.synchronize_stream(StreamHandle(0)) {
         log(call, &format!("migration copies failed ({why})"), "the chunks stay where they were");
         ok.iter_mut().for_each(|ok| *ok = false);
     }
-    for run in runs(&mapped, slot, chunk) {
-        if device.unmap(slot(run.start), run.len() * chunk).is_err() {
-            ok[run].fill(false);
+    // One unmap per mapping: the driver wants each call to cover whole mappings (process.rs).
+    for (i, m) in moves.iter().enumerate().filter(|&(i, _)| mapped[i]) {
+        if device.unmap(slot(i), m.len).is_err() {
+            ok[i] = false;
         }
     }
-    swap_all(call, device, chunk, moves, &mut ok);
+    swap_all(call, device, moves, &mut ok);
     for &ok in &ok {
         if !ok {
             FAILED.fetch_add(1, Relaxed);
@@ -385,13 +419,18 @@ fn move_batch(call: &str, device: &dyn Device, scratch: u64, chunk: usize, moves
     ok
 }
 
-/// The runs of consecutive indices `i` with `selected[i]` whose addresses (`at(i)`) follow
-/// each other chunk by chunk.
-fn runs(selected: &[bool], at: impl Fn(usize) -> u64, chunk: usize) -> Vec<std::ops::Range<usize>> {
+/// Bytes from the first range's start to the last one's end.
+fn span(ranges: &[(u64, usize)]) -> usize {
+    ranges.last().map_or(0, |&(at, len)| (at + len as u64 - ranges[0].0) as usize)
+}
+
+/// The runs of consecutive indices `i` with `selected[i]` whose ranges (`(address, bytes)`)
+/// follow each other without a gap.
+fn runs(selected: &[bool], ranges: &[(u64, usize)]) -> Vec<std::ops::Range<usize>> {
     let mut out: Vec<std::ops::Range<usize>> = Vec::new();
     for i in (0..selected.len()).filter(|&i| selected[i]) {
         match out.last_mut() {
-            Some(run) if run.end == i && at(run.end - 1) + chunk as u64 == at(i) => run.end += 1,
+            Some(run) if run.end == i && ranges[i - 1].0 + ranges[i - 1].1 as u64 == ranges[i].0 => run.end += 1,
             _ => out.push(i..i + 1),
         }
     }
@@ -399,25 +438,24 @@ fn runs(selected: &[bool], at: impl Fn(usize) -> u64, chunk: usize) -> Vec<std::
 }
 
 /// For each move still `ok`, maps `m.new` at the chunk's address in place of `m.old`, then
-/// gives access a run of neighbouring addresses per call; a move that fails gets `m.old` back.
-fn swap_all(call: &str, device: &dyn Device, chunk: usize, moves: &[Move], ok: &mut [bool]) {
+/// gives access a run of neighbouring chunks per call; a move that fails gets `m.old` back.
+fn swap_all(call: &str, device: &dyn Device, moves: &[Move], ok: &mut [bool]) {
     for (m, ok) in moves.iter().zip(ok.iter_mut()).filter(|(_, ok)| **ok) {
-        if device.unmap(m.address, chunk).is_err() {
+        if device.unmap(m.address, m.len).is_err() {
             *ok = false;
-        } else if device.map(m.address, m.new).is_err() {
-            put_back(call, device, chunk, m, false);
+        } else if device.map_sized(m.address, m.new, m.len).is_err() {
+            put_back(call, device, m, false);
             *ok = false;
         }
     }
     // Moves in address order, so that neighbouring chunks form runs.
     let mut order: Vec<usize> = (0..moves.len()).filter(|&i| ok[i]).collect();
     order.sort_by_key(|&i| moves[i].address);
-    let selected = vec![true; order.len()];
-    for run in runs(&selected, |k| moves[order[k]].address, chunk) {
-        let first = moves[order[run.start]].address;
-        if device.set_access(first, run.len() * chunk).is_err() {
+    let ranges: Vec<(u64, usize)> = order.iter().map(|&i| (moves[i].address, moves[i].len)).collect();
+    for run in runs(&vec![true; order.len()], &ranges) {
+        if device.set_access(ranges[run.start].0, span(&ranges[run.clone()])).is_err() {
             for &i in &order[run] {
-                put_back(call, device, chunk, &moves[i], true);
+                put_back(call, device, &moves[i], true);
                 ok[i] = false;
             }
         }
@@ -426,11 +464,11 @@ fn swap_all(call: &str, device: &dyn Device, chunk: usize, moves: &[Move], ok: &
 
 /// Puts `m.old` back at the chunk's address after a failed move (`mapped`: `m.new` is mapped
 /// there and comes off first).
-fn put_back(call: &str, device: &dyn Device, chunk: usize, m: &Move, mapped: bool) {
+fn put_back(call: &str, device: &dyn Device, m: &Move, mapped: bool) {
     if mapped {
-        let _ = device.unmap(m.address, chunk);
+        let _ = device.unmap(m.address, m.len);
     }
-    if let Err(why) = device.map(m.address, m.old).and_then(|()| device.set_access(m.address, chunk)) {
+    if let Err(why) = device.map_sized(m.address, m.old, m.len).and_then(|()| device.set_access(m.address, m.len)) {
         log(
             call,
             &format!("0x{:x} could not be mapped again after a failed move ({why})", m.address),
@@ -453,11 +491,11 @@ pub fn release_if_idle(ordinal: usize) {
         p.gpus.get(&ordinal).and_then(|gpu| gpu.device.clone().map(|d| (d, gpu.chunk)))
     };
     let (Some(tools), Some((device, chunk))) = (state.gpus.remove(&ordinal), device) else { return };
-    for spare in tools.spares {
+    for (_, spare) in tools.spares {
         let _ = device.release_chunk(spare);
     }
     if let Some(scratch) = tools.scratch {
-        let _ = device.unreserve(scratch, config().batch * chunk);
+        let _ = device.unreserve(scratch, config().batch(chunk) * chunk);
     }
 }
 

@@ -1,10 +1,19 @@
 //! The process-wide state of the interposition: each GPU tiermem manages (its device, chunk
 //! size, budget and HBM in use), the books of allocations, and the statistics.
 //!
-//! An allocation reserves VA for the request rounded up to whole chunks, creates its chunks
-//! where [`placement::place`] says (HBM while the budget allows, else host memory; HBM that
-//! the driver reports full sends the rest to the host too), maps them in order and sets access
-//! for the GPU once over the whole range. Any failure undoes every step taken. A free takes the
+//! An allocation reserves VA for the request rounded up to the driver's granularity (2 MiB),
+//! cuts it into chunks of [`chunk_size`] bytes (the last one shorter), creates each chunk as
+//! one physical allocation where [`placement::place`] says (HBM while the budget allows, else
+//! host memory; HBM that the driver reports full sends the rest to the host too), maps them in
+//! order and sets access for the GPU once over the whole range. Any failure undoes every step
+//! taken.
+//!
+//! A chunk is the unit that migrates (migrate.rs), and its size is a trade. The VMM calls of a
+//! move cost per *mapping*, not per byte: on the H200, remapping a 2 MiB chunk (unmap, map,
+//! access) took 70-100 µs, more than copying it (40 µs), while a 32 MiB one took 140-450 µs,
+//! 9-28 µs per 2 MiB (`scripts/gpu/probes/vmm_parallel.py`; driver calls from several threads
+//! did not go faster). Larger chunks follow hotness more coarsely. 32 MiB by default
+//! (`TIERMEM_CHUNK`). A free takes the
 //! allocation out of the books first (so a second free of it is the driver's business), waits
 //! for the work that may still use it, then unmaps, releases and unreserves.
 //!
@@ -14,7 +23,7 @@
 //! or memory query; a GPU that cannot be opened is left to the driver, unmanaged.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tiermem_mechanism::cuda::CudaDevice;
 use tiermem_mechanism::{ChunkLocation, Device, DeviceError};
@@ -29,10 +38,15 @@ use crate::stats::Stats;
 /// HBM left to others when no budget is given: the default budget is the GPU's free memory,
 /// when tiermem first sees it, less this (as the engine's `hbm_reserve`).
 const DEFAULT_RESERVE: usize = 2 << 30;
+/// Bytes of a chunk unless `TIERMEM_CHUNK` says otherwise (module documentation).
+const DEFAULT_CHUNK: usize = 32 << 20;
 
 /// One GPU as tiermem manages it; `device` is `None` for a GPU left to the driver.
 pub struct Gpu {
     pub device: Option<Arc<dyn Device>>,
+    /// The driver's granularity: reservations and physical allocations are multiples of it.
+    pub granularity: usize,
+    /// Bytes of a chunk (the last of an allocation is shorter).
     pub chunk: usize,
     pub budget: usize,
     pub hbm_used: usize,
@@ -106,20 +120,39 @@ impl Process {
                 Ok((device.info().granularity, free, device))
             });
             match opened {
-                Ok((chunk, free, device)) => {
-                    Gpu { device: Some(Arc::new(device)), chunk, budget: budget(call, free), hbm_used: 0 }
-                }
+                Ok((granularity, free, device)) => Gpu {
+                    device: Some(Arc::new(device)),
+                    granularity,
+                    chunk: chunk_size(granularity),
+                    budget: budget(call, free),
+                    hbm_used: 0,
+                },
                 Err(why) => {
                     log(
                         call,
                         &format!("GPU {ordinal} could not be opened ({why})"),
                         "its allocations go to the driver unmanaged, without a budget",
                     );
-                    Gpu { device: None, chunk: 0, budget: 0, hbm_used: 0 }
+                    Gpu { device: None, granularity: 0, chunk: 0, budget: 0, hbm_used: 0 }
                 }
             }
         })
     }
+}
+
+/// Bytes of a chunk on a GPU of `granularity`: `TIERMEM_CHUNK` (a size, `32MiB` by default;
+/// module documentation) rounded up to a whole number of granules.
+pub fn chunk_size(granularity: usize) -> usize {
+    static CHUNK: OnceLock<usize> = OnceLock::new();
+    let wanted = *CHUNK.get_or_init(|| match std::env::var("TIERMEM_CHUNK") {
+        Err(_) => DEFAULT_CHUNK,
+        Ok(text) => tiermem::parse_size(&text).unwrap_or_else(|why| {
+            log("TIERMEM_CHUNK", &why.to_string(), "using 32MiB");
+            DEFAULT_CHUNK
+        }),
+    });
+    let granularity = granularity.max(1);
+    wanted.max(1).next_multiple_of(granularity)
 }
 
 /// How an allocation is served.
@@ -142,26 +175,28 @@ pub fn alloc(call: &str, size: usize) -> Result<Served, CuResult> {
     let mut p = process();
     let gpu = p.gpu(call, ordinal);
     let Some(device) = gpu.device.clone() else { return Ok(Served::Driver) };
-    let (chunk, budget, hbm_used) = (gpu.chunk, gpu.budget, gpu.hbm_used);
-    if placement::small_to_driver(size, chunk, budget, hbm_used) {
+    let (granularity, chunk, budget, hbm_used) = (gpu.granularity, gpu.chunk, gpu.budget, gpu.hbm_used);
+    if placement::small_to_driver(size, granularity, budget, hbm_used) {
         // Counted now, before the driver is asked, so that threads allocating at once never
         // overrun the budget together; given back if the driver refuses.
         let bytes = placement::small_footprint(size);
         gpu.hbm_used += bytes;
         return Ok(Served::DriverCounted { ordinal, bytes });
     }
-    let Some(chunks) = size.checked_next_multiple_of(chunk).map(|bytes| bytes / chunk) else {
+    let Some(reserved) = size.checked_next_multiple_of(granularity) else {
         p.stats.refused += 1;
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     };
-    let placement = placement::place(chunks, chunk, budget, hbm_used);
-    match build(device.as_ref(), ordinal, chunk, placement) {
+    let placement = placement::place(reserved, chunk, budget, hbm_used);
+    let shape = Allocation { va: 0, reserved, ordinal, chunk, chunks: Vec::new() };
+    match build(device.as_ref(), shape, placement) {
         Ok(allocation) => {
-            let (hbm, host) = (allocation.bytes_on(Tier::Hbm, chunk), allocation.bytes_on(Tier::Host, chunk));
+            let (hbm, host) = (allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host));
             p.gpu(call, ordinal).hbm_used += hbm;
             p.stats.allocated(hbm, host);
             let va = allocation.va;
-            hotness::insert(va, chunk, allocation.chunks.iter().map(|&(_, tier)| tier == Tier::Host).collect());
+            let on_host = allocation.chunks.iter().map(|&(_, tier)| tier == Tier::Host).collect();
+            hotness::insert(va, va + reserved as u64, chunk, on_host);
             p.books.insert(allocation);
             Ok(Served::Tiermem(va))
         }
@@ -190,47 +225,51 @@ pub fn alloc(call: &str, size: usize) -> Result<Served, CuResult> {
     }
 }
 
-/// Reserves, creates, maps and opens to GPU `ordinal` an allocation placed as `placement`;
-/// on failure undoes every step and returns the first error.
-fn build(device: &dyn Device, ordinal: usize, chunk: usize, placement: Placement) -> Result<Allocation, DeviceError> {
+/// Reserves, creates, maps and opens to its GPU an allocation of `shape.reserved` bytes cut
+/// into chunks of `shape.chunk`, placed as `placement`; on failure undoes every step and
+/// returns the first error.
+fn build(device: &dyn Device, shape: Allocation, placement: Placement) -> Result<Allocation, DeviceError> {
     let count = placement.hbm + placement.host;
-    let reserved = count * chunk;
-    let va = device.reserve(reserved)?;
-    let mut allocation = Allocation { va, reserved, ordinal, chunks: Vec::with_capacity(count) };
+    let va = device.reserve(shape.reserved)?;
+    let mut allocation = Allocation { va, chunks: Vec::with_capacity(count), ..shape };
+    let granularity = device.info().granularity.max(1);
+    let ordinal = allocation.ordinal;
     let mut mapped = 0;
-    let mut made = || -> Result<(), DeviceError> {
+    let mut made = |allocation: &mut Allocation| -> Result<(), DeviceError> {
         let mut gpu_full = false;
         for index in 0..count {
+            let len = allocation.chunk_len(index);
+            let create = |location| device.create_chunks_at(location, len / granularity);
             let tier = if gpu_full { Tier::Host } else { placement.tier(index) };
             let created = match tier {
-                Tier::Hbm => device.create_chunk_at(ChunkLocation::Gpu(ordinal)),
-                Tier::Host => device.create_chunk_at(ChunkLocation::Host),
+                Tier::Hbm => create(ChunkLocation::Gpu(ordinal)),
+                Tier::Host => create(ChunkLocation::Host),
             };
             let (handle, tier) = match created {
                 Ok(handle) => (handle, tier),
                 // Other programs hold the HBM the budget counted on: the host takes the rest.
                 Err(DeviceError::OutOfMemory { .. }) if tier == Tier::Hbm => {
                     gpu_full = true;
-                    (device.create_chunk_at(ChunkLocation::Host)?, Tier::Host)
+                    (create(ChunkLocation::Host)?, Tier::Host)
                 }
                 Err(other) => return Err(other),
             };
             allocation.chunks.push((handle, tier));
-            device.map(va + (index * chunk) as u64, handle)?;
+            device.map_sized(allocation.chunk_va(index), handle, len)?;
             mapped += 1;
         }
-        device.set_access(va, reserved)
+        device.set_access(va, allocation.reserved)
     };
-    match made() {
+    match made(&mut allocation) {
         Ok(()) => Ok(allocation),
         Err(first) => {
             for index in 0..mapped {
-                let _ = device.unmap(va + (index * chunk) as u64, chunk);
+                let _ = device.unmap(allocation.chunk_va(index), allocation.chunk_len(index));
             }
             for &(handle, _) in &allocation.chunks {
                 let _ = device.release_chunk(handle);
             }
-            let _ = device.unreserve(va, reserved);
+            let _ = device.unreserve(va, allocation.reserved);
             Err(first)
         }
     }
@@ -251,16 +290,15 @@ pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
         return Some(CUDA_ERROR_UNKNOWN);
     };
     let drained = drain_for(drain);
-    let chunk = device.info().granularity;
     // One unmap per chunk mapping: the driver wants each call to cover whole mappings, and
     // has been seen to answer success for a call over several without unmapping them all
     // (crates/mechanism/src/cuda/mod.rs).
     let torn_down = (0..allocation.chunks.len())
-        .try_for_each(|index| device.unmap(allocation.va + (index * chunk) as u64, chunk))
+        .try_for_each(|index| device.unmap(allocation.chunk_va(index), allocation.chunk_len(index)))
         .and_then(|()| allocation.chunks.iter().try_for_each(|&(handle, _)| device.release_chunk(handle)))
         .and_then(|()| device.unreserve(allocation.va, allocation.reserved));
     let mut p = process();
-    let (hbm, host) = (allocation.bytes_on(Tier::Hbm, chunk), allocation.bytes_on(Tier::Host, chunk));
+    let (hbm, host) = (allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host));
     if let Some(gpu) = p.gpus.get_mut(&allocation.ordinal) {
         gpu.hbm_used = gpu.hbm_used.saturating_sub(hbm);
     }

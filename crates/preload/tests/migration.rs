@@ -28,6 +28,15 @@ fn hot_chunks_come_up_and_cold_ones_go_down_at_a_synchronization() {
 }
 
 #[test]
+fn chunks_of_several_granules_move_whole_and_a_short_last_one_by_its_size() {
+    let env = with(&[("TIERMEM_STATS", "1"), ("TIERMEM_CHUNK", "6MiB")]);
+    let output = support::probe("migrate-uneven", &["migrate-uneven"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("migrate-uneven: ok"), "{stdout}");
+    assert!(stderr.contains("migration on: 2 chunks up, 2 down (20.00 MiB moved), 0 failed"), "{stderr}");
+}
+
+#[test]
 fn with_migration_off_nothing_moves() {
     let output =
         support::probe("migrate-off", &["migrate"], &with(&[("TIERMEM_MIGRATE", "off"), ("TIERMEM_STATS", "1")]));

@@ -503,6 +503,7 @@ fn main() {
         ["threads"] => threads(),
         ["gpu-full"] => gpu_full(),
         ["migrate"] => migration::migrate(),
+        ["migrate-uneven"] => migration::migrate_uneven(),
         ["migrate-fail", call, nth] => migration::migrate_fail(call, nth.parse().expect("migrate-fail CALL N"), 3),
         ["migrate-fail", call, nth, moved] => migration::migrate_fail(
             call,

@@ -38,7 +38,8 @@ fn fake_driver_dir(test: &str) -> PathBuf {
     dir
 }
 
-/// Runs the probe with `args` and `env`, preloaded over the fake driver.
+/// Runs the probe with `args` and `env`, preloaded over the fake driver, with chunks of 2 MiB
+/// (one granule) unless `env` sets `TIERMEM_CHUNK`.
 pub fn probe(test: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let dir = fake_driver_dir(test);
     let mut command = Command::new(env!("CARGO_BIN_EXE_tiermem-preload-probe"));
@@ -48,6 +49,8 @@ pub fn probe(test: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     {
         command.env_remove(var);
     }
+    // The probe counts chunks of one granule unless a test asks for others.
+    command.env("TIERMEM_CHUNK", "2MiB");
     command.envs(env.iter().copied());
     let output = command.output().expect("the probe runs");
     let _ = std::fs::remove_dir_all(&dir);

@@ -161,6 +161,23 @@ pub fn migrate() {
     println!("migrate: ok");
 }
 
+/// As [`migrate`] with chunks of 6 MiB (`TIERMEM_CHUNK=6MiB`): A is 6 + 6 + 4 MiB, B 6 + 2;
+/// B's two chunks come up for A's first two, whose 12 MiB of HBM leave room for both; each
+/// chunk moves whole, its bytes intact, and HBM is counted by the bytes of the chunks in it.
+pub fn migrate_uneven() {
+    let (cuda, before, sync, a, b) = setup();
+    // SAFETY: the driver's synchronization.
+    assert_eq!(unsafe { sync() }, 0);
+    assert_eq!(locations(&cuda, b, 8 * MIB), [1; 4], "B's 6 and 2 MiB came up");
+    assert_eq!(locations(&cuda, a, 16 * MIB), [2, 2, 2, 2, 2, 2, 1, 1], "A's two 6 MiB chunks went down, whole");
+    assert_eq!(hbm_in_use(&cuda), 12 * MIB, "A's 4 MiB and B's 8 in HBM");
+    assert_eq!(cuda.census().gpu_chunks, 3, "three physical chunks on the GPU: A's last, B's two");
+    cuda.verify(a, 16 * MIB, 11);
+    cuda.verify(b, 8 * MIB, 22);
+    free_all(&cuda, &[a, b], &before);
+    println!("migrate-uneven: ok");
+}
+
 /// While a stream capture is under way nothing moves (a context synchronization would break
 /// it); once it ends, the next synchronization moves what the launches heated.
 pub fn capture() {
