@@ -118,6 +118,7 @@ mod moves;
 mod nvml;
 mod placement;
 mod process;
+mod remap;
 mod routes;
 mod segments;
 mod stats;

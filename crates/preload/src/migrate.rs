@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
-use tiermem_mechanism::{ChunkLocation, Device, PhysHandle, StreamHandle};
+use tiermem_mechanism::{ChunkLocation, PhysHandle};
 
 use crate::boundary::{log, CUDA_SUCCESS};
 use crate::cycle::Boundary;
@@ -60,6 +60,7 @@ use crate::hotness::{self, ChunkId, Heats};
 use crate::moves::{self, Candidate, Plan};
 use crate::placement::Tier;
 use crate::process::{self, Process};
+use crate::remap::{self, move_batch, Move, Phase};
 use crate::{gate, stats};
 
 /// Quiesce points a chunk that moved stays where it is, whatever its heat.
@@ -209,9 +210,7 @@ pub fn quiesce_point(call: &str) {
     let _gate = gate::exclusive();
     let started = Instant::now();
     // A capture that began before the gate was taken makes a context synchronization illegal.
-    let synced = gate::forbidden().is_none()
-        // SAFETY: the driver's cuCtxSynchronize, on this thread's current context.
-        && driver().and_then(|d| d.ctx_synchronize).is_some_and(|sync| unsafe { sync() } == CUDA_SUCCESS);
+    let synced = gate::forbidden().is_none() && remap::timed(Phase::Wait, synchronize);
     if !synced {
         SKIPPED.fetch_add(1, Relaxed);
         return;
@@ -221,6 +220,12 @@ pub fn quiesce_point(call: &str) {
     execute(call, &mut p, ordinal, &plan, &ids, state);
     TAKEN.fetch_add(1, Relaxed);
     NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+}
+
+/// Waits for the context (`cuCtxSynchronize`): whether it succeeded.
+fn synchronize() -> bool {
+    // SAFETY: the driver's cuCtxSynchronize, on this thread's current context.
+    driver().and_then(|d| d.ctx_synchronize).is_some_and(|sync| unsafe { sync() } == CUDA_SUCCESS)
 }
 
 /// The plan for GPU `ordinal`'s chunks, and the chunk each id of it names.
@@ -257,9 +262,7 @@ pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
     let Some(Ok(ordinal)) = process::current_gpu() else { return None };
     let _gate = gate::exclusive();
     // A capture that began before the gate was taken makes a context synchronization illegal.
-    let synced = gate::forbidden().is_none()
-        // SAFETY: the driver's cuCtxSynchronize, on this thread's current context.
-        && driver().and_then(|d| d.ctx_synchronize).is_some_and(|sync| unsafe { sync() } == CUDA_SUCCESS);
+    let synced = gate::forbidden().is_none() && remap::timed(Phase::Wait, synchronize);
     if !synced {
         return None;
     }
@@ -279,15 +282,6 @@ pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
         execute(call, &mut p, ordinal, &plan, &ids, state);
     }
     Some(UP.load(Relaxed) + DOWN.load(Relaxed) - before)
-}
-
-/// One chunk to move: its address and bytes, its physical chunk now, the one it moves to.
-struct Move {
-    id: ChunkId,
-    address: u64,
-    len: usize,
-    old: PhysHandle,
-    new: PhysHandle,
 }
 
 /// Takes a chunk of `len` bytes out of `pool` (`(bytes, handle)` pairs), if one is there.
@@ -319,7 +313,10 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
             .filter(|a| index < a.chunks.len())
             .map(|a| (a.chunk_va(index), a.chunk_len(index), a.chunks[index].0))
     };
-    let create = |location, len: usize| device.create_chunks_at(location, len / granularity).ok();
+    let create = |location, len: usize| {
+        let phase = if location == ChunkLocation::Host { Phase::CreateHost } else { Phase::CreateHbm };
+        remap::timed(phase, || device.create_chunks_at(location, len / granularity).ok())
+    };
 
     // Down: into spare host chunks, or new ones.
     let mut down = Vec::new();
@@ -330,6 +327,7 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
     }
     let mut freed_hbm = Vec::new();
     for (m, moved) in down.iter().zip(move_batch(call, device, scratch, chunk, &down)) {
+        FAILED.fetch_add(u64::from(!moved), Relaxed);
         if moved {
             settle(p, ordinal, m, Tier::Host);
             freed_hbm.push((m.len, m.old));
@@ -352,6 +350,7 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
         up.push(Move { id, address, len, old, new });
     }
     for (m, moved) in up.iter().zip(move_batch(call, device, scratch, chunk, &up)) {
+        FAILED.fetch_add(u64::from(!moved), Relaxed);
         if moved {
             settle(p, ordinal, m, Tier::Hbm);
             tools.spares.push((m.len, m.old));
@@ -361,9 +360,11 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
         }
     }
     let extra = tools.spares.len().saturating_sub(batch);
-    for (_, handle) in freed_hbm.into_iter().chain(tools.spares.drain(..extra)) {
-        let _ = device.release_chunk(handle);
-    }
+    remap::timed(Phase::Release, || {
+        for (_, handle) in freed_hbm.into_iter().chain(tools.spares.drain(..extra)) {
+            let _ = device.release_chunk(handle);
+        }
+    });
     state.moved_at.retain(|_, &mut at| evaluation - at <= COOLDOWN);
 }
 
@@ -379,102 +380,6 @@ fn settle(p: &mut Process, ordinal: usize, m: &Move, tier: Tier) {
     hotness::moved(m.id.0, m.id.1, tier == Tier::Host);
     (if tier == Tier::Hbm { &UP } else { &DOWN }).fetch_add(1, Relaxed);
     BYTES.fetch_add(m.len as u64, Relaxed);
-}
-
-/// Moves each of `moves` (at most a batch; slot `i` of the scratch range, `chunk` bytes apart,
-/// takes move `i`) whose every step succeeds; which did.
-fn move_batch(call: &str, device: &dyn Device, scratch: u64, chunk: usize, moves: &[Move]) -> Vec<bool> {
-    let slot = |i: usize| scratch + (i * chunk) as u64;
-    let mapped: Vec<bool> =
-        moves.iter().enumerate().map(|(i, m)| device.map_sized(slot(i), m.new, m.len).is_ok()).collect();
-    // Access is given, and the slots unmapped, a run of neighbouring slots per call (a failed
-    // run's slots stay mapped until the unmap below; should that fail too, later maps there
-    // fail: safe).
-    let slots: Vec<(u64, usize)> = moves.iter().enumerate().map(|(i, m)| (slot(i), m.len)).collect();
-    let mut ok = mapped.clone();
-    for run in runs(&mapped, &slots) {
-        if device.set_access(slots[run.start].0, span(&slots[run.clone()])).is_err() {
-            ok[run].fill(false);
-        }
-    }
-    for (i, (m, ok)) in moves.iter().zip(ok.iter_mut()).enumerate().filter(|(_, (_, ok))| **ok) {
-        *ok = device.copy_between_devices_async(slot(i), m.address, m.len, StreamHandle(0)).is_ok();
-    }
-    if let Err(why) = device.synchronize_stream(StreamHandle(0)) {
-        log(call, &format!("migration copies failed ({why})"), "the chunks stay where they were");
-        ok.iter_mut().for_each(|ok| *ok = false);
-    }
-    // One unmap per mapping: the driver wants each call to cover whole mappings (process.rs).
-    for (i, m) in moves.iter().enumerate().filter(|&(i, _)| mapped[i]) {
-        if device.unmap(slot(i), m.len).is_err() {
-            ok[i] = false;
-        }
-    }
-    swap_all(call, device, moves, &mut ok);
-    for &ok in &ok {
-        if !ok {
-            FAILED.fetch_add(1, Relaxed);
-        }
-    }
-    ok
-}
-
-/// Bytes from the first range's start to the last one's end.
-fn span(ranges: &[(u64, usize)]) -> usize {
-    ranges.last().map_or(0, |&(at, len)| (at + len as u64 - ranges[0].0) as usize)
-}
-
-/// The runs of consecutive indices `i` with `selected[i]` whose ranges (`(address, bytes)`)
-/// follow each other without a gap.
-fn runs(selected: &[bool], ranges: &[(u64, usize)]) -> Vec<std::ops::Range<usize>> {
-    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
-    for i in (0..selected.len()).filter(|&i| selected[i]) {
-        match out.last_mut() {
-            Some(run) if run.end == i && ranges[i - 1].0 + ranges[i - 1].1 as u64 == ranges[i].0 => run.end += 1,
-            _ => out.push(i..i + 1),
-        }
-    }
-    out
-}
-
-/// For each move still `ok`, maps `m.new` at the chunk's address in place of `m.old`, then
-/// gives access a run of neighbouring chunks per call; a move that fails gets `m.old` back.
-fn swap_all(call: &str, device: &dyn Device, moves: &[Move], ok: &mut [bool]) {
-    for (m, ok) in moves.iter().zip(ok.iter_mut()).filter(|(_, ok)| **ok) {
-        if device.unmap(m.address, m.len).is_err() {
-            *ok = false;
-        } else if device.map_sized(m.address, m.new, m.len).is_err() {
-            put_back(call, device, m, false);
-            *ok = false;
-        }
-    }
-    // Moves in address order, so that neighbouring chunks form runs.
-    let mut order: Vec<usize> = (0..moves.len()).filter(|&i| ok[i]).collect();
-    order.sort_by_key(|&i| moves[i].address);
-    let ranges: Vec<(u64, usize)> = order.iter().map(|&i| (moves[i].address, moves[i].len)).collect();
-    for run in runs(&vec![true; order.len()], &ranges) {
-        if device.set_access(ranges[run.start].0, span(&ranges[run.clone()])).is_err() {
-            for &i in &order[run] {
-                put_back(call, device, &moves[i], true);
-                ok[i] = false;
-            }
-        }
-    }
-}
-
-/// Puts `m.old` back at the chunk's address after a failed move (`mapped`: `m.new` is mapped
-/// there and comes off first).
-fn put_back(call: &str, device: &dyn Device, m: &Move, mapped: bool) {
-    if mapped {
-        let _ = device.unmap(m.address, m.len);
-    }
-    if let Err(why) = device.map_sized(m.address, m.old, m.len).and_then(|()| device.set_access(m.address, m.len)) {
-        log(
-            call,
-            &format!("0x{:x} could not be mapped again after a failed move ({why})", m.address),
-            "its bytes are safe but unreachable: the program will fault there; please report it",
-        );
-    }
 }
 
 /// After a free on GPU `ordinal`: if none of its allocations is left, gives back the spare
@@ -522,5 +427,6 @@ pub fn counters() -> stats::Migration {
         pause_chunks,
         cycles_followed,
         cycles_diverged,
+        phases: remap::phases(),
     }
 }

@@ -129,6 +129,35 @@ pub struct Migration {
     pub pause_chunks: u64,
     pub cycles_followed: u64,
     pub cycles_diverged: u64,
+    /// Where moving took its time (remap.rs's phases, in order): (nanoseconds, times counted).
+    pub phases: [(u64, u64); PHASE_NAMES.len()],
+}
+
+/// The names of remap.rs's phases, in order, as `--stats` prints them.
+pub const PHASE_NAMES: [&str; 8] = [
+    "waiting for the GPU",
+    "creating host chunks",
+    "creating HBM chunks",
+    "mapping scratch",
+    "copying",
+    "remapping",
+    "opening",
+    "releasing",
+];
+
+impl Migration {
+    /// One line: milliseconds per phase (and the chunks created).
+    fn phases_line(&self) -> String {
+        let parts: Vec<String> = PHASE_NAMES
+            .iter()
+            .zip(self.phases)
+            .map(|(name, (nanos, calls))| match name.starts_with("creating") {
+                true => format!("{name} {:.1} ms ({calls})", nanos as f64 / 1e6),
+                false => format!("{name} {:.1} ms", nanos as f64 / 1e6),
+            })
+            .collect();
+        format!("tiermem: stats: moves: {}", parts.join(", "))
+    }
 }
 
 impl Migration {
@@ -143,7 +172,8 @@ impl Migration {
         format!(
             "tiermem: stats: migration {}: {} chunks up, {} down ({} moved), {} failed; {} quiesce points taken ({:.1} ms), {} skipped\n\
              tiermem: stats: launches: {} scanned, {} with tiermem pointers, {share} of those all in HBM\n\
-             tiermem: stats: segments {}: {} pauses ({:.1} ms), {} chunks moved at pauses; {} cycles followed to the end, {} diverged; {:.1} ms planning",
+             tiermem: stats: segments {}: {} pauses ({:.1} ms), {} chunks moved at pauses; {} cycles followed to the end, {} diverged; {:.1} ms planning\n\
+             {}",
             if self.enabled { "on" } else { "off" },
             self.up,
             self.down,
@@ -161,6 +191,7 @@ impl Migration {
             self.cycles_followed,
             self.cycles_diverged,
             self.plan_nanos as f64 / 1e6,
+            self.phases_line(),
         )
     }
 
@@ -174,6 +205,7 @@ impl Migration {
                 "\"failed\": {}, \"quiesce_taken\": {}, \"quiesce_skipped\": {}, \"quiesce_ms\": {:.3}}}, ",
                 "\"segments\": {{\"enabled\": {}, \"pauses\": {}, \"pause_ms\": {:.3}, \"pause_chunks\": {}, ",
                 "\"cycles_followed\": {}, \"cycles_diverged\": {}, \"plan_ms\": {:.3}}}, ",
+                "\"move_phases_ms\": {{{}}}, ",
                 "\"launches\": {{\"scanned\": {}, \"with_pointers\": {}, \"all_in_hbm\": {}, \"all_in_hbm_share\": {}}}}}"
             ),
             stats.allocations,
@@ -195,6 +227,12 @@ impl Migration {
             self.cycles_followed,
             self.cycles_diverged,
             self.plan_nanos as f64 / 1e6,
+            PHASE_NAMES
+                .iter()
+                .zip(self.phases)
+                .map(|(name, (nanos, _))| format!("\"{name}\": {:.3}", nanos as f64 / 1e6))
+                .collect::<Vec<_>>()
+                .join(", "),
             self.launches_scanned,
             self.launches_with_pointers,
             self.launches_all_in_hbm,
@@ -250,5 +288,18 @@ mod tests {
         let json = m.json(&s);
         assert!(json.contains("\"chunks_up\": 3") && json.contains("\"all_in_hbm_share\": null}}"), "{json}");
         assert!(json.contains("\"segments\": {\"enabled\": false, \"pauses\": 0, \"pause_ms\": 0.000"), "{json}");
+        let mut phases = m;
+        phases.phases[4] = (2_500_000, 3);
+        phases.phases[1] = (700_000, 1);
+        let report = phases.report();
+        assert!(report.contains("moves: waiting for the GPU 0.0 ms, creating host chunks 0.7 ms (1),"), "{report}");
+        assert!(report.contains("copying 2.5 ms, remapping 0.0 ms"), "{report}");
+        let json = phases.json(&s);
+        assert!(
+            json.contains("\"move_phases_ms\": {\"waiting for the GPU\": 0.000,")
+                && json.contains("\"copying\": 2.500"),
+            "{json}"
+        );
+        assert!(serde_json::from_str::<serde_json::Value>(&json).is_ok(), "{json}");
     }
 }

@@ -1,0 +1,168 @@
+//! How a batch of moves is carried out on the driver (migrate.rs decides which, and keeps the
+//! books): each move's new chunk mapped at a scratch slot and opened, the bytes copied there,
+//! the slot unmapped, then the chunk's address unmapped and the new chunk mapped in its place
+//! and opened. Access is given a run of neighbouring ranges per call. Any failure leaves that
+//! chunk where it was, its bytes intact.
+//!
+//! Where the time goes is counted per [`Phase`] (`--stats` prints it): the VMM calls cost per
+//! mapping, the copies per byte, and creating a host-located chunk most of all (~0.7 ms per
+//! 2 MiB on the H200), which is why migrate.rs keeps spares.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use tiermem_mechanism::{Device, PhysHandle, StreamHandle};
+
+use crate::boundary::log;
+use crate::hotness::ChunkId;
+
+/// What a move's time is spent on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for the GPU before moving (the work in flight finishing).
+    Wait,
+    /// Creating chunks that no spare could serve (host-located, then in HBM).
+    CreateHost,
+    CreateHbm,
+    /// Mapping new chunks at the scratch range and opening them.
+    Scratch,
+    /// Copying and waiting for the copies.
+    Copy,
+    /// Unmapping the scratch range, then each chunk's address, mapping the new chunk there.
+    Remap,
+    /// Opening the remapped addresses.
+    Access,
+    /// Releasing chunks no longer needed.
+    Release,
+}
+
+const PHASES: usize = 8;
+static NANOS: [AtomicU64; PHASES] = [const { AtomicU64::new(0) }; PHASES];
+static CALLS: [AtomicU64; PHASES] = [const { AtomicU64::new(0) }; PHASES];
+
+/// Runs `f`, counting its time (and one call) to `phase`.
+pub fn timed<T>(phase: Phase, f: impl FnOnce() -> T) -> T {
+    let started = Instant::now();
+    let out = f();
+    NANOS[phase as usize].fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+    CALLS[phase as usize].fetch_add(1, Relaxed);
+    out
+}
+
+/// Per phase, in [`Phase`] order: (nanoseconds, times counted).
+pub fn phases() -> [(u64, u64); PHASES] {
+    std::array::from_fn(|i| (NANOS[i].load(Relaxed), CALLS[i].load(Relaxed)))
+}
+
+/// One chunk to move: its address and bytes, its physical chunk now, the one it moves to.
+pub struct Move {
+    pub id: ChunkId,
+    pub address: u64,
+    pub len: usize,
+    pub old: PhysHandle,
+    pub new: PhysHandle,
+}
+
+/// Moves each of `moves` (at most a batch; slot `i` of the scratch range, `chunk` bytes apart,
+/// takes move `i`) whose every step succeeds; which did.
+pub fn move_batch(call: &str, device: &dyn Device, scratch: u64, chunk: usize, moves: &[Move]) -> Vec<bool> {
+    let slot = |i: usize| scratch + (i * chunk) as u64;
+    let started = Instant::now();
+    let mapped: Vec<bool> =
+        moves.iter().enumerate().map(|(i, m)| device.map_sized(slot(i), m.new, m.len).is_ok()).collect();
+    // Access is given, and the slots unmapped, a run of neighbouring slots per call (a failed
+    // run's slots stay mapped until the unmap below; should that fail too, later maps there
+    // fail: safe).
+    let slots: Vec<(u64, usize)> = moves.iter().enumerate().map(|(i, m)| (slot(i), m.len)).collect();
+    let mut ok = mapped.clone();
+    for run in runs(&mapped, &slots) {
+        if device.set_access(slots[run.start].0, span(&slots[run.clone()])).is_err() {
+            ok[run].fill(false);
+        }
+    }
+    let started = lap(Phase::Scratch, started);
+    for (i, (m, ok)) in moves.iter().zip(ok.iter_mut()).enumerate().filter(|(_, (_, ok))| **ok) {
+        *ok = device.copy_between_devices_async(slot(i), m.address, m.len, StreamHandle(0)).is_ok();
+    }
+    if let Err(why) = device.synchronize_stream(StreamHandle(0)) {
+        log(call, &format!("migration copies failed ({why})"), "the chunks stay where they were");
+        ok.iter_mut().for_each(|ok| *ok = false);
+    }
+    let started = lap(Phase::Copy, started);
+    // One unmap per mapping: the driver wants each call to cover whole mappings (process.rs).
+    for (i, m) in moves.iter().enumerate().filter(|&(i, _)| mapped[i]) {
+        if device.unmap(slot(i), m.len).is_err() {
+            ok[i] = false;
+        }
+    }
+    swap_all(call, device, moves, &mut ok, started);
+    ok
+}
+
+/// Counts the time since `started` to `phase`; now.
+fn lap(phase: Phase, started: Instant) -> Instant {
+    let now = Instant::now();
+    NANOS[phase as usize].fetch_add((now - started).as_nanos() as u64, Relaxed);
+    CALLS[phase as usize].fetch_add(1, Relaxed);
+    now
+}
+
+/// Bytes from the first range's start to the last one's end.
+fn span(ranges: &[(u64, usize)]) -> usize {
+    ranges.last().map_or(0, |&(at, len)| (at + len as u64 - ranges[0].0) as usize)
+}
+
+/// The runs of consecutive indices `i` with `selected[i]` whose ranges (`(address, bytes)`)
+/// follow each other without a gap.
+fn runs(selected: &[bool], ranges: &[(u64, usize)]) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    for i in (0..selected.len()).filter(|&i| selected[i]) {
+        match out.last_mut() {
+            Some(run) if run.end == i && ranges[i - 1].0 + ranges[i - 1].1 as u64 == ranges[i].0 => run.end += 1,
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
+}
+
+/// For each move still `ok`, maps `m.new` at the chunk's address in place of `m.old`, then
+/// gives access a run of neighbouring chunks per call; a move that fails gets `m.old` back.
+fn swap_all(call: &str, device: &dyn Device, moves: &[Move], ok: &mut [bool], started: Instant) {
+    for (m, ok) in moves.iter().zip(ok.iter_mut()).filter(|(_, ok)| **ok) {
+        if device.unmap(m.address, m.len).is_err() {
+            *ok = false;
+        } else if device.map_sized(m.address, m.new, m.len).is_err() {
+            put_back(call, device, m, false);
+            *ok = false;
+        }
+    }
+    let started = lap(Phase::Remap, started);
+    // Moves in address order, so that neighbouring chunks form runs.
+    let mut order: Vec<usize> = (0..moves.len()).filter(|&i| ok[i]).collect();
+    order.sort_by_key(|&i| moves[i].address);
+    let ranges: Vec<(u64, usize)> = order.iter().map(|&i| (moves[i].address, moves[i].len)).collect();
+    for run in runs(&vec![true; order.len()], &ranges) {
+        if device.set_access(ranges[run.start].0, span(&ranges[run.clone()])).is_err() {
+            for &i in &order[run] {
+                put_back(call, device, &moves[i], true);
+                ok[i] = false;
+            }
+        }
+    }
+    lap(Phase::Access, started);
+}
+
+/// Puts `m.old` back at the chunk's address after a failed move (`mapped`: `m.new` is mapped
+/// there and comes off first).
+fn put_back(call: &str, device: &dyn Device, m: &Move, mapped: bool) {
+    if mapped {
+        let _ = device.unmap(m.address, m.len);
+    }
+    if let Err(why) = device.map_sized(m.address, m.old, m.len).and_then(|()| device.set_access(m.address, m.len)) {
+        log(
+            call,
+            &format!("0x{:x} could not be mapped again after a failed move ({why})", m.address),
+            "its bytes are safe but unreachable: the program will fault there; please report it",
+        );
+    }
+}
