@@ -203,6 +203,36 @@ pub extern "C" fn cuCtxSynchronize() -> Code {
     current_context().err().unwrap_or(CUDA_SUCCESS)
 }
 
+/// Streams are handles and nothing more: the fake's copies and kernels complete when called.
+///
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    stream: *mut *mut c_void,
+    _flags: c_uint,
+    _priority: c_int,
+) -> Code {
+    static NEXT: AtomicUsize = AtomicUsize::new(0x5000);
+    if stream.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if let Err(code) = current_context() {
+        return code;
+    }
+    // SAFETY: checked non-null; the caller's out-pointer.
+    unsafe { *stream = NEXT.fetch_add(0x10, Relaxed) as *mut c_void };
+    CUDA_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamDestroy_v2(stream: *mut c_void) -> Code {
+    if stream.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    CUDA_SUCCESS
+}
+
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> Code {
     stream_synchronized(stream)

@@ -441,8 +441,6 @@ not_supported!(
     cuMemFreeHost,
     cuMemHostRegister_v2,
     cuMemHostUnregister,
-    cuStreamCreateWithPriority,
-    cuStreamDestroy_v2,
     cuStreamWaitEvent,
     cuEventCreate,
     cuEventDestroy_v2,

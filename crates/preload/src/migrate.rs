@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
-use tiermem_mechanism::{ChunkLocation, PhysHandle};
+use tiermem_mechanism::{ChunkLocation, PhysHandle, StreamHandle, StreamPriority};
 
 use crate::boundary::{log, CUDA_SUCCESS};
 use crate::cycle::Boundary;
@@ -117,8 +117,9 @@ pub fn enabled() -> bool {
 /// What migration keeps per GPU between quiesce points.
 #[derive(Default)]
 struct Tools {
-    /// A reservation of a batch of chunks, where new chunks are mapped to be copied into.
-    scratch: Option<u64>,
+    /// A reservation of a batch of chunks each way, where new chunks are mapped to be copied
+    /// into, and the streams copies go down and up on, at once.
+    scratch: Option<(u64, (StreamHandle, StreamHandle))>,
     /// Host chunks, unmapped, ready to take a chunk of their size going down: (bytes, handle).
     spares: Vec<(usize, PhysHandle)>,
 }
@@ -253,7 +254,6 @@ fn plan_for(p: &Process, ordinal: usize, heats: &Heats, state: &State) -> (Plan,
 /// waited for; in batches. Moves that no longer apply (a chunk freed, or already where it would
 /// go) are dropped. The chunks moved, or `None` if nothing could be done.
 pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
-    let config = config();
     let mut state = try_state()?;
     let state = state.get_or_insert_with(State::default);
     if gate::forbidden().is_some() {
@@ -275,12 +275,8 @@ pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
     let up: Vec<ChunkId> = boundary.up.iter().copied().filter(|id| applies(&p, id, Tier::Host)).collect();
     let ids: Vec<ChunkId> = down.iter().chain(&up).copied().collect();
     let before = UP.load(Relaxed) + DOWN.load(Relaxed);
-    let batch = p.gpus.get(&ordinal).map_or(1, |gpu| config.batch(gpu.chunk));
-    for round in 0..down.len().max(up.len()).div_ceil(batch) {
-        let range = |len: usize| (round * batch).min(len)..((round + 1) * batch).min(len);
-        let plan = Plan { down: range(down.len()).collect(), up: range(up.len()).map(|i| down.len() + i).collect() };
-        execute(call, &mut p, ordinal, &plan, &ids, state);
-    }
+    let plan = Plan { down: (0..down.len()).collect(), up: (down.len()..ids.len()).collect() };
+    execute(call, &mut p, ordinal, &plan, &ids, state);
     Some(UP.load(Relaxed) + DOWN.load(Relaxed) - before)
 }
 
@@ -290,7 +286,9 @@ fn take(pool: &mut Vec<(usize, PhysHandle)>, len: usize) -> Option<PhysHandle> {
     Some(pool.swap_remove(at).1)
 }
 
-/// Carries out `plan` on GPU `ordinal` (module documentation): down first, then up.
+/// Carries out `plan` on GPU `ordinal` (module documentation) in rounds of at most a batch
+/// each way: a round's chunks going down, and those coming up into the HBM that earlier
+/// rounds freed (or room the budget had), copied at once in both directions.
 fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[ChunkId], state: &mut State) {
     let Some(gpu) = p.gpus.get(&ordinal) else { return };
     let (Some(device), chunk) = (gpu.device.clone(), gpu.chunk) else { return };
@@ -298,11 +296,15 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
     let granularity = device.info().granularity.max(1);
     let batch = config().batch(chunk);
     let tools = state.gpus.entry(ordinal).or_default();
-    let scratch = match tools.scratch {
-        Some(scratch) => scratch,
-        None => match device.reserve(batch * chunk) {
-            Ok(va) => *tools.scratch.insert(va),
-            Err(why) => return log(call, &format!("no scratch address range ({why})"), "nothing moved"),
+    let (scratch, streams) = match tools.scratch {
+        Some(made) => made,
+        // Slots for a batch each way, and a stream for each direction.
+        None => match device.reserve(2 * batch * chunk).and_then(|va| {
+            let streams = (device.create_stream(StreamPriority::High)?, device.create_stream(StreamPriority::High)?);
+            Ok((va, streams))
+        }) {
+            Ok(made) => *tools.scratch.insert(made),
+            Err(why) => return log(call, &format!("no scratch address range or streams ({why})"), "nothing moved"),
         },
     };
     let evaluation = state.evaluations;
@@ -318,50 +320,65 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
         remap::timed(phase, || device.create_chunks_at(location, len / granularity).ok())
     };
 
-    // Down: into spare host chunks, or new ones.
-    let mut down = Vec::new();
-    for &id in plan.down.iter().map(|&i| &ids[i]) {
-        let Some((address, len, old)) = find(p, id) else { continue };
-        let Some(new) = take(&mut tools.spares, len).or_else(|| create(ChunkLocation::Host, len)) else { break };
-        down.push(Move { id, address, len, old, new });
-    }
+    let (mut downs, mut ups) =
+        (plan.down.iter().map(|&i| ids[i]).peekable(), plan.up.iter().map(|&i| ids[i]).peekable());
     let mut freed_hbm = Vec::new();
-    for (m, moved) in down.iter().zip(move_batch(call, device, scratch, chunk, &down)) {
-        FAILED.fetch_add(u64::from(!moved), Relaxed);
-        if moved {
-            settle(p, ordinal, m, Tier::Host);
-            freed_hbm.push((m.len, m.old));
-            state.moved_at.insert(m.address, evaluation);
-        } else {
-            tools.spares.push((m.len, m.new));
+    loop {
+        let mut moves = Vec::new();
+        // Down: into spare host chunks, or new ones.
+        while moves.len() < batch {
+            let Some(id) = downs.next() else { break };
+            let Some((address, len, old)) = find(p, id) else { continue };
+            let Some(new) = take(&mut tools.spares, len).or_else(|| create(ChunkLocation::Host, len)) else { break };
+            moves.push(Move { id, address, len, old, new, up: false });
         }
-    }
-
-    // Up: into the HBM just freed, or new chunks, as far as the budget has room.
-    let mut room = p.gpus.get(&ordinal).map_or(0, |g| g.budget.saturating_sub(g.hbm_used));
-    let mut up = Vec::new();
-    for &id in plan.up.iter().map(|&i| &ids[i]) {
-        let Some((address, len, old)) = find(p, id) else { continue };
-        if len > room {
+        let going_down = moves.len();
+        // Up: into HBM that earlier rounds freed, or new chunks, as far as the budget has room.
+        let mut room = p.gpus.get(&ordinal).map_or(0, |g| g.budget.saturating_sub(g.hbm_used));
+        while moves.len() - going_down < batch {
+            let Some(&id) = ups.peek() else { break };
+            let Some((address, len, old)) = find(p, id) else {
+                ups.next();
+                continue;
+            };
+            if len > room {
+                break;
+            }
+            let Some(new) = take(&mut freed_hbm, len).or_else(|| create(ChunkLocation::Gpu(ordinal), len)) else {
+                break;
+            };
+            ups.next();
+            room -= len;
+            moves.push(Move { id, address, len, old, new, up: true });
+        }
+        if moves.is_empty() {
             break;
         }
-        let Some(new) = take(&mut freed_hbm, len).or_else(|| create(ChunkLocation::Gpu(ordinal), len)) else { break };
-        room -= len;
-        up.push(Move { id, address, len, old, new });
-    }
-    for (m, moved) in up.iter().zip(move_batch(call, device, scratch, chunk, &up)) {
-        FAILED.fetch_add(u64::from(!moved), Relaxed);
-        if moved {
-            settle(p, ordinal, m, Tier::Hbm);
-            tools.spares.push((m.len, m.old));
-            state.moved_at.insert(m.address, evaluation);
-        } else {
-            freed_hbm.push((m.len, m.new));
+        for (m, moved) in moves.iter().zip(move_batch(call, device, scratch, chunk, streams, &moves)) {
+            FAILED.fetch_add(u64::from(!moved), Relaxed);
+            // The chunk left behind: the old one if the move was made, else the new one.
+            let (left, tier) =
+                if moved { (m.old, if m.up { Tier::Hbm } else { Tier::Host }) } else { (m.new, Tier::Host) };
+            let host_chunk_left = m.up == moved;
+            (if host_chunk_left { &mut tools.spares } else { &mut freed_hbm }).push((m.len, left));
+            if moved {
+                settle(p, ordinal, m, tier);
+                state.moved_at.insert(m.address, evaluation);
+            }
         }
     }
-    let extra = tools.spares.len().saturating_sub(batch);
+    // Spares are kept up to what could go down at once (the HBM in use): a chunk coming up
+    // frees one, a chunk going down takes one, so the host memory they hold stays bounded by
+    // the peak the program had there.
+    let hbm_used = p.gpus.get(&ordinal).map_or(0, |g| g.hbm_used);
+    let mut kept = 0;
+    let (keep, extra): (Vec<_>, Vec<_>) = tools.spares.drain(..).partition(|&(len, _)| {
+        kept += len;
+        kept <= hbm_used
+    });
+    tools.spares = keep;
     remap::timed(Phase::Release, || {
-        for (_, handle) in freed_hbm.into_iter().chain(tools.spares.drain(..extra)) {
+        for (_, handle) in freed_hbm.into_iter().chain(extra) {
             let _ = device.release_chunk(handle);
         }
     });
@@ -399,8 +416,10 @@ pub fn release_if_idle(ordinal: usize) {
     for (_, spare) in tools.spares {
         let _ = device.release_chunk(spare);
     }
-    if let Some(scratch) = tools.scratch {
-        let _ = device.unreserve(scratch, config().batch(chunk) * chunk);
+    if let Some((scratch, (down, up))) = tools.scratch {
+        let _ = device.unreserve(scratch, 2 * config().batch(chunk) * chunk);
+        let _ = device.destroy_stream(down);
+        let _ = device.destroy_stream(up);
     }
 }
 

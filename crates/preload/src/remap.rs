@@ -61,11 +61,21 @@ pub struct Move {
     pub len: usize,
     pub old: PhysHandle,
     pub new: PhysHandle,
+    /// Coming up to HBM (else going down to the host).
+    pub up: bool,
 }
 
-/// Moves each of `moves` (at most a batch; slot `i` of the scratch range, `chunk` bytes apart,
-/// takes move `i`) whose every step succeeds; which did.
-pub fn move_batch(call: &str, device: &dyn Device, scratch: u64, chunk: usize, moves: &[Move]) -> Vec<bool> {
+/// Moves each of `moves` (at most a batch each way; slot `i` of the scratch range, `chunk`
+/// bytes apart, takes move `i`) whose every step succeeds, copying down on `streams.0` and up
+/// on `streams.1` at once; which did.
+pub fn move_batch(
+    call: &str,
+    device: &dyn Device,
+    scratch: u64,
+    chunk: usize,
+    streams: (StreamHandle, StreamHandle),
+    moves: &[Move],
+) -> Vec<bool> {
     let slot = |i: usize| scratch + (i * chunk) as u64;
     let started = Instant::now();
     let mapped: Vec<bool> =
@@ -82,11 +92,14 @@ pub fn move_batch(call: &str, device: &dyn Device, scratch: u64, chunk: usize, m
     }
     let started = lap(Phase::Scratch, started);
     for (i, (m, ok)) in moves.iter().zip(ok.iter_mut()).enumerate().filter(|(_, (_, ok))| **ok) {
-        *ok = device.copy_between_devices_async(slot(i), m.address, m.len, StreamHandle(0)).is_ok();
+        let stream = if m.up { streams.1 } else { streams.0 };
+        *ok = device.copy_between_devices_async(slot(i), m.address, m.len, stream).is_ok();
     }
-    if let Err(why) = device.synchronize_stream(StreamHandle(0)) {
-        log(call, &format!("migration copies failed ({why})"), "the chunks stay where they were");
-        ok.iter_mut().for_each(|ok| *ok = false);
+    for stream in [streams.0, streams.1] {
+        if let Err(why) = device.synchronize_stream(stream) {
+            log(call, &format!("migration copies failed ({why})"), "the chunks stay where they were");
+            ok.iter_mut().for_each(|ok| *ok = false);
+        }
     }
     let started = lap(Phase::Copy, started);
     // One unmap per mapping: the driver wants each call to cover whole mappings (process.rs).

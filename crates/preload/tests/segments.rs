@@ -45,6 +45,19 @@ fn a_loop_larger_than_the_budget_finds_its_buffers_in_hbm() {
 }
 
 #[test]
+fn moves_in_batches_of_one_go_down_and_up_in_the_same_rounds() {
+    // A pause's moves in rounds of one chunk each way: each round sends one down and brings
+    // one up into the HBM the round before freed, both copies at once; bytes checked as ever.
+    let env: Vec<_> = ENV.iter().copied().chain([("TIERMEM_MIGRATE_BATCH", "1")]).collect();
+    let output = support::probe("segments-batch-1", &["segments"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("segments: ok"), "{stdout}");
+    assert!(stderr.contains("11 cycles followed to the end, 4 diverged"), "{stderr}");
+    let share = all_in_hbm_share(&stderr);
+    assert!(share > 0.9, "launches all in HBM: {share}\n{stderr}");
+}
+
+#[test]
 fn with_segments_off_by_default_stage_two_alone_leaves_launches_on_the_host() {
     let env: Vec<_> = ENV.iter().copied().filter(|&(name, _)| name != "TIERMEM_SEGMENTS").collect();
     let output = support::probe("segments-off", &["segments"], &env);
