@@ -56,11 +56,11 @@ fn config() -> &'static Config {
     static CONFIG: OnceLock<Config> = OnceLock::new();
     CONFIG.get_or_init(|| {
         let enabled = match std::env::var("TIERMEM_SEGMENTS").as_deref() {
-            Ok("on" | "1" | "true") => true,
-            Err(_) | Ok("off" | "0" | "false" | "") => false,
+            Err(_) | Ok("on" | "1" | "true" | "") => true,
+            Ok("off" | "0" | "false") => false,
             Ok(other) => {
-                log("TIERMEM_SEGMENTS", &format!("{other:?} is neither on nor off"), "segments off");
-                false
+                log("TIERMEM_SEGMENTS", &format!("{other:?} is neither on nor off"), "segments on");
+                true
             }
         };
         let margin = match std::env::var("TIERMEM_SEGMENT_MARGIN") {
@@ -74,8 +74,8 @@ fn config() -> &'static Config {
     })
 }
 
-/// Whether stage 3 is on (`TIERMEM_SEGMENTS`, default off: on the H200 its pauses cost what
-/// they saved, docs/transparent.md; nothing without migration).
+/// Whether stage 3 is on (`TIERMEM_SEGMENTS`, default on since chunks of 32 MiB made its
+/// pauses cheaper than what they save, docs/transparent.md; nothing without migration).
 pub fn enabled() -> bool {
     config().enabled && crate::migrate::enabled()
 }

@@ -82,8 +82,8 @@
 //! tiermem makes before the segment's first launch (gate exclusive, context idle, stage 2's
 //! moves). A kernel other than the recorded one at an index, or more launches, stops following
 //! until the next synchronization. Safe with pointers tiermem never saw: moves happen only with
-//! the context idle. Off by default (`TIERMEM_SEGMENTS=on`): on the H200 its pauses cost what the
-//! kernels gained (docs/transparent.md).
+//! the context idle. On by default (`TIERMEM_SEGMENTS=off` leaves stage 2 alone): with chunks
+//! of 32 MiB (process.rs) its pauses cost less than they save (docs/transparent.md).
 //!
 //! ```text
 //!  dlsym · cuGetProcAddress(_v2)   routes.rs: real pointer → wrapper

@@ -58,8 +58,17 @@ fn moves_in_batches_of_one_go_down_and_up_in_the_same_rounds() {
 }
 
 #[test]
-fn with_segments_off_by_default_stage_two_alone_leaves_launches_on_the_host() {
+fn on_by_default() {
     let env: Vec<_> = ENV.iter().copied().filter(|&(name, _)| name != "TIERMEM_SEGMENTS").collect();
+    let output = support::probe("segments-default", &["segments"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("segments: ok") && stderr.contains("segments on: "), "{stdout}\n{stderr}");
+}
+
+#[test]
+fn with_segments_off_stage_two_alone_leaves_launches_on_the_host() {
+    let env: Vec<_> =
+        ENV.iter().copied().map(|(k, v)| if k == "TIERMEM_SEGMENTS" { (k, "off") } else { (k, v) }).collect();
     let output = support::probe("segments-off", &["segments"], &env);
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("segments: ok"), "{stdout}");

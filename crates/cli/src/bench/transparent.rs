@@ -126,7 +126,7 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "metrics": metrics, "ratios": ratios, "checks": checks, "verified": verified,
         "notes": "stage 2: chunks placed at allocation (HBM up to the budget, host-located VMM chunks beyond), \
                   moved at quiesce points (the program's synchronizations) by hotness from launch arguments; \
-                  stage 3 (TIERMEM_SEGMENTS=on; off by default): each step's launches recorded and paged in by \
+                  stage 3 (on unless TIERMEM_SEGMENTS=off): each step's launches recorded and paged in by \
                   segments at pauses (pause_ms_per_step, segments_*); \
                   quiesce_ms_per_step and launches_all_in_hbm_share from the run at 0.7x the peak",
     });

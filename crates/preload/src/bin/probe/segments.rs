@@ -83,7 +83,7 @@ pub fn segments(alternate: bool) {
         assert_eq!(unsafe { alloc(b, SIZE) }, 0);
         cuda.write(*b, SIZE, i as u8);
     }
-    let on = std::env::var("TIERMEM_SEGMENTS").is_ok_and(|v| v == "on"); // off by default
+    let on = std::env::var("TIERMEM_SEGMENTS").map_or(true, |v| v != "off"); // on by default
     let mut writes = [0u64; BUFFERS];
     let mut run = |shape: Shape, resident: bool| {
         cycle(&cuda, &kernels, sync, &buffers, shape, resident && on);
