@@ -121,6 +121,7 @@ mod process;
 mod remap;
 mod routes;
 mod segments;
+mod shadows;
 mod stats;
 mod wrappers;
 

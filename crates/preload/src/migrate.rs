@@ -21,26 +21,22 @@
 //! # How
 //!
 //! Holding the gate exclusively (no routed work is enqueued meanwhile), tiermem waits for the
-//! context (`cuCtxSynchronize`: nothing in flight touches a chunk), then moves in two batches,
-//! the chunks going down first, so that the HBM they free is what the chunks coming up land
-//! in (the GPU never holds more than the budget) and no chunk is created for them. A batch of
-//! moves, each a chunk's address, its physical chunk and a new one at the other location:
+//! context (`cuCtxSynchronize`: nothing in flight touches a chunk), then moves in rounds of at
+//! most a batch each way (512 MiB by default): a round's chunks going down, and those coming up
+//! into the HBM that earlier rounds freed (so the GPU never holds more than the budget and no
+//! HBM chunk is created for them), their copies on two streams at once (remap.rs):
 //!
-//! 1. maps every new chunk at a scratch address (a reservation kept per GPU) with access;
-//! 2. copies every chunk's bytes to its new chunk, on the legacy stream, and waits;
-//! 3. unmaps the scratch addresses, then for each move unmaps the chunk's address and maps the
-//!    new chunk there, then gives access.
+//! 1. each new chunk gets its shadow, a mapping of its own opened once (shadows.rs);
+//! 2. every chunk's bytes are copied from its address into its new chunk's shadow, and waited for;
+//! 3. for each move the chunk's address is unmapped and the new chunk mapped there, then access
+//!    is given a run of neighbouring addresses per call.
 //!
-//! Access is given and scratch addresses unmapped one call per run of neighbouring addresses:
-//! a VMM call costs tens of µs whatever its size, and six calls per 2 MiB chunk (three now)
-//! cost more than its copy (on the H200, stage 3's pauses moved a chunk every 262 µs).
-//!
-//! All maps come before all copies, and the copies are done before the remaps: on some
-//! machines `cuMemMap`/`cuMemSetAccess` wait for copies in flight in one direction.
-//! Any failure leaves that chunk where it was, its bytes intact: before step 3 nothing the
-//! program sees has changed; in step 3 a failed map puts the old chunk back at the address.
+//! A chunk is the unit that moves: 32 MiB by default (process.rs), since the VMM calls cost per
+//! mapping. Any failure leaves that chunk where it was, its bytes intact: before step 3 nothing
+//! the program sees has changed; in step 3 a failed map puts the old chunk back at the address.
 //! Host chunks freed by moves up are kept as spares for the next moves down (creating a host
-//! chunk costs ~0.7 ms), at most a batch of them, until the GPU's last allocation is freed.
+//! chunk costs ~0.7 ms per 2 MiB), up to the HBM in use (the most that can go down), until the
+//! GPU's last allocation is freed; `--stats` says where the time went (remap.rs's phases).
 //!
 //! Locking: the migration state's mutex (one migration at a time), then the gate, then the
 //! process state (process.rs), then the hotness index; the process lock is held through the
@@ -117,9 +113,8 @@ pub fn enabled() -> bool {
 /// What migration keeps per GPU between quiesce points.
 #[derive(Default)]
 struct Tools {
-    /// A reservation of a batch of chunks each way, where new chunks are mapped to be copied
-    /// into, and the streams copies go down and up on, at once.
-    scratch: Option<(u64, (StreamHandle, StreamHandle))>,
+    /// The streams copies go down and up on, at once.
+    streams: Option<(StreamHandle, StreamHandle)>,
     /// Host chunks, unmapped, ready to take a chunk of their size going down: (bytes, handle).
     spares: Vec<(usize, PhysHandle)>,
 }
@@ -296,15 +291,14 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
     let granularity = device.info().granularity.max(1);
     let batch = config().batch(chunk);
     let tools = state.gpus.entry(ordinal).or_default();
-    let (scratch, streams) = match tools.scratch {
+    let streams = match tools.streams {
         Some(made) => made,
-        // Slots for a batch each way, and a stream for each direction.
-        None => match device.reserve(2 * batch * chunk).and_then(|va| {
-            let streams = (device.create_stream(StreamPriority::High)?, device.create_stream(StreamPriority::High)?);
-            Ok((va, streams))
-        }) {
-            Ok(made) => *tools.scratch.insert(made),
-            Err(why) => return log(call, &format!("no scratch address range or streams ({why})"), "nothing moved"),
+        None => match device
+            .create_stream(StreamPriority::High)
+            .and_then(|down| Ok((down, device.create_stream(StreamPriority::High)?)))
+        {
+            Ok(made) => *tools.streams.insert(made),
+            Err(why) => return log(call, &format!("no streams to copy on ({why})"), "nothing moved"),
         },
     };
     let evaluation = state.evaluations;
@@ -314,6 +308,15 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
             .get(va)
             .filter(|a| index < a.chunks.len())
             .map(|a| (a.chunk_va(index), a.chunk_len(index), a.chunks[index].0))
+    };
+    // Where a new chunk is copied into: its shadow, made the first time (shadows.rs).
+    let shadow = |p: &mut Process, handle, len| {
+        remap::timed(Phase::Shadows, || p.shadows.of(device, handle, len))
+            .map_err(|why| {
+                FAILED.fetch_add(1, Relaxed);
+                log(call, &format!("a chunk could not be mapped to be copied into ({why})"), "it stays where it is")
+            })
+            .ok()
     };
     let create = |location, len: usize| {
         let phase = if location == ChunkLocation::Host { Phase::CreateHost } else { Phase::CreateHbm };
@@ -330,7 +333,11 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
             let Some(id) = downs.next() else { break };
             let Some((address, len, old)) = find(p, id) else { continue };
             let Some(new) = take(&mut tools.spares, len).or_else(|| create(ChunkLocation::Host, len)) else { break };
-            moves.push(Move { id, address, len, old, new, up: false });
+            let Some(shadow) = shadow(p, new, len) else {
+                tools.spares.push((len, new));
+                break;
+            };
+            moves.push(Move { id, address, len, old, new, shadow, up: false });
         }
         let going_down = moves.len();
         // Up: into HBM that earlier rounds freed, or new chunks, as far as the budget has room.
@@ -347,14 +354,18 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
             let Some(new) = take(&mut freed_hbm, len).or_else(|| create(ChunkLocation::Gpu(ordinal), len)) else {
                 break;
             };
+            let Some(shadow) = shadow(p, new, len) else {
+                freed_hbm.push((len, new));
+                break;
+            };
             ups.next();
             room -= len;
-            moves.push(Move { id, address, len, old, new, up: true });
+            moves.push(Move { id, address, len, old, new, shadow, up: true });
         }
         if moves.is_empty() {
             break;
         }
-        for (m, moved) in moves.iter().zip(move_batch(call, device, scratch, chunk, streams, &moves)) {
+        for (m, moved) in moves.iter().zip(move_batch(call, device, streams, &moves)) {
             FAILED.fetch_add(u64::from(!moved), Relaxed);
             // The chunk left behind: the old one if the move was made, else the new one.
             let (left, tier) =
@@ -379,6 +390,7 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
     tools.spares = keep;
     remap::timed(Phase::Release, || {
         for (_, handle) in freed_hbm.into_iter().chain(extra) {
+            p.shadows.forget(device, handle);
             let _ = device.release_chunk(handle);
         }
     });
@@ -405,19 +417,17 @@ pub fn release_if_idle(ordinal: usize) {
     // A migration in progress holds the state; the next free gets its turn.
     let Some(mut state) = try_state() else { return };
     let Some(state) = state.as_mut().filter(|state| state.gpus.contains_key(&ordinal)) else { return };
-    let device = {
-        let p = process::lock();
-        if p.books.iter().any(|a| a.ordinal == ordinal) {
-            return;
-        }
-        p.gpus.get(&ordinal).and_then(|gpu| gpu.device.clone().map(|d| (d, gpu.chunk)))
-    };
-    let (Some(tools), Some((device, chunk))) = (state.gpus.remove(&ordinal), device) else { return };
+    let mut p = process::lock();
+    if p.books.iter().any(|a| a.ordinal == ordinal) {
+        return;
+    }
+    let Some(device) = p.gpus.get(&ordinal).and_then(|gpu| gpu.device.clone()) else { return };
+    let Some(tools) = state.gpus.remove(&ordinal) else { return };
     for (_, spare) in tools.spares {
+        p.shadows.forget(device.as_ref(), spare);
         let _ = device.release_chunk(spare);
     }
-    if let Some((scratch, (down, up))) = tools.scratch {
-        let _ = device.unreserve(scratch, 2 * config().batch(chunk) * chunk);
+    if let Some((down, up)) = tools.streams {
         let _ = device.destroy_stream(down);
         let _ = device.destroy_stream(up);
     }

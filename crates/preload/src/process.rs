@@ -33,6 +33,7 @@ use crate::boundary::{log, CuResult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOW
 use crate::driver::{driver, Stream};
 use crate::hotness;
 use crate::placement::{self, Placement, Tier};
+use crate::shadows::{self, Shadows};
 use crate::stats::Stats;
 
 /// HBM left to others when no budget is given: the default budget is the GPU's free memory,
@@ -56,6 +57,8 @@ pub struct Gpu {
 pub struct Process {
     pub gpus: BTreeMap<usize, Gpu>,
     pub books: Allocations,
+    /// The second mappings moves copy into (shadows.rs), by physical chunk.
+    pub shadows: Shadows,
     pub stats: Stats,
     /// Whether the missing host chunks were reported already.
     said_no_host_chunks: bool,
@@ -64,6 +67,7 @@ pub struct Process {
 static PROCESS: Mutex<Process> = Mutex::new(Process {
     gpus: BTreeMap::new(),
     books: Allocations::new(),
+    shadows: Shadows::new(),
     stats: Stats::new(),
     said_no_host_chunks: false,
 });
@@ -278,18 +282,20 @@ fn build(device: &dyn Device, shape: Allocation, placement: Placement) -> Result
 /// Frees the allocation starting at `ptr` once `drain` is done. `None`: not an allocation of
 /// tiermem's (never made, freed already, or the driver's own): the caller passes the call on.
 pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
-    let (allocation, device) = {
+    let (allocation, shadows, device) = {
         let mut p = process();
         let allocation = p.books.remove(ptr)?;
         hotness::remove(ptr);
+        let shadows = p.shadows.take(allocation.chunks.iter().map(|&(handle, _)| handle));
         let device = p.gpus.get(&allocation.ordinal).and_then(|gpu| gpu.device.clone());
-        (allocation, device)
+        (allocation, shadows, device)
     };
     let Some(device) = device else {
         log(call, &format!("the GPU of 0x{ptr:x} is gone from tiermem's books"), "please report it");
         return Some(CUDA_ERROR_UNKNOWN);
     };
     let drained = drain_for(drain);
+    shadows::undo(device.as_ref(), &shadows);
     // One unmap per chunk mapping: the driver wants each call to cover whole mappings, and
     // has been seen to answer success for a call over several without unmapping them all
     // (crates/mechanism/src/cuda/mod.rs).

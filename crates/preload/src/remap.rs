@@ -1,8 +1,8 @@
 //! How a batch of moves is carried out on the driver (migrate.rs decides which, and keeps the
-//! books): each move's new chunk mapped at a scratch slot and opened, the bytes copied there,
-//! the slot unmapped, then the chunk's address unmapped and the new chunk mapped in its place
-//! and opened. Access is given a run of neighbouring ranges per call. Any failure leaves that
-//! chunk where it was, its bytes intact.
+//! books): the bytes copied from each chunk's address into its new chunk's shadow (shadows.rs),
+//! both directions at once, then the chunk's address unmapped and the new chunk mapped in its
+//! place and opened, access given a run of neighbouring ranges per call. Any failure leaves
+//! that chunk where it was, its bytes intact.
 //!
 //! Where the time goes is counted per [`Phase`] (`--stats` prints it): the VMM calls cost per
 //! mapping, the copies per byte, and creating a host-located chunk most of all (~0.7 ms per
@@ -24,11 +24,11 @@ pub enum Phase {
     /// Creating chunks that no spare could serve (host-located, then in HBM).
     CreateHost,
     CreateHbm,
-    /// Mapping new chunks at the scratch range and opening them.
-    Scratch,
+    /// Mapping new chunks at their shadows and opening them (once per chunk, shadows.rs).
+    Shadows,
     /// Copying and waiting for the copies.
     Copy,
-    /// Unmapping the scratch range, then each chunk's address, mapping the new chunk there.
+    /// Unmapping each chunk's address and mapping the new chunk there.
     Remap,
     /// Opening the remapped addresses.
     Access,
@@ -61,40 +61,23 @@ pub struct Move {
     pub len: usize,
     pub old: PhysHandle,
     pub new: PhysHandle,
+    /// Where `new` is mapped to be copied into (its shadow, shadows.rs).
+    pub shadow: u64,
     /// Coming up to HBM (else going down to the host).
     pub up: bool,
 }
 
-/// Moves each of `moves` (at most a batch each way; slot `i` of the scratch range, `chunk`
-/// bytes apart, takes move `i`) whose every step succeeds, copying down on `streams.0` and up
-/// on `streams.1` at once; which did.
-pub fn move_batch(
-    call: &str,
-    device: &dyn Device,
-    scratch: u64,
-    chunk: usize,
-    streams: (StreamHandle, StreamHandle),
-    moves: &[Move],
-) -> Vec<bool> {
-    let slot = |i: usize| scratch + (i * chunk) as u64;
+/// Moves each of `moves` whose every step succeeds, copying down on `streams.0` and up on
+/// `streams.1` at once; which did.
+pub fn move_batch(call: &str, device: &dyn Device, streams: (StreamHandle, StreamHandle), moves: &[Move]) -> Vec<bool> {
     let started = Instant::now();
-    let mapped: Vec<bool> =
-        moves.iter().enumerate().map(|(i, m)| device.map_sized(slot(i), m.new, m.len).is_ok()).collect();
-    // Access is given, and the slots unmapped, a run of neighbouring slots per call (a failed
-    // run's slots stay mapped until the unmap below; should that fail too, later maps there
-    // fail: safe).
-    let slots: Vec<(u64, usize)> = moves.iter().enumerate().map(|(i, m)| (slot(i), m.len)).collect();
-    let mut ok = mapped.clone();
-    for run in runs(&mapped, &slots) {
-        if device.set_access(slots[run.start].0, span(&slots[run.clone()])).is_err() {
-            ok[run].fill(false);
-        }
-    }
-    let started = lap(Phase::Scratch, started);
-    for (i, (m, ok)) in moves.iter().zip(ok.iter_mut()).enumerate().filter(|(_, (_, ok))| **ok) {
-        let stream = if m.up { streams.1 } else { streams.0 };
-        *ok = device.copy_between_devices_async(slot(i), m.address, m.len, stream).is_ok();
-    }
+    let mut ok: Vec<bool> = moves
+        .iter()
+        .map(|m| {
+            device.copy_between_devices_async(m.shadow, m.address, m.len, if m.up { streams.1 } else { streams.0 })
+        })
+        .map(|copied| copied.is_ok())
+        .collect();
     for stream in [streams.0, streams.1] {
         if let Err(why) = device.synchronize_stream(stream) {
             log(call, &format!("migration copies failed ({why})"), "the chunks stay where they were");
@@ -102,12 +85,6 @@ pub fn move_batch(
         }
     }
     let started = lap(Phase::Copy, started);
-    // One unmap per mapping: the driver wants each call to cover whole mappings (process.rs).
-    for (i, m) in moves.iter().enumerate().filter(|&(i, _)| mapped[i]) {
-        if device.unmap(slot(i), m.len).is_err() {
-            ok[i] = false;
-        }
-    }
     swap_all(call, device, moves, &mut ok, started);
     ok
 }

@@ -138,7 +138,7 @@ pub const PHASE_NAMES: [&str; 8] = [
     "waiting for the GPU",
     "creating host chunks",
     "creating HBM chunks",
-    "mapping scratch",
+    "mapping shadows",
     "copying",
     "remapping",
     "opening",

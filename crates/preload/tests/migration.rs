@@ -56,7 +56,7 @@ fn one_failure_mid_migration(test: &str, call: &str, nth: &str) {
 
 #[test]
 fn a_map_failing_mid_migration_leaves_that_chunk_where_it_was() {
-    // Down: 4 maps at the scratch range, then one per remap: the 6th is the second remap's.
+    // Down: 4 maps at the new chunks' shadows, then one per remap: the 6th is the second remap's.
     one_failure_mid_migration("migrate-fail-map", "cuMemMap", "6");
 }
 
@@ -66,13 +66,20 @@ fn a_copy_failing_mid_migration_leaves_that_chunk_where_it_was() {
 }
 
 #[test]
+fn a_shadow_failing_mid_migration_leaves_that_chunk_where_it_was() {
+    // The second chunk going down cannot be opened at its shadow: it stays, the others move.
+    one_failure_mid_migration("migrate-fail-shadow", "cuMemSetAccess", "2");
+}
+
+#[test]
 fn an_access_failing_mid_migration_leaves_those_chunks_where_they_were() {
-    // Access is given a run of neighbouring chunks per call: the scratch range's first, then
-    // the remapped addresses' (A's four chunks going down are neighbours: one call). The
-    // second fails: all four moves down are undone, so nothing comes up; bytes intact.
+    // Access is given once per new chunk at its shadow (four going down), then a run of
+    // neighbouring chunks per call at the remapped addresses (A's four chunks going down are
+    // neighbours: one call). That fifth call fails: all four moves down are undone, so nothing
+    // comes up; bytes intact.
     let output = support::probe(
         "migrate-fail-access",
-        &["migrate-fail", "cuMemSetAccess", "2", "0"],
+        &["migrate-fail", "cuMemSetAccess", "5", "0"],
         &with(&[("TIERMEM_STATS", "1")]),
     );
     let (stdout, stderr) = support::assert_passed(&output);
