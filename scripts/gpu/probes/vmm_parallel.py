@@ -13,36 +13,10 @@ import sys
 import threading
 import time
 
-cuda = C.CDLL("libcuda.so.1")
+from vmm import Access, Location, Prop, cuda, ok, start
+
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 512
-
-
-def ok(r, what):
-    if r != 0:
-        raise SystemExit(f"{what} failed: CUresult {r}")
-
-
-class Location(C.Structure):
-    _fields_ = [("type", C.c_int), ("id", C.c_int)]
-
-
-class AllocFlags(C.Structure):
-    _fields_ = [("compressionType", C.c_ubyte), ("gpuDirectRDMACapable", C.c_ubyte), ("usage", C.c_ushort), ("reserved", C.c_ubyte * 4)]
-
-
-class Prop(C.Structure):
-    _fields_ = [("type", C.c_int), ("requestedHandleTypes", C.c_int), ("location", Location), ("win32", C.c_void_p), ("flags", AllocFlags)]
-
-
-class Access(C.Structure):
-    _fields_ = [("location", Location), ("flags", C.c_int)]
-
-
-ok(cuda.cuInit(0), "cuInit")
-dev, ctx = C.c_int(), C.c_void_p()
-ok(cuda.cuDeviceGet(C.byref(dev), 0), "cuDeviceGet")
-ok(cuda.cuDevicePrimaryCtxRetain(C.byref(ctx), dev), "retain")
-ok(cuda.cuCtxSetCurrent(ctx), "set current")
+dev, ctx = start()
 numa = C.c_int()
 ok(cuda.cuDeviceGetAttribute(C.byref(numa), 134, dev), "HOST_NUMA_ID")
 dev_prop = Prop(type=1, requestedHandleTypes=0, location=Location(1, dev.value))
