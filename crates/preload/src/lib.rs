@@ -52,7 +52,7 @@
 //!
 //! # Stage 1: always mapped
 //!
-//! Every allocation becomes VA reserved by tiermem with 2 MiB VMM chunks mapped into it: on
+//! Every allocation becomes VA reserved by tiermem with VMM chunks (32 MiB, process.rs) mapped into it: on
 //! the GPU while the budget (`TIERMEM_HBM_LIMIT`) allows, in host memory after that
 //! (`ChunkLocation::Host`), so the program never sees `CUDA_ERROR_OUT_OF_MEMORY` while host
 //! memory lasts; its kernels reach host chunks over PCIe. Where they go at allocation is one

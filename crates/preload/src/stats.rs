@@ -23,7 +23,7 @@ impl Level {
     }
 }
 
-/// The process's counters. Bytes are whole chunks (allocations round up to them).
+/// The process's counters. Bytes are what is mapped (allocations round up to 2 MiB granules).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Stats {
     /// Allocations tiermem made (mapped), and of those how many had chunks on the host.
