@@ -102,13 +102,12 @@ fn span(ranges: &[(u64, usize)]) -> usize {
     ranges.last().map_or(0, |&(at, len)| (at + len as u64 - ranges[0].0) as usize)
 }
 
-/// The runs of consecutive indices `i` with `selected[i]` whose ranges (`(address, bytes)`)
-/// follow each other without a gap.
-fn runs(selected: &[bool], ranges: &[(u64, usize)]) -> Vec<std::ops::Range<usize>> {
+/// The runs of consecutive `ranges` (`(address, bytes)`) that follow each other without a gap.
+fn runs(ranges: &[(u64, usize)]) -> Vec<std::ops::Range<usize>> {
     let mut out: Vec<std::ops::Range<usize>> = Vec::new();
-    for i in (0..selected.len()).filter(|&i| selected[i]) {
+    for i in 0..ranges.len() {
         match out.last_mut() {
-            Some(run) if run.end == i && ranges[i - 1].0 + ranges[i - 1].1 as u64 == ranges[i].0 => run.end += 1,
+            Some(run) if ranges[i - 1].0 + ranges[i - 1].1 as u64 == ranges[i].0 => run.end += 1,
             _ => out.push(i..i + 1),
         }
     }
@@ -131,7 +130,7 @@ fn swap_all(call: &str, device: &dyn Device, moves: &[Move], ok: &mut [bool], st
     let mut order: Vec<usize> = (0..moves.len()).filter(|&i| ok[i]).collect();
     order.sort_by_key(|&i| moves[i].address);
     let ranges: Vec<(u64, usize)> = order.iter().map(|&i| (moves[i].address, moves[i].len)).collect();
-    for run in runs(&vec![true; order.len()], &ranges) {
+    for run in runs(&ranges) {
         if device.set_access(ranges[run.start].0, span(&ranges[run.clone()])).is_err() {
             for &i in &order[run] {
                 put_back(call, device, &moves[i], true);
