@@ -471,10 +471,23 @@ def tied_loading_and_sleep(args, results):
         torch.cuda.empty_cache()
 
 
-def mixtral(small: bool):
+# The MoE shapes: (hidden, expert MLP, layers, heads, KV heads) and the HBM cap.
+# "mixtral" has Mixtral-8x7B's proportions scaled down: 32 layers, each sparse block 3.0% of
+# the model as in Mixtral (168 MiB of 5.53 GiB, cap 3 GiB: 1.84x); "coarse" is the benchmark's
+# model before the seventeenth session, 12 layers whose sparse block is 7.2% of the model
+# (264 MiB of 3.57 GiB, cap 2 GiB: 1.79x). A block must be resident whole while its grouped
+# GEMM runs, so a pass moves at least (model - cap + block): 1.065x the optimum for "mixtral",
+# 1.165x for "coarse" (BENCHMARKS.md, seventeenth session).
+MOE_SHAPES = {
+    "mixtral": ((1024, 3584, 32, 16, 4), 3 * GiB),
+    "coarse": ((2048, 2816, 12, 16, 4), 2 * GiB),
+}
+
+
+def mixtral(small: bool, shape: str = "mixtral"):
     """The benchmark's Mixtral-style model (8 experts, 2 per token; random bf16 weights, seeded)
-    on the GPU, its HBM cap and its config."""
-    hidden, mlp, layers, heads, kv = (512, 1024, 4, 8, 2) if small else (2048, 2816, 12, 16, 4)
+    on the GPU, its HBM cap and its config; ``shape`` one of MOE_SHAPES."""
+    (hidden, mlp, layers, heads, kv), cap = ((512, 1024, 4, 8, 2), 64 * MiB) if small else MOE_SHAPES[shape]
     config = transformers.MixtralConfig(
         vocab_size=32000, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv, num_local_experts=8, num_experts_per_tok=2,
@@ -488,14 +501,21 @@ def mixtral(small: bool):
             model = transformers.MixtralForCausalLM(config).eval()
     finally:
         torch.set_default_dtype(previous)
-    return model, (64 * MiB if small else 2 * GiB), config
+    return model, cap, config
 
 
 def mixture_of_experts(args, results):
     """A Mixtral-style model (8 experts, 2 per token) at least 1.5x the cap: resident, then
-    offloaded (each sparse block one step: tiermem.units), decoded at batch 16."""
+    offloaded (each sparse block one step: tiermem.units), decoded at batch 16. The headline
+    (``moe_*``) is the first of ``--moe-shapes``; the others are recorded as ``moe_<shape>_*``."""
+    shapes = args.moe_shapes[:1] if args.small else args.moe_shapes  # one small model whatever the shape
+    for index, shape in enumerate(shapes):
+        moe_decode(args, results, "moe" if index == 0 else f"moe_{shape}", shape)
+
+
+def moe_decode(args, results, key, shape):
     metrics, ratios, checks = results["metrics"], results["ratios"], results["checks"]
-    model, cap, config = mixtral(args.small)
+    model, cap, config = mixtral(args.small, shape)
     if args.experts_implementation:
         model.config._experts_implementation = args.experts_implementation
     size = nbytes(model)
@@ -506,15 +526,17 @@ def mixture_of_experts(args, results):
     pool = tiermem.Pool(hbm_limit=cap)
     handle = tt.offload(model, pool, prefetch_bytes=args.prefetch[0])
     torch.cuda.empty_cache()
-    metrics["moe_model_bytes"], metrics["moe_hbm_cap_bytes"], metrics["moe_prefetch_bytes"] = size, cap, handle.window_bytes
-    results["moe_experts_implementation"] = getattr(model.config, "_experts_implementation", None)
-    metrics["moe_experts_cut"] = sum(len(s.experts) for s in handle.sites)
-    tokens, logits, ratios["moe_vs_pcie_bound"] = decode_vs_bound(metrics, "moe", model, pool, prompt, 8, size, cap)
-    checks["moe_identical"] = torch.equal(tokens, ref_tokens) and torch.equal(logits, ref_logits)
-    log(f"MoE ({size / GiB:.2f} GiB, cap {cap / GiB:.2f}): {metrics['moe_decode_tok_s']:.1f} tok/s = {ratios['moe_vs_pcie_bound']:.2f} of the PCIe bound, "
-        f"window {handle.window_bytes / MiB:.0f} MiB, {metrics['moe_traffic_vs_optimum']:.2f}x the optimum's traffic")
-    handle = window_sweep(args, metrics, "moe", handle, model, pool, prompt, 8, size, cap)
-    where_time_goes(metrics, "moe", handle, pool, model, prompt, 8, size, cap)
+    metrics[f"{key}_model_bytes"], metrics[f"{key}_hbm_cap_bytes"], metrics[f"{key}_prefetch_bytes"] = size, cap, handle.window_bytes
+    metrics[f"{key}_layers"] = config.num_hidden_layers
+    results[f"{key}_experts_implementation"] = getattr(model.config, "_experts_implementation", None)
+    metrics[f"{key}_experts_cut"] = sum(len(s.experts) for s in handle.sites)
+    tokens, logits, ratios[f"{key}_vs_pcie_bound"] = decode_vs_bound(metrics, key, model, pool, prompt, 8, size, cap)
+    checks[f"{key}_identical"] = torch.equal(tokens, ref_tokens) and torch.equal(logits, ref_logits)
+    log(f"MoE, {shape} ({config.num_hidden_layers} layers, {size / GiB:.2f} GiB, cap {cap / GiB:.2f}): "
+        f"{metrics[f'{key}_decode_tok_s']:.1f} tok/s = {ratios[f'{key}_vs_pcie_bound']:.2f} of the PCIe bound, "
+        f"window {handle.window_bytes / MiB:.0f} MiB, {metrics[f'{key}_traffic_vs_optimum']:.2f}x the optimum's traffic")
+    handle = window_sweep(args, metrics, key, handle, model, pool, prompt, 8, size, cap)
+    where_time_goes(metrics, key, handle, pool, model, prompt, 8, size, cap)
     del model, handle, pool
     gc.collect()
     torch.cuda.empty_cache()
@@ -534,6 +556,8 @@ def main():
     parser.add_argument("--scratch", type=Path, default=None, help="where the checkpoint is saved and read back (a real disk)")
     parser.add_argument("--no-pack", action="store_true", help="every module's small tensors in a buffer of their own (tiermem.units)")
     parser.add_argument("--whole-experts", action="store_true", help="fused experts move with their block whole, not one expert at a time (tiermem.units)")
+    parser.add_argument("--moe-shapes", type=lambda v: v.split(","), default=list(MOE_SHAPES),
+                        help=f"MoE models to decode, comma-separated, of {','.join(MOE_SHAPES)}; the first is the headline moe_vs_pcie_bound")
     parser.add_argument("--experts-implementation", default=None, help="the MoE model's transformers experts implementation (default: transformers')")
     parts = {"inference": inference, "training": training, "moe": mixture_of_experts, "tied": tied_loading_and_sleep}
     parser.add_argument("--parts", type=lambda v: v.split(","), default=list(parts),
@@ -542,6 +566,8 @@ def main():
     unknown = [p for p in args.parts if p not in parts]
     if unknown:
         parser.error(f"--parts: unknown {unknown}; choose among {list(parts)}")
+    if not args.moe_shapes or any(s not in MOE_SHAPES for s in args.moe_shapes):
+        parser.error(f"--moe-shapes: choose among {list(MOE_SHAPES)}")
     if args.no_pack:
         tiermem.units.SMALL = 0
     if args.whole_experts:

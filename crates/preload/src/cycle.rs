@@ -38,8 +38,12 @@ use crate::segments::{self, Cycle};
 
 /// Launches recorded per cycle at most; a longer cycle is not planned.
 pub const MAX_LAUNCHES: usize = 200_000;
-/// Pointers recorded per launch at most (the first ones scanned).
-pub const MAX_POINTERS: usize = 64;
+/// Pointers recorded per launch at most (the first ones scanned): a launch's parameters are at
+/// most 32 KiB (the driver's limit), 4096 words, so none is cut. A lower bound would drop what
+/// matters most: PyTorch's `multi_tensor_apply` (AdamW's step) passes up to 36 tensors' addresses
+/// per list, parameters and gradients first, the optimizer's state last — state that no other
+/// launch touches, and that the plan would then take for unused and send to the host.
+pub const MAX_POINTERS: usize = 4096;
 /// Chunks a launch is taken to touch at most.
 pub const MAX_CHUNKS: usize = 4096;
 /// Pointers recorded per cycle at most (16 MiB of them); a cycle passing more is not planned.
@@ -111,6 +115,23 @@ struct Recording {
 }
 
 impl Recording {
+    /// Records launch of kernel `f` with the candidate pointers `words` (at most
+    /// [`MAX_POINTERS`]); past [`MAX_LAUNCHES`] or [`MAX_CYCLE_POINTERS`], marks the cycle too
+    /// long to plan instead.
+    fn push(&mut self, f: usize, words: &[u64]) {
+        if self.functions.len() > MAX_LAUNCHES {
+            return;
+        }
+        if self.pointers.len() + words.len().min(MAX_POINTERS) > MAX_CYCLE_POINTERS {
+            // Too long to plan: marked as more launches than recorded at most.
+            self.functions.resize(MAX_LAUNCHES + 1, 0);
+            return;
+        }
+        self.functions.push(f);
+        self.offsets.push(self.pointers.len());
+        self.pointers.extend(words.iter().take(MAX_POINTERS));
+    }
+
     /// Its kernels' sequence, hashed: cycles with the same one are taken to be the same cycle.
     fn fingerprint(&self) -> u64 {
         let mut hasher = DefaultHasher::new();
@@ -223,21 +244,9 @@ pub fn before_launch(f: usize) -> Option<Arc<Boundary>> {
 
 /// Records launch of kernel `f`, which passed the candidate pointers `words` (under the gate).
 pub fn record(f: usize, words: &[u64]) {
-    if !enabled() {
-        return;
+    if enabled() {
+        cycles().recording.push(f, words);
     }
-    let r = &mut cycles().recording;
-    if r.functions.len() > MAX_LAUNCHES {
-        return;
-    }
-    if r.pointers.len() + words.len().min(MAX_POINTERS) > MAX_CYCLE_POINTERS {
-        // Too long to plan: marked as more launches than recorded at most.
-        r.functions.resize(MAX_LAUNCHES + 1, 0);
-        return;
-    }
-    r.functions.push(f);
-    r.offsets.push(r.pointers.len());
-    r.pointers.extend(words.iter().take(MAX_POINTERS));
 }
 
 /// Pauses taken, time in them, chunks moved at them.
@@ -343,6 +352,21 @@ mod tests {
     fn predictions(sequence: &[&[usize]]) -> Vec<usize> {
         let mut history = History { recordings: Vec::new(), successors: Vec::new(), last: None };
         sequence.iter().map(|&functions| history.learn(cycle(functions)).functions[0]).collect()
+    }
+
+    #[test]
+    fn a_launch_keeps_every_pointer_it_passed() {
+        // AdamW's multi_tensor_apply: four lists of 36 addresses, the optimizer's state last.
+        let words: Vec<u64> = (0..144).map(|i| 0x7000_0000_0000 + (i << 21)).collect();
+        let mut recording = Recording::default();
+        recording.push(9, &[1, 2]);
+        recording.push(7, &words);
+        assert_eq!((recording.words(0), recording.words(1)), (&[1, 2][..], &words[..]));
+        let mut full = Recording::default();
+        for _ in 0..=MAX_CYCLE_POINTERS / MAX_POINTERS {
+            full.push(1, &[5; MAX_POINTERS]);
+        }
+        assert!(full.functions.len() > MAX_LAUNCHES, "a cycle passing too many pointers is marked too long");
     }
 
     #[test]
