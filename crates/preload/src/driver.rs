@@ -28,6 +28,8 @@ pub type StreamSynchronizeFn = unsafe extern "C" fn(Stream) -> CuResult;
 /// `cuFuncGetParamInfo` and `cuKernelGetParamInfo` (CUDA 12.4): a kernel, a parameter's index,
 /// its offset and size.
 pub type ParamInfoFn = unsafe extern "C" fn(*mut c_void, usize, *mut usize, *mut usize) -> CuResult;
+/// `cuFuncGetName` and `cuKernelGetName` (CUDA 12.3): a kernel's name, kept by the driver.
+pub type NameFn = unsafe extern "C" fn(*mut *const std::ffi::c_char, *mut c_void) -> CuResult;
 
 /// glibc's `dlsym`, found by version so that our own `dlsym` is skipped (2.34 moved it into
 /// libc proper; 2.2.5 and 2.17 are the base versions on x86_64 and aarch64).
@@ -72,6 +74,8 @@ pub struct Driver {
     pub stream_synchronize: Option<StreamSynchronizeFn>,
     pub func_get_param_info: Option<ParamInfoFn>,
     pub kernel_get_param_info: Option<ParamInfoFn>,
+    pub func_get_name: Option<NameFn>,
+    pub kernel_get_name: Option<NameFn>,
 }
 
 // SAFETY: the handle and function pointers are immutable after loading, and the driver library
@@ -123,6 +127,8 @@ impl Driver {
             stream_synchronize: entry!(handle, c"cuStreamSynchronize", StreamSynchronizeFn),
             func_get_param_info: entry!(handle, c"cuFuncGetParamInfo", ParamInfoFn),
             kernel_get_param_info: entry!(handle, c"cuKernelGetParamInfo", ParamInfoFn),
+            func_get_name: entry!(handle, c"cuFuncGetName", NameFn),
+            kernel_get_name: entry!(handle, c"cuKernelGetName", NameFn),
         })
     }
 

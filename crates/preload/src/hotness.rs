@@ -86,18 +86,19 @@ pub fn may_hold(word: u64) -> bool {
     word >= LOW.load(Relaxed) && word < HIGH.load(Relaxed)
 }
 
-/// Counts one launch that passed the candidate pointers `words`.
-pub fn record(words: &[u64]) {
+/// Counts one launch that passed the candidate pointers `words`; how many of them point into
+/// chunks on the host.
+pub fn record(words: &[u64]) -> usize {
     SCANNED.fetch_add(1, Relaxed);
     if words.is_empty() {
-        return;
+        return 0;
     }
     let mut index = index();
-    let (mut any, mut all_in_hbm) = (false, true);
+    let (mut any, mut on_host) = (false, 0);
     for &word in words {
         let Some((start, region)) = index.region_of(word) else { continue };
         any = true;
-        all_in_hbm &= !region.on_host[((word - start) / region.chunk) as usize];
+        on_host += usize::from(region.on_host[((word - start) / region.chunk) as usize]);
         let room = index.seen.len() < MAX_SEEN;
         match index.seen.get_mut(&word) {
             Some(count) => *count = count.saturating_add(1),
@@ -107,8 +108,9 @@ pub fn record(words: &[u64]) {
     }
     if any {
         WITH_POINTERS.fetch_add(1, Relaxed);
-        ALL_IN_HBM.fetch_add(u64::from(all_in_hbm), Relaxed);
+        ALL_IN_HBM.fetch_add(u64::from(on_host == 0), Relaxed);
     }
+    on_host
 }
 
 /// A new allocation `[start, end)`, of `on_host.len()` chunks of `chunk` bytes (the last one

@@ -30,6 +30,7 @@ use crate::cycle;
 use crate::driver::{driver, ParamInfoFn, Stream};
 use crate::gate;
 use crate::hotness;
+use crate::trace;
 use crate::wrappers::wrappers;
 
 type Function = *mut c_void;
@@ -108,9 +109,29 @@ unsafe fn record(f: Function, params: Params, extra: Params) {
             // SAFETY: passed on from the caller.
             unsafe { scan_extra(extra, &mut found) };
         }
-        hotness::record(&found);
+        let on_host = hotness::record(&found);
+        if on_host > 0 && trace::on() {
+            let (launch, _, _) = hotness::launch_counts();
+            let kernel = kernel_name(f).map_or("null".to_owned(), |name| trace::quoted(&name));
+            trace::event("launch_on_host", || {
+                format!("\"launch\": {launch}, \"kernel\": {kernel}, \"host_pointers\": {on_host}")
+            });
+        }
         cycle::record(f as usize, &found);
     });
+}
+
+/// `f`'s name as the driver says it (`cuFuncGetName`, else `cuKernelGetName` for a `CUkernel`
+/// passed in its place), for the trace.
+fn kernel_name(f: Function) -> Option<String> {
+    let driver = driver()?;
+    [driver.func_get_name, driver.kernel_get_name].into_iter().flatten().find_map(|query| {
+        let mut name: *const std::ffi::c_char = std::ptr::null();
+        // SAFETY: a valid out-pointer; the driver validates the handle.
+        let ok = unsafe { query(&mut name, f) } == CUDA_SUCCESS && !name.is_null();
+        // SAFETY: on success the driver returns a NUL-terminated string it owns and keeps.
+        ok.then(|| unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned())
+    })
 }
 
 /// The driver's query that knows `f`'s parameters: `cuFuncGetParamInfo` for a `CUfunction`,

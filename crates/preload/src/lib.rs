@@ -123,6 +123,7 @@ mod routes;
 mod segments;
 mod shadows;
 mod stats;
+mod trace;
 mod wrappers;
 
 pub use entry::{

@@ -163,6 +163,7 @@ pub fn quiesce_point(call: &str) {
     if !config.enabled {
         return;
     }
+    crate::trace::event("sync", || format!("\"call\": {}", crate::trace::quoted(call)));
     // Stage 3 (cycle.rs): the cycle ends; with a plan for the next, its first segment's moves
     // are made here instead of the hotness plan's.
     let first = crate::cycle::cycle_ends();
@@ -256,6 +257,7 @@ pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
     }
     let Some(Ok(ordinal)) = process::current_gpu() else { return None };
     let _gate = gate::exclusive();
+    let (started, phases) = (Instant::now(), remap::phases());
     // A capture that began before the gate was taken makes a context synchronization illegal.
     let synced = gate::forbidden().is_none() && remap::timed(Phase::Wait, synchronize);
     if !synced {
@@ -272,7 +274,23 @@ pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
     let before = UP.load(Relaxed) + DOWN.load(Relaxed);
     let plan = Plan { down: (0..down.len()).collect(), up: (down.len()..ids.len()).collect() };
     execute(call, &mut p, ordinal, &plan, &ids, state);
-    Some(UP.load(Relaxed) + DOWN.load(Relaxed) - before)
+    let moved = UP.load(Relaxed) + DOWN.load(Relaxed) - before;
+    drop(p);
+    crate::trace::event("moves", || {
+        let spent: Vec<String> = (remap::phases().iter().zip(phases))
+            .zip(crate::stats::PHASE_NAMES)
+            .map(|((now, then), name)| format!("\"{name}\": {:.3}", (now.0 - then.0) as f64 / 1e6))
+            .collect();
+        format!(
+            "\"call\": {}, \"up\": {}, \"down\": {}, \"moved\": {moved}, \"ms\": {:.3}, \"phases_ms\": {{{}}}",
+            crate::trace::quoted(call),
+            up.len(),
+            down.len(),
+            started.elapsed().as_secs_f64() * 1e3,
+            spent.join(", ")
+        )
+    });
+    Some(moved)
 }
 
 /// Takes a chunk of `len` bytes out of `pool` (`(bytes, handle)` pairs), if one is there.

@@ -88,3 +88,40 @@ fn two_cycles_a_step_are_told_apart() {
     let share = all_in_hbm_share(&stderr);
     assert!(share > 0.85, "launches all in HBM: {share}\n{stderr}");
 }
+
+/// The events of a `TIERMEM_TRACE` file, each line parsed.
+fn trace_of(test: &str, segments: &str) -> Vec<serde_json::Value> {
+    let path = std::env::temp_dir().join(format!("tiermem-trace-{}-{test}.jsonl", std::process::id()));
+    let path_text = path.to_str().expect("a UTF-8 temporary path");
+    let env: Vec<_> = ENV
+        .iter()
+        .copied()
+        .map(|(k, v)| if k == "TIERMEM_SEGMENTS" { (k, segments) } else { (k, v) })
+        .chain([("TIERMEM_TRACE", path_text)])
+        .collect();
+    let output = support::probe(test, &["segments"], &env);
+    support::assert_passed(&output);
+    let text = std::fs::read_to_string(&path).expect("the trace was written");
+    let _ = std::fs::remove_file(&path);
+    text.lines().map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))).collect()
+}
+
+#[test]
+fn the_trace_shows_each_boundarys_moves_and_the_launches_that_read_the_host() {
+    let events = trace_of("trace-on", "on");
+    let named = |name: &'static str| events.iter().filter(move |e| e["event"] == name);
+    assert!(named("sync").count() >= 10, "a sync a cycle: {events:?}");
+    let moves: Vec<_> = named("moves").collect();
+    assert!(moves.len() >= 10, "a boundary's moves a cycle: {moves:?}");
+    for m in &moves {
+        let planned = m["up"].as_u64().unwrap() + m["down"].as_u64().unwrap();
+        assert!(m["moved"].as_u64().unwrap() <= planned && m["phases_ms"]["copying"].is_number(), "{m}");
+    }
+    assert!(moves.iter().any(|m| m["moved"].as_u64().unwrap() > 0), "{moves:?}");
+    let times: Vec<f64> = events.iter().map(|e| e["t_ms"].as_f64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "in order of time: {times:?}");
+    // Without segments, a third of the launches read the host (above): each one is traced.
+    let off = trace_of("trace-off", "off");
+    let on_host: Vec<_> = off.iter().filter(|e| e["event"] == "launch_on_host").collect();
+    assert!(!on_host.is_empty() && on_host.iter().all(|e| e["host_pointers"].as_u64() > Some(0)), "{off:?}");
+}

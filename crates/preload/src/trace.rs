@@ -1,0 +1,84 @@
+//! `TIERMEM_TRACE=FILE`: a timeline of what transparent mode did, one JSON object a line, for
+//! finding where a step's time goes (docs/transparent.md). Each line has `t_ms` (since the
+//! trace opened) and `event`:
+//! - `moves`: a segment boundary's or quiesce point's moves (`call`, chunks `up` and `down`
+//!   planned and `moved`, `ms` in all, and the time in each phase of remap.rs);
+//! - `launch_on_host`: a launch that passed a pointer into a chunk on the host (`launch`, the
+//!   launches scanned so far; `kernel`, its name where the driver says it; `host_pointers`).
+//!
+//! Off unless asked for; writing a line takes a lock and a write, so it is meant for
+//! diagnosis, not for production runs. A trace that cannot be opened is said once, on stderr.
+
+use std::fs::File;
+use std::io::{LineWriter, Write};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use crate::boundary::log;
+
+struct Trace {
+    started: Instant,
+    out: Mutex<LineWriter<File>>,
+}
+
+fn trace() -> Option<&'static Trace> {
+    static TRACE: OnceLock<Option<Trace>> = OnceLock::new();
+    TRACE
+        .get_or_init(|| {
+            let path = std::env::var_os("TIERMEM_TRACE").filter(|p| !p.is_empty())?;
+            match File::create(&path) {
+                Ok(file) => Some(Trace { started: Instant::now(), out: Mutex::new(LineWriter::new(file)) }),
+                Err(e) => {
+                    log("TIERMEM_TRACE", &format!("cannot create {}: {e}", path.to_string_lossy()), "no trace");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Whether a trace is being written.
+pub fn on() -> bool {
+    trace().is_some()
+}
+
+/// Writes one event: `fields` is the JSON object's members after `t_ms` and `event`
+/// (`"key": value, …`, or empty).
+pub fn event(event: &str, fields: impl FnOnce() -> String) {
+    let Some(trace) = trace() else { return };
+    let fields = fields();
+    let t_ms = trace.started.elapsed().as_secs_f64() * 1e3;
+    let sep = if fields.is_empty() { "" } else { ", " };
+    let line = format!("{{\"t_ms\": {t_ms:.3}, \"event\": \"{event}\"{sep}{fields}}}\n");
+    // A poisoned lock only means another thread panicked mid-write: the file is still usable.
+    let mut out = trace.out.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _ = out.write_all(line.as_bytes());
+}
+
+/// `text` as a JSON string (quotes and control characters escaped).
+pub fn quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quoted;
+
+    #[test]
+    fn strings_are_escaped_for_json() {
+        assert_eq!(quoted("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
+        let parsed: String = serde_json::from_str(&quoted("k<\t>\"x\"")).unwrap();
+        assert_eq!(parsed, "k<\t>\"x\"");
+    }
+}
