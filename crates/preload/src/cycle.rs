@@ -54,6 +54,8 @@ struct Config {
     enabled: bool,
     /// Budget left free by the plans, in bytes.
     margin: usize,
+    /// Which pointers end a launch's extents (hotness::launch_chunks): `None`, the whole cycle's.
+    extent_window: Option<usize>,
 }
 
 fn config() -> &'static Config {
@@ -74,7 +76,18 @@ fn config() -> &'static Config {
                 0
             }),
         };
-        Config { enabled, margin }
+        let extent_window = match std::env::var("TIERMEM_EXTENT_WINDOW").as_deref() {
+            Err(_) | Ok("cycle" | "") => None,
+            Ok(text) => text.parse().map(Some).unwrap_or_else(|_| {
+                log(
+                    "TIERMEM_EXTENT_WINDOW",
+                    &format!("{text:?} is neither a number of launches nor cycle"),
+                    "the cycle's",
+                );
+                None
+            }),
+        };
+        Config { enabled, margin, extent_window }
     })
 }
 
@@ -285,7 +298,7 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
     let started = std::time::Instant::now();
     let recording = history().learn(Arc::new(recording));
     let words: Vec<&[u64]> = (0..recording.offsets.len()).map(|i| recording.words(i)).collect();
-    let touched = hotness::launch_chunks(&words, MAX_CHUNKS);
+    let touched = hotness::launch_chunks(&words, MAX_CHUNKS, config().extent_window);
     let Some(Ok(ordinal)) = process::current_gpu() else { return None };
     let planned = plan(ordinal, &touched);
     PLAN_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);

@@ -179,34 +179,62 @@ pub fn take_epoch() -> Heats {
 pub type ChunkId = (u64, usize);
 
 /// For each launch of a recorded cycle (cycle.rs), given the pointers it passed, the chunks it
-/// touches: the extents (module docs) of the pointers the whole cycle passed, at most `cap`
-/// chunks per launch (those of its first pointers). Pointers now in no allocation are dropped.
-pub fn launch_chunks(launches: &[&[u64]], cap: usize) -> Vec<Vec<ChunkId>> {
+/// touches: the extents (module docs) of its pointers, at most `cap` chunks per launch (those of
+/// its first pointers). Pointers now in no allocation are dropped.
+///
+/// `window` says which other pointers end an extent: `None`, every pointer the whole cycle
+/// passed; `Some(w)`, only those passed by the launches at most `w` before or after it, since
+/// a pointer passed far away in the cycle may be a block the allocator carved later out of
+/// memory that this launch's tensor held (`Some(0)`: the launch's own pointers alone, each
+/// extent running on to the next of them or the allocation's end).
+pub fn launch_chunks(launches: &[&[u64]], cap: usize, window: Option<usize>) -> Vec<Vec<ChunkId>> {
     let index = index();
-    let mut pointers: Vec<u64> = launches.iter().flat_map(|words| words.iter().copied()).collect();
-    pointers.sort_unstable();
-    pointers.dedup();
-    // Each pointer's extent: its allocation, first and last chunk.
-    let mut extents: HashMap<u64, (u64, usize, usize)> = HashMap::with_capacity(pointers.len());
-    for (i, &ptr) in pointers.iter().enumerate() {
-        let Some((start, region)) = index.region_of(ptr) else { continue };
-        let end = pointers.get(i + 1).filter(|&&next| next < region.end).copied().unwrap_or(region.end);
-        let first = ((ptr - start) / region.chunk) as usize;
-        let last = ((end - 1 - start) / region.chunk) as usize;
-        extents.insert(ptr, (start, first, last));
-    }
-    launches
-        .iter()
-        .map(|words| {
-            let mut chunks: Vec<ChunkId> = Vec::new();
-            for &(start, first, last) in words.iter().filter_map(|w| extents.get(w)) {
-                chunks.extend((first..=last).map(|c| (start, c)).take(cap.saturating_sub(chunks.len())));
+    let chunks_of = |words: &[u64], next: &dyn Fn(u64) -> Option<u64>| {
+        let mut chunks: Vec<ChunkId> = Vec::new();
+        for &ptr in words {
+            let Some((start, region)) = index.region_of(ptr) else { continue };
+            let end = next(ptr).filter(|&n| n < region.end).unwrap_or(region.end);
+            let first = ((ptr - start) / region.chunk) as usize;
+            let last = ((end - 1 - start) / region.chunk) as usize;
+            chunks.extend((first..=last).map(|c| (start, c)).take(cap.saturating_sub(chunks.len())));
+        }
+        chunks.sort_unstable();
+        chunks.dedup();
+        chunks
+    };
+    let Some(window) = window else {
+        let mut pointers: Vec<u64> = launches.iter().flat_map(|words| words.iter().copied()).collect();
+        pointers.sort_unstable();
+        pointers.dedup();
+        let next = |ptr: u64| pointers.get(pointers.partition_point(|&p| p <= ptr)).copied();
+        return launches.iter().map(|words| chunks_of(words, &next)).collect();
+    };
+    // The pointers of launches [i - window, i + window], counted, as i moves on.
+    let mut near: BTreeMap<u64, usize> = BTreeMap::new();
+    let add = |near: &mut BTreeMap<u64, usize>, words: &[u64], by: isize| {
+        for &w in words {
+            let count = near.entry(w).or_insert(0);
+            *count = count.saturating_add_signed(by);
+            if *count == 0 {
+                near.remove(&w);
             }
-            chunks.sort_unstable();
-            chunks.dedup();
-            chunks
-        })
-        .collect()
+        }
+    };
+    for words in launches.iter().take(window) {
+        add(&mut near, words, 1);
+    }
+    let mut out = Vec::with_capacity(launches.len());
+    for (i, words) in launches.iter().enumerate() {
+        if let Some(entering) = launches.get(i + window) {
+            add(&mut near, entering, 1);
+        }
+        if let Some(leaving) = i.checked_sub(window + 1).map(|j| launches[j]) {
+            add(&mut near, leaving, -1);
+        }
+        let next = |ptr: u64| near.range(ptr + 1..).next().map(|(&p, _)| p);
+        out.push(chunks_of(words, &next));
+    }
+    out
 }
 
 /// Launches scanned, with pointers of tiermem's, and with all of those in HBM, so far.
@@ -240,6 +268,27 @@ mod tests {
         assert!(!watching(), "no chunk on the host: launches are not scanned");
         remove(a);
         assert!(!may_hold(a + 3));
+    }
+
+    #[test]
+    fn a_launchs_extents_end_at_pointers_passed_near_it() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let a = 0x5000_0000_0000u64;
+        let at = |chunk: u64| a + chunk * CHUNK as u64;
+        insert(a, at(8), CHUNK, vec![false; 8]);
+        // Launch 0 reads a tensor of chunks 0..4; the allocator later carves a block at chunk 2
+        // out of that memory (launch 3), and launch 1 passes one at chunk 6.
+        let launches: [&[u64]; 4] = [&[at(0)], &[at(6)], &[99], &[at(2)]];
+        let cycle = launch_chunks(&launches, 64, None);
+        let ids = |chunks: std::ops::Range<usize>| chunks.map(|c| (a, c)).collect::<Vec<_>>();
+        assert_eq!(cycle[0], ids(0..2), "the whole cycle's pointers cut launch 0 at chunk 2");
+        assert_eq!(launch_chunks(&launches, 64, Some(1))[0], ids(0..6), "launch 3 is not near it");
+        assert_eq!(launch_chunks(&launches, 64, Some(3))[0], ids(0..2), "within three launches it is");
+        let alone = launch_chunks(&launches, 64, Some(0));
+        assert_eq!((alone[0].clone(), alone[3].clone()), (ids(0..8), ids(2..8)), "alone: to the allocation's end");
+        assert_eq!(launch_chunks(&launches, 3, Some(0))[0], ids(0..3), "at most cap chunks");
+        assert!(cycle[2].is_empty(), "a word in no allocation touches nothing");
+        remove(a);
     }
 
     /// The cost of `record` per launch of 8 pointers among 1000 allocations (logged; the bound
