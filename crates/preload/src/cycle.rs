@@ -49,6 +49,14 @@ pub const MAX_CHUNKS: usize = 4096;
 /// Pointers recorded per cycle at most (16 MiB of them); a cycle passing more is not planned.
 pub const MAX_CYCLE_POINTERS: usize = 2 << 20;
 
+/// Launches either side of a launch whose pointers end its extents (hotness::launch_chunks).
+/// Measured on the H200 (BENCHMARKS.md, seventeenth session): a training step at 0.7x its
+/// peak took 0.98 s with the whole cycle's pointers, 0.71 s with 0 or 8, 0.80 s with 64 —
+/// the allocator reuses memory within a step, and an extent cut at a block carved later out
+/// of a tensor's memory left the rest of the tensor on the host for the kernels to read over
+/// PCIe. Not 0: a pool allocated in one piece (XLA's) would have every extent run to its end.
+pub const DEFAULT_EXTENT_WINDOW: usize = 8;
+
 /// The knobs (docs/transparent.md).
 struct Config {
     enabled: bool,
@@ -77,7 +85,8 @@ fn config() -> &'static Config {
             }),
         };
         let extent_window = match std::env::var("TIERMEM_EXTENT_WINDOW").as_deref() {
-            Err(_) | Ok("cycle" | "") => None,
+            Err(_) | Ok("") => Some(DEFAULT_EXTENT_WINDOW),
+            Ok("cycle") => None,
             Ok(text) => text.parse().map(Some).unwrap_or_else(|_| {
                 log(
                     "TIERMEM_EXTENT_WINDOW",
@@ -331,6 +340,15 @@ fn plan(ordinal: usize, touched: &[Vec<ChunkId>]) -> Option<(Arc<Boundary>, Paus
         touched.iter().map(|chunks| chunks.iter().filter_map(|id| dense.get(id).copied()).collect()).collect();
     let pinned = vec![false; ids.len()];
     let segments = segments::plan(&Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, budget });
+    crate::trace::event("plan", || {
+        let list = |items: &mut dyn Iterator<Item = String>| items.collect::<Vec<_>>().join(",");
+        format!(
+            "\"budget\": {budget}, \"in_hbm\": [{}], \"launches\": [{}], \"segments\": [{}]",
+            list(&mut in_hbm.iter().map(|&h| u8::from(h).to_string())),
+            list(&mut launches.iter().map(|l| format!("[{}]", list(&mut l.iter().map(usize::to_string))))),
+            list(&mut segments.iter().map(|s| format!("[{}, {}, {}]", s.start, s.up.len(), s.down.len()))),
+        )
+    });
     let boundary = |s: &segments::Segment| Boundary {
         up: s.up.iter().map(|&i| ids[i]).collect(),
         down: s.down.iter().map(|&i| ids[i]).collect(),

@@ -118,6 +118,10 @@ fn the_trace_shows_each_boundarys_moves_and_the_launches_that_read_the_host() {
         assert!(m["moved"].as_u64().unwrap() <= planned && m["phases_ms"]["copying"].is_number(), "{m}");
     }
     assert!(moves.iter().any(|m| m["moved"].as_u64().unwrap() > 0), "{moves:?}");
+    let plan = named("plan").next().expect("each plan is traced");
+    let (launches, in_hbm) = (plan["launches"].as_array().unwrap(), plan["in_hbm"].as_array().unwrap());
+    assert!(plan["budget"].as_u64() > Some(0) && !launches.is_empty() && !in_hbm.is_empty(), "{plan}");
+    assert!(launches.iter().flat_map(|l| l.as_array().unwrap()).all(|c| c.as_u64().unwrap() < in_hbm.len() as u64));
     let times: Vec<f64> = events.iter().map(|e| e["t_ms"].as_f64().unwrap()).collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]), "in order of time: {times:?}");
     // Without segments, a third of the launches read the host (above): each one is traced.
