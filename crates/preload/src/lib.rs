@@ -119,6 +119,7 @@ mod nvml;
 mod placement;
 mod process;
 mod remap;
+mod rounds;
 mod routes;
 mod segments;
 mod shadows;

@@ -24,7 +24,8 @@
 //! context (`cuCtxSynchronize`: nothing in flight touches a chunk), then moves in rounds of at
 //! most a batch each way (512 MiB by default): a round's chunks going down, and those coming up
 //! into the HBM that earlier rounds freed (so the GPU never holds more than the budget and no
-//! HBM chunk is created for them), their copies on two streams at once (remap.rs):
+//! HBM chunk is created for them), a round's copies overlapping the remapping of the round
+//! before (rounds.rs). Each move (remap.rs):
 //!
 //! 1. each new chunk gets its shadow, a mapping of its own opened once (shadows.rs);
 //! 2. every chunk's bytes are copied from its address into its new chunk's shadow, and waited for;
@@ -47,8 +48,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
-use tiermem_mechanism::{ChunkLocation, PhysHandle, StreamHandle, StreamPriority};
-
 use crate::boundary::{log, CUDA_SUCCESS};
 use crate::cycle::Boundary;
 use crate::driver::driver;
@@ -56,7 +55,8 @@ use crate::hotness::{self, ChunkId, Heats};
 use crate::moves::{self, Candidate, Plan};
 use crate::placement::Tier;
 use crate::process::{self, Process};
-use crate::remap::{self, move_batch, Move, Phase};
+use crate::remap::{self, Phase};
+use crate::rounds;
 use crate::{gate, stats};
 
 /// Quiesce points a chunk that moved stays where it is, whatever its heat.
@@ -110,22 +110,13 @@ pub fn enabled() -> bool {
     config().enabled
 }
 
-/// What migration keeps per GPU between quiesce points.
-#[derive(Default)]
-struct Tools {
-    /// The streams copies go down and up on, at once.
-    streams: Option<(StreamHandle, StreamHandle)>,
-    /// Host chunks, unmapped, ready to take a chunk of their size going down: (bytes, handle).
-    spares: Vec<(usize, PhysHandle)>,
-}
-
 #[derive(Default)]
 struct State {
     last: Option<Instant>,
     evaluations: u64,
     /// Chunk address → the evaluation that last moved it.
     moved_at: HashMap<u64, u64>,
-    gpus: BTreeMap<usize, Tools>,
+    gpus: BTreeMap<usize, rounds::Tools>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -143,10 +134,6 @@ fn try_state() -> Option<MutexGuard<'static, Option<State>>> {
 /// The counters `--stats` reports.
 static TAKEN: AtomicU64 = AtomicU64::new(0);
 static SKIPPED: AtomicU64 = AtomicU64::new(0);
-static UP: AtomicU64 = AtomicU64::new(0);
-static DOWN: AtomicU64 = AtomicU64::new(0);
-static FAILED: AtomicU64 = AtomicU64::new(0);
-static BYTES: AtomicU64 = AtomicU64::new(0);
 static NANOS: AtomicU64 = AtomicU64::new(0);
 
 /// Logs `why` migration stops, once per process.
@@ -271,10 +258,11 @@ pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
     let down: Vec<ChunkId> = boundary.down.iter().copied().filter(|id| applies(&p, id, Tier::Hbm)).collect();
     let up: Vec<ChunkId> = boundary.up.iter().copied().filter(|id| applies(&p, id, Tier::Host)).collect();
     let ids: Vec<ChunkId> = down.iter().chain(&up).copied().collect();
-    let before = UP.load(Relaxed) + DOWN.load(Relaxed);
+    let moves_so_far = || rounds::counts().0 + rounds::counts().1;
+    let before = moves_so_far();
     let plan = Plan { down: (0..down.len()).collect(), up: (down.len()..ids.len()).collect() };
     execute(call, &mut p, ordinal, &plan, &ids, state);
-    let moved = UP.load(Relaxed) + DOWN.load(Relaxed) - before;
+    let moved = moves_so_far() - before;
     drop(p);
     crate::trace::event("moves", || {
         let spent: Vec<String> = (remap::phases().iter().zip(phases))
@@ -293,140 +281,18 @@ pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
     Some(moved)
 }
 
-/// Takes a chunk of `len` bytes out of `pool` (`(bytes, handle)` pairs), if one is there.
-fn take(pool: &mut Vec<(usize, PhysHandle)>, len: usize) -> Option<PhysHandle> {
-    let at = pool.iter().rposition(|&(bytes, _)| bytes == len)?;
-    Some(pool.swap_remove(at).1)
-}
-
-/// Carries out `plan` on GPU `ordinal` (module documentation) in rounds of at most a batch
-/// each way: a round's chunks going down, and those coming up into the HBM that earlier
-/// rounds freed (or room the budget had), copied at once in both directions.
+/// Carries out `plan` (whose indices name `ids`) on GPU `ordinal`, in pipelined rounds of at
+/// most a batch each way (rounds.rs); notes when each chunk moved, for the cooldown.
 fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[ChunkId], state: &mut State) {
-    let Some(gpu) = p.gpus.get(&ordinal) else { return };
-    let (Some(device), chunk) = (gpu.device.clone(), gpu.chunk) else { return };
-    let device = device.as_ref();
-    let granularity = device.info().granularity.max(1);
-    let batch = config().batch(chunk);
-    let tools = state.gpus.entry(ordinal).or_default();
-    let streams = match tools.streams {
-        Some(made) => made,
-        None => match device
-            .create_stream(StreamPriority::High)
-            .and_then(|down| Ok((down, device.create_stream(StreamPriority::High)?)))
-        {
-            Ok(made) => *tools.streams.insert(made),
-            Err(why) => return log(call, &format!("no streams to copy on ({why})"), "nothing moved"),
-        },
-    };
+    let Some(batch) = p.gpus.get(&ordinal).map(|gpu| config().batch(gpu.chunk)) else { return };
+    let (downs, ups): (Vec<ChunkId>, Vec<ChunkId>) =
+        (plan.down.iter().map(|&i| ids[i]).collect(), plan.up.iter().map(|&i| ids[i]).collect());
     let evaluation = state.evaluations;
-    // The chunk's address, bytes and physical chunk now, while it is in the books.
-    let find = |p: &Process, (va, index): ChunkId| {
-        p.books
-            .get(va)
-            .filter(|a| index < a.chunks.len())
-            .map(|a| (a.chunk_va(index), a.chunk_len(index), a.chunks[index].0))
-    };
-    // Where a new chunk is copied into: its shadow, made the first time (shadows.rs).
-    let shadow = |p: &mut Process, handle, len| {
-        remap::timed(Phase::Shadows, || p.shadows.of(device, handle, len))
-            .map_err(|why| {
-                FAILED.fetch_add(1, Relaxed);
-                log(call, &format!("a chunk could not be mapped to be copied into ({why})"), "it stays where it is")
-            })
-            .ok()
-    };
-    let create = |location, len: usize| {
-        let phase = if location == ChunkLocation::Host { Phase::CreateHost } else { Phase::CreateHbm };
-        remap::timed(phase, || device.create_chunks_at(location, len / granularity).ok())
-    };
-
-    let (mut downs, mut ups) =
-        (plan.down.iter().map(|&i| ids[i]).peekable(), plan.up.iter().map(|&i| ids[i]).peekable());
-    let mut freed_hbm = Vec::new();
-    loop {
-        let mut moves = Vec::new();
-        // Down: into spare host chunks, or new ones.
-        while moves.len() < batch {
-            let Some(id) = downs.next() else { break };
-            let Some((address, len, old)) = find(p, id) else { continue };
-            let Some(new) = take(&mut tools.spares, len).or_else(|| create(ChunkLocation::Host, len)) else { break };
-            let Some(shadow) = shadow(p, new, len) else {
-                tools.spares.push((len, new));
-                break;
-            };
-            moves.push(Move { id, address, len, old, new, shadow, up: false });
-        }
-        let going_down = moves.len();
-        // Up: into HBM that earlier rounds freed, or new chunks, as far as the budget has room.
-        let mut room = p.gpus.get(&ordinal).map_or(0, |g| g.budget.saturating_sub(g.hbm_used));
-        while moves.len() - going_down < batch {
-            let Some(&id) = ups.peek() else { break };
-            let Some((address, len, old)) = find(p, id) else {
-                ups.next();
-                continue;
-            };
-            if len > room {
-                break;
-            }
-            let Some(new) = take(&mut freed_hbm, len).or_else(|| create(ChunkLocation::Gpu(ordinal), len)) else {
-                break;
-            };
-            let Some(shadow) = shadow(p, new, len) else {
-                freed_hbm.push((len, new));
-                break;
-            };
-            ups.next();
-            room -= len;
-            moves.push(Move { id, address, len, old, new, shadow, up: true });
-        }
-        if moves.is_empty() {
-            break;
-        }
-        for (m, moved) in moves.iter().zip(move_batch(call, device, streams, &moves)) {
-            FAILED.fetch_add(u64::from(!moved), Relaxed);
-            // The chunk left behind: the old one if the move was made, else the new one.
-            let (left, tier) =
-                if moved { (m.old, if m.up { Tier::Hbm } else { Tier::Host }) } else { (m.new, Tier::Host) };
-            let host_chunk_left = m.up == moved;
-            (if host_chunk_left { &mut tools.spares } else { &mut freed_hbm }).push((m.len, left));
-            if moved {
-                settle(p, ordinal, m, tier);
-                state.moved_at.insert(m.address, evaluation);
-            }
-        }
+    let tools = state.gpus.entry(ordinal).or_default();
+    for address in rounds::execute(call, p, ordinal, &downs, &ups, tools, batch) {
+        state.moved_at.insert(address, evaluation);
     }
-    // Spares are kept up to what could go down at once (the HBM in use): a chunk coming up
-    // frees one, a chunk going down takes one, so the host memory they hold stays bounded by
-    // the peak the program had there.
-    let hbm_used = p.gpus.get(&ordinal).map_or(0, |g| g.hbm_used);
-    let mut kept = 0;
-    let (keep, extra): (Vec<_>, Vec<_>) = tools.spares.drain(..).partition(|&(len, _)| {
-        kept += len;
-        kept <= hbm_used
-    });
-    tools.spares = keep;
-    remap::timed(Phase::Release, || {
-        for (_, handle) in freed_hbm.into_iter().chain(extra) {
-            p.shadows.forget(device, handle);
-            let _ = device.release_chunk(handle);
-        }
-    });
     state.moved_at.retain(|_, &mut at| evaluation - at <= COOLDOWN);
-}
-
-/// The books after move `m` to `tier` succeeded: the chunk's handle and tier, the budget, stats.
-fn settle(p: &mut Process, ordinal: usize, m: &Move, tier: Tier) {
-    if let Some(slot) = p.books.get_mut(m.id.0).and_then(|a| a.chunks.get_mut(m.id.1)) {
-        *slot = (m.new, tier);
-    }
-    if let Some(gpu) = p.gpus.get_mut(&ordinal) {
-        gpu.hbm_used = if tier == Tier::Hbm { gpu.hbm_used + m.len } else { gpu.hbm_used.saturating_sub(m.len) };
-    }
-    p.stats.moved(m.len, tier == Tier::Hbm);
-    hotness::moved(m.id.0, m.id.1, tier == Tier::Host);
-    (if tier == Tier::Hbm { &UP } else { &DOWN }).fetch_add(1, Relaxed);
-    BYTES.fetch_add(m.len as u64, Relaxed);
 }
 
 /// After a free on GPU `ordinal`: if none of its allocations is left, gives back the spare
@@ -441,26 +307,20 @@ pub fn release_if_idle(ordinal: usize) {
     }
     let Some(device) = p.gpus.get(&ordinal).and_then(|gpu| gpu.device.clone()) else { return };
     let Some(tools) = state.gpus.remove(&ordinal) else { return };
-    for (_, spare) in tools.spares {
-        p.shadows.forget(device.as_ref(), spare);
-        let _ = device.release_chunk(spare);
-    }
-    if let Some((down, up)) = tools.streams {
-        let _ = device.destroy_stream(down);
-        let _ = device.destroy_stream(up);
-    }
+    tools.release(device.as_ref(), &mut p);
 }
 
 /// The counters, as `--stats` prints them (stats.rs).
 pub fn counters() -> stats::Migration {
     let (scanned, with_pointers, all_in_hbm) = hotness::launch_counts();
+    let (up, down, failed, bytes) = rounds::counts();
     let (plan_nanos, pauses, pause_nanos, pause_chunks, cycles_followed, cycles_diverged) = crate::cycle::counters();
     stats::Migration {
         enabled: enabled(),
-        up: UP.load(Relaxed),
-        down: DOWN.load(Relaxed),
-        failed: FAILED.load(Relaxed),
-        bytes: BYTES.load(Relaxed),
+        up,
+        down,
+        failed,
+        bytes,
         taken: TAKEN.load(Relaxed),
         skipped: SKIPPED.load(Relaxed),
         nanos: NANOS.load(Relaxed),

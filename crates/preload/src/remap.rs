@@ -67,25 +67,53 @@ pub struct Move {
     pub up: bool,
 }
 
-/// Moves each of `moves` whose every step succeeds, copying down on `streams.0` and up on
-/// `streams.1` at once; which did.
-pub fn move_batch(call: &str, device: &dyn Device, streams: (StreamHandle, StreamHandle), moves: &[Move]) -> Vec<bool> {
+/// A round of moves whose copies are enqueued ([`start`]) and not yet waited for ([`finish`]).
+pub struct Round {
+    pub moves: Vec<Move>,
+    /// Whose copy was enqueued.
+    ok: Vec<bool>,
+    /// The streams its copies went on.
+    streams: Vec<StreamHandle>,
+}
+
+impl Round {
+    pub fn new() -> Round {
+        Round { moves: Vec::new(), ok: Vec::new(), streams: Vec::new() }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.moves.is_empty()
+    }
+}
+
+/// Enqueues the copies of `moves` into their new chunks' shadows on `stream` and adds them to
+/// `round`.
+pub fn start(device: &dyn Device, round: &mut Round, moves: Vec<Move>, stream: StreamHandle) {
+    if moves.is_empty() {
+        return;
+    }
+    round
+        .ok
+        .extend(moves.iter().map(|m| device.copy_between_devices_async(m.shadow, m.address, m.len, stream).is_ok()));
+    round.moves.extend(moves);
+    if !round.streams.contains(&stream) {
+        round.streams.push(stream);
+    }
+}
+
+/// Waits for `round`'s copies, then makes each move whose every step succeeded; which did.
+/// Its streams must carry no copies of a later round.
+pub fn finish(call: &str, device: &dyn Device, round: &Round) -> Vec<bool> {
     let started = Instant::now();
-    let mut ok: Vec<bool> = moves
-        .iter()
-        .map(|m| {
-            device.copy_between_devices_async(m.shadow, m.address, m.len, if m.up { streams.1 } else { streams.0 })
-        })
-        .map(|copied| copied.is_ok())
-        .collect();
-    for stream in [streams.0, streams.1] {
+    let mut ok = round.ok.clone();
+    for &stream in &round.streams {
         if let Err(why) = device.synchronize_stream(stream) {
             log(call, &format!("migration copies failed ({why})"), "the chunks stay where they were");
             ok.iter_mut().for_each(|ok| *ok = false);
         }
     }
     let started = lap(Phase::Copy, started);
-    swap_all(call, device, moves, &mut ok, started);
+    swap_all(call, device, &round.moves, &mut ok, started);
     ok
 }
 

@@ -1,0 +1,276 @@
+//! A plan's moves, made in pipelined rounds (migrate.rs decides what moves, remap.rs how one
+//! round of moves is copied and remapped).
+//!
+//! A round sends at most a batch of chunks down and brings at most a batch up into the HBM
+//! that earlier rounds freed, so the GPU never holds more than the budget and no HBM chunk is
+//! created for them. The copies are DMA work and the remapping (unmap, map, open) is the
+//! driver's work on this thread, so the two overlap across rounds: the next round's copies
+//! down, which need nothing from this round, are enqueued before this round is remapped, and
+//! only its copies up wait for the HBM that this round's remapping frees:
+//!
+//! ```text
+//! copies down  | D1 |    | D2 |         | D3 |
+//! copies up    |    |    |    U2 |           | U3 |
+//! remapping         | R1 |         |  R2  |
+//! ```
+//!
+//! The copies down alternate between two streams, so that waiting for one round's copies does
+//! not wait for the next round's; the copies up have a stream of their own (a round's copies
+//! up are enqueued after the round before it is finished).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use tiermem_mechanism::{ChunkLocation, Device, PhysHandle, StreamHandle, StreamPriority};
+
+use crate::boundary::log;
+use crate::hotness::{self, ChunkId};
+use crate::placement::Tier;
+use crate::process::Process;
+use crate::remap::{self, Move, Phase, Round};
+
+static UP: AtomicU64 = AtomicU64::new(0);
+static DOWN: AtomicU64 = AtomicU64::new(0);
+static FAILED: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Chunks moved up and down, failed moves, and bytes moved, so far.
+pub fn counts() -> (u64, u64, u64, u64) {
+    (UP.load(Relaxed), DOWN.load(Relaxed), FAILED.load(Relaxed), BYTES.load(Relaxed))
+}
+
+/// The streams of a GPU's moves.
+#[derive(Clone, Copy)]
+struct Streams {
+    down: [StreamHandle; 2],
+    up: StreamHandle,
+}
+
+/// What moving keeps per GPU between quiesce points.
+#[derive(Default)]
+pub struct Tools {
+    streams: Option<Streams>,
+    /// Host chunks, unmapped, ready to take a chunk of their size going down: (bytes, handle).
+    spares: Vec<(usize, PhysHandle)>,
+}
+
+impl Tools {
+    /// Gives back the spare chunks and the streams (the GPU's last allocation was freed).
+    pub fn release(self, device: &dyn Device, p: &mut Process) {
+        for (_, spare) in self.spares {
+            p.shadows.forget(device, spare);
+            let _ = device.release_chunk(spare);
+        }
+        if let Some(streams) = self.streams {
+            for stream in streams.down.into_iter().chain([streams.up]) {
+                let _ = device.destroy_stream(stream);
+            }
+        }
+    }
+
+    fn streams(&mut self, device: &dyn Device) -> Result<Streams, String> {
+        if let Some(made) = self.streams {
+            return Ok(made);
+        }
+        let mut made = Vec::new();
+        for _ in 0..3 {
+            match device.create_stream(StreamPriority::High) {
+                Ok(stream) => made.push(stream),
+                Err(why) => {
+                    made.into_iter().for_each(|s| drop(device.destroy_stream(s)));
+                    return Err(why.to_string());
+                }
+            }
+        }
+        Ok(*self.streams.insert(Streams { down: [made[0], made[1]], up: made[2] }))
+    }
+}
+
+/// Takes a chunk of `len` bytes out of `pool` (`(bytes, handle)` pairs), if one is there.
+fn take(pool: &mut Vec<(usize, PhysHandle)>, len: usize) -> Option<PhysHandle> {
+    let at = pool.iter().rposition(|&(bytes, _)| bytes == len)?;
+    Some(pool.swap_remove(at).1)
+}
+
+/// Moves `downs` to the host and `ups` to HBM on GPU `ordinal`, in pipelined rounds of at most
+/// `batch` each way (module documentation); the addresses of the chunks that moved. A chunk
+/// whose move fails stays where it was.
+pub fn execute(
+    call: &str,
+    p: &mut Process,
+    ordinal: usize,
+    downs: &[ChunkId],
+    ups: &[ChunkId],
+    tools: &mut Tools,
+    batch: usize,
+) -> Vec<u64> {
+    let Some(gpu) = p.gpus.get(&ordinal) else { return Vec::new() };
+    let Some(device) = gpu.device.clone() else { return Vec::new() };
+    let device = device.as_ref();
+    let streams = match tools.streams(device) {
+        Ok(made) => made,
+        Err(why) => {
+            log(call, &format!("no streams to copy on ({why})"), "nothing moved");
+            return Vec::new();
+        }
+    };
+    let (mut downs, mut ups) = (downs.iter().copied().peekable(), ups.iter().copied().peekable());
+    let mut freed_hbm = Vec::new();
+    let mut moved = Vec::new();
+    let mut pending: Option<Round> = None;
+    for parity in (0..2).cycle() {
+        // This round's copies down go at once: they need nothing from the round before.
+        let mut round = Round::new();
+        let going_down = take_downs(call, device, p, &mut downs, &mut tools.spares, batch);
+        remap::start(device, &mut round, going_down, streams.down[parity]);
+        // The round before is remapped while they run; it frees the HBM its chunks left.
+        if let Some(before) = pending.take() {
+            moved.extend(finish(call, device, p, ordinal, &before, &mut tools.spares, &mut freed_hbm));
+        }
+        let coming_up = take_ups(call, device, p, ordinal, &mut ups, &mut freed_hbm, batch);
+        remap::start(device, &mut round, coming_up, streams.up);
+        if round.is_empty() {
+            break;
+        }
+        pending = Some(round);
+    }
+    // Spares are kept up to what could go down at once (the HBM in use): a chunk coming up
+    // frees one, a chunk going down takes one, so the host memory they hold stays bounded by
+    // the peak the program had there.
+    let hbm_used = p.gpus.get(&ordinal).map_or(0, |g| g.hbm_used);
+    let mut kept = 0;
+    let (keep, extra): (Vec<_>, Vec<_>) = tools.spares.drain(..).partition(|&(len, _)| {
+        kept += len;
+        kept <= hbm_used
+    });
+    tools.spares = keep;
+    remap::timed(Phase::Release, || {
+        for (_, handle) in freed_hbm.into_iter().chain(extra) {
+            p.shadows.forget(device, handle);
+            let _ = device.release_chunk(handle);
+        }
+    });
+    moved
+}
+
+/// The chunk's address, bytes and physical chunk now, while it is in the books.
+fn find(p: &Process, (va, index): ChunkId) -> Option<(u64, usize, PhysHandle)> {
+    p.books
+        .get(va)
+        .filter(|a| index < a.chunks.len())
+        .map(|a| (a.chunk_va(index), a.chunk_len(index), a.chunks[index].0))
+}
+
+/// Where a new chunk is copied into: its shadow, made the first time (shadows.rs).
+fn shadow(call: &str, device: &dyn Device, p: &mut Process, handle: PhysHandle, len: usize) -> Option<u64> {
+    remap::timed(Phase::Shadows, || p.shadows.of(device, handle, len))
+        .map_err(|why| {
+            FAILED.fetch_add(1, Relaxed);
+            log(call, &format!("a chunk could not be mapped to be copied into ({why})"), "it stays where it is")
+        })
+        .ok()
+}
+
+fn create(device: &dyn Device, location: ChunkLocation, len: usize) -> Option<PhysHandle> {
+    let phase = if location == ChunkLocation::Host { Phase::CreateHost } else { Phase::CreateHbm };
+    let granules = len / device.info().granularity.max(1);
+    remap::timed(phase, || device.create_chunks_at(location, granules).ok())
+}
+
+/// Up to `batch` moves down, into spare host chunks or new ones.
+fn take_downs(
+    call: &str,
+    device: &dyn Device,
+    p: &mut Process,
+    downs: &mut impl Iterator<Item = ChunkId>,
+    spares: &mut Vec<(usize, PhysHandle)>,
+    batch: usize,
+) -> Vec<Move> {
+    let mut moves = Vec::new();
+    while moves.len() < batch {
+        let Some(id) = downs.next() else { break };
+        let Some((address, len, old)) = find(p, id) else { continue };
+        let Some(new) = take(spares, len).or_else(|| create(device, ChunkLocation::Host, len)) else { break };
+        let Some(shadow) = shadow(call, device, p, new, len) else {
+            spares.push((len, new));
+            break;
+        };
+        moves.push(Move { id, address, len, old, new, shadow, up: false });
+    }
+    moves
+}
+
+/// Up to `batch` moves up, into HBM that earlier rounds freed or new chunks, as far as the
+/// budget has room.
+fn take_ups(
+    call: &str,
+    device: &dyn Device,
+    p: &mut Process,
+    ordinal: usize,
+    ups: &mut std::iter::Peekable<impl Iterator<Item = ChunkId>>,
+    freed_hbm: &mut Vec<(usize, PhysHandle)>,
+    batch: usize,
+) -> Vec<Move> {
+    let mut moves = Vec::new();
+    let mut room = p.gpus.get(&ordinal).map_or(0, |g| g.budget.saturating_sub(g.hbm_used));
+    while moves.len() < batch {
+        let Some(&id) = ups.peek() else { break };
+        let Some((address, len, old)) = find(p, id) else {
+            ups.next();
+            continue;
+        };
+        if len > room {
+            break;
+        }
+        let Some(new) = take(freed_hbm, len).or_else(|| create(device, ChunkLocation::Gpu(ordinal), len)) else {
+            break;
+        };
+        let Some(shadow) = shadow(call, device, p, new, len) else {
+            freed_hbm.push((len, new));
+            break;
+        };
+        ups.next();
+        room -= len;
+        moves.push(Move { id, address, len, old, new, shadow, up: true });
+    }
+    moves
+}
+
+/// Finishes `round` (remap.rs) and settles the books of each move made; the chunks left behind
+/// go to the spares (host) or the freed HBM. The addresses of the chunks that moved.
+fn finish(
+    call: &str,
+    device: &dyn Device,
+    p: &mut Process,
+    ordinal: usize,
+    round: &Round,
+    spares: &mut Vec<(usize, PhysHandle)>,
+    freed_hbm: &mut Vec<(usize, PhysHandle)>,
+) -> Vec<u64> {
+    let mut addresses = Vec::new();
+    for (m, made) in round.moves.iter().zip(remap::finish(call, device, round)) {
+        FAILED.fetch_add(u64::from(!made), Relaxed);
+        // The chunk left behind: the old one if the move was made, else the new one.
+        let left = if made { m.old } else { m.new };
+        let host_chunk_left = m.up == made;
+        (if host_chunk_left { &mut *spares } else { &mut *freed_hbm }).push((m.len, left));
+        if made {
+            settle(p, ordinal, m, if m.up { Tier::Hbm } else { Tier::Host });
+            addresses.push(m.address);
+        }
+    }
+    addresses
+}
+
+/// The books after move `m` to `tier` succeeded: the chunk's handle and tier, the budget, stats.
+fn settle(p: &mut Process, ordinal: usize, m: &Move, tier: Tier) {
+    if let Some(slot) = p.books.get_mut(m.id.0).and_then(|a| a.chunks.get_mut(m.id.1)) {
+        *slot = (m.new, tier);
+    }
+    if let Some(gpu) = p.gpus.get_mut(&ordinal) {
+        gpu.hbm_used = if tier == Tier::Hbm { gpu.hbm_used + m.len } else { gpu.hbm_used.saturating_sub(m.len) };
+    }
+    p.stats.moved(m.len, tier == Tier::Hbm);
+    hotness::moved(m.id.0, m.id.1, tier == Tier::Host);
+    (if tier == Tier::Hbm { &UP } else { &DOWN }).fetch_add(1, Relaxed);
+    BYTES.fetch_add(m.len as u64, Relaxed);
+}
