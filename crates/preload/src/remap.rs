@@ -84,6 +84,11 @@ impl Round {
     pub fn is_empty(&self) -> bool {
         self.moves.is_empty()
     }
+
+    /// The bytes of its moves up.
+    pub fn bytes_up(&self) -> usize {
+        self.moves.iter().filter(|m| m.up).map(|m| m.len).sum()
+    }
 }
 
 /// Enqueues the copies of `moves` into their new chunks' shadows on `stream` and adds them to

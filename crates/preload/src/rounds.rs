@@ -1,22 +1,23 @@
 //! A plan's moves, made in pipelined rounds (migrate.rs decides what moves, remap.rs how one
 //! round of moves is copied and remapped).
 //!
-//! A round sends at most a batch of chunks down and brings at most a batch up into the HBM
-//! that earlier rounds freed, so the GPU never holds more than the budget and no HBM chunk is
-//! created for them. The copies are DMA work and the remapping (unmap, map, open) is the
-//! driver's work on this thread, so the two overlap across rounds: the next round's copies
-//! down, which need nothing from this round, are enqueued before this round is remapped, and
-//! only its copies up wait for the HBM that this round's remapping frees:
+//! A round sends at most a batch of chunks down and brings at most a batch up into HBM that
+//! earlier rounds freed (or room the budget had), so the GPU never holds more than the budget
+//! and no HBM chunk is created for them. The copies are DMA work and the remapping (unmap, map,
+//! open) is the driver's work on this thread, so they overlap across rounds: a round's copies
+//! are enqueued, then the round before is waited for and remapped while they run. A round's
+//! copies up therefore go into HBM that the round before the round before freed: the first two
+//! rounds only send chunks down (unless the budget had room), and from then on the link and the
+//! driver work at once:
 //!
 //! ```text
-//! copies down  | D1 |    | D2 |         | D3 |
-//! copies up    |    |    |    U2 |           | U3 |
-//! remapping         | R1 |         |  R2  |
+//! copies   | D1 | D2 | D3 U3 | D4 U4 | ...
+//! remap         | R1 | R2    | R3    | ...
 //! ```
 //!
-//! The copies down alternate between two streams, so that waiting for one round's copies does
-//! not wait for the next round's; the copies up have a stream of their own (a round's copies
-//! up are enqueued after the round before it is finished).
+//! Each round has a stream down and a stream up of its own parity, so that waiting for one
+//! round's copies does not wait for the next round's. Copies up in flight count against the
+//! room the budget leaves.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -38,12 +39,8 @@ pub fn counts() -> (u64, u64, u64, u64) {
     (UP.load(Relaxed), DOWN.load(Relaxed), FAILED.load(Relaxed), BYTES.load(Relaxed))
 }
 
-/// The streams of a GPU's moves.
-#[derive(Clone, Copy)]
-struct Streams {
-    down: [StreamHandle; 2],
-    up: StreamHandle,
-}
+/// The streams of a GPU's moves: (down, up) for rounds of each parity.
+type Streams = [(StreamHandle, StreamHandle); 2];
 
 /// What moving keeps per GPU between quiesce points.
 #[derive(Default)]
@@ -60,10 +57,8 @@ impl Tools {
             p.shadows.forget(device, spare);
             let _ = device.release_chunk(spare);
         }
-        if let Some(streams) = self.streams {
-            for stream in streams.down.into_iter().chain([streams.up]) {
-                let _ = device.destroy_stream(stream);
-            }
+        for (down, up) in self.streams.into_iter().flatten() {
+            let _ = (device.destroy_stream(down), device.destroy_stream(up));
         }
     }
 
@@ -72,7 +67,7 @@ impl Tools {
             return Ok(made);
         }
         let mut made = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..4 {
             match device.create_stream(StreamPriority::High) {
                 Ok(stream) => made.push(stream),
                 Err(why) => {
@@ -81,7 +76,7 @@ impl Tools {
                 }
             }
         }
-        Ok(*self.streams.insert(Streams { down: [made[0], made[1]], up: made[2] }))
+        Ok(*self.streams.insert([(made[0], made[1]), (made[2], made[3])]))
     }
 }
 
@@ -118,20 +113,23 @@ pub fn execute(
     let mut moved = Vec::new();
     let mut pending: Option<Round> = None;
     for parity in (0..2).cycle() {
-        // This round's copies down go at once: they need nothing from the round before.
+        // This round's copies go at once: down, and up into HBM that finished rounds freed.
         let mut round = Round::new();
+        let (down, up) = streams[parity];
         let going_down = take_downs(call, device, p, &mut downs, &mut tools.spares, batch);
-        remap::start(device, &mut round, going_down, streams.down[parity]);
+        remap::start(device, &mut round, going_down, down);
+        let in_flight = pending.as_ref().map_or(0, Round::bytes_up);
+        let coming_up = take_ups(call, device, p, (ordinal, in_flight), &mut ups, &mut freed_hbm, batch);
+        remap::start(device, &mut round, coming_up, up);
         // The round before is remapped while they run; it frees the HBM its chunks left.
-        if let Some(before) = pending.take() {
+        let finished = pending.take().map(|before| {
             moved.extend(finish(call, device, p, ordinal, &before, &mut tools.spares, &mut freed_hbm));
-        }
-        let coming_up = take_ups(call, device, p, ordinal, &mut ups, &mut freed_hbm, batch);
-        remap::start(device, &mut round, coming_up, streams.up);
-        if round.is_empty() {
+        });
+        if !round.is_empty() {
+            pending = Some(round);
+        } else if finished.is_none() {
             break;
         }
-        pending = Some(round);
     }
     // Spares are kept up to what could go down at once (the HBM in use): a chunk coming up
     // frees one, a chunk going down takes one, so the host memory they hold stays bounded by
@@ -200,18 +198,18 @@ fn take_downs(
 }
 
 /// Up to `batch` moves up, into HBM that earlier rounds freed or new chunks, as far as the
-/// budget has room.
+/// budget has room beyond the `in_flight` bytes of a round's moves up not yet made.
 fn take_ups(
     call: &str,
     device: &dyn Device,
     p: &mut Process,
-    ordinal: usize,
+    (ordinal, in_flight): (usize, usize),
     ups: &mut std::iter::Peekable<impl Iterator<Item = ChunkId>>,
     freed_hbm: &mut Vec<(usize, PhysHandle)>,
     batch: usize,
 ) -> Vec<Move> {
     let mut moves = Vec::new();
-    let mut room = p.gpus.get(&ordinal).map_or(0, |g| g.budget.saturating_sub(g.hbm_used));
+    let mut room = p.gpus.get(&ordinal).map_or(0, |g| g.budget.saturating_sub(g.hbm_used).saturating_sub(in_flight));
     while moves.len() < batch {
         let Some(&id) = ups.peek() else { break };
         let Some((address, len, old)) = find(p, id) else {

@@ -45,9 +45,10 @@ fn a_loop_larger_than_the_budget_finds_its_buffers_in_hbm() {
 }
 
 #[test]
-fn moves_in_batches_of_one_go_down_and_up_in_the_same_rounds() {
+fn moves_in_batches_of_one_are_pipelined() {
     // A pause's moves in rounds of one chunk each way: each round sends one down and brings
-    // one up into the HBM the round before freed, both copies at once; bytes checked as ever.
+    // one up into the HBM that the round before the round before freed, while the round before
+    // is remapped (rounds.rs); bytes checked as ever.
     let env: Vec<_> = ENV.iter().copied().chain([("TIERMEM_MIGRATE_BATCH", "1")]).collect();
     let output = support::probe("segments-batch-1", &["segments"], &env);
     let (stdout, stderr) = support::assert_passed(&output);
