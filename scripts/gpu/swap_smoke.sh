@@ -43,7 +43,7 @@ cleanup() {
   local rc=$?
   step "cleanup"
   [ -n "$sampler_pid" ] && kill "$sampler_pid" 2>/dev/null
-  [ -n "$workload_pid" ] && kill -9 "$workload_pid" 2>/dev/null
+  [ -n "$workload_pid" ] && kill -9 $workload_pid 2>/dev/null
   if [ -d "$cgroup" ]; then
     # Anything left in the cgroup dies with it.
     echo 1 > "$cgroup/cgroup.kill" 2>/dev/null
@@ -178,3 +178,75 @@ check "the FUSE mount is gone" bash -c "! grep -q ' $run_dir/mnt ' /proc/mounts"
 check "swap status says off" bash -c "'$tiermem' swap status --json | grep -q '\"running\":false'"
 check "the spill file is gone" test ! -e "$scratch/swap-spill"
 loops= # nothing left to undo
+
+# The server killed with swap active (docs/swap.md, "When the server dies"): two holders keep
+# pages on our devices; after `kill -9` of the server, status and on name the dead server,
+# holder A touches its pages (lost ones must raise SIGBUS, never come back wrong), `swap off`
+# completes while holder B still maps lost pages, B then gets SIGBUS too, and `on` works again.
+# SWAP_KILL=0 skips it.
+[ "${SWAP_KILL:-1}" = 0 ] && exit 0
+step "the server killed with swap active"
+rm -f "$scratch/swap-spill"
+loops=$("$tiermem" swap on --size "$size" --devices "$devices" --spill "$scratch/swap-spill") || die "tiermem swap on (kill test) failed"
+mkdir "$cgroup" || die "mkdir $cgroup"
+echo $((max_mib << 20)) > "$cgroup/memory.max" || die "memory.max"
+cat > "$out/holder.py" <<'EOF2'
+import os, signal, sys, time
+MIB = 1 << 20
+name, mib, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+page = lambda i: (i.to_bytes(8, "little") * (MIB // 8))
+data = [bytearray(page(i)) for i in range(mib)]
+print(f"{name}: {mib} MiB written", flush=True)
+open(f"{go}.{name}.ready", "w").close()
+while not os.path.exists(go):
+    time.sleep(0.2)
+bad = sum(data[i] != page(i) for i in range(mib))  # a lost page raises SIGBUS here
+print(f"{name}: every page came back, {bad} wrong", flush=True)
+sys.exit(1 if bad else 0)
+EOF2
+go_a=$out/go-a go_b=$out/go-b half=$((ws_mib / 2))
+# Waits up to 120 s for holder PID to end (its exit status), else kills it (status 255).
+await() {
+  for _ in $(seq 240); do kill -0 "$1" 2>/dev/null || { wait "$1"; return; }; sleep 0.5; done
+  echo "FAIL: holder $1 still runs after 120 s (stuck on a lost page?)"; kill -9 "$1"; wait "$1"; return 255
+}
+bash -c "echo \$\$ > '$cgroup/cgroup.procs' && exec python3 '$out/holder.py' a $half '$go_a'" & holder_a=$!
+bash -c "echo \$\$ > '$cgroup/cgroup.procs' && exec python3 '$out/holder.py' b $half '$go_b'" & holder_b=$!
+workload_pid="$holder_a $holder_b"
+for _ in $(seq 600); do [ -e "$go_a.a.ready" ] && [ -e "$go_b.b.ready" ] && break; sleep 0.5; done
+check "both holders wrote their pages" test -e "$go_a.a.ready" -a -e "$go_b.b.ready"
+used=$(awk -v l="$loops" 'BEGIN{n=split(l,a," "); for(i=1;i<=n;i++) w[a[i]]=1} ($1 in w) {s+=$4} END {print s+0}' /proc/swaps)
+echo "our devices hold $used KiB"
+check "our devices hold the holders' pages" test "$used" -gt 0
+server=$(python3 -c "import json; print(json.load(open('$run_dir/state.json'))['pid'])")
+echo "kill -9 the server ($server)"
+kill -9 "$server"
+for _ in $(seq 50); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
+"$tiermem" swap status > "$out/status-dead.txt" 2>&1; status_rc=$?
+cat "$out/status-dead.txt"
+check "swap status exits 1 after the server died" test "$status_rc" -eq 1
+check "swap status names the dead server" grep -q "$server" "$out/status-dead.txt"
+check "swap on refuses while the dead server's devices are there" bash -c "! '$tiermem' swap on --size 1GiB 2>/dev/null"
+touch "$go_a"; await "$holder_a"; rc_a=$?
+echo "holder a exit $rc_a (135: SIGBUS)"
+check "holder a's lost pages raise SIGBUS, none comes back wrong" test "$rc_a" -eq 135
+start=$(date +%s.%N)
+check "tiermem swap off after the server died (holder b still maps lost pages)" timeout 600 "$tiermem" swap off --timeout 540
+echo "off in $(echo "$(date +%s.%N) - $start" | bc 2>/dev/null || echo '?') s"
+touch "$go_b"; await "$holder_b"; rc_b=$?
+echo "holder b exit $rc_b (135: SIGBUS)"
+check "holder b's lost pages raise SIGBUS after swap off, none comes back wrong" test "$rc_b" -eq 135
+workload_pid=
+for dev in $loops; do
+  check "$dev is no longer swap" bash -c "! grep -q '^$dev ' /proc/swaps"
+  check "$dev is detached" bash -c "! losetup '$dev' >/dev/null 2>&1"
+done
+check "the dead server's FUSE mount is gone" bash -c "! grep -q ' $run_dir/mnt ' /proc/mounts"
+loops=
+echo 1 > "$cgroup/cgroup.kill" 2>/dev/null; rmdir "$cgroup" 2>/dev/null
+loops=$("$tiermem" swap on --size 1GiB --devices 1 --spill "$scratch/swap-spill") && echo "on again: $loops"
+check "swap on works again after the cleanup" test -n "$loops"
+check "and off" "$tiermem" swap off --timeout 120
+loops=
+hung_after=$(dmesg 2>/dev/null | grep -c "blocked for more than")
+check "no task hung (dmesg: blocked for more than)" test "$hung_after" -eq "$hung_before"
