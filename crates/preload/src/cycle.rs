@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::boundary::log;
@@ -235,6 +235,14 @@ fn history() -> MutexGuard<'static, History> {
     HISTORY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Whether a cycle is being followed (`Cycles::following`, mirrored for [`following`]).
+static FOLLOWING: AtomicBool = AtomicBool::new(false);
+
+/// Whether a cycle is being followed: its plan's pauses place the chunks. One atomic read.
+pub fn following() -> bool {
+    FOLLOWING.load(Relaxed)
+}
+
 /// The counters `--stats` reports.
 static PAUSES: AtomicU64 = AtomicU64::new(0);
 static PAUSE_NANOS: AtomicU64 = AtomicU64::new(0);
@@ -258,6 +266,7 @@ pub fn before_launch(f: usize) -> Option<Arc<Boundary>> {
     let plan = c.plan.as_ref()?;
     if plan.recording.functions.get(index) != Some(&f) {
         c.following = false;
+        FOLLOWING.store(c.following, Relaxed);
         DIVERGED.fetch_add(1, Relaxed);
         return None;
     }
@@ -297,6 +306,7 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
         }
         c.count = 0;
         c.following = false;
+        FOLLOWING.store(c.following, Relaxed);
         c.plan = None;
         std::mem::take(&mut c.recording)
     };
@@ -315,6 +325,7 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
     let mut c = cycles();
     // Launches of other threads since the cycle ended would shift the indices: no following.
     c.following = c.count == 0;
+    FOLLOWING.store(c.following, Relaxed);
     c.plan = Some(Following { recording, pauses });
     Some(first)
 }

@@ -66,6 +66,13 @@ fn launch(name: &'static str, call: impl FnOnce() -> CuResult, f: Function, para
             CUDA_SUCCESS
         });
     }
+    // A program that has not synchronized for a while: a pause of tiermem's own (migrate.rs).
+    if crate::migrate::pause_due() {
+        guard(name, || {
+            crate::migrate::pause_point(name);
+            CUDA_SUCCESS
+        });
+    }
     let _gate = gate::shared();
     if hotness::watching() {
         let _inside = enter();

@@ -13,6 +13,12 @@
 //! chunks, at most ten times a second); and the plan for the epoch's heats (moves.rs) is not
 //! empty. Each evaluation ends the hotness epoch.
 //!
+//! A program that never synchronizes (or rarely: a loop of kernels and asynchronous copies)
+//! still gets quiesce points: once `TIERMEM_PAUSE_MS` (1000) have passed without one while
+//! chunks are on the host and no cycle is being followed, the next launch first takes a *pause*
+//! of tiermem's own (GPUswap's approach): launches held by the exclusive gate, the context
+//! waited for, stage 2's moves made ([`pause_point`]; `--stats` counts them).
+//!
 //! With stage 3 on (cycle.rs), a quiesce point first ends the program's cycle and plans the
 //! next; when there is a plan, its first segment's moves are made here ([`carry`]) instead of
 //! the hotness plan's, whatever the interval. `carry` also makes the moves of the pauses stage 3
@@ -72,6 +78,8 @@ struct Config {
     interval: Duration,
     /// Chunks per batch, if set.
     batch: Option<usize>,
+    /// How long without a quiesce point before a launch takes a pause (`None`: never).
+    pause_after: Option<u64>,
 }
 
 impl Config {
@@ -101,7 +109,8 @@ fn config() -> &'static Config {
         };
         let interval = Duration::from_millis(number("TIERMEM_MIGRATE_INTERVAL_MS", 100));
         let batch = std::env::var("TIERMEM_MIGRATE_BATCH").is_ok().then(|| number("TIERMEM_MIGRATE_BATCH", 1) as usize);
-        Config { enabled, interval, batch }
+        let pause_after = Some(number("TIERMEM_PAUSE_MS", 1000)).filter(|&ms| ms > 0);
+        Config { enabled, interval, batch, pause_after }
     })
 }
 
@@ -150,6 +159,7 @@ pub fn quiesce_point(call: &str) {
     if !config.enabled {
         return;
     }
+    LAST_QUIESCE_MS.store(now_ms(), Relaxed);
     crate::trace::event("sync", || format!("\"call\": {}", crate::trace::quoted(call)));
     // Stage 3 (cycle.rs): the cycle ends; with a plan for the next, its first segment's moves
     // are made here instead of the hotness plan's.
@@ -173,6 +183,46 @@ pub fn quiesce_point(call: &str) {
         }
         return;
     }
+    hotness_moves(call, config);
+}
+
+/// Milliseconds since the first call, on a clock that only goes forward.
+fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// When the last quiesce point (the program's synchronization or a pause) was ([`now_ms`]).
+static LAST_QUIESCE_MS: AtomicU64 = AtomicU64::new(0);
+static UNSYNCED_PAUSES: AtomicU64 = AtomicU64::new(0);
+
+/// Whether a launch should first take a pause: the program has not synchronized for
+/// `TIERMEM_PAUSE_MS` (1000) while chunks are on the host and no cycle is being followed
+/// (stage 3's own pauses place the chunks then). A few atomic reads.
+pub fn pause_due() -> bool {
+    let config = config();
+    let Some(after) = config.pause_after.filter(|_| config.enabled) else { return false };
+    hotness::watching() && !crate::cycle::following() && now_ms().saturating_sub(LAST_QUIESCE_MS.load(Relaxed)) >= after
+}
+
+/// A pause tiermem makes before launch `call` because the program has not synchronized for a
+/// while (GPUswap's approach; module documentation): stage 2's moves, as at a quiesce point —
+/// the gate held exclusively and the context waited for, so nothing in flight touches a chunk.
+pub fn pause_point(call: &str) {
+    let now = now_ms();
+    // First come, first served: the other threads' launches see the pause as made.
+    let last = LAST_QUIESCE_MS.load(Relaxed);
+    if LAST_QUIESCE_MS.compare_exchange(last, now, Relaxed, Relaxed).is_err() {
+        return;
+    }
+    UNSYNCED_PAUSES.fetch_add(1, Relaxed);
+    crate::trace::event("pause", || format!("\"call\": {}", crate::trace::quoted(call)));
+    hotness_moves(call, config());
+}
+
+/// Stage 2 at a quiesce point: the epoch's heat planned into moves (moves.rs) and made, unless
+/// the interval since the last evaluation is too short or nothing would move.
+fn hotness_moves(call: &str, config: &Config) {
     let Some(mut state) = try_state() else {
         SKIPPED.fetch_add(1, Relaxed);
         return;
@@ -323,6 +373,7 @@ pub fn counters() -> stats::Migration {
         bytes,
         taken: TAKEN.load(Relaxed),
         skipped: SKIPPED.load(Relaxed),
+        unsynced_pauses: UNSYNCED_PAUSES.load(Relaxed),
         nanos: NANOS.load(Relaxed),
         launches_scanned: scanned,
         launches_with_pointers: with_pointers,

@@ -112,6 +112,8 @@ pub struct Migration {
     /// Quiesce points where chunks moved, and those passed over (module docs of migrate.rs).
     pub taken: u64,
     pub skipped: u64,
+    /// Pauses tiermem made because the program had not synchronized for a while (migrate.rs).
+    pub unsynced_pauses: u64,
     /// Time spent at the quiesce points taken: waiting for the context, then moving.
     pub nanos: u64,
     /// Launches whose arguments were scanned (only while some chunk is on the host), those
@@ -170,7 +172,7 @@ impl Migration {
     pub fn report(&self) -> String {
         let share = self.all_in_hbm_share().map_or("-".to_string(), |s| format!("{:.1}%", s * 100.0));
         format!(
-            "tiermem: stats: migration {}: {} chunks up, {} down ({} moved), {} failed; {} quiesce points taken ({:.1} ms), {} skipped\n\
+            "tiermem: stats: migration {}: {} chunks up, {} down ({} moved), {} failed; {} quiesce points taken ({:.1} ms), {} skipped; {} pauses where the program had not synchronized\n\
              tiermem: stats: launches: {} scanned, {} with tiermem pointers, {share} of those all in HBM\n\
              tiermem: stats: segments {}: {} pauses ({:.1} ms), {} chunks moved at pauses; {} cycles followed to the end, {} diverged; {:.1} ms planning\n\
              {}",
@@ -182,6 +184,7 @@ impl Migration {
             self.taken,
             self.nanos as f64 / 1e6,
             self.skipped,
+            self.unsynced_pauses,
             self.launches_scanned,
             self.launches_with_pointers,
             if self.segments { "on" } else { "off" },
@@ -202,7 +205,7 @@ impl Migration {
             concat!(
                 "{{\"allocations\": {}, \"refused\": {}, \"hbm_peak_bytes\": {}, \"host_peak_bytes\": {}, ",
                 "\"migration\": {{\"enabled\": {}, \"chunks_up\": {}, \"chunks_down\": {}, \"bytes_moved\": {}, ",
-                "\"failed\": {}, \"quiesce_taken\": {}, \"quiesce_skipped\": {}, \"quiesce_ms\": {:.3}}}, ",
+                "\"failed\": {}, \"quiesce_taken\": {}, \"quiesce_skipped\": {}, \"quiesce_ms\": {:.3}, \"unsynced_pauses\": {}}}, ",
                 "\"segments\": {{\"enabled\": {}, \"pauses\": {}, \"pause_ms\": {:.3}, \"pause_chunks\": {}, ",
                 "\"cycles_followed\": {}, \"cycles_diverged\": {}, \"plan_ms\": {:.3}}}, ",
                 "\"move_phases_ms\": {{{}}}, ",
@@ -220,6 +223,7 @@ impl Migration {
             self.taken,
             self.skipped,
             self.nanos as f64 / 1e6,
+            self.unsynced_pauses,
             self.segments,
             self.pauses,
             self.pause_nanos as f64 / 1e6,
@@ -273,6 +277,7 @@ mod tests {
             bytes: 8 << 20,
             taken: 2,
             skipped: 5,
+            unsynced_pauses: 1,
             nanos: 1_500_000,
             ..Migration::default()
         };

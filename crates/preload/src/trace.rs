@@ -1,6 +1,10 @@
 //! `TIERMEM_TRACE=FILE`: a timeline of what transparent mode did, one JSON object a line, for
 //! finding where a step's time goes (docs/transparent.md). Each line has `t_ms` (since the
 //! trace opened) and `event`:
+//! - `sync`: the program synchronized (`call`); `pause`: tiermem paused before launch `call`
+//!   because the program had not synchronized for a while (migrate.rs);
+//! - `plan`: a cycle planned (cycle.rs): the budget in chunks, which chunks were in HBM, each
+//!   launch's chunks, and the segments (first launch, chunks up, chunks down);
 //! - `moves`: a segment boundary's or quiesce point's moves (`call`, chunks `up` and `down`
 //!   planned and `moved`, `ms` in all, and the time in each phase of remap.rs);
 //! - `launch_on_host`: a launch that passed a pointer into a chunk on the host (`launch`, the

@@ -28,6 +28,33 @@ fn hot_chunks_come_up_and_cold_ones_go_down_at_a_synchronization() {
 }
 
 #[test]
+fn a_program_that_never_synchronizes_gets_pauses_of_tiermems_own() {
+    let env = with(&[("TIERMEM_STATS", "1"), ("TIERMEM_PAUSE_MS", "50")]);
+    let output = support::probe("migrate-unsynchronized", &["migrate-unsynchronized"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("migrate-unsynchronized: ok"), "{stdout}");
+    assert!(
+        stderr.contains("migration on: 4 chunks up, 4 down (16.00 MiB moved), 0 failed; 1 quiesce points taken"),
+        "{stderr}"
+    );
+    let pauses: u64 = stderr
+        .split("skipped; ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("the pauses on the migration line");
+    assert!(pauses >= 1, "{stderr}");
+    // Off with 0: B stays on the host however long the program runs without synchronizing.
+    let off = with(&[("TIERMEM_PAUSE_MS", "0"), ("TIERMEM_PROBE_PATIENCE_MS", "400")]);
+    let output = support::probe("migrate-unsynchronized-off", &["migrate-unsynchronized"], &off);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("B never came up"),
+        "with TIERMEM_PAUSE_MS=0 nothing moves: {stderr}"
+    );
+}
+
+#[test]
 fn chunks_of_several_granules_move_whole_and_a_short_last_one_by_its_size() {
     let env = with(&[("TIERMEM_STATS", "1"), ("TIERMEM_CHUNK", "6MiB")]);
     let output = support::probe("migrate-uneven", &["migrate-uneven"], &env);

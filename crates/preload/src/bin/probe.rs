@@ -504,6 +504,7 @@ fn main() {
         ["gpu-full"] => gpu_full(),
         ["migrate"] => migration::migrate(),
         ["migrate-uneven"] => migration::migrate_uneven(),
+        ["migrate-unsynchronized"] => migration::migrate_unsynchronized(),
         ["migrate-fail", call, nth] => migration::migrate_fail(call, nth.parse().expect("migrate-fail CALL N"), 3),
         ["migrate-fail", call, nth, moved] => migration::migrate_fail(
             call,
@@ -517,7 +518,8 @@ fn main() {
         _ => {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
-                 | migrate | migrate-fail CALL N [MOVED] | migrate-threads | migrate-capture"
+                 | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
+                 | migrate-capture | segments | segments-alternate"
             );
             std::process::exit(2);
         }

@@ -161,6 +161,31 @@ pub fn migrate() {
     println!("migrate: ok");
 }
 
+/// A program that never synchronizes (`TIERMEM_PAUSE_MS` short): B, hot and on the host, comes
+/// up at a pause tiermem makes before a launch, with no synchronization of the program's; A's
+/// cold chunks go down for it; every byte intact.
+pub fn migrate_unsynchronized() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let before = cuda.census();
+    let kernels = Kernels::register(&cuda);
+    let (a, b) = hot_b(&cuda, &kernels);
+    let started = std::time::Instant::now();
+    let patience: u128 = std::env::var("TIERMEM_PROBE_PATIENCE_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(60_000);
+    while locations(&cuda, b, 8 * MIB) != [1; 4] {
+        assert!(started.elapsed().as_millis() < patience, "B never came up without a synchronization");
+        let mut args = [b as *mut c_void, (b + 4 * MIB as u64 + 8) as *mut c_void, 7usize as *mut c_void];
+        assert_eq!(kernels.launch(READS, &mut args), 0, "a launch on B");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(locations(&cuda, a, 16 * MIB), [2, 2, 2, 2, 1, 1, 1, 1], "A's cold chunks went down for it");
+    assert_eq!(hbm_in_use(&cuda), 16 * MIB, "the budget, exactly");
+    cuda.verify(a, 16 * MIB, 11);
+    cuda.verify(b, 8 * MIB, 22);
+    free_all(&cuda, &[a, b], &before);
+    println!("migrate-unsynchronized: ok");
+}
+
 /// As [`migrate`] with chunks of 6 MiB (`TIERMEM_CHUNK=6MiB`): A is 6 + 6 + 4 MiB, B 6 + 2;
 /// B's two chunks come up for A's first two, whose 12 MiB of HBM leave room for both; each
 /// chunk moves whole, its bytes intact, and HBM is counted by the bytes of the chunks in it.
