@@ -350,7 +350,7 @@ fn plan(ordinal: usize, touched: &[Vec<ChunkId>]) -> Option<(Arc<Boundary>, Paus
     let launches: Vec<Vec<usize>> =
         touched.iter().map(|chunks| chunks.iter().filter_map(|id| dense.get(id).copied()).collect()).collect();
     let pinned = vec![false; ids.len()];
-    let segments = segments::plan_best(&Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, budget });
+    let segments = segments::plan(&Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, budget });
     crate::trace::event("plan", || {
         let list = |items: &mut dyn Iterator<Item = String>| items.collect::<Vec<_>>().join(",");
         format!(

@@ -12,13 +12,11 @@
 //! chunks exceed the capacity gets a segment of its own and finds part of them on the host
 //! (slow, never wrong: host chunks stay mapped).
 //!
-//! Fewest pauses is not fewest moves: a segment holds everything it touches to its end, so a
-//! chunk used only early in a long segment keeps HBM that a chunk used later in it needs, and
-//! the next boundary sends down what it will bring straight back. [`plan_best`] therefore also
-//! cuts at 90%, 80%, 70% and 60% of the capacity and keeps the plan of least cost, counting a
-//! pause as [`PAUSE_COST`] chunks moved (a training step's trace at half its peak: 599 chunks
-//! up per step cut at the whole capacity, 526 at 80%, which is Belady's least on demand;
-//! `scripts/gpu/probes/replay_plan.py`).
+//! Fewest pauses is not always fewest moves (a segment holds all it touches to its end), and
+//! shorter cuts can move fewer chunks; but on the H200 the cheapest of cuts at 100% to 60% of
+//! the capacity, a pause counted as ten moves, ran a training step at half its peak in 1.34 s
+//! against 1.08 s for the greedy cut (BENCHMARKS.md, seventeenth session): pauses cost more
+//! than their moves say. Greedy it is.
 //!
 //! # Moves at a boundary
 //!
@@ -26,9 +24,6 @@
 //! one the segment touches, those whose next use is furthest first (Belady), the next use
 //! looked for in the recorded cycle after the segment, wrapping to the next cycle's start; a
 //! chunk the cycle never touches is the first to go. Pinned chunks never move.
-
-#[cfg(test)]
-use std::collections::BTreeSet;
 
 /// One segment: its first launch (an index in the cycle) and the moves before it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,49 +49,14 @@ pub struct Cycle<'a> {
     pub budget: usize,
 }
 
-/// What a pause costs beyond its moves, in chunks moved (a chunk costs ~0.5 ms of the driver's
-/// time at 32 MiB; a pause a context wait and the GPU's queue refilling after it).
-pub const PAUSE_COST: usize = 10;
-
-/// Working sets a segment may grow to, as fractions of the capacity, that [`plan_best`] tries.
-const CUTS: [(usize, usize); 5] = [(10, 10), (9, 10), (8, 10), (7, 10), (6, 10)];
-
-/// The plan of least cost (chunks moved, and [`PAUSE_COST`] for each boundary with moves) among
-/// cuts whose segments grow to 100%, 90%, … 60% of the capacity (ties: the larger cut). Greedy
-/// segments as long as the whole capacity take the fewest pauses but each holds everything it
-/// touches to its end; shorter ones let a chunk used early in one go down sooner, which at a
-/// tight budget saves more moves than their pauses cost (module documentation).
-pub fn plan_best(cycle: &Cycle) -> Vec<Segment> {
-    let cost = |segments: &[Segment]| {
-        segments.iter().map(|s| s.moves() + if s.moves() > 0 { PAUSE_COST } else { 0 }).sum::<usize>()
-    };
-    let mut best: Option<(usize, Vec<Segment>)> = None;
-    for (num, den) in CUTS {
-        let segments = plan_cut(cycle, num, den);
-        let c = cost(&segments);
-        if best.as_ref().is_none_or(|(b, _)| c < *b) {
-            best = Some((c, segments));
-        }
-    }
-    best.map(|(_, segments)| segments).unwrap_or_default()
-}
-
 /// Cuts the cycle into segments, the first starting at launch 0 (module documentation): each as
 /// long as the capacity allows. Nothing for an empty cycle.
-#[cfg(test)]
 pub fn plan(cycle: &Cycle) -> Vec<Segment> {
-    plan_cut(cycle, 1, 1)
-}
-
-/// As [`plan`], each segment's working set at most `num / den` of the capacity (a launch
-/// larger than that still gets a segment of its own).
-fn plan_cut(cycle: &Cycle, num: usize, den: usize) -> Vec<Segment> {
     let Cycle { launches, in_hbm, pinned, budget } = *cycle;
     let chunks = in_hbm.len();
     let movable = |c: &usize| *c < chunks && !pinned[*c];
     let pinned_hbm = (0..chunks).filter(|&c| pinned[c] && in_hbm[c]).count();
     let capacity = budget.saturating_sub(pinned_hbm);
-    let cut = capacity * num / den;
 
     // Cut: each segment as long as its working set (movable chunks) fits. A segment's set is
     // its chunks in order and a membership mark per chunk (planning runs at every
@@ -119,7 +79,7 @@ fn plan_cut(cycle: &Cycle, num: usize, den: usize) -> Vec<Segment> {
             own
         };
         let mut own = fresh(&member);
-        if open && set.len() + own.len() > cut {
+        if open && set.len() + own.len() > capacity {
             close(start, &mut set, &mut member);
             open = false;
             own = fresh(&member);
@@ -129,8 +89,8 @@ fn plan_cut(cycle: &Cycle, num: usize, den: usize) -> Vec<Segment> {
         }
         own.iter().for_each(|&c| member[c] = true);
         set.extend(own);
-        // A launch that alone exceeds the cut is a segment of its own.
-        if set.len() > cut {
+        // A launch that alone exceeds the capacity is a segment of its own.
+        if set.len() > capacity {
             close(start, &mut set, &mut member);
             open = false;
         }
@@ -191,6 +151,7 @@ fn plan_cut(cycle: &Cycle, num: usize, den: usize) -> Vec<Segment> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
 
     fn run(launches: &[Vec<usize>], in_hbm: &[bool], budget: usize) -> Vec<Segment> {
         let pinned = vec![false; in_hbm.len()];
@@ -252,21 +213,6 @@ mod tests {
         })
     }
 
-    #[test]
-    fn a_shorter_cut_saves_more_moves_than_its_pauses_cost() {
-        // Chunks 0..3 in HBM, budget 3. Greedy: [0] and [4, 5] together send 1 and 2 down,
-        // which come straight back for the next segment (8 moves, 2 pauses). Cut shorter, 0
-        // goes down for 4 and 5, and only 2 comes back (6 moves, 2 pauses).
-        let launches = vec![vec![0], vec![4, 5], vec![1], vec![2]];
-        let in_hbm = [true, true, true, false, false, false];
-        let greedy = run(&launches, &in_hbm, 3);
-        assert_eq!((greedy.len(), greedy.iter().map(Segment::moves).sum::<usize>()), (2, 8), "{greedy:?}");
-        let pinned = [false; 6];
-        let best = plan_best(&Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, budget: 3 });
-        assert_eq!((best.len(), best.iter().map(Segment::moves).sum::<usize>()), (3, 6), "{best:?}");
-        assert_eq!(best[1].down, [0, 2], "the chunk used first goes, then the one used last");
-    }
-
     /// Start within the budget: drops HBM chunks (movable first) beyond it.
     fn within_budget(in_hbm: Vec<bool>, pinned: &[bool], budget: usize) -> Vec<bool> {
         let mut in_hbm = in_hbm;
@@ -282,45 +228,7 @@ mod tests {
         in_hbm
     }
 
-    fn cost(segments: &[Segment]) -> usize {
-        segments.iter().map(|s| s.moves() + if s.moves() > 0 { PAUSE_COST } else { 0 }).sum()
-    }
-
     proptest! {
-        #[test]
-        fn the_best_cut_keeps_the_budget_and_never_costs_more(
-            (launches, in_hbm, pinned, budget) in cycles()
-        ) {
-            let in_hbm = within_budget(in_hbm, &pinned, budget);
-            let cycle = Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, budget };
-            let (best, greedy) = (plan_best(&cycle), plan(&cycle));
-            prop_assert!(cost(&best) <= cost(&greedy));
-            prop_assert_eq!(best.is_empty(), launches.is_empty());
-            let pinned_hbm = (0..in_hbm.len()).filter(|&c| pinned[c] && in_hbm[c]).count();
-            let capacity = budget.saturating_sub(pinned_hbm);
-            let mut hbm = in_hbm.clone();
-            for (s, segment) in best.iter().enumerate() {
-                let end = best.get(s + 1).map_or(launches.len(), |n| n.start);
-                prop_assert!(segment.start < end, "segments are consecutive and not empty");
-                for &c in &segment.down {
-                    prop_assert!(hbm[c] && !pinned[c], "down: a movable HBM chunk");
-                    hbm[c] = false;
-                }
-                for &c in &segment.up {
-                    prop_assert!(!hbm[c] && !pinned[c], "up: a movable host chunk");
-                    hbm[c] = true;
-                }
-                prop_assert!(hbm.iter().filter(|&&h| h).count() <= budget, "the budget holds after the moves");
-                let set: BTreeSet<usize> =
-                    launches[segment.start..end].iter().flatten().copied().filter(|&c| !pinned[c]).collect();
-                if set.len() <= capacity {
-                    for &c in &set {
-                        prop_assert!(hbm[c], "chunk {} of a segment that fits is in HBM", c);
-                    }
-                }
-            }
-        }
-
         #[test]
         fn plans_keep_the_budget_and_bring_in_what_fits(
             (launches, in_hbm, pinned, budget) in cycles()
