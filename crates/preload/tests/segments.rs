@@ -33,13 +33,7 @@ fn a_loop_larger_than_the_budget_finds_its_buffers_in_hbm() {
     // 8 loop cycles (the first recorded), then two diverging cycles each followed by the loop
     // planned from them (which diverges too) and two more loops (module docs of the probe).
     assert!(stderr.contains("11 cycles followed to the end, 4 diverged"), "{stderr}");
-    let pauses: u64 = stderr
-        .split("segments on: ")
-        .nth(1)
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .expect("the segments line");
-    assert!(pauses >= 10, "a pause per followed cycle: {stderr}");
+    assert!(support::number_after(&stderr, "segments on: ") >= 10, "a pause per followed cycle: {stderr}");
     let share = all_in_hbm_share(&stderr);
     assert!(share > 0.9, "launches all in HBM: {share}\n{stderr}");
 }

@@ -73,3 +73,13 @@ pub fn assert_passed(output: &Output) -> (String, String) {
     assert!(output.status.success(), "the probe failed ({}):\n{stdout}\n{stderr}", output.status);
     (stdout, stderr)
 }
+
+/// The number right after `marker` in `text` (the `--stats` lines), or a panic showing `text`.
+#[allow(dead_code)] // not every test binary reads a number
+pub fn number_after(text: &str, marker: &str) -> u64 {
+    text.split(marker)
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {marker:?} in:\n{text}"))
+}
