@@ -29,6 +29,8 @@ struct Mapping {
 pub struct Memory {
     pub total: usize,
     pub used: usize,
+    /// The most GPU memory held at once.
+    peak: usize,
     chunks: BTreeMap<u64, Chunk>,
     next_handle: u64,
     reservations: BTreeMap<u64, usize>,
@@ -51,6 +53,8 @@ pub struct Census {
     pub context_syncs: usize,
     pub stream_syncs: usize,
     pub last_synced_stream: usize,
+    /// The most GPU memory (chunks and plain allocations) held at once so far.
+    pub peak_used_bytes: usize,
 }
 
 fn anonymous(at: *mut libc::c_void, size: usize, prot: i32, fixed: bool) -> Result<u64, Code> {
@@ -69,6 +73,7 @@ impl Memory {
         Memory {
             total,
             used: 0,
+            peak: 0,
             chunks: BTreeMap::new(),
             next_handle: 1,
             reservations: BTreeMap::new(),
@@ -82,6 +87,7 @@ impl Memory {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         self.used += size;
+        self.peak = self.peak.max(self.used);
         Ok(())
     }
 
@@ -265,6 +271,7 @@ impl Memory {
             mappings: self.mappings.len(),
             plain: self.plain.len(),
             used_bytes: self.used,
+            peak_used_bytes: self.peak,
             ..Census::default()
         }
     }

@@ -141,13 +141,18 @@ pub fn execute(
         kept <= hbm_used
     });
     tools.spares = keep;
-    remap::timed(Phase::Release, || {
-        for (_, handle) in freed_hbm.into_iter().chain(extra) {
-            p.shadows.forget(device, handle);
-            let _ = device.release_chunk(handle);
-        }
-    });
+    for (_, handle) in freed_hbm.into_iter().chain(extra) {
+        release(device, p, handle);
+    }
     moved
+}
+
+/// Gives physical chunk `handle` back to the driver, its shadow first.
+fn release(device: &dyn Device, p: &mut Process, handle: PhysHandle) {
+    remap::timed(Phase::Release, || {
+        p.shadows.forget(device, handle);
+        let _ = device.release_chunk(handle);
+    });
 }
 
 /// The chunk's address, bytes and physical chunk now, while it is in the books.
@@ -198,7 +203,8 @@ fn take_downs(
 }
 
 /// Up to `batch` moves up, into HBM that earlier rounds freed or new chunks, as far as the
-/// budget has room beyond the `in_flight` bytes of a round's moves up not yet made.
+/// budget has room beyond the `in_flight` bytes of a round's moves up not yet made; a new
+/// chunk also counts the freed ones still held, so the GPU never holds more than the budget.
 fn take_ups(
     call: &str,
     device: &dyn Device,
@@ -219,8 +225,21 @@ fn take_ups(
         if len > room {
             break;
         }
-        let Some(new) = take(freed_hbm, len).or_else(|| create(device, ChunkLocation::Gpu(ordinal), len)) else {
-            break;
+        let new = match take(freed_hbm, len) {
+            Some(freed) => freed,
+            None => {
+                // A new chunk: the freed ones (none of this size) still hold HBM, so as many go
+                // back to the driver as the budget needs (the end of the moves would anyway).
+                while len + freed_hbm.iter().map(|&(bytes, _)| bytes).sum::<usize>() > room {
+                    let Some((_, handle)) = freed_hbm.pop() else { break };
+                    release(device, p, handle);
+                }
+                if len + freed_hbm.iter().map(|&(bytes, _)| bytes).sum::<usize>() > room {
+                    break;
+                }
+                let Some(made) = create(device, ChunkLocation::Gpu(ordinal), len) else { break };
+                made
+            }
         };
         let Some(shadow) = shadow(call, device, p, new, len) else {
             freed_hbm.push((len, new));

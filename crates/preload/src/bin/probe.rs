@@ -55,6 +55,7 @@ struct Census {
     context_syncs: usize,
     stream_syncs: usize,
     last_synced_stream: usize,
+    peak_used_bytes: usize,
 }
 
 impl Census {

@@ -151,6 +151,8 @@ pub fn migrate() {
     }
     assert_eq!(hbm_in_use(&cuda), 16 * MIB, "the books: the budget, exactly");
     assert_eq!(cuda.census().gpu_chunks * CHUNK, 16 * MIB, "and the GPU holds what the books say");
+    let peak = cuda.census().peak_used_bytes;
+    assert!(peak <= 16 * MIB, "the GPU held {peak} bytes at once mid-move: more than the budget");
     cuda.verify(a, 16 * MIB, 11);
     cuda.verify(b, 8 * MIB, 22);
     // With no launch since, the next quiesce point has no heat: nothing moves back.
@@ -197,6 +199,8 @@ pub fn migrate_uneven() {
     assert_eq!(locations(&cuda, a, 16 * MIB), [2, 2, 2, 2, 2, 2, 1, 1], "A's two 6 MiB chunks went down, whole");
     assert_eq!(hbm_in_use(&cuda), 12 * MIB, "A's 4 MiB and B's 8 in HBM");
     assert_eq!(cuda.census().gpu_chunks, 3, "three physical chunks on the GPU: A's last, B's two");
+    let peak = cuda.census().peak_used_bytes;
+    assert!(peak <= 16 * MIB, "the GPU held {peak} bytes at once mid-move: more than the budget");
     cuda.verify(a, 16 * MIB, 11);
     cuda.verify(b, 8 * MIB, 22);
     free_all(&cuda, &[a, b], &before);
@@ -244,6 +248,8 @@ pub fn migrate_fail(call: &str, nth: usize, moved: usize) {
     assert_eq!((up, down), (moved, moved), "each move down that failed left a move up no room");
     assert_eq!(hbm_in_use(&cuda), 16 * MIB, "the books: the budget, exactly");
     assert_eq!(cuda.census().gpu_chunks * CHUNK, 16 * MIB, "and the GPU holds what the books say");
+    let peak = cuda.census().peak_used_bytes;
+    assert!(peak <= 16 * MIB, "the GPU held {peak} bytes at once mid-move: more than the budget");
     cuda.verify(a, 16 * MIB, 11);
     cuda.verify(b, 8 * MIB, 22);
     free_all(&cuda, &[a, b], &before);
