@@ -346,10 +346,15 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
 }
 
 /// After a free on GPU `ordinal`: if none of its allocations is left, gives back the spare
-/// chunks and the scratch range (so a program that frees everything holds nothing).
+/// chunks and the streams (so a program that frees everything holds nothing).
 pub fn release_if_idle(ordinal: usize) {
-    // A migration in progress holds the state; the next free gets its turn.
-    let Some(mut state) = try_state() else { return };
+    if process::lock().books.iter().any(|a| a.ordinal == ordinal) {
+        return;
+    }
+    // The GPU's last free: it waits for a migration under way (which holds the state) to end,
+    // holding no other lock meanwhile, so that the spares and streams never outlive the
+    // allocations. (Not a free re-entered from a migration: those go straight to the driver.)
+    let mut state = STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let Some(state) = state.as_mut().filter(|state| state.gpus.contains_key(&ordinal)) else { return };
     let mut p = process::lock();
     if p.books.iter().any(|a| a.ordinal == ordinal) {
