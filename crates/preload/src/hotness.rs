@@ -209,6 +209,8 @@ pub fn launch_chunks(launches: &[&[u64]], cap: usize, window: Option<usize>) -> 
         let next = |ptr: u64| pointers.get(pointers.partition_point(|&p| p <= ptr)).copied();
         return launches.iter().map(|words| chunks_of(words, &next)).collect();
     };
+    // A window wider than the cycle is the whole cycle (and no sum below overflows).
+    let window = window.min(launches.len());
     // The pointers of launches [i - window, i + window], counted, as i moves on.
     let mut near: BTreeMap<u64, usize> = BTreeMap::new();
     let add = |near: &mut BTreeMap<u64, usize>, words: &[u64], by: isize| {
@@ -288,6 +290,7 @@ mod tests {
         assert_eq!((alone[0].clone(), alone[3].clone()), (ids(0..8), ids(2..8)), "alone: to the allocation's end");
         assert_eq!(launch_chunks(&launches, 3, Some(0))[0], ids(0..3), "at most cap chunks");
         assert!(cycle[2].is_empty(), "a word in no allocation touches nothing");
+        assert_eq!(launch_chunks(&launches, 64, Some(usize::MAX)), cycle, "a window wider than the cycle is the cycle");
         remove(a);
     }
 
