@@ -87,14 +87,14 @@ fn config() -> &'static Config {
         let extent_window = match std::env::var("TIERMEM_EXTENT_WINDOW").as_deref() {
             Err(_) | Ok("") => Some(DEFAULT_EXTENT_WINDOW),
             Ok("cycle") => None,
-            Ok(text) => text.parse().map(Some).unwrap_or_else(|_| {
+            Ok(text) => Some(text.trim().parse().unwrap_or_else(|_| {
                 log(
                     "TIERMEM_EXTENT_WINDOW",
                     &format!("{text:?} is neither a number of launches nor cycle"),
-                    "the cycle's",
+                    &format!("using {DEFAULT_EXTENT_WINDOW}"),
                 );
-                None
-            }),
+                DEFAULT_EXTENT_WINDOW
+            })),
         };
         Config { enabled, margin, extent_window }
     })
