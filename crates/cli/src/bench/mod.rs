@@ -192,6 +192,10 @@ pub enum Suite {
         /// A model of a few hundred MiB: a smoke test of the suite, not a measurement.
         #[arg(long)]
         small: bool,
+        /// The coverage matrix's programs to run (bench/transparent_matrix.py beside the
+        /// script), comma-separated; `none` runs none. Default: all.
+        #[arg(long)]
+        matrix: Option<String>,
     },
     /// The swap-bound job of `bench swap` (a process of its own, in a memory-limited cgroup).
     #[command(hide = true)]
@@ -228,8 +232,8 @@ pub fn run(suite: Suite) -> Result<(), String> {
         }
         Suite::SwapJob(args) => swap_job::run(args),
         Suite::SwapStore { json, commit: given, size, ops } => swap_store::run(&json, &commit(given), size, ops),
-        Suite::Transparent { json, commit: given, script, steps, small } => {
-            let setup = transparent::Setup { script, steps: steps.max(2), small };
+        Suite::Transparent { json, commit: given, script, steps, small, matrix } => {
+            let setup = transparent::Setup { script, steps: steps.max(2), small, matrix };
             transparent::run(&json, &commit(given), setup)
         }
         Suite::Peer { json, commit: given, borrower, lender, size, reps, job_bytes, job_seconds, decode } => {

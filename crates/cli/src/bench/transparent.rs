@@ -23,6 +23,37 @@ pub struct Setup {
     pub steps: usize,
     /// A small model (a smoke test of the suite, not a measurement).
     pub small: bool,
+    /// The coverage matrix's programs (`None`: all; `Some("none")`: none).
+    pub matrix: Option<String>,
+}
+
+/// The coverage matrix (bench/transparent_matrix.py beside the training script): its report,
+/// or why it gave none.
+fn matrix(setup: &Setup) -> Value {
+    if setup.matrix.as_deref() == Some("none") {
+        return json!({ "not_run": "--matrix none" });
+    }
+    let script = setup.script.with_file_name("transparent_matrix.py");
+    let out = std::env::temp_dir().join(format!("tiermem-transparent-{}-matrix.json", std::process::id()));
+    let tiermem = match std::env::current_exe() {
+        Ok(path) => path,
+        Err(e) => return json!({ "failed": format!("bench transparent: the tiermem program's path: {e}") }),
+    };
+    println!("bench transparent: the coverage matrix ({})", script.display());
+    let mut command = Command::new("python3");
+    command.arg(&script).arg("--tiermem").arg(&tiermem).arg("--out").arg(&out);
+    if let Some(programs) = &setup.matrix {
+        command.args(["--programs", programs]);
+    }
+    let status = command.status();
+    let report = std::fs::read_to_string(&out).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok());
+    let _ = std::fs::remove_file(&out);
+    match (status, report) {
+        (Ok(status), Some(report)) if status.success() => report,
+        (status, _) => {
+            json!({ "failed": format!("bench transparent: {} gave no report ({status:?})", script.display()) })
+        }
+    }
 }
 
 /// One run of the script: its report, or why it gave none.
@@ -61,6 +92,16 @@ fn train_or_record(setup: &Setup, label: &str, budget: Option<usize>, fraction: 
     })
 }
 
+/// Per program of the matrix, seconds per run: plain, and at each budget.
+fn matrix_seconds(coverage: &Value) -> Value {
+    let Some(programs) = coverage["programs"].as_object() else { return Value::Null };
+    let per_run = |runs: &Value| {
+        let runs = runs.as_object().map(|r| r.iter().map(|(k, v)| (k.clone(), v["seconds"].clone())).collect());
+        Value::Object(runs.unwrap_or_default())
+    };
+    Value::Object(programs.iter().map(|(name, runs)| (name.clone(), per_run(runs))).collect())
+}
+
 fn step_s(report: &Value) -> Option<f64> {
     report["step_s_median"].as_f64()
 }
@@ -85,13 +126,20 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         run["tiermem"][group][key].as_f64().filter(|_| steps > 0).map(|ms| ms / steps as f64)
     };
     let quiesce_ms_per_step = |run: &Value| per_step(run, "migration", "quiesce_ms");
-    let checks = json!({
+    let coverage = matrix(&setup);
+    let mut checks = json!({
         "losses_identical": same(&fits) && same(&at_0_7) && same(&at_0_5),
         "uncapped_finished": uncapped["oom"] == false,
         "pytorch_training_fits": same(&fits),
         "pytorch_training_budget_0_7": same(&at_0_7),
         "pytorch_training_budget_0_5": same(&at_0_5),
     });
+    if let (Some(all), Some(matrix)) = (checks.as_object_mut(), coverage["checks"].as_object()) {
+        all.extend(matrix.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    if coverage.get("failed").is_some() {
+        checks["matrix_ran"] = json!(false);
+    }
     let verified = checks.as_object().is_some_and(|c| c.values().all(|v| v == true));
     let metrics = json!({
         "step_s_uncapped": s_uncapped,
@@ -113,6 +161,8 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "peak_reserved_bytes": peak,
         "budgets_bytes": { "fits": budget(2.0), "0_7": budget(0.7), "0_5": budget(0.5) },
         "small": setup.small,
+        "matrix_skipped": coverage["skipped"],
+        "matrix_seconds": matrix_seconds(&coverage),
     });
     let ratios = json!({
         "overhead": ratio(s_fits, s_uncapped),
@@ -130,8 +180,10 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
                   segments at pauses (pause_ms_per_step, segments_*); \
                   quiesce_ms_per_step and launches_all_in_hbm_share from the run at 0.7x the peak",
     });
-    let detail =
-        json!({ "uncapped": uncapped, "fits": fits, "budget_0_7": at_0_7, "budget_0_5": at_0_5, "stock_0_7": stock });
+    let detail = json!({
+        "uncapped": uncapped, "fits": fits, "budget_0_7": at_0_7, "budget_0_5": at_0_5, "stock_0_7": stock,
+        "matrix": coverage,
+    });
     println!(
         "{}",
         serde_json::to_string_pretty(&json!({ "ratios": report["ratios"], "checks": report["checks"] }))

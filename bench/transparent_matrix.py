@@ -1,0 +1,116 @@
+"""The coverage matrix of `tiermem bench transparent` (issue 16): unmodified programs of several
+kinds, each run plainly, then under `tiermem run` with budgets of 2x, 0.7x and 0.5x the most GPU
+memory it held; each capped run passes if it exits 0 and its result is bitwise the plain run's
+(the programs in bench/matrix/ print a sha256 of what they computed).
+
+Programs: a CUDA C program built by nvcc with its defaults (the runtime linked statically), a
+cuBLAS GEMM loop, a CUDA-graph replay, CuPy, torch.multiprocessing sharing a CUDA tensor, and
+100,000 small buffers (PyTorch with its caching allocator off). A program whose requirements are
+missing (nvcc, CuPy) is listed under `skipped` with the reason.
+
+Usage: python3 bench/transparent_matrix.py --tiermem dist/tiermem --out FILE [--programs a,b]
+Writes {"programs": {name: {run: {...}}}, "checks": {"matrix_<name>_<budget>": bool}, "skipped": {...}}.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent / "matrix"
+BUDGETS = {"fits": 2.0, "0_7": 0.7, "0_5": 0.5}
+TIMEOUT_S = 600
+
+
+def nvcc_program():
+    """Builds vecadd.cu with nvcc's defaults; the command, or the reason it cannot be."""
+    nvcc = shutil.which("nvcc") or next((p for p in ["/usr/local/cuda/bin/nvcc"] if os.path.exists(p)), None)
+    if nvcc is None:
+        return None, "nvcc not found"
+    binary = Path(tempfile.mkdtemp(prefix="tiermem-matrix-")) / "vecadd"
+    built = subprocess.run([nvcc, "-O2", "-o", str(binary), str(HERE / "vecadd.cu")], capture_output=True, text=True)
+    if built.returncode != 0:
+        return None, f"nvcc failed: {built.stderr.strip()[-400:]}"
+    return [str(binary)], None
+
+
+def python_program(name):
+    return lambda: ([sys.executable, str(HERE / name)], None)
+
+
+PROGRAMS = {
+    "cuda_c_static_runtime": nvcc_program,
+    "cublas_gemm_loop": python_program("gemm_loop.py"),
+    "cuda_graph_replay": python_program("cuda_graph.py"),
+    "cupy": python_program("cupy_prog.py"),
+    "torch_multiprocessing": python_program("mp_share.py"),
+    "small_buffers": python_program("small_buffers.py"),
+}
+
+
+def run(command, env=None):
+    """Runs `command`: its exit status, seconds, the last JSON object it printed, and its stderr's tail."""
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=HERE)
+        code, out, err = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as e:
+        code, out, err = "timeout", (e.stdout or b"").decode(errors="replace"), (e.stderr or b"").decode(errors="replace")
+    report = None
+    for line in reversed(out.splitlines()):
+        try:
+            report = json.loads(line)
+            break
+        except json.JSONDecodeError:
+            continue
+    return {"exit": code, "seconds": round(time.perf_counter() - started, 3), "report": report, "stderr_tail": err[-600:]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiermem", required=True, help="the tiermem program (its `run` interposes)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--programs", default=",".join(PROGRAMS), help="comma-separated, of " + ",".join(PROGRAMS))
+    args = parser.parse_args()
+    results = {"programs": {}, "checks": {}, "skipped": {}}
+    for name in args.programs.split(","):
+        if name not in PROGRAMS:
+            parser.error(f"--programs: unknown {name!r}; choose among {list(PROGRAMS)}")
+        command, why = PROGRAMS[name]()
+        if command is None:
+            results["skipped"][name] = why
+            print(f"matrix: {name}: skipped ({why})", flush=True)
+            continue
+        plain = run(command)
+        runs = {"plain": plain}
+        report = plain["report"] or {}
+        if "skipped" in report:
+            results["skipped"][name] = report["skipped"]
+            print(f"matrix: {name}: skipped ({report['skipped']})", flush=True)
+            continue
+        if plain["exit"] != 0 or "digest" not in report:
+            results["programs"][name] = runs
+            for label in BUDGETS:
+                results["checks"][f"matrix_{name}_{label}"] = False
+            print(f"matrix: {name}: the plain run failed ({plain['exit']}): {plain['stderr_tail'][-200:]}", flush=True)
+            continue
+        for label, share in BUDGETS.items():
+            budget = max(int(report["peak_bytes"] * share), 2 << 20)
+            capped = run([args.tiermem, "run", "--hbm-limit", str(budget), "--", *command])
+            capped["budget_bytes"] = budget
+            runs[label] = capped
+            same = capped["exit"] == 0 and (capped["report"] or {}).get("digest") == report["digest"]
+            results["checks"][f"matrix_{name}_{label}"] = same
+            print(f"matrix: {name} at {label} ({budget} bytes): {'identical' if same else 'FAILED'} "
+                  f"in {capped['seconds']} s (plain {plain['seconds']} s)", flush=True)
+        results["programs"][name] = runs
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
