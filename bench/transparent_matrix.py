@@ -24,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "matrix"
 BUDGETS = {"fits": 2.0, "0_7": 0.7, "0_5": 0.5}
-TIMEOUT_S = 600
+TIMEOUT_S = 300
 
 
 def nvcc_program():
@@ -109,6 +109,7 @@ def main():
             print(f"matrix: {name} at {label} ({budget} bytes): {'identical' if same else 'FAILED'} "
                   f"in {capped['seconds']} s (plain {plain['seconds']} s)", flush=True)
         results["programs"][name] = runs
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")  # after each program
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
 
 
