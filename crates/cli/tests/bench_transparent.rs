@@ -25,13 +25,31 @@ if budget == 500 and os.environ.get("FAKE_DIFFER"):
 json.dump(r, open(out, "w"))
 "#;
 
+/// A stand-in for bench/transparent_matrix.py (found beside the training script): checks that it
+/// was given the tiermem program, then reports one program that passed and one skipped.
+const FAKE_MATRIX: &str = r#"
+import json, os, sys
+args = sys.argv[1:]
+tiermem = args[args.index("--tiermem") + 1]
+assert os.access(tiermem, os.X_OK), tiermem
+report = {"programs": {"p": {"plain": {"seconds": 1.5}, "fits": {"seconds": 1.6}}},
+          "checks": {"matrix_p_fits": True}, "skipped": {"q": "q is not installed"}}
+json.dump(report, open(args[args.index("--out") + 1], "w"))
+"#;
+
 fn preload_library() -> PathBuf {
     std::env::current_exe().unwrap().parent().unwrap().join("libtiermem_preload.so")
 }
 
 fn bench(dir: &Path, differ: bool) -> serde_json::Value {
+    bench_with(dir, differ, FAKE_MATRIX)
+}
+
+/// As [`bench`], with `matrix` as the coverage matrix's script.
+fn bench_with(dir: &Path, differ: bool, matrix: &str) -> serde_json::Value {
     let script = dir.join("fake_train.py");
     std::fs::write(&script, FAKE).unwrap();
+    std::fs::write(dir.join("transparent_matrix.py"), matrix).unwrap();
     let mut command = support::tiermem();
     command.args(["bench", "transparent", "--commit", "abcdef0123", "--steps", "3", "--script"]).arg(&script);
     command.arg("--json").arg(dir).env("TIERMEM_PRELOAD", preload_library()).env_remove("LD_PRELOAD");
@@ -68,6 +86,10 @@ fn the_runs_budgets_ratios_and_checks() {
     assert!(close(&ratios["overhead"], 1.2), "{ratios}");
     assert!(close(&ratios["speed_0_7"], 0.5) && close(&ratios["speed_0_5"], 0.5), "{ratios}");
     assert_eq!(checks["losses_identical"], true, "{checks}");
+    // The coverage matrix's checks join the report's; what it skipped and its times are there.
+    assert_eq!(checks["matrix_p_fits"], true, "{checks}");
+    assert_eq!(metrics["matrix_skipped"]["q"], "q is not installed");
+    assert_eq!(metrics["matrix_seconds"]["p"]["fits"], 1.6);
     assert_eq!(report["verified"], true);
     // The stock run was capped at 0.7 of the peak, as a fraction of the GPU, and not preloaded.
     let detail_name = format!("transparent-{}-abcdef0.detail.json", tiermem_cli_today());
@@ -81,5 +103,10 @@ fn the_runs_budgets_ratios_and_checks() {
     let report = bench(&dir.0, true);
     assert_eq!(report["checks"]["losses_identical"], false);
     assert_eq!(report["checks"]["pytorch_training_budget_0_5"], false);
+    assert_eq!(report["verified"], false);
+
+    // A matrix that gives no report is a failed check, not a silent pass.
+    let report = bench_with(&dir.0, false, "import sys; sys.exit(3)");
+    assert_eq!(report["checks"]["matrix_ran"], false, "{}", report["checks"]);
     assert_eq!(report["verified"], false);
 }
