@@ -1,9 +1,10 @@
-//! The tenant side of `tiermemd`: an engine leases its HBM budget from the node daemon.
+//! The tenant side of `tiermemd`: an engine, or a program under `tiermem run`, leases its HBM
+//! budget from the node daemon.
 //!
 //! [`DaemonLink::attach`] starts one thread (blocking std sockets, no async runtime, so the
-//! Python extension and the C library carry none) that registers the engine, reports what it
-//! holds (on change, at most every [`REPORT_EVERY`]), applies each budget with
-//! `Engine::set_hbm_budget` + `Engine::finish` and acknowledges it once met, and reconnects
+//! Python extension and the C libraries carry none) that registers the [`Tenant`], reports what
+//! it holds (on change, at most every [`REPORT_EVERY`]), applies each budget (an engine's with
+//! `Engine::set_hbm_budget` + `Engine::finish`) and acknowledges it once met, and reconnects
 //! when the daemon restarts, keeping its current budget meanwhile. A linked engine's acquire
 //! that does not fit its budget waits for the budget to grow ([`BUDGET_WAIT`]) instead of
 //! failing at once. The link lives as long as
@@ -20,6 +21,7 @@
 //! where they create their engine.
 
 mod client;
+mod engine_tenant;
 mod link;
 
 pub use client::{query_status, Connection};
@@ -28,7 +30,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-use tiermem::{Engine, Tier};
+use tiermem::Engine;
+use tiermem_protocol::Tier;
 
 /// How often usage is looked at (and sent when it changed).
 pub const REPORT_EVERY: Duration = Duration::from_millis(50);
@@ -78,8 +81,51 @@ impl DaemonSetting {
     }
 }
 
-/// What the daemon leases HBM to: an engine, or something that owns one and meets a budget its
-/// own way (the VRAM swap store caps its own limits by it, crate `tiermem-swap`).
+/// What the daemon leases memory to, as the link sees it: a tenant registers one GPU, reports
+/// what it holds, and meets each budget its own way. An engine (and whatever owns one, through
+/// [`Leaseholder`]) is one; the interposition library of `tiermem run` is another, with no
+/// engine (crate `tiermem-preload`).
+pub trait Tenant: Send + Sync + 'static {
+    /// Called once by [`DaemonLink::attach`], before the link starts.
+    fn linking(&self) {}
+
+    /// What registration tells the daemon: the GPU, the chunk size, what it wants and holds.
+    fn registration(&self) -> Registration;
+
+    /// What it holds per tier (HBM, peer, host, file) and its transfer counters, as the daemon
+    /// counts them; sent when it changes.
+    fn usage(&self) -> Usage;
+
+    /// Meets a budget of `bytes` for `tier`, returning once it is met (what exceeds it has
+    /// moved elsewhere), or why not: the budget is then not acknowledged and the daemon's
+    /// deadline marks the tenant late. Budgets of HBM always come; of peer and host memory
+    /// only where the daemon shares those tiers.
+    fn meet_budget(&self, tier: Tier, bytes: u64) -> Result<(), String>;
+
+    /// The engine that maps slabs other processes lend, if this tenant takes them (module
+    /// `link`: the daemon's `lent` and `return` messages).
+    fn lender(&self) -> Option<&Engine> {
+        None
+    }
+}
+
+/// A tenant's registration, less who it is (the link adds pid and label).
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub gpu: tiermem_protocol::GpuId,
+    pub chunk_bytes: u64,
+    pub wants: Vec<tiermem_protocol::TierBytes>,
+    pub held: Vec<tiermem_protocol::TierBytes>,
+    /// The size of the slabs it maps when other processes lend (`None`: it takes none).
+    pub lent_slab_bytes: Option<u64>,
+}
+
+/// A tenant's use per tier (HBM, peer, host, file) and its transfer counters.
+pub type Usage = ([tiermem_protocol::TierUsage; 4], tiermem_protocol::TransferCounters);
+
+/// What owns an engine the daemon leases HBM to: the engine itself, or something that meets a
+/// budget its own way (the VRAM swap store caps its own limits by it, crate `tiermem-swap`).
+/// Every such owner is a [`Tenant`] (module `engine_tenant`).
 pub trait Leaseholder: Send + Sync + 'static {
     /// The engine whose use is reported.
     fn engine(&self) -> &Engine;
@@ -110,7 +156,8 @@ pub trait Leaseholder: Send + Sync + 'static {
         let engine = self.engine();
         engine.set_host_budget(bytes as usize).map_err(|e| e.to_string())?;
         let stats = engine.stats();
-        let (used, cap) = (stats.tiers[Tier::Host].used_bytes, stats.tiers[Tier::Host].capacity_bytes);
+        let (used, cap) =
+            (stats.tiers[tiermem::Tier::Host].used_bytes, stats.tiers[tiermem::Tier::Host].capacity_bytes);
         match used <= cap {
             true => Ok(()),
             false => Err(format!(
@@ -152,17 +199,17 @@ pub struct DaemonLink {
 }
 
 impl DaemonLink {
-    /// Starts linking `holder` (an engine, or what owns one) to the daemon at `socket`. Returns
-    /// at once.
-    pub fn attach<L: Leaseholder>(holder: &Arc<L>, socket: PathBuf, label: Option<String>) -> std::io::Result<Self> {
+    /// Starts linking `holder` (an engine, what owns one, or another [`Tenant`]) to the daemon
+    /// at `socket`. Returns at once.
+    pub fn attach<T: Tenant>(holder: &Arc<T>, socket: PathBuf, label: Option<String>) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             state: Mutex::new(LinkState::default()),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
         });
-        let options = Options { socket, label, report_every: REPORT_EVERY, wants_hbm: holder.wants_hbm() };
-        holder.engine().wait_for_budget(BUDGET_WAIT);
-        let weak: std::sync::Weak<dyn Leaseholder> = Arc::downgrade(holder) as std::sync::Weak<L>;
+        let options = Options { socket, label, report_every: REPORT_EVERY };
+        holder.linking();
+        let weak: std::sync::Weak<dyn Tenant> = Arc::downgrade(holder) as std::sync::Weak<T>;
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("tiermem-daemon-link".into())
@@ -204,7 +251,7 @@ impl DaemonLink {
 /// Links `engine` as `TIERMEM_DAEMON` and `TIERMEM_LABEL` say; `None` when it runs
 /// standalone. When a daemon answers, waits (up to [`SETTLE`]) for the first budget to reach
 /// its fair share, so the engine starts within its budget.
-pub fn attach_from_env<L: Leaseholder>(holder: &Arc<L>) -> Option<DaemonLink> {
+pub fn attach_from_env<T: Tenant>(holder: &Arc<T>) -> Option<DaemonLink> {
     let socket = DaemonSetting::from_env().socket()?;
     let label = std::env::var("TIERMEM_LABEL").ok().filter(|l| !l.trim().is_empty());
     let link = match DaemonLink::attach(holder, socket, label) {
