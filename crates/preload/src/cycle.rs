@@ -344,8 +344,9 @@ fn plan(ordinal: usize, touched: &[Vec<ChunkId>]) -> Option<(Arc<Boundary>, Paus
         }
     }
     let resident = in_hbm.iter().filter(|&&h| h).count();
-    let room = gpu.budget.saturating_sub(gpu.hbm_used) / gpu.chunk;
-    let budget = (resident + room).saturating_sub(config().margin.div_ceil(gpu.chunk));
+    // The room may be negative (a budget the node daemon lowered): the first segment sheds it.
+    let fits = (resident as isize + gpu.room_chunks()).max(0) as usize;
+    let budget = fits.saturating_sub(config().margin.div_ceil(gpu.chunk));
     drop(p);
     let launches: Vec<Vec<usize>> =
         touched.iter().map(|chunks| chunks.iter().filter_map(|id| dense.get(id).copied()).collect()).collect();

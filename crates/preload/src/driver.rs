@@ -25,6 +25,10 @@ pub type MemAllocManagedFn = unsafe extern "C" fn(*mut u64, usize, c_uint) -> Cu
 pub type CtxGetDeviceFn = unsafe extern "C" fn(*mut DeviceHandle) -> CuResult;
 pub type CtxSynchronizeFn = unsafe extern "C" fn() -> CuResult;
 pub type StreamSynchronizeFn = unsafe extern "C" fn(Stream) -> CuResult;
+pub type Context = *mut c_void;
+pub type PrimaryCtxRetainFn = unsafe extern "C" fn(*mut Context, DeviceHandle) -> CuResult;
+pub type PrimaryCtxReleaseFn = unsafe extern "C" fn(DeviceHandle) -> CuResult;
+pub type CtxSetCurrentFn = unsafe extern "C" fn(Context) -> CuResult;
 /// `cuFuncGetParamInfo` and `cuKernelGetParamInfo` (CUDA 12.4): a kernel, a parameter's index,
 /// its offset and size.
 pub type ParamInfoFn = unsafe extern "C" fn(*mut c_void, usize, *mut usize, *mut usize) -> CuResult;
@@ -72,6 +76,9 @@ pub struct Driver {
     pub ctx_get_device: Option<CtxGetDeviceFn>,
     pub ctx_synchronize: Option<CtxSynchronizeFn>,
     pub stream_synchronize: Option<StreamSynchronizeFn>,
+    pub primary_ctx_retain: Option<PrimaryCtxRetainFn>,
+    pub primary_ctx_release: Option<PrimaryCtxReleaseFn>,
+    pub ctx_set_current: Option<CtxSetCurrentFn>,
     pub func_get_param_info: Option<ParamInfoFn>,
     pub kernel_get_param_info: Option<ParamInfoFn>,
     pub func_get_name: Option<NameFn>,
@@ -125,6 +132,9 @@ impl Driver {
             ctx_get_device: entry!(handle, c"cuCtxGetDevice", CtxGetDeviceFn),
             ctx_synchronize: entry!(handle, c"cuCtxSynchronize", CtxSynchronizeFn),
             stream_synchronize: entry!(handle, c"cuStreamSynchronize", StreamSynchronizeFn),
+            primary_ctx_retain: entry!(handle, c"cuDevicePrimaryCtxRetain", PrimaryCtxRetainFn),
+            primary_ctx_release: entry!(handle, c"cuDevicePrimaryCtxRelease_v2", PrimaryCtxReleaseFn),
+            ctx_set_current: entry!(handle, c"cuCtxSetCurrent", CtxSetCurrentFn),
             func_get_param_info: entry!(handle, c"cuFuncGetParamInfo", ParamInfoFn),
             kernel_get_param_info: entry!(handle, c"cuKernelGetParamInfo", ParamInfoFn),
             func_get_name: entry!(handle, c"cuFuncGetName", NameFn),
@@ -135,5 +145,49 @@ impl Driver {
     /// The driver's own `name`, or null.
     pub fn symbol(&self, name: &CStr) -> *mut c_void {
         lookup(self.handle, name)
+    }
+}
+
+/// GPU `ordinal`'s primary context (the CUDA runtime's, hence the program's), retained and
+/// current on the calling thread — one of tiermem's own, which has no context — until dropped.
+pub struct PrimaryContext {
+    ordinal: DeviceHandle,
+}
+
+impl PrimaryContext {
+    pub fn bind(ordinal: usize) -> Result<Self, String> {
+        let driver = driver().ok_or("no CUDA driver")?;
+        let (Some(retain), Some(set_current)) = (driver.primary_ctx_retain, driver.ctx_set_current) else {
+            return Err("the driver lacks cuDevicePrimaryCtxRetain or cuCtxSetCurrent".into());
+        };
+        let ordinal = DeviceHandle::try_from(ordinal).map_err(|_| format!("no GPU {ordinal}"))?;
+        let mut context: Context = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the driver's handles are the ordinals (process.rs).
+        let retained = unsafe { retain(&mut context, ordinal) };
+        if retained != 0 {
+            return Err(format!("cuDevicePrimaryCtxRetain(GPU {ordinal}) failed with CUDA error {retained}"));
+        }
+        let bound = Self { ordinal };
+        // SAFETY: `context` was just retained, so it stays alive while `bound` lives.
+        match unsafe { set_current(context) } {
+            0 => Ok(bound),
+            code => Err(format!("cuCtxSetCurrent(GPU {ordinal}) failed with CUDA error {code}")),
+        }
+    }
+}
+
+impl Drop for PrimaryContext {
+    fn drop(&mut self) {
+        let Some(driver) = driver() else { return };
+        // SAFETY: leaves this thread without a context, then drops the reference `bind` took;
+        // the errors have no one to go to (the context stays retained by tiermem's device).
+        unsafe {
+            if let Some(set_current) = driver.ctx_set_current {
+                set_current(std::ptr::null_mut());
+            }
+            if let Some(release) = driver.primary_ctx_release {
+                release(self.ordinal);
+            }
+        }
     }
 }

@@ -113,6 +113,7 @@ mod gate;
 mod gated;
 mod hotness;
 mod launch;
+mod lease;
 mod migrate;
 mod moves;
 mod nvml;
@@ -141,6 +142,9 @@ extern "C" fn report_stats() {
         let (stats, migration) = (process::stats(), migrate::counters());
         if stats_wanted() {
             eprintln!("{}\n{}", stats.report(), migration.report());
+            for line in lease::report() {
+                eprintln!("{line}");
+            }
         }
         if let Some(path) = std::env::var_os("TIERMEM_STATS_JSON").filter(|p| !p.is_empty()) {
             if let Err(why) = std::fs::write(&path, migration.json(&stats)) {

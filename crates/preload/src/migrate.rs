@@ -277,8 +277,62 @@ fn plan_for(p: &Process, ordinal: usize, heats: &Heats, state: &State) -> (Plan,
         }
     }
     // Room in whole chunks: a short chunk counts as a whole one (execute checks the bytes).
-    let room = gpu.budget.saturating_sub(gpu.hbm_used) / gpu.chunk.max(1);
-    (moves::plan(&candidates, room, config().batch(gpu.chunk)), ids)
+    let plan = match usize::try_from(gpu.room_chunks()) {
+        Ok(room) => moves::plan(&candidates, room, config().batch(gpu.chunk)),
+        // A budget lowered under the HBM in use: met first.
+        Err(_) => moves::shed(&candidates, gpu.room_chunks().unsigned_abs()),
+    };
+    (plan, ids)
+}
+
+/// Sends GPU `ordinal`'s coldest chunks down until its HBM fits its budget, which the node
+/// daemon just lowered (lease.rs), from a thread of tiermem's own: a pause like
+/// [`pause_point`]'s — after any migration under way, the gate held exclusively, the GPU's
+/// primary context (the program's, made current on this thread) waited for — so that a program
+/// that is idle, or never synchronizes, still gives memory back. Whether the budget is met, or
+/// why not.
+pub fn shed(call: &str, ordinal: usize) -> Result<(), String> {
+    if process::lock().gpus.get(&ordinal).is_none_or(|gpu| gpu.room_chunks() >= 0) {
+        return Ok(());
+    }
+    if !config().enabled {
+        return Err("migration is off (TIERMEM_MIGRATE=off): chunks stay where they are".into());
+    }
+    let mut state = STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let state = state.get_or_insert_with(State::default);
+    let _context = crate::driver::PrimaryContext::bind(ordinal)?;
+    let _gate = gate::exclusive();
+    if let Some(why) = gate::forbidden() {
+        return Err(format!("nothing may move: {why}"));
+    }
+    let started = Instant::now();
+    if !remap::timed(Phase::Wait, synchronize) {
+        return Err(format!("cuCtxSynchronize on GPU {ordinal} failed: nothing moved"));
+    }
+    let (heats, mut p, mut went_down) = (hotness::take_epoch(), process::lock(), 0);
+    // Again while short chunks (an allocation's last) left it over and the last round moved some.
+    let still_over = loop {
+        state.evaluations += 1;
+        let (plan, ids) = plan_for(&p, ordinal, &heats, state);
+        let before = rounds::counts().1;
+        execute(call, &mut p, ordinal, &plan, &ids, state);
+        let moved = rounds::counts().1 - before;
+        went_down += moved;
+        let over = p.gpus.get(&ordinal).filter(|gpu| gpu.room_chunks() < 0).map(|gpu| (gpu.hbm_used, gpu.budget));
+        if moved == 0 || over.is_none() {
+            break over;
+        }
+    };
+    drop(p);
+    TAKEN.fetch_add(1, Relaxed);
+    NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+    let Some((used, budget)) = still_over else { return Ok(()) };
+    Err(format!(
+        "{} of HBM still held over a budget of {} after {went_down} chunk(s) went down: the rest is in \
+         chunks that failed to move (said above) or in small allocations the driver serves, which stay",
+        tiermem::format_size(used),
+        tiermem::format_size(budget),
+    ))
 }
 
 /// Makes the moves of a segment boundary (cycle.rs), at a pause or at a quiesce point: as a

@@ -17,6 +17,10 @@
 //!
 //! The budget is never exceeded: ups − downs ≤ room. Ties break by the chunk's position, so the
 //! plan is deterministic.
+//!
+//! A budget that shrank under the chunks in HBM (the node daemon lowered it) is met first, by
+//! [`shed`]: the coldest HBM chunks go down, as many as it is over, cooling or not and whatever
+//! the batch, and nothing comes up.
 
 /// One chunk as the policy sees it. `id` is the caller's, returned in the plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +70,14 @@ pub fn plan(chunks: &[Candidate], room: usize, batch: usize) -> Plan {
         plan.down.push(hbm.id);
     }
     plan
+}
+
+/// The plan that meets a budget `over` chunks below the HBM in use: the `over` coldest HBM
+/// chunks down (those not cooling first), nothing up.
+pub fn shed(chunks: &[Candidate], over: usize) -> Plan {
+    let mut in_hbm: Vec<&Candidate> = chunks.iter().filter(|c| !c.on_host).collect();
+    in_hbm.sort_by_key(|c| (c.cooling, c.heat, c.id));
+    Plan { up: Vec::new(), down: in_hbm.iter().take(over).map(|c| c.id).collect() }
 }
 
 #[cfg(test)]
@@ -136,6 +148,26 @@ mod tests {
             for &down in &p.down {
                 for &up in &p.up {
                     prop_assert!(chunks[up].heat > chunks[down].heat);
+                }
+            }
+        }
+
+        #[test]
+        fn shedding_sends_down_the_coldest_hbm_chunks_it_is_over_by(chunks in chunks(), over in 0usize..30) {
+            let p = shed(&chunks, over);
+            let in_hbm = chunks.iter().filter(|c| !c.on_host).count();
+            prop_assert!(p.up.is_empty());
+            prop_assert_eq!(p.down.len(), over.min(in_hbm));
+            let mut ids = p.down.clone();
+            ids.sort_unstable();
+            ids.dedup();
+            prop_assert_eq!(ids.len(), p.down.len(), "no chunk twice");
+            let key = |c: &Candidate| (c.cooling, c.heat);
+            for &down in &p.down {
+                prop_assert!(!chunks[down].on_host);
+                // Every HBM chunk that stays is no colder than any that goes.
+                for stays in chunks.iter().filter(|c| !c.on_host && !p.down.contains(&c.id)) {
+                    prop_assert!(key(stays) >= key(&chunks[down]));
                 }
             }
         }

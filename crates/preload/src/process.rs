@@ -49,8 +49,23 @@ pub struct Gpu {
     pub granularity: usize,
     /// Bytes of a chunk (the last of an allocation is shorter).
     pub chunk: usize,
+    /// The HBM its allocations may hold: `limit`, or less where the node daemon grants less.
     pub budget: usize,
+    /// The budget standing alone: `TIERMEM_HBM_LIMIT`, or the GPU's free memory less a reserve.
+    pub limit: usize,
     pub hbm_used: usize,
+}
+
+impl Gpu {
+    /// Whole chunks the budget has room for beyond the HBM in use; negative: chunks over it (a
+    /// budget the node daemon lowered), which the next moves send down first (moves.rs).
+    pub fn room_chunks(&self) -> isize {
+        let chunk = self.chunk.max(1);
+        match self.budget.checked_sub(self.hbm_used) {
+            Some(room) => (room / chunk) as isize,
+            None => -((self.hbm_used - self.budget).div_ceil(chunk) as isize),
+        }
+    }
 }
 
 /// The process-wide state (module documentation); migrate.rs moves chunks under its lock.
@@ -117,27 +132,25 @@ fn budget(call: &str, free: usize) -> usize {
 
 impl Process {
     /// GPU `ordinal`, opened at its first use.
-    fn gpu(&mut self, call: &str, ordinal: usize) -> &mut Gpu {
+    pub fn gpu(&mut self, call: &str, ordinal: usize) -> &mut Gpu {
         self.gpus.entry(ordinal).or_insert_with(|| {
             let opened = CudaDevice::open(ordinal).and_then(|device| {
                 let (free, _) = device.mem_info()?;
                 Ok((device.info().granularity, free, device))
             });
             match opened {
-                Ok((granularity, free, device)) => Gpu {
-                    device: Some(Arc::new(device)),
-                    granularity,
-                    chunk: chunk_size(granularity),
-                    budget: budget(call, free),
-                    hbm_used: 0,
-                },
+                Ok((granularity, free, device)) => {
+                    let limit = budget(call, free);
+                    let chunk = chunk_size(granularity);
+                    Gpu { device: Some(Arc::new(device)), granularity, chunk, budget: limit, limit, hbm_used: 0 }
+                }
                 Err(why) => {
                     log(
                         call,
                         &format!("GPU {ordinal} could not be opened ({why})"),
                         "its allocations go to the driver unmanaged, without a budget",
                     );
-                    Gpu { device: None, granularity: 0, chunk: 0, budget: 0, hbm_used: 0 }
+                    Gpu { device: None, granularity: 0, chunk: 0, budget: 0, limit: 0, hbm_used: 0 }
                 }
             }
         })
@@ -176,6 +189,7 @@ pub fn alloc(call: &str, size: usize) -> Result<Served, CuResult> {
         None => return Ok(Served::Driver),
         Some(current) => current?,
     };
+    crate::lease::ensure(call, ordinal);
     let mut p = process();
     let gpu = p.gpu(call, ordinal);
     let Some(device) = gpu.device.clone() else { return Ok(Served::Driver) };
@@ -335,6 +349,7 @@ pub fn mem_info(call: &str) -> Option<Result<(usize, usize), CuResult>> {
         Ok(ordinal) => ordinal,
         Err(code) => return Some(Err(code)),
     };
+    crate::lease::ensure(call, ordinal);
     let mut p = process();
     let gpu = p.gpu(call, ordinal);
     gpu.device.as_ref()?;

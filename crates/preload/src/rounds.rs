@@ -33,10 +33,17 @@ static UP: AtomicU64 = AtomicU64::new(0);
 static DOWN: AtomicU64 = AtomicU64::new(0);
 static FAILED: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
+static BYTES_UP: AtomicU64 = AtomicU64::new(0);
 
 /// Chunks moved up and down, failed moves, and bytes moved, so far.
 pub fn counts() -> (u64, u64, u64, u64) {
     (UP.load(Relaxed), DOWN.load(Relaxed), FAILED.load(Relaxed), BYTES.load(Relaxed))
+}
+
+/// Bytes moved up to HBM, and down to the host, so far.
+pub fn bytes_moved() -> (u64, u64) {
+    let (all, up) = (BYTES.load(Relaxed), BYTES_UP.load(Relaxed));
+    (up, all.saturating_sub(up))
 }
 
 /// The streams of a GPU's moves: (down, up) for rounds of each parity.
@@ -290,4 +297,7 @@ fn settle(p: &mut Process, ordinal: usize, m: &Move, tier: Tier) {
     hotness::moved(m.id.0, m.id.1, tier == Tier::Host);
     (if tier == Tier::Hbm { &UP } else { &DOWN }).fetch_add(1, Relaxed);
     BYTES.fetch_add(m.len as u64, Relaxed);
+    if tier == Tier::Hbm {
+        BYTES_UP.fetch_add(m.len as u64, Relaxed);
+    }
 }

@@ -21,9 +21,13 @@
 //! synchronization per cycle, finds each buffer in HBM when its kernel runs once the cycle is
 //! recorded; diverging cycles run correctly; every byte stays; `segments-alternate`: two
 //! different cycles a step, told apart (src/bin/probe/segments.rs).
+//! `tiermem-preload-probe lease` — a tenant of the node daemon, driven over stdin
+//! (src/bin/probe/lease.rs).
 //! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
 //! once under a budget of 16 MiB; every byte reads back, the budget is whole again, nothing leaks.
 
+#[path = "probe/lease.rs"]
+mod lease;
 #[path = "probe/migration.rs"]
 mod migration;
 #[path = "probe/segments.rs"]
@@ -516,11 +520,12 @@ fn main() {
         ["migrate-capture"] => migration::capture(),
         ["segments"] => segments::segments(false),
         ["segments-alternate"] => segments::segments(true),
+        ["lease"] => lease::lease(),
         _ => {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | segments | segments-alternate"
+                 | migrate-capture | segments | segments-alternate | lease"
             );
             std::process::exit(2);
         }

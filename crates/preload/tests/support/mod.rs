@@ -40,21 +40,35 @@ fn fake_driver_dir(test: &str) -> PathBuf {
 
 /// Runs the probe with `args` and `env`, preloaded over the fake driver, with chunks of 2 MiB
 /// (one granule) unless `env` sets `TIERMEM_CHUNK`.
+#[allow(dead_code)] // not every test binary runs the probe to its end
 pub fn probe(test: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let dir = fake_driver_dir(test);
-    let mut command = Command::new(env!("CARGO_BIN_EXE_tiermem-preload-probe"));
-    command.args(args).env("LD_PRELOAD", preload_library()).env("LD_LIBRARY_PATH", library_path(&dir));
-    for var in
-        ["TIERMEM_HBM_LIMIT", "TIERMEM_STATS", "TIERMEM_STATS_JSON", "TIERMEM_FAKE_HBM", "TIERMEM_FAKE_HOST_CHUNKS"]
-    {
-        command.env_remove(var);
-    }
-    // The probe counts chunks of one granule unless a test asks for others.
-    command.env("TIERMEM_CHUNK", "2MiB");
-    command.envs(env.iter().copied());
+    let (mut command, dir) = probe_command(test, args, env);
     let output = command.output().expect("the probe runs");
     let _ = std::fs::remove_dir_all(&dir);
     output
+}
+
+/// The command [`probe`] runs, and the folder of the fake driver's links to remove once it ran.
+pub fn probe_command(test: &str, args: &[&str], env: &[(&str, &str)]) -> (Command, PathBuf) {
+    let dir = fake_driver_dir(test);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tiermem-preload-probe"));
+    command.args(args).env("LD_PRELOAD", preload_library()).env("LD_LIBRARY_PATH", library_path(&dir));
+    for var in [
+        "TIERMEM_HBM_LIMIT",
+        "TIERMEM_STATS",
+        "TIERMEM_STATS_JSON",
+        "TIERMEM_FAKE_HBM",
+        "TIERMEM_FAKE_HOST_CHUNKS",
+        "TIERMEM_DAEMON",
+    ] {
+        command.env_remove(var);
+    }
+    // No node daemon unless a test starts one (a daemon running on this machine stays out).
+    command.env("TIERMEM_DAEMON", "off");
+    // The probe counts chunks of one granule unless a test asks for others.
+    command.env("TIERMEM_CHUNK", "2MiB");
+    command.envs(env.iter().copied());
+    (command, dir)
 }
 
 fn library_path(dir: &Path) -> std::ffi::OsString {
@@ -67,6 +81,7 @@ fn library_path(dir: &Path) -> std::ffi::OsString {
 }
 
 /// Asserts the probe passed, showing what it printed if not.
+#[allow(dead_code)]
 pub fn assert_passed(output: &Output) -> (String, String) {
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();

@@ -1,0 +1,66 @@
+//! The probe as a tenant of the node daemon (tests/daemon_lease.rs drives it over stdin): three
+//! allocations of 16 MiB with patterns, then one command per line, one answer per line:
+//! `where` → `hbm N host M` (chunks of 2 MiB by tier, from the fake driver), `budget` → the
+//! total `cuMemGetInfo_v2` reports, `touch` → kernels read every chunk and the context is
+//! synchronized (a quiesce point), `verify` → `verified` once every byte reads back as written,
+//! `exit`.
+
+use std::ffi::c_void;
+use std::io::{BufRead, Write};
+
+use super::migration::{locations, Kernels, Sync, CHUNK, READS};
+use super::{Alloc, Cuda, MIB};
+
+const BUFFERS: usize = 3;
+const LEN: usize = 16 * MIB;
+
+pub fn lease() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let kernels = Kernels::register(&cuda);
+    let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+    let sync: Sync = cuda.get(c"cuCtxSynchronize", 0);
+    let buffers: Vec<u64> = (0..BUFFERS)
+        .map(|i| {
+            let mut ptr = 0;
+            // SAFETY: a valid out-pointer.
+            assert_eq!(unsafe { alloc(&mut ptr, LEN) }, 0, "cuMemAlloc of 16 MiB");
+            cuda.write(ptr, LEN, i as u8 + 1);
+            ptr
+        })
+        .collect();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready").unwrap();
+    out.flush().unwrap();
+    for line in std::io::stdin().lock().lines() {
+        let answer = match line.expect("a command on stdin").trim() {
+            "where" => {
+                let all: Vec<i32> = buffers.iter().flat_map(|&b| locations(&cuda, b, LEN)).collect();
+                let hbm = all.iter().filter(|&&l| l == 1).count();
+                format!("hbm {hbm} host {}", all.len() - hbm)
+            }
+            "budget" => format!("{}", cuda.mem_info().1),
+            "touch" => {
+                for &b in &buffers {
+                    for chunk in 0..LEN / CHUNK {
+                        let at = (b + (chunk * CHUNK) as u64) as *mut c_void;
+                        assert_eq!(kernels.launch(READS, &mut [at, at, 4usize as *mut c_void]), 0, "a launch");
+                    }
+                }
+                // SAFETY: the driver's cuCtxSynchronize on the current context.
+                assert_eq!(unsafe { sync() }, 0, "cuCtxSynchronize");
+                "touched".to_string()
+            }
+            "verify" => {
+                for (i, &b) in buffers.iter().enumerate() {
+                    cuda.verify(b, LEN, i as u8 + 1);
+                }
+                "verified".to_string()
+            }
+            "exit" => break,
+            other => panic!("unknown command {other:?}"),
+        };
+        writeln!(out, "{answer}").unwrap();
+        out.flush().unwrap();
+    }
+}

@@ -1,0 +1,136 @@
+//! The node daemon's lease of a GPU's HBM to a program under `tiermem run`: with `tiermemd`
+//! running, each GPU tiermem manages in the process is a tenant like any engine (crate
+//! `tiermem-tenant`), its budget granted and changed by the daemon.
+//!
+//! At a GPU's first allocation or memory query ([`ensure`]), when `TIERMEM_DAEMON` names a
+//! socket (`auto`, the default: the daemon's, if it exists), a link registers the GPU asking for
+//! its standalone budget (`TIERMEM_HBM_LIMIT`, or the free memory less 2 GiB) and waits up to
+//! two seconds for the first grant, so that the program starts within its share. Without a
+//! daemon nothing changes.
+//!
+//! A grant sets the budget to the smaller of it and the standalone budget. A larger one is
+//! used from the next quiesce point on (chunks come up as their heat asks). A smaller one is
+//! met at once, from the link's thread: the coldest chunks go down in a pause of tiermem's own
+//! (`migrate::shed`), so an idle program, or one that never synchronizes, gives memory back
+//! too; only then is the grant acknowledged. What cannot move (small allocations the driver
+//! serves, a stream capture under way, a context of the program's own) leaves it unmet, said
+//! on stderr, and the daemon's deadline marks the tenant late.
+//!
+//! What the daemon sees: HBM held and allocated, host memory holding the chunks that do not
+//! fit, the bytes moved up and down, the time spent at tiermem's pauses and quiesce points as
+//! stall, and kernel launches as the tenant's acquires (a program that launches nothing is idle,
+//! and the daemon lends its unused share to busy tenants).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tiermem_protocol::{GpuId, Tier, TierBytes, TierUsage, TransferCounters};
+use tiermem_tenant::{DaemonLink, Registration, Tenant, Usage};
+
+use crate::placement;
+use crate::process;
+
+/// One managed GPU as the daemon's tenant.
+struct GpuTenant {
+    ordinal: usize,
+}
+
+/// A GPU's tenant and its link, kept for the process's life.
+type Linked = (Arc<GpuTenant>, DaemonLink);
+
+/// The links made so far, by GPU (`None`: the GPU runs standalone).
+static LINKS: Mutex<BTreeMap<usize, Option<Linked>>> = Mutex::new(BTreeMap::new());
+
+/// Links GPU `ordinal` to the daemon at its first use, if one runs (module documentation).
+pub fn ensure(call: &str, ordinal: usize) {
+    let mut links = LINKS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if links.contains_key(&ordinal) {
+        return;
+    }
+    let managed = process::lock().gpu(call, ordinal).device.is_some();
+    let socket = managed.then(|| tiermem_tenant::DaemonSetting::from_env().socket()).flatten();
+    let link = socket.and_then(|_| {
+        let tenant = Arc::new(GpuTenant { ordinal });
+        tiermem_tenant::attach_from_env(&tenant).map(|link| (tenant, link))
+    });
+    links.insert(ordinal, link);
+}
+
+/// One `--stats` line per GPU linked to the daemon: its tenant id, and its budget now.
+pub fn report() -> Vec<String> {
+    let links = LINKS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let linked = links.iter().filter_map(|(&ordinal, link)| Some((ordinal, link.as_ref()?)));
+    linked
+        .map(|(ordinal, (_, link))| {
+            let state = link.state();
+            let budget = process::budget_and_use(ordinal).map_or(0, |(budget, _)| budget);
+            format!(
+                "tiermem: stats: GPU {ordinal} leased from tiermemd (tenant {}, {} session(s), {} budget(s) applied): budget {} at exit",
+                state.tenant.map_or("-".into(), |t| t.to_string()),
+                state.sessions,
+                state.budgets_applied,
+                tiermem::format_size(budget),
+            )
+        })
+        .collect()
+}
+
+impl Tenant for GpuTenant {
+    fn registration(&self) -> Registration {
+        let p = process::lock();
+        let gpu = p.gpus.get(&self.ordinal);
+        let info = gpu.and_then(|gpu| gpu.device.as_ref()).map(|device| device.info().clone());
+        let (limit, used, chunk) = gpu.map_or((0, 0, 0), |gpu| (gpu.limit, gpu.hbm_used, gpu.chunk));
+        Registration {
+            gpu: GpuId {
+                index: self.ordinal as u32,
+                uuid: info.as_ref().and_then(|info| info.uuid.clone()),
+                total_bytes: info.map_or(0, |info| info.total_bytes as u64),
+                simulated: false,
+            },
+            chunk_bytes: chunk as u64,
+            wants: vec![TierBytes { tier: Tier::Hbm, bytes: limit as u64 }],
+            held: vec![TierBytes { tier: Tier::Hbm, bytes: used as u64 }],
+            lent_slab_bytes: None,
+        }
+    }
+
+    fn usage(&self) -> Usage {
+        let (hbm_used, allocated, on_host) = {
+            let p = process::lock();
+            let used = p.gpus.get(&self.ordinal).map_or(0, |gpu| gpu.hbm_used);
+            let mine = || p.books.iter().filter(|a| a.ordinal == self.ordinal);
+            let on_host: usize = mine().map(|a| a.bytes_on(placement::Tier::Host)).sum();
+            let allocated: usize = mine().map(|a| a.bytes_on(placement::Tier::Hbm)).sum::<usize>() + on_host;
+            (used as u64, allocated as u64, on_host as u64)
+        };
+        let hbm = TierUsage { used: hbm_used, acquired: 0, demand: allocated.max(hbm_used) };
+        let host = TierUsage { used: on_host, acquired: 0, demand: on_host };
+        let migration = crate::migrate::counters();
+        let (bytes_in, bytes_out) = crate::rounds::bytes_moved();
+        let transfers = TransferCounters {
+            bytes_in,
+            bytes_out,
+            evictions: migration.down,
+            stall_us: (migration.nanos + migration.pause_nanos) / 1000,
+            acquires: migration.launches_scanned,
+            largest_acquire_bytes: 0,
+        };
+        ([hbm, TierUsage::default(), host, TierUsage::default()], transfers)
+    }
+
+    fn meet_budget(&self, tier: Tier, bytes: u64) -> Result<(), String> {
+        if tier != Tier::Hbm {
+            return Ok(()); // peer and host budgets: tiermem run borrows no neighbours, pins per chunk
+        }
+        // This thread is tiermem's own: its driver calls reach the driver, not the wrappers
+        // (whose gate the shedding holds).
+        let _inside = crate::boundary::enter();
+        {
+            let mut p = process::lock();
+            let Some(gpu) = p.gpus.get_mut(&self.ordinal) else { return Ok(()) };
+            gpu.budget = gpu.limit.min(usize::try_from(bytes).unwrap_or(usize::MAX));
+        }
+        crate::migrate::shed("tiermemd budget", self.ordinal)
+    }
+}

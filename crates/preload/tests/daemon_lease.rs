@@ -1,0 +1,181 @@
+//! A program under the interposition is a tenant of the node daemon like any engine: its
+//! budget (what `cuMemGetInfo` reports) is the daemon's grant; when another tenant comes, the
+//! program gives HBM back at once — idle, from tiermem's own thread — by sending its coldest
+//! chunks to the host, every byte kept; when the other leaves, its budget grows back and its
+//! chunks come up at its next quiesce points.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tiermem::{AllocOptions, Engine, EngineConfig};
+use tiermem_tenant::DaemonLink;
+
+const MIB: u64 = 1 << 20;
+const SETTLE: Duration = Duration::from_secs(20);
+
+/// The probe's stdin and stdout: one command, one answer.
+struct Probe {
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Probe {
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("the probe's answer");
+        line.trim().to_string()
+    }
+
+    fn ask(&mut self, command: &str) -> String {
+        writeln!(self.stdin, "{command}").expect("the probe reads its commands");
+        self.line()
+    }
+
+    /// Asks `command` until the answer is `wanted` (between tries, `then`), or panics showing
+    /// the last answer.
+    fn ask_until(&mut self, command: &str, wanted: &str, mut then: impl FnMut(&mut Self)) {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let answer = self.ask(command);
+            if answer == wanted {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{command}: {answer}, waited for {wanted}");
+            then(self);
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    }
+}
+
+/// What the daemon at `socket` says of the tenant of process `pid`: HBM used, budget, late.
+fn standing(socket: &std::path::Path, pid: u32) -> (u64, u64, bool) {
+    let report = tiermem_tenant::query_status(socket).expect("the daemon's status");
+    let tenant = report.tenants.iter().find(|t| t.pid == pid).expect("the probe is a tenant");
+    let share = report.pools.iter().flat_map(|p| &p.shares).find(|s| s.tenant == tenant.tenant).expect("its share");
+    (share.used, share.budget, tenant.late)
+}
+
+/// Waits until `condition` holds of the probe's standing, or panics showing the last one.
+fn wait_for_standing(socket: &std::path::Path, pid: u32, condition: impl Fn((u64, u64, bool)) -> bool) {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let now = standing(socket, pid);
+        if condition(now) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the probe's standing (used, budget, late): {now:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Another tenant of the same GPU, linked to the daemon at `socket`: an engine on the simulated
+/// device that wants 64 MiB and writes 48; its link and buffer.
+fn newcomer(socket: &std::path::Path) -> (Arc<Engine>, DaemonLink, tiermem::BufferId) {
+    let config = EngineConfig {
+        backend: "sim".parse().unwrap(),
+        hbm_limit: Some(64 << 20),
+        sim_hbm: 64 << 20,
+        host_limit: Some(256 << 20),
+        ..EngineConfig::default()
+    };
+    let engine = Arc::new(Engine::new(config).unwrap());
+    let link = DaemonLink::attach(&engine, socket.to_owned(), None).unwrap();
+    let (buffer, _) = engine.alloc(48 << 20, AllocOptions::default()).unwrap();
+    engine.write(buffer, 0, &[5u8; 48 << 20]).unwrap();
+    (engine, link, buffer)
+}
+
+/// A daemon sharing 64 MiB of GPU 0 on a socket in a fresh folder, and the folder.
+fn daemon(name: &str) -> (tiermem_daemon::Spawned, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("tiermem-preload-lease-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = tiermem_daemon::Config::parse("[[gpu]]\nindex = 0\nhbm = \"64MiB\"", "test").unwrap();
+    (tiermem_daemon::spawn(&dir.join("d.sock"), config).unwrap(), dir)
+}
+
+/// The probe in `lease` mode linked to the daemon at `socket`, once it is ready; the child (its
+/// stderr piped) and the fake driver's folder.
+fn start_probe(name: &str, socket: &std::path::Path, env: &[(&str, &str)]) -> (Probe, Child, std::path::PathBuf) {
+    let mut all = vec![("TIERMEM_DAEMON", socket.to_str().unwrap()), ("TIERMEM_HBM_LIMIT", "96MiB")];
+    all.extend_from_slice(env);
+    let (mut command, links) = support::probe_command(name, &["lease"], &all);
+    let mut child =
+        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("the probe runs");
+    let mut probe = Probe { stdin: child.stdin.take().unwrap(), stdout: BufReader::new(child.stdout.take().unwrap()) };
+    assert_eq!(probe.line(), "ready");
+    (probe, child, links)
+}
+
+/// Ends the probe; what it wrote on stderr.
+fn finish(mut probe: Probe, child: Child, links: std::path::PathBuf) -> String {
+    writeln!(probe.stdin, "exit").unwrap();
+    let output = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir_all(&links);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    stderr
+}
+
+#[test]
+fn the_daemon_grants_the_budget_takes_back_half_for_a_newcomer_and_gives_it_back() {
+    let (daemon, dir) = daemon("share");
+    let socket = dir.join("d.sock");
+    let (mut probe, child, links) = start_probe("lease-share", &socket, &[("TIERMEM_STATS", "1")]);
+    // Alone, it gets the daemon's 64 MiB (less than its own limit of 96): all 24 chunks fit.
+    assert_eq!(probe.ask("budget"), (64 * MIB).to_string());
+    assert_eq!(probe.ask("where"), "hbm 24 host 0");
+
+    // A newcomer demands as much: each gets half. The program gives its excess back while it
+    // waits on stdin, launching nothing: the daemon sees it within its budget, not late.
+    let (other, link, buffer) = newcomer(&socket);
+    let pid = child.id();
+    // (On the way its budget may dip below its share while the newcomer holds what it acquired
+    // before its own grant came: acquired memory is never taken away.)
+    wait_for_standing(&socket, pid, |(used, budget, late)| budget == 32 * MIB && used <= budget && !late);
+    let state = link.wait_for(SETTLE, |s| s.budget == Some(32 * MIB) && s.target == Some(32 * MIB));
+    assert_eq!(state.budget, Some(32 * MIB), "{state:?}");
+    assert_eq!(probe.ask("budget"), (32 * MIB).to_string());
+    let hbm_chunks = |answer: String| -> usize { answer.split(' ').nth(1).and_then(|n| n.parse().ok()).unwrap() };
+    assert!(hbm_chunks(probe.ask("where")) <= 16, "the program's HBM fits its budget");
+    assert_eq!(probe.ask("verify"), "verified");
+    // What it sent down comes back up, within the budget, as kernels use it.
+    probe.ask_until("where", "hbm 16 host 8", |probe| assert_eq!(probe.ask("touch"), "touched"));
+    assert_eq!(probe.ask("verify"), "verified");
+
+    // The newcomer leaves: the budget grows back, and the chunks come up as kernels use them.
+    other.free(buffer).unwrap();
+    link.end();
+    drop(other);
+    probe.ask_until("budget", &(64 * MIB).to_string(), |_| {});
+    probe.ask_until("where", "hbm 24 host 0", |probe| assert_eq!(probe.ask("touch"), "touched"));
+    assert_eq!(probe.ask("verify"), "verified");
+
+    let stderr = finish(probe, child, links);
+    assert!(stderr.contains("GPU 0 leased from tiermemd"), "{stderr}");
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_smaller_budget_that_cannot_be_met_is_not_acknowledged_and_says_why() {
+    let (daemon, dir) = daemon("unmet");
+    let socket = dir.join("d.sock");
+    let (mut probe, child, links) = start_probe("lease-unmet", &socket, &[("TIERMEM_MIGRATE", "off")]);
+    assert_eq!(probe.ask("where"), "hbm 24 host 0");
+    let (_other, link, _) = newcomer(&socket);
+    // Past the daemon's deadline (2 s) the program is late, counted at what it holds.
+    let pid = child.id();
+    wait_for_standing(&socket, pid, |(used, budget, late)| late && used == 48 * MIB && budget < used);
+    assert_eq!(probe.ask("where"), "hbm 24 host 0", "nothing moved");
+    assert_eq!(probe.ask("verify"), "verified");
+    link.end();
+    let stderr = finish(probe, child, links);
+    assert!(stderr.contains("TIERMEM_MIGRATE=off"), "{stderr}");
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+}
