@@ -92,7 +92,8 @@ enum Command {
     /// `status`, refreshed live in the terminal (q quits).
     Top(top::TopArgs),
     /// Run an unmodified CUDA program with tiermem under it: allocations beyond --hbm-limit
-    /// are mapped in host memory instead of failing (docs/transparent.md).
+    /// (or the node daemon's grant) are mapped in host memory instead of failing
+    /// (docs/transparent.md).
     Run(run::RunArgs),
     /// A swap device in idle VRAM, spilling to a file (docs/swap.md): on, off, status.
     Swap {

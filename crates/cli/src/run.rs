@@ -1,6 +1,7 @@
-//! `tiermem run [--hbm-limit SIZE] [--stats] -- CMD ARGS…`: runs an unmodified CUDA program
-//! with `libtiermem_preload.so` preloaded (docs/transparent.md), so that its device allocations
-//! beyond the budget land in host memory instead of failing.
+//! `tiermem run [--hbm-limit SIZE] [--stats] [--label NAME | --no-daemon] -- CMD ARGS…`: runs an
+//! unmodified CUDA program with `libtiermem_preload.so` preloaded (docs/transparent.md), so that
+//! its device allocations beyond the budget land in host memory instead of failing. With the node
+//! daemon running, the budget is the daemon's grant, at most `--hbm-limit` (`TIERMEM_DAEMON`).
 //!
 //! The library is found next to the `tiermem` executable (where `cargo build --release` and
 //! `cargo install` put both), or at `TIERMEM_PRELOAD`. It goes first in `LD_PRELOAD`, before
@@ -20,8 +21,15 @@ const LIBRARY: &str = "libtiermem_preload.so";
 pub struct RunArgs {
     /// HBM the program's allocations may take on each GPU (e.g. 20GiB); beyond it they are
     /// mapped in host memory. Default: the GPU's free memory when the program starts, less 2 GiB.
+    /// With the node daemon running (`tiermem daemon`), the budget is its grant, at most this.
     #[arg(long, value_name = "SIZE")]
     hbm_limit: Option<String>,
+    /// The name the node daemon's configuration knows this program by (`TIERMEM_LABEL`).
+    #[arg(long, value_name = "NAME", conflicts_with = "no_daemon")]
+    label: Option<String>,
+    /// Keep to --hbm-limit even where the node daemon runs (`TIERMEM_DAEMON=off`).
+    #[arg(long)]
+    no_daemon: bool,
     /// At exit, print what the program allocated where (HBM, host, peaks) on stderr.
     #[arg(long)]
     stats: bool,
@@ -81,6 +89,12 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     interpose(&mut command, limit.map_err(|e| format!("run: --hbm-limit: {e}"))?)?;
     if args.stats {
         command.env("TIERMEM_STATS", "1");
+    }
+    if let Some(label) = &args.label {
+        command.env("TIERMEM_LABEL", label);
+    }
+    if args.no_daemon {
+        command.env("TIERMEM_DAEMON", "off");
     }
     let failed = command.exec();
     Err(format!("run: starting {}: {failed}", program.to_string_lossy()))

@@ -1,5 +1,5 @@
-//! `tiermem run`: the preload library first in `LD_PRELOAD`, the budget in bytes and `--stats`
-//! passed by environment, the command's exit status kept, a clear error without the library.
+//! `tiermem run`: the preload library first in `LD_PRELOAD`, the budget in bytes, `--stats`,
+//! `--label` and `--no-daemon` passed by environment, the command's exit status kept, a clear error without the library.
 
 mod support;
 
@@ -67,4 +67,24 @@ fn a_bad_budget_is_refused_before_the_command_runs() {
     assert!(!output.status.success());
     assert!(!String::from_utf8_lossy(&output.stdout).contains("ran"));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--hbm-limit"));
+}
+
+#[test]
+fn the_label_and_the_daemon_setting_reach_the_program() {
+    let script = r#"printf '%s|%s\n' "$TIERMEM_LABEL" "${TIERMEM_DAEMON-unset}""#;
+    let run = |args: &[&str]| {
+        let output = support::tiermem()
+            .args(["run"])
+            .args(args)
+            .args(["--", "sh", "-c", script])
+            .env("TIERMEM_PRELOAD", preload_library())
+            .env_remove("TIERMEM_DAEMON")
+            .env_remove("TIERMEM_LABEL")
+            .output()
+            .unwrap();
+        (output.status.success(), String::from_utf8_lossy(&output.stdout).into_owned())
+    };
+    assert_eq!(run(&["--label", "training"]), (true, "training|unset\n".to_string()));
+    assert_eq!(run(&["--no-daemon"]), (true, "|off\n".to_string()));
+    assert!(!run(&["--label", "x", "--no-daemon"]).0, "a label for a daemon it will not use is refused");
 }
