@@ -113,6 +113,12 @@ impl Metrics {
         let evictions = counters(&mut out, "tenant_evictions", "Chunks a tenant's policy evicted");
         let stall =
             counters(&mut out, "tenant_stall_microseconds", "Device time a tenant's streams waited on demand copies");
+        let launches = counters(&mut out, "tenant_launches", "Kernel launches of a program under tiermem run");
+        let all_in_hbm = counters(
+            &mut out,
+            "tenant_launches_all_in_hbm",
+            "Kernel launches of a program under tiermem run whose pointer arguments were all in HBM",
+        );
         for (id, transfers) in registry.transfers() {
             let name = status.tenants.iter().find(|t| t.tenant == id).map_or("?", |t| t.name.as_str());
             let labels = vec![("tenant", id.to_string()), ("name", name.to_owned())];
@@ -120,6 +126,8 @@ impl Metrics {
             bytes_out.get_or_create(&labels).inc_by(transfers.bytes_out);
             evictions.get_or_create(&labels).inc_by(transfers.evictions);
             stall.get_or_create(&labels).inc_by(transfers.stall_us);
+            launches.get_or_create(&labels).inc_by(transfers.launches);
+            all_in_hbm.get_or_create(&labels).inc_by(transfers.launches_all_in_hbm);
         }
         let offer =
             gauges(&mut out, "lender_offer_bytes", "HBM a lender (tiermem lend) offers to tenants on other GPUs");

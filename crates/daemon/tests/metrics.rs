@@ -26,6 +26,8 @@ fn metrics_show_budgets_use_transfers_and_reclaims() {
         bytes_out: 45 << 20,
         evictions: 7,
         stall_us: 900,
+        launches: 40,
+        launches_all_in_hbm: 30,
         ..TransferCounters::default()
     };
     let report = ClientMessage::Usage {
@@ -58,6 +60,8 @@ fn metrics_show_budgets_use_transfers_and_reclaims() {
         r#"tiermem_tenant_acquired_bytes{tier="hbm",gpu="0",tenant="1",name="default"} 2097152"#,
         r#"tiermem_tenant_page_in_bytes_total{tenant="1",name="default"} 128974848"#,
         r#"tiermem_tenant_evictions_total{tenant="1",name="default"} 7"#,
+        r#"tiermem_tenant_launches_total{tenant="1",name="default"} 40"#,
+        r#"tiermem_tenant_launches_all_in_hbm_total{tenant="1",name="default"} 30"#,
         r#"tiermem_tenants{name="default"} 2"#,
         "tiermem_reclaim_seconds_count 1",
         "tiermem_reclaimed_bytes_total 33554432",

@@ -115,6 +115,8 @@ impl Tenant for GpuTenant {
             stall_us: (migration.nanos + migration.pause_nanos) / 1000,
             acquires: migration.launches_scanned,
             largest_acquire_bytes: 0,
+            launches: migration.launches_scanned,
+            launches_all_in_hbm: migration.launches_all_in_hbm,
         };
         ([hbm, TierUsage::default(), host, TierUsage::default()], transfers)
     }

@@ -59,6 +59,12 @@ pub struct TransferCounters {
     /// its next acquire can go through before its budget grows back.
     #[serde(default)]
     pub largest_acquire_bytes: u64,
+    /// Kernel launches seen, and those whose pointer arguments were all in HBM (a program under
+    /// `tiermem run`; 0 for an engine, which sees no launches).
+    #[serde(default)]
+    pub launches: u64,
+    #[serde(default)]
+    pub launches_all_in_hbm: u64,
 }
 
 /// One tier's budget for a tenant.

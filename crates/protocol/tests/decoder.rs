@@ -53,10 +53,25 @@ fn client_message() -> impl Strategy<Value = ClientMessage> {
             error
         }),
         ids().prop_map(|ids| ClientMessage::Returned { ids }),
-        (usage(), usage(), usage(), usage(), any::<[u64; 6]>()).prop_map(
-            |(hbm, host, file, peer, [bytes_in, bytes_out, evictions, stall_us, acquires, largest_acquire_bytes])| {
-                let transfers =
-                    TransferCounters { bytes_in, bytes_out, evictions, stall_us, acquires, largest_acquire_bytes };
+        (usage(), usage(), usage(), usage(), any::<[u64; 6]>(), any::<[u64; 2]>()).prop_map(
+            |(
+                hbm,
+                host,
+                file,
+                peer,
+                [bytes_in, bytes_out, evictions, stall_us, acquires, largest_acquire_bytes],
+                [launches, launches_all_in_hbm],
+            )| {
+                let transfers = TransferCounters {
+                    bytes_in,
+                    bytes_out,
+                    evictions,
+                    stall_us,
+                    acquires,
+                    largest_acquire_bytes,
+                    launches,
+                    launches_all_in_hbm,
+                };
                 ClientMessage::Usage { hbm, host, file, peer, transfers }
             }
         ),

@@ -98,5 +98,7 @@ pub(crate) fn transfers_of(stats: &Stats) -> TransferCounters {
         stall_us: (stats.transfers.stall_ms * 1000.0) as u64,
         acquires: stats.transfers.acquires,
         largest_acquire_bytes: stats.transfers.largest_acquire * stats.chunk_size as u64,
+        launches: 0,
+        launches_all_in_hbm: 0,
     }
 }
