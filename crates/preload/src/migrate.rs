@@ -140,6 +140,21 @@ fn try_state() -> Option<MutexGuard<'static, Option<State>>> {
     }
 }
 
+/// Set while a GPU's HBM stays over a budget the node daemon lowered, which its link could not
+/// shed (a stream capture was under way): the program's next quiesce point or pause sheds it,
+/// chunks on the host or not.
+static OVER_BUDGET: AtomicBool = AtomicBool::new(false);
+
+/// Whether a quiesce point has anything to do: chunks on the host to bring up, or a budget to meet.
+fn due() -> bool {
+    hotness::watching() || OVER_BUDGET.load(Relaxed)
+}
+
+/// Whether any GPU's HBM is over its budget.
+fn any_over(p: &Process) -> bool {
+    p.gpus.values().any(|gpu| gpu.device.is_some() && gpu.room_chunks() < 0)
+}
+
 /// The counters `--stats` reports.
 static TAKEN: AtomicU64 = AtomicU64::new(0);
 static SKIPPED: AtomicU64 = AtomicU64::new(0);
@@ -164,7 +179,7 @@ pub fn quiesce_point(call: &str) {
     // Stage 3 (cycle.rs): the cycle ends; with a plan for the next, its first segment's moves
     // are made here instead of the hotness plan's.
     let first = crate::cycle::cycle_ends();
-    if !hotness::watching() {
+    if !due() {
         return;
     }
     if let Some(first) = first {
@@ -202,7 +217,7 @@ static UNSYNCED_PAUSES: AtomicU64 = AtomicU64::new(0);
 pub fn pause_due() -> bool {
     let config = config();
     let Some(after) = config.pause_after.filter(|_| config.enabled) else { return false };
-    hotness::watching() && !crate::cycle::following() && now_ms().saturating_sub(LAST_QUIESCE_MS.load(Relaxed)) >= after
+    due() && !crate::cycle::following() && now_ms().saturating_sub(LAST_QUIESCE_MS.load(Relaxed)) >= after
 }
 
 /// A pause tiermem makes before launch `call` because the program has not synchronized for a
@@ -252,6 +267,7 @@ fn hotness_moves(call: &str, config: &Config) {
     let mut p = process::lock();
     let (plan, ids) = plan_for(&p, ordinal, &heats, state);
     execute(call, &mut p, ordinal, &plan, &ids, state);
+    OVER_BUDGET.store(any_over(&p), Relaxed);
     TAKEN.fetch_add(1, Relaxed);
     NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
 }
@@ -300,10 +316,12 @@ pub fn shed(call: &str, ordinal: usize) -> Result<(), String> {
     }
     let mut state = STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let state = state.get_or_insert_with(State::default);
+    // Until it is met, the program's own quiesce points try too.
+    OVER_BUDGET.store(true, Relaxed);
     let _context = crate::driver::PrimaryContext::bind(ordinal)?;
     let _gate = gate::exclusive();
     if let Some(why) = gate::forbidden() {
-        return Err(format!("nothing may move: {why}"));
+        return Err(format!("nothing may move now ({why}): the program's next synchronization sheds it"));
     }
     let started = Instant::now();
     if !remap::timed(Phase::Wait, synchronize) {
@@ -323,6 +341,7 @@ pub fn shed(call: &str, ordinal: usize) -> Result<(), String> {
             break over;
         }
     };
+    OVER_BUDGET.store(any_over(&p), Relaxed);
     drop(p);
     TAKEN.fetch_add(1, Relaxed);
     NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);

@@ -89,12 +89,14 @@ fn newcomer(socket: &std::path::Path) -> (Arc<Engine>, DaemonLink, tiermem::Buff
     (engine, link, buffer)
 }
 
-/// A daemon sharing 64 MiB of GPU 0 on a socket in a fresh folder, and the folder.
+/// A daemon sharing 64 MiB of GPU 0 on a socket in a fresh folder, and the folder. Tenants
+/// are never idle: a budget changes only as tenants come, go and meet their cuts.
 fn daemon(name: &str) -> (tiermem_daemon::Spawned, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("tiermem-preload-lease-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let config = tiermem_daemon::Config::parse("[[gpu]]\nindex = 0\nhbm = \"64MiB\"", "test").unwrap();
+    let config =
+        tiermem_daemon::Config::parse("idle_after_ms = 0\n[[gpu]]\nindex = 0\nhbm = \"64MiB\"", "test").unwrap();
     (tiermem_daemon::spawn(&dir.join("d.sock"), config).unwrap(), dir)
 }
 
@@ -176,6 +178,33 @@ fn a_smaller_budget_that_cannot_be_met_is_not_acknowledged_and_says_why() {
     link.end();
     let stderr = finish(probe, child, links);
     assert!(stderr.contains("TIERMEM_MIGRATE=off"), "{stderr}");
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_budget_cut_during_a_stream_capture_is_met_at_the_next_synchronization() {
+    let (daemon, dir) = daemon("capture");
+    let socket = dir.join("d.sock");
+    let (mut probe, child, links) = start_probe("lease-capture", &socket, &[]);
+    assert_eq!(probe.ask("capture"), "capturing");
+    let (_other, _link, _) = newcomer(&socket);
+    // Nothing may move while the capture lasts: the cut goes unmet, the program is late.
+    let pid = child.id();
+    wait_for_standing(&socket, pid, |(used, budget, late)| late && used == 48 * MIB && budget < used);
+    assert_eq!(probe.ask("where"), "hbm 24 host 0", "nothing moved during the capture");
+    // The capture over, the program's next synchronization sheds what is over the budget —
+    // though no chunk of it was on the host to watch for.
+    assert_eq!(probe.ask("end-capture"), "captured");
+    probe.ask_until("sync", "synced", |_| {});
+    wait_for_standing(&socket, pid, |(used, budget, _)| used <= budget);
+    let (_, budget, _) = standing(&socket, pid);
+    let hbm = probe.ask("where");
+    let in_hbm: u64 = hbm.split(' ').nth(1).and_then(|n| n.parse().ok()).unwrap();
+    assert!(in_hbm * 2 * MIB <= budget, "{hbm} within {budget}");
+    assert_eq!(probe.ask("verify"), "verified");
+    let stderr = finish(probe, child, links);
+    assert!(stderr.contains("stream capture"), "{stderr}");
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,14 +2,15 @@
 //! allocations of 16 MiB with patterns, then one command per line, one answer per line:
 //! `where` → `hbm N host M` (chunks of 2 MiB by tier, from the fake driver), `budget` → the
 //! total `cuMemGetInfo_v2` reports, `touch` → kernels read every chunk and the context is
-//! synchronized (a quiesce point), `verify` → `verified` once every byte reads back as written,
-//! `exit`.
+//! synchronized (a quiesce point), `sync` → `synced` (a synchronization alone), `capture` and
+//! `end-capture` → `capturing` and `captured` (a stream capture on the legacy stream begun and
+//! ended), `verify` → `verified` once every byte reads back as written, `exit`.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::io::{BufRead, Write};
 
 use super::migration::{locations, Kernels, Sync, CHUNK, READS};
-use super::{Alloc, Cuda, MIB};
+use super::{Alloc, Code, Cuda, MIB};
 
 const BUFFERS: usize = 3;
 const LEN: usize = 16 * MIB;
@@ -20,6 +21,9 @@ pub fn lease() {
     let kernels = Kernels::register(&cuda);
     let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
     let sync: Sync = cuda.get(c"cuCtxSynchronize", 0);
+    type Begin = unsafe extern "C" fn(*mut c_void, c_int) -> Code;
+    type End = unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> Code;
+    let (begin, end): (Begin, End) = (cuda.get(c"cuStreamBeginCapture", 0), cuda.get(c"cuStreamEndCapture", 0));
     let buffers: Vec<u64> = (0..BUFFERS)
         .map(|i| {
             let mut ptr = 0;
@@ -50,6 +54,22 @@ pub fn lease() {
                 // SAFETY: the driver's cuCtxSynchronize on the current context.
                 assert_eq!(unsafe { sync() }, 0, "cuCtxSynchronize");
                 "touched".to_string()
+            }
+            "sync" => {
+                // SAFETY: the driver's cuCtxSynchronize on the current context.
+                assert_eq!(unsafe { sync() }, 0, "cuCtxSynchronize");
+                "synced".to_string()
+            }
+            "capture" => {
+                // SAFETY: the driver's capture call on the legacy stream.
+                assert_eq!(unsafe { begin(std::ptr::null_mut(), 0) }, 0, "cuStreamBeginCapture");
+                "capturing".to_string()
+            }
+            "end-capture" => {
+                let mut graph = std::ptr::null_mut();
+                // SAFETY: as above, with a valid out-pointer.
+                assert_eq!(unsafe { end(std::ptr::null_mut(), &mut graph) }, 0, "cuStreamEndCapture");
+                "captured".to_string()
             }
             "verify" => {
                 for (i, &b) in buffers.iter().enumerate() {
