@@ -22,6 +22,7 @@
 //! and the daemon lends its unused share to busy tenants).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use tiermem_protocol::{GpuId, Tier, TierBytes, TierUsage, TransferCounters};
@@ -41,8 +42,15 @@ type Linked = (Arc<GpuTenant>, DaemonLink);
 /// The links made so far, by GPU (`None`: the GPU runs standalone).
 static LINKS: Mutex<BTreeMap<usize, Option<Linked>>> = Mutex::new(BTreeMap::new());
 
+/// The GPUs (ordinals below 64) [`ensure`] has seen: every allocation asks, with one atomic read.
+static SEEN: AtomicU64 = AtomicU64::new(0);
+
 /// Links GPU `ordinal` to the daemon at its first use, if one runs (module documentation).
 pub fn ensure(call: &str, ordinal: usize) {
+    let bit = 1u64.checked_shl(ordinal as u32).unwrap_or(0);
+    if SEEN.load(Relaxed) & bit != 0 {
+        return;
+    }
     let mut links = LINKS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if links.contains_key(&ordinal) {
         return;
@@ -54,6 +62,7 @@ pub fn ensure(call: &str, ordinal: usize) {
         tiermem_tenant::attach_from_env(&tenant).map(|link| (tenant, link))
     });
     links.insert(ordinal, link);
+    SEEN.fetch_or(bit, Relaxed);
 }
 
 /// One `--stats` line per GPU linked to the daemon: its tenant id, and its budget now.
