@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Issue 16 on the GPU: a program under `tiermem run` leases its budget from the node daemon.
+# A (bench/transparent_train.py, label "train", --hbm-limit 20GiB: alone it fits) trains; after
+# a few steps B (a second `tiermem run`, label "newcomer", --hbm-limit 12GiB) arrives and works
+# on 8 GiB of its own for a while, then leaves. The daemon shares GPU 0's 20 GiB: A must shed to
+# its share while B runs (its steps slow, its losses do not change) and grow back after.
+# Writes to OUT: plain.json / leased.json (A's losses and step times), newcomer.log,
+# train.log, status.jsonl (`tiermem status --json` every 0.5 s), daemon.log, summary.json.
+# Usage: daemon_transparent.sh TIERMEM_BIN OUT
+set -uo pipefail
+BIN=${1:?tiermem binary}; OUT=${2:?output dir}
+mkdir -p "$OUT"
+HERE=$(cd "$(dirname "$0")/../../.." && pwd)
+STEPS=${STEPS:-60}
+INPUTS=$(mktemp -d)  # the config, the newcomer and the socket stay out of OUT
+trap 'rm -rf "$INPUTS"' EXIT
+export TIERMEM_SOCKET="$INPUTS/tiermemd.sock"
+cat > "$INPUTS/tiermemd.toml" <<EOF
+idle_after_ms = 0
+[[gpu]]
+index = 0
+hbm = "20GiB"
+EOF
+cat > "$INPUTS/newcomer.py" <<'EOF'
+import hashlib, sys, time, torch
+t = [torch.full((256 << 20,), float(i), device="cuda") for i in range(8)]  # 8 x 1 GiB
+end = time.time() + float(sys.argv[1])
+rounds = 0
+while time.time() < end:
+    for x in t:
+        x.mul_(1.0).add_(1.0)
+    torch.cuda.synchronize()
+    rounds += 1
+sums = [float(x[:1024].double().sum()) for x in t]
+ok = all(abs(s - 1024 * (i + rounds)) < 1e-3 for i, s in enumerate(sums))
+print(f"newcomer: {rounds} rounds over 8 GiB, values {'right' if ok else 'WRONG'}", flush=True)
+sys.exit(0 if ok else 1)
+EOF
+
+echo "== A plain (no tiermem)"
+TIERMEM_DAEMON=off python3 "$HERE/bench/transparent_train.py" --steps "$STEPS" --out "$OUT/plain.json"
+
+"$BIN" daemon --config "$INPUTS/tiermemd.toml" --socket "$TIERMEM_SOCKET" 2> "$OUT/daemon.log" &
+DAEMON=$!
+sleep 1
+( while kill -0 $DAEMON 2>/dev/null; do
+    printf '{"t": %s, "status": %s}\n' "$(date +%s.%N)" "$("$BIN" status --json --socket "$TIERMEM_SOCKET" 2>/dev/null | tr -d '\n' || echo null)"
+    sleep 0.5
+  done > "$OUT/status.jsonl" ) &
+POLL=$!
+
+echo "== A under tiermem run with the daemon, B arriving mid-run"
+START=$(date +%s.%N)
+"$BIN" run --label train --hbm-limit 20GiB --stats -- \
+  python3 "$HERE/bench/transparent_train.py" --steps "$STEPS" --out "$OUT/leased.json" 2> "$OUT/train.log" &
+TRAIN=$!
+sleep "${B_AFTER:-12}"
+B_START=$(date +%s.%N)
+"$BIN" run --label newcomer --hbm-limit 12GiB --stats -- python3 "$INPUTS/newcomer.py" "${B_SECONDS:-15}" > "$OUT/newcomer.log" 2>&1
+B_RC=$?
+B_END=$(date +%s.%N)
+wait $TRAIN; A_RC=$?
+kill $DAEMON; wait $DAEMON 2>/dev/null; kill $POLL 2>/dev/null
+tail -5 "$OUT/train.log"; cat "$OUT/newcomer.log"
+
+python3 - "$OUT" "$START" "$B_START" "$B_END" "$A_RC" "$B_RC" <<'EOF'
+import json, sys
+out, start, b_start, b_end, a_rc, b_rc = sys.argv[1], *map(float, sys.argv[2:5]), int(sys.argv[5]), int(sys.argv[6])
+plain, leased = (json.load(open(f"{out}/{n}.json")) for n in ("plain", "leased"))
+budgets = []  # (t, tenant label, hbm budget) from the status polls
+for line in open(f"{out}/status.jsonl"):
+    row = json.loads(line)
+    status = row["status"] or {}
+    labels = {t["tenant"]: t.get("label") or t["name"] for t in status.get("tenants", [])}
+    for pool in status.get("pools", []):
+        if pool["tier"] == "hbm":
+            for s in pool["shares"]:
+                budgets.append((round(row["t"] - start, 2), labels.get(s["tenant"]), s["budget"] >> 20, s["used"] >> 20))
+summary = {
+    "losses_identical": plain["losses"] == leased["losses"],
+    "a_exit": a_rc, "b_exit": b_rc,
+    "b_window_s": [round(b_start - start, 2), round(b_end - start, 2)],
+    "step_s_plain": plain["step_s"], "step_s_leased": leased["step_s"],
+    "budgets": budgets[:: max(1, len(budgets) // 200)],
+}
+json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
+print(json.dumps({k: v for k, v in summary.items() if k not in ("budgets", "step_s_plain", "step_s_leased")}))
+EOF
