@@ -1,4 +1,5 @@
-"""torch.multiprocessing sharing a CUDA tensor with a child process (CUDA IPC handles)."""
+"""torch.multiprocessing sharing a CUDA tensor with a child process (CUDA IPC handles): the
+child reads it and writes to it, the parent reads what the child wrote."""
 import torch
 import torch.multiprocessing as mp
 
@@ -8,7 +9,10 @@ from common import report
 def child(queue, out):
     try:
         tensor = queue.get(timeout=20)
-        out.put(float(tensor.double().sum()))
+        total = float(tensor.double().sum())
+        tensor.add_(1.0)
+        torch.cuda.synchronize()
+        out.put(total)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which fails
         out.put(f"child: {type(e).__name__}: {e}")
 
@@ -29,4 +33,5 @@ if __name__ == "__main__":
             worker.kill()
     if isinstance(total, str):
         raise SystemExit(f"torch_multiprocessing: {total}")
-    report("torch_multiprocessing", repr(total).encode(), torch.cuda.max_memory_reserved())
+    written = float(tensor.double().sum())  # the child's writes, seen through the parent's pointer
+    report("torch_multiprocessing", repr((total, written)).encode(), torch.cuda.max_memory_reserved())

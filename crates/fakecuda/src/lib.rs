@@ -15,6 +15,7 @@
 //! is never in flight (launches and copies run at once), so synchronizing returns at once.
 
 mod device;
+mod ipc;
 mod kernel;
 mod memory;
 mod nvml;
@@ -202,8 +203,10 @@ pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const
             3 | 4 => return CUDA_ERROR_NOT_SUPPORTED,
             _ => return CUDA_ERROR_INVALID_VALUE,
         };
+        // SAFETY: checked non-null above.
+        let shareable = unsafe { (*prop).handle_types } & ipc::POSIX_FD != 0;
         // SAFETY: the caller's out-pointer.
-        unsafe { answer(handle, fake.memory.create(size, on_gpu)) }
+        unsafe { answer(handle, fake.memory.create(size, on_gpu, shareable)) }
     })
 }
 

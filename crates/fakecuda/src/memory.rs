@@ -17,6 +17,8 @@ struct Chunk {
     memfd: OwnedFd,
     size: usize,
     on_gpu: bool,
+    /// Made with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: it may be exported.
+    shareable: bool,
 }
 
 struct Mapping {
@@ -122,7 +124,7 @@ impl Memory {
         Ok(())
     }
 
-    pub fn create(&mut self, size: usize, on_gpu: bool) -> Result<u64, Code> {
+    pub fn create(&mut self, size: usize, on_gpu: bool, shareable: bool) -> Result<u64, Code> {
         if size == 0 || size % GRANULARITY != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -138,10 +140,38 @@ impl Memory {
         }
         // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
         let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(self.insert(Chunk { memfd, size, on_gpu, shareable }))
+    }
+
+    fn insert(&mut self, chunk: Chunk) -> u64 {
         let handle = self.next_handle;
         self.next_handle += 1;
-        self.chunks.insert(handle, Chunk { memfd, size, on_gpu });
-        Ok(handle)
+        self.chunks.insert(handle, chunk);
+        handle
+    }
+
+    /// A descriptor for a shareable chunk (`cuMemExportToShareableHandle`): its memfd, which
+    /// another process maps as this one does. A chunk made without the handle type is refused.
+    pub fn export(&self, handle: u64) -> Result<OwnedFd, Code> {
+        let chunk = self.chunks.get(&handle).filter(|c| c.shareable).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        chunk.memfd.try_clone().map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    /// A chunk of this process for an exported one's descriptor (`cuMemImportFromShareableHandle`);
+    /// its memory is counted where it was made, not here.
+    pub fn import(&mut self, fd: std::os::fd::BorrowedFd<'_>) -> Result<u64, Code> {
+        let memfd = fd.try_clone_to_owned().map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: an all-zero stat is valid; fstat fills it for an open descriptor.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid descriptor and out-pointer.
+        if unsafe { libc::fstat(memfd.as_raw_fd(), &mut stat) } != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let size = usize::try_from(stat.st_size).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        if size == 0 || size % GRANULARITY != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(self.insert(Chunk { memfd, size, on_gpu: false, shareable: true }))
     }
 
     /// Releases a chunk's handle; as with the driver, a mapping keeps its memory until unmapped.

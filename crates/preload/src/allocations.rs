@@ -24,6 +24,9 @@ pub struct Allocation {
     pub chunk: usize,
     /// The physical chunks, mapped one after the other from `va`, and where each lives.
     pub chunks: Vec<(PhysHandle, Tier)>,
+    /// Shared with other processes (a legacy IPC handle, ipc.rs): its chunks never move again,
+    /// since other processes map them.
+    pub shared: bool,
 }
 
 impl Allocation {
@@ -78,6 +81,12 @@ impl Allocations {
         self.by_va.get_mut(&va)
     }
 
+    /// The allocation holding the address `ptr`, anywhere in it.
+    pub fn containing_mut(&mut self, ptr: u64) -> Option<&mut Allocation> {
+        let (_, allocation) = self.by_va.range_mut(..=ptr).next_back()?;
+        (ptr < allocation.va + allocation.reserved as u64).then_some(allocation)
+    }
+
     /// Every live interposed allocation, by address.
     pub fn iter(&self) -> impl Iterator<Item = &Allocation> {
         self.by_va.values()
@@ -108,7 +117,7 @@ mod tests {
 
     fn allocation(va: u64, tiers: &[Tier]) -> Allocation {
         let chunks = tiers.iter().enumerate().map(|(i, &t)| (PhysHandle(i as u64), t)).collect();
-        Allocation { va, reserved: (tiers.len() << 21) - (1 << 20), ordinal: 0, chunk: 2 << 20, chunks }
+        Allocation { va, reserved: (tiers.len() << 21) - (1 << 20), ordinal: 0, chunk: 2 << 20, chunks, shared: false }
     }
 
     #[test]
@@ -116,6 +125,10 @@ mod tests {
         let mut books = Allocations::default();
         books.insert(allocation(0x10_0000_0000, &[Tier::Hbm, Tier::Host]));
         assert!(books.remove(0x10_0000_0001).is_none(), "an inner pointer is not an allocation");
+        let inner = books.containing_mut(0x10_002f_ffff).map(|a| a.va);
+        assert_eq!(inner, Some(0x10_0000_0000), "but it is in one");
+        assert!(books.containing_mut(0x10_0030_0000).is_none(), "the end is not in it");
+        assert!(books.containing_mut(0x0f_ffff_ffff).is_none(), "nor is what comes before");
         let a = books.remove(0x10_0000_0000).expect("the allocation");
         assert_eq!((a.bytes_on(Tier::Hbm), a.bytes_on(Tier::Host)), (2 << 20, 1 << 20), "the last chunk is short");
         assert_eq!((a.chunk_va(1), a.chunk_len(0), a.chunk_len(1)), (0x10_0020_0000, 2 << 20, 1 << 20));

@@ -335,12 +335,14 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
 fn plan(ordinal: usize, touched: &[Vec<ChunkId>]) -> Option<(Arc<Boundary>, Pauses)> {
     let p = process::lock();
     let gpu = p.gpus.get(&ordinal).filter(|gpu| gpu.device.is_some() && gpu.chunk > 0)?;
-    let (mut ids, mut dense, mut in_hbm) = (Vec::new(), HashMap::new(), Vec::new());
+    let (mut ids, mut dense, mut in_hbm, mut pinned) = (Vec::new(), HashMap::new(), Vec::new(), Vec::new());
     for allocation in p.books.iter().filter(|a| a.ordinal == ordinal) {
         for (index, &(_, tier)) in allocation.chunks.iter().enumerate() {
             dense.insert((allocation.va, index), ids.len());
             ids.push((allocation.va, index));
             in_hbm.push(tier == Tier::Hbm);
+            // Shared with other processes (ipc.rs): never moved.
+            pinned.push(allocation.shared);
         }
     }
     let resident = in_hbm.iter().filter(|&&h| h).count();
@@ -350,7 +352,6 @@ fn plan(ordinal: usize, touched: &[Vec<ChunkId>]) -> Option<(Arc<Boundary>, Paus
     drop(p);
     let launches: Vec<Vec<usize>> =
         touched.iter().map(|chunks| chunks.iter().filter_map(|id| dense.get(id).copied()).collect()).collect();
-    let pinned = vec![false; ids.len()];
     let segments = segments::plan(&Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, budget });
     crate::trace::event("plan", || {
         let list = |items: &mut dyn Iterator<Item = String>| items.collect::<Vec<_>>().join(",");

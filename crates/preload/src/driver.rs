@@ -32,6 +32,9 @@ pub type CtxSetCurrentFn = unsafe extern "C" fn(Context) -> CuResult;
 /// `cuFuncGetParamInfo` and `cuKernelGetParamInfo` (CUDA 12.4): a kernel, a parameter's index,
 /// its offset and size.
 pub type ParamInfoFn = unsafe extern "C" fn(*mut c_void, usize, *mut usize, *mut usize) -> CuResult;
+pub type IpcGetMemHandleFn = unsafe extern "C" fn(*mut crate::ipc_wire::IpcMemHandle, u64) -> CuResult;
+pub type IpcOpenMemHandleFn = unsafe extern "C" fn(*mut u64, crate::ipc_wire::IpcMemHandle, c_uint) -> CuResult;
+pub type IpcCloseMemHandleFn = unsafe extern "C" fn(u64) -> CuResult;
 /// `cuFuncGetName` and `cuKernelGetName` (CUDA 12.3): a kernel's name, kept by the driver.
 pub type NameFn = unsafe extern "C" fn(*mut *const std::ffi::c_char, *mut c_void) -> CuResult;
 
@@ -83,6 +86,10 @@ pub struct Driver {
     pub kernel_get_param_info: Option<ParamInfoFn>,
     pub func_get_name: Option<NameFn>,
     pub kernel_get_name: Option<NameFn>,
+    pub ipc_get_mem_handle: Option<IpcGetMemHandleFn>,
+    pub ipc_open_mem_handle: Option<IpcOpenMemHandleFn>,
+    pub ipc_open_mem_handle_v2: Option<IpcOpenMemHandleFn>,
+    pub ipc_close_mem_handle: Option<IpcCloseMemHandleFn>,
 }
 
 // SAFETY: the handle and function pointers are immutable after loading, and the driver library
@@ -139,6 +146,10 @@ impl Driver {
             kernel_get_param_info: entry!(handle, c"cuKernelGetParamInfo", ParamInfoFn),
             func_get_name: entry!(handle, c"cuFuncGetName", NameFn),
             kernel_get_name: entry!(handle, c"cuKernelGetName", NameFn),
+            ipc_get_mem_handle: entry!(handle, c"cuIpcGetMemHandle", IpcGetMemHandleFn),
+            ipc_open_mem_handle: entry!(handle, c"cuIpcOpenMemHandle", IpcOpenMemHandleFn),
+            ipc_open_mem_handle_v2: entry!(handle, c"cuIpcOpenMemHandle_v2", IpcOpenMemHandleFn),
+            ipc_close_mem_handle: entry!(handle, c"cuIpcCloseMemHandle", IpcCloseMemHandleFn),
         })
     }
 

@@ -112,6 +112,8 @@ mod entry;
 mod gate;
 mod gated;
 mod hotness;
+mod ipc;
+mod ipc_wire;
 mod launch;
 mod lease;
 mod migrate;
@@ -132,6 +134,7 @@ pub use entry::{
     cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocManaged, cuMemAllocPitch_v2, cuMemAlloc_v2, cuMemFreeAsync,
     cuMemFreeAsync_ptsz, cuMemFree_v2, cuMemGetInfo_v2,
 };
+pub use ipc::{cuIpcCloseMemHandle, cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2};
 pub use nvml::{nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2};
 pub use routes::{cuGetProcAddress, cuGetProcAddress_v2, dlsym};
 

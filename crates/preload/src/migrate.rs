@@ -282,7 +282,8 @@ fn synchronize() -> bool {
 fn plan_for(p: &Process, ordinal: usize, heats: &Heats, state: &State) -> (Plan, Vec<ChunkId>) {
     let Some(gpu) = p.gpus.get(&ordinal).filter(|gpu| gpu.device.is_some()) else { return Default::default() };
     let (mut candidates, mut ids) = (Vec::new(), Vec::new());
-    for allocation in p.books.iter().filter(|a| a.ordinal == ordinal) {
+    // Shared allocations (ipc.rs) stay where they are: other processes map their chunks.
+    for allocation in p.books.iter().filter(|a| a.ordinal == ordinal && !a.shared) {
         let heat = heats.get(&allocation.va);
         for (index, &(_, tier)) in allocation.chunks.iter().enumerate() {
             let address = allocation.chunk_va(index);
@@ -376,7 +377,8 @@ pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
     let mut p = process::lock();
     state.evaluations += 1;
     let applies = |p: &Process, id: &ChunkId, tier: Tier| {
-        p.books.get(id.0).filter(|a| a.ordinal == ordinal).and_then(|a| a.chunks.get(id.1)).is_some_and(|c| c.1 == tier)
+        let movable = p.books.get(id.0).filter(|a| a.ordinal == ordinal && !a.shared);
+        movable.and_then(|a| a.chunks.get(id.1)).is_some_and(|c| c.1 == tier)
     };
     let down: Vec<ChunkId> = boundary.down.iter().copied().filter(|id| applies(&p, id, Tier::Hbm)).collect();
     let up: Vec<ChunkId> = boundary.up.iter().copied().filter(|id| applies(&p, id, Tier::Host)).collect();

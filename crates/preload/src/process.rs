@@ -206,7 +206,7 @@ pub fn alloc(call: &str, size: usize) -> Result<Served, CuResult> {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     };
     let placement = placement::place(reserved, chunk, budget, hbm_used);
-    let shape = Allocation { va: 0, reserved, ordinal, chunk, chunks: Vec::new() };
+    let shape = Allocation { va: 0, reserved, ordinal, chunk, chunks: Vec::new(), shared: false };
     match build(device.as_ref(), shape, placement) {
         Ok(allocation) => {
             let (hbm, host) = (allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host));
@@ -257,7 +257,7 @@ fn build(device: &dyn Device, shape: Allocation, placement: Placement) -> Result
         let mut gpu_full = false;
         for index in 0..count {
             let len = allocation.chunk_len(index);
-            let create = |location| device.create_chunks_at(location, len / granularity);
+            let create = |location| crate::ipc::create_chunk(device, location, len / granularity);
             let tier = if gpu_full { Tier::Host } else { placement.tier(index) };
             let created = match tier {
                 Tier::Hbm => create(ChunkLocation::Gpu(ordinal)),
@@ -300,6 +300,7 @@ pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
         let mut p = process();
         let allocation = p.books.remove(ptr)?;
         hotness::remove(ptr);
+        crate::ipc::forget(ptr);
         let shadows = p.shadows.take(allocation.chunks.iter().map(|&(handle, _)| handle));
         let device = p.gpus.get(&allocation.ordinal).and_then(|gpu| gpu.device.clone());
         (allocation, shadows, device)

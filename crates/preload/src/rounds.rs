@@ -183,7 +183,7 @@ fn shadow(call: &str, device: &dyn Device, p: &mut Process, handle: PhysHandle, 
 fn create(device: &dyn Device, location: ChunkLocation, len: usize) -> Option<PhysHandle> {
     let phase = if location == ChunkLocation::Host { Phase::CreateHost } else { Phase::CreateHbm };
     let granules = len / device.info().granularity.max(1);
-    remap::timed(phase, || device.create_chunks_at(location, granules).ok())
+    remap::timed(phase, || crate::ipc::create_chunk(device, location, granules).ok())
 }
 
 /// Up to `batch` moves down, into spare host chunks or new ones.

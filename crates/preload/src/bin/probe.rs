@@ -23,9 +23,13 @@
 //! different cycles a step, told apart (src/bin/probe/segments.rs).
 //! `tiermem-preload-probe lease` — a tenant of the node daemon, driven over stdin
 //! (src/bin/probe/lease.rs).
+//! `tiermem-preload-probe ipc` — a tiermem allocation shared with a child process by legacy
+//! IPC handles, written on both sides; shared, it never moves (src/bin/probe/ipc.rs).
 //! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
 //! once under a budget of 16 MiB; every byte reads back, the budget is whole again, nothing leaks.
 
+#[path = "probe/ipc.rs"]
+mod ipc;
 #[path = "probe/lease.rs"]
 mod lease;
 #[path = "probe/migration.rs"]
@@ -521,11 +525,16 @@ fn main() {
         ["segments"] => segments::segments(false),
         ["segments-alternate"] => segments::segments(true),
         ["lease"] => lease::lease(),
+        ["ipc"] => ipc::ipc(),
+        ["ipc-open", handle, len, expect] => ipc::open(handle, len.parse().expect("LEN"), expect, None),
+        ["ipc-open", handle, len, expect, write] => {
+            ipc::open(handle, len.parse().expect("LEN"), expect, Some(write.parse().expect("WRITE")))
+        }
         _ => {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | segments | segments-alternate | lease"
+                 | migrate-capture | segments | segments-alternate | lease | ipc"
             );
             std::process::exit(2);
         }

@@ -76,7 +76,7 @@ pub fn locations(cuda: &Cuda, ptr: u64, len: usize) -> Vec<c_int> {
 }
 
 /// A (16 MiB, fills the budget) and B (8 MiB, on the host) with patterns; B made hot.
-fn hot_b(cuda: &Cuda, kernels: &Kernels) -> (u64, u64) {
+pub fn hot_b(cuda: &Cuda, kernels: &Kernels) -> (u64, u64) {
     let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
     let (mut a, mut b) = (0u64, 0u64);
     // SAFETY: valid out-pointers.

@@ -1,0 +1,16 @@
+//! Legacy CUDA IPC on tiermem's memory (docs/transparent.md, "IPC handles"): a handle made by
+//! `cuIpcGetMemHandle` for an allocation of tiermem's opens in another process under the
+//! preload, which reads what the exporter wrote and writes what the exporter then reads; the
+//! shared allocation no longer moves; a handle whose allocation was freed, or garbage, is
+//! refused with the driver's error and holds nothing; nothing leaks on either side.
+
+mod support;
+
+#[test]
+fn a_tiermem_allocation_is_shared_with_another_process_by_a_legacy_handle() {
+    let env = [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_HBM", "256M"), ("TIERMEM_MIGRATE_INTERVAL_MS", "0")];
+    let output = support::probe("ipc", &["ipc"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("ipc: ok"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("freed the allocation"), "the refused open says why: {stderr}");
+}
