@@ -10,9 +10,10 @@
 //!
 //! A grant sets the budget to the smaller of it and the standalone budget. A larger one is
 //! used from the next quiesce point on (chunks come up as their heat asks). A smaller one is
-//! met at once, from the link's thread: the coldest chunks go down in a pause of tiermem's own
-//! (`migrate::shed`), so an idle program, or one that never synchronizes, gives memory back
-//! too; only then is the grant acknowledged. What cannot move (small allocations the driver
+//! met by the program's next quiesce point if it comes within `TIERMEM_SHED_GRACE_MS` (where
+//! the step is planned again for it), else from the link's thread: the coldest chunks go down
+//! in a pause of tiermem's own (`migrate::meet`), so an idle program, or one that never
+//! synchronizes, gives memory back too; only then is the grant acknowledged. What cannot move (small allocations the driver
 //! serves, a stream capture under way, a context of the program's own) leaves it unmet, said
 //! on stderr, and the daemon's deadline marks the tenant late.
 //!
@@ -142,6 +143,6 @@ impl Tenant for GpuTenant {
             let Some(gpu) = p.gpus.get_mut(&self.ordinal) else { return Ok(()) };
             gpu.budget = gpu.limit.min(usize::try_from(bytes).unwrap_or(usize::MAX));
         }
-        crate::migrate::shed("tiermemd budget", self.ordinal)
+        crate::migrate::meet("tiermemd budget", self.ordinal)
     }
 }

@@ -4,7 +4,8 @@
 //! and how many chunks the budget has room for, the plan is:
 //!
 //! 1. **Fill the room**: the hottest host chunks (heat above zero) come up while the budget has
-//!    room for them.
+//!    room for them; when it has room for every host chunk, those of no heat come up too (a
+//!    kernel may reach them through pointers tiermem never saw).
 //! 2. **Swap**: then, pairing the hottest remaining host chunk with the coldest HBM chunk, one
 //!    goes up and the other down while the host chunk is hotter by a margin:
 //!    `host > hbm + hbm / 2 + 1`. The margin is the hysteresis: a pair swapped at one quiesce
@@ -54,7 +55,9 @@ fn worth_swapping(host: u64, hbm: u64) -> bool {
 
 /// The plan for `chunks`, with `room` chunks free in the budget and at most `batch` moves each way.
 pub fn plan(chunks: &[Candidate], room: usize, batch: usize) -> Plan {
-    let mut hot: Vec<&Candidate> = chunks.iter().filter(|c| c.on_host && !c.cooling && c.heat > 0).collect();
+    let everything_fits = chunks.iter().filter(|c| c.on_host && !c.cooling).count() <= room;
+    let mut hot: Vec<&Candidate> =
+        chunks.iter().filter(|c| c.on_host && !c.cooling && (c.heat > 0 || everything_fits)).collect();
     hot.sort_by_key(|c| (std::cmp::Reverse(c.heat), c.id));
     let mut cold: Vec<&Candidate> = chunks.iter().filter(|c| !c.on_host && !c.cooling).collect();
     cold.sort_by_key(|c| (c.heat, c.id));
@@ -94,7 +97,8 @@ mod tests {
         let chunks = [chunk(0, false, 0), chunk(1, false, 9), chunk(2, true, 50), chunk(3, true, 7), chunk(4, true, 0)];
         assert_eq!(plan(&chunks, 1, 8), Plan { up: vec![2, 3], down: vec![0] }, "room for 50; 7 > 0 + 0 + 1");
         assert_eq!(plan(&chunks, 0, 8), Plan { up: vec![2], down: vec![0] }, "no room: 50 for 0; 7 is not > 9 + 4 + 1");
-        assert_eq!(plan(&chunks, 5, 8).up, [2, 3], "never-touched chunks stay where they are");
+        assert_eq!(plan(&chunks, 2, 8).up, [2, 3], "never-touched chunks stay where they are");
+        assert_eq!(plan(&chunks, 3, 8).up, [2, 3, 4], "unless every host chunk fits");
         assert_eq!(plan(&chunks, 0, 1), Plan { up: vec![2], down: vec![0] }, "one each way");
     }
 
@@ -138,9 +142,11 @@ mod tests {
             ids.sort_unstable();
             ids.dedup();
             prop_assert_eq!(ids.len(), p.up.len() + p.down.len(), "no chunk twice");
+            let everything_fits = chunks.iter().filter(|c| c.on_host && !c.cooling).count() <= room;
             for &id in &p.up {
-                prop_assert!(chunks[id].on_host && !chunks[id].cooling && chunks[id].heat > 0);
+                prop_assert!(chunks[id].on_host && !chunks[id].cooling && (chunks[id].heat > 0 || everything_fits));
             }
+            prop_assert!(!everything_fits || p.down.is_empty(), "room for all: nothing goes down");
             for &id in &p.down {
                 prop_assert!(!chunks[id].on_host && !chunks[id].cooling);
             }

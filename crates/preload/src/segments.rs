@@ -24,6 +24,11 @@
 //! one the segment touches, those whose next use is furthest first (Belady), the next use
 //! looked for in the recorded cycle after the segment, wrapping to the next cycle's start; a
 //! chunk the cycle never touches is the first to go. Pinned chunks never move.
+//!
+//! When every chunk that can move fits in the capacity, the first segment brings up every one
+//! on the host, those no launch touches too: a kernel may reach them through pointers tiermem
+//! never saw (a budget that grew back after a cut leaves such chunks on the host otherwise, read
+//! over PCIe for as long as the program runs).
 
 /// One segment: its first launch (an index in the cycle) and the moves before it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -118,13 +123,17 @@ pub fn plan(cycle: &Cycle) -> Vec<Segment> {
     };
 
     let mut hbm = in_hbm.to_vec();
+    let everything_fits = (0..chunks).filter(|&c| !pinned[c]).count() <= capacity;
     let mut segments = Vec::with_capacity(cuts.len());
     for (s, (start, set)) in cuts.iter().enumerate() {
         let end = cuts.get(s + 1).map_or(length, |(next, _)| *next);
         let resident = (0..chunks).filter(|&c| hbm[c] && !pinned[c]).count();
-        let mut up: Vec<usize> = set.iter().copied().filter(|&c| !hbm[c]).collect();
+        let mut up: Vec<usize> = match s == 0 && everything_fits {
+            true => (0..chunks).filter(|&c| !hbm[c] && !pinned[c]).collect(),
+            false => set.iter().copied().filter(|&c| !hbm[c]).collect(),
+        };
         // An oversized segment brings up what fits once its own chunks in HBM stay.
-        let keep = set.len() - up.len();
+        let keep = set.iter().filter(|&&c| hbm[c]).count();
         up.truncate(capacity.saturating_sub(keep));
         let excess = (resident + up.len()).saturating_sub(capacity);
         set.iter().for_each(|&c| member[c] = true);
@@ -164,6 +173,15 @@ mod tests {
         let segments = run(&launches, &[true, true, true, false], 3);
         assert_eq!(segments, [Segment { start: 0, up: vec![], down: vec![] }]);
         assert!(run(&[], &[true], 1).is_empty(), "an empty cycle has no segments");
+    }
+
+    #[test]
+    fn when_everything_fits_chunks_no_launch_touches_come_up_too() {
+        let launches = vec![vec![0], vec![1]];
+        let segments = run(&launches, &[true, false, false], 3);
+        assert_eq!(segments, [Segment { start: 0, up: vec![1, 2], down: vec![] }], "2 is never touched");
+        let short = run(&launches, &[true, false, false], 2);
+        assert_eq!(short, [Segment { start: 0, up: vec![1], down: vec![] }], "no room for all: what launches touch");
     }
 
     #[test]
@@ -269,8 +287,14 @@ mod tests {
                 }
             }
             let all: BTreeSet<usize> = launches.iter().flatten().copied().filter(|&c| !pinned[c]).collect();
-            if all.len() <= capacity && all.iter().all(|&c| in_hbm[c]) {
+            let movable = (0..in_hbm.len()).filter(|&c| !pinned[c]).count();
+            if all.len() <= capacity && all.iter().all(|&c| in_hbm[c]) && movable > capacity {
                 prop_assert!(segments.iter().all(|s| s.moves() == 0), "a resident cycle that fits moves nothing");
+            }
+            if movable <= capacity && !segments.is_empty() {
+                let after_first: Vec<bool> = (0..in_hbm.len()).map(|c| in_hbm[c] || segments[0].up.contains(&c)).collect();
+                prop_assert!((0..in_hbm.len()).all(|c| pinned[c] || after_first[c]), "everything fits: all comes up");
+                prop_assert!(segments[0].down.is_empty(), "and nothing goes down for it");
             }
             if all.len() <= capacity {
                 prop_assert!(segments.len() <= 1, "a cycle that fits is one segment");
