@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16 on the GPU: a program under `tiermem run` leases its budget from the node daemon.
-# A (bench/transparent_train.py, label "train", --hbm-limit 20GiB: alone it fits) trains; after
-# a few steps B (a second `tiermem run`, label "newcomer", --hbm-limit 12GiB) arrives and works
+# A (bench/transparent_train.py, label "train", --hbm-limit 20GiB: alone it fits) trains; a few
+# seconds after it holds its full size B (a second `tiermem run`, label "newcomer", --hbm-limit 12GiB) arrives and works
 # on 8 GiB of its own for a while, then leaves. The daemon shares GPU 0's 20 GiB: A must shed to
 # its share while B runs (its steps slow, its losses do not change) and grow back after.
 # Writes to OUT: plain.json / leased.json (A's losses and step times), newcomer.log,
@@ -54,7 +54,15 @@ START=$(date +%s.%N)
 "$BIN" run --label train --hbm-limit 20GiB --stats -- \
   python3 "$HERE/bench/transparent_train.py" --steps "$STEPS" --out "$OUT/leased.json" 2> "$OUT/train.log" &
 TRAIN=$!
-sleep "${B_AFTER:-12}"
+# B arrives once A is training at full size (its HBM in use past 15 GiB), B_AFTER s later.
+for _ in $(seq 600); do
+  "$BIN" status --json --socket "$TIERMEM_SOCKET" 2>/dev/null | python3 -c '
+import json, sys
+pools = json.load(sys.stdin).get("pools", [])
+sys.exit(0 if any(s["used"] > 15 << 30 for p in pools if p["tier"] == "hbm" for s in p["shares"]) else 1)' && break
+  sleep 0.2
+done
+sleep "${B_AFTER:-3}"
 B_START=$(date +%s.%N)
 "$BIN" run --label newcomer --hbm-limit 12GiB --stats -- python3 "$INPUTS/newcomer.py" "${B_SECONDS:-15}" > "$OUT/newcomer.log" 2>&1
 B_RC=$?
