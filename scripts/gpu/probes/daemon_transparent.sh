@@ -51,7 +51,8 @@ POLL=$!
 
 echo "== A under tiermem run with the daemon, B arriving mid-run"
 START=$(date +%s.%N)
-"$BIN" run --label train --hbm-limit 20GiB --stats -- \
+# A_ENV: more environment for A alone (TIERMEM_TRACE=FILE for its timeline).
+env ${A_ENV:-} "$BIN" run --label train --hbm-limit 20GiB --stats -- \
   python3 "$HERE/bench/transparent_train.py" --steps "$STEPS" --out "$OUT/leased.json" 2> "$OUT/train.log" &
 TRAIN=$!
 # B arrives once A is training at full size (its HBM in use past 15 GiB), B_AFTER s later.
