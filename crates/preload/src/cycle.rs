@@ -265,9 +265,11 @@ pub fn before_launch(f: usize) -> Option<Arc<Boundary>> {
     }
     let plan = c.plan.as_ref()?;
     if plan.recording.functions.get(index) != Some(&f) {
+        let recorded = plan.recording.functions.len();
         c.following = false;
         FOLLOWING.store(c.following, Relaxed);
         DIVERGED.fetch_add(1, Relaxed);
+        crate::trace::event("diverged", || format!("\"launch\": {index}, \"recorded\": {recorded}"));
         return None;
     }
     plan.pauses.get(&index).cloned()
@@ -303,6 +305,10 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
         if c.following {
             let recorded = c.plan.as_ref().map_or(0, |p| p.recording.functions.len());
             (if c.count == recorded { &FOLLOWED } else { &DIVERGED }).fetch_add(1, Relaxed);
+            if c.count != recorded {
+                let count = c.count;
+                crate::trace::event("diverged", || format!("\"launch\": {count}, \"recorded\": {recorded}"));
+            }
         }
         c.count = 0;
         c.following = false;

@@ -142,6 +142,10 @@ impl Tenant for GpuTenant {
             let mut p = process::lock();
             let Some(gpu) = p.gpus.get_mut(&self.ordinal) else { return Ok(()) };
             gpu.budget = gpu.limit.min(usize::try_from(bytes).unwrap_or(usize::MAX));
+            let (budget, used) = (gpu.budget, gpu.hbm_used);
+            crate::trace::event("budget", || {
+                format!("\"gpu\": {}, \"bytes\": {budget}, \"hbm_used\": {used}", self.ordinal)
+            });
         }
         crate::migrate::meet("tiermemd budget", self.ordinal)
     }

@@ -369,6 +369,8 @@ pub fn shed(call: &str, ordinal: usize) -> Result<(), String> {
     drop(p);
     TAKEN.fetch_add(1, Relaxed);
     NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    crate::trace::event("shed", || format!("\"gpu\": {ordinal}, \"down\": {went_down}, \"ms\": {ms:.3}"));
     let Some((used, budget)) = still_over else { return Ok(()) };
     Err(format!(
         "{} of HBM still held over a budget of {} after {went_down} chunk(s) went down: the rest is in \

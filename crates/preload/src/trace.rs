@@ -8,7 +8,11 @@
 //! - `moves`: a segment boundary's or quiesce point's moves (`call`, chunks `up` and `down`
 //!   planned and `moved`, `ms` in all, and the time in each phase of remap.rs);
 //! - `launch_on_host`: a launch that passed a pointer into a chunk on the host (`launch`, the
-//!   launches scanned so far; `kernel`, its name where the driver says it; `host_pointers`).
+//!   launches scanned so far; `kernel`, its name where the driver says it; `host_pointers`);
+//! - `diverged`: the cycle being followed stopped matching its recording at `launch` (of
+//!   `recorded`), or ended at another count (cycle.rs);
+//! - `budget`: the node daemon granted GPU `gpu` a budget of `bytes` (lease.rs); `shed`: tiermem's
+//!   own pause sent `down` chunks to the host to meet it, in `ms` (migrate.rs).
 //!
 //! Off unless asked for; writing a line takes a lock and a write, so it is meant for
 //! diagnosis, not for production runs. A trace that cannot be opened is said once, on stderr.
