@@ -322,9 +322,15 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
     }
     let started = std::time::Instant::now();
     let recording = history().learn(Arc::new(recording));
+    let Some(Ok(ordinal)) = process::current_gpu() else { return None };
+    // Scanned with every chunk in HBM and within the budget (hotness::scan_always): learned,
+    // so that a cut is planned by it; nothing to plan now.
+    let over = process::budget_and_use(ordinal).is_some_and(|(budget, used)| used > budget);
+    if !hotness::watching() && !over {
+        return None;
+    }
     let words: Vec<&[u64]> = (0..recording.offsets.len()).map(|i| recording.words(i)).collect();
     let touched = hotness::launch_chunks(&words, MAX_CHUNKS, config().extent_window);
-    let Some(Ok(ordinal)) = process::current_gpu() else { return None };
     let planned = plan(ordinal, &touched);
     PLAN_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
     let (first, pauses) = planned?;

@@ -74,7 +74,7 @@ fn launch(name: &'static str, call: impl FnOnce() -> CuResult, f: Function, para
         });
     }
     let _gate = gate::shared();
-    if hotness::watching() {
+    if hotness::scanning() {
         let _inside = enter();
         // A bug in scanning must not stop the launch: a panic only loses this launch's hotness.
         // SAFETY: the caller's launch arguments, which the driver is about to read the same way.

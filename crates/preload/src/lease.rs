@@ -62,6 +62,10 @@ pub fn ensure(call: &str, ordinal: usize) {
         let tenant = Arc::new(GpuTenant { ordinal });
         tiermem_tenant::attach_from_env(&tenant).map(|link| (tenant, link))
     });
+    if link.is_some() {
+        // The daemon may cut the budget at any moment: keep a recorded cycle to plan it by.
+        crate::hotness::scan_always();
+    }
     links.insert(ordinal, link);
     SEEN.fetch_or(bit, Relaxed);
 }

@@ -230,3 +230,31 @@ fn a_program_that_synchronizes_meets_a_cut_at_its_own_quiesce_point() {
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_cut_met_at_the_programs_synchronization_sends_down_what_its_cycle_does_not_touch() {
+    let (daemon, dir) = daemon("by-plan");
+    let socket = dir.join("d.sock");
+    let (mut probe, child, links) = start_probe("lease-plan", &socket, &[("TIERMEM_SHED_GRACE_MS", "60000")]);
+    // A loop over the two buffers at the lowest addresses (which a shed knowing nothing would
+    // send down first), all in HBM: linked to a daemon, its cycles are recorded anyway, so that
+    // a cut can be planned by them.
+    let order: Vec<usize> = probe.ask("by-address").split(' ').map(|i| i.parse().unwrap()).collect();
+    let touch = format!("touch-only {},{}", order[0], order[1]);
+    for _ in 0..3 {
+        assert_eq!(probe.ask(&touch), "touched");
+    }
+    assert_eq!(probe.ask("where-each"), "hbm 8 8 8");
+    let (_other, link, _) = newcomer(&socket);
+    probe.ask_until("budget", &(32 * MIB).to_string(), |probe| assert_eq!(probe.ask(&touch), "touched"));
+    probe.ask_until("where", "hbm 16 host 8", |probe| assert_eq!(probe.ask(&touch), "touched"));
+    // The buffer the loop never touches went down; the loop's own stayed.
+    let mut expected = ["8"; 3];
+    expected[order[2]] = "0";
+    assert_eq!(probe.ask("where-each"), format!("hbm {}", expected.join(" ")));
+    assert_eq!(probe.ask("verify"), "verified");
+    link.end();
+    finish(probe, child, links);
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+}

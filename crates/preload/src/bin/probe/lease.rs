@@ -2,7 +2,9 @@
 //! allocations of 16 MiB with patterns, then one command per line, one answer per line:
 //! `where` → `hbm N host M` (chunks of 2 MiB by tier, from the fake driver), `budget` → the
 //! total `cuMemGetInfo_v2` reports, `touch` → kernels read every chunk and the context is
-//! synchronized (a quiesce point), `sync` → `synced` (a synchronization alone), `capture` and
+//! synchronized (a quiesce point; `touch-only I,J`: the chunks of those buffers only),
+//! `where-each` → `hbm A B C` (chunks in HBM per buffer), `by-address` → the buffers' indices
+//! by address, `sync` → `synced` (a synchronization alone), `capture` and
 //! `end-capture` → `capturing` and `captured` (a stream capture on the legacy stream begun and
 //! ended), `verify` → `verified` once every byte reads back as written, `exit`.
 
@@ -44,8 +46,21 @@ pub fn lease() {
                 format!("hbm {hbm} host {}", all.len() - hbm)
             }
             "budget" => format!("{}", cuda.mem_info().1),
-            "touch" => {
-                for &b in &buffers {
+            "where-each" => {
+                let hbm = |&b: &u64| locations(&cuda, b, LEN).iter().filter(|&&l| l == 1).count().to_string();
+                format!("hbm {}", buffers.iter().map(hbm).collect::<Vec<_>>().join(" "))
+            }
+            "by-address" => {
+                let mut order: Vec<usize> = (0..BUFFERS).collect();
+                order.sort_by_key(|&i| buffers[i]);
+                order.iter().map(usize::to_string).collect::<Vec<_>>().join(" ")
+            }
+            touch if touch.starts_with("touch") => {
+                let only: Vec<usize> = match touch.strip_prefix("touch-only ") {
+                    Some(list) => list.split(',').map(|n| n.parse().expect("touch-only I,J")).collect(),
+                    None => (0..BUFFERS).collect(),
+                };
+                for &b in only.iter().map(|&i| &buffers[i]) {
                     for chunk in 0..LEN / CHUNK {
                         let at = (b + (chunk * CHUNK) as u64) as *mut c_void;
                         assert_eq!(kernels.launch(READS, &mut [at, at, 4usize as *mut c_void]), 0, "a launch");
