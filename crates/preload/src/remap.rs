@@ -8,7 +8,6 @@
 //! mapping, the copies per byte, and creating a host-located chunk most of all (~0.7 ms per
 //! 2 MiB on the H200), which is why migrate.rs keeps spares.
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
@@ -90,13 +89,6 @@ impl Round {
     pub fn bytes_up(&self) -> usize {
         self.moves.iter().filter(|m| m.up).map(|m| m.len).sum()
     }
-
-    /// The program's addresses its copies read from, in address order.
-    pub fn sources(&self) -> Vec<(u64, usize)> {
-        let mut sources: Vec<(u64, usize)> = self.moves.iter().map(|m| (m.address, m.len)).collect();
-        sources.sort_unstable();
-        sources
-    }
 }
 
 /// Enqueues the copies of `moves` into their new chunks' shadows on `stream` and adds them to
@@ -115,9 +107,8 @@ pub fn start(device: &dyn Device, round: &mut Round, moves: Vec<Move>, stream: S
 }
 
 /// Waits for `round`'s copies, then makes each move whose every step succeeded; which did.
-/// Its streams must carry no copies of a later round; `busy` (address order) holds the
-/// addresses the later round's copies read from.
-pub fn finish(call: &str, device: &dyn Device, round: &Round, busy: &[(u64, usize)]) -> Vec<bool> {
+/// Its streams must carry no copies of a later round.
+pub fn finish(call: &str, device: &dyn Device, round: &Round) -> Vec<bool> {
     let started = Instant::now();
     let mut ok = round.ok.clone();
     for &stream in &round.streams {
@@ -127,7 +118,7 @@ pub fn finish(call: &str, device: &dyn Device, round: &Round, busy: &[(u64, usiz
         }
     }
     let started = lap(Phase::Copy, started);
-    swap_all(call, device, &round.moves, &mut ok, started, busy);
+    swap_all(call, device, &round.moves, &mut ok, started);
     ok
 }
 
@@ -139,48 +130,26 @@ fn lap(phase: Phase, started: Instant) -> Instant {
     now
 }
 
-/// Whether an opening may span chunks between moved ones (`TIERMEM_OPEN_SPANS`: `allocation`,
-/// the default, or `runs`: only neighbouring moved chunks, as before).
-fn bridging() -> bool {
-    static BRIDGE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *BRIDGE.get_or_init(|| std::env::var("TIERMEM_OPEN_SPANS").map_or(true, |v| v != "runs"))
+/// Bytes from the first range's start to the last one's end.
+fn span(ranges: &[(u64, usize)]) -> usize {
+    ranges.last().map_or(0, |&(at, len)| (at + len as u64 - ranges[0].0) as usize)
 }
 
-/// The `cuMemSetAccess` calls that open `order`'s moves (indices into `moves`, in address
-/// order): one per allocation, over the span from its first moved chunk to the end of its
-/// last — every chunk between is mapped, as tiermem's allocations always are, and a call costs
-/// about the same for 2 MiB as for 1 GiB (DESIGN.md), where a pause moves hundreds of chunks
-/// scattered over a few allocations. A span is cut where a chunk between is being copied from
-/// (`busy`, address order: the next round's copies read the program's addresses), whose
-/// mapping is left alone while the copy engine reads it. With `bridge` off, only neighbouring
-/// moved chunks share a call. Each: the positions in `order` it opens, its start, its bytes.
-fn openings(moves: &[Move], order: &[usize], busy: &[(u64, usize)], bridge: bool) -> Vec<(Range<usize>, u64, usize)> {
-    let mut out: Vec<(Range<usize>, u64, usize)> = Vec::new();
-    for (at, &i) in order.iter().enumerate() {
-        let m = &moves[i];
-        let joins = out.last().is_some_and(|(run, start, len)| {
-            let (before, end) = (&moves[order[run.end - 1]], start + *len as u64);
-            let gap_busy = || {
-                let from = busy.partition_point(|&(a, _)| a < end);
-                busy.get(from).is_some_and(|&(a, _)| a < m.address)
-            };
-            end == m.address || (bridge && before.id.0 == m.id.0 && !gap_busy())
-        });
+/// The runs of consecutive `ranges` (`(address, bytes)`) that follow each other without a gap.
+fn runs(ranges: &[(u64, usize)]) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    for i in 0..ranges.len() {
         match out.last_mut() {
-            Some((run, start, len)) if joins => {
-                run.end = at + 1;
-                *len = (m.address + m.len as u64 - *start) as usize;
-            }
-            _ => out.push((at..at + 1, m.address, m.len)),
+            Some(run) if ranges[i - 1].0 + ranges[i - 1].1 as u64 == ranges[i].0 => run.end += 1,
+            _ => out.push(i..i + 1),
         }
     }
     out
 }
 
 /// For each move still `ok`, maps `m.new` at the chunk's address in place of `m.old`, then
-/// opens them, a span of the allocation per call ([`openings`]); a move that fails gets `m.old`
-/// back. `busy`: the addresses copies still in flight read from.
-fn swap_all(call: &str, device: &dyn Device, moves: &[Move], ok: &mut [bool], started: Instant, busy: &[(u64, usize)]) {
+/// gives access a run of neighbouring chunks per call; a move that fails gets `m.old` back.
+fn swap_all(call: &str, device: &dyn Device, moves: &[Move], ok: &mut [bool], started: Instant) {
     for (m, ok) in moves.iter().zip(ok.iter_mut()).filter(|(_, ok)| **ok) {
         if device.unmap(m.address, m.len).is_err() {
             *ok = false;
@@ -190,10 +159,12 @@ fn swap_all(call: &str, device: &dyn Device, moves: &[Move], ok: &mut [bool], st
         }
     }
     let started = lap(Phase::Remap, started);
+    // Moves in address order, so that neighbouring chunks form runs.
     let mut order: Vec<usize> = (0..moves.len()).filter(|&i| ok[i]).collect();
     order.sort_by_key(|&i| moves[i].address);
-    for (run, start, len) in openings(moves, &order, busy, bridging()) {
-        if device.set_access(start, len).is_err() {
+    let ranges: Vec<(u64, usize)> = order.iter().map(|&i| (moves[i].address, moves[i].len)).collect();
+    for run in runs(&ranges) {
+        if device.set_access(ranges[run.start].0, span(&ranges[run.clone()])).is_err() {
             for &i in &order[run] {
                 put_back(call, device, &moves[i], true);
                 ok[i] = false;
@@ -215,46 +186,5 @@ fn put_back(call: &str, device: &dyn Device, m: &Move, mapped: bool) {
             &format!("0x{:x} could not be mapped again after a failed move ({why})", m.address),
             "its bytes are safe but unreachable: the program will fault there; please report it",
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn chunk(allocation: u64, index: usize) -> Move {
-        let address = allocation + (index as u64) * (2 << 20);
-        let handle = PhysHandle(index as u64);
-        Move { id: (allocation, index), address, len: 2 << 20, old: handle, new: handle, shadow: 0, up: true }
-    }
-
-    #[test]
-    fn one_opening_per_allocation_cut_where_a_copy_reads_between() {
-        const A: u64 = 0x10_0000_0000;
-        const B: u64 = 0x10_0100_0000; // right after A's 8 chunks
-        let moves = vec![chunk(A, 0), chunk(A, 1), chunk(A, 5), chunk(B, 0), chunk(B, 3)];
-        let order: Vec<usize> = (0..moves.len()).collect();
-        let mib = |n: usize| n << 20;
-        let spans = |busy: &[(u64, usize)], bridge| openings(&moves, &order, busy, bridge);
-        // A's chunk 7 ends where B begins: neighbours join across allocations only end to end.
-        assert_eq!(spans(&[], true), [(0..3, A, mib(12)), (3..5, B, mib(8))], "A 0..=5, B 0..=3");
-        assert_eq!(
-            spans(&[], false),
-            [
-                (0..2, A, mib(4)),
-                (2..3, A + mib(10) as u64, mib(2)),
-                (3..4, B, mib(2)),
-                (4..5, B + mib(6) as u64, mib(2))
-            ],
-            "runs of neighbours only"
-        );
-        let busy = [(A + mib(12) as u64, mib(2)), (B + mib(2) as u64, mib(2))];
-        assert_eq!(
-            spans(&busy, true),
-            [(0..3, A, mib(12)), (3..4, B, mib(2)), (4..5, B + mib(6) as u64, mib(2))],
-            "A's chunk 6 lies past its last move; B's chunk 1 is being read: B is cut there"
-        );
-        let inside_a = [(A + mib(6) as u64, mib(2))];
-        assert_eq!(spans(&inside_a, true)[..2], [(0..2, A, mib(4)), (2..3, A + mib(10) as u64, mib(2))], "A cut at 3");
     }
 }

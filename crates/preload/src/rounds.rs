@@ -130,8 +130,7 @@ pub fn execute(
         remap::start(device, &mut round, coming_up, up);
         // The round before is remapped while they run; it frees the HBM its chunks left.
         let finished = pending.take().map(|before| {
-            let busy = round.sources();
-            moved.extend(finish(call, device, p, ordinal, (&before, &busy), &mut tools.spares, &mut freed_hbm));
+            moved.extend(finish(call, device, p, ordinal, &before, &mut tools.spares, &mut freed_hbm));
         });
         if !round.is_empty() {
             pending = Some(round);
@@ -267,12 +266,12 @@ fn finish(
     device: &dyn Device,
     p: &mut Process,
     ordinal: usize,
-    (round, busy): (&Round, &[(u64, usize)]),
+    round: &Round,
     spares: &mut Vec<(usize, PhysHandle)>,
     freed_hbm: &mut Vec<(usize, PhysHandle)>,
 ) -> Vec<u64> {
     let mut addresses = Vec::new();
-    for (m, made) in round.moves.iter().zip(remap::finish(call, device, round, busy)) {
+    for (m, made) in round.moves.iter().zip(remap::finish(call, device, round)) {
         FAILED.fetch_add(u64::from(!made), Relaxed);
         // The chunk left behind: the old one if the move was made, else the new one.
         let left = if made { m.old } else { m.new };
