@@ -19,6 +19,7 @@ mod ipc;
 mod kernel;
 mod memory;
 mod nvml;
+mod pointers;
 mod proc_address;
 
 use std::cell::Cell;

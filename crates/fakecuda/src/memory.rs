@@ -10,6 +10,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use crate::{Code, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY};
 
+/// A range of addresses: its start and bytes.
+pub type Span = (u64, usize);
+
 /// The fake's granularity, for chunks on the GPU and on the host.
 pub const GRANULARITY: usize = 2 << 20;
 
@@ -285,6 +288,20 @@ impl Memory {
             at += mapping.size as u64;
         }
         at >= end
+    }
+
+    /// What the driver says of `ptr`'s range: for a plain allocation, it; for VMM memory, the
+    /// mapping (one physical chunk) holding it and the reservation holding it (as the real
+    /// driver does: `cuMemGetAddressRange` answers the mapping, `cuPointerGetAttribute`'s range
+    /// the reservation). The allocation or mapping, and the reservation if VMM; `None`: not
+    /// device memory.
+    pub fn range(&self, ptr: u64) -> Option<(Span, Option<Span>)> {
+        if let Some((&start, &size)) = self.plain.range(..=ptr).next_back().filter(|(&s, &n)| ptr < s + n as u64) {
+            return Some(((start, size), None));
+        }
+        let (&start, mapping) = self.mappings.range(..=ptr).next_back().filter(|(&s, m)| ptr < s + m.size as u64)?;
+        let reservation = self.reservations.range(..=ptr).next_back().map(|(&s, &n)| (s, n));
+        Some(((start, mapping.size), reservation))
     }
 
     /// Where the chunk mapped at `va` lives: `Some(true)` on the GPU, `Some(false)` on the host.

@@ -58,6 +58,8 @@ fn rows() -> Vec<Row> {
         row(c"cuMemAllocManaged", 6000, cuMemAllocManaged as *mut c_void),
         row(c"cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2 as *mut c_void),
         row(c"cuEventSynchronize", 2000, cuEventSynchronize as *mut c_void),
+        row(c"cuMemGetAddressRange", 3020, pointers::cuMemGetAddressRange_v2 as *mut c_void),
+        row(c"cuPointerGetAttribute", 4000, pointers::cuPointerGetAttribute as *mut c_void),
         row(c"cuIpcGetMemHandle", 4010, ipc::cuIpcGetMemHandle as *mut c_void),
         row(c"cuIpcOpenMemHandle", 4010, ipc::cuIpcOpenMemHandle as *mut c_void),
         row(c"cuIpcOpenMemHandle", 11000, ipc::cuIpcOpenMemHandle_v2 as *mut c_void),

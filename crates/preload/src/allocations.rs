@@ -18,6 +18,8 @@ pub struct Allocation {
     pub va: u64,
     /// Bytes reserved and mapped: the request rounded up to the driver's granularity.
     pub reserved: usize,
+    /// Bytes the program asked for (what the driver reports as the allocation's size).
+    pub requested: usize,
     /// The GPU whose context made it.
     pub ordinal: usize,
     /// Bytes of every chunk but the last.
@@ -82,6 +84,12 @@ impl Allocations {
     }
 
     /// The allocation holding the address `ptr`, anywhere in it.
+    pub fn containing(&self, ptr: u64) -> Option<&Allocation> {
+        let (_, allocation) = self.by_va.range(..=ptr).next_back()?;
+        (ptr < allocation.va + allocation.reserved as u64).then_some(allocation)
+    }
+
+    /// As [`Allocations::containing`], to change it.
     pub fn containing_mut(&mut self, ptr: u64) -> Option<&mut Allocation> {
         let (_, allocation) = self.by_va.range_mut(..=ptr).next_back()?;
         (ptr < allocation.va + allocation.reserved as u64).then_some(allocation)
@@ -117,7 +125,8 @@ mod tests {
 
     fn allocation(va: u64, tiers: &[Tier]) -> Allocation {
         let chunks = tiers.iter().enumerate().map(|(i, &t)| (PhysHandle(i as u64), t)).collect();
-        Allocation { va, reserved: (tiers.len() << 21) - (1 << 20), ordinal: 0, chunk: 2 << 20, chunks, shared: false }
+        let reserved = (tiers.len() << 21) - (1 << 20);
+        Allocation { va, reserved, requested: reserved, ordinal: 0, chunk: 2 << 20, chunks, shared: false }
     }
 
     #[test]

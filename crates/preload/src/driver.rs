@@ -35,6 +35,8 @@ pub type ParamInfoFn = unsafe extern "C" fn(*mut c_void, usize, *mut usize, *mut
 pub type IpcGetMemHandleFn = unsafe extern "C" fn(*mut crate::ipc_wire::IpcMemHandle, u64) -> CuResult;
 pub type IpcOpenMemHandleFn = unsafe extern "C" fn(*mut u64, crate::ipc_wire::IpcMemHandle, c_uint) -> CuResult;
 pub type IpcCloseMemHandleFn = unsafe extern "C" fn(u64) -> CuResult;
+pub type MemGetAddressRangeFn = unsafe extern "C" fn(*mut u64, *mut usize, u64) -> CuResult;
+pub type PointerGetAttributeFn = unsafe extern "C" fn(*mut c_void, c_int, u64) -> CuResult;
 /// `cuFuncGetName` and `cuKernelGetName` (CUDA 12.3): a kernel's name, kept by the driver.
 pub type NameFn = unsafe extern "C" fn(*mut *const std::ffi::c_char, *mut c_void) -> CuResult;
 
@@ -90,6 +92,8 @@ pub struct Driver {
     pub ipc_open_mem_handle: Option<IpcOpenMemHandleFn>,
     pub ipc_open_mem_handle_v2: Option<IpcOpenMemHandleFn>,
     pub ipc_close_mem_handle: Option<IpcCloseMemHandleFn>,
+    pub mem_get_address_range: Option<MemGetAddressRangeFn>,
+    pub pointer_get_attribute: Option<PointerGetAttributeFn>,
 }
 
 // SAFETY: the handle and function pointers are immutable after loading, and the driver library
@@ -150,6 +154,8 @@ impl Driver {
             ipc_open_mem_handle: entry!(handle, c"cuIpcOpenMemHandle", IpcOpenMemHandleFn),
             ipc_open_mem_handle_v2: entry!(handle, c"cuIpcOpenMemHandle_v2", IpcOpenMemHandleFn),
             ipc_close_mem_handle: entry!(handle, c"cuIpcCloseMemHandle", IpcCloseMemHandleFn),
+            mem_get_address_range: entry!(handle, c"cuMemGetAddressRange_v2", MemGetAddressRangeFn),
+            pointer_get_attribute: entry!(handle, c"cuPointerGetAttribute", PointerGetAttributeFn),
         })
     }
 

@@ -69,12 +69,21 @@ fn lock<T>(mutex: &'static Mutex<T>) -> MutexGuard<'static, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Per kind of location (HBM, host): whether the driver refused shareable chunks there.
+static PLAIN_ONLY: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+
+/// Whether tiermem's allocations can be shared by legacy IPC handles: chunks have been made
+/// shareable in HBM and on the host alike (what `CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`
+/// reports, pointers.rs).
+pub fn shareable() -> bool {
+    PLAIN_ONLY.iter().all(|plain| !plain.load(Relaxed))
+}
+
 /// Creates a chunk as the allocations and moves need one: shareable as a POSIX file descriptor
 /// where the driver allows it (so that a handle can be made for it later), else plain, from
 /// then on for that kind of location. Running out of memory is an answer, not a reason to
 /// fall back.
 pub fn create_chunk(device: &dyn Device, location: ChunkLocation, granules: usize) -> Result<PhysHandle, DeviceError> {
-    static PLAIN_ONLY: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
     let plain_only = &PLAIN_ONLY[usize::from(location == ChunkLocation::Host)];
     if !plain_only.load(Relaxed) {
         match device.create_shareable_chunks_at(location, granules) {

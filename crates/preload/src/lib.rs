@@ -120,6 +120,7 @@ mod migrate;
 mod moves;
 mod nvml;
 mod placement;
+mod pointers;
 mod process;
 mod remap;
 mod rounds;
@@ -136,6 +137,7 @@ pub use entry::{
 };
 pub use ipc::{cuIpcCloseMemHandle, cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2};
 pub use nvml::{nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2};
+pub use pointers::{cuMemGetAddressRange_v2, cuPointerGetAttribute};
 pub use routes::{cuGetProcAddress, cuGetProcAddress_v2, dlsym};
 
 /// At exit: prints the statistics when `TIERMEM_STATS` is set (`tiermem run --stats`), and

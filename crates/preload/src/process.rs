@@ -206,7 +206,7 @@ pub fn alloc(call: &str, size: usize) -> Result<Served, CuResult> {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     };
     let placement = placement::place(reserved, chunk, budget, hbm_used);
-    let shape = Allocation { va: 0, reserved, ordinal, chunk, chunks: Vec::new(), shared: false };
+    let shape = Allocation { va: 0, reserved, requested: size, ordinal, chunk, chunks: Vec::new(), shared: false };
     match build(device.as_ref(), shape, placement) {
         Ok(allocation) => {
             let (hbm, host) = (allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host));

@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use crate::boundary::{enter, guard, inside, to_driver, CuResult, CUDA_SUCCESS};
 use crate::driver::{self, driver};
 use crate::wrappers::Route;
-use crate::{entry, gated, ipc, launch};
+use crate::{entry, gated, ipc, launch, pointers};
 
 /// `CUDA_ERROR_NOT_FOUND`: what the driver answers for a symbol it does not have.
 const CUDA_ERROR_NOT_FOUND: CuResult = 500;
@@ -38,6 +38,8 @@ fn routed() -> Vec<Route> {
         (c"cuIpcOpenMemHandle", ipc::cuIpcOpenMemHandle as *mut c_void),
         (c"cuIpcOpenMemHandle_v2", ipc::cuIpcOpenMemHandle_v2 as *mut c_void),
         (c"cuIpcCloseMemHandle", ipc::cuIpcCloseMemHandle as *mut c_void),
+        (c"cuMemGetAddressRange_v2", pointers::cuMemGetAddressRange_v2 as *mut c_void),
+        (c"cuPointerGetAttribute", pointers::cuPointerGetAttribute as *mut c_void),
     ];
     let around_migration: [fn() -> Vec<Route>; 5] =
         [gated::copy_routes, gated::memset_routes, gated::sync_routes, gated::capture_routes, launch::launch_routes];

@@ -2,7 +2,8 @@
 //! `cuIpcGetMemHandle` for an allocation of tiermem's opens in another process under the
 //! preload, which reads what the exporter wrote and writes what the exporter then reads; the
 //! shared allocation no longer moves; a handle whose allocation was freed, or garbage, is
-//! refused with the driver's error and holds nothing; nothing leaks on either side.
+//! refused with the driver's error and holds nothing; nothing leaks on either side. And what a
+//! pointer says of its allocation (`cuMemGetAddressRange`, `cuPointerGetAttribute`).
 
 mod support;
 
@@ -13,4 +14,11 @@ fn a_tiermem_allocation_is_shared_with_another_process_by_a_legacy_handle() {
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("ipc: ok"), "{stdout}\n{stderr}");
     assert!(stderr.contains("freed the allocation"), "the refused open says why: {stderr}");
+}
+
+#[test]
+fn a_pointer_into_tiermem_memory_reports_the_allocation_the_program_made() {
+    let output = support::probe("ranges", &["ranges"], &[("TIERMEM_HBM_LIMIT", "16MiB")]);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("ranges: ok"), "{stdout}\n{stderr}");
 }

@@ -25,6 +25,8 @@
 //! (src/bin/probe/lease.rs).
 //! `tiermem-preload-probe ipc` — a tiermem allocation shared with a child process by legacy
 //! IPC handles, written on both sides; shared, it never moves (src/bin/probe/ipc.rs).
+//! `tiermem-preload-probe ranges` — `cuMemGetAddressRange` and `cuPointerGetAttribute` answer
+//! for the allocation the program made (src/bin/probe/ipc.rs).
 //! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
 //! once under a budget of 16 MiB; every byte reads back, the budget is whole again, nothing leaks.
 
@@ -526,6 +528,7 @@ fn main() {
         ["segments-alternate"] => segments::segments(true),
         ["lease"] => lease::lease(),
         ["ipc"] => ipc::ipc(),
+        ["ranges"] => ipc::ranges(),
         ["ipc-open", handle, len, expect] => ipc::open(handle, len.parse().expect("LEN"), expect, None),
         ["ipc-open", handle, len, expect, write] => {
             ipc::open(handle, len.parse().expect("LEN"), expect, Some(write.parse().expect("WRITE")))
@@ -534,7 +537,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | segments | segments-alternate | lease | ipc"
+                 | migrate-capture | segments | segments-alternate | lease | ipc | ranges"
             );
             std::process::exit(2);
         }

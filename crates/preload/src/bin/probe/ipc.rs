@@ -130,3 +130,49 @@ pub fn open(handle: &str, len: usize, expect: &str, write: Option<u8>) {
     }
     assert_eq!(cuda.census().held(), before.held(), "leak: the last close gives everything back");
 }
+
+type AddressRange = unsafe extern "C" fn(*mut u64, *mut usize, u64) -> u32;
+type Attribute = unsafe extern "C" fn(*mut std::ffi::c_void, std::ffi::c_int, u64) -> u32;
+
+/// `ranges`: what a pointer into a tiermem allocation says of its allocation — the allocation
+/// the program made, from anywhere in it, not the physical chunk holding the pointer — and that
+/// other pointers and attributes get the driver's answers.
+pub fn ranges() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+    let range: AddressRange = cuda.get(c"cuMemGetAddressRange", 0);
+    let attribute: Attribute = cuda.get(c"cuPointerGetAttribute", 0);
+    let asked = 10 * MIB + 100;
+    let (mut big, mut small) = (0u64, 0u64);
+    // SAFETY: valid out-pointers.
+    unsafe {
+        assert_eq!(alloc(&mut big, asked), 0);
+        assert_eq!(alloc(&mut small, 4096), 0, "a small one, the driver's");
+    }
+    let inside = big + 5 * MIB as u64 + 12;
+    let (mut base, mut size) = (0u64, 0usize);
+    let (mut start, mut bytes, mut ipc, mut ordinal) = (0u64, 0usize, 0i32, 0i32);
+    // SAFETY: valid out-pointers of each attribute's type; null where the driver allows it.
+    unsafe {
+        assert_eq!(range(&mut base, &mut size, inside), 0, "cuMemGetAddressRange_v2");
+        assert_eq!((base, size), (big, asked), "the allocation, not the chunk holding the pointer");
+        assert_eq!(range(std::ptr::null_mut(), &mut size, big), 0, "no base wanted");
+        assert_eq!(size, asked);
+        assert_eq!(attribute((&raw mut start).cast(), 11, inside), 0, "RANGE_START_ADDR");
+        assert_eq!(attribute((&raw mut bytes).cast(), 12, inside), 0, "RANGE_SIZE");
+        assert_eq!(attribute((&raw mut ipc).cast(), 10, inside), 0, "IS_LEGACY_CUDA_IPC_CAPABLE");
+        assert_eq!((start, bytes, ipc), (big, asked, 1), "as cuMemAlloc memory");
+        assert_eq!(attribute((&raw mut ordinal).cast(), 9, inside), 801, "another attribute: the driver's answer");
+        assert_eq!(range(&mut base, &mut size, small + 100), 0, "the driver's own allocation");
+        assert_eq!((base, size), (small, 4096));
+        assert_eq!(range(&mut base, &mut size, 0x10), INVALID_VALUE, "no one's pointer: the driver's answer");
+    }
+    let free: Free = cuda.get(c"cuMemFree", 0);
+    // SAFETY: pointers the allocations gave.
+    unsafe {
+        assert_eq!(free(big), 0);
+        assert_eq!(free(small), 0);
+    }
+    println!("ranges: ok");
+}
