@@ -164,7 +164,8 @@ fn swap_all(call: &str, device: &dyn Device, moves: &[Move], ok: &mut [bool], st
     order.sort_by_key(|&i| moves[i].address);
     let ranges: Vec<(u64, usize)> = order.iter().map(|&i| (moves[i].address, moves[i].len)).collect();
     for run in runs(&ranges) {
-        if device.set_access(ranges[run.start].0, span(&ranges[run.clone()])).is_err() {
+        let (start, len) = (ranges[run.start].0, span(&ranges[run.clone()]));
+        if device.set_access_from(start, len, &crate::process::access_gpus(device.info().ordinal)).is_err() {
             for &i in &order[run] {
                 put_back(call, device, &moves[i], true);
                 ok[i] = false;
@@ -180,7 +181,9 @@ fn put_back(call: &str, device: &dyn Device, m: &Move, mapped: bool) {
     if mapped {
         let _ = device.unmap(m.address, m.len);
     }
-    if let Err(why) = device.map_sized(m.address, m.old, m.len).and_then(|()| device.set_access(m.address, m.len)) {
+    let gpus = crate::process::access_gpus(device.info().ordinal);
+    let mapped = device.map_sized(m.address, m.old, m.len);
+    if let Err(why) = mapped.and_then(|()| device.set_access_from(m.address, m.len, &gpus)) {
         log(
             call,
             &format!("0x{:x} could not be mapped again after a failed move ({why})", m.address),
