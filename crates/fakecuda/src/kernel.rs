@@ -211,8 +211,3 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(dst: u64, src: u64, len: usize, _stream: 
     }
     copy_device(dst, src, len)
 }
-
-#[no_mangle]
-pub extern "C" fn cuEventSynchronize(_event: *mut c_void) -> Code {
-    current_context().err().unwrap_or(CUDA_SUCCESS)
-}

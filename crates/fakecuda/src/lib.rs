@@ -10,11 +10,12 @@
 //! Kernels are handles a test registers, which touch the memory their pointer arguments name
 //! when launched (kernel.rs); tests can make one call of a few chunk operations fail.
 //!
-//! What is not here: streams, events, pinned host memory, most asynchronous copies. The entry
+//! What is not here: streams, event timing, pinned host memory, most asynchronous copies. The entry
 //! points the mechanism checks for at open exist, and answer `CUDA_ERROR_NOT_SUPPORTED`. Work
 //! is never in flight (launches and copies run at once), so synchronizing returns at once.
 
 mod device;
+mod events;
 mod ipc;
 mod kernel;
 mod memory;
@@ -446,10 +447,6 @@ not_supported!(
     cuMemHostRegister_v2,
     cuMemHostUnregister,
     cuStreamWaitEvent,
-    cuEventCreate,
-    cuEventDestroy_v2,
-    cuEventRecord,
-    cuEventQuery,
     cuEventElapsedTime_v2,
     cuMemcpyHtoDAsync_v2,
     cuMemcpyDtoHAsync_v2,
@@ -460,5 +457,6 @@ not_supported!(
 );
 
 pub use device::*;
+pub use events::*;
 pub use kernel::*;
 pub use proc_address::{cuGetProcAddress, cuGetProcAddress_v2};

@@ -107,6 +107,7 @@
 mod allocations;
 mod boundary;
 mod cycle;
+mod deferred;
 mod driver;
 mod entry;
 mod gate;

@@ -173,6 +173,9 @@ pub fn stop(call: &str, why: &str) {
 
 /// A quiesce point: the program's synchronization `call` just succeeded (module documentation).
 pub fn quiesce_point(call: &str) {
+    if crate::deferred::any() {
+        crate::deferred::reap(call, false);
+    }
     let config = config();
     if !config.enabled {
         return;

@@ -242,6 +242,13 @@ pub fn alloc(call: &str, size: usize) -> Result<Served, CuResult> {
         Some(current) => current?,
     };
     crate::lease::ensure(call, ordinal);
+    if crate::deferred::any() {
+        // Frees whose streams are done give their memory back first; if this one would not fit
+        // the budget, it waits for the rest rather than spill to the host.
+        crate::deferred::reap(call, false);
+        let wanted = size.saturating_add(hbm_used_on(ordinal));
+        crate::deferred::reap(call, budget_and_use(ordinal).is_some_and(|(budget, _)| wanted > budget));
+    }
     let mut p = process();
     let gpu = p.gpu(call, ordinal);
     let Some(device) = gpu.device.clone() else { return Ok(Served::Driver) };
@@ -345,23 +352,52 @@ fn build(device: &dyn Device, shape: Allocation, placement: Placement) -> Result
     }
 }
 
-/// Frees the allocation starting at `ptr` once `drain` is done. `None`: not an allocation of
-/// tiermem's (never made, freed already, or the driver's own): the caller passes the call on.
+/// An allocation taken out of the books by a free, its shadows with it, to be torn down once
+/// the GPU is done with it ([`teardown`]; deferred.rs waits for its stream's event).
+pub struct Freed {
+    allocation: Allocation,
+    shadows: Vec<(u64, usize)>,
+    device: Arc<dyn Device>,
+}
+
+impl Freed {
+    pub fn device(&self) -> &dyn Device {
+        self.device.as_ref()
+    }
+}
+
+/// Frees the allocation starting at `ptr` once `drain` is done: a context drain waits for it,
+/// a stream drain orders it on the stream and returns (deferred.rs). `None`: not an allocation
+/// of tiermem's (never made, freed already, or the driver's own): the caller passes the call on.
 pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
-    let (allocation, shadows, device) = {
+    let freed = {
         let mut p = process();
         let allocation = p.books.remove(ptr)?;
         hotness::remove(ptr);
         crate::ipc::forget(ptr);
         let shadows = p.shadows.take(allocation.chunks.iter().map(|&(handle, _)| handle));
         let device = p.gpus.get(&allocation.ordinal).and_then(|gpu| gpu.device.clone());
-        (allocation, shadows, device)
+        device.map(|device| Freed { allocation, shadows, device })
     };
-    let Some(device) = device else {
+    let Some(freed) = freed else {
         log(call, &format!("the GPU of 0x{ptr:x} is gone from tiermem's books"), "please report it");
         return Some(CUDA_ERROR_UNKNOWN);
     };
+    let freed = match drain {
+        Drain::Stream(stream) => match crate::deferred::defer(call, freed, stream) {
+            Ok(()) => return Some(CUDA_SUCCESS),
+            Err(freed) => freed,
+        },
+        Drain::Context => freed,
+    };
     let drained = drain_for(drain);
+    Some(teardown(call, freed).map_or_else(|code| code, |()| drained))
+}
+
+/// Unmaps, releases and unreserves a freed allocation, and gives its HBM back to the budget;
+/// `Err` with the code to answer if the driver refused (its memory then stays held).
+pub fn teardown(call: &str, freed: Freed) -> Result<(), CuResult> {
+    let Freed { allocation, shadows, device } = freed;
     shadows::undo(device.as_ref(), &shadows);
     // One unmap per chunk mapping: the driver wants each call to cover whole mappings, and
     // has been seen to answer success for a call over several without unmapping them all
@@ -378,11 +414,11 @@ pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
     p.stats.freed(hbm, host);
     drop(p);
     crate::migrate::release_if_idle(allocation.ordinal);
-    if let Err(why) = torn_down {
+    torn_down.map_err(|why| {
+        let ptr = allocation.va;
         log(call, &format!("0x{ptr:x} could not be unmapped ({why})"), "its memory stays held until the process exits");
-        return Some(CUDA_ERROR_UNKNOWN);
-    }
-    Some(drained)
+        CUDA_ERROR_UNKNOWN
+    })
 }
 
 /// Waits for the work that may use memory about to be freed; the driver's answer.
@@ -474,6 +510,11 @@ pub fn driver_free_done(taken: Taken, freed: bool) {
 /// The GPUs tiermem manages in this process (opened, with a budget).
 pub fn managed_gpus() -> Vec<usize> {
     process().gpus.iter().filter(|(_, gpu)| gpu.device.is_some()).map(|(&ordinal, _)| ordinal).collect()
+}
+
+/// The HBM tiermem holds on GPU `ordinal` (0 if it does not manage it).
+fn hbm_used_on(ordinal: usize) -> usize {
+    budget_and_use(ordinal).map_or(0, |(_, used)| used)
 }
 
 /// GPU `ordinal`'s budget and the HBM tiermem holds on it, if tiermem manages it.

@@ -57,3 +57,11 @@ fn nvml_reports_the_budget_like_cu_mem_get_info() {
     let (stdout, _) = support::assert_passed(&output);
     assert!(stdout.contains("nvml: ok"), "{stdout}");
 }
+
+#[test]
+fn an_async_free_is_ordered_on_its_stream_not_waited_for() {
+    let env = [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_EVENT_POLLS", "10")];
+    let output = support::probe("free-async", &["free-async"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("free-async: ok"), "{stdout}\n{stderr}");
+}

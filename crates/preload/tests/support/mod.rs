@@ -59,6 +59,7 @@ pub fn probe_command(test: &str, args: &[&str], env: &[(&str, &str)]) -> (Comman
         "TIERMEM_STATS_JSON",
         "TIERMEM_FAKE_HBM",
         "TIERMEM_FAKE_HOST_CHUNKS",
+        "TIERMEM_FAKE_EVENT_POLLS",
         "TIERMEM_DAEMON",
     ] {
         command.env_remove(var);
