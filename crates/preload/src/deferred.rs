@@ -1,19 +1,25 @@
-//! `cuMemFreeAsync` on tiermem's memory without blocking the program: the free is ordered on
-//! its stream by an event, and the allocation is torn down once the event completes.
+//! `cuMemFreeAsync` on tiermem's memory without blocking the program, and freed allocations
+//! reused, as the driver's stream-ordered pool does.
 //!
 //! The driver's own `cuMemFreeAsync` returns at once and frees in stream order. Unmapping
 //! memory that queued work may still touch is not safe (illegal-address errors), so tiermem
 //! waited for the stream — which stops a program that allocates and frees asynchronously
 //! every step (PyTorch's `cudaMallocAsync` backend, RAPIDS) from running ahead of its GPU. Now
 //! the allocation leaves the books at once (a second free is the driver's error, and no move
-//! touches it), an event is recorded on the stream, and the allocation waits in a list; each
-//! later allocation, free and quiesce point tears down those whose event has completed, and an
-//! allocation that would not fit the budget waits for them first, so that memory freed in
-//! stream order is the budget's again before anything spills to the host. Until torn down, a
-//! freed allocation still counts against the budget, as the memory is still the GPU's.
+//! touches it), an event is recorded on the stream, and the allocation is kept, still mapped:
 //!
-//! Where no event can be made or recorded (a stream of another context, a driver without
-//! events) the free waits for the stream as before.
+//! * an allocation of the same size on the **same stream** takes it back at once — work on that
+//!   stream runs after the work before the free, as with the driver's pool;
+//! * once its event has completed (looked at by every allocation, free and quiesce point) any
+//!   allocation of the same size takes it back;
+//! * at each quiesce point those done are unmapped, as the driver's pool gives memory back at
+//!   synchronizations (its default release threshold is 0); an allocation that would not fit
+//!   the budget first waits for every pending free and unmaps them, so that memory freed in
+//!   stream order is the budget's again before anything spills to the host.
+//!
+//! Until unmapped, a freed allocation counts against the budget: the memory is still the GPU's.
+//! Where no event can be made or recorded on the stream (a stream of a context of the program's
+//! own), the free waits for the stream as before.
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -22,12 +28,19 @@ use tiermem_mechanism::{EventHandle, StreamHandle};
 use crate::driver::Stream;
 use crate::process::{self, Freed};
 
-/// Freed allocations whose stream may still use them, each with the event that says it is done.
-static PENDING: Mutex<Vec<(Freed, EventHandle)>> = Mutex::new(Vec::new());
+/// A freed allocation kept mapped: the stream it was freed on, and the event recorded there at
+/// the free (`None` once it has completed).
+struct Kept {
+    freed: Freed,
+    stream: usize,
+    event: Option<EventHandle>,
+}
 
-fn pending() -> MutexGuard<'static, Vec<(Freed, EventHandle)>> {
-    // Each change under the lock is one push or removal: consistent after a panic.
-    PENDING.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+static KEPT: Mutex<Vec<Kept>> = Mutex::new(Vec::new());
+
+fn kept() -> MutexGuard<'static, Vec<Kept>> {
+    // Each change under the lock is one push, removal or field update: consistent after a panic.
+    KEPT.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Orders the teardown of `freed` after the work queued on `stream` so far; gives `freed` back
@@ -39,43 +52,61 @@ pub fn defer(call: &str, freed: Freed, stream: Stream) -> Result<(), Freed> {
         let _ = device.destroy_event(event);
         return Err(freed);
     }
-    pending().push((freed, event));
+    kept().push(Kept { freed, stream: stream as usize, event: Some(event) });
     reap(call, false);
     Ok(())
 }
 
-/// Whether frees are waiting for their streams.
+/// Whether freed allocations are kept.
 pub fn any() -> bool {
-    !pending().is_empty()
+    !kept().is_empty()
 }
 
-/// Tears down the freed allocations whose event has completed — all of them, waiting for their
+/// Marks done the kept allocations whose event has completed — all of them, waiting for their
 /// events, if `wait`.
-pub fn reap(call: &str, wait: bool) {
-    let done: Vec<(Freed, EventHandle)> = {
-        let mut pending = pending();
-        let mut done = Vec::new();
-        let mut at = 0;
-        while at < pending.len() {
-            let (freed, event) = &pending[at];
-            let device = freed.device();
-            // An event that cannot be waited for or queried is taken as done: its stream is
-            // gone, or the context broken.
-            let finished = match wait {
-                true => device.synchronize_event(*event).map_or(true, |()| true),
-                false => device.event_done(*event).unwrap_or(true),
-            };
-            if finished {
-                done.push(pending.swap_remove(at));
-            } else {
-                at += 1;
-            }
+pub fn reap(_call: &str, wait: bool) {
+    for entry in kept().iter_mut() {
+        let Some(event) = entry.event else { continue };
+        let device = entry.freed.device();
+        // An event that cannot be waited for or queried is taken as done: its stream is gone,
+        // or the context broken.
+        let finished = match wait {
+            true => device.synchronize_event(event).map_or(true, |()| true),
+            false => device.event_done(event).unwrap_or(true),
+        };
+        if finished {
+            let _ = device.destroy_event(event);
+            entry.event = None;
         }
-        done
+    }
+}
+
+/// Unmaps the kept allocations that are done (all of them after [`reap`] with `wait`).
+pub fn trim(call: &str) {
+    let done: Vec<Freed> = {
+        let mut kept = kept();
+        let (done, waiting): (Vec<Kept>, Vec<Kept>) = kept.drain(..).partition(|entry| entry.event.is_none());
+        *kept = waiting;
+        done.into_iter().map(|entry| entry.freed).collect()
     };
-    for (freed, event) in done {
-        let _ = freed.device().destroy_event(event);
+    for freed in done {
         // A failure is said on stderr; the memory stays held.
         let _ = process::teardown(call, freed);
     }
+}
+
+/// A kept allocation of GPU `ordinal` with `reserved` bytes that an allocation on `stream`
+/// (`None`: not stream-ordered) may take: one done, or one freed on the same stream.
+pub fn reuse(ordinal: usize, reserved: usize, stream: Option<Stream>) -> Option<Freed> {
+    let mut kept = kept();
+    let fits = |entry: &Kept| {
+        let same_stream = stream.is_some_and(|s| s as usize == entry.stream);
+        entry.freed.shape() == (ordinal, reserved) && (entry.event.is_none() || same_stream)
+    };
+    let at = kept.iter().position(fits)?;
+    let entry = kept.swap_remove(at);
+    if let Some(event) = entry.event {
+        let _ = entry.freed.device().destroy_event(event);
+    }
+    Some(entry.freed)
 }

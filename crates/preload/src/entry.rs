@@ -31,12 +31,17 @@ macro_rules! real {
 ///
 /// # Safety
 /// `dptr` must be null or valid for a write.
-unsafe fn alloc_or(call: &str, dptr: *mut u64, size: usize, fallback: impl FnOnce() -> CuResult) -> CuResult {
+unsafe fn alloc_or(
+    call: &str,
+    dptr: *mut u64,
+    (size, stream): (usize, Option<Stream>),
+    fallback: impl FnOnce() -> CuResult,
+) -> CuResult {
     if inside() || dptr.is_null() || size == 0 {
         return to_driver(fallback);
     }
     // SAFETY: checked non-null; the caller's out-pointer.
-    unsafe { serve(call, size, dptr, fallback, |ptr| *dptr = ptr) }
+    unsafe { serve(call, (size, stream), dptr, fallback, |ptr| *dptr = ptr) }
 }
 
 /// Carries out what `process::alloc` decides for `size` bytes: tiermem's pointer handed over by
@@ -47,12 +52,12 @@ unsafe fn alloc_or(call: &str, dptr: *mut u64, size: usize, fallback: impl FnOnc
 /// `dptr` non-null and valid for reads: the driver writes the pointer there on success.
 unsafe fn serve(
     call: &str,
-    size: usize,
+    (size, stream): (usize, Option<Stream>),
     dptr: *mut u64,
     driver: impl FnOnce() -> CuResult,
     hand_over: impl FnOnce(u64),
 ) -> CuResult {
-    guard(call, || match process::alloc(call, size) {
+    guard(call, || match process::alloc(call, size, stream) {
         Ok(Served::Tiermem(ptr)) => {
             hand_over(ptr);
             CUDA_SUCCESS
@@ -95,7 +100,7 @@ fn free_or(call: &str, ptr: u64, drain: Drain, fallback: impl FnOnce() -> CuResu
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> CuResult {
     let real = real!(mem_alloc);
     // SAFETY: the caller's arguments, as the driver takes them.
-    unsafe { alloc_or("cuMemAlloc_v2", dptr, size, || real(dptr, size)) }
+    unsafe { alloc_or("cuMemAlloc_v2", dptr, (size, None), || real(dptr, size)) }
 }
 
 /// `cuMemAllocPitch_v2`: rows of `width` bytes padded to 512 (what the driver gives on the
@@ -123,7 +128,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         return driver();
     }
     // SAFETY: both checked non-null; the caller's out-pointers.
-    unsafe { serve("cuMemAllocPitch_v2", size, dptr, driver, |ptr| (*dptr, *pitch) = (ptr, padded)) }
+    unsafe { serve("cuMemAllocPitch_v2", (size, None), dptr, driver, |ptr| (*dptr, *pitch) = (ptr, padded)) }
 }
 
 /// `cuMemFree_v2`: waits for the context, then unmaps.
@@ -169,7 +174,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: Stream) -> CuResult {
     let real = real!(mem_alloc_async);
     // SAFETY: the caller's arguments, as the driver takes them.
-    unsafe { alloc_or("cuMemAllocAsync", dptr, size, || real(dptr, size, stream)) }
+    unsafe { alloc_or("cuMemAllocAsync", dptr, (size, Some(stream)), || real(dptr, size, stream)) }
 }
 
 /// `cuMemAllocAsync_ptsz`: as `cuMemAllocAsync`.
@@ -180,7 +185,9 @@ pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: St
 pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: Stream) -> CuResult {
     let real = real!(mem_alloc_async_ptsz);
     // SAFETY: the caller's arguments, as the driver takes them.
-    unsafe { alloc_or("cuMemAllocAsync_ptsz", dptr, size, || real(dptr, size, stream)) }
+    let ordered = if stream.is_null() { CU_STREAM_PER_THREAD } else { stream };
+    // SAFETY: the caller's arguments, as the driver takes them.
+    unsafe { alloc_or("cuMemAllocAsync_ptsz", dptr, (size, Some(ordered)), || real(dptr, size, stream)) }
 }
 
 /// `cuMemFreeAsync`: waits for `stream`, then unmaps.

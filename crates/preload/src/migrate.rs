@@ -174,7 +174,9 @@ pub fn stop(call: &str, why: &str) {
 /// A quiesce point: the program's synchronization `call` just succeeded (module documentation).
 pub fn quiesce_point(call: &str) {
     if crate::deferred::any() {
+        // As the driver's pool gives memory back at synchronizations.
         crate::deferred::reap(call, false);
+        crate::deferred::trim(call);
     }
     let config = config();
     if !config.enabled {

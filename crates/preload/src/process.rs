@@ -186,6 +186,21 @@ impl Process {
 
     /// GPU `ordinal` opened (the mechanism's device, which retains its primary context), or
     /// left to the driver if it cannot be.
+    /// Puts a freed allocation kept mapped (deferred.rs) back in the books for a new request of
+    /// `requested` bytes; its start. Its HBM was never given back, so the budget is as it was.
+    fn rebook(&mut self, freed: Freed, requested: usize) -> u64 {
+        let Freed { mut allocation, shadows, device } = freed;
+        // Shadows are made again when a chunk next moves.
+        shadows::undo(device.as_ref(), &shadows);
+        allocation.requested = requested;
+        let (va, end) = (allocation.va, allocation.va + allocation.reserved as u64);
+        let on_host = allocation.chunks.iter().map(|&(_, tier)| tier == Tier::Host).collect();
+        hotness::insert(va, end, allocation.chunk, on_host);
+        self.stats.reused();
+        self.books.insert(allocation);
+        va
+    }
+
     fn open(&mut self, call: &str, ordinal: usize) -> Gpu {
         let opened = CudaDevice::open(ordinal).and_then(|device| {
             let (free, _) = device.mem_info()?;
@@ -235,24 +250,21 @@ pub enum Served {
     DriverCounted { ordinal: usize, bytes: usize },
 }
 
-/// Allocates `size` (> 0) bytes on the current GPU, always mapped, or says who else serves it.
-pub fn alloc(call: &str, size: usize) -> Result<Served, CuResult> {
+/// Allocates `size` (> 0) bytes on the current GPU, always mapped, or says who else serves it;
+/// `stream`: the stream an asynchronous allocation is ordered on.
+pub fn alloc(call: &str, size: usize, stream: Option<Stream>) -> Result<Served, CuResult> {
     let ordinal = match current_gpu() {
         None => return Ok(Served::Driver),
         Some(current) => current?,
     };
     crate::lease::ensure(call, ordinal);
     if crate::deferred::any() {
-        // Frees whose streams are done give their memory back first; if this one would not fit
-        // the budget, it waits for the rest rather than spill to the host.
         crate::deferred::reap(call, false);
-        let wanted = size.saturating_add(hbm_used_on(ordinal));
-        crate::deferred::reap(call, budget_and_use(ordinal).is_some_and(|(budget, _)| wanted > budget));
     }
     let mut p = process();
     let gpu = p.gpu(call, ordinal);
     let Some(device) = gpu.device.clone() else { return Ok(Served::Driver) };
-    let (granularity, chunk, budget, hbm_used) = (gpu.granularity, gpu.chunk, gpu.budget, gpu.hbm_used);
+    let (granularity, chunk, mut budget, mut hbm_used) = (gpu.granularity, gpu.chunk, gpu.budget, gpu.hbm_used);
     if placement::small_to_driver(size, granularity, budget, hbm_used) {
         // Counted now, before the driver is asked, so that threads allocating at once never
         // overrun the budget together; given back if the driver refuses.
@@ -264,6 +276,19 @@ pub fn alloc(call: &str, size: usize) -> Result<Served, CuResult> {
         p.stats.refused += 1;
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     };
+    // A freed allocation of this size kept mapped (deferred.rs) serves it, already counted.
+    if let Some(freed) = crate::deferred::reuse(ordinal, reserved, stream) {
+        return Ok(Served::Tiermem(p.rebook(freed, size)));
+    }
+    if hbm_used + reserved > budget && crate::deferred::any() {
+        // Memory freed in stream order is the budget's again before anything spills.
+        drop(p);
+        crate::deferred::reap(call, true);
+        crate::deferred::trim(call);
+        p = process();
+        let gpu = p.gpu(call, ordinal);
+        (budget, hbm_used) = (gpu.budget, gpu.hbm_used);
+    }
     let placement = placement::place(reserved, chunk, budget, hbm_used);
     let shape = Allocation { va: 0, reserved, requested: size, ordinal, chunk, chunks: Vec::new(), shared: false };
     match build(device.as_ref(), shape, placement) {
@@ -363,6 +388,15 @@ pub struct Freed {
 impl Freed {
     pub fn device(&self) -> &dyn Device {
         self.device.as_ref()
+    }
+
+    /// Its GPU and bytes reserved, which a reuse must match (deferred.rs); a shared allocation
+    /// (ipc.rs) matches nothing: another process may still map its chunks.
+    pub fn shape(&self) -> (usize, usize) {
+        match self.allocation.shared {
+            true => (usize::MAX, 0),
+            false => (self.allocation.ordinal, self.allocation.reserved),
+        }
     }
 }
 
@@ -510,11 +544,6 @@ pub fn driver_free_done(taken: Taken, freed: bool) {
 /// The GPUs tiermem manages in this process (opened, with a budget).
 pub fn managed_gpus() -> Vec<usize> {
     process().gpus.iter().filter(|(_, gpu)| gpu.device.is_some()).map(|(&ordinal, _)| ordinal).collect()
-}
-
-/// The HBM tiermem holds on GPU `ordinal` (0 if it does not manage it).
-fn hbm_used_on(ordinal: usize) -> usize {
-    budget_and_use(ordinal).map_or(0, |(_, used)| used)
 }
 
 /// GPU `ordinal`'s budget and the HBM tiermem holds on it, if tiermem manages it.

@@ -298,7 +298,14 @@ fn memory() {
         assert_eq!(free_async(c, std::ptr::null_mut()), 0, "cuMemFreeAsync_ptsz");
         let census = cuda.census();
         assert_eq!(census.stream_syncs, syncs, "an async free does not wait for its stream");
-        assert_eq!(census.host_chunks, 20, "ordered by an event (done at once in the fake), its chunk is released");
+        assert_eq!(census.host_chunks, 21, "its chunk is kept mapped, for reuse");
+        let mut again = 0u64;
+        assert_eq!(alloc_async(&mut again, MIB, std::ptr::null_mut()), 0, "cuMemAllocAsync_ptsz again");
+        assert_eq!((again, cuda.census().host_chunks), (c, 21), "the same size takes it back");
+        assert_eq!(free_async(c, std::ptr::null_mut()), 0);
+        let sync: unsafe extern "C" fn() -> Code = cuda.get(c"cuCtxSynchronize", 0);
+        assert_eq!(sync(), 0);
+        assert_eq!(cuda.census().host_chunks, 20, "a synchronization gives it back, as the driver's pool does");
 
         assert_eq!(alloc(&mut d, 0), 1, "zero bytes: the driver's CUDA_ERROR_INVALID_VALUE");
         let syncs = cuda.census().context_syncs;
