@@ -196,7 +196,7 @@ impl Process {
         let (va, end) = (allocation.va, allocation.va + allocation.reserved as u64);
         let on_host = allocation.chunks.iter().map(|&(_, tier)| tier == Tier::Host).collect();
         hotness::insert(va, end, allocation.chunk, on_host);
-        self.stats.reused();
+        self.stats.allocated(allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host));
         self.books.insert(allocation);
         va
     }
@@ -407,6 +407,8 @@ pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
     let freed = {
         let mut p = process();
         let allocation = p.books.remove(ptr)?;
+        // Freed as the program sees it (statistics); its HBM is the budget's once torn down.
+        p.stats.freed(allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host));
         hotness::remove(ptr);
         crate::ipc::forget(ptr);
         let shadows = p.shadows.take(allocation.chunks.iter().map(|&(handle, _)| handle));
@@ -441,11 +443,9 @@ pub fn teardown(call: &str, freed: Freed) -> Result<(), CuResult> {
         .and_then(|()| allocation.chunks.iter().try_for_each(|&(handle, _)| device.release_chunk(handle)))
         .and_then(|()| device.unreserve(allocation.va, allocation.reserved));
     let mut p = process();
-    let (hbm, host) = (allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host));
     if let Some(gpu) = p.gpus.get_mut(&allocation.ordinal) {
-        gpu.hbm_used = gpu.hbm_used.saturating_sub(hbm);
+        gpu.hbm_used = gpu.hbm_used.saturating_sub(allocation.bytes_on(Tier::Hbm));
     }
-    p.stats.freed(hbm, host);
     drop(p);
     crate::migrate::release_if_idle(allocation.ordinal);
     torn_down.map_err(|why| {

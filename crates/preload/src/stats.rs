@@ -59,11 +59,6 @@ impl Stats {
         self.host.add(host);
     }
 
-    /// A freed allocation, still mapped and counted live, taken again (deferred.rs).
-    pub fn reused(&mut self) {
-        self.allocations += 1;
-    }
-
     pub fn freed(&mut self, hbm: usize, host: usize) {
         self.live.sub(1);
         self.hbm.sub(hbm);
