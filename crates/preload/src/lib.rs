@@ -92,7 +92,9 @@
 //!  cuLaunchKernel …                launch.rs: pause (cycle.rs) + gate + argument scan → hotness.rs, cycle.rs
 //!  cuMemcpy* · cuMemset* · sync    gated.rs (wrappers.rs writes them): gate, quiesce points
 //!        │
-//!  process.rs                      GPUs, budget, allocations.rs (books), stats.rs
+//!  process.rs                      GPUs, budget, allocations.rs (books), stats.rs, peers.rs (two GPUs)
+//!  ipc.rs · pointers.rs            legacy IPC handles, what a pointer says of its allocation
+//!  deferred.rs                     async frees: stream-ordered, kept mapped for reuse
 //!        │                 └──── placement.rs (pure: HBM or host at allocation)
 //!  migrate.rs                      at a quiesce point: moves.rs (pure: what moves), then maps, copies, remaps;
 //!                                  at a pause: a segment's moves (segments.rs, pure: cut and Belady)
@@ -120,6 +122,7 @@ mod lease;
 mod migrate;
 mod moves;
 mod nvml;
+mod peers;
 mod placement;
 mod pointers;
 mod process;

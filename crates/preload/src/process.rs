@@ -23,7 +23,6 @@
 //! or memory query; a GPU that cannot be opened is left to the driver, unmanaged.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tiermem_mechanism::cuda::CudaDevice;
@@ -131,67 +130,33 @@ fn budget(call: &str, free: usize) -> usize {
     }
 }
 
-/// Per GPU (ordinals below 64), the GPUs its allocations are opened to, as a bit mask: its own,
-/// and every other GPU of the process that can reach its memory. A program using two GPUs copies
-/// between them (a model split across GPUs), and the driver refuses a copy or a kernel on one
-/// GPU touching VMM memory that is not opened to it (`CUDA_ERROR_INVALID_VALUE`, seen on the
-/// H200 pair), where `cuMemAlloc` memory is reachable from every peer.
-static ACCESS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
-
-/// The GPUs that GPU `ordinal`'s allocations are opened to (its own first).
-pub fn access_gpus(ordinal: usize) -> Vec<usize> {
-    let mask = ACCESS.get(ordinal).map_or(0, |mask| mask.load(Relaxed));
-    std::iter::once(ordinal).chain((0..64).filter(|&g| g != ordinal && mask & (1 << g) != 0)).collect()
-}
-
 impl Process {
     /// GPU `ordinal`, opened at its first use; a second GPU opened makes each GPU's allocations
-    /// reachable from the other where the hardware allows ([`access_gpus`]).
+    /// reachable from the other where the hardware allows (peers.rs).
     pub fn gpu(&mut self, call: &str, ordinal: usize) -> &mut Gpu {
         if !self.gpus.contains_key(&ordinal) {
             let gpu = self.open(call, ordinal);
             let opened = gpu.device.clone();
             self.gpus.insert(ordinal, gpu);
             if let Some(device) = opened {
-                self.meet_peers(call, ordinal, device.as_ref());
+                crate::peers::opened(self, call, ordinal, device.as_ref());
             }
         }
         self.gpus.get_mut(&ordinal).expect("inserted above")
     }
 
-    /// GPU `ordinal` just opened: it and the GPUs opened before reach each other's allocations
-    /// where they can, those allocations made already included.
-    fn meet_peers(&mut self, call: &str, ordinal: usize, device: &dyn Device) {
-        let Some(mine) = ACCESS.get(ordinal) else { return };
-        for (&other, gpu) in self.gpus.iter().filter(|(&g, gpu)| g != ordinal && g < 64 && gpu.device.is_some()) {
-            let theirs = gpu.device.as_ref().expect("filtered");
-            if theirs.peer_access(ordinal) {
-                mine.fetch_or(1 << other, Relaxed);
-            }
-            if device.peer_access(other) {
-                ACCESS[other].fetch_or(1 << ordinal, Relaxed);
-            }
-        }
-        for allocation in self.books.iter().filter(|a| a.ordinal != ordinal) {
-            let gpus = access_gpus(allocation.ordinal);
-            let Some(owner) = self.gpus.get(&allocation.ordinal).and_then(|gpu| gpu.device.as_ref()) else { continue };
-            if gpus.contains(&ordinal) {
-                if let Err(why) = owner.set_access_from(allocation.va, allocation.reserved, &gpus) {
-                    let what = format!("0x{:x} could not be opened to GPU {ordinal} ({why})", allocation.va);
-                    log(call, &what, &format!("kernels and copies on GPU {ordinal} cannot reach it"));
-                }
-            }
-        }
-    }
-
-    /// GPU `ordinal` opened (the mechanism's device, which retains its primary context), or
-    /// left to the driver if it cannot be.
     /// Puts a freed allocation kept mapped (deferred.rs) back in the books for a new request of
     /// `requested` bytes; its start. Its HBM was never given back, so the budget is as it was.
     fn rebook(&mut self, freed: Freed, requested: usize) -> u64 {
         let Freed { mut allocation, shadows, device } = freed;
         // Shadows are made again when a chunk next moves.
         shadows::undo(device.as_ref(), &shadows);
+        let gpus = crate::peers::access_gpus(allocation.ordinal);
+        if gpus.len() > 1 {
+            // A GPU opened since it was freed reaches it too (peers.rs); a failure leaves it to
+            // its own GPU, as before.
+            let _ = device.set_access_from(allocation.va, allocation.reserved, &gpus);
+        }
         allocation.requested = requested;
         let (va, end) = (allocation.va, allocation.va + allocation.reserved as u64);
         let on_host = allocation.chunks.iter().map(|&(_, tier)| tier == Tier::Host).collect();
@@ -201,6 +166,8 @@ impl Process {
         va
     }
 
+    /// GPU `ordinal` opened (the mechanism's device, which retains its primary context), or
+    /// left to the driver if it cannot be.
     fn open(&mut self, call: &str, ordinal: usize) -> Gpu {
         let opened = CudaDevice::open(ordinal).and_then(|device| {
             let (free, _) = device.mem_info()?;
@@ -360,7 +327,7 @@ fn build(device: &dyn Device, shape: Allocation, placement: Placement) -> Result
             device.map_sized(allocation.chunk_va(index), handle, len)?;
             mapped += 1;
         }
-        device.set_access_from(va, allocation.reserved, &access_gpus(ordinal))
+        device.set_access_from(va, allocation.reserved, &crate::peers::access_gpus(ordinal))
     };
     match made(&mut allocation) {
         Ok(()) => Ok(allocation),

@@ -165,7 +165,7 @@ fn swap_all(call: &str, device: &dyn Device, moves: &[Move], ok: &mut [bool], st
     let ranges: Vec<(u64, usize)> = order.iter().map(|&i| (moves[i].address, moves[i].len)).collect();
     for run in runs(&ranges) {
         let (start, len) = (ranges[run.start].0, span(&ranges[run.clone()]));
-        if device.set_access_from(start, len, &crate::process::access_gpus(device.info().ordinal)).is_err() {
+        if device.set_access_from(start, len, &crate::peers::access_gpus(device.info().ordinal)).is_err() {
             for &i in &order[run] {
                 put_back(call, device, &moves[i], true);
                 ok[i] = false;
@@ -181,7 +181,7 @@ fn put_back(call: &str, device: &dyn Device, m: &Move, mapped: bool) {
     if mapped {
         let _ = device.unmap(m.address, m.len);
     }
-    let gpus = crate::process::access_gpus(device.info().ordinal);
+    let gpus = crate::peers::access_gpus(device.info().ordinal);
     let mapped = device.map_sized(m.address, m.old, m.len);
     if let Err(why) = mapped.and_then(|()| device.set_access_from(m.address, m.len, &gpus)) {
         log(
