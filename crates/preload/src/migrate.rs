@@ -318,6 +318,11 @@ fn plan_for(p: &Process, ordinal: usize, heats: &Heats, state: &State) -> (Plan,
 /// step took 11.7 s) — then [`shed`] meets it from this thread: an idle program, or one that
 /// never synchronizes, gives memory back too. Whether the budget is met, or why not.
 pub fn meet(call: &str, ordinal: usize) -> Result<(), String> {
+    // Async frees done with give their HBM back first (deferred.rs).
+    if crate::deferred::any() {
+        crate::deferred::reap(call, false);
+        crate::deferred::trim(call);
+    }
     let met = || process::lock().gpus.get(&ordinal).is_none_or(|gpu| gpu.room_chunks() >= 0);
     if config().enabled {
         // The program's next quiesce point evaluates even with nothing on the host.
