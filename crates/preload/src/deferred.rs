@@ -21,6 +21,7 @@
 //! Where no event can be made or recorded on the stream (a stream of a context of the program's
 //! own), the free waits for the stream as before.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
 use tiermem_mechanism::{EventHandle, StreamHandle};
@@ -37,6 +38,17 @@ struct Kept {
 }
 
 static KEPT: Mutex<Vec<Kept>> = Mutex::new(Vec::new());
+/// Frees ordered on their streams, and allocations served by one kept mapped.
+static ORDERED: AtomicU64 = AtomicU64::new(0);
+static REUSED: AtomicU64 = AtomicU64::new(0);
+
+/// The `--stats` line, if any free was ordered on its stream.
+pub fn report() -> Option<String> {
+    let (ordered, reused) = (ORDERED.load(Relaxed), REUSED.load(Relaxed));
+    (ordered > 0).then(|| {
+        format!("tiermem: stats: async frees: {ordered} ordered on their streams, {reused} taken back by a later allocation")
+    })
+}
 
 fn kept() -> MutexGuard<'static, Vec<Kept>> {
     // Each change under the lock is one push, removal or field update: consistent after a panic.
@@ -53,6 +65,7 @@ pub fn defer(call: &str, freed: Freed, stream: Stream) -> Result<(), Freed> {
         return Err(freed);
     }
     kept().push(Kept { freed, stream: stream as usize, event: Some(event) });
+    ORDERED.fetch_add(1, Relaxed);
     reap(call, false);
     Ok(())
 }
@@ -105,6 +118,7 @@ pub fn reuse(ordinal: usize, reserved: usize, stream: Option<Stream>) -> Option<
     };
     let at = kept.iter().position(fits)?;
     let entry = kept.swap_remove(at);
+    REUSED.fetch_add(1, Relaxed);
     if let Some(event) = entry.event {
         let _ = entry.freed.device().destroy_event(event);
     }

@@ -63,6 +63,19 @@ struct Import {
 static EXPORTS: Mutex<BTreeMap<u64, Export>> = Mutex::new(BTreeMap::new());
 static IMPORTS: Mutex<BTreeMap<u64, Import>> = Mutex::new(BTreeMap::new());
 static SERIAL: AtomicU64 = AtomicU64::new(0);
+/// Opens of other processes' handles that mapped their memory here.
+static OPENED: AtomicU64 = AtomicU64::new(0);
+
+/// The `--stats` line, if any handle was made or opened.
+pub fn report() -> Option<String> {
+    let (exported, opened) = (SERIAL.load(Relaxed), OPENED.load(Relaxed));
+    (exported + opened > 0).then(|| {
+        format!(
+            "tiermem: stats: IPC handles: {exported} allocation(s) shared with other processes (never moved since), \
+             {opened} opened from other processes"
+        )
+    })
+}
 
 fn lock<T>(mutex: &'static Mutex<T>) -> MutexGuard<'static, T> {
     // Each change under these locks is one map update: consistent after a panic.
@@ -199,6 +212,7 @@ fn import(call: &str, name: Name) -> Result<u64, String> {
     }
     let (base, handles) = map(device.as_ref(), &layout, &fds).map_err(|why| format!("mapping it failed ({why})"))?;
     imports.insert(base, Import { name, ordinal, layout, handles, opened: 1 });
+    OPENED.fetch_add(1, Relaxed);
     Ok(base)
 }
 

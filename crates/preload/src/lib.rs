@@ -151,7 +151,7 @@ extern "C" fn report_stats() {
         let (stats, migration) = (process::stats(), migrate::counters());
         if stats_wanted() {
             eprintln!("{}\n{}", stats.report(), migration.report());
-            for line in lease::report() {
+            for line in lease::report().into_iter().chain(ipc::report()).chain(deferred::report()) {
                 eprintln!("{line}");
             }
         }

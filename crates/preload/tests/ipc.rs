@@ -9,11 +9,22 @@ mod support;
 
 #[test]
 fn a_tiermem_allocation_is_shared_with_another_process_by_a_legacy_handle() {
-    let env = [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_HBM", "256M"), ("TIERMEM_MIGRATE_INTERVAL_MS", "0")];
+    let env = [
+        ("TIERMEM_HBM_LIMIT", "16MiB"),
+        ("TIERMEM_FAKE_HBM", "256M"),
+        ("TIERMEM_MIGRATE_INTERVAL_MS", "0"),
+        ("TIERMEM_STATS", "1"),
+    ];
     let output = support::probe("ipc", &["ipc"], &env);
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("ipc: ok"), "{stdout}\n{stderr}");
     assert!(stderr.contains("freed the allocation"), "the refused open says why: {stderr}");
+    // The parent shared B and, at the end, C; each child that opened B says so (stats at exit).
+    assert!(stderr.contains("IPC handles: 2 allocation(s) shared with other processes"), "{stderr}");
+    assert!(
+        stderr.contains("IPC handles: 0 allocation(s) shared with other processes (never moved since), 1 opened"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -25,6 +25,7 @@ fn stats_at_exit_say_what_went_where() {
     );
     assert!(stderr.contains("HBM 0 B at exit, peak 64.00 MiB; host 0 B at exit, peak 42.00 MiB"), "{stderr}");
     assert!(stderr.contains("managed (passed through) 0 B at exit, peak 4.00 KiB"), "{stderr}");
+    assert!(stderr.contains("async frees: 2 ordered on their streams, 1 taken back by a later allocation"), "{stderr}");
 }
 
 #[test]
