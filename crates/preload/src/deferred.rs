@@ -10,8 +10,8 @@
 //!
 //! * an allocation of the same size on the **same stream** takes it back at once — work on that
 //!   stream runs after the work before the free, as with the driver's pool;
-//! * once its event has completed (looked at by every allocation, free and quiesce point) any
-//!   allocation of the same size takes it back;
+//! * once its event has completed (asked by an allocation of that size, and at quiesce points)
+//!   any allocation of the same size takes it back;
 //! * at each quiesce point those done are unmapped, as the driver's pool gives memory back at
 //!   synchronizations (its default release threshold is 0); an allocation that would not fit
 //!   the budget first waits for every pending free and unmaps them, so that memory freed in
@@ -57,7 +57,7 @@ fn kept() -> MutexGuard<'static, Vec<Kept>> {
 
 /// Orders the teardown of `freed` after the work queued on `stream` so far; gives `freed` back
 /// if no event could be made (the caller then waits for the stream).
-pub fn defer(call: &str, freed: Freed, stream: Stream) -> Result<(), Freed> {
+pub fn defer(freed: Freed, stream: Stream) -> Result<(), Freed> {
     let device = freed.device();
     let Ok(event) = device.create_event(false) else { return Err(freed) };
     if device.record_event(event, StreamHandle(stream as u64)).is_err() {
@@ -66,7 +66,6 @@ pub fn defer(call: &str, freed: Freed, stream: Stream) -> Result<(), Freed> {
     }
     kept().push(Kept { freed, stream: stream as usize, event: Some(event) });
     ORDERED.fetch_add(1, Relaxed);
-    reap(call, false);
     Ok(())
 }
 
@@ -77,7 +76,7 @@ pub fn any() -> bool {
 
 /// Marks done the kept allocations whose event has completed — all of them, waiting for their
 /// events, if `wait`.
-pub fn reap(_call: &str, wait: bool) {
+pub fn reap(wait: bool) {
     for entry in kept().iter_mut() {
         let Some(event) = entry.event else { continue };
         let device = entry.freed.device();
@@ -109,14 +108,16 @@ pub fn trim(call: &str) {
 }
 
 /// A kept allocation of GPU `ordinal` with `reserved` bytes that an allocation on `stream`
-/// (`None`: not stream-ordered) may take: one done, or one freed on the same stream.
+/// (`None`: not stream-ordered) may take: one freed on the same stream, or one whose event has
+/// completed — asked of the driver only for allocations of that size, so that an allocation
+/// costs no query per kept free.
 pub fn reuse(ordinal: usize, reserved: usize, stream: Option<Stream>) -> Option<Freed> {
     let mut kept = kept();
-    let fits = |entry: &Kept| {
+    let at = kept.iter().position(|entry| {
         let same_stream = stream.is_some_and(|s| s as usize == entry.stream);
-        entry.freed.shape() == (ordinal, reserved) && (entry.event.is_none() || same_stream)
-    };
-    let at = kept.iter().position(fits)?;
+        entry.freed.reusable_as() == Some((ordinal, reserved))
+            && (same_stream || entry.event.is_none_or(|event| entry.freed.device().event_done(event).unwrap_or(false)))
+    })?;
     let entry = kept.swap_remove(at);
     REUSED.fetch_add(1, Relaxed);
     if let Some(event) = entry.event {

@@ -175,7 +175,7 @@ pub fn stop(call: &str, why: &str) {
 pub fn quiesce_point(call: &str) {
     if crate::deferred::any() {
         // As the driver's pool gives memory back at synchronizations.
-        crate::deferred::reap(call, false);
+        crate::deferred::reap(false);
         crate::deferred::trim(call);
     }
     let config = config();
@@ -320,7 +320,7 @@ fn plan_for(p: &Process, ordinal: usize, heats: &Heats, state: &State) -> (Plan,
 pub fn meet(call: &str, ordinal: usize) -> Result<(), String> {
     // Async frees done with give their HBM back first (deferred.rs).
     if crate::deferred::any() {
-        crate::deferred::reap(call, false);
+        crate::deferred::reap(false);
         crate::deferred::trim(call);
     }
     let met = || process::lock().gpus.get(&ordinal).is_none_or(|gpu| gpu.room_chunks() >= 0);

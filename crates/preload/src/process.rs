@@ -225,9 +225,6 @@ pub fn alloc(call: &str, size: usize, stream: Option<Stream>) -> Result<Served, 
         Some(current) => current?,
     };
     crate::lease::ensure(call, ordinal);
-    if crate::deferred::any() {
-        crate::deferred::reap(call, false);
-    }
     let mut p = process();
     let gpu = p.gpu(call, ordinal);
     let Some(device) = gpu.device.clone() else { return Ok(Served::Driver) };
@@ -250,7 +247,7 @@ pub fn alloc(call: &str, size: usize, stream: Option<Stream>) -> Result<Served, 
     if hbm_used + reserved > budget && crate::deferred::any() {
         // Memory freed in stream order is the budget's again before anything spills.
         drop(p);
-        crate::deferred::reap(call, true);
+        crate::deferred::reap(true);
         crate::deferred::trim(call);
         p = process();
         let gpu = p.gpu(call, ordinal);
@@ -357,13 +354,10 @@ impl Freed {
         self.device.as_ref()
     }
 
-    /// Its GPU and bytes reserved, which a reuse must match (deferred.rs); a shared allocation
-    /// (ipc.rs) matches nothing: another process may still map its chunks.
-    pub fn shape(&self) -> (usize, usize) {
-        match self.allocation.shared {
-            true => (usize::MAX, 0),
-            false => (self.allocation.ordinal, self.allocation.reserved),
-        }
+    /// Its GPU and bytes reserved, which a reuse must match (deferred.rs); `None` for a shared
+    /// allocation (ipc.rs), never reused: another process may still map its chunks.
+    pub fn reusable_as(&self) -> Option<(usize, usize)> {
+        (!self.allocation.shared).then_some((self.allocation.ordinal, self.allocation.reserved))
     }
 }
 
@@ -387,7 +381,7 @@ pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
         return Some(CUDA_ERROR_UNKNOWN);
     };
     let freed = match drain {
-        Drain::Stream(stream) => match crate::deferred::defer(call, freed, stream) {
+        Drain::Stream(stream) => match crate::deferred::defer(freed, stream) {
             Ok(()) => return Some(CUDA_SUCCESS),
             Err(freed) => freed,
         },
