@@ -184,13 +184,13 @@ pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: St
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: Stream) -> CuResult {
     let real = real!(mem_alloc_async_ptsz);
-    // SAFETY: the caller's arguments, as the driver takes them.
+    // Stream 0 of a `_ptsz` call is the thread's: reuse matches frees ordered on it (deferred.rs).
     let ordered = if stream.is_null() { CU_STREAM_PER_THREAD } else { stream };
     // SAFETY: the caller's arguments, as the driver takes them.
     unsafe { alloc_or("cuMemAllocAsync_ptsz", dptr, (size, Some(ordered)), || real(dptr, size, stream)) }
 }
 
-/// `cuMemFreeAsync`: waits for `stream`, then unmaps.
+/// `cuMemFreeAsync`: ordered on `stream` by an event, kept mapped for reuse (deferred.rs).
 ///
 /// # Safety
 /// As the driver's.
@@ -201,7 +201,7 @@ pub unsafe extern "C" fn cuMemFreeAsync(ptr: u64, stream: Stream) -> CuResult {
     free_or("cuMemFreeAsync", ptr, Drain::Stream(stream), || unsafe { real(ptr, stream) })
 }
 
-/// `cuMemFreeAsync_ptsz`: waits for `stream` (stream 0: the thread's default stream).
+/// `cuMemFreeAsync_ptsz`: as `cuMemFreeAsync` (stream 0: the thread's default stream).
 ///
 /// # Safety
 /// As the driver's.
