@@ -10,6 +10,8 @@
 //! Kernels are handles a test registers, which touch the memory their pointer arguments name
 //! when launched (kernel.rs); tests can make one call of a few chunk operations fail.
 //!
+//! Memory pools: the default one, created ones, allocations from them and trims (pools.rs).
+//!
 //! What is not here: streams, event timing, pinned host memory, most asynchronous copies. The entry
 //! points the mechanism checks for at open exist, and answer `CUDA_ERROR_NOT_SUPPORTED`. Work
 //! is never in flight (launches and copies run at once), so synchronizing returns at once.
@@ -21,6 +23,7 @@ mod kernel;
 mod memory;
 mod nvml;
 mod pointers;
+mod pools;
 mod proc_address;
 
 use std::cell::Cell;

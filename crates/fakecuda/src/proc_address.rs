@@ -73,6 +73,18 @@ fn rows() -> Vec<Row> {
         threaded(c"cuLaunchKernel", 4000, cuLaunchKernel as *mut c_void, cuLaunchKernel_ptsz as *mut c_void),
         threaded(c"cuMemAllocAsync", 11020, cuMemAllocAsync as *mut c_void, cuMemAllocAsync_ptsz as *mut c_void),
         threaded(c"cuMemFreeAsync", 11020, cuMemFreeAsync as *mut c_void, cuMemFreeAsync_ptsz as *mut c_void),
+        threaded(
+            c"cuMemAllocFromPoolAsync",
+            11020,
+            pools::cuMemAllocFromPoolAsync as *mut c_void,
+            pools::cuMemAllocFromPoolAsync_ptsz as *mut c_void,
+        ),
+        row(c"cuDeviceGetDefaultMemPool", 11020, pools::cuDeviceGetDefaultMemPool as *mut c_void),
+        row(c"cuDeviceGetMemPool", 11020, pools::cuDeviceGetMemPool as *mut c_void),
+        row(c"cuDeviceSetMemPool", 11020, pools::cuDeviceSetMemPool as *mut c_void),
+        row(c"cuMemPoolCreate", 11020, pools::cuMemPoolCreate as *mut c_void),
+        row(c"cuMemPoolDestroy", 11020, pools::cuMemPoolDestroy as *mut c_void),
+        row(c"cuMemPoolTrimTo", 11020, pools::cuMemPoolTrimTo as *mut c_void),
     ]
 }
 

@@ -14,7 +14,7 @@ use crate::driver::{driver, Driver, Stream};
 use crate::process::{self, Drain, Served};
 
 /// `CU_STREAM_PER_THREAD`: what stream 0 means to a `_ptsz` entry point.
-const CU_STREAM_PER_THREAD: Stream = 0x2 as Stream;
+pub(crate) const CU_STREAM_PER_THREAD: Stream = 0x2 as Stream;
 
 /// The driver's function `$field`, or `CUDA_ERROR_NOT_INITIALIZED` from the enclosing wrapper
 /// when there is no driver (no program could have reached a wrapper through it then).
@@ -31,7 +31,7 @@ macro_rules! real {
 ///
 /// # Safety
 /// `dptr` must be null or valid for a write.
-unsafe fn alloc_or(
+pub(crate) unsafe fn alloc_or(
     call: &str,
     dptr: *mut u64,
     (size, stream): (usize, Option<Stream>),
@@ -166,13 +166,18 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 }
 
 /// `cuMemAllocAsync`: the memory is mapped before the call returns, so it is ready for work
-/// on `stream` (and on any other) at once.
+/// on `stream` (and on any other) at once. While the program has made a pool of its own current
+/// to the GPU, the driver's (pools.rs).
 ///
 /// # Safety
 /// As the driver's.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: Stream) -> CuResult {
     let real = real!(mem_alloc_async);
+    if !crate::pools::async_allocations_served() {
+        // SAFETY: the driver's own function with the caller's arguments.
+        return to_driver(|| unsafe { real(dptr, size, stream) });
+    }
     // SAFETY: the caller's arguments, as the driver takes them.
     unsafe { alloc_or("cuMemAllocAsync", dptr, (size, Some(stream)), || real(dptr, size, stream)) }
 }
@@ -184,6 +189,10 @@ pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: St
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: Stream) -> CuResult {
     let real = real!(mem_alloc_async_ptsz);
+    if !crate::pools::async_allocations_served() {
+        // SAFETY: the driver's own function with the caller's arguments.
+        return to_driver(|| unsafe { real(dptr, size, stream) });
+    }
     // Stream 0 of a `_ptsz` call is the thread's: reuse matches frees ordered on it (deferred.rs).
     let ordered = if stream.is_null() { CU_STREAM_PER_THREAD } else { stream };
     // SAFETY: the caller's arguments, as the driver takes them.

@@ -125,6 +125,7 @@ mod nvml;
 mod peers;
 mod placement;
 mod pointers;
+mod pools;
 mod process;
 mod remap;
 mod rounds;
@@ -142,6 +143,7 @@ pub use entry::{
 pub use ipc::{cuIpcCloseMemHandle, cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2};
 pub use nvml::{nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2};
 pub use pointers::{cuMemGetAddressRange_v2, cuPointerGetAttribute};
+pub use pools::{cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz, cuMemPoolTrimTo};
 pub use routes::{cuGetProcAddress, cuGetProcAddress_v2, dlsym};
 
 /// At exit: prints the statistics when `TIERMEM_STATS` is set (`tiermem run --stats`), and

@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use crate::boundary::{enter, guard, inside, to_driver, CuResult, CUDA_SUCCESS};
 use crate::driver::{self, driver};
 use crate::wrappers::Route;
-use crate::{entry, gated, ipc, launch, pointers};
+use crate::{entry, gated, ipc, launch, pointers, pools};
 
 /// `CUDA_ERROR_NOT_FOUND`: what the driver answers for a symbol it does not have.
 const CUDA_ERROR_NOT_FOUND: CuResult = 500;
@@ -41,9 +41,15 @@ fn routed() -> Vec<Route> {
         (c"cuMemGetAddressRange_v2", pointers::cuMemGetAddressRange_v2 as *mut c_void),
         (c"cuPointerGetAttribute", pointers::cuPointerGetAttribute as *mut c_void),
     ];
-    let around_migration: [fn() -> Vec<Route>; 5] =
-        [gated::copy_routes, gated::memset_routes, gated::sync_routes, gated::capture_routes, launch::launch_routes];
-    memory.into_iter().chain(around_migration.iter().flat_map(|table| table())).collect()
+    let tables: [fn() -> Vec<Route>; 6] = [
+        pools::pool_routes,
+        gated::copy_routes,
+        gated::memset_routes,
+        gated::sync_routes,
+        gated::capture_routes,
+        launch::launch_routes,
+    ];
+    memory.into_iter().chain(tables.iter().flat_map(|table| table())).collect()
 }
 
 /// Real pointer → wrapper, as addresses; built once, when the driver is first needed.

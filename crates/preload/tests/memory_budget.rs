@@ -61,6 +61,13 @@ fn nvml_reports_the_budget_like_cu_mem_get_info() {
 }
 
 #[test]
+fn the_default_pool_is_tiermems_other_pools_the_drivers() {
+    let output = support::probe("pools", &["pools"], &[("TIERMEM_HBM_LIMIT", "16MiB")]);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("pools: ok"), "{stdout}\n{stderr}");
+}
+
+#[test]
 fn an_async_free_is_ordered_on_its_stream_not_waited_for() {
     let env = [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_EVENT_POLLS", "10")];
     let output = support::probe("free-async", &["free-async"], &env);

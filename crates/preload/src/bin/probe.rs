@@ -29,6 +29,8 @@
 //! for the allocation the program made (src/bin/probe/ipc.rs).
 //! `tiermem-preload-probe free-async` — `cuMemFreeAsync` ordered on its stream, not waited for
 //! (src/bin/probe/frees.rs).
+//! `tiermem-preload-probe pools` — the default pool's allocations are tiermem's, other pools'
+//! the driver's (src/bin/probe/pools.rs).
 //! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
 //! once under a budget of 16 MiB; every byte reads back, the budget is whole again, nothing leaks.
 
@@ -40,6 +42,8 @@ mod ipc;
 mod lease;
 #[path = "probe/migration.rs"]
 mod migration;
+#[path = "probe/pools.rs"]
+mod pools;
 #[path = "probe/segments.rs"]
 mod segments;
 
@@ -242,6 +246,13 @@ fn routing() {
     assert_ne!(legacy, per_thread, "the per-thread variant is a wrapper of its own");
     assert_eq!(per_thread, Cuda::dlsym(cuda.handle, c"cuMemAllocAsync_ptsz"));
     assert_tiermem(cuda.proc(c"cuMemFreeAsync", 12000, PER_THREAD).2, "cuMemFreeAsync_ptsz");
+    let (from_pool, from_pool_ptsz) =
+        (cuda.proc(c"cuMemAllocFromPoolAsync", 12000, 0).2, cuda.proc(c"cuMemAllocFromPoolAsync", 12000, PER_THREAD).2);
+    assert_tiermem(from_pool, "cuMemAllocFromPoolAsync");
+    assert_eq!(from_pool_ptsz, Cuda::dlsym(cuda.handle, c"cuMemAllocFromPoolAsync_ptsz"));
+    assert_ne!(from_pool, from_pool_ptsz, "cuMemAllocFromPoolAsync_ptsz has a wrapper of its own");
+    assert_tiermem(cuda.proc(c"cuMemPoolTrimTo", 12000, 0).2, "cuMemPoolTrimTo");
+    assert_driver(cuda.proc(c"cuMemPoolCreate", 12000, 0).2, "cuMemPoolCreate");
     assert_tiermem(cuda.proc(c"cuGetProcAddress", 12000, 0).2, "cuGetProcAddress(cuGetProcAddress)");
     assert_tiermem(cuda.proc(c"cuMemGetInfo", 12000, 0).2, "cuGetProcAddress(cuMemGetInfo)");
     let sync = cuda.proc(c"cuStreamSynchronize", 12000, PER_THREAD).2;
@@ -541,6 +552,7 @@ fn main() {
         ["ipc"] => ipc::ipc(),
         ["ranges"] => ipc::ranges(),
         ["free-async"] => frees::free_async(),
+        ["pools"] => pools::pools(),
         ["ipc-open", handle, len, expect] => ipc::open(handle, len.parse().expect("LEN"), expect, None),
         ["ipc-open", handle, len, expect, write] => {
             ipc::open(handle, len.parse().expect("LEN"), expect, Some(write.parse().expect("WRITE")))
@@ -549,7 +561,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | segments | segments-alternate | lease | ipc | ranges | free-async"
+                 | migrate-capture | segments | segments-alternate | lease | ipc | ranges | free-async | pools"
             );
             std::process::exit(2);
         }

@@ -1,0 +1,83 @@
+//! The probe's check of memory pools (`pools`), under a budget of 16 MiB: allocations from the
+//! GPU's default pool are tiermem's (in chunks, under the budget, beyond it on the host, freed in
+//! stream order and given back by `cuMemPoolTrimTo`); a pool the program created is the
+//! driver's, and so is `cuMemAllocAsync` while such a pool is current to the GPU.
+
+use std::ffi::{c_int, c_void};
+
+use super::{AllocAsync, Census, Code, Cuda, FreeAsync, MIB, PER_THREAD};
+
+type AllocFromPool = unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> Code;
+type GetPool = unsafe extern "C" fn(*mut *mut c_void, c_int) -> Code;
+type SetPool = unsafe extern "C" fn(c_int, *mut c_void) -> Code;
+type PoolCreate = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> Code;
+type PoolDestroy = unsafe extern "C" fn(*mut c_void) -> Code;
+type TrimTo = unsafe extern "C" fn(*mut c_void, usize) -> Code;
+
+/// (GPU chunks, host chunks, the driver's own allocations).
+fn held(cuda: &Cuda) -> (usize, usize, usize) {
+    let Census { gpu_chunks, host_chunks, plain, .. } = cuda.census();
+    (gpu_chunks, host_chunks, plain)
+}
+
+pub fn pools() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let before = cuda.census();
+    let from_pool: AllocFromPool = cuda.get(c"cuMemAllocFromPoolAsync", 0);
+    let from_pool_ptsz: AllocFromPool = cuda.get(c"cuMemAllocFromPoolAsync", PER_THREAD);
+    let default_pool: GetPool = cuda.get(c"cuDeviceGetDefaultMemPool", 0);
+    let set_pool: SetPool = cuda.get(c"cuDeviceSetMemPool", 0);
+    let create: PoolCreate = cuda.get(c"cuMemPoolCreate", 0);
+    let destroy: PoolDestroy = cuda.get(c"cuMemPoolDestroy", 0);
+    let trim: TrimTo = cuda.get(c"cuMemPoolTrimTo", 0);
+    let alloc_async: AllocAsync = cuda.get(c"cuMemAllocAsync", 0);
+    let free_async: FreeAsync = cuda.get(c"cuMemFreeAsync", 0);
+    let trims: unsafe extern "C" fn() -> usize = cuda.fake(c"tiermem_fake_pool_trims");
+    let stream = std::ptr::null_mut();
+    let (mut default, mut own) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let (mut a, mut b, mut c, mut d, mut e) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let props = [0u8; 88];
+    // SAFETY: valid out-pointers, handles the driver gave, and pointers the allocations gave.
+    unsafe {
+        assert_eq!(default_pool(&mut default, 0), 0, "cuDeviceGetDefaultMemPool");
+        assert_eq!(from_pool(&mut a, 4 * MIB, default, stream), 0, "cuMemAllocFromPoolAsync");
+        assert_eq!(held(&cuda), (2, 0, 0), "the default pool's allocation is tiermem's: two chunks");
+        cuda.write_and_verify(a, 4 * MIB, 3);
+        assert_eq!(from_pool_ptsz(&mut b, 16 * MIB, default, stream), 0, "cuMemAllocFromPoolAsync_ptsz");
+        assert_eq!(held(&cuda), (8, 2, 0), "under the budget: what does not fit lives on the host");
+        cuda.write_and_verify(b, 16 * MIB, 4);
+        cuda.verify(a, 4 * MIB, 3);
+        assert_eq!(free_async(b, stream), 0);
+        assert_eq!(free_async(a, stream), 0);
+        assert_eq!(held(&cuda).0, 8, "freed in stream order, kept until done with");
+        let driver_trims = trims();
+        assert_eq!(trim(default, 0), 0, "cuMemPoolTrimTo");
+        assert_eq!(held(&cuda), (0, 0, 0), "trimming the default pool gives tiermem's kept frees back");
+        assert_eq!(trims(), driver_trims + 1, "and the driver's pool is trimmed too");
+
+        assert_eq!(create(&mut own, props.as_ptr().cast()), 0, "cuMemPoolCreate");
+        assert_eq!(from_pool(&mut c, 4 * MIB, own, stream), 0);
+        assert_eq!(held(&cuda), (0, 0, 1), "a pool of the program's own is the driver's");
+        assert_eq!(cuda.mem_info(), (16 * MIB, 16 * MIB), "not counted against the budget");
+        cuda.write_and_verify(c, 4 * MIB, 5);
+        assert_eq!(set_pool(0, own), 0, "cuDeviceSetMemPool");
+        assert_eq!(alloc_async(&mut d, 4 * MIB, stream), 0);
+        assert_eq!(held(&cuda), (0, 0, 2), "cuMemAllocAsync while the program's pool is current: the driver's");
+        assert_eq!(set_pool(0, default), 0);
+        assert_eq!(alloc_async(&mut e, 4 * MIB, stream), 0);
+        assert_eq!(held(&cuda), (2, 0, 2), "the default pool current again: tiermem's");
+        for ptr in [c, d, e] {
+            assert_eq!(free_async(ptr, stream), 0);
+        }
+        assert_eq!(trim(default, 0), 0);
+        assert_eq!(destroy(own), 0, "cuMemPoolDestroy");
+        assert_eq!(
+            from_pool(&mut a, 4 * MIB, own, stream),
+            1,
+            "a destroyed pool: the driver's CUDA_ERROR_INVALID_VALUE"
+        );
+    }
+    assert_eq!(cuda.census().held(), before.held(), "leak");
+    println!("pools: ok");
+}

@@ -1,0 +1,153 @@
+//! Stream-ordered memory pools: which of them tiermem serves.
+//!
+//! `cuMemAllocAsync` allocates from the pool *current* to the stream's GPU, which is the GPU's
+//! default pool unless the program made another one current (`cuDeviceSetMemPool`);
+//! `cuMemAllocFromPoolAsync` names its pool. TensorFlow's and XLA's `cuda_malloc_async`
+//! allocators and CuPy's `MemoryAsyncPool` allocate from the default pool by name, PyTorch's
+//! `cudaMallocAsync` backend through `cuMemAllocAsync`. The default pool has no properties a
+//! program relies on beyond memory of its GPU (it cannot be exported, and its allocations are
+//! freed by `cuMemFreeAsync` like any), so tiermem serves its allocations as it serves
+//! `cuMemAllocAsync`'s: under the budget, always mapped, freed in stream order (deferred.rs).
+//!
+//! A pool the program created is the driver's: its properties (a host location, shareable
+//! handles for `cuMemPoolExportPointer`, access from other GPUs) are what the program asked
+//! for, and tiermem's memory would not have them. Its allocations pass through, and so does
+//! `cuMemAllocAsync` while such a pool is current; they are not counted against the budget.
+//! `cuMemPoolTrimTo` on a default pool also gives back the HBM of tiermem's frees that are
+//! done with, as the driver's pool gives back its own.
+
+use std::ffi::{c_int, c_void};
+use std::sync::OnceLock;
+
+use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
+use crate::driver::{DeviceHandle, Stream};
+use crate::entry::{alloc_or, CU_STREAM_PER_THREAD};
+use crate::process;
+use crate::wrappers::real_entry;
+
+type MemPool = *mut c_void;
+type GetPoolFn = unsafe extern "C" fn(*mut MemPool, DeviceHandle) -> CuResult;
+type AllocFromPoolFn = unsafe extern "C" fn(*mut u64, usize, MemPool, Stream) -> CuResult;
+type TrimToFn = unsafe extern "C" fn(MemPool, usize) -> CuResult;
+
+/// The driver's function `name` (NUL-terminated), looked up once into `cell`.
+fn cached<F: Copy>(cell: &'static OnceLock<Option<F>>, name: &'static str) -> Option<F> {
+    *cell.get_or_init(|| real_entry(name))
+}
+
+/// GPU `ordinal`'s default pool (`default`) or current pool, as the driver answers.
+fn pool_of(ordinal: usize, default: bool) -> Option<MemPool> {
+    static DEFAULT: OnceLock<Option<GetPoolFn>> = OnceLock::new();
+    static CURRENT: OnceLock<Option<GetPoolFn>> = OnceLock::new();
+    let get = match default {
+        true => cached(&DEFAULT, "cuDeviceGetDefaultMemPool\0")?,
+        false => cached(&CURRENT, "cuDeviceGetMemPool\0")?,
+    };
+    let mut pool = std::ptr::null_mut();
+    // SAFETY: the driver's function with a valid out-pointer and a device handle (= ordinal).
+    let code = unsafe { get(&mut pool, c_int::try_from(ordinal).ok()?) };
+    (code == CUDA_SUCCESS).then_some(pool)
+}
+
+/// Whether `pool` is the default pool of the calling thread's GPU (allocations from it are
+/// tiermem's to serve on that GPU).
+fn is_current_gpus_default(pool: MemPool) -> bool {
+    let Some(Ok(ordinal)) = process::current_gpu() else { return false };
+    pool_of(ordinal, true) == Some(pool)
+}
+
+/// Whether `cuMemAllocAsync` on the calling thread's GPU allocates from its default pool, which
+/// tiermem serves; a driver that cannot say (no pools, no context) leaves that to `alloc_or`.
+pub fn async_allocations_served() -> bool {
+    let Some(Ok(ordinal)) = process::current_gpu() else { return true };
+    match (pool_of(ordinal, false), pool_of(ordinal, true)) {
+        (Some(current), Some(default)) => current == default,
+        _ => true,
+    }
+}
+
+/// Allocates from `pool`: tiermem's memory if it is the GPU's default pool, else the driver's.
+///
+/// # Safety
+/// As the driver's: `dptr` null or valid for a write.
+unsafe fn alloc_from_pool(
+    call: &str,
+    real: AllocFromPoolFn,
+    (dptr, size, pool): (*mut u64, usize, MemPool),
+    (stream, ordered): (Stream, Stream),
+) -> CuResult {
+    // SAFETY: the driver's own function with the caller's arguments.
+    let driver = || unsafe { real(dptr, size, pool, stream) };
+    if inside() || !is_current_gpus_default(pool) {
+        return to_driver(driver);
+    }
+    // SAFETY: the caller's out-pointer.
+    unsafe { alloc_or(call, dptr, (size, Some(ordered)), driver) }
+}
+
+/// `cuMemAllocFromPoolAsync`: from the GPU's default pool, tiermem's memory (as
+/// `cuMemAllocAsync`'s); from any other pool, the driver's.
+///
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut u64,
+    size: usize,
+    pool: MemPool,
+    stream: Stream,
+) -> CuResult {
+    static REAL: OnceLock<Option<AllocFromPoolFn>> = OnceLock::new();
+    let Some(real) = cached(&REAL, "cuMemAllocFromPoolAsync\0") else { return CUDA_ERROR_NOT_INITIALIZED };
+    // SAFETY: the caller's arguments.
+    unsafe { alloc_from_pool("cuMemAllocFromPoolAsync", real, (dptr, size, pool), (stream, stream)) }
+}
+
+/// `cuMemAllocFromPoolAsync_ptsz`: as `cuMemAllocFromPoolAsync` (stream 0: the thread's).
+///
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut u64,
+    size: usize,
+    pool: MemPool,
+    stream: Stream,
+) -> CuResult {
+    static REAL: OnceLock<Option<AllocFromPoolFn>> = OnceLock::new();
+    let Some(real) = cached(&REAL, "cuMemAllocFromPoolAsync_ptsz\0") else { return CUDA_ERROR_NOT_INITIALIZED };
+    let ordered = if stream.is_null() { CU_STREAM_PER_THREAD } else { stream };
+    // SAFETY: the caller's arguments.
+    unsafe { alloc_from_pool("cuMemAllocFromPoolAsync_ptsz", real, (dptr, size, pool), (stream, ordered)) }
+}
+
+/// `cuMemPoolTrimTo`: on a GPU's default pool, tiermem's frees that are done with are given
+/// back too; then the driver's.
+///
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: MemPool, keep: usize) -> CuResult {
+    static REAL: OnceLock<Option<TrimToFn>> = OnceLock::new();
+    let Some(real) = cached(&REAL, "cuMemPoolTrimTo\0") else { return CUDA_ERROR_NOT_INITIALIZED };
+    if !inside() && crate::deferred::any() {
+        guard("cuMemPoolTrimTo", || {
+            if process::managed_gpus().into_iter().any(|ordinal| pool_of(ordinal, true) == Some(pool)) {
+                crate::deferred::reap(false);
+                crate::deferred::trim("cuMemPoolTrimTo");
+            }
+            CUDA_SUCCESS
+        });
+    }
+    // SAFETY: the driver's own function with the caller's arguments.
+    to_driver(|| unsafe { real(pool, keep) })
+}
+
+/// The routed pool functions.
+pub fn pool_routes() -> Vec<crate::wrappers::Route> {
+    vec![
+        (c"cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync as *mut c_void),
+        (c"cuMemAllocFromPoolAsync_ptsz", cuMemAllocFromPoolAsync_ptsz as *mut c_void),
+        (c"cuMemPoolTrimTo", cuMemPoolTrimTo as *mut c_void),
+    ]
+}
