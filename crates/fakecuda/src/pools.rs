@@ -1,10 +1,10 @@
 //! Stream-ordered memory pools, as far as the fake goes: the GPU's default pool, pools a
 //! program creates, the pool current to the GPU (`cuDeviceSetMemPool`), allocations from a
-//! pool (plain memory, as `cuMemAllocAsync`'s) and trims, which are counted for tests
-//! (`tiermem_fake_pool_trims`). A pool has no memory of its own: freeing goes through
+//! pool (plain memory, as `cuMemAllocAsync`'s), the release threshold (the one attribute
+//! kept) and trims, which are counted for tests (`tiermem_fake_pool_trims`). A pool has no memory of its own: freeing goes through
 //! `cuMemFreeAsync`, as with the driver.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -125,6 +125,35 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 ) -> Code {
     // SAFETY: passed on from the caller.
     unsafe { cuMemAllocFromPoolAsync(ptr, size, pool, stream) }
+}
+
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, the one attribute the fake keeps (per pool).
+const RELEASE_THRESHOLD: c_int = 4;
+static THRESHOLDS: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
+
+/// # Safety
+/// As the driver's: `value` valid for the attribute's type (a `cuuint64_t` for the threshold).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void) -> Code {
+    if !known(pool) || value.is_null() || attribute != RELEASE_THRESHOLD {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null; the threshold's value is a cuuint64_t.
+    let threshold = unsafe { value.cast::<u64>().read() };
+    THRESHOLDS.lock().unwrap_or_else(|p| p.into_inner()).insert(pool as u64, threshold);
+    CUDA_SUCCESS
+}
+
+/// # Safety
+/// As the driver's: `value` valid for a write of the attribute's type.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void) -> Code {
+    if !known(pool) || attribute != RELEASE_THRESHOLD {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let threshold = THRESHOLDS.lock().unwrap_or_else(|p| p.into_inner()).get(&(pool as u64)).copied().unwrap_or(0);
+    // SAFETY: the caller's out-pointer, for a cuuint64_t.
+    unsafe { put(value.cast::<u64>(), threshold) }
 }
 
 /// How many times `cuMemPoolTrimTo` was called (a test's view of what reached the driver).

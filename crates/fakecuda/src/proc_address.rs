@@ -85,6 +85,8 @@ fn rows() -> Vec<Row> {
         row(c"cuMemPoolCreate", 11020, pools::cuMemPoolCreate as *mut c_void),
         row(c"cuMemPoolDestroy", 11020, pools::cuMemPoolDestroy as *mut c_void),
         row(c"cuMemPoolTrimTo", 11020, pools::cuMemPoolTrimTo as *mut c_void),
+        row(c"cuMemPoolSetAttribute", 11020, pools::cuMemPoolSetAttribute as *mut c_void),
+        row(c"cuMemPoolGetAttribute", 11020, pools::cuMemPoolGetAttribute as *mut c_void),
     ]
 }
 

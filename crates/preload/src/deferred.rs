@@ -12,15 +12,22 @@
 //!   stream runs after the work before the free, as with the driver's pool;
 //! * once its event has completed (asked by an allocation of that size, and at quiesce points)
 //!   any allocation of the same size takes it back;
-//! * at each quiesce point those done are unmapped, as the driver's pool gives memory back at
-//!   synchronizations (its default release threshold is 0); an allocation that would not fit
-//!   the budget first waits for every pending free and unmaps them, so that memory freed in
-//!   stream order is the budget's again before anything spills to the host.
+//! * at each quiesce point those done are unmapped, oldest first, beyond the *release
+//!   threshold* the program set on the GPU's default pool — as the driver's pool gives memory
+//!   back at synchronizations beyond it (0 by default; PyTorch's `cudaMallocAsync` backend sets
+//!   it to the maximum, so a training loop's tensors come back at the same addresses each step,
+//!   and their shadows with them, which lets stage 3 follow its cycle); an allocation that
+//!   would not fit the budget first waits for every pending free and unmaps them, so that
+//!   memory freed in stream order is the budget's again before anything spills to the host.
+//!
+//! Reuse takes the oldest matching free first, so that a program repeating its steps gets its
+//! allocations back in the same order each time.
 //!
 //! Until unmapped, a freed allocation counts against the budget: the memory is still the GPU's.
 //! Where no event can be made or recorded on the stream (a stream of a context of the program's
 //! own), the free waits for the stream as before.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
@@ -93,18 +100,40 @@ pub fn reap(wait: bool) {
     }
 }
 
-/// Unmaps the kept allocations that are done (all of them after [`reap`] with `wait`).
-pub fn trim(call: &str) {
+/// Unmaps the kept allocations that are done (all of them after [`reap`] with `wait`), oldest
+/// first, keeping the newest up to `keep(ordinal)` bytes on each GPU.
+pub fn trim(call: &str, keep: impl Fn(usize) -> usize) {
     let done: Vec<Freed> = {
         let mut kept = kept();
-        let (done, waiting): (Vec<Kept>, Vec<Kept>) = kept.drain(..).partition(|entry| entry.event.is_none());
-        *kept = waiting;
-        done.into_iter().map(|entry| entry.freed).collect()
+        let (release, stay) = keep_newest(kept.drain(..).collect(), keep);
+        *kept = stay;
+        release
     };
     for freed in done {
         // A failure is said on stderr; the memory stays held.
         let _ = process::teardown(call, freed);
     }
+}
+
+/// Splits `kept` (oldest first) into what to unmap and what stays: those pending stay, and of
+/// those done, the newest up to `keep(ordinal)` bytes per GPU.
+fn keep_newest(kept: Vec<Kept>, keep: impl Fn(usize) -> usize) -> (Vec<Freed>, Vec<Kept>) {
+    let mut room: BTreeMap<usize, usize> = BTreeMap::new();
+    let (mut release, mut stay) = (Vec::new(), Vec::new());
+    for entry in kept.into_iter().rev() {
+        let (ordinal, bytes) = entry.freed.shape();
+        let left = room.entry(ordinal).or_insert_with(|| keep(ordinal));
+        if entry.event.is_some() || bytes <= *left {
+            if entry.event.is_none() {
+                *left -= bytes;
+            }
+            stay.push(entry);
+        } else {
+            release.push(entry.freed);
+        }
+    }
+    stay.reverse();
+    (release, stay)
 }
 
 /// A kept allocation of GPU `ordinal` with `reserved` bytes that an allocation on `stream`
@@ -118,7 +147,7 @@ pub fn reuse(ordinal: usize, reserved: usize, stream: Option<Stream>) -> Option<
         entry.freed.reusable_as() == Some((ordinal, reserved))
             && (same_stream || entry.event.is_none_or(|event| entry.freed.device().event_done(event).unwrap_or(false)))
     })?;
-    let entry = kept.swap_remove(at);
+    let entry = kept.remove(at);
     REUSED.fetch_add(1, Relaxed);
     if let Some(event) = entry.event {
         let _ = entry.freed.device().destroy_event(event);

@@ -174,9 +174,9 @@ pub fn stop(call: &str, why: &str) {
 /// A quiesce point: the program's synchronization `call` just succeeded (module documentation).
 pub fn quiesce_point(call: &str) {
     if crate::deferred::any() {
-        // As the driver's pool gives memory back at synchronizations.
+        // As the driver's pool gives memory back at synchronizations, beyond its threshold.
         crate::deferred::reap(false);
-        crate::deferred::trim(call);
+        crate::deferred::trim(call, crate::pools::release_threshold);
     }
     let config = config();
     if !config.enabled {
@@ -321,7 +321,7 @@ pub fn meet(call: &str, ordinal: usize) -> Result<(), String> {
     // Async frees done with give their HBM back first (deferred.rs).
     if crate::deferred::any() {
         crate::deferred::reap(false);
-        crate::deferred::trim(call);
+        crate::deferred::trim(call, |_| 0);
     }
     let met = || process::lock().gpus.get(&ordinal).is_none_or(|gpu| gpu.room_chunks() >= 0);
     if config().enabled {

@@ -14,7 +14,9 @@
 //! for, and tiermem's memory would not have them. Its allocations pass through, and so does
 //! `cuMemAllocAsync` while such a pool is current; they are not counted against the budget.
 //! `cuMemPoolTrimTo` on a default pool also gives back the HBM of tiermem's frees that are
-//! done with, as the driver's pool gives back its own.
+//! done with, as the driver's pool gives back its own, and the release threshold set on it
+//! (`cuMemPoolSetAttribute`, read from the driver at each quiesce point) says how much of
+//! that HBM tiermem keeps across synchronizations (deferred.rs).
 
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
@@ -29,6 +31,7 @@ type MemPool = *mut c_void;
 type GetPoolFn = unsafe extern "C" fn(*mut MemPool, DeviceHandle) -> CuResult;
 type AllocFromPoolFn = unsafe extern "C" fn(*mut u64, usize, MemPool, Stream) -> CuResult;
 type TrimToFn = unsafe extern "C" fn(MemPool, usize) -> CuResult;
+type GetAttributeFn = unsafe extern "C" fn(MemPool, c_int, *mut c_void) -> CuResult;
 
 /// The driver's function `name` (NUL-terminated), looked up once into `cell`.
 fn cached<F: Copy>(cell: &'static OnceLock<Option<F>>, name: &'static str) -> Option<F> {
@@ -132,15 +135,37 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: MemPool, keep: usize) -> CuResult
     let Some(real) = cached(&REAL, "cuMemPoolTrimTo\0") else { return CUDA_ERROR_NOT_INITIALIZED };
     if !inside() && crate::deferred::any() {
         guard("cuMemPoolTrimTo", || {
-            if process::managed_gpus().into_iter().any(|ordinal| pool_of(ordinal, true) == Some(pool)) {
+            let gpus: Vec<usize> =
+                process::managed_gpus().into_iter().filter(|&ordinal| pool_of(ordinal, true) == Some(pool)).collect();
+            if !gpus.is_empty() {
                 crate::deferred::reap(false);
-                crate::deferred::trim("cuMemPoolTrimTo");
+                crate::deferred::trim(
+                    "cuMemPoolTrimTo",
+                    |ordinal| if gpus.contains(&ordinal) { keep } else { usize::MAX },
+                );
             }
             CUDA_SUCCESS
         });
     }
     // SAFETY: the driver's own function with the caller's arguments.
     to_driver(|| unsafe { real(pool, keep) })
+}
+
+/// The release threshold the program set on GPU `ordinal`'s default pool
+/// (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`): how many bytes of freed memory the pool keeps at a
+/// synchronization; 0 (the driver's default) where the driver cannot say.
+pub fn release_threshold(ordinal: usize) -> usize {
+    const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+    static GET: OnceLock<Option<GetAttributeFn>> = OnceLock::new();
+    let (Some(get), Some(pool)) = (cached(&GET, "cuMemPoolGetAttribute\0"), pool_of(ordinal, true)) else { return 0 };
+    let mut value: u64 = 0;
+    // SAFETY: the driver's function; this attribute's value is a cuuint64_t, written to `value`.
+    let code = unsafe { get(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&raw mut value).cast()) };
+    if code == CUDA_SUCCESS {
+        usize::try_from(value).unwrap_or(usize::MAX)
+    } else {
+        0
+    }
 }
 
 /// The routed pool functions.

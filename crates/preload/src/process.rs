@@ -149,8 +149,8 @@ impl Process {
     /// `requested` bytes; its start. Its HBM was never given back, so the budget is as it was.
     fn rebook(&mut self, freed: Freed, requested: usize) -> u64 {
         let Freed { mut allocation, shadows, device } = freed;
-        // Shadows are made again when a chunk next moves.
-        shadows::undo(device.as_ref(), &shadows);
+        // The same physical chunks: their shadows serve the next moves as before.
+        self.shadows.restore(shadows);
         let gpus = crate::peers::access_gpus(allocation.ordinal);
         if gpus.len() > 1 {
             // A GPU opened since it was freed reaches it too (peers.rs); a failure leaves it to
@@ -248,7 +248,7 @@ pub fn alloc(call: &str, size: usize, stream: Option<Stream>) -> Result<Served, 
         // Memory freed in stream order is the budget's again before anything spills.
         drop(p);
         crate::deferred::reap(true);
-        crate::deferred::trim(call);
+        crate::deferred::trim(call, |_| 0);
         p = process();
         let gpu = p.gpu(call, ordinal);
         (budget, hbm_used) = (gpu.budget, gpu.hbm_used);
@@ -345,7 +345,7 @@ fn build(device: &dyn Device, shape: Allocation, placement: Placement) -> Result
 /// the GPU is done with it ([`teardown`]; deferred.rs waits for its stream's event).
 pub struct Freed {
     allocation: Allocation,
-    shadows: Vec<(u64, usize)>,
+    shadows: shadows::Taken,
     device: Arc<dyn Device>,
 }
 
@@ -357,7 +357,12 @@ impl Freed {
     /// Its GPU and bytes reserved, which a reuse must match (deferred.rs); `None` for a shared
     /// allocation (ipc.rs), never reused: another process may still map its chunks.
     pub fn reusable_as(&self) -> Option<(usize, usize)> {
-        (!self.allocation.shared).then_some((self.allocation.ordinal, self.allocation.reserved))
+        (!self.allocation.shared).then_some(self.shape())
+    }
+
+    /// Its GPU and the bytes it reserves.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.allocation.ordinal, self.allocation.reserved)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The probe's check of memory pools (`pools`), under a budget of 16 MiB: allocations from the
 //! GPU's default pool are tiermem's (in chunks, under the budget, beyond it on the host, freed in
-//! stream order and given back by `cuMemPoolTrimTo`); a pool the program created is the
+//! stream order, kept across synchronizations up to the release threshold set on the pool, and
+//! given back by `cuMemPoolTrimTo`); a pool the program created is the
 //! driver's, and so is `cuMemAllocAsync` while such a pool is current to the GPU.
 
 use std::ffi::{c_int, c_void};
@@ -13,6 +14,10 @@ type SetPool = unsafe extern "C" fn(c_int, *mut c_void) -> Code;
 type PoolCreate = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> Code;
 type PoolDestroy = unsafe extern "C" fn(*mut c_void) -> Code;
 type TrimTo = unsafe extern "C" fn(*mut c_void, usize) -> Code;
+type SetAttribute = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> Code;
+
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
+const RELEASE_THRESHOLD: c_int = 4;
 
 /// (GPU chunks, host chunks, the driver's own allocations).
 fn held(cuda: &Cuda) -> (usize, usize, usize) {
@@ -31,10 +36,12 @@ pub fn pools() {
     let create: PoolCreate = cuda.get(c"cuMemPoolCreate", 0);
     let destroy: PoolDestroy = cuda.get(c"cuMemPoolDestroy", 0);
     let trim: TrimTo = cuda.get(c"cuMemPoolTrimTo", 0);
+    let set_attribute: SetAttribute = cuda.get(c"cuMemPoolSetAttribute", 0);
+    let sync: unsafe extern "C" fn() -> Code = cuda.get(c"cuCtxSynchronize", 0);
     let alloc_async: AllocAsync = cuda.get(c"cuMemAllocAsync", 0);
     let free_async: FreeAsync = cuda.get(c"cuMemFreeAsync", 0);
     let trims: unsafe extern "C" fn() -> usize = cuda.fake(c"tiermem_fake_pool_trims");
-    let stream = std::ptr::null_mut();
+    let (stream, other) = (std::ptr::null_mut(), 0x5eed as *mut c_void);
     let (mut default, mut own) = (std::ptr::null_mut(), std::ptr::null_mut());
     let (mut a, mut b, mut c, mut d, mut e) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let props = [0u8; 88];
@@ -55,6 +62,27 @@ pub fn pools() {
         assert_eq!(trim(default, 0), 0, "cuMemPoolTrimTo");
         assert_eq!(held(&cuda), (0, 0, 0), "trimming the default pool gives tiermem's kept frees back");
         assert_eq!(trims(), driver_trims + 1, "and the driver's pool is trimmed too");
+
+        // A release threshold keeps freed memory across synchronizations, as the driver's pool.
+        let mut threshold: u64 = 8 * MIB as u64;
+        assert_eq!(set_attribute(default, RELEASE_THRESHOLD, (&raw mut threshold).cast()), 0);
+        assert_eq!(from_pool(&mut a, 4 * MIB, default, stream), 0);
+        assert_eq!(alloc_async(&mut b, 6 * MIB, stream), 0);
+        assert_eq!(alloc_async(&mut c, 4 * MIB, stream), 0);
+        cuda.write_and_verify(a, 4 * MIB, 6);
+        for ptr in [a, b, c] {
+            assert_eq!(free_async(ptr, stream), 0);
+        }
+        assert_eq!(sync(), 0, "cuCtxSynchronize");
+        assert_eq!(held(&cuda).0, 4, "the newest frees up to 8 MiB stay: c (4 MiB), not b (6), a (4)");
+        assert_eq!(alloc_async(&mut d, 4 * MIB, other), 0);
+        assert_eq!(d, a, "a kept free comes back at its address, on any stream once done with, oldest first");
+        cuda.verify(d, 4 * MIB, 6);
+        assert_eq!(free_async(d, stream), 0);
+        threshold = 0;
+        assert_eq!(set_attribute(default, RELEASE_THRESHOLD, (&raw mut threshold).cast()), 0);
+        assert_eq!(sync(), 0);
+        assert_eq!(held(&cuda), (0, 0, 0), "a threshold of 0: given back at the synchronization");
 
         assert_eq!(create(&mut own, props.as_ptr().cast()), 0, "cuMemPoolCreate");
         assert_eq!(from_pool(&mut c, 4 * MIB, own, stream), 0);
