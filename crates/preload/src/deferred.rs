@@ -115,6 +115,72 @@ pub fn trim(call: &str, keep: impl Fn(usize) -> usize) {
     }
 }
 
+/// What an allocation that does not fit the budget does to the kept frees (`TIERMEM_KEPT_PRESSURE`):
+/// `all` waits for every one and unmaps them; `need` unmaps the oldest done with until the
+/// allocation fits (waiting for the others only if that is not enough); `spill` leaves them
+/// (the allocation's chunks beyond the budget go to the host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pressure {
+    All,
+    Need,
+    Spill,
+}
+
+fn pressure() -> Pressure {
+    static MODE: std::sync::OnceLock<Pressure> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("TIERMEM_KEPT_PRESSURE").as_deref() {
+        Ok("need") => Pressure::Need,
+        Ok("spill") => Pressure::Spill,
+        _ => Pressure::All,
+    })
+}
+
+/// Gives back kept frees of GPU `ordinal` so that `need` more bytes of HBM fit its budget, as
+/// [`Pressure`] says.
+pub fn make_room(call: &str, ordinal: usize, need: usize) {
+    match pressure() {
+        Pressure::All => {
+            reap(true);
+            trim(call, |_| 0);
+        }
+        Pressure::Spill => {}
+        Pressure::Need => {
+            reap(false);
+            let freed = release_oldest(call, ordinal, need);
+            if freed < need {
+                reap(true);
+                release_oldest(call, ordinal, need - freed);
+            }
+        }
+    }
+}
+
+/// Unmaps the oldest kept frees of GPU `ordinal` that are done with and hold HBM, until
+/// `need` bytes of HBM are free; the bytes of HBM given back.
+fn release_oldest(call: &str, ordinal: usize, need: usize) -> usize {
+    let chosen: Vec<Freed> = {
+        let mut kept = kept();
+        let mut hbm = 0;
+        let mut chosen = Vec::new();
+        let mut index = 0;
+        while index < kept.len() && hbm < need {
+            let entry = &kept[index];
+            if entry.event.is_none() && entry.freed.shape().0 == ordinal && entry.freed.hbm_bytes() > 0 {
+                hbm += entry.freed.hbm_bytes();
+                chosen.push(kept.remove(index).freed);
+            } else {
+                index += 1;
+            }
+        }
+        chosen
+    };
+    let hbm = chosen.iter().map(Freed::hbm_bytes).sum();
+    for freed in chosen {
+        let _ = process::teardown(call, freed);
+    }
+    hbm
+}
+
 /// Splits `kept` (oldest first) into what to unmap and what stays: those pending stay, and of
 /// those done, the newest up to `keep(ordinal)` bytes per GPU.
 fn keep_newest(kept: Vec<Kept>, keep: impl Fn(usize) -> usize) -> (Vec<Freed>, Vec<Kept>) {

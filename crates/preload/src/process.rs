@@ -247,8 +247,7 @@ pub fn alloc(call: &str, size: usize, stream: Option<Stream>) -> Result<Served, 
     if hbm_used + reserved > budget && crate::deferred::any() {
         // Memory freed in stream order is the budget's again before anything spills.
         drop(p);
-        crate::deferred::reap(true);
-        crate::deferred::trim(call, |_| 0);
+        crate::deferred::make_room(call, ordinal, hbm_used + reserved - budget);
         p = process();
         let gpu = p.gpu(call, ordinal);
         (budget, hbm_used) = (gpu.budget, gpu.hbm_used);
@@ -358,6 +357,11 @@ impl Freed {
     /// allocation (ipc.rs), never reused: another process may still map its chunks.
     pub fn reusable_as(&self) -> Option<(usize, usize)> {
         (!self.allocation.shared).then_some(self.shape())
+    }
+
+    /// Bytes of it in HBM.
+    pub fn hbm_bytes(&self) -> usize {
+        self.allocation.bytes_on(Tier::Hbm)
     }
 
     /// Its GPU and the bytes it reserves.
