@@ -4,46 +4,57 @@
 //! The driver's own `cuMemFreeAsync` returns at once and frees in stream order. Unmapping
 //! memory that queued work may still touch is not safe (illegal-address errors), so tiermem
 //! waited for the stream — which stops a program that allocates and frees asynchronously
-//! every step (PyTorch's `cudaMallocAsync` backend, RAPIDS) from running ahead of its GPU. Now
-//! the allocation leaves the books at once (a second free is the driver's error, and no move
-//! touches it), an event is recorded on the stream, and the allocation is kept, still mapped:
+//! every step (PyTorch's `cudaMallocAsync` backend, RAPIDS, TensorFlow's and XLA's
+//! `cuda_malloc_async`) from running ahead of its GPU. Now an event is recorded on the stream
+//! and the allocation is *kept*: still mapped, still in the books but marked as no longer the
+//! program's (a second free is the driver's error, pointer queries get the driver's answers):
 //!
 //! * an allocation of the same size on the **same stream** takes it back at once — work on that
 //!   stream runs after the work before the free, as with the driver's pool;
 //! * once its event has completed (asked by an allocation of that size, and at quiesce points)
-//!   any allocation of the same size takes it back;
+//!   any allocation of the same size takes it back, the oldest free first, so that a program
+//!   repeating its steps gets its allocations back at the same addresses each time;
 //! * at each quiesce point those done are unmapped, oldest first, beyond the *release
 //!   threshold* the program set on the GPU's default pool — as the driver's pool gives memory
 //!   back at synchronizations beyond it (0 by default; PyTorch's `cudaMallocAsync` backend sets
-//!   it to the maximum, so a training loop's tensors come back at the same addresses each step,
-//!   and their shadows with them, which lets stage 3 follow its cycle); an allocation that
-//!   would not fit the budget first waits for every pending free and unmaps them, so that
-//!   memory freed in stream order is the budget's again before anything spills to the host.
+//!   it to the maximum);
+//! * an allocation that does not fit the budget unmaps the oldest kept frees until it fits
+//!   (waiting for pending ones only if those done are not enough): freed memory is the
+//!   budget's again before anything spills to the host, and what is given back is what has
+//!   waited longest for a reuse.
 //!
-//! Reuse takes the oldest matching free first, so that a program repeating its steps gets its
-//! allocations back in the same order each time.
+//! A kept allocation stays in the books, so stage 3 moves it like any other: no launch names it,
+//! so it is cold, and it goes down to the host first when HBM is short, and comes back up when
+//! the launches that follow its reuse make it hot — as cached blocks of PyTorch's own caching
+//! allocator do inside its segments. (Moves happen at quiesce points, when the GPU has finished
+//! all work, the freeing stream's included.) Until unmapped it counts against the budget.
 //!
-//! Until unmapped, a freed allocation counts against the budget: the memory is still the GPU's.
-//! Where no event can be made or recorded on the stream (a stream of a context of the program's
-//! own), the free waits for the stream as before.
+//! A shared allocation (IPC) is never kept, and where no event can be made or recorded on the
+//! stream (a stream of a context of the program's own) the free waits for the stream.
+//!
+//! Locking: the process lock (process.rs) before this module's list, never the other way.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use tiermem_mechanism::{EventHandle, StreamHandle};
+use tiermem_mechanism::{Device, EventHandle, StreamHandle};
 
 use crate::driver::Stream;
-use crate::process::{self, Freed};
+use crate::process::{self, Freed, Process};
 
-/// A freed allocation kept mapped: the stream it was freed on, and the event recorded there at
-/// the free (`None` once it has completed).
+/// A freed allocation kept mapped: where it starts, its GPU and size, the stream it was freed
+/// on, and the event recorded there at the free (`None` once it has completed).
 struct Kept {
-    freed: Freed,
+    va: u64,
+    ordinal: usize,
+    reserved: usize,
     stream: usize,
     event: Option<EventHandle>,
+    device: Arc<dyn Device>,
 }
 
+/// Oldest first.
 static KEPT: Mutex<Vec<Kept>> = Mutex::new(Vec::new());
 /// Frees ordered on their streams, and allocations served by one kept mapped.
 static ORDERED: AtomicU64 = AtomicU64::new(0);
@@ -62,18 +73,19 @@ fn kept() -> MutexGuard<'static, Vec<Kept>> {
     KEPT.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Orders the teardown of `freed` after the work queued on `stream` so far; gives `freed` back
-/// if no event could be made (the caller then waits for the stream).
-pub fn defer(freed: Freed, stream: Stream) -> Result<(), Freed> {
-    let device = freed.device();
-    let Ok(event) = device.create_event(false) else { return Err(freed) };
+/// Keeps the allocation at `va` (GPU `ordinal`, `reserved` bytes) after the work queued on
+/// `stream` so far, with `p` locked; `false` if no event could be made (the caller then frees
+/// it the slow way).
+pub fn defer(p: &Process, (va, ordinal, reserved): (u64, usize, usize), stream: Stream) -> bool {
+    let Some(device) = p.gpus.get(&ordinal).and_then(|gpu| gpu.device.clone()) else { return false };
+    let Ok(event) = device.create_event(false) else { return false };
     if device.record_event(event, StreamHandle(stream as u64)).is_err() {
         let _ = device.destroy_event(event);
-        return Err(freed);
+        return false;
     }
-    kept().push(Kept { freed, stream: stream as usize, event: Some(event) });
+    kept().push(Kept { va, ordinal, reserved, stream: stream as usize, event: Some(event), device });
     ORDERED.fetch_add(1, Relaxed);
-    Ok(())
+    true
 }
 
 /// Whether freed allocations are kept.
@@ -86,15 +98,14 @@ pub fn any() -> bool {
 pub fn reap(wait: bool) {
     for entry in kept().iter_mut() {
         let Some(event) = entry.event else { continue };
-        let device = entry.freed.device();
         // An event that cannot be waited for or queried is taken as done: its stream is gone,
         // or the context broken.
         let finished = match wait {
-            true => device.synchronize_event(event).map_or(true, |()| true),
-            false => device.event_done(event).unwrap_or(true),
+            true => entry.device.synchronize_event(event).map_or(true, |()| true),
+            false => entry.device.event_done(event).unwrap_or(true),
         };
         if finished {
-            let _ = device.destroy_event(event);
+            let _ = entry.device.destroy_event(event);
             entry.event = None;
         }
     }
@@ -103,120 +114,99 @@ pub fn reap(wait: bool) {
 /// Unmaps the kept allocations that are done (all of them after [`reap`] with `wait`), oldest
 /// first, keeping the newest up to `keep(ordinal)` bytes on each GPU.
 pub fn trim(call: &str, keep: impl Fn(usize) -> usize) {
-    let done: Vec<Freed> = {
+    let chosen = {
         let mut kept = kept();
         let (release, stay) = keep_newest(kept.drain(..).collect(), keep);
         *kept = stay;
         release
     };
-    for freed in done {
-        // A failure is said on stderr; the memory stays held.
-        let _ = process::teardown(call, freed);
-    }
-}
-
-/// What an allocation that does not fit the budget does to the kept frees (`TIERMEM_KEPT_PRESSURE`):
-/// `all` waits for every one and unmaps them; `need` unmaps the oldest done with until the
-/// allocation fits (waiting for the others only if that is not enough); `spill` leaves them
-/// (the allocation's chunks beyond the budget go to the host).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pressure {
-    All,
-    Need,
-    Spill,
-}
-
-fn pressure() -> Pressure {
-    static MODE: std::sync::OnceLock<Pressure> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("TIERMEM_KEPT_PRESSURE").as_deref() {
-        Ok("need") => Pressure::Need,
-        Ok("spill") => Pressure::Spill,
-        _ => Pressure::All,
-    })
-}
-
-/// Gives back kept frees of GPU `ordinal` so that `need` more bytes of HBM fit its budget, as
-/// [`Pressure`] says.
-pub fn make_room(call: &str, ordinal: usize, need: usize) {
-    match pressure() {
-        Pressure::All => {
-            reap(true);
-            trim(call, |_| 0);
-        }
-        Pressure::Spill => {}
-        Pressure::Need => {
-            reap(false);
-            let freed = release_oldest(call, ordinal, need);
-            if freed < need {
-                reap(true);
-                release_oldest(call, ordinal, need - freed);
-            }
-        }
-    }
-}
-
-/// Unmaps the oldest kept frees of GPU `ordinal` that are done with and hold HBM, until
-/// `need` bytes of HBM are free; the bytes of HBM given back.
-fn release_oldest(call: &str, ordinal: usize, need: usize) -> usize {
-    let chosen: Vec<Freed> = {
-        let mut kept = kept();
-        let mut hbm = 0;
-        let mut chosen = Vec::new();
-        let mut index = 0;
-        while index < kept.len() && hbm < need {
-            let entry = &kept[index];
-            if entry.event.is_none() && entry.freed.shape().0 == ordinal && entry.freed.hbm_bytes() > 0 {
-                hbm += entry.freed.hbm_bytes();
-                chosen.push(kept.remove(index).freed);
-            } else {
-                index += 1;
-            }
-        }
-        chosen
-    };
-    let hbm = chosen.iter().map(Freed::hbm_bytes).sum();
-    for freed in chosen {
-        let _ = process::teardown(call, freed);
-    }
-    hbm
+    tear_down(call, chosen);
 }
 
 /// Splits `kept` (oldest first) into what to unmap and what stays: those pending stay, and of
 /// those done, the newest up to `keep(ordinal)` bytes per GPU.
-fn keep_newest(kept: Vec<Kept>, keep: impl Fn(usize) -> usize) -> (Vec<Freed>, Vec<Kept>) {
+fn keep_newest(kept: Vec<Kept>, keep: impl Fn(usize) -> usize) -> (Vec<u64>, Vec<Kept>) {
     let mut room: BTreeMap<usize, usize> = BTreeMap::new();
     let (mut release, mut stay) = (Vec::new(), Vec::new());
     for entry in kept.into_iter().rev() {
-        let (ordinal, bytes) = entry.freed.shape();
-        let left = room.entry(ordinal).or_insert_with(|| keep(ordinal));
-        if entry.event.is_some() || bytes <= *left {
-            if entry.event.is_none() {
-                *left -= bytes;
+        let left = room.entry(entry.ordinal).or_insert_with(|| keep(entry.ordinal));
+        match entry.event {
+            Some(_) => stay.push(entry),
+            None if entry.reserved <= *left => {
+                *left -= entry.reserved;
+                stay.push(entry);
             }
-            stay.push(entry);
-        } else {
-            release.push(entry.freed);
+            None => release.push(entry.va),
         }
     }
     stay.reverse();
     (release, stay)
 }
 
+/// Takes the kept allocations at `vas` out of the books and unmaps them.
+fn tear_down(call: &str, vas: Vec<u64>) {
+    if vas.is_empty() {
+        return;
+    }
+    let freed: Vec<Freed> = {
+        let mut p = process::lock();
+        vas.into_iter().filter_map(|va| process::take_kept(&mut p, va)).collect()
+    };
+    for freed in freed {
+        // A failure is said on stderr; the memory stays held.
+        let _ = process::teardown(call, freed);
+    }
+}
+
+/// Gives back kept frees of GPU `ordinal`, oldest first, until `need` more bytes of HBM fit its
+/// budget, or none is left: those done with first, then, waiting for their events, the rest.
+pub fn make_room(call: &str, ordinal: usize, need: usize) {
+    reap(false);
+    let freed = release_oldest(call, ordinal, need);
+    if freed < need {
+        reap(true);
+        release_oldest(call, ordinal, need - freed);
+    }
+}
+
+/// Unmaps the oldest kept frees of GPU `ordinal` that are done with and hold HBM (wherever
+/// moves left them), until `need` bytes of HBM are given back; the bytes given back.
+fn release_oldest(call: &str, ordinal: usize, need: usize) -> usize {
+    let (vas, hbm) = {
+        let p = process::lock();
+        let mut kept = kept();
+        let (mut vas, mut hbm, mut index) = (Vec::new(), 0, 0);
+        while index < kept.len() && hbm < need {
+            let entry = &kept[index];
+            let in_hbm = process::hbm_bytes(&p, entry.va);
+            if entry.event.is_none() && entry.ordinal == ordinal && in_hbm > 0 {
+                hbm += in_hbm;
+                vas.push(kept.remove(index).va);
+            } else {
+                index += 1;
+            }
+        }
+        (vas, hbm)
+    };
+    tear_down(call, vas);
+    hbm
+}
+
 /// A kept allocation of GPU `ordinal` with `reserved` bytes that an allocation on `stream`
-/// (`None`: not stream-ordered) may take: one freed on the same stream, or one whose event has
-/// completed — asked of the driver only for allocations of that size, so that an allocation
-/// costs no query per kept free.
-pub fn reuse(ordinal: usize, reserved: usize, stream: Option<Stream>) -> Option<Freed> {
+/// (`None`: not stream-ordered) may take, the oldest first: one freed on the same stream, or
+/// one whose event has completed — asked of the driver only for allocations of that size, so
+/// that an allocation costs no query per kept free. Its start.
+pub fn reuse(ordinal: usize, reserved: usize, stream: Option<Stream>) -> Option<u64> {
     let mut kept = kept();
     let at = kept.iter().position(|entry| {
         let same_stream = stream.is_some_and(|s| s as usize == entry.stream);
-        entry.freed.reusable_as() == Some((ordinal, reserved))
-            && (same_stream || entry.event.is_none_or(|event| entry.freed.device().event_done(event).unwrap_or(false)))
+        (entry.ordinal, entry.reserved) == (ordinal, reserved)
+            && (same_stream || entry.event.is_none_or(|event| entry.device.event_done(event).unwrap_or(false)))
     })?;
     let entry = kept.remove(at);
     REUSED.fetch_add(1, Relaxed);
     if let Some(event) = entry.event {
-        let _ = entry.freed.device().destroy_event(event);
+        let _ = entry.device.destroy_event(event);
     }
-    Some(entry.freed)
+    Some(entry.va)
 }

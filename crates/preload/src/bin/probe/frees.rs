@@ -57,3 +57,60 @@ pub fn free_async() {
     assert_eq!(cuda.census().held(), before.held(), "leak");
     println!("free-async: ok");
 }
+
+/// `free-async-moves`, under a budget of 16 MiB with migration at every synchronization: a free
+/// kept across a synchronization (the default pool's release threshold at the maximum, as
+/// PyTorch's `cudaMallocAsync` backend sets it) is memory that moves: cold, it goes down to the
+/// host so that the allocations the kernels use fit in HBM, and the next allocation of its size
+/// takes it back at its address.
+pub fn free_async_moves() {
+    use super::migration::{locations, Kernels, Sync, READS};
+    type GetPool = unsafe extern "C" fn(*mut *mut c_void, std::ffi::c_int) -> Code;
+    type SetAttribute = unsafe extern "C" fn(*mut c_void, std::ffi::c_int, *mut c_void) -> Code;
+    const RELEASE_THRESHOLD: std::ffi::c_int = 4;
+
+    let cuda = Cuda::load();
+    cuda.start();
+    let before = cuda.census();
+    let kernels = Kernels::register(&cuda);
+    let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+    let free: Free = cuda.get(c"cuMemFree", 0);
+    let alloc_async: AllocAsync = cuda.get(c"cuMemAllocAsync", 0);
+    let free_async: FreeAsync = cuda.get(c"cuMemFreeAsync", 0);
+    let default_pool: GetPool = cuda.get(c"cuDeviceGetDefaultMemPool", 0);
+    let set_attribute: SetAttribute = cuda.get(c"cuMemPoolSetAttribute", 0);
+    let sync: Sync = cuda.get(c"cuCtxSynchronize", 0);
+    let stream = std::ptr::null_mut();
+    let (mut pool, mut a, mut b, mut c, mut again) = (std::ptr::null_mut(), 0u64, 0u64, 0u64, 0u64);
+    // SAFETY: valid out-pointers, the pool the driver gave, and pointers the allocations gave.
+    unsafe {
+        assert_eq!(default_pool(&mut pool, 0), 0);
+        let mut threshold = u64::MAX;
+        assert_eq!(set_attribute(pool, RELEASE_THRESHOLD, (&raw mut threshold).cast()), 0);
+        assert_eq!(alloc_async(&mut a, 8 * MIB, stream), 0);
+        assert_eq!(alloc(&mut b, 8 * MIB), 0);
+        assert_eq!(alloc(&mut c, 4 * MIB), 0);
+        assert_eq!((locations(&cuda, b, 8 * MIB), locations(&cuda, c, 4 * MIB)), (vec![1; 4], vec![2; 2]));
+        cuda.write(b, 8 * MIB, 31);
+        cuda.write(c, 4 * MIB, 32);
+        assert_eq!(free_async(a, stream), 0, "A is kept, in HBM");
+        for _ in 0..4 {
+            let mut args = [b as *mut c_void, c as *mut c_void, 7usize as *mut c_void];
+            assert_eq!(kernels.launch(READS, &mut args), 0);
+        }
+        assert_eq!(sync(), 0);
+        assert_eq!(locations(&cuda, c, 4 * MIB), [1; 2], "C, which the kernels read, came up");
+        assert_eq!(locations(&cuda, b, 8 * MIB), [1; 4], "B stayed");
+        assert_eq!(locations(&cuda, a, 8 * MIB).iter().filter(|&&at| at == 2).count(), 2, "the kept free went down");
+        cuda.verify(b, 8 * MIB, 31);
+        cuda.verify(c, 4 * MIB, 32);
+        assert_eq!(alloc_async(&mut again, 8 * MIB, stream), 0);
+        assert_eq!(again, a, "the next allocation of its size takes it back at its address");
+        cuda.write_and_verify(again, 8 * MIB, 33);
+        assert_eq!(free(again), 0);
+        assert_eq!(free(b), 0);
+        assert_eq!(free(c), 0);
+    }
+    assert_eq!(cuda.census().held(), before.held(), "leak");
+    println!("free-async-moves: ok");
+}
