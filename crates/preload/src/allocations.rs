@@ -29,9 +29,6 @@ pub struct Allocation {
     /// Shared with other processes (a legacy IPC handle, ipc.rs): its chunks never move again,
     /// since other processes map them.
     pub shared: bool,
-    /// Freed by `cuMemFreeAsync` and kept mapped for a later allocation of its size
-    /// (deferred.rs): no longer the program's, but still memory that moves.
-    pub kept: bool,
 }
 
 impl Allocation {
@@ -86,19 +83,19 @@ impl Allocations {
         self.by_va.get_mut(&va)
     }
 
-    /// The program's allocation holding the address `ptr`, anywhere in it (not a kept free).
+    /// The allocation holding the address `ptr`, anywhere in it.
     pub fn containing(&self, ptr: u64) -> Option<&Allocation> {
         let (_, allocation) = self.by_va.range(..=ptr).next_back()?;
-        (ptr < allocation.va + allocation.reserved as u64 && !allocation.kept).then_some(allocation)
+        (ptr < allocation.va + allocation.reserved as u64).then_some(allocation)
     }
 
     /// As [`Allocations::containing`], to change it.
     pub fn containing_mut(&mut self, ptr: u64) -> Option<&mut Allocation> {
         let (_, allocation) = self.by_va.range_mut(..=ptr).next_back()?;
-        (ptr < allocation.va + allocation.reserved as u64 && !allocation.kept).then_some(allocation)
+        (ptr < allocation.va + allocation.reserved as u64).then_some(allocation)
     }
 
-    /// Every interposed allocation, kept frees included, by address.
+    /// Every live interposed allocation, by address.
     pub fn iter(&self) -> impl Iterator<Item = &Allocation> {
         self.by_va.values()
     }
@@ -129,7 +126,7 @@ mod tests {
     fn allocation(va: u64, tiers: &[Tier]) -> Allocation {
         let chunks = tiers.iter().enumerate().map(|(i, &t)| (PhysHandle(i as u64), t)).collect();
         let reserved = (tiers.len() << 21) - (1 << 20);
-        Allocation { va, reserved, requested: reserved, ordinal: 0, chunk: 2 << 20, chunks, shared: false, kept: false }
+        Allocation { va, reserved, requested: reserved, ordinal: 0, chunk: 2 << 20, chunks, shared: false }
     }
 
     #[test]
@@ -141,9 +138,6 @@ mod tests {
         assert_eq!(inner, Some(0x10_0000_0000), "but it is in one");
         assert!(books.containing_mut(0x10_0030_0000).is_none(), "the end is not in it");
         assert!(books.containing_mut(0x0f_ffff_ffff).is_none(), "nor is what comes before");
-        books.get_mut(0x10_0000_0000).expect("the allocation").kept = true;
-        assert!(books.containing(0x10_0000_0000).is_none(), "a kept free is not the program's");
-        assert!(books.get(0x10_0000_0000).is_some_and(|a| a.kept), "but it is in the books");
         let a = books.remove(0x10_0000_0000).expect("the allocation");
         assert_eq!((a.bytes_on(Tier::Hbm), a.bytes_on(Tier::Host)), (2 << 20, 1 << 20), "the last chunk is short");
         assert_eq!((a.chunk_va(1), a.chunk_len(0), a.chunk_len(1)), (0x10_0020_0000, 2 << 20, 1 << 20));

@@ -145,6 +145,27 @@ impl Process {
         self.gpus.get_mut(&ordinal).expect("inserted above")
     }
 
+    /// Puts a freed allocation kept mapped (deferred.rs) back in the books for a new request of
+    /// `requested` bytes; its start. Its HBM was never given back, so the budget is as it was.
+    fn rebook(&mut self, freed: Freed, requested: usize) -> u64 {
+        let Freed { mut allocation, shadows, device } = freed;
+        // The same physical chunks: their shadows serve the next moves as before.
+        self.shadows.restore(shadows);
+        let gpus = crate::peers::access_gpus(allocation.ordinal);
+        if gpus.len() > 1 {
+            // A GPU opened since it was freed reaches it too (peers.rs); a failure leaves it to
+            // its own GPU, as before.
+            let _ = device.set_access_from(allocation.va, allocation.reserved, &gpus);
+        }
+        allocation.requested = requested;
+        let (va, end) = (allocation.va, allocation.va + allocation.reserved as u64);
+        let on_host = allocation.chunks.iter().map(|&(_, tier)| tier == Tier::Host).collect();
+        hotness::insert(va, end, allocation.chunk, on_host);
+        self.stats.allocated(allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host));
+        self.books.insert(allocation);
+        va
+    }
+
     /// GPU `ordinal` opened (the mechanism's device, which retains its primary context), or
     /// left to the driver if it cannot be.
     fn open(&mut self, call: &str, ordinal: usize) -> Gpu {
@@ -220,13 +241,8 @@ pub fn alloc(call: &str, size: usize, stream: Option<Stream>) -> Result<Served, 
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     };
     // A freed allocation of this size kept mapped (deferred.rs) serves it, already counted.
-    if let Some(va) = crate::deferred::reuse(ordinal, reserved, stream) {
-        if let Some(allocation) = p.books.get_mut(va) {
-            (allocation.kept, allocation.requested) = (false, size);
-            let (hbm, host) = (allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host));
-            p.stats.allocated(hbm, host);
-            return Ok(Served::Tiermem(va));
-        }
+    if let Some(freed) = crate::deferred::reuse(ordinal, reserved, stream) {
+        return Ok(Served::Tiermem(p.rebook(freed, size)));
     }
     if hbm_used + reserved > budget && crate::deferred::any() {
         // Memory freed in stream order is the budget's again before anything spills.
@@ -237,8 +253,7 @@ pub fn alloc(call: &str, size: usize, stream: Option<Stream>) -> Result<Served, 
         (budget, hbm_used) = (gpu.budget, gpu.hbm_used);
     }
     let placement = placement::place(reserved, chunk, budget, hbm_used);
-    let shape =
-        Allocation { va: 0, reserved, requested: size, ordinal, chunk, chunks: Vec::new(), shared: false, kept: false };
+    let shape = Allocation { va: 0, reserved, requested: size, ordinal, chunk, chunks: Vec::new(), shared: false };
     match build(device.as_ref(), shape, placement) {
         Ok(allocation) => {
             let (hbm, host) = (allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host));
@@ -329,31 +344,30 @@ fn build(device: &dyn Device, shape: Allocation, placement: Placement) -> Result
 /// the GPU is done with it ([`teardown`]; deferred.rs waits for its stream's event).
 pub struct Freed {
     allocation: Allocation,
-    shadows: Vec<(u64, usize)>,
+    shadows: shadows::Taken,
     device: Arc<dyn Device>,
 }
 
 impl Freed {
-    /// Takes `allocation`, out of the books of `p` already, with its shadows; `None` if its GPU
-    /// is gone from the books.
-    fn from(p: &mut Process, allocation: Allocation) -> Option<Self> {
-        hotness::remove(allocation.va);
-        let shadows = p.shadows.take(allocation.chunks.iter().map(|&(handle, _)| handle));
-        let device = p.gpus.get(&allocation.ordinal).and_then(|gpu| gpu.device.clone())?;
-        Some(Freed { allocation, shadows, device })
+    pub fn device(&self) -> &dyn Device {
+        self.device.as_ref()
     }
-}
 
-/// The kept free at `va` (deferred.rs), taken out of the books of `p` to be torn down.
-pub fn take_kept(p: &mut Process, va: u64) -> Option<Freed> {
-    p.books.get(va).filter(|a| a.kept)?;
-    let allocation = p.books.remove(va)?;
-    Freed::from(p, allocation)
-}
+    /// Its GPU and bytes reserved, which a reuse must match (deferred.rs); `None` for a shared
+    /// allocation (ipc.rs), never reused: another process may still map its chunks.
+    pub fn reusable_as(&self) -> Option<(usize, usize)> {
+        (!self.allocation.shared).then_some(self.shape())
+    }
 
-/// Bytes of the allocation at `va` in HBM now.
-pub fn hbm_bytes(p: &Process, va: u64) -> usize {
-    p.books.get(va).map_or(0, |a| a.bytes_on(Tier::Hbm))
+    /// Bytes of it in HBM.
+    pub fn hbm_bytes(&self) -> usize {
+        self.allocation.bytes_on(Tier::Hbm)
+    }
+
+    /// Its GPU and the bytes it reserves.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.allocation.ordinal, self.allocation.reserved)
+    }
 }
 
 /// Frees the allocation starting at `ptr` once `drain` is done: a context drain waits for it,
@@ -362,26 +376,25 @@ pub fn hbm_bytes(p: &Process, va: u64) -> usize {
 pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
     let freed = {
         let mut p = process();
-        let allocation = p.books.get(ptr).filter(|a| !a.kept)?;
-        let shape = (allocation.va, allocation.ordinal, allocation.reserved);
-        let (hbm, host, shared) = (allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host), allocation.shared);
-        // Freed as the program sees it (statistics); its HBM is the budget's once torn down.
-        p.stats.freed(hbm, host);
-        if let Drain::Stream(stream) = drain {
-            if !shared && crate::deferred::defer(&p, shape, stream) {
-                if let Some(allocation) = p.books.get_mut(ptr) {
-                    allocation.kept = true;
-                }
-                return Some(CUDA_SUCCESS);
-            }
-        }
         let allocation = p.books.remove(ptr)?;
+        // Freed as the program sees it (statistics); its HBM is the budget's once torn down.
+        p.stats.freed(allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host));
+        hotness::remove(ptr);
         crate::ipc::forget(ptr);
-        Freed::from(&mut p, allocation)
+        let shadows = p.shadows.take(allocation.chunks.iter().map(|&(handle, _)| handle));
+        let device = p.gpus.get(&allocation.ordinal).and_then(|gpu| gpu.device.clone());
+        device.map(|device| Freed { allocation, shadows, device })
     };
     let Some(freed) = freed else {
         log(call, &format!("the GPU of 0x{ptr:x} is gone from tiermem's books"), "please report it");
         return Some(CUDA_ERROR_UNKNOWN);
+    };
+    let freed = match drain {
+        Drain::Stream(stream) => match crate::deferred::defer(freed, stream) {
+            Ok(()) => return Some(CUDA_SUCCESS),
+            Err(freed) => freed,
+        },
+        Drain::Context => freed,
     };
     let drained = drain_for(drain);
     Some(teardown(call, freed).map_or_else(|code| code, |()| drained))

@@ -53,15 +53,26 @@ impl Shadows {
         }
     }
 
-    /// Takes the shadows of `handles` out, to undo them later ([`undo`]) without the books.
-    pub fn take(&mut self, handles: impl IntoIterator<Item = PhysHandle>) -> Vec<(u64, usize)> {
-        handles.into_iter().filter_map(|h| self.by_handle.remove(&h.0)).collect()
+    /// Takes the shadows of `handles` out, to undo them later ([`undo`]) without the books, or
+    /// give them back ([`Shadows::restore`]) when the chunks are used again.
+    pub fn take(&mut self, handles: impl IntoIterator<Item = PhysHandle>) -> Taken {
+        Taken(handles.into_iter().filter_map(|h| self.by_handle.remove_entry(&h.0)).collect())
+    }
+
+    /// Puts back shadows taken out by [`Shadows::take`]: their chunks live on (a freed
+    /// allocation reused, deferred.rs), so a later move needs no new mapping.
+    pub fn restore(&mut self, taken: Taken) {
+        self.by_handle.extend(taken.0);
     }
 }
 
+/// Shadows out of the books with their chunks: physical chunk → `(address, bytes)`.
+#[derive(Debug, Default)]
+pub struct Taken(Vec<(u64, (u64, usize))>);
+
 /// Undoes shadows taken out by [`Shadows::take`].
-pub fn undo(device: &dyn Device, shadows: &[(u64, usize)]) {
-    for &(va, len) in shadows {
+pub fn undo(device: &dyn Device, taken: &Taken) {
+    for &(_, (va, len)) in &taken.0 {
         let _ = device.unmap(va, len);
         let _ = device.unreserve(va, len);
     }

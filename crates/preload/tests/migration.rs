@@ -28,13 +28,6 @@ fn hot_chunks_come_up_and_cold_ones_go_down_at_a_synchronization() {
 }
 
 #[test]
-fn a_kept_async_free_is_memory_that_moves() {
-    let output = support::probe("free-async-moves", &["free-async-moves"], &ENV);
-    let (stdout, stderr) = support::assert_passed(&output);
-    assert!(stdout.contains("free-async-moves: ok"), "{stdout}\n{stderr}");
-}
-
-#[test]
 fn a_program_that_never_synchronizes_gets_pauses_of_tiermems_own() {
     let env = with(&[("TIERMEM_STATS", "1"), ("TIERMEM_PAUSE_MS", "50")]);
     let output = support::probe("migrate-unsynchronized", &["migrate-unsynchronized"], &env);

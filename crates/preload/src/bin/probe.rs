@@ -29,7 +29,6 @@
 //! for the allocation the program made (src/bin/probe/ipc.rs).
 //! `tiermem-preload-probe free-async` — `cuMemFreeAsync` ordered on its stream, not waited for
 //! (src/bin/probe/frees.rs).
-//! `free-async-moves`: a free kept across a synchronization moves like any memory.
 //! `tiermem-preload-probe pools` — the default pool's allocations are tiermem's, other pools'
 //! the driver's (src/bin/probe/pools.rs).
 //! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
@@ -553,7 +552,6 @@ fn main() {
         ["ipc"] => ipc::ipc(),
         ["ranges"] => ipc::ranges(),
         ["free-async"] => frees::free_async(),
-        ["free-async-moves"] => frees::free_async_moves(),
         ["pools"] => pools::pools(),
         ["ipc-open", handle, len, expect] => ipc::open(handle, len.parse().expect("LEN"), expect, None),
         ["ipc-open", handle, len, expect, write] => {
@@ -563,7 +561,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | segments | segments-alternate | lease | ipc | ranges | free-async | free-async-moves | pools"
+                 | migrate-capture | segments | segments-alternate | lease | ipc | ranges | free-async | pools"
             );
             std::process::exit(2);
         }

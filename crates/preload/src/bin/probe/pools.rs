@@ -1,7 +1,7 @@
 //! The probe's check of memory pools (`pools`), under a budget of 16 MiB: allocations from the
 //! GPU's default pool are tiermem's (in chunks, under the budget, beyond it on the host, freed in
-//! stream order, kept across synchronizations up to the release threshold set on the pool, and
-//! given back by `cuMemPoolTrimTo`); a pool the program created is the
+//! stream order, kept across synchronizations up to the release threshold set on the pool, the
+//! oldest given back first when an allocation does not fit, and all by `cuMemPoolTrimTo`); a pool the program created is the
 //! driver's, and so is `cuMemAllocAsync` while such a pool is current to the GPU.
 
 use std::ffi::{c_int, c_void};
@@ -83,6 +83,28 @@ pub fn pools() {
         assert_eq!(set_attribute(default, RELEASE_THRESHOLD, (&raw mut threshold).cast()), 0);
         assert_eq!(sync(), 0);
         assert_eq!(held(&cuda), (0, 0, 0), "a threshold of 0: given back at the synchronization");
+
+        // An allocation that does not fit gives back the oldest kept frees, only as many as it needs.
+        threshold = u64::MAX;
+        assert_eq!(set_attribute(default, RELEASE_THRESHOLD, (&raw mut threshold).cast()), 0);
+        let mut kept = [0u64; 3];
+        for ptr in &mut kept {
+            assert_eq!(alloc_async(ptr, 4 * MIB, stream), 0);
+        }
+        for ptr in kept {
+            assert_eq!(free_async(ptr, stream), 0);
+        }
+        assert_eq!(alloc_async(&mut e, 8 * MIB, stream), 0, "12 MiB kept + 8 do not fit 16");
+        assert_eq!(held(&cuda), (8, 0, 0), "the oldest kept free went, the two others stay: all in HBM");
+        assert_eq!(alloc_async(&mut d, 4 * MIB, other), 0);
+        assert_eq!(d, kept[1], "the oldest of those left comes back first");
+        for ptr in [d, e] {
+            assert_eq!(free_async(ptr, stream), 0);
+        }
+        threshold = 0;
+        assert_eq!(set_attribute(default, RELEASE_THRESHOLD, (&raw mut threshold).cast()), 0);
+        assert_eq!(sync(), 0);
+        assert_eq!(held(&cuda), (0, 0, 0));
 
         assert_eq!(create(&mut own, props.as_ptr().cast()), 0, "cuMemPoolCreate");
         assert_eq!(from_pool(&mut c, 4 * MIB, own, stream), 0);
