@@ -45,6 +45,10 @@ pub struct Config {
     /// tenants"). 0: never.
     #[serde(default = "default_idle_after_ms")]
     pub idle_after_ms: u64,
+    /// A tenant whose HBM demand grew within this long is *ramping up*: it keeps its whole part
+    /// rather than lend what it does not use yet (registry.rs, "Tenants ramping up"). 0: never.
+    #[serde(default = "default_ramp_ms")]
+    pub ramp_ms: u64,
     /// HBM left out of a GPU's capacity when `[[gpu]]` does not give it (not on the simulated
     /// device): the CUDA context and libraries of each process take some.
     #[serde(default = "default_reserve")]
@@ -139,6 +143,9 @@ fn default_deadline_ms() -> u64 {
 fn default_idle_after_ms() -> u64 {
     10_000
 }
+fn default_ramp_ms() -> u64 {
+    3000
+}
 fn default_reserve() -> Size {
     Size(2 << 30)
 }
@@ -157,6 +164,7 @@ impl Default for Config {
         Self {
             deadline_ms: default_deadline_ms(),
             idle_after_ms: default_idle_after_ms(),
+            ramp_ms: default_ramp_ms(),
             hbm_reserve: default_reserve(),
             socket_mode: default_socket_mode(),
             metrics: None,

@@ -28,6 +28,15 @@
 //! and its share comes back as the borrowers give it back (staged as any growth). Its data
 //! meanwhile lives in the tiers below.
 //!
+//! # Tenants ramping up
+//! A tenant whose HBM demand grew within the last `ramp_ms` (or that registered within it)
+//! is *ramping up*: it demands its whole part, as it does before its first allocation, so that
+//! what it does not use yet is not lent out now and taken back piece by piece as it grows —
+//! every piece a cut, and a round of evictions, for the borrower. (A program starting beside a
+//! running one grew 10 → 16 → 15 → 14 → 13 → 12 GiB of the other's budget before this rule,
+//! BENCHMARKS.md.) Once its demand has held still that long, what it does not demand is lent in
+//! one step. An idle tenant lends whatever its demand did.
+//!
 //! What tenants report is believed only as far as it cannot hurt the others: a floor (acquired
 //! memory) counts only up to what the tenant was allowed to hold, and a late tenant is never
 //! counted above what it held before the cut. A tenant that will not give back cannot be made
@@ -98,6 +107,10 @@ struct Tenant {
     active_at: Instant,
     /// Idle when shares were last computed (registry.rs, "Idle tenants").
     idle: bool,
+    /// When its HBM demand last grew (or it registered), and whether it was ramping up when
+    /// shares were last computed ("Tenants ramping up").
+    grew_at: Instant,
+    ramping: bool,
 }
 
 /// Which pool: a tier, and the GPU for HBM.
@@ -193,6 +206,8 @@ impl Registry {
             late: false,
             active_at: now,
             idle: false,
+            grew_at: now,
+            ramping: true,
         };
         self.tenants.insert(id, tenant);
         (id, name, self.rebalance(now))
@@ -203,6 +218,9 @@ impl Registry {
         tenant.reported = true;
         for (tier, u) in usage {
             if let Some(slot) = tenant.tiers.get_mut(&tier) {
+                if tier == Tier::Hbm && u.demand > slot.usage.demand {
+                    tenant.grew_at = now;
+                }
                 slot.usage = u;
                 if slot.pending.is_none() && slot.holding > slot.budget {
                     // Late: it holds what it uses, down to its budget as it gives memory back.
@@ -278,7 +296,8 @@ impl Registry {
                 }
             }
         }
-        let turned = self.tenants.values().any(|t| t.idle != self.is_idle(t, now));
+        let turned =
+            self.tenants.values().any(|t| t.idle != self.is_idle(t, now) || t.ramping != self.is_ramping(t, now));
         let outbox = if late.is_empty() && !turned { Vec::new() } else { self.rebalance(now) };
         (late, outbox)
     }
@@ -329,9 +348,11 @@ impl Registry {
     /// Recomputes every pool's shares and stages the budgets; returns the budget messages of
     /// the tenants whose budget or target changed.
     pub fn rebalance(&mut self, now: Instant) -> Outbox {
-        let idle: Vec<(TenantId, bool)> = self.tenants.iter().map(|(&id, t)| (id, self.is_idle(t, now))).collect();
-        for (id, idle) in idle {
-            self.tenants.get_mut(&id).expect("a tenant").idle = idle;
+        let states: Vec<(TenantId, bool, bool)> =
+            self.tenants.iter().map(|(&id, t)| (id, self.is_idle(t, now), self.is_ramping(t, now))).collect();
+        for (id, idle, ramping) in states {
+            let tenant = self.tenants.get_mut(&id).expect("a tenant");
+            (tenant.idle, tenant.ramping) = (idle, ramping);
         }
         let mut changed: BTreeMap<TenantId, ()> = BTreeMap::new();
         for (pool, capacity) in self.pools() {
@@ -435,6 +456,10 @@ impl Registry {
         self.config.idle_after_ms > 0 && now.saturating_duration_since(tenant.active_at) >= after
     }
 
+    fn is_ramping(&self, tenant: &Tenant, now: Instant) -> bool {
+        now.saturating_duration_since(tenant.grew_at) < Duration::from_millis(self.config.ramp_ms)
+    }
+
     fn claim(&self, tenant: &Tenant, tier: Tier, unit: u64) -> Claim {
         let slot = &tenant.tiers[&tier];
         let want = tenant.wants.get(&tier).copied();
@@ -442,7 +467,9 @@ impl Registry {
         // has allocated something: a tenant that just arrived keeps its share while it sets
         // up, rather than give it to a hog and wait for it back chunk by chunk as it allocates
         // (a tenant that never allocates goes idle and lends it, see "Idle tenants").
-        let reported = tenant.reported && (tier != Tier::Hbm || slot.usage.demand > 0);
+        // A working tenant ramping up keeps its part too (see "Tenants ramping up").
+        let ramping = tier == Tier::Hbm && tenant.ramping && !tenant.idle;
+        let reported = tenant.reported && (tier != Tier::Hbm || slot.usage.demand > 0) && !ramping;
         let demand = match reported {
             true => slot.usage.demand,
             false => want.unwrap_or(u64::MAX),

@@ -93,17 +93,41 @@ fn a_lone_tenant_gets_the_gpu_and_shares_it_by_weight_when_others_come() {
     let outbox = r.budget_met(a, 2, now);
     assert_eq!(budgets(&outbox), vec![(b, 2, 400 * MIB, 400 * MIB)], "then B grows into it");
 
-    // B asks for little: its unused part is lent to A, and returned when B wants it back.
+    // B asks for little: while it ramps up (it just arrived) it keeps its part; once its demand
+    // has held still for `ramp_ms`, what it does not use is lent to A in one step, and returned
+    // when B wants it back.
     let outbox = r.usage(b, demand(100 * MIB), now);
+    assert!(budgets(&outbox).is_empty(), "B ramping up: nothing lent yet");
+    let (_, outbox) = r.expire_deadlines(now + Duration::from_millis(2999));
+    assert!(budgets(&outbox).is_empty(), "not yet");
+    let now = now + Duration::from_millis(3000);
+    let (_, outbox) = r.expire_deadlines(now);
     assert_eq!(budgets(&outbox), vec![(a, 3, 200 * MIB, 500 * MIB), (b, 3, 100 * MIB, 100 * MIB)]);
     let outbox = r.budget_met(b, 3, now);
     assert_eq!(budgets(&outbox), vec![(a, 4, 500 * MIB, 500 * MIB)]);
     let outbox = r.usage(b, demand(1 << 40), now);
     assert_eq!(budgets(&outbox), vec![(a, 5, 200 * MIB, 200 * MIB), (b, 4, 100 * MIB, 400 * MIB)]);
+    let outbox = r.budget_met(a, 5, now);
+    assert_eq!(budgets(&outbox), vec![(b, 5, 400 * MIB, 400 * MIB)]);
+
+    // B's demand falls, grows a little and falls again: A is not handed a piece at each turn
+    // while B ramps up, but once, when B's demand has held still.
+    let outbox = r.usage(b, demand(100 * MIB), now);
+    assert!(budgets(&outbox).is_empty(), "B grew just now: it keeps its part");
+    let later = now + Duration::from_millis(3000);
+    for (ms, mib) in [(1000, 150), (2000, 120)] {
+        let outbox = r.usage(b, demand(mib * MIB), now + Duration::from_millis(ms));
+        assert!(budgets(&outbox).is_empty(), "{mib} MiB at +{ms} ms: still ramping up");
+    }
+    let (_, outbox) = r.expire_deadlines(later);
+    assert!(budgets(&outbox).is_empty(), "its last growth was at +1000 ms");
+    let now = now + Duration::from_millis(4000);
+    let (_, outbox) = r.expire_deadlines(now);
+    assert_eq!(budgets(&outbox), vec![(a, 6, 200 * MIB, 480 * MIB), (b, 6, 120 * MIB, 120 * MIB)], "one step");
 
     // A leaves: B gets everything at once (nothing to wait for).
     let outbox = r.disconnect(a, now);
-    assert_eq!(budgets(&outbox), vec![(b, 5, 600 * MIB, 600 * MIB)]);
+    assert_eq!(budgets(&outbox), vec![(b, 7, 600 * MIB, 600 * MIB)]);
 }
 
 #[test]
@@ -189,12 +213,17 @@ fn memory_nobody_demands_is_headroom_taken_back_first() {
     let (b, _) = register(&mut r, 2, None, now);
     r.budget_met(a, 2, now);
     r.usage(a, demand(100 * MIB), now);
-    let outbox = r.usage(b, demand(50 * MIB), now);
-    assert_eq!(budgets(&outbox), vec![(a, 4, 300 * MIB, 300 * MIB), (b, 4, 300 * MIB, 300 * MIB)], "both idle");
+    r.usage(b, demand(50 * MIB), now);
+    let now = now + Duration::from_millis(3000);
+    r.expire_deadlines(now);
+    let target =
+        |r: &Registry, id| r.status(0, None, now).pools[0].shares.iter().find(|s| s.tenant == id).unwrap().target;
+    assert_eq!((target(&r, a), target(&r, b)), (300 * MIB, 300 * MIB), "both want little: halves as headroom");
     let outbox = r.usage(a, demand(1 << 40), now);
-    assert_eq!(budgets(&outbox), vec![(a, 5, 300 * MIB, 550 * MIB), (b, 5, 50 * MIB, 50 * MIB)]);
-    let outbox = r.budget_met(b, 5, now);
-    assert_eq!(budgets(&outbox), vec![(a, 6, 550 * MIB, 550 * MIB)]);
+    let sent = |outbox: &Outbox| budgets(outbox).iter().map(|m| (m.0, m.2, m.3)).collect::<Vec<_>>();
+    assert_eq!(sent(&outbox), vec![(a, 300 * MIB, 550 * MIB), (b, 50 * MIB, 50 * MIB)]);
+    let outbox = r.budget_met(b, budgets(&outbox)[1].1, now);
+    assert_eq!(sent(&outbox), vec![(a, 550 * MIB, 550 * MIB)]);
 }
 
 #[test]
@@ -335,6 +364,8 @@ fn idle_setup(
 ) -> (Registry, TenantId, TenantId, impl Fn(u64) -> tiermem_protocol::TransferCounters) {
     let mut config = config();
     config.idle_after_ms = 1000;
+    // These tests are about idleness: tenants whose demand just grew lend at once.
+    config.ramp_ms = 0;
     let mut r = Registry::new(config, t0, 0);
     let (a, _) = register(&mut r, 1, None, t0);
     let (b, _) = register(&mut r, 2, None, t0);
@@ -419,8 +450,12 @@ fn a_tenant_that_has_allocated_nothing_yet_keeps_its_share_from_a_hog() {
     let target =
         |r: &Registry, id| r.status(0, None, now).pools[0].shares.iter().find(|s| s.tenant == id).unwrap().target;
     assert_eq!((target(&r, hog), target(&r, newcomer)), (300 * MIB, 300 * MIB));
-    // Once it has allocated, what it does not use goes to the hog.
+    // Once it has allocated, and its demand has held still for `ramp_ms`, what it does not use
+    // goes to the hog.
     r.usage(newcomer, demand(100 * MIB), now);
+    assert_eq!((target(&r, hog), target(&r, newcomer)), (300 * MIB, 300 * MIB), "ramping up");
+    let now = now + Duration::from_millis(3000);
+    r.expire_deadlines(now);
     assert_eq!((target(&r, hog), target(&r, newcomer)), (500 * MIB, 100 * MIB));
 }
 
