@@ -45,8 +45,9 @@ pub struct Config {
     /// tenants"). 0: never.
     #[serde(default = "default_idle_after_ms")]
     pub idle_after_ms: u64,
-    /// A tenant whose HBM demand grew within this long is *ramping up*: it keeps its whole part
-    /// rather than lend what it does not use yet (registry.rs, "Tenants ramping up"). 0: never.
+    /// A new tenant is *ramping up* until its HBM demand has held still this long: it keeps its
+    /// whole part rather than lend what it does not use yet (registry.rs, "Tenants ramping
+    /// up"). 0: never.
     #[serde(default = "default_ramp_ms")]
     pub ramp_ms: u64,
     /// HBM left out of a GPU's capacity when `[[gpu]]` does not give it (not on the simulated

@@ -29,13 +29,14 @@
 //! meanwhile lives in the tiers below.
 //!
 //! # Tenants ramping up
-//! A tenant whose HBM demand grew within the last `ramp_ms` (or that registered within it)
-//! is *ramping up*: it demands its whole part, as it does before its first allocation, so that
-//! what it does not use yet is not lent out now and taken back piece by piece as it grows —
+//! A tenant is *ramping up* from its registration until its HBM demand has held still for
+//! `ramp_ms`: meanwhile it demands its whole part, as it does before its first allocation, so
+//! that what it does not use yet is not lent out and taken back piece by piece as it sets up —
 //! every piece a cut, and a round of evictions, for the borrower. (A program starting beside a
-//! running one grew 10 → 16 → 15 → 14 → 13 → 12 GiB of the other's budget before this rule,
-//! BENCHMARKS.md.) Once its demand has held still that long, what it does not demand is lent in
-//! one step. An idle tenant lends whatever its demand did.
+//! running one took 10 → 16 → 15 → 14 → 13 → 12 GiB of the other's budget before this rule,
+//! BENCHMARKS.md.) Then what it does not demand is lent in one step. Only once: a tenant that
+//! has set up and grows a little later takes a little (reclaiming its whole part for a few
+//! bytes would cut the borrower for nothing). An idle tenant lends whatever it demands.
 //!
 //! What tenants report is believed only as far as it cannot hurt the others: a floor (acquired
 //! memory) counts only up to what the tenant was allowed to hold, and a late tenant is never
@@ -107,10 +108,11 @@ struct Tenant {
     active_at: Instant,
     /// Idle when shares were last computed (registry.rs, "Idle tenants").
     idle: bool,
-    /// When its HBM demand last grew (or it registered), and whether it was ramping up when
-    /// shares were last computed ("Tenants ramping up").
+    /// When its HBM demand last grew (or it registered), whether it was ramping up when shares
+    /// were last computed, and whether it is done ramping up for good ("Tenants ramping up").
     grew_at: Instant,
     ramping: bool,
+    ramped: bool,
 }
 
 /// Which pool: a tier, and the GPU for HBM.
@@ -208,6 +210,7 @@ impl Registry {
             idle: false,
             grew_at: now,
             ramping: true,
+            ramped: false,
         };
         self.tenants.insert(id, tenant);
         (id, name, self.rebalance(now))
@@ -353,6 +356,7 @@ impl Registry {
         for (id, idle, ramping) in states {
             let tenant = self.tenants.get_mut(&id).expect("a tenant");
             (tenant.idle, tenant.ramping) = (idle, ramping);
+            tenant.ramped |= !ramping;
         }
         let mut changed: BTreeMap<TenantId, ()> = BTreeMap::new();
         for (pool, capacity) in self.pools() {
@@ -457,7 +461,7 @@ impl Registry {
     }
 
     fn is_ramping(&self, tenant: &Tenant, now: Instant) -> bool {
-        now.saturating_duration_since(tenant.grew_at) < Duration::from_millis(self.config.ramp_ms)
+        !tenant.ramped && now.saturating_duration_since(tenant.grew_at) < Duration::from_millis(self.config.ramp_ms)
     }
 
     fn claim(&self, tenant: &Tenant, tier: Tier, unit: u64) -> Claim {

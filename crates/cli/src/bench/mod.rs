@@ -77,6 +77,9 @@ pub enum Suite {
         /// The daemon's `idle_after_ms` (0: no tenant is ever idle, for comparison).
         #[arg(long, default_value_t = 500)]
         idle_after_ms: u64,
+        /// The daemon's `ramp_ms` (0: a newcomer lends what it does not use at once).
+        #[arg(long, default_value_t = 3000)]
+        ramp_ms: u64,
     },
     /// One tenant of `bench tenants` (a process of its own).
     #[command(hide = true)]
@@ -211,9 +214,9 @@ pub fn run(suite: Suite) -> Result<(), String> {
         Suite::Nvme { json, dir, commit: given, reps, size } => {
             nvme::run(&json, &dir, &commit(given), reps.max(1), size)
         }
-        Suite::Tenants { json, commit: given, cap, buffer_size, rounds, think_ms, idle_after_ms } => {
+        Suite::Tenants { json, commit: given, cap, buffer_size, rounds, think_ms, idle_after_ms, ramp_ms } => {
             let (rounds, think_ms) = (rounds.max(1), think_ms.max(0.0));
-            let setup = tenants::Setup { cap, buffer: buffer_size, rounds, think_ms, idle_after_ms };
+            let setup = tenants::Setup { cap, buffer: buffer_size, rounds, think_ms, idle_after_ms, ramp_ms };
             tenants::run(&json, &commit(given), setup)
         }
         Suite::TenantWorker(args) => tenant_worker::run(args),

@@ -40,6 +40,8 @@ pub struct Setup {
     pub think_ms: f64,
     /// The daemon's `idle_after_ms` (0: never idle).
     pub idle_after_ms: u64,
+    /// The daemon's `ramp_ms` (0: newcomers lend at once).
+    pub ramp_ms: u64,
 }
 
 /// A job: its working set, rounds (0: until stopped), leak limit, and the rounds after which
@@ -96,12 +98,13 @@ impl Drop for Daemon {
     }
 }
 
-fn spawn_daemon(dir: &Path, cap: usize, idle_after_ms: u64) -> Result<Daemon, String> {
+fn spawn_daemon(dir: &Path, cap: usize, setup: &Setup) -> Result<Daemon, String> {
     let config = dir.join("tiermemd.toml");
     let socket = dir.join("tiermemd.sock");
     let _ = std::fs::remove_file(&socket);
+    let (idle_after_ms, ramp_ms) = (setup.idle_after_ms, setup.ramp_ms);
     let text = format!(
-        "deadline_ms = 2000\nidle_after_ms = {idle_after_ms}\n\n[[gpu]]\nindex = 0\nhbm = \"{}MiB\"\n",
+        "deadline_ms = 2000\nidle_after_ms = {idle_after_ms}\nramp_ms = {ramp_ms}\n\n[[gpu]]\nindex = 0\nhbm = \"{}MiB\"\n",
         cap >> 20
     );
     std::fs::write(&config, text).map_err(|e| format!("bench tenants: write {}: {e}", config.display()))?;
@@ -206,7 +209,7 @@ fn hbm_budgets(socket: &Path) -> Vec<u64> {
 /// deviation from half the cap over the last second, as a fraction of it). The second
 /// tenant's process start (the CUDA context, its first allocations) is not counted.
 fn fair_share(setup: &Setup, dir: &Path) -> Result<(f64, f64), String> {
-    let daemon = spawn_daemon(dir, setup.cap, setup.idle_after_ms)?;
+    let daemon = spawn_daemon(dir, setup.cap, setup)?;
     let stop = dir.join("stop");
     let _ = std::fs::remove_file(&stop);
     let job = Job { working_set: setup.cap * 6 / 10, ..Job::default() };
@@ -296,7 +299,7 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     let (stat, wall_static) = run_set(setup, scratch, &set, &Mode::Static(cap / 3))?;
     let throughput_static = total(&stat) / wall_static / 1e9;
     println!("static thirds: {throughput_static:.2} GB/s over {wall_static:.1} s");
-    let daemon = spawn_daemon(scratch, cap, setup.idle_after_ms)?;
+    let daemon = spawn_daemon(scratch, cap, setup)?;
     let shared = Mode::Daemon(daemon.socket.clone());
     let (tmd, wall_tmd) = run_set(setup, scratch, &set, &shared)?;
     let throughput_tiermemd = total(&tmd) / wall_tmd / 1e9;
@@ -373,6 +376,7 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
         "settle_ms": settle_ms, "reclaim_ms_per_GiB": reclaim, "overhead_alone": overhead_alone,
         "pairs_finished": pairs_finished, "pairs": pair_shares.len(),
         "idle_lender_others_speed": idle_lender_others_speed, "idle_after_ms": setup.idle_after_ms,
+        "ramp_ms": setup.ramp_ms,
     });
     let ratios = serde_json::json!({
         "vs_static": throughput_tiermemd / throughput_static,
