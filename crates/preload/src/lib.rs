@@ -134,6 +134,7 @@ mod segments;
 mod shadows;
 mod stats;
 mod trace;
+mod vmm;
 mod wrappers;
 
 pub use entry::{
@@ -145,6 +146,7 @@ pub use nvml::{nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2};
 pub use pointers::{cuMemGetAddressRange_v2, cuPointerGetAttribute};
 pub use pools::{cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz, cuMemPoolTrimTo};
 pub use routes::{cuGetProcAddress, cuGetProcAddress_v2, dlsym};
+pub use vmm::{cuMemCreate, cuMemRelease};
 
 /// At exit: prints the statistics when `TIERMEM_STATS` is set (`tiermem run --stats`), and
 /// writes them as JSON to `TIERMEM_STATS_JSON` when that is set (`tiermem bench transparent`).
@@ -153,7 +155,8 @@ extern "C" fn report_stats() {
         let (stats, migration) = (process::stats(), migrate::counters());
         if stats_wanted() {
             eprintln!("{}\n{}", stats.report(), migration.report());
-            for line in lease::report().into_iter().chain(ipc::report()).chain(deferred::report()) {
+            for line in lease::report().into_iter().chain(ipc::report()).chain(deferred::report()).chain(vmm::report())
+            {
                 eprintln!("{line}");
             }
         }

@@ -511,6 +511,35 @@ pub fn driver_free_done(taken: Taken, freed: bool) {
     }
 }
 
+/// Where the program's own VMM chunk of `bytes` in GPU `ordinal`'s HBM goes (vmm.rs): HBM,
+/// counted against the budget now, while it fits, else the host; `None`: a GPU tiermem does
+/// not manage.
+pub fn place_program_chunk(call: &str, ordinal: usize, bytes: usize) -> Option<Tier> {
+    crate::lease::ensure(call, ordinal);
+    let mut p = process();
+    let gpu = p.gpu(call, ordinal);
+    gpu.device.as_ref()?;
+    if gpu.hbm_used.saturating_add(bytes) <= gpu.budget {
+        gpu.hbm_used += bytes;
+        return Some(Tier::Hbm);
+    }
+    Some(Tier::Host)
+}
+
+/// Counts `bytes` more of HBM on GPU `ordinal` (a chunk of the program's made there anyway).
+pub fn count_hbm(ordinal: usize, bytes: usize) {
+    if let Some(gpu) = process().gpus.get_mut(&ordinal) {
+        gpu.hbm_used += bytes;
+    }
+}
+
+/// Gives `bytes` of HBM back to GPU `ordinal`'s budget (a chunk of the program's released).
+pub fn uncount_hbm(ordinal: usize, bytes: usize) {
+    if let Some(gpu) = process().gpus.get_mut(&ordinal) {
+        gpu.hbm_used = gpu.hbm_used.saturating_sub(bytes);
+    }
+}
+
 /// The GPUs tiermem manages in this process (opened, with a budget).
 pub fn managed_gpus() -> Vec<usize> {
     process().gpus.iter().filter(|(_, gpu)| gpu.device.is_some()).map(|(&ordinal, _)| ordinal).collect()

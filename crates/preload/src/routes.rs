@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use crate::boundary::{enter, guard, inside, to_driver, CuResult, CUDA_SUCCESS};
 use crate::driver::{self, driver};
 use crate::wrappers::Route;
-use crate::{entry, gated, ipc, launch, pointers, pools};
+use crate::{entry, gated, ipc, launch, pointers, pools, vmm};
 
 /// `CUDA_ERROR_NOT_FOUND`: what the driver answers for a symbol it does not have.
 const CUDA_ERROR_NOT_FOUND: CuResult = 500;
@@ -41,8 +41,9 @@ fn routed() -> Vec<Route> {
         (c"cuMemGetAddressRange_v2", pointers::cuMemGetAddressRange_v2 as *mut c_void),
         (c"cuPointerGetAttribute", pointers::cuPointerGetAttribute as *mut c_void),
     ];
-    let tables: [fn() -> Vec<Route>; 6] = [
+    let tables: [fn() -> Vec<Route>; 7] = [
         pools::pool_routes,
+        vmm::vmm_routes,
         gated::copy_routes,
         gated::memset_routes,
         gated::sync_routes,

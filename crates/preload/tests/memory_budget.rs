@@ -68,6 +68,23 @@ fn the_default_pool_is_tiermems_other_pools_the_drivers() {
 }
 
 #[test]
+fn the_programs_own_vmm_chunks_count_against_the_budget_and_beyond_it_live_on_the_host() {
+    let output = support::probe("vmm", &["vmm"], &[("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_STATS", "1")]);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("vmm: ok"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(
+            "the program's own VMM chunks (cuMemCreate): 16.00 MiB made in HBM, 4.00 MiB on the host beyond the budget"
+        ),
+        "{stderr}"
+    );
+    let env = [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_HOST_CHUNKS", "0")];
+    let output = support::probe("vmm-no-host", &["vmm-no-host"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("vmm: ok"), "{stdout}\n{stderr}");
+}
+
+#[test]
 fn an_async_free_is_ordered_on_its_stream_not_waited_for() {
     let env = [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_EVENT_POLLS", "10")];
     let output = support::probe("free-async", &["free-async"], &env);

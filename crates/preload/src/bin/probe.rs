@@ -31,6 +31,8 @@
 //! (src/bin/probe/frees.rs).
 //! `tiermem-preload-probe pools` — the default pool's allocations are tiermem's, other pools'
 //! the driver's (src/bin/probe/pools.rs).
+//! `tiermem-preload-probe vmm` — the program's own `cuMemCreate` chunks are counted against
+//! the budget, made on the host beyond it (src/bin/probe/vmm.rs).
 //! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
 //! once under a budget of 16 MiB; every byte reads back, the budget is whole again, nothing leaks.
 
@@ -46,6 +48,8 @@ mod migration;
 mod pools;
 #[path = "probe/segments.rs"]
 mod segments;
+#[path = "probe/vmm.rs"]
+mod vmm;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
@@ -553,6 +557,8 @@ fn main() {
         ["ranges"] => ipc::ranges(),
         ["free-async"] => frees::free_async(),
         ["pools"] => pools::pools(),
+        ["vmm"] => vmm::vmm(true),
+        ["vmm-no-host"] => vmm::vmm(false),
         ["ipc-open", handle, len, expect] => ipc::open(handle, len.parse().expect("LEN"), expect, None),
         ["ipc-open", handle, len, expect, write] => {
             ipc::open(handle, len.parse().expect("LEN"), expect, Some(write.parse().expect("WRITE")))
@@ -561,7 +567,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | segments | segments-alternate | lease | ipc | ranges | free-async | pools"
+                 | migrate-capture | segments | segments-alternate | lease | ipc | ranges | free-async | pools | vmm | vmm-no-host"
             );
             std::process::exit(2);
         }

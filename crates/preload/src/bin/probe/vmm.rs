@@ -1,0 +1,94 @@
+//! The probe's check of the program's own VMM memory (`vmm`), under a budget of 16 MiB: chunks
+//! it makes with `cuMemCreate` in the GPU's HBM are counted against the budget, one beyond it
+//! is made on the host, every one maps, opens and keeps its bytes, and `cuMemRelease` gives the
+//! budget back. With `TIERMEM_FAKE_HOST_CHUNKS=0` (`vmm-no-host`), the one beyond the budget is
+//! made in HBM as asked.
+
+use std::ffi::{c_int, c_void};
+
+use super::{Census, Code, Cuda, MIB};
+
+/// `CUmemAllocationProp` for pinned memory of GPU 0.
+#[repr(C)]
+struct Prop {
+    kind: c_int,
+    handle_types: c_int,
+    location_type: c_int,
+    location_id: c_int,
+    win32: *mut c_void,
+    flags: [u8; 8],
+}
+
+/// `CUmemAccessDesc`: read-write from GPU 0.
+#[repr(C)]
+struct Access {
+    location_type: c_int,
+    location_id: c_int,
+    flags: c_int,
+}
+
+type Create = unsafe extern "C" fn(*mut u64, usize, *const Prop, u64) -> Code;
+type Release = unsafe extern "C" fn(u64) -> Code;
+type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> Code;
+type AddressFree = unsafe extern "C" fn(u64, usize) -> Code;
+type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> Code;
+type Unmap = unsafe extern "C" fn(u64, usize) -> Code;
+type SetAccess = unsafe extern "C" fn(u64, usize, *const Access, usize) -> Code;
+
+pub fn vmm(host_chunks: bool) {
+    let cuda = Cuda::load();
+    cuda.start();
+    let before = cuda.census();
+    let create: Create = cuda.get(c"cuMemCreate", 0);
+    let release: Release = cuda.get(c"cuMemRelease", 0);
+    let reserve: Reserve = cuda.get(c"cuMemAddressReserve", 0);
+    let address_free: AddressFree = cuda.get(c"cuMemAddressFree", 0);
+    let map: Map = cuda.get(c"cuMemMap", 0);
+    let unmap: Unmap = cuda.get(c"cuMemUnmap", 0);
+    let set_access: SetAccess = cuda.get(c"cuMemSetAccess", 0);
+    let prop =
+        Prop { kind: 1, handle_types: 0, location_type: 1, location_id: 0, win32: std::ptr::null_mut(), flags: [0; 8] };
+    let access = Access { location_type: 1, location_id: 0, flags: 3 };
+    let sizes = [8 * MIB, 8 * MIB, 4 * MIB];
+    let total: usize = sizes.iter().sum();
+    let (mut va, mut handles) = (0u64, [0u64; 3]);
+    let held = |cuda: &Cuda| {
+        let Census { gpu_chunks, host_chunks, .. } = cuda.census();
+        (gpu_chunks, host_chunks)
+    };
+    // SAFETY: valid out-pointers and descriptions, handles and addresses the driver gave.
+    unsafe {
+        assert_eq!(create(&mut handles[0], sizes[0], &prop, 0), 0, "cuMemCreate");
+        assert_eq!(cuda.mem_info(), (8 * MIB, 16 * MIB), "counted against the budget");
+        assert_eq!(create(&mut handles[1], sizes[1], &prop, 0), 0);
+        assert_eq!(cuda.mem_info(), (0, 16 * MIB), "the budget is full");
+        assert_eq!(create(&mut handles[2], sizes[2], &prop, 0), 0, "beyond the budget");
+        match host_chunks {
+            true => assert_eq!(held(&cuda), (2, 1), "made on the host"),
+            false => assert_eq!(held(&cuda), (3, 0), "no host chunks: in HBM as asked"),
+        }
+        assert_eq!(reserve(&mut va, total, 0, 0, 0), 0, "cuMemAddressReserve");
+        let mut offset = 0;
+        for (&handle, &size) in handles.iter().zip(&sizes) {
+            assert_eq!(map(va + offset as u64, size, 0, handle, 0), 0, "cuMemMap");
+            offset += size;
+        }
+        assert_eq!(set_access(va, total, &access, 1), 0, "cuMemSetAccess");
+        cuda.write_and_verify(va, total, 41);
+        assert_eq!(unmap(va, sizes[0]), 0);
+        assert_eq!(release(handles[0]), 0, "cuMemRelease");
+        // 20 MiB counted without host chunks (4 beyond the budget), 16 with.
+        assert_eq!(cuda.mem_info().0, if host_chunks { 8 * MIB } else { 4 * MIB }, "its HBM is the budget's again");
+        // The pattern repeats every MiB: the rest reads as written.
+        cuda.verify(va + sizes[0] as u64, total - sizes[0], 41);
+        assert_eq!(unmap(va + sizes[0] as u64, sizes[1]), 0);
+        assert_eq!(unmap(va + (sizes[0] + sizes[1]) as u64, sizes[2]), 0);
+        assert_eq!(release(handles[1]), 0);
+        assert_eq!(release(handles[2]), 0);
+        assert_eq!(release(handles[2]), 1, "a second release: the driver's CUDA_ERROR_INVALID_VALUE");
+        assert_eq!(address_free(va, total), 0);
+    }
+    assert_eq!(cuda.mem_info(), (16 * MIB, 16 * MIB), "the whole budget is free again");
+    assert_eq!(cuda.census().held(), before.held(), "leak");
+    println!("vmm: ok");
+}
