@@ -62,6 +62,9 @@ pub struct AllocationProp {
     pub kind: c_int,
     pub handle_types: c_int,
     pub location: Location,
+    pub win32_metadata: *mut c_void,
+    pub compression: u8,
+    pub gpu_direct_rdma: u8,
 }
 
 struct Settings {
@@ -204,6 +207,9 @@ pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const
         let on_gpu = match location.kind {
             1 if location.id == 0 => true,
             1 => return CUDA_ERROR_INVALID_DEVICE,
+            // As the H200's driver: host chunks cannot ask to be GPUDirect RDMA capable.
+            // SAFETY: checked non-null above.
+            3 | 4 if unsafe { (*prop).gpu_direct_rdma } != 0 => return CUDA_ERROR_NOT_SUPPORTED,
             3 | 4 if fake.settings.host_chunks => false,
             3 | 4 => return CUDA_ERROR_NOT_SUPPORTED,
             _ => return CUDA_ERROR_INVALID_VALUE,

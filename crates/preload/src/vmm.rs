@@ -113,16 +113,8 @@ pub unsafe extern "C" fn cuMemCreate(
             return to_driver(|| driver(prop));
         };
         let on_host = (tier == Tier::Host).then(|| host_numa(asked.location_id)).flatten();
-        let made = match on_host {
-            Some(numa) => {
-                let host = AllocationProp { location_type: LOCATION_HOST_NUMA, location_id: numa, ..asked };
-                match to_driver(|| driver(&host)) {
-                    CUDA_SUCCESS => Some((CUDA_SUCCESS, Tier::Host)),
-                    _ => None,
-                }
-            }
-            None => None,
-        };
+        let made =
+            on_host.and_then(|numa| make_on_host(&driver, asked, numa, size)).map(|()| (CUDA_SUCCESS, Tier::Host));
         let (code, tier) = made.unwrap_or_else(|| {
             // In HBM as asked: counted now if it did not fit (beyond the budget).
             if tier == Tier::Host {
@@ -142,6 +134,41 @@ pub unsafe extern "C" fn cuMemCreate(
         };
         CUDA_SUCCESS
     })
+}
+
+/// Makes the chunk the program asked for on host NUMA node `numa` instead of its GPU. Host
+/// memory is reachable by RDMA as it is, and the driver refuses host chunks that ask to be
+/// GPUDirect RDMA capable (PyTorch's expandable segments ask where the GPU supports it), so
+/// that flag is dropped if the chunk cannot be made with it. `None` (said once) if it cannot
+/// be made on the host at all.
+fn make_on_host(
+    driver: &impl Fn(*const AllocationProp) -> CuResult,
+    asked: AllocationProp,
+    numa: c_int,
+    size: usize,
+) -> Option<()> {
+    let host = AllocationProp { location_type: LOCATION_HOST_NUMA, location_id: numa, ..asked };
+    let mut code = to_driver(|| driver(&host));
+    if code != CUDA_SUCCESS && host.gpu_direct_rdma != 0 {
+        let plain = AllocationProp { gpu_direct_rdma: 0, ..host };
+        code = to_driver(|| driver(&plain));
+    }
+    if code == CUDA_SUCCESS {
+        return Some(());
+    }
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, Relaxed) {
+        crate::boundary::log(
+            "cuMemCreate",
+            &format!(
+                "a chunk of {size} B beyond the budget could not be made in host memory (CUDA error {code}; \
+                 handle types {}, RDMA {})",
+                asked.handle_types, asked.gpu_direct_rdma
+            ),
+            "it is made in HBM as asked, beyond the budget (said once)",
+        );
+    }
+    None
 }
 
 /// `cuMemRelease`: the driver's; a chunk tiermem counted in HBM gives its bytes back to the

@@ -1,7 +1,8 @@
 //! The probe's check of the program's own VMM memory (`vmm`), under a budget of 16 MiB: chunks
 //! it makes with `cuMemCreate` in the GPU's HBM are counted against the budget, one beyond it
 //! is made on the host, every one maps, opens and keeps its bytes, and `cuMemRelease` gives the
-//! budget back. With `TIERMEM_FAKE_HOST_CHUNKS=0` (`vmm-no-host`), the one beyond the budget is
+//! budget back — also when it asks for a GPUDirect RDMA capable chunk, which host memory cannot
+//! be made as (the fake refuses it, as the H200's driver does). With `TIERMEM_FAKE_HOST_CHUNKS=0` (`vmm-no-host`), the one beyond the budget is
 //! made in HBM as asked.
 
 use std::ffi::{c_int, c_void};
@@ -46,8 +47,10 @@ pub fn vmm(host_chunks: bool) {
     let map: Map = cuda.get(c"cuMemMap", 0);
     let unmap: Unmap = cuda.get(c"cuMemUnmap", 0);
     let set_access: SetAccess = cuda.get(c"cuMemSetAccess", 0);
-    let prop =
-        Prop { kind: 1, handle_types: 0, location_type: 1, location_id: 0, win32: std::ptr::null_mut(), flags: [0; 8] };
+    // GPUDirect RDMA capable, as PyTorch's expandable segments ask where the GPU supports it.
+    let mut flags = [0; 8];
+    flags[1] = 1;
+    let prop = Prop { kind: 1, handle_types: 0, location_type: 1, location_id: 0, win32: std::ptr::null_mut(), flags };
     let access = Access { location_type: 1, location_id: 0, flags: 3 };
     let sizes = [8 * MIB, 8 * MIB, 4 * MIB];
     let total: usize = sizes.iter().sum();
