@@ -14,6 +14,10 @@
 //! VMM, a property host memory cannot have), the chunk is made in HBM as asked and counted
 //! beyond the budget. Compressible chunks and chunks of GPUs tiermem does not manage pass
 //! through uncounted.
+//!
+//! `TIERMEM_PROGRAM_VMM` chooses: `host` (the default, as above), `hbm` (counted, but always
+//! made in HBM as asked: for chunks that must stay GPU memory, such as NCCL's buffers
+//! registered with a network card), `off` (passed through uncounted, as before).
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
@@ -72,6 +76,31 @@ pub fn report() -> Option<String> {
     })
 }
 
+/// What becomes of the program's chunks (`TIERMEM_PROGRAM_VMM`, module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Host,
+    Hbm,
+    Off,
+}
+
+fn mode() -> Mode {
+    static MODE: OnceLock<Mode> = OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("TIERMEM_PROGRAM_VMM").as_deref() {
+        Ok("hbm") => Mode::Hbm,
+        Ok("off") => Mode::Off,
+        Ok("host") | Err(_) => Mode::Host,
+        Ok(other) => {
+            crate::boundary::log(
+                "TIERMEM_PROGRAM_VMM",
+                &format!("unknown value {other:?}"),
+                "using host (host, hbm or off)",
+            );
+            Mode::Host
+        }
+    })
+}
+
 /// GPU `ordinal`'s host NUMA node, if the driver makes VMM chunks there.
 fn host_numa(ordinal: c_int) -> Option<c_int> {
     static ATTRIBUTE: OnceLock<Option<AttributeFn>> = OnceLock::new();
@@ -100,7 +129,7 @@ pub unsafe extern "C" fn cuMemCreate(
     let Some(real) = *REAL.get_or_init(|| real_entry("cuMemCreate\0")) else { return CUDA_ERROR_NOT_INITIALIZED };
     // SAFETY: the driver's own function with the caller's arguments.
     let driver = |prop: *const AllocationProp| unsafe { real(handle, size, prop, flags) };
-    if inside() || handle.is_null() || prop.is_null() || size == 0 {
+    if inside() || handle.is_null() || prop.is_null() || size == 0 || mode() == Mode::Off {
         return to_driver(|| driver(prop));
     }
     // SAFETY: checked non-null; the caller's allocation description.
@@ -112,7 +141,7 @@ pub unsafe extern "C" fn cuMemCreate(
         let Some(tier) = process::place_program_chunk("cuMemCreate", ordinal, size) else {
             return to_driver(|| driver(prop));
         };
-        let on_host = (tier == Tier::Host).then(|| host_numa(asked.location_id)).flatten();
+        let on_host = (tier == Tier::Host && mode() == Mode::Host).then(|| host_numa(asked.location_id)).flatten();
         let made =
             on_host.and_then(|numa| make_on_host(&driver, asked, numa, size)).map(|()| (CUDA_SUCCESS, Tier::Host));
         let (code, tier) = made.unwrap_or_else(|| {

@@ -78,10 +78,19 @@ fn the_programs_own_vmm_chunks_count_against_the_budget_and_beyond_it_live_on_th
         ),
         "{stderr}"
     );
-    let env = [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_HOST_CHUNKS", "0")];
-    let output = support::probe("vmm-no-host", &["vmm-no-host"], &env);
+    for env in [
+        [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_HOST_CHUNKS", "0")],
+        [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_PROGRAM_VMM", "hbm")],
+    ] {
+        let output = support::probe("vmm-no-host", &["vmm-no-host"], &env);
+        let (stdout, stderr) = support::assert_passed(&output);
+        assert!(stdout.contains("vmm: ok"), "{env:?}: {stdout}\n{stderr}");
+    }
+    // Off: passed through uncounted, the budget untouched.
+    let env = [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_PROGRAM_VMM", "off"), ("TIERMEM_STATS", "1")];
+    let output = support::probe("vmm-off", &["vmm-off"], &env);
     let (stdout, stderr) = support::assert_passed(&output);
-    assert!(stdout.contains("vmm: ok"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("vmm-off: ok") && !stderr.contains("own VMM"), "{stdout}\n{stderr}");
 }
 
 #[test]

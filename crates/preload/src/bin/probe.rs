@@ -559,6 +559,7 @@ fn main() {
         ["pools"] => pools::pools(),
         ["vmm"] => vmm::vmm(true),
         ["vmm-no-host"] => vmm::vmm(false),
+        ["vmm-off"] => vmm::off(),
         ["ipc-open", handle, len, expect] => ipc::open(handle, len.parse().expect("LEN"), expect, None),
         ["ipc-open", handle, len, expect, write] => {
             ipc::open(handle, len.parse().expect("LEN"), expect, Some(write.parse().expect("WRITE")))
@@ -567,7 +568,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | segments | segments-alternate | lease | ipc | ranges | free-async | pools | vmm | vmm-no-host"
+                 | migrate-capture | segments | segments-alternate | lease | ipc | ranges | free-async | pools | vmm | vmm-no-host | vmm-off"
             );
             std::process::exit(2);
         }

@@ -3,7 +3,8 @@
 //! is made on the host, every one maps, opens and keeps its bytes, and `cuMemRelease` gives the
 //! budget back — also when it asks for a GPUDirect RDMA capable chunk, which host memory cannot
 //! be made as (the fake refuses it, as the H200's driver does). With `TIERMEM_FAKE_HOST_CHUNKS=0` (`vmm-no-host`), the one beyond the budget is
-//! made in HBM as asked.
+//! made in HBM as asked (so with `TIERMEM_PROGRAM_VMM=hbm`); with `off` (`vmm-off`) chunks
+//! pass through uncounted.
 
 use std::ffi::{c_int, c_void};
 
@@ -94,4 +95,22 @@ pub fn vmm(host_chunks: bool) {
     assert_eq!(cuda.mem_info(), (16 * MIB, 16 * MIB), "the whole budget is free again");
     assert_eq!(cuda.census().held(), before.held(), "leak");
     println!("vmm: ok");
+}
+
+/// `vmm-off`: with `TIERMEM_PROGRAM_VMM=off` the program's chunks leave the budget alone.
+pub fn off() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let create: Create = cuda.get(c"cuMemCreate", 0);
+    let release: Release = cuda.get(c"cuMemRelease", 0);
+    let prop =
+        Prop { kind: 1, handle_types: 0, location_type: 1, location_id: 0, win32: std::ptr::null_mut(), flags: [0; 8] };
+    let mut handle = 0u64;
+    // SAFETY: valid out-pointer and description, the handle the driver gave.
+    unsafe {
+        assert_eq!(create(&mut handle, 24 * MIB, &prop, 0), 0);
+        assert_eq!(cuda.mem_info(), (16 * MIB, 16 * MIB), "not counted");
+        assert_eq!(release(handle), 0);
+    }
+    println!("vmm-off: ok");
 }
