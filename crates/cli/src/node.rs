@@ -140,8 +140,8 @@ pub fn driver_line(pool: &PoolStatus) -> Option<String> {
     })
 }
 
-/// The columns of a pool's tenant rows, and one tenant's cells in them (`LATE`, `IDLE` or
-/// empty last).
+/// The columns of a pool's tenant rows, and one tenant's cells in them (`LATE`, `IDLE`, `RAMP`
+/// or empty last).
 pub const SHARE_COLUMNS: [&str; 11] =
     ["tenant", "name", "pid", "w", "used / budget", "used", "budget", "target", "lent", "borrowed", ""];
 
@@ -158,12 +158,16 @@ pub fn share_cells(share: &ShareStatus, tenants: &[TenantStatus], pool: &PoolSta
         format_size(share.target as usize),
         format_size(share.lent as usize),
         format_size(share.borrowed as usize),
-        [(tenant.is_some_and(|t| t.late), "LATE"), (tenant.is_some_and(|t| t.idle), "IDLE")]
-            .iter()
-            .filter(|(on, _)| *on)
-            .map(|(_, mark)| *mark)
-            .collect::<Vec<_>>()
-            .join(" "),
+        [
+            (tenant.is_some_and(|t| t.late), "LATE"),
+            (tenant.is_some_and(|t| t.idle), "IDLE"),
+            (tenant.is_some_and(|t| t.ramping), "RAMP"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, mark)| *mark)
+        .collect::<Vec<_>>()
+        .join(" "),
     ]
 }
 

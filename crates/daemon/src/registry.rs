@@ -558,6 +558,7 @@ impl Registry {
                 connected_ms: ms(t.connected),
                 late: t.late,
                 idle: t.idle,
+                ramping: t.ramping,
                 overhead: self.ledgers.get(&t.gpu.index).and_then(|l| l.overhead(t.who.pid)),
             })
             .collect();

@@ -335,6 +335,10 @@ pub struct TenantStatus {
     /// acquire is lent to the others.
     #[serde(default)]
     pub idle: bool,
+    /// Set up less than the daemon's `ramp_ms` ago (its HBM demand still growing): it keeps its
+    /// whole part rather than lend what it does not use yet.
+    #[serde(default)]
+    pub ramping: bool,
     /// What its process holds of its GPU beyond its chunks, by the driver's count (see
     /// [`DriverAccounts`]); `None` without a census.
     #[serde(default)]
