@@ -136,11 +136,9 @@ pub fn make_room(call: &str, ordinal: usize, need: usize) {
 /// Unmaps the oldest kept frees of GPU `ordinal` that are done with and hold HBM, until
 /// `need` bytes of HBM are free; the bytes of HBM given back.
 fn release_oldest(call: &str, ordinal: usize, need: usize) -> usize {
-    let chosen: Vec<Freed> = {
+    let (chosen, hbm) = {
         let mut kept = kept();
-        let mut hbm = 0;
-        let mut chosen = Vec::new();
-        let mut index = 0;
+        let (mut chosen, mut hbm, mut index) = (Vec::new(), 0, 0);
         while index < kept.len() && hbm < need {
             let entry = &kept[index];
             if entry.event.is_none() && entry.freed.shape().0 == ordinal && entry.freed.hbm_bytes() > 0 {
@@ -150,9 +148,8 @@ fn release_oldest(call: &str, ordinal: usize, need: usize) -> usize {
                 index += 1;
             }
         }
-        chosen
+        (chosen, hbm)
     };
-    let hbm = chosen.iter().map(Freed::hbm_bytes).sum();
     for freed in chosen {
         let _ = process::teardown(call, freed);
     }
