@@ -34,13 +34,13 @@
 //! Where no event can be made or recorded on the stream (a stream of a context of the program's
 //! own), the free waits for the stream as before.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
 use tiermem_mechanism::{EventHandle, StreamHandle};
 
 use crate::driver::Stream;
+use crate::give_back;
 use crate::process::{self, Freed};
 
 /// A freed allocation kept mapped: the stream it was freed on, and the event recorded there at
@@ -108,14 +108,12 @@ pub fn reap(wait: bool) {
 }
 
 /// Unmaps the kept allocations that are done (all of them after [`reap`] with `wait`), oldest
-/// first, keeping the newest up to `keep(ordinal)` bytes on each GPU.
+/// first, keeping the newest up to `keep(ordinal)` bytes on each GPU (give_back.rs).
 pub fn trim(call: &str, keep: impl Fn(usize) -> usize) {
-    let done: Vec<Freed> = {
-        let mut kept = kept();
-        let (release, stay) = keep_newest(kept.drain(..).collect(), keep);
-        *kept = stay;
-        release
-    };
+    let done = take(|list| {
+        let release = give_back::beyond_threshold(&summary(list), keep);
+        (0..list.len()).filter(|&index| release[index]).collect()
+    });
     for freed in done {
         // A failure is said on stderr; the memory stays held.
         let _ = process::teardown(call, freed);
@@ -134,47 +132,34 @@ pub fn make_room(call: &str, ordinal: usize, need: usize) {
 }
 
 /// Unmaps the oldest kept frees of GPU `ordinal` that are done with and hold HBM, until
-/// `need` bytes of HBM are free; the bytes of HBM given back.
+/// `need` bytes of HBM are free (give_back.rs); the bytes of HBM given back.
 fn release_oldest(call: &str, ordinal: usize, need: usize) -> usize {
-    let (chosen, hbm) = {
-        let mut kept = kept();
-        let (mut chosen, mut hbm, mut index) = (Vec::new(), 0, 0);
-        while index < kept.len() && hbm < need {
-            let entry = &kept[index];
-            if entry.event.is_none() && entry.freed.shape().0 == ordinal && entry.freed.hbm_bytes() > 0 {
-                hbm += entry.freed.hbm_bytes();
-                chosen.push(kept.remove(index).freed);
-            } else {
-                index += 1;
-            }
-        }
-        (chosen, hbm)
-    };
+    let chosen = take(|list| give_back::oldest_holding_hbm(&summary(list), ordinal, need));
+    let hbm = chosen.iter().map(Freed::hbm_bytes).sum();
     for freed in chosen {
         let _ = process::teardown(call, freed);
     }
     hbm
 }
 
-/// Splits `kept` (oldest first) into what to unmap and what stays: those pending stay, and of
-/// those done, the newest up to `keep(ordinal)` bytes per GPU.
-fn keep_newest(kept: Vec<Kept>, keep: impl Fn(usize) -> usize) -> (Vec<Freed>, Vec<Kept>) {
-    let mut room: BTreeMap<usize, usize> = BTreeMap::new();
-    let (mut release, mut stay) = (Vec::new(), Vec::new());
-    for entry in kept.into_iter().rev() {
-        let (ordinal, bytes) = entry.freed.shape();
-        let left = room.entry(ordinal).or_insert_with(|| keep(ordinal));
-        if entry.event.is_some() || bytes <= *left {
-            if entry.event.is_none() {
-                *left -= bytes;
-            }
-            stay.push(entry);
-        } else {
-            release.push(entry.freed);
-        }
-    }
-    stay.reverse();
-    (release, stay)
+/// What give_back.rs's choices see of the kept frees.
+fn summary(list: &[Kept]) -> Vec<give_back::Free> {
+    list.iter()
+        .map(|entry| {
+            let (gpu, bytes) = entry.freed.shape();
+            give_back::Free { gpu, bytes, hbm: entry.freed.hbm_bytes(), done: entry.event.is_none() }
+        })
+        .collect()
+}
+
+/// Takes out of the list the kept frees at the indices `choose` returns (ascending).
+fn take(choose: impl FnOnce(&[Kept]) -> Vec<usize>) -> Vec<Freed> {
+    let mut list = kept();
+    let chosen = choose(&list);
+    // From the last, so that the indices before stay valid; then oldest first again.
+    let mut taken: Vec<Freed> = chosen.iter().rev().map(|&index| list.remove(index).freed).collect();
+    taken.reverse();
+    taken
 }
 
 /// A kept allocation of GPU `ordinal` with `reserved` bytes that an allocation on `stream`

@@ -114,6 +114,7 @@ mod driver;
 mod entry;
 mod gate;
 mod gated;
+mod give_back;
 mod hotness;
 mod ipc;
 mod ipc_wire;
