@@ -198,7 +198,7 @@ pub extern "C" fn cuMemAddressFree(ptr: u64, size: usize) -> Code {
 /// As the driver's.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const AllocationProp, flags: u64) -> Code {
-    if prop.is_null() || flags != 0 {
+    if handle.is_null() || prop.is_null() || flags != 0 {
         return CUDA_ERROR_INVALID_VALUE;
     }
     // SAFETY: checked non-null; the caller's allocation description.
@@ -264,6 +264,10 @@ pub unsafe extern "C" fn cuMemSetAccess(ptr: u64, size: usize, desc: *const c_vo
 unsafe fn alloc_plain(ptr: *mut u64, size: usize) -> Code {
     if let Err(code) = current_context() {
         return code;
+    }
+    // The driver checks its arguments before it allocates anything.
+    if ptr.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
     }
     // SAFETY: the caller's out-pointer.
     with(|fake| unsafe { answer(ptr, fake.memory.alloc_plain(size)) })

@@ -127,6 +127,12 @@ pub fn pools() {
             1,
             "a destroyed pool: the driver's CUDA_ERROR_INVALID_VALUE"
         );
+        // Bad input gets the driver's own answers, and nothing is held.
+        assert_eq!(from_pool(std::ptr::null_mut(), 4 * MIB, default, stream), 1, "a null out-pointer");
+        assert_eq!(from_pool(&mut a, 4 * MIB, 0xbad as *mut c_void, stream), 1, "a pool that never was");
+        assert_eq!(trim(0xbad as *mut c_void, 0), 1, "trimming a pool that never was");
+        let mut threshold = 0u64;
+        assert_eq!(set_attribute(0xbad as *mut c_void, RELEASE_THRESHOLD, (&raw mut threshold).cast()), 1);
     }
     assert_eq!(cuda.census().held(), before.held(), "leak");
     println!("pools: ok");

@@ -90,6 +90,17 @@ pub fn vmm(host_chunks: bool) {
         assert_eq!(release(handles[1]), 0);
         assert_eq!(release(handles[2]), 0);
         assert_eq!(release(handles[2]), 1, "a second release: the driver's CUDA_ERROR_INVALID_VALUE");
+        // Bad input gets the driver's own answers, and counts nothing.
+        let mut handle = 0u64;
+        assert_eq!(create(&mut handle, 2 * MIB, std::ptr::null(), 0), 1, "no properties");
+        assert_eq!(create(std::ptr::null_mut(), 2 * MIB, &prop, 0), 1, "a null out-pointer");
+        assert_eq!(create(&mut handle, 2 * MIB, &prop, 1), 1, "flags the driver does not know");
+        let elsewhere = Prop { location_id: 7, ..prop };
+        assert_eq!(
+            create(&mut handle, 2 * MIB, &elsewhere, 0),
+            101,
+            "a GPU that is not there: CUDA_ERROR_INVALID_DEVICE"
+        );
         assert_eq!(address_free(va, total), 0);
     }
     assert_eq!(cuda.mem_info(), (16 * MIB, 16 * MIB), "the whole budget is free again");
