@@ -63,8 +63,18 @@ impl Metrics {
         let mut out = prometheus_client::registry::Registry::with_prefix("tiermem");
         let tenants = Family::<Labels, Gauge>::default();
         out.register("tenants", "Connected tenants, by configured name", tenants.clone());
+        let state = gauges(
+            &mut out,
+            "tenant_state",
+            "1 while a tenant is late (a cut not met in time), idle (lending its HBM) or ramping up (keeping its whole part)",
+        );
         for t in &status.tenants {
             tenants.get_or_create(&vec![("name", t.name.clone())]).inc();
+            for (name, on) in [("late", t.late), ("idle", t.idle), ("ramping", t.ramping)] {
+                let labels =
+                    vec![("tenant", t.tenant.to_string()), ("name", t.name.clone()), ("state", name.to_owned())];
+                set(&state, labels, u64::from(on));
+            }
         }
         let capacity =
             gauges(&mut out, "pool_capacity_bytes", "Bytes a pool (tier of a GPU or of the node) shares out");

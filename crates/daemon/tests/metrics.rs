@@ -63,6 +63,10 @@ fn metrics_show_budgets_use_transfers_and_reclaims() {
         r#"tiermem_tenant_launches_total{tenant="1",name="default"} 40"#,
         r#"tiermem_tenant_launches_all_in_hbm_total{tenant="1",name="default"} 30"#,
         r#"tiermem_tenants{name="default"} 2"#,
+        // Both just arrived: ramping up, neither late nor idle.
+        r#"tiermem_tenant_state{tenant="2",name="default",state="ramping"} 1"#,
+        r#"tiermem_tenant_state{tenant="1",name="default",state="late"} 0"#,
+        r#"tiermem_tenant_state{tenant="1",name="default",state="idle"} 0"#,
         "tiermem_reclaim_seconds_count 1",
         "tiermem_reclaimed_bytes_total 33554432",
     ] {
