@@ -25,7 +25,7 @@ use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIAL
 use crate::driver::{DeviceHandle, Stream};
 use crate::entry::{alloc_or, CU_STREAM_PER_THREAD};
 use crate::process;
-use crate::wrappers::real_entry;
+use crate::wrappers::cached_entry;
 
 type MemPool = *mut c_void;
 type GetPoolFn = unsafe extern "C" fn(*mut MemPool, DeviceHandle) -> CuResult;
@@ -33,18 +33,13 @@ type AllocFromPoolFn = unsafe extern "C" fn(*mut u64, usize, MemPool, Stream) ->
 type TrimToFn = unsafe extern "C" fn(MemPool, usize) -> CuResult;
 type GetAttributeFn = unsafe extern "C" fn(MemPool, c_int, *mut c_void) -> CuResult;
 
-/// The driver's function `name` (NUL-terminated), looked up once into `cell`.
-fn cached<F: Copy>(cell: &'static OnceLock<Option<F>>, name: &'static str) -> Option<F> {
-    *cell.get_or_init(|| real_entry(name))
-}
-
 /// GPU `ordinal`'s default pool (`default`) or current pool, as the driver answers.
 fn pool_of(ordinal: usize, default: bool) -> Option<MemPool> {
     static DEFAULT: OnceLock<Option<GetPoolFn>> = OnceLock::new();
     static CURRENT: OnceLock<Option<GetPoolFn>> = OnceLock::new();
     let get = match default {
-        true => cached(&DEFAULT, "cuDeviceGetDefaultMemPool\0")?,
-        false => cached(&CURRENT, "cuDeviceGetMemPool\0")?,
+        true => cached_entry(&DEFAULT, "cuDeviceGetDefaultMemPool\0")?,
+        false => cached_entry(&CURRENT, "cuDeviceGetMemPool\0")?,
     };
     let mut pool = std::ptr::null_mut();
     // SAFETY: the driver's function with a valid out-pointer and a device handle (= ordinal).
@@ -101,7 +96,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     stream: Stream,
 ) -> CuResult {
     static REAL: OnceLock<Option<AllocFromPoolFn>> = OnceLock::new();
-    let Some(real) = cached(&REAL, "cuMemAllocFromPoolAsync\0") else { return CUDA_ERROR_NOT_INITIALIZED };
+    let Some(real) = cached_entry(&REAL, "cuMemAllocFromPoolAsync\0") else { return CUDA_ERROR_NOT_INITIALIZED };
     // SAFETY: the caller's arguments.
     unsafe { alloc_from_pool("cuMemAllocFromPoolAsync", real, (dptr, size, pool), (stream, stream)) }
 }
@@ -118,7 +113,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     stream: Stream,
 ) -> CuResult {
     static REAL: OnceLock<Option<AllocFromPoolFn>> = OnceLock::new();
-    let Some(real) = cached(&REAL, "cuMemAllocFromPoolAsync_ptsz\0") else { return CUDA_ERROR_NOT_INITIALIZED };
+    let Some(real) = cached_entry(&REAL, "cuMemAllocFromPoolAsync_ptsz\0") else { return CUDA_ERROR_NOT_INITIALIZED };
     let ordered = if stream.is_null() { CU_STREAM_PER_THREAD } else { stream };
     // SAFETY: the caller's arguments.
     unsafe { alloc_from_pool("cuMemAllocFromPoolAsync_ptsz", real, (dptr, size, pool), (stream, ordered)) }
@@ -132,7 +127,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: MemPool, keep: usize) -> CuResult {
     static REAL: OnceLock<Option<TrimToFn>> = OnceLock::new();
-    let Some(real) = cached(&REAL, "cuMemPoolTrimTo\0") else { return CUDA_ERROR_NOT_INITIALIZED };
+    let Some(real) = cached_entry(&REAL, "cuMemPoolTrimTo\0") else { return CUDA_ERROR_NOT_INITIALIZED };
     if !inside() && crate::deferred::any() {
         guard("cuMemPoolTrimTo", || {
             let gpus: Vec<usize> =
@@ -157,7 +152,9 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: MemPool, keep: usize) -> CuResult
 pub fn release_threshold(ordinal: usize) -> usize {
     const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
     static GET: OnceLock<Option<GetAttributeFn>> = OnceLock::new();
-    let (Some(get), Some(pool)) = (cached(&GET, "cuMemPoolGetAttribute\0"), pool_of(ordinal, true)) else { return 0 };
+    let (Some(get), Some(pool)) = (cached_entry(&GET, "cuMemPoolGetAttribute\0"), pool_of(ordinal, true)) else {
+        return 0;
+    };
     let mut value: u64 = 0;
     // SAFETY: the driver's function; this attribute's value is a cuuint64_t, written to `value`.
     let code = unsafe { get(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&raw mut value).cast()) };

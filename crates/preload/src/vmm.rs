@@ -27,7 +27,7 @@ use std::sync::{Mutex, OnceLock};
 use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
 use crate::placement::Tier;
 use crate::process;
-use crate::wrappers::real_entry;
+use crate::wrappers::cached_entry;
 
 /// `CUmemAllocationProp` (cuda.h).
 #[repr(C)]
@@ -104,7 +104,7 @@ fn mode() -> Mode {
 /// GPU `ordinal`'s host NUMA node, if the driver makes VMM chunks there.
 fn host_numa(ordinal: c_int) -> Option<c_int> {
     static ATTRIBUTE: OnceLock<Option<AttributeFn>> = OnceLock::new();
-    let get = (*ATTRIBUTE.get_or_init(|| real_entry("cuDeviceGetAttribute\0")))?;
+    let get = cached_entry(&ATTRIBUTE, "cuDeviceGetAttribute\0")?;
     let attribute = |which| {
         let mut value = 0;
         // SAFETY: the driver's function with a valid out-pointer.
@@ -126,7 +126,7 @@ pub unsafe extern "C" fn cuMemCreate(
     flags: u64,
 ) -> CuResult {
     static REAL: OnceLock<Option<CreateFn>> = OnceLock::new();
-    let Some(real) = *REAL.get_or_init(|| real_entry("cuMemCreate\0")) else { return CUDA_ERROR_NOT_INITIALIZED };
+    let Some(real) = cached_entry(&REAL, "cuMemCreate\0") else { return CUDA_ERROR_NOT_INITIALIZED };
     // SAFETY: the driver's own function with the caller's arguments.
     let driver = |prop: *const AllocationProp| unsafe { real(handle, size, prop, flags) };
     if inside() || handle.is_null() || prop.is_null() || size == 0 || mode() == Mode::Off {
@@ -208,7 +208,7 @@ fn make_on_host(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CuResult {
     static REAL: OnceLock<Option<ReleaseFn>> = OnceLock::new();
-    let Some(real) = *REAL.get_or_init(|| real_entry("cuMemRelease\0")) else { return CUDA_ERROR_NOT_INITIALIZED };
+    let Some(real) = cached_entry(&REAL, "cuMemRelease\0") else { return CUDA_ERROR_NOT_INITIALIZED };
     // Out of the books before the driver releases it: the driver may hand the handle to
     // another thread's cuMemCreate the moment it is released.
     let taken = if inside() { None } else { chunks().remove(&handle) };

@@ -19,6 +19,7 @@
 //! a name the loaded driver lacks is simply not routed.
 
 use std::ffi::{c_void, CStr};
+use std::sync::OnceLock;
 
 use crate::driver::driver;
 
@@ -30,6 +31,11 @@ pub fn real_entry<F: Copy>(name: &'static str) -> Option<F> {
     // SAFETY: `F` is the C signature of `name` in cuda.h (the wrappers! invocation names both),
     // and a function pointer has the size of a data pointer (asserted above).
     (!found.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&found) })
+}
+
+/// The driver's exported function `name` (NUL-terminated) as `F`, looked up once into `cell`.
+pub fn cached_entry<F: Copy>(cell: &'static OnceLock<Option<F>>, name: &'static str) -> Option<F> {
+    *cell.get_or_init(|| real_entry(name))
 }
 
 /// A routed function: its versioned name and tiermem's wrapper.
@@ -52,8 +58,8 @@ macro_rules! wrappers {
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::boundary::CuResult {
                 type Real = unsafe extern "C" fn($($ty),*) -> $crate::boundary::CuResult;
                 static REAL: std::sync::OnceLock<Option<Real>> = std::sync::OnceLock::new();
-                let real = REAL.get_or_init(|| $crate::wrappers::real_entry(concat!(stringify!($name), "\0")));
-                let Some(real) = *real else { return $crate::boundary::CUDA_ERROR_NOT_INITIALIZED };
+                let real = $crate::wrappers::cached_entry(&REAL, concat!(stringify!($name), "\0"));
+                let Some(real) = real else { return $crate::boundary::CUDA_ERROR_NOT_INITIALIZED };
                 // SAFETY: the driver's own function, called with the caller's arguments unchanged.
                 $hook(stringify!($name), move || unsafe { real($($arg),*) } $( $(, $hook_arg)* )?)
             }
