@@ -19,6 +19,7 @@
 //! that HBM tiermem keeps across synchronizations (deferred.rs).
 
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
@@ -34,7 +35,7 @@ type TrimToFn = unsafe extern "C" fn(MemPool, usize) -> CuResult;
 type GetAttributeFn = unsafe extern "C" fn(MemPool, c_int, *mut c_void) -> CuResult;
 
 /// GPU `ordinal`'s default pool (`default`) or current pool, as the driver answers.
-fn pool_of(ordinal: usize, default: bool) -> Option<MemPool> {
+fn ask_pool(ordinal: usize, default: bool) -> Option<MemPool> {
     static DEFAULT: OnceLock<Option<GetPoolFn>> = OnceLock::new();
     static CURRENT: OnceLock<Option<GetPoolFn>> = OnceLock::new();
     let get = match default {
@@ -47,18 +48,33 @@ fn pool_of(ordinal: usize, default: bool) -> Option<MemPool> {
     (code == CUDA_SUCCESS).then_some(pool)
 }
 
+/// GPU `ordinal`'s default pool: asked once (it never changes), as every asynchronous
+/// allocation needs it.
+fn default_pool(ordinal: usize) -> Option<MemPool> {
+    static KNOWN: [AtomicUsize; 64] = [const { AtomicUsize::new(0) }; 64];
+    let slot = KNOWN.get(ordinal);
+    if let Some(pool) = slot.map(|s| s.load(Relaxed)).filter(|&pool| pool != 0) {
+        return Some(pool as MemPool);
+    }
+    let pool = ask_pool(ordinal, true)?;
+    if let Some(slot) = slot {
+        slot.store(pool as usize, Relaxed);
+    }
+    Some(pool)
+}
+
 /// Whether `pool` is the default pool of the calling thread's GPU (allocations from it are
 /// tiermem's to serve on that GPU).
 fn is_current_gpus_default(pool: MemPool) -> bool {
     let Some(Ok(ordinal)) = process::current_gpu() else { return false };
-    pool_of(ordinal, true) == Some(pool)
+    default_pool(ordinal) == Some(pool)
 }
 
 /// Whether `cuMemAllocAsync` on the calling thread's GPU allocates from its default pool, which
 /// tiermem serves; a driver that cannot say (no pools, no context) leaves that to `alloc_or`.
 pub fn async_allocations_served() -> bool {
     let Some(Ok(ordinal)) = process::current_gpu() else { return true };
-    match (pool_of(ordinal, false), pool_of(ordinal, true)) {
+    match (ask_pool(ordinal, false), default_pool(ordinal)) {
         (Some(current), Some(default)) => current == default,
         _ => true,
     }
@@ -131,7 +147,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: MemPool, keep: usize) -> CuResult
     if !inside() && crate::deferred::any() {
         guard("cuMemPoolTrimTo", || {
             let gpus: Vec<usize> =
-                process::managed_gpus().into_iter().filter(|&ordinal| pool_of(ordinal, true) == Some(pool)).collect();
+                process::managed_gpus().into_iter().filter(|&ordinal| default_pool(ordinal) == Some(pool)).collect();
             if !gpus.is_empty() {
                 crate::deferred::reap(false);
                 crate::deferred::trim(
@@ -152,7 +168,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: MemPool, keep: usize) -> CuResult
 pub fn release_threshold(ordinal: usize) -> usize {
     const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
     static GET: OnceLock<Option<GetAttributeFn>> = OnceLock::new();
-    let (Some(get), Some(pool)) = (cached_entry(&GET, "cuMemPoolGetAttribute\0"), pool_of(ordinal, true)) else {
+    let (Some(get), Some(pool)) = (cached_entry(&GET, "cuMemPoolGetAttribute\0"), default_pool(ordinal)) else {
         return 0;
     };
     let mut value: u64 = 0;
