@@ -166,6 +166,13 @@ impl Process {
         va
     }
 
+    /// Gives `bytes` of HBM back to GPU `ordinal`'s budget.
+    fn give_back_hbm(&mut self, ordinal: usize, bytes: usize) {
+        if let Some(gpu) = self.gpus.get_mut(&ordinal) {
+            gpu.hbm_used = gpu.hbm_used.saturating_sub(bytes);
+        }
+    }
+
     /// GPU `ordinal` opened (the mechanism's device, which retains its primary context), or
     /// left to the driver if it cannot be.
     fn open(&mut self, call: &str, ordinal: usize) -> Gpu {
@@ -413,9 +420,7 @@ pub fn teardown(call: &str, freed: Freed) -> Result<(), CuResult> {
         .and_then(|()| allocation.chunks.iter().try_for_each(|&(handle, _)| device.release_chunk(handle)))
         .and_then(|()| device.unreserve(allocation.va, allocation.reserved));
     let mut p = process();
-    if let Some(gpu) = p.gpus.get_mut(&allocation.ordinal) {
-        gpu.hbm_used = gpu.hbm_used.saturating_sub(allocation.bytes_on(Tier::Hbm));
-    }
+    p.give_back_hbm(allocation.ordinal, allocation.bytes_on(Tier::Hbm));
     drop(p);
     crate::migrate::release_if_idle(allocation.ordinal);
     torn_down.map_err(|why| {
@@ -458,9 +463,7 @@ pub fn driver_allocated(ordinal: usize, bytes: usize, made: Option<u64>) {
             p.stats.allocated(bytes, 0);
         }
         None => {
-            if let Some(gpu) = p.gpus.get_mut(&ordinal) {
-                gpu.hbm_used = gpu.hbm_used.saturating_sub(bytes);
-            }
+            p.give_back_hbm(ordinal, bytes);
         }
     }
 }
@@ -504,9 +507,7 @@ pub fn driver_free_done(taken: Taken, freed: bool) {
         p.stats.managed_freed(size);
     }
     if let Some((ordinal, bytes)) = taken.small {
-        if let Some(gpu) = p.gpus.get_mut(&ordinal) {
-            gpu.hbm_used = gpu.hbm_used.saturating_sub(bytes);
-        }
+        p.give_back_hbm(ordinal, bytes);
         p.stats.freed(bytes, 0);
     }
 }
@@ -535,9 +536,7 @@ pub fn count_hbm(ordinal: usize, bytes: usize) {
 
 /// Gives `bytes` of HBM back to GPU `ordinal`'s budget (a chunk of the program's released).
 pub fn uncount_hbm(ordinal: usize, bytes: usize) {
-    if let Some(gpu) = process().gpus.get_mut(&ordinal) {
-        gpu.hbm_used = gpu.hbm_used.saturating_sub(bytes);
-    }
+    process().give_back_hbm(ordinal, bytes);
 }
 
 /// The GPUs tiermem manages in this process (opened, with a budget).
