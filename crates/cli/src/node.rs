@@ -162,6 +162,7 @@ pub fn share_cells(share: &ShareStatus, tenants: &[TenantStatus], pool: &PoolSta
             (tenant.is_some_and(|t| t.late), "LATE"),
             (tenant.is_some_and(|t| t.idle), "IDLE"),
             (tenant.is_some_and(|t| t.ramping), "RAMP"),
+            (tenant.is_some_and(|t| t.waiting), "WAIT"),
         ]
         .iter()
         .filter(|(on, _)| *on)

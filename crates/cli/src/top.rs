@@ -123,7 +123,7 @@ fn pool_table<'a>(pool: &'a PoolStatus, tenants: &'a [tiermem_protocol::TenantSt
     let title = format!(" {} ", pool_heading(pool));
     let rows = pool.shares.iter().map(|share| Row::new(share_cells(share, tenants, pool)));
     let header = Row::new(SHARE_COLUMNS).style(Style::new().add_modifier(Modifier::UNDERLINED));
-    let widths = [6, 12, 8, 3, 26, 11, 11, 11, 11, 11, 14].map(Constraint::Length);
+    let widths = [6, 12, 8, 3, 26, 11, 11, 11, 11, 11, 19].map(Constraint::Length);
     let mut block = Block::new().borders(Borders::ALL).title(title);
     if let Some(line) = driver_line(pool) {
         block = block.title_bottom(format!(" {line} "));
@@ -164,6 +164,7 @@ mod tests {
             late: true,
             idle: true,
             ramping: true,
+            waiting: true,
             overhead: Some(600 << 20),
         };
         let pool = PoolStatus {
@@ -206,7 +207,7 @@ mod tests {
             "training",
             "4242",
             "16.00 MiB",
-            "LATE IDLE RAMP",
+            "LATE IDLE RAMP WAIT",
             "other processes 392",
             "lenders",
             "8.00 GiB",

@@ -1,5 +1,5 @@
 //! `tiermem bench tenants` end to end on the simulated device, small: every scenario runs
-//! (static caps, tiermemd, serial, hog, leak, idle, pairs, fair share, reclaim), every tenant's
+//! (static caps, tiermemd fair and in turns, serial, hog, leak, idle, pairs, fair share, reclaim), every tenant's
 //! bytes are checked by its kernels, and the report says so. The numbers mean nothing here.
 
 mod support;
@@ -28,7 +28,7 @@ fn the_tenants_benchmark_runs_every_scenario_and_verifies_every_byte() {
     assert_eq!(report["metrics"]["pairs_finished"], report["metrics"]["pairs"], "{report}");
     assert!(report["metrics"]["fair_share_error"].as_f64().unwrap() <= 0.05, "{report}");
     assert!(report["metrics"]["idle_lender_others_speed"].as_f64().unwrap() > 0.0, "{report}");
-    for key in ["vs_static", "vs_serial"] {
+    for key in ["vs_static", "vs_serial", "working_sets_vs_static", "working_sets_vs_serial"] {
         assert!(report["ratios"][key].as_f64().unwrap() > 0.0, "{key}: {report}");
     }
 }

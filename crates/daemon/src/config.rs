@@ -50,6 +50,15 @@ pub struct Config {
     /// up"). 0: never.
     #[serde(default = "default_ramp_ms")]
     pub ramp_ms: u64,
+    /// How a GPU's HBM is shared among working tenants whose working sets do not all fit:
+    /// `fair` (weighted fair share, the default) or `working-sets` (as many whole working sets
+    /// as fit, in turns; registry.rs, "Working sets in turns").
+    #[serde(default)]
+    pub hbm_sharing: Sharing,
+    /// With `working-sets`: how long a tenant's turn with its whole working set lasts while
+    /// others wait for theirs (ms).
+    #[serde(default = "default_turn_ms")]
+    pub turn_ms: u64,
     /// HBM left out of a GPU's capacity when `[[gpu]]` does not give it (not on the simulated
     /// device): the CUDA context and libraries of each process take some.
     #[serde(default = "default_reserve")]
@@ -73,6 +82,18 @@ pub struct Config {
     pub default: TenantRule,
     #[serde(default, rename = "tenant")]
     pub tenants: Vec<TenantRule>,
+}
+
+/// How a GPU's HBM is shared among working tenants (`hbm_sharing`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sharing {
+    /// Weighted max-min fair share (`tiermem_policy::share`): every busy tenant gets its part.
+    #[default]
+    Fair,
+    /// Whole working sets first, in turns (`tiermem_policy::admission`): for batch jobs, whose
+    /// throughput matters more than each one's share at every instant.
+    WorkingSets,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -147,6 +168,9 @@ fn default_idle_after_ms() -> u64 {
 fn default_ramp_ms() -> u64 {
     3000
 }
+fn default_turn_ms() -> u64 {
+    10_000
+}
 fn default_reserve() -> Size {
     Size(2 << 30)
 }
@@ -166,6 +190,8 @@ impl Default for Config {
             deadline_ms: default_deadline_ms(),
             idle_after_ms: default_idle_after_ms(),
             ramp_ms: default_ramp_ms(),
+            hbm_sharing: Sharing::default(),
+            turn_ms: default_turn_ms(),
             hbm_reserve: default_reserve(),
             socket_mode: default_socket_mode(),
             metrics: None,

@@ -38,15 +38,28 @@
 //! has set up and grows a little later takes a little (reclaiming its whole part for a few
 //! bytes would cut the borrower for nothing). An idle tenant lends whatever it demands.
 //!
+//! # Working sets in turns (`hbm_sharing = "working-sets"`, opt-in)
+//! When the working sets of a GPU's working tenants do not all fit, fair share has every one of
+//! them page the part it lacks through the same link, so all run at the link's pace. With
+//! `working-sets` the daemon instead admits as many whole working sets as fit
+//! (`tiermem_policy::admission`): an admitted tenant's budget is its whole demand, and the
+//! others keep what they hold acquired and room for their next acquire (twice their largest),
+//! sharing the rest by weight. The order of admission is priority, then a tenant whose turn
+//! has not run out (`turn_ms`), then least time admitted so far per unit of weight, then the
+//! oldest: a turn ends after `turn_ms` when another tenant waits, and the one that waited
+//! longest goes next. A ramping tenant is not held at its whole part here (its demand is what
+//! admission needs). `tiermem status` marks a working tenant that is not admitted `WAIT`.
+//!
 //! What tenants report is believed only as far as it cannot hurt the others: a floor (acquired
 //! memory) counts only up to what the tenant was allowed to hold, and a late tenant is never
 //! counted above what it held before the cut. A tenant that will not give back cannot be made
 //! to (reclaim is cooperative), but it cannot take more than its budget either.
 
 use crate::census::{Census, Ledger, MARGIN};
-use crate::config::{Config, Identity, TenantRule};
+use crate::config::{Config, Identity, Sharing, TenantRule};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use tiermem_policy::admission::{admit, with_admitted};
 use tiermem_policy::share::{fair_shares, spread_spare, stage_grants, Claim};
 use tiermem_protocol::{
     DaemonMessage, GpuId, PoolStatus, ShareStatus, StatusReport, TenantStatus, Tier, TierBudget, TierBytes, TierUsage,
@@ -113,6 +126,13 @@ struct Tenant {
     grew_at: Instant,
     ramping: bool,
     ramped: bool,
+    /// Working sets in turns: since when its whole working set is admitted (none: it is not),
+    /// the time it was admitted before that, and whether it was working but not admitted, or
+    /// in a turn that had not run out, when shares were last computed.
+    turn_since: Option<Instant>,
+    served: Duration,
+    waiting: bool,
+    sticky: bool,
 }
 
 /// Which pool: a tier, and the GPU for HBM.
@@ -211,6 +231,10 @@ impl Registry {
             grew_at: now,
             ramping: true,
             ramped: false,
+            turn_since: None,
+            served: Duration::ZERO,
+            waiting: false,
+            sticky: false,
         };
         self.tenants.insert(id, tenant);
         (id, name, self.rebalance(now))
@@ -299,8 +323,9 @@ impl Registry {
                 }
             }
         }
-        let turned =
-            self.tenants.values().any(|t| t.idle != self.is_idle(t, now) || t.ramping != self.is_ramping(t, now));
+        let turned = self.tenants.values().any(|t| {
+            t.idle != self.is_idle(t, now) || t.ramping != self.is_ramping(t, now) || t.sticky != self.is_sticky(t, now)
+        });
         let outbox = if late.is_empty() && !turned { Vec::new() } else { self.rebalance(now) };
         (late, outbox)
     }
@@ -367,11 +392,14 @@ impl Registry {
             // shared out as part of its own share and charged to it (census.rs).
             let charges = self.overhead_charges(pool, &ids, unit);
             let capacity = capacity + charges.iter().sum::<u64>() * unit;
-            let claims: Vec<Claim> = ids
+            let mut claims: Vec<Claim> = ids
                 .iter()
                 .zip(&charges)
                 .map(|(id, &charge)| charged(self.claim(&self.tenants[id], pool.tier, unit), charge))
                 .collect();
+            if pool.tier == Tier::Hbm && self.config.hbm_sharing == Sharing::WorkingSets {
+                claims = self.admit_working_sets(capacity / unit, &ids, &claims, &charges, unit, now);
+            }
             let shares = fair_shares(capacity / unit, &claims);
             // A tenant's own part (what it lends or borrows against) is by its configured
             // weight, whether or not it works now: an idle tenant lends, it does not borrow.
@@ -455,6 +483,66 @@ impl Registry {
             .collect()
     }
 
+    /// Working sets in turns: admits whole working sets among `ids` (a GPU's tenants, with
+    /// their `claims` in units and overhead `charges`), records who is in a turn, and returns
+    /// the claims that fair share then divides the GPU by ("Working sets in turns").
+    fn admit_working_sets(
+        &mut self,
+        capacity: u64,
+        ids: &[TenantId],
+        claims: &[Claim],
+        charges: &[u64],
+        unit: u64,
+        now: Instant,
+    ) -> Vec<Claim> {
+        let tenants: Vec<&Tenant> = ids.iter().map(|id| &self.tenants[id]).collect();
+        let working = |t: &Tenant| !t.idle && t.reported && t.tiers[&Tier::Hbm].usage.demand > 0;
+        // What a tenant not admitted keeps beyond its floor: room for twice its largest acquire.
+        let keep: Vec<u64> = tenants
+            .iter()
+            .zip(claims.iter().zip(charges))
+            .map(|(t, (c, &charge))| match working(t) {
+                true => c.floor.max((2 * t.transfers.largest_acquire_bytes).div_ceil(unit).max(1) + charge),
+                false => c.floor,
+            })
+            .collect();
+        let served = |t: &Tenant| {
+            let turn = t.turn_since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
+            (t.served + turn).as_nanos() / u128::from(t.rule.weight.max(1))
+        };
+        let mut order: Vec<usize> = (0..ids.len()).filter(|&i| working(tenants[i])).collect();
+        order.sort_by_key(|&i| {
+            let t = tenants[i];
+            (std::cmp::Reverse(t.rule.priority), !self.is_sticky(t, now), served(t), ids[i])
+        });
+        let admitted = admit(capacity, claims, &keep, &order);
+        let waiting: Vec<bool> = (0..ids.len()).map(|i| working(tenants[i]) && !admitted[i]).collect();
+        for (i, id) in ids.iter().enumerate() {
+            let tenant = self.tenants.get_mut(id).expect("a tenant");
+            match (admitted[i], tenant.turn_since) {
+                (true, None) => tenant.turn_since = Some(now),
+                (false, Some(since)) => {
+                    tenant.served += now.saturating_duration_since(since);
+                    tenant.turn_since = None;
+                }
+                _ => {}
+            }
+            tenant.waiting = waiting[i];
+        }
+        for id in ids {
+            let sticky = self.is_sticky(&self.tenants[id], now);
+            self.tenants.get_mut(id).expect("a tenant").sticky = sticky;
+        }
+        with_admitted(claims, &keep, &admitted)
+    }
+
+    /// In a turn with its whole working set that has not run out (`turn_ms`; 0: turns never
+    /// run out).
+    fn is_sticky(&self, tenant: &Tenant, now: Instant) -> bool {
+        let turn = Duration::from_millis(self.config.turn_ms);
+        tenant.turn_since.is_some_and(|since| self.config.turn_ms == 0 || now.saturating_duration_since(since) < turn)
+    }
+
     fn is_idle(&self, tenant: &Tenant, now: Instant) -> bool {
         let after = Duration::from_millis(self.config.idle_after_ms);
         self.config.idle_after_ms > 0 && now.saturating_duration_since(tenant.active_at) >= after
@@ -472,7 +560,8 @@ impl Registry {
         // up, rather than give it to a hog and wait for it back chunk by chunk as it allocates
         // (a tenant that never allocates goes idle and lends it, see "Idle tenants").
         // A working tenant ramping up keeps its part too (see "Tenants ramping up").
-        let ramping = tier == Tier::Hbm && tenant.ramping && !tenant.idle;
+        let in_turns = self.config.hbm_sharing == Sharing::WorkingSets;
+        let ramping = tier == Tier::Hbm && tenant.ramping && !tenant.idle && !in_turns;
         let reported = tenant.reported && (tier != Tier::Hbm || slot.usage.demand > 0) && !ramping;
         let demand = match reported {
             true => slot.usage.demand,
@@ -559,6 +648,7 @@ impl Registry {
                 late: t.late,
                 idle: t.idle,
                 ramping: t.ramping,
+                waiting: t.waiting,
                 overhead: self.ledgers.get(&t.gpu.index).and_then(|l| l.overhead(t.who.pid)),
             })
             .collect();

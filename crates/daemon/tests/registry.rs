@@ -2,13 +2,13 @@
 //! grants, cuts wait for `budget_met` or the deadline, leavers give everything back, and
 //! status shows each viewer what it may see.
 
+mod registry_support;
+
+use registry_support::*;
 use std::time::{Duration, Instant};
-use tiermem_daemon::config::{Config, Identity};
+use tiermem_daemon::config::Config;
 use tiermem_daemon::registry::{Outbox, Registry, TenantId};
 use tiermem_protocol::{DaemonMessage, GpuId, Tier, TierBytes, TierUsage};
-
-const MIB: u64 = 1 << 20;
-const CHUNK: u64 = 2 * MIB;
 
 fn config() -> Config {
     Config::parse(
@@ -31,37 +31,6 @@ fn config() -> Config {
     .unwrap()
 }
 
-fn gpu() -> GpuId {
-    GpuId { index: 0, uuid: None, total_bytes: 1 << 30, simulated: true }
-}
-
-fn who(uid: u32, label: Option<&str>) -> Identity {
-    Identity { uid, pid: 100 + uid, cgroup: None, label: label.map(str::to_owned) }
-}
-
-/// The HBM budget (bytes, target) each message gives, by tenant; the last one wins.
-fn budgets(outbox: &Outbox) -> Vec<(TenantId, u64, u64, u64)> {
-    outbox
-        .iter()
-        .filter_map(|(id, m)| match m {
-            DaemonMessage::Budget { seq, tiers, .. } => {
-                tiers.iter().find(|t| t.tier == Tier::Hbm).map(|t| (*id, *seq, t.bytes, t.target))
-            }
-            _ => None,
-        })
-        .collect()
-}
-
-fn demand(bytes: u64) -> [(Tier, TierUsage); 4] {
-    let hbm = TierUsage { used: 0, acquired: 0, demand: bytes };
-    [
-        (Tier::Hbm, hbm),
-        (Tier::Peer, TierUsage::default()),
-        (Tier::Host, TierUsage::default()),
-        (Tier::File, TierUsage::default()),
-    ]
-}
-
 /// A report of `mib` MiB held in HBM by a tenant that would hold everything.
 fn using(mib: u64) -> [(Tier, TierUsage); 4] {
     let hbm = TierUsage { used: mib * MIB, acquired: 0, demand: 1 << 40 };
@@ -71,11 +40,6 @@ fn using(mib: u64) -> [(Tier, TierUsage); 4] {
         (Tier::Host, TierUsage::default()),
         (Tier::File, TierUsage::default()),
     ]
-}
-
-fn register(r: &mut Registry, uid: u32, label: Option<&str>, now: Instant) -> (TenantId, Outbox) {
-    let (id, _, outbox) = r.register(who(uid, label), gpu(), CHUNK, &[], &[], now);
-    (id, outbox)
 }
 
 #[test]

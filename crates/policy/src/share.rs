@@ -57,7 +57,7 @@ impl Claim {
     }
 
     /// The most this claim may get: its demand within its quota, never below its floor.
-    fn high(&self) -> u64 {
+    pub(crate) fn high(&self) -> u64 {
         self.floor.max(self.demand.min(self.quota.unwrap_or(u64::MAX)))
     }
 }

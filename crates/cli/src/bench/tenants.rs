@@ -5,7 +5,9 @@
 //! * **Throughput**: three jobs of different lengths (rounds R, 2R, 3R over a working set of
 //!   0.6× the node's cap each) run together, each with a static third of the cap
 //!   (`throughput_static`) and under tiermemd sharing the whole cap (`throughput_tiermemd`), and
-//!   one after another with the whole cap each (`throughput_serial`). Bytes worked on ÷ the
+//!   one after another with the whole cap each (`throughput_serial`), and under tiermemd
+//!   sharing whole working sets in turns (`hbm_sharing = "working-sets"`, opt-in:
+//!   `throughput_working_sets`). Bytes worked on ÷ the
 //!   wall time of the whole set (process start included, the same for every mode). With static
 //!   caps the memory of a job that has finished stays idle; with tiermemd the jobs still
 //!   running take it. Each job spends `think_ms` of host time before each buffer's kernels, as
@@ -98,13 +100,15 @@ impl Drop for Daemon {
     }
 }
 
-fn spawn_daemon(dir: &Path, cap: usize, setup: &Setup) -> Result<Daemon, String> {
+/// The daemon sharing `cap` with `hbm_sharing = sharing` ("fair" or "working-sets").
+fn spawn_daemon(dir: &Path, cap: usize, setup: &Setup, sharing: &str) -> Result<Daemon, String> {
     let config = dir.join("tiermemd.toml");
     let socket = dir.join("tiermemd.sock");
     let _ = std::fs::remove_file(&socket);
     let (idle_after_ms, ramp_ms) = (setup.idle_after_ms, setup.ramp_ms);
     let text = format!(
-        "deadline_ms = 2000\nidle_after_ms = {idle_after_ms}\nramp_ms = {ramp_ms}\n\n[[gpu]]\nindex = 0\nhbm = \"{}MiB\"\n",
+        "deadline_ms = 2000\nidle_after_ms = {idle_after_ms}\nramp_ms = {ramp_ms}\nhbm_sharing = \"{sharing}\"\n\n\
+         [[gpu]]\nindex = 0\nhbm = \"{}MiB\"\n",
         cap >> 20
     );
     std::fs::write(&config, text).map_err(|e| format!("bench tenants: write {}: {e}", config.display()))?;
@@ -209,7 +213,7 @@ fn hbm_budgets(socket: &Path) -> Vec<u64> {
 /// deviation from half the cap over the last second, as a fraction of it). The second
 /// tenant's process start (the CUDA context, its first allocations) is not counted.
 fn fair_share(setup: &Setup, dir: &Path) -> Result<(f64, f64), String> {
-    let daemon = spawn_daemon(dir, setup.cap, setup)?;
+    let daemon = spawn_daemon(dir, setup.cap, setup, "fair")?;
     let stop = dir.join("stop");
     let _ = std::fs::remove_file(&stop);
     let job = Job { working_set: setup.cap * 6 / 10, ..Job::default() };
@@ -299,7 +303,13 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     let (stat, wall_static) = run_set(setup, scratch, &set, &Mode::Static(cap / 3))?;
     let throughput_static = total(&stat) / wall_static / 1e9;
     println!("static thirds: {throughput_static:.2} GB/s over {wall_static:.1} s");
-    let daemon = spawn_daemon(scratch, cap, setup)?;
+    // The same set under the daemon sharing whole working sets in turns (opt-in).
+    let in_turns = spawn_daemon(scratch, cap, setup, "working-sets")?;
+    let (turns, wall_turns) = run_set(setup, scratch, &set, &Mode::Daemon(in_turns.socket.clone()))?;
+    drop(in_turns);
+    let throughput_working_sets = total(&turns) / wall_turns / 1e9;
+    println!("tiermemd, working sets in turns: {throughput_working_sets:.2} GB/s over {wall_turns:.1} s");
+    let daemon = spawn_daemon(scratch, cap, setup, "fair")?;
     let shared = Mode::Daemon(daemon.socket.clone());
     let (tmd, wall_tmd) = run_set(setup, scratch, &set, &shared)?;
     let throughput_tiermemd = total(&tmd) / wall_tmd / 1e9;
@@ -312,7 +322,7 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     }
     let throughput_serial = total(&serial) / wall_serial / 1e9;
     println!("serial, whole cap each: {throughput_serial:.2} GB/s");
-    verified &= all_ok(&stat) && all_ok(&tmd) && all_ok(&serial);
+    verified &= all_ok(&stat) && all_ok(&tmd) && all_ok(&turns) && all_ok(&serial);
 
     // Two tenants that each fit in a third of the cap, beside one asking for 3× the cap.
     // Runs of 6R rounds. With the hog already running (holding the GPU) when they start
@@ -370,7 +380,8 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
         "think_ms_per_buffer": setup.think_ms, "wall_static_s": wall_static, "wall_tiermemd_s": wall_tmd,
         "wall_serial_s": wall_serial,
         "throughput_static_GBps": throughput_static, "throughput_tiermemd_GBps": throughput_tiermemd,
-        "throughput_serial_GBps": throughput_serial, "hog_victim_speed": hog_victim_speed,
+        "throughput_serial_GBps": throughput_serial, "throughput_working_sets_GBps": throughput_working_sets,
+        "wall_working_sets_s": wall_turns, "hog_victim_speed": hog_victim_speed,
         "hog_victim_round_speed": hog_victim_round_speed, "hog_victim_speed_costart": hog_victim_speed_costart,
         "leak_victims_finished": leak_victims_finished, "fair_share_error": fair_share_error,
         "settle_ms": settle_ms, "reclaim_ms_per_GiB": reclaim, "overhead_alone": overhead_alone,
@@ -381,13 +392,15 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     let ratios = serde_json::json!({
         "vs_static": throughput_tiermemd / throughput_static,
         "vs_serial": throughput_tiermemd / throughput_serial,
+        "working_sets_vs_static": throughput_working_sets / throughput_static,
+        "working_sets_vs_serial": throughput_working_sets / throughput_serial,
     });
     let speeds = |o: &[Outcome]| {
         let json = |o: &Outcome| serde_json::json!({"bytes": o.bytes, "seconds": o.seconds, "paged_in": o.paged_in, "ok": o.ok, "rounds": o.rounds});
         o.iter().map(json).collect::<Vec<_>>()
     };
     let detail = serde_json::json!({
-        "static": speeds(&stat), "tiermemd": speeds(&tmd), "serial": speeds(&serial), "victims_alone": speeds(&alone),
+        "static": speeds(&stat), "tiermemd": speeds(&tmd), "working_sets": speeds(&turns), "serial": speeds(&serial), "victims_alone": speeds(&alone),
         "victims_with_hog": speeds(&with_hog), "victims_started_with_hog": speeds(&costart),
         "victims_with_leak": speeds(&with_leak),
         "beside_an_idle_tenant": speeds(&with_idler), "alone_for_idle": speeds(&busy_alone),

@@ -1,0 +1,48 @@
+//! Helpers of the registry's tests (no sockets): a GPU, identities, the budgets an outbox
+//! gives, demand reports.
+
+#![allow(dead_code)] // each test file uses some of these
+
+use std::time::Instant;
+use tiermem_daemon::config::Identity;
+use tiermem_daemon::registry::{Outbox, Registry, TenantId};
+use tiermem_protocol::{DaemonMessage, GpuId, Tier, TierUsage};
+
+pub const MIB: u64 = 1 << 20;
+pub const CHUNK: u64 = 2 * MIB;
+
+pub fn gpu() -> GpuId {
+    GpuId { index: 0, uuid: None, total_bytes: 1 << 30, simulated: true }
+}
+
+pub fn who(uid: u32, label: Option<&str>) -> Identity {
+    Identity { uid, pid: 100 + uid, cgroup: None, label: label.map(str::to_owned) }
+}
+
+/// The HBM budget (bytes, target) each message gives, by tenant; the last one wins.
+pub fn budgets(outbox: &Outbox) -> Vec<(TenantId, u64, u64, u64)> {
+    outbox
+        .iter()
+        .filter_map(|(id, m)| match m {
+            DaemonMessage::Budget { seq, tiers, .. } => {
+                tiers.iter().find(|t| t.tier == Tier::Hbm).map(|t| (*id, *seq, t.bytes, t.target))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn demand(bytes: u64) -> [(Tier, TierUsage); 4] {
+    let hbm = TierUsage { used: 0, acquired: 0, demand: bytes };
+    [
+        (Tier::Hbm, hbm),
+        (Tier::Peer, TierUsage::default()),
+        (Tier::Host, TierUsage::default()),
+        (Tier::File, TierUsage::default()),
+    ]
+}
+
+pub fn register(r: &mut Registry, uid: u32, label: Option<&str>, now: Instant) -> (TenantId, Outbox) {
+    let (id, _, outbox) = r.register(who(uid, label), gpu(), CHUNK, &[], &[], now);
+    (id, outbox)
+}

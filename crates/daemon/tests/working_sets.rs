@@ -1,0 +1,146 @@
+//! The registry with `hbm_sharing = "working-sets"` (registry.rs, "Working sets in turns"):
+//! as many whole working sets as fit run, the others keep a little and wait; turns pass to the
+//! tenant that waited longest; priority goes first; a leaver's turn passes at once.
+
+mod registry_support;
+
+use registry_support::*;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tiermem_daemon::config::Config;
+use tiermem_daemon::registry::{Outbox, Registry, TenantId};
+use tiermem_protocol::TransferCounters;
+
+fn config(extra: &str) -> Config {
+    let text = format!(
+        "hbm_sharing = \"working-sets\"\nturn_ms = 1000\n{extra}\n[[gpu]]\nindex = 0\nhbm = \"600MiB\"\n\
+         [[tenant]]\nname = \"urgent\"\nlabel = \"urgent\"\npriority = 5\n"
+    );
+    Config::parse(&text, "test").unwrap()
+}
+
+/// Meets every cut in `outbox` and whatever follows, until no budget changes; returns each
+/// tenant's last budget (bytes).
+fn settle(r: &mut Registry, mut outbox: Outbox, now: Instant) -> BTreeMap<TenantId, u64> {
+    let mut last = BTreeMap::new();
+    for _ in 0..32 {
+        let sent = budgets(&outbox);
+        if sent.is_empty() {
+            return last;
+        }
+        outbox = Vec::new();
+        for (id, seq, bytes, _) in sent {
+            last.insert(id, bytes);
+            outbox.extend(r.budget_met(id, seq, now));
+        }
+    }
+    panic!("budgets did not settle")
+}
+
+/// A tenant working over `mib` MiB, acquiring 20 MiB at a time.
+fn working(r: &mut Registry, uid: u32, label: Option<&str>, mib: u64, now: Instant) -> (TenantId, Outbox) {
+    let (id, mut outbox) = register(r, uid, label, now);
+    r.record_transfers(
+        id,
+        TransferCounters { acquires: 1, largest_acquire_bytes: 20 * MIB, ..Default::default() },
+        now,
+    );
+    outbox.extend(r.usage(id, demand(mib * MIB), now));
+    (id, outbox)
+}
+
+fn waiting(r: &Registry, now: Instant) -> Vec<TenantId> {
+    r.status(0, None, now).tenants.iter().filter(|t| t.waiting).map(|t| t.tenant).collect()
+}
+
+#[test]
+fn one_working_set_runs_whole_while_the_others_share_the_rest_and_turns_pass_to_who_waited_longest() {
+    let t0 = Instant::now();
+    let mut r = Registry::new(config(""), t0, 0);
+    let mut outbox = Vec::new();
+    let mut ids = Vec::new();
+    for uid in 1..=3 {
+        let (id, sent) = working(&mut r, uid, None, 360, t0);
+        ids.push(id);
+        outbox.extend(sent);
+    }
+    let (a, b, c) = (ids[0], ids[1], ids[2]);
+    let budgets = settle(&mut r, outbox, t0);
+    assert_eq!((budgets[&a], budgets[&b], budgets[&c]), (360 * MIB, 120 * MIB, 120 * MIB), "A whole, B and C share");
+    assert_eq!(waiting(&r, t0), vec![b, c]);
+
+    // A's turn runs out with others waiting: B (least time admitted, then the oldest) goes next.
+    let (_, outbox) = r.expire_deadlines(t0 + Duration::from_millis(999));
+    assert!(outbox.is_empty(), "A's turn has not run out");
+    let t1 = t0 + Duration::from_millis(1000);
+    let (_, outbox) = r.expire_deadlines(t1);
+    let budgets = settle(&mut r, outbox, t1);
+    assert_eq!((budgets[&a], budgets[&b]), (120 * MIB, 360 * MIB));
+    assert_eq!(waiting(&r, t1), vec![a, c]);
+    // Then C, who has waited all along, not A again.
+    let t2 = t1 + Duration::from_millis(1000);
+    let (_, outbox) = r.expire_deadlines(t2);
+    let budgets = settle(&mut r, outbox, t2);
+    assert_eq!((budgets[&b], budgets[&c]), (120 * MIB, 360 * MIB));
+    assert_eq!(waiting(&r, t2), vec![a, b]);
+
+    // C leaves: the turn passes at once to the one that has had least of them (A: 1 s, B: 1 s,
+    // then the oldest), and the other grows into what is left.
+    let outbox = r.disconnect(c, t2);
+    let budgets = settle(&mut r, outbox, t2);
+    assert_eq!((budgets[&a], budgets[&b]), (360 * MIB, 240 * MIB));
+    assert_eq!(waiting(&r, t2), vec![b]);
+}
+
+#[test]
+fn working_sets_that_all_fit_are_shared_as_fair_share_does() {
+    let t0 = Instant::now();
+    let mut r = Registry::new(config(""), t0, 0);
+    let (a, mut outbox) = working(&mut r, 1, None, 200, t0);
+    let (b, sent) = working(&mut r, 2, None, 300, t0);
+    outbox.extend(sent);
+    let budgets = settle(&mut r, outbox, t0);
+    // Both whole, and the 100 MiB nobody demands spread on top as headroom (water-filled).
+    assert_eq!((budgets[&a], budgets[&b]), (300 * MIB, 300 * MIB));
+    assert!(waiting(&r, t0).is_empty());
+}
+
+#[test]
+fn priority_comes_before_turns_and_a_hog_never_gets_a_turn() {
+    let t0 = Instant::now();
+    let mut r = Registry::new(config(""), t0, 0);
+    let (hog, mut outbox) = working(&mut r, 1, None, 4000, t0);
+    let (a, sent) = working(&mut r, 2, None, 360, t0);
+    outbox.extend(sent);
+    let budgets = settle(&mut r, outbox, t0);
+    assert_eq!((budgets[&hog], budgets[&a]), (240 * MIB, 360 * MIB), "the one that fits runs whole");
+    // An urgent tenant arrives: it is admitted over A's turn; A keeps a little beside the hog.
+    let (urgent, outbox) = working(&mut r, 3, Some("urgent"), 400, t0);
+    let budgets = settle(&mut r, outbox, t0);
+    assert_eq!(budgets[&urgent], 400 * MIB);
+    assert_eq!(budgets[&a] + budgets[&hog], 200 * MIB);
+    assert!(budgets[&a] >= 40 * MIB && budgets[&hog] >= 40 * MIB, "each keeps twice its largest acquire");
+    // Its turn never passes to a lower priority.
+    let later = t0 + Duration::from_secs(5);
+    let (_, outbox) = r.expire_deadlines(later);
+    let budgets = settle(&mut r, outbox, later);
+    assert!(!budgets.contains_key(&urgent) || budgets[&urgent] == 400 * MIB);
+    assert_eq!(waiting(&r, later), vec![hog, a]);
+}
+
+#[test]
+fn fair_share_stays_the_default() {
+    let t0 = Instant::now();
+    let fair = Config::parse("ramp_ms = 0\n[[gpu]]\nindex = 0\nhbm = \"600MiB\"\n", "test").unwrap();
+    let mut r = Registry::new(fair, t0, 0);
+    let mut outbox = Vec::new();
+    let mut ids = Vec::new();
+    for uid in 1..=3 {
+        let (id, sent) = working(&mut r, uid, None, 360, t0);
+        ids.push(id);
+        outbox.extend(sent);
+    }
+    let budgets = settle(&mut r, outbox, t0);
+    assert!(ids.iter().all(|id| budgets[id] == 200 * MIB), "{budgets:?}");
+    assert!(waiting(&r, t0).is_empty());
+}
