@@ -44,9 +44,9 @@
 //! `working-sets` the daemon instead admits as many whole working sets as fit
 //! (`tiermem_policy::admission`): an admitted tenant's budget is its whole demand, and the
 //! others keep what they hold acquired and room for their next acquire (twice their largest),
-//! sharing the rest by weight. The order of admission is priority, then a tenant whose turn
-//! has not run out (`turn_ms`), then least time admitted so far per unit of weight, then the
-//! oldest: a turn ends after `turn_ms` when another tenant waits, and the one that waited
+//! sharing the rest by weight. The order of admission is priority, then the tenants whose turn
+//! has not run out (`turn_ms`), the longest-running first (a turn is never taken over by one
+//! that began later), then least time admitted so far per unit of weight, then the oldest: a turn ends after `turn_ms` when another tenant waits, and the one that waited
 //! longest goes next. A ramping tenant is not held at its whole part here (its demand is what
 //! admission needs). `tiermem status` marks a working tenant that is not admitted `WAIT`.
 //!
@@ -154,6 +154,8 @@ pub struct Registry {
     reclaims: Vec<(u64, Duration)>,
     /// Per GPU index: the driver's censuses of it (census.rs).
     ledgers: BTreeMap<u32, Ledger>,
+    /// Turns begun (true) and ended (false) since [`Registry::take_turns`] last took them.
+    turns: Vec<(TenantId, bool)>,
 }
 
 /// Messages to deliver, each to one tenant.
@@ -173,7 +175,7 @@ fn charged(claim: Claim, charge: u64) -> Claim {
 impl Registry {
     pub fn new(config: Config, now: Instant, daemon_uid: u32) -> Self {
         let (tenants, reclaims, ledgers) = (BTreeMap::new(), Vec::new(), BTreeMap::new());
-        Self { config, started: now, tenants, next_id: 1, daemon_uid, reclaims, ledgers }
+        Self { config, started: now, tenants, next_id: 1, daemon_uid, reclaims, ledgers, turns: Vec::new() }
     }
 
     /// The user the daemon runs as.
@@ -272,6 +274,12 @@ impl Registry {
     /// The cuts met since the last call: bytes given back and how long it took.
     pub fn take_reclaims(&mut self) -> Vec<(u64, Duration)> {
         std::mem::take(&mut self.reclaims)
+    }
+
+    /// Working sets in turns: the turns begun (true) and ended (false) since the last call, for
+    /// the log.
+    pub fn take_turns(&mut self) -> Vec<(TenantId, bool)> {
+        std::mem::take(&mut self.turns)
     }
 
     /// Every tenant's transfer counters, by id.
@@ -510,20 +518,27 @@ impl Registry {
             let turn = t.turn_since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
             (t.served + turn).as_nanos() / u128::from(t.rule.weight.max(1))
         };
+        // Priority; then turns under way, the oldest first (a turn is never taken over by a
+        // later one); then least served, the oldest tenant first.
         let mut order: Vec<usize> = (0..ids.len()).filter(|&i| working(tenants[i])).collect();
         order.sort_by_key(|&i| {
             let t = tenants[i];
-            (std::cmp::Reverse(t.rule.priority), !self.is_sticky(t, now), served(t), ids[i])
+            let turn = t.turn_since.filter(|_| self.is_sticky(t, now));
+            (std::cmp::Reverse(t.rule.priority), turn.is_none(), turn, served(t), ids[i])
         });
         let admitted = admit(capacity, claims, &keep, &order);
         let waiting: Vec<bool> = (0..ids.len()).map(|i| working(tenants[i]) && !admitted[i]).collect();
         for (i, id) in ids.iter().enumerate() {
             let tenant = self.tenants.get_mut(id).expect("a tenant");
             match (admitted[i], tenant.turn_since) {
-                (true, None) => tenant.turn_since = Some(now),
+                (true, None) => {
+                    tenant.turn_since = Some(now);
+                    self.turns.push((*id, true));
+                }
                 (false, Some(since)) => {
                     tenant.served += now.saturating_duration_since(since);
                     tenant.turn_since = None;
+                    self.turns.push((*id, false));
                 }
                 _ => {}
             }

@@ -79,7 +79,13 @@ fn lock(hub: &SharedHub) -> MutexGuard<'_, Hub> {
 }
 
 impl Hub {
-    fn deliver(&self, outbox: Outbox) {
+    fn deliver(&mut self, outbox: Outbox) {
+        for (id, begun) in self.registry.take_turns() {
+            log(&match begun {
+                true => format!("tenant {id}: its whole working set is admitted (a turn begins)"),
+                false => format!("tenant {id}: waits for its turn with a little of its working set"),
+            });
+        }
         for (id, message) in outbox {
             if let Some(mailbox) = self.outboxes.get(&id) {
                 mailbox.post(message);

@@ -80,6 +80,13 @@ pub enum Suite {
         /// The daemon's `ramp_ms` (0: a newcomer lends what it does not use at once).
         #[arg(long, default_value_t = 3000)]
         ramp_ms: u64,
+        /// Only the throughput sets (static, tiermemd fair and in turns, serial): a quicker
+        /// A/B; the report then lacks the other scenarios' metrics.
+        #[arg(long)]
+        throughput_only: bool,
+        /// Keep the daemons' logs, as tenants-daemon-<sharing>.log in the --json folder.
+        #[arg(long)]
+        daemon_logs: bool,
     },
     /// One tenant of `bench tenants` (a process of its own).
     #[command(hide = true)]
@@ -214,9 +221,30 @@ pub fn run(suite: Suite) -> Result<(), String> {
         Suite::Nvme { json, dir, commit: given, reps, size } => {
             nvme::run(&json, &dir, &commit(given), reps.max(1), size)
         }
-        Suite::Tenants { json, commit: given, cap, buffer_size, rounds, think_ms, idle_after_ms, ramp_ms } => {
+        Suite::Tenants {
+            json,
+            commit: given,
+            cap,
+            buffer_size,
+            rounds,
+            think_ms,
+            idle_after_ms,
+            ramp_ms,
+            throughput_only,
+            daemon_logs,
+        } => {
             let (rounds, think_ms) = (rounds.max(1), think_ms.max(0.0));
-            let setup = tenants::Setup { cap, buffer: buffer_size, rounds, think_ms, idle_after_ms, ramp_ms };
+            let logs = daemon_logs.then(|| json.clone());
+            let setup = tenants::Setup {
+                cap,
+                buffer: buffer_size,
+                rounds,
+                think_ms,
+                idle_after_ms,
+                ramp_ms,
+                throughput_only,
+                logs,
+            };
             tenants::run(&json, &commit(given), setup)
         }
         Suite::TenantWorker(args) => tenant_worker::run(args),

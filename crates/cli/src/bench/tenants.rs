@@ -44,6 +44,10 @@ pub struct Setup {
     pub idle_after_ms: u64,
     /// The daemon's `ramp_ms` (0: newcomers lend at once).
     pub ramp_ms: u64,
+    /// Only the throughput sets.
+    pub throughput_only: bool,
+    /// A folder to keep the daemons' logs in.
+    pub logs: Option<PathBuf>,
 }
 
 /// A job: its working set, rounds (0: until stopped), leak limit, and the rounds after which
@@ -112,12 +116,20 @@ fn spawn_daemon(dir: &Path, cap: usize, setup: &Setup, sharing: &str) -> Result<
         cap >> 20
     );
     std::fs::write(&config, text).map_err(|e| format!("bench tenants: write {}: {e}", config.display()))?;
+    let log = match &setup.logs {
+        Some(folder) => {
+            let path = folder.join(format!("tenants-daemon-{sharing}.log"));
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
+            Stdio::from(file.map_err(|e| format!("bench tenants: open {}: {e}", path.display()))?)
+        }
+        None => Stdio::null(),
+    };
     let child = crate::own_program()?
         .args(["daemon", "--config"])
         .arg(&config)
         .arg("--socket")
         .arg(&socket)
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .map_err(|e| format!("bench tenants: start tiermem daemon: {e}"))?;
     let daemon = Daemon { child, socket };
@@ -323,6 +335,26 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     let throughput_serial = total(&serial) / wall_serial / 1e9;
     println!("serial, whole cap each: {throughput_serial:.2} GB/s");
     verified &= all_ok(&stat) && all_ok(&tmd) && all_ok(&turns) && all_ok(&serial);
+    let mut metrics = serde_json::json!({
+        "node_cap_bytes": cap, "working_set_bytes": cap * 6 / 10, "buffer_bytes": setup.buffer, "rounds_unit": r,
+        "think_ms_per_buffer": setup.think_ms, "wall_static_s": wall_static, "wall_tiermemd_s": wall_tmd,
+        "wall_serial_s": wall_serial, "wall_working_sets_s": wall_turns,
+        "throughput_static_GBps": throughput_static, "throughput_tiermemd_GBps": throughput_tiermemd,
+        "throughput_serial_GBps": throughput_serial, "throughput_working_sets_GBps": throughput_working_sets,
+        "idle_after_ms": setup.idle_after_ms, "ramp_ms": setup.ramp_ms,
+    });
+    let ratios = serde_json::json!({
+        "vs_static": throughput_tiermemd / throughput_static,
+        "vs_serial": throughput_tiermemd / throughput_serial,
+        "working_sets_vs_static": throughput_working_sets / throughput_static,
+        "working_sets_vs_serial": throughput_working_sets / throughput_serial,
+    });
+    let mut detail = serde_json::json!({
+        "static": speeds(&stat), "tiermemd": speeds(&tmd), "working_sets": speeds(&turns), "serial": speeds(&serial),
+    });
+    if setup.throughput_only {
+        return finish(dir, commit, &info, metrics, ratios, detail, verified);
+    }
 
     // Two tenants that each fit in a third of the cap, beside one asking for 3× the cap.
     // Runs of 6R rounds. With the hog already running (holding the GPU) when they start
@@ -375,38 +407,46 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     let reclaim = reclaim_ms_per_gib(setup)?;
     println!("reclaim: {reclaim:.1} ms per GiB");
 
-    let metrics = serde_json::json!({
-        "node_cap_bytes": cap, "working_set_bytes": cap * 6 / 10, "buffer_bytes": setup.buffer, "rounds_unit": r,
-        "think_ms_per_buffer": setup.think_ms, "wall_static_s": wall_static, "wall_tiermemd_s": wall_tmd,
-        "wall_serial_s": wall_serial,
-        "throughput_static_GBps": throughput_static, "throughput_tiermemd_GBps": throughput_tiermemd,
-        "throughput_serial_GBps": throughput_serial, "throughput_working_sets_GBps": throughput_working_sets,
-        "wall_working_sets_s": wall_turns, "hog_victim_speed": hog_victim_speed,
+    let more = serde_json::json!({
+        "hog_victim_speed": hog_victim_speed,
         "hog_victim_round_speed": hog_victim_round_speed, "hog_victim_speed_costart": hog_victim_speed_costart,
         "leak_victims_finished": leak_victims_finished, "fair_share_error": fair_share_error,
         "settle_ms": settle_ms, "reclaim_ms_per_GiB": reclaim, "overhead_alone": overhead_alone,
         "pairs_finished": pairs_finished, "pairs": pair_shares.len(),
-        "idle_lender_others_speed": idle_lender_others_speed, "idle_after_ms": setup.idle_after_ms,
-        "ramp_ms": setup.ramp_ms,
+        "idle_lender_others_speed": idle_lender_others_speed,
     });
-    let ratios = serde_json::json!({
-        "vs_static": throughput_tiermemd / throughput_static,
-        "vs_serial": throughput_tiermemd / throughput_serial,
-        "working_sets_vs_static": throughput_working_sets / throughput_static,
-        "working_sets_vs_serial": throughput_working_sets / throughput_serial,
-    });
-    let speeds = |o: &[Outcome]| {
-        let json = |o: &Outcome| serde_json::json!({"bytes": o.bytes, "seconds": o.seconds, "paged_in": o.paged_in, "ok": o.ok, "rounds": o.rounds});
-        o.iter().map(json).collect::<Vec<_>>()
-    };
-    let detail = serde_json::json!({
-        "static": speeds(&stat), "tiermemd": speeds(&tmd), "working_sets": speeds(&turns), "serial": speeds(&serial), "victims_alone": speeds(&alone),
+    let more_detail = serde_json::json!({
+        "victims_alone": speeds(&alone),
         "victims_with_hog": speeds(&with_hog), "victims_started_with_hog": speeds(&costart),
         "victims_with_leak": speeds(&with_leak),
         "beside_an_idle_tenant": speeds(&with_idler), "alone_for_idle": speeds(&busy_alone),
     });
+    for (into, from) in [(&mut metrics, more), (&mut detail, more_detail)] {
+        if let (Some(into), serde_json::Value::Object(from)) = (into.as_object_mut(), from) {
+            into.extend(from);
+        }
+    }
+    finish(dir, commit, &info, metrics, ratios, detail, verified && leak_victims_finished)
+}
+
+/// Each job's outcome for the detail JSON.
+fn speeds(outcomes: &[Outcome]) -> Vec<serde_json::Value> {
+    let json = |o: &Outcome| serde_json::json!({"bytes": o.bytes, "seconds": o.seconds, "paged_in": o.paged_in, "ok": o.ok, "rounds": o.rounds});
+    outcomes.iter().map(json).collect()
+}
+
+/// Writes the report and its detail; an error when a tenant failed or a byte differed.
+fn finish(
+    dir: &Path,
+    commit: &str,
+    info: &tiermem::mechanism::DeviceInfo,
+    metrics: serde_json::Value,
+    ratios: serde_json::Value,
+    detail: serde_json::Value,
+    verified: bool,
+) -> Result<(), String> {
     let date = super::today();
-    let report = super::report("tenants", commit, &date, &info, metrics, ratios, verified && leak_victims_finished);
+    let report = super::report("tenants", commit, &date, info, metrics, ratios, verified);
     super::write_report(dir, "tenants", &date, commit, &report, &detail)?;
     if !verified {
         return Err("bench tenants: a tenant failed or a byte differed (see the detail JSON)".into());
