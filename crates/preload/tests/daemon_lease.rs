@@ -37,14 +37,26 @@ impl Probe {
 
     /// Asks `command` until the answer is `wanted` (between tries, `then`), or panics showing
     /// the last answer.
-    fn ask_until(&mut self, command: &str, wanted: &str, mut then: impl FnMut(&mut Self)) {
+    fn ask_until(&mut self, command: &str, wanted: &str, then: impl FnMut(&mut Self)) {
+        self.ask_until_that(command, wanted, |answer| answer == wanted, then);
+    }
+
+    /// Asks `command` until `good` holds of the answer (between tries, `then`), or panics
+    /// showing the last answer and `what` was waited for.
+    fn ask_until_that(
+        &mut self,
+        command: &str,
+        what: &str,
+        good: impl Fn(&str) -> bool,
+        mut then: impl FnMut(&mut Self),
+    ) {
         let deadline = Instant::now() + SETTLE;
         loop {
             let answer = self.ask(command);
-            if answer == wanted {
+            if good(&answer) {
                 return;
             }
-            assert!(Instant::now() < deadline, "{command}: {answer}, waited for {wanted}");
+            assert!(Instant::now() < deadline, "{command}: {answer}, waited for {what}");
             then(self);
             std::thread::sleep(Duration::from_millis(150));
         }
@@ -143,8 +155,9 @@ fn the_daemon_grants_the_budget_takes_back_half_for_a_newcomer_and_gives_it_back
     assert_eq!(state.budget, Some(32 * MIB), "{state:?}");
     // A dip met first (after the grace its quiesce points get) delays the grant after it.
     probe.ask_until("budget", &(32 * MIB).to_string(), |_| {});
-    let hbm_chunks = |answer: String| -> usize { answer.split(' ').nth(1).and_then(|n| n.parse().ok()).unwrap() };
-    assert!(hbm_chunks(probe.ask("where")) <= 16, "the program's HBM fits its budget");
+    // The excess leaves on tiermem's own thread, which may still be at it (a loaded machine).
+    let hbm_chunks = |answer: &str| -> usize { answer.split(' ').nth(1).and_then(|n| n.parse().ok()).unwrap() };
+    probe.ask_until_that("where", "at most 16 chunks in HBM", |answer| hbm_chunks(answer) <= 16, |_| {});
     assert_eq!(probe.ask("verify"), "verified");
     // What it sent down comes back up, within the budget, as kernels use it.
     probe.ask_until("where", "hbm 16 host 8", |probe| assert_eq!(probe.ask("touch"), "touched"));
