@@ -168,19 +168,14 @@ impl Worker {
     /// contiguous on both sides) and records the fence after them.
     fn copy_up(&self, group: &ReadGroup, slots: &[Slot]) -> tiermem_mechanism::Result<()> {
         let g = self.chunk;
-        // (destination, source, the staging piece it is in: one copy never spans two).
-        let pairs: Vec<(DevicePtr, usize, usize)> = group
-            .items
-            .iter()
-            .zip(slots)
-            .map(|(&(_, va), &s)| (va, self.staging.addr(s), self.staging.slab(s)))
-            .collect();
-        let continues = |first: &(DevicePtr, usize, usize), k: usize, &(va, src, piece): &(DevicePtr, usize, usize)| {
-            va == first.0 + (k * g) as u64 && src == first.1 + k * g && piece == first.2
+        let pairs: Vec<(DevicePtr, usize)> =
+            group.items.iter().zip(slots).map(|(&(_, va), &s)| (va, self.staging.addr(s))).collect();
+        let continues = |first: &(DevicePtr, usize), k: usize, &(va, src): &(DevicePtr, usize)| {
+            va == first.0 + (k * g) as u64 && src == first.1 + k * g
         };
         let mut outcome = Ok(());
         for (start, len) in runs(&pairs, usize::MAX, continues) {
-            let (va, src, _) = pairs[start];
+            let (va, src) = pairs[start];
             // SAFETY: the source is this group's staging slots, freed only after the fence
             // recorded behind this copy; the destination is mapped to the chunks being read,
             // which stay in HBM until that fence.

@@ -1,19 +1,13 @@
 //! The host tier: pinned host memory cut into chunk-sized slots.
 //!
-//! Pinning is slow (tens of ms per GiB), so memory is pinned in slabs on first need, up
+//! Pinning is slow (hundreds of ms per GiB), so memory is pinned in slabs on first need, up
 //! to the host cap, and kept — until a budget (the node daemon's share of the host's pinned
 //! memory, `Engine::set_host_budget`) falls below what is pinned: then slots beyond it are
 //! refused, and wholly free slabs at the end are unpinned. A page-out of n chunks asks for n
 //! slots and gets a contiguous run when one is free, so that adjacent chunks travel in one copy.
-//! A slab is pinned as pieces of [`PIECE_BYTES`] (`Device::alloc_pinned_pieces`: each registered
-//! while the next is faulted in), which one copy may not span: [`HostTier::slab`] names the
-//! piece, and runs stay within one.
 
 use std::collections::{BTreeSet, HashMap};
 use tiermem_mechanism::{Device, HostPtr, Result};
-
-/// A slab is pinned (and copied from) in pieces of this size.
-pub(crate) const PIECE_BYTES: usize = 128 << 20;
 
 /// Index of one chunk-sized slot of pinned host memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -22,8 +16,6 @@ pub(crate) struct Slot(pub u32);
 pub(crate) struct HostTier {
     chunk: usize,
     slab_slots: usize,
-    /// Slots per piece of a slab (its last piece may be shorter).
-    piece_slots: usize,
     /// The most it ever pins (the configured cap, whole slabs).
     most_slots: usize,
     /// The most in use: `most_slots`, or less while a budget says so (`set_budget`).
@@ -39,12 +31,10 @@ impl HostTier {
     pub fn new(chunk: usize, cap_bytes: usize) -> Self {
         // Slabs of up to 1 GiB (at 2 MiB chunks); the cap is rounded down to whole slabs.
         let slab_slots = (cap_bytes / chunk).clamp(1, 512);
-        let piece_slots = (PIECE_BYTES / chunk).clamp(1, slab_slots);
         let most_slots = cap_bytes / chunk / slab_slots * slab_slots;
         Self {
             chunk,
             slab_slots,
-            piece_slots,
             most_slots,
             cap_slots: most_slots,
             slabs: Vec::new(),
@@ -103,17 +93,11 @@ impl HostTier {
         self.slabs[i / self.slab_slots] + (i % self.slab_slots) * self.chunk
     }
 
-    /// The pinned registration (piece of a slab) `slot` is in: one copy never spans two of
-    /// them, even where they lie next to each other (`cuMemcpy*Async` refuses such a range with
+    /// The pinned allocation (slab) `slot` is in: one copy never spans two of them, even where
+    /// the driver placed them next to each other (`cuMemcpy*Async` refuses such a range with
     /// `CUDA_ERROR_INVALID_VALUE`).
     pub fn slab(&self, slot: Slot) -> usize {
-        self.piece_of(slot.0)
-    }
-
-    /// The piece slot `i` is in, numbered through the slabs (each slab's pieces from its start).
-    fn piece_of(&self, i: u32) -> usize {
-        let (slab, within) = (i as usize / self.slab_slots, i as usize % self.slab_slots);
-        slab * self.slab_slots.div_ceil(self.piece_slots) + within / self.piece_slots
+        slot.0 as usize / self.slab_slots
     }
 
     /// `n` slots, contiguous where possible; `None` (and nothing taken) if the cap forbids.
@@ -126,8 +110,7 @@ impl HostTier {
             if base >= self.most_slots {
                 return Ok(None);
             }
-            let (slab, piece) = (self.slab_slots * self.chunk, self.piece_slots * self.chunk);
-            self.slabs.push(device.alloc_pinned_pieces(slab, piece)?);
+            self.slabs.push(device.alloc_pinned(self.slab_slots * self.chunk)?);
             self.free.extend((base..base + self.slab_slots).map(|i| Slot(i as u32)));
         }
         let run = self.find_run(n).unwrap_or_else(|| self.free.iter().take(n).copied().collect());
@@ -137,9 +120,9 @@ impl HostTier {
         Ok(Some(run))
     }
 
-    /// The first run of `n` consecutive free slots inside one piece of a slab.
+    /// The first run of `n` consecutive free slots inside one slab.
     fn find_run(&self, n: usize) -> Option<Vec<Slot>> {
-        let start = crate::slot_runs::first_free_run(self.free.iter().map(|s| s.0), n, |i| self.piece_of(i))?;
+        let start = crate::slot_runs::first_free_run(self.free.iter().map(|s| s.0), n, self.slab_slots as u32)?;
         Some((start..start + n as u32).map(Slot).collect())
     }
 
@@ -222,32 +205,6 @@ mod tests {
         let again = host.alloc(&device, 900).unwrap().expect("room again, pinned anew");
         assert_eq!(host.pinned_bytes(), 3 * 512 * SLOT);
         first.into_iter().chain(again).for_each(|slot| host.free(slot));
-        host.release_all(&device).unwrap();
-        assert_eq!(device.live().pinned_bytes, 0);
-    }
-
-    /// Slots of 2 MiB and a cap of 200: one slab of pieces of 64, 64, 64 and 8 slots. A run
-    /// never spans two pieces, each piece is its own copy region, and the slab is freed whole.
-    #[test]
-    fn runs_stay_within_one_piece_of_a_slab() {
-        const SLOT: usize = 2 << 20;
-        let device = SimDevice::new(8 << 20).unwrap();
-        let mut host = HostTier::new(SLOT, 200 * SLOT);
-        let first = host.alloc(&device, 60).unwrap().unwrap();
-        assert_eq!((first[0], first[59]), (Slot(0), Slot(59)));
-        let next = host.alloc(&device, 10).unwrap().unwrap();
-        assert_eq!(next, (64..74).map(Slot).collect::<Vec<_>>(), "slots 60..63 are too few: the next piece");
-        assert_ne!(host.slab(Slot(63)), host.slab(Slot(64)));
-        assert_eq!(host.slab(Slot(128)), host.slab(Slot(191)));
-        assert_ne!(host.slab(Slot(191)), host.slab(Slot(192)));
-        let more = host.alloc(&device, 8).unwrap().unwrap();
-        assert_eq!(more, (74..82).map(Slot).collect::<Vec<_>>(), "first fit, within the piece");
-        // 160 slots taken from the first three pieces; 8 are left in the last, shorter one.
-        let fill = host.alloc(&device, 114).unwrap().unwrap();
-        let tail = host.alloc(&device, 8).unwrap().unwrap();
-        assert_eq!(tail, (192..200).map(Slot).collect::<Vec<_>>(), "the last, shorter piece");
-        let more: Vec<Slot> = more.into_iter().chain(fill).collect();
-        first.into_iter().chain(next).chain(more).chain(tail).for_each(|slot| host.free(slot));
         host.release_all(&device).unwrap();
         assert_eq!(device.live().pinned_bytes, 0);
     }

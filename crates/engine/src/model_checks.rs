@@ -134,7 +134,6 @@ impl Device for ModelDevice {
         fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()>;
         fn unmap(&self, va: DevicePtr, size: usize) -> Result<()>;
         fn alloc_pinned(&self, size: usize) -> Result<HostPtr>;
-        fn alloc_pinned_pieces(&self, size: usize, piece: usize) -> Result<HostPtr>;
         fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()>;
         fn create_stream(&self, priority: StreamPriority) -> Result<StreamHandle>;
         fn destroy_stream(&self, stream: StreamHandle) -> Result<()>;

@@ -366,7 +366,7 @@ impl PeerTier {
     /// The first run of `n` consecutive free slots inside one slab of a lender that is `open`.
     fn find_run(&self, n: usize, open: impl Fn(usize) -> bool) -> Option<Vec<PeerSlot>> {
         let free = self.free.iter().filter(|&&s| open(self.lender_of(s))).map(|s| s.0);
-        let start = crate::slot_runs::first_free_run(free, n, |i| i as usize / self.slab_chunks)?;
+        let start = crate::slot_runs::first_free_run(free, n, self.slab_chunks as u32)?;
         Some((start..start + n as u32).map(PeerSlot).collect())
     }
 

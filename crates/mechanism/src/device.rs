@@ -239,15 +239,7 @@ pub trait Device: Send + Sync {
 
     /// Allocates `size` bytes of page-locked host memory the device can copy to and from.
     fn alloc_pinned(&self, size: usize) -> Result<HostPtr>;
-    /// Allocates `size` bytes of page-locked host memory as pieces of `piece` bytes (the last
-    /// may be shorter), one after another: faster to pin on a GPU (each piece is registered
-    /// while the next is faulted in), but one copy may not span two pieces. Freed whole by
-    /// [`Device::free_pinned`]. By default one allocation, which is allowed too.
-    fn alloc_pinned_pieces(&self, size: usize, piece: usize) -> Result<HostPtr> {
-        let _ = piece;
-        self.alloc_pinned(size)
-    }
-    /// Frees memory from [`Device::alloc_pinned`] or [`Device::alloc_pinned_pieces`].
+    /// Frees memory from [`Device::alloc_pinned`].
     fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()>;
 
     fn create_stream(&self, priority: StreamPriority) -> Result<StreamHandle>;

@@ -124,11 +124,6 @@ impl Device for CudaDevice {
         self.pinned.alloc(size)
     }
 
-    fn alloc_pinned_pieces(&self, size: usize, piece: usize) -> Result<HostPtr> {
-        let _ctx = self.bind()?;
-        self.pinned.alloc_pieces(size, piece)
-    }
-
     fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()> {
         let _ctx = self.bind()?;
         self.pinned.free(ptr, size)

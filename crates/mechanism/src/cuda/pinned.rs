@@ -10,13 +10,6 @@
 //! probe on the same machine (`scripts/gpu/probes/pin_speed.py`) measured 20 GB/s that way
 //! with 8 threads, 4.3 GB/s with one.
 //!
-//! Faulting in and registering take about as long as each other (on the H200 machine, 1 GiB:
-//! faulted in at 26 GB/s by 8 threads and 37 GB/s by 16, registered at 44–52 GB/s, whether in
-//! one call or in pieces from several threads at once: `scripts/gpu/probes/pin_split.py`), and
-//! one after the other they make 18–22 GB/s. [`PinnedAllocations::alloc_pieces`] overlaps them:
-//! each piece is registered while the next is faulted in. The pieces are separate
-//! registrations, which one copy may not span (the host tier copies within a piece).
-//!
 //! The range is also marked `MADV_DONTFORK`: a child forked from this process must not share
 //! it copy-on-write, or the parent's next write would move its page away from the pinned one
 //! the GPU copies into. Where the kernel gives no transparent huge pages to advised memory
@@ -35,54 +28,43 @@ use crate::{HostPtr, Result};
 
 const HUGE_PAGE: usize = 2 << 20;
 /// The most threads that fault in one allocation.
-const MOST_THREADS: usize = 16;
+const MOST_THREADS: usize = 8;
 /// Each touching thread gets at least this much.
 const PER_THREAD: usize = 8 << 20;
 
 /// How each live pinned allocation was made.
 #[derive(Default)]
 pub(super) struct PinnedAllocations {
-    /// Allocations mapped here and registered: their mapped length and the registrations'
-    /// starts (one, or one per piece), those not unregistered yet.
-    registered: Mutex<HashMap<HostPtr, (usize, Vec<HostPtr>)>>,
+    /// Allocations mapped here and registered: their mapped length.
+    registered: Mutex<HashMap<HostPtr, usize>>,
 }
 
 impl PinnedAllocations {
     /// `size` bytes of pinned host memory. The caller has this device's context current.
     pub fn alloc(&self, size: usize) -> Result<HostPtr> {
-        self.alloc_pieces(size, usize::MAX)
-    }
-
-    /// `size` bytes of pinned host memory registered in pieces of `piece` bytes (rounded up to
-    /// huge pages), each while the next is faulted in. The caller has the context current.
-    pub fn alloc_pieces(&self, size: usize, piece: usize) -> Result<HostPtr> {
-        match huge_pages_advisable().then(|| map_and_register(size, piece)).flatten() {
-            Some((ptr, len, starts)) => {
-                self.registered.lock().unwrap_or_else(|p| p.into_inner()).insert(ptr, (len, starts));
+        match huge_pages_advisable().then(|| map_and_register(size)).flatten() {
+            Some((ptr, len)) => {
+                self.registered.lock().unwrap_or_else(|p| p.into_inner()).insert(ptr, len);
                 Ok(ptr)
             }
             None => host_alloc(size),
         }
     }
 
-    /// Frees memory from [`PinnedAllocations::alloc`] or [`PinnedAllocations::alloc_pieces`].
-    /// The caller has the context current.
+    /// Frees memory from [`PinnedAllocations::alloc`]. The caller has the context current.
     pub fn free(&self, ptr: HostPtr, size: usize) -> Result<()> {
-        let entry = self.registered.lock().unwrap_or_else(|p| p.into_inner()).remove(&ptr);
-        let Some((len, mut starts)) = entry else {
+        let len = self.registered.lock().unwrap_or_else(|p| p.into_inner()).remove(&ptr);
+        let Some(len) = len else {
             // SAFETY: the driver rejects pointers it did not allocate.
             let r = unsafe { sys::cuMemFreeHost(ptr as *mut c_void) };
             return check("cuMemFreeHost", r, || format!("ptr=0x{ptr:x} size={size}"));
         };
-        while let Some(&start) = starts.last() {
-            // SAFETY: `start` begins a registration made by `map_and_register`, still registered.
-            let r = unsafe { sys::cuMemHostUnregister(start as *mut c_void) };
-            if let Err(e) = check("cuMemHostUnregister", r, || format!("ptr=0x{start:x} (of 0x{ptr:x}) size={size}")) {
-                // Still registered: keep them known, so that a retry unregisters them.
-                self.registered.lock().unwrap_or_else(|p| p.into_inner()).insert(ptr, (len, starts));
-                return Err(e);
-            }
-            starts.pop();
+        // SAFETY: `ptr` was registered by `map_and_register` and is still registered.
+        let r = unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) };
+        if let Err(e) = check("cuMemHostUnregister", r, || format!("ptr=0x{ptr:x} size={size}")) {
+            // Still registered: keep it known, so that a retry unregisters it.
+            self.registered.lock().unwrap_or_else(|p| p.into_inner()).insert(ptr, len);
+            return Err(e);
         }
         // SAFETY: `[ptr, ptr + len)` is the mapping made by `map_and_register`, now unregistered
         // and forgotten here: nothing uses it any more.
@@ -133,52 +115,26 @@ fn host_alloc(size: usize) -> Result<HostPtr> {
 }
 
 /// Maps `size` bytes (rounded up to huge pages) at a huge-page boundary, faults them in on
-/// several threads and registers them in pieces of `piece` bytes (rounded up to huge pages),
-/// each piece while the next is faulted in: (address, mapped length, the pieces' starts), or
-/// `None` if a step failed (everything undone).
-fn map_and_register(size: usize, piece: usize) -> Option<(HostPtr, usize, Vec<HostPtr>)> {
+/// several threads and registers them: (address, mapped length), or `None` if a step failed
+/// (everything undone).
+fn map_and_register(size: usize) -> Option<(HostPtr, usize)> {
     let len = size.checked_next_multiple_of(HUGE_PAGE).filter(|&len| len > 0)?;
-    let piece = piece.min(len).next_multiple_of(HUGE_PAGE);
     let base = map_aligned(len)?;
     // SAFETY: `[base, base + len)` is a private anonymous mapping of ours.
     let ok = unsafe {
         libc::madvise(base, len, libc::MADV_HUGEPAGE);
         libc::madvise(base, len, libc::MADV_DONTFORK) == 0
     };
-    let base = base as usize;
-    let pieces: Vec<(usize, usize)> =
-        (base..base + len).step_by(piece).map(|at| (at, piece.min(base + len - at))).collect();
-    let mut starts: Vec<HostPtr> = Vec::with_capacity(pieces.len());
     if ok {
-        touch(pieces[0].0, pieces[0].1, MOST_THREADS);
-        for (k, &(at, n)) in pieces.iter().enumerate() {
-            // The next piece is faulted in while this one registers (the driver's call has a
-            // thread of its own here; the faulting, the rest).
-            let registered = std::thread::scope(|scope| {
-                let next = pieces.get(k + 1).map(|&(at, n)| scope.spawn(move || touch(at, n, MOST_THREADS - 1)));
-                // SAFETY: the range is mapped, readable and writable, and stays so until `free`.
-                let r = unsafe { sys::cuMemHostRegister_v2(at as *mut c_void, n, sys::CU_MEMHOSTREGISTER_PORTABLE) };
-                if let Some(next) = next {
-                    // A touching thread that panicked leaves its pages to be faulted in later.
-                    let _ = next.join();
-                }
-                r == sys::CUresult::CUDA_SUCCESS
-            });
-            if !registered {
-                break;
-            }
-            starts.push(at as HostPtr);
-        }
-        if starts.len() == pieces.len() {
-            return Some((base as HostPtr, len, starts));
+        touch(base as usize, len);
+        // SAFETY: the range is mapped, readable and writable, and stays so until `free`.
+        let r = unsafe { sys::cuMemHostRegister_v2(base, len, sys::CU_MEMHOSTREGISTER_PORTABLE) };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            return Some((base as HostPtr, len));
         }
     }
-    for &start in starts.iter().rev() {
-        // SAFETY: registered above, never handed out.
-        unsafe { sys::cuMemHostUnregister(start as *mut c_void) };
-    }
-    // SAFETY: our mapping, no longer registered.
-    unsafe { libc::munmap(base as *mut c_void, len) };
+    // SAFETY: our mapping, not registered.
+    unsafe { libc::munmap(base, len) };
     None
 }
 
@@ -215,11 +171,11 @@ fn map_aligned(len: usize) -> Option<*mut c_void> {
 }
 
 /// Faults in every page of `[addr, addr + len)` (writable, ours) by writing a zero to it, on
-/// up to `most` threads (no more than the machine's cores).
-fn touch(addr: usize, len: usize, most: usize) {
+/// up to `MOST_THREADS` threads.
+fn touch(addr: usize, len: usize) {
     let page = 4096;
     let threads =
-        (len / PER_THREAD).clamp(1, most.max(1)).min(std::thread::available_parallelism().map_or(1, |n| n.get()));
+        (len / PER_THREAD).clamp(1, MOST_THREADS).min(std::thread::available_parallelism().map_or(1, |n| n.get()));
     let part = len.div_ceil(threads).next_multiple_of(page);
     let write = move |from: usize| {
         for at in (from..(from + part).min(addr + len)).step_by(page) {
@@ -258,7 +214,7 @@ mod tests {
             assert_eq!(base as usize % HUGE_PAGE, 0);
             // SAFETY: ours, `len` writable bytes.
             unsafe { std::ptr::write_bytes(base as *mut u8, 0xa5, len) };
-            touch(base as usize, len, MOST_THREADS);
+            touch(base as usize, len);
             // SAFETY: as above.
             let bytes = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
             for (i, &b) in bytes.iter().enumerate() {

@@ -269,35 +269,12 @@ impl Device for SimDevice {
         Ok(p)
     }
 
-    /// As on a GPU, each piece is an allocation of its own to the copies (one may not span two);
-    /// the memory is one mapping, freed whole.
-    fn alloc_pinned_pieces(&self, size: usize, piece: usize) -> Result<HostPtr> {
-        if piece == 0 {
-            return Err(Self::invalid("cuMemHostRegister", "piece=0".into()));
-        }
-        let p = self.alloc_pinned(size)?;
-        let mut s = self.lock();
-        s.pinned.remove(&p);
-        for at in (0..size).step_by(piece) {
-            s.pinned.insert(p + at, piece.min(size - at));
-        }
-        s.pinned_whole.insert(p, size);
-        Ok(p)
-    }
-
     fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()> {
         let mut s = self.lock_progressing();
-        let pieces: Vec<HostPtr> = match (s.pinned_whole.get(&ptr), s.pinned.get(&ptr)) {
-            (Some(&whole), _) if whole == size => s.pinned.range(ptr..ptr + size).map(|(&p, _)| p).collect(),
-            (None, Some(&n)) if n == size => vec![ptr],
-            _ => {
-                return Err(Self::invalid("cuMemFreeHost", format!("0x{ptr:x} is not pinned memory of size {size}")));
-            }
-        };
-        s.pinned_whole.remove(&ptr);
-        for p in pieces {
-            s.pinned.remove(&p);
+        if s.pinned.get(&ptr) != Some(&size) {
+            return Err(Self::invalid("cuMemFreeHost", format!("0x{ptr:x} is not pinned memory of size {size}")));
         }
+        s.pinned.remove(&ptr);
         // SAFETY: our own anonymous mapping, no longer referenced.
         unsafe { libc::munmap(ptr as *mut libc::c_void, size) };
         Ok(())

@@ -116,10 +116,7 @@ struct SimState {
     /// they are made of, mapped and released together.
     groups: HashMap<u64, Vec<PhysHandle>>,
     next_group: u64,
-    /// Pinned allocations (each piece of one made by pieces), to the copies.
     pinned: BTreeMap<HostPtr, usize>,
-    /// Allocations made by pieces (`alloc_pinned_pieces`): their size, for `free_pinned`.
-    pinned_whole: HashMap<HostPtr, usize>,
     /// Plain allocations: size and the GPU that made them, the only one that may touch them.
     plain: HashMap<DevicePtr, (usize, usize)>,
     queues: Queues,
@@ -195,7 +192,6 @@ impl SimDevice {
             groups: HashMap::new(),
             next_group: 0,
             pinned: BTreeMap::new(),
-            pinned_whole: HashMap::new(),
             plain: HashMap::new(),
             queues: Queues::new(0x5eed_cafe ^ hbm_per_gpu as u64 ^ ((gpus as u64 - 1) << 56)),
             stream_gpus: HashMap::new(),
