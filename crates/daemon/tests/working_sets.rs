@@ -49,6 +49,21 @@ fn working(r: &mut Registry, uid: u32, label: Option<&str>, mib: u64, now: Insta
     (id, outbox)
 }
 
+/// A registry under `config` at `t0` with a working tenant per entry of `mib` (uids 1, 2, …),
+/// every budget settled: the registry, the tenants, their budgets.
+fn settled(config: Config, mib: &[u64], t0: Instant) -> (Registry, Vec<TenantId>, BTreeMap<TenantId, u64>) {
+    let mut r = Registry::new(config, t0, 0);
+    let mut outbox = Vec::new();
+    let mut ids = Vec::new();
+    for (uid, &mib) in (1..).zip(mib) {
+        let (id, sent) = working(&mut r, uid, None, mib, t0);
+        ids.push(id);
+        outbox.extend(sent);
+    }
+    let budgets = settle(&mut r, outbox, t0);
+    (r, ids, budgets)
+}
+
 fn waiting(r: &Registry, now: Instant) -> Vec<TenantId> {
     r.status(0, None, now).tenants.iter().filter(|t| t.waiting).map(|t| t.tenant).collect()
 }
@@ -56,16 +71,8 @@ fn waiting(r: &Registry, now: Instant) -> Vec<TenantId> {
 #[test]
 fn one_working_set_runs_whole_while_the_others_share_the_rest_and_turns_pass_to_who_waited_longest() {
     let t0 = Instant::now();
-    let mut r = Registry::new(config(""), t0, 0);
-    let mut outbox = Vec::new();
-    let mut ids = Vec::new();
-    for uid in 1..=3 {
-        let (id, sent) = working(&mut r, uid, None, 360, t0);
-        ids.push(id);
-        outbox.extend(sent);
-    }
+    let (mut r, ids, budgets) = settled(config(""), &[360, 360, 360], t0);
     let (a, b, c) = (ids[0], ids[1], ids[2]);
-    let budgets = settle(&mut r, outbox, t0);
     assert_eq!((budgets[&a], budgets[&b], budgets[&c]), (360 * MIB, 120 * MIB, 120 * MIB), "A whole, B and C share");
     assert_eq!(waiting(&r, t0), vec![b, c]);
 
@@ -95,11 +102,8 @@ fn one_working_set_runs_whole_while_the_others_share_the_rest_and_turns_pass_to_
 #[test]
 fn working_sets_that_all_fit_are_shared_as_fair_share_does() {
     let t0 = Instant::now();
-    let mut r = Registry::new(config(""), t0, 0);
-    let (a, mut outbox) = working(&mut r, 1, None, 200, t0);
-    let (b, sent) = working(&mut r, 2, None, 300, t0);
-    outbox.extend(sent);
-    let budgets = settle(&mut r, outbox, t0);
+    let (r, ids, budgets) = settled(config(""), &[200, 300], t0);
+    let (a, b) = (ids[0], ids[1]);
     // Both whole, and the 100 MiB nobody demands spread on top as headroom (water-filled).
     assert_eq!((budgets[&a], budgets[&b]), (300 * MIB, 300 * MIB));
     assert!(waiting(&r, t0).is_empty());
@@ -108,11 +112,8 @@ fn working_sets_that_all_fit_are_shared_as_fair_share_does() {
 #[test]
 fn priority_comes_before_turns_and_a_hog_never_gets_a_turn() {
     let t0 = Instant::now();
-    let mut r = Registry::new(config(""), t0, 0);
-    let (hog, mut outbox) = working(&mut r, 1, None, 4000, t0);
-    let (a, sent) = working(&mut r, 2, None, 360, t0);
-    outbox.extend(sent);
-    let budgets = settle(&mut r, outbox, t0);
+    let (mut r, ids, budgets) = settled(config(""), &[4000, 360], t0);
+    let (hog, a) = (ids[0], ids[1]);
     assert_eq!((budgets[&hog], budgets[&a]), (240 * MIB, 360 * MIB), "the one that fits runs whole");
     // An urgent tenant arrives: it is admitted over A's turn; A keeps a little beside the hog.
     let (urgent, outbox) = working(&mut r, 3, Some("urgent"), 400, t0);
@@ -132,15 +133,7 @@ fn priority_comes_before_turns_and_a_hog_never_gets_a_turn() {
 fn fair_share_stays_the_default() {
     let t0 = Instant::now();
     let fair = Config::parse("ramp_ms = 0\n[[gpu]]\nindex = 0\nhbm = \"600MiB\"\n", "test").unwrap();
-    let mut r = Registry::new(fair, t0, 0);
-    let mut outbox = Vec::new();
-    let mut ids = Vec::new();
-    for uid in 1..=3 {
-        let (id, sent) = working(&mut r, uid, None, 360, t0);
-        ids.push(id);
-        outbox.extend(sent);
-    }
-    let budgets = settle(&mut r, outbox, t0);
+    let (r, ids, budgets) = settled(fair, &[360, 360, 360], t0);
     assert!(ids.iter().all(|id| budgets[id] == 200 * MIB), "{budgets:?}");
     assert!(waiting(&r, t0).is_empty());
 }
