@@ -49,9 +49,23 @@ fn a_tenant_that_does_not_return_a_slab_in_time_is_killed() {
     let _daemon = start_daemon(&dir, CONFIG);
     let mut lender = start_lender(&dir, "128MiB");
     let mut tenant = borrower(&dir);
-    wait_for_status(&dir, "a slab lent to the tenant", |r| lent(r) == 64 * MIB);
-    // SAFETY: stops our own child; it is killed (and reaped) below or by the daemon.
-    assert_eq!(unsafe { libc::kill(tenant.pid() as i32, libc::SIGSTOP) }, 0);
+    // Stopped while it holds the slab: a tenant may give a slab back on its own (its want
+    // changed, or mapping failed), and a stop just after that would leave nothing to return.
+    let signal = |sig: i32| {
+        // SAFETY: signals our own child; it is killed (and reaped) below or by the daemon.
+        assert_eq!(unsafe { libc::kill(tenant.pid() as i32, sig) }, 0);
+    };
+    wait_for("the tenant stopped while a slab is lent to it", || {
+        wait_for_status(&dir, "a slab lent to the tenant", |r| lent(r) == 64 * MIB);
+        signal(libc::SIGSTOP);
+        // What it sent before it stopped reaches the daemon meanwhile.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let holds = status(&dir.socket()).is_some_and(|r| lent(&r) == 64 * MIB);
+        if !holds {
+            signal(libc::SIGCONT);
+        }
+        holds
+    });
     lender.kill();
     wait_for_status(&dir, "the stopped tenant killed past the deadline", |r| r.tenants.is_empty());
     let out = tenant.wait();
