@@ -52,7 +52,7 @@ pub struct Config {
     pub ramp_ms: u64,
     /// How a GPU's HBM is shared among working tenants whose working sets do not all fit:
     /// `fair` (weighted fair share, the default) or `working-sets` (as many whole working sets
-    /// as fit, in turns; registry.rs, "Working sets in turns").
+    /// as fit, in turns; registry/turns.rs).
     #[serde(default)]
     pub hbm_sharing: Sharing,
     /// With `working-sets`: how long a tenant's turn with its whole working set lasts while

@@ -38,17 +38,9 @@
 //! has set up and grows a little later takes a little (reclaiming its whole part for a few
 //! bytes would cut the borrower for nothing). An idle tenant lends whatever it demands.
 //!
-//! # Working sets in turns (`hbm_sharing = "working-sets"`, opt-in)
-//! When the working sets of a GPU's working tenants do not all fit, fair share has every one of
-//! them page the part it lacks through the same link, so all run at the link's pace. With
-//! `working-sets` the daemon instead admits as many whole working sets as fit
-//! (`tiermem_policy::admission`): an admitted tenant's budget is its whole demand, and the
-//! others keep what they hold acquired and room for their next acquire (twice their largest),
-//! sharing the rest by weight. The order of admission is priority, then the tenants whose turn
-//! has not run out (`turn_ms`), the longest-running first (a turn is never taken over by one
-//! that began later), then least time admitted so far per unit of weight, then the oldest: a turn ends after `turn_ms` when another tenant waits, and the one that waited
-//! longest goes next. A ramping tenant is not held at its whole part here (its demand is what
-//! admission needs). `tiermem status` marks a working tenant that is not admitted `WAIT`.
+//! # Working sets in turns
+//! With `hbm_sharing = "working-sets"` (opt-in) whole working sets are admitted first, in
+//! turns: turns.rs.
 //!
 //! What tenants report is believed only as far as it cannot hurt the others: a floor (acquired
 //! memory) counts only up to what the tenant was allowed to hold, and a late tenant is never
@@ -57,9 +49,10 @@
 
 use crate::census::{Census, Ledger, MARGIN};
 use crate::config::{Config, Identity, Sharing, TenantRule};
+
+mod turns;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use tiermem_policy::admission::{admit, with_admitted};
 use tiermem_policy::share::{fair_shares, spread_spare, stage_grants, Claim};
 use tiermem_protocol::{
     DaemonMessage, GpuId, PoolStatus, ShareStatus, StatusReport, TenantStatus, Tier, TierBudget, TierBytes, TierUsage,
@@ -489,73 +482,6 @@ impl Registry {
                 ledger.charge(pid).map_or(0, |overhead| overhead.div_ceil(unit).div_ceil(tenants_of[&pid]))
             })
             .collect()
-    }
-
-    /// Working sets in turns: admits whole working sets among `ids` (a GPU's tenants, with
-    /// their `claims` in units and overhead `charges`), records who is in a turn, and returns
-    /// the claims that fair share then divides the GPU by ("Working sets in turns").
-    fn admit_working_sets(
-        &mut self,
-        capacity: u64,
-        ids: &[TenantId],
-        claims: &[Claim],
-        charges: &[u64],
-        unit: u64,
-        now: Instant,
-    ) -> Vec<Claim> {
-        let tenants: Vec<&Tenant> = ids.iter().map(|id| &self.tenants[id]).collect();
-        let working = |t: &Tenant| !t.idle && t.reported && t.tiers[&Tier::Hbm].usage.demand > 0;
-        // What a tenant not admitted keeps beyond its floor: room for twice its largest acquire.
-        let keep: Vec<u64> = tenants
-            .iter()
-            .zip(claims.iter().zip(charges))
-            .map(|(t, (c, &charge))| match working(t) {
-                true => c.floor.max((2 * t.transfers.largest_acquire_bytes).div_ceil(unit).max(1) + charge),
-                false => c.floor,
-            })
-            .collect();
-        let served = |t: &Tenant| {
-            let turn = t.turn_since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
-            (t.served + turn).as_nanos() / u128::from(t.rule.weight.max(1))
-        };
-        // Priority; then turns under way, the oldest first (a turn is never taken over by a
-        // later one); then least served, the oldest tenant first.
-        let mut order: Vec<usize> = (0..ids.len()).filter(|&i| working(tenants[i])).collect();
-        order.sort_by_key(|&i| {
-            let t = tenants[i];
-            let turn = t.turn_since.filter(|_| self.is_sticky(t, now));
-            (std::cmp::Reverse(t.rule.priority), turn.is_none(), turn, served(t), ids[i])
-        });
-        let admitted = admit(capacity, claims, &keep, &order);
-        let waiting: Vec<bool> = (0..ids.len()).map(|i| working(tenants[i]) && !admitted[i]).collect();
-        for (i, id) in ids.iter().enumerate() {
-            let tenant = self.tenants.get_mut(id).expect("a tenant");
-            match (admitted[i], tenant.turn_since) {
-                (true, None) => {
-                    tenant.turn_since = Some(now);
-                    self.turns.push((*id, true));
-                }
-                (false, Some(since)) => {
-                    tenant.served += now.saturating_duration_since(since);
-                    tenant.turn_since = None;
-                    self.turns.push((*id, false));
-                }
-                _ => {}
-            }
-            tenant.waiting = waiting[i];
-        }
-        for id in ids {
-            let sticky = self.is_sticky(&self.tenants[id], now);
-            self.tenants.get_mut(id).expect("a tenant").sticky = sticky;
-        }
-        with_admitted(claims, &keep, &admitted)
-    }
-
-    /// In a turn with its whole working set that has not run out (`turn_ms`; 0: turns never
-    /// run out).
-    fn is_sticky(&self, tenant: &Tenant, now: Instant) -> bool {
-        let turn = Duration::from_millis(self.config.turn_ms);
-        tenant.turn_since.is_some_and(|since| self.config.turn_ms == 0 || now.saturating_duration_since(since) < turn)
     }
 
     fn is_idle(&self, tenant: &Tenant, now: Instant) -> bool {

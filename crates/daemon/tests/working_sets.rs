@@ -1,4 +1,4 @@
-//! The registry with `hbm_sharing = "working-sets"` (registry.rs, "Working sets in turns"):
+//! The registry with `hbm_sharing = "working-sets"` (registry/turns.rs):
 //! as many whole working sets as fit run, the others keep a little and wait; turns pass to the
 //! tenant that waited longest; priority goes first; a leaver's turn passes at once.
 
