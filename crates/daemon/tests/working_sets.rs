@@ -130,6 +130,14 @@ fn priority_comes_before_turns_and_a_hog_never_gets_a_turn() {
 }
 
 #[test]
+fn a_lone_tenant_larger_than_the_gpu_has_it_all_and_does_not_wait() {
+    let t0 = Instant::now();
+    let (r, ids, budgets) = settled(config(""), &[4000], t0);
+    assert_eq!(budgets[&ids[0]], 600 * MIB);
+    assert!(waiting(&r, t0).is_empty(), "nobody else has a turn");
+}
+
+#[test]
 fn fair_share_stays_the_default() {
     let t0 = Instant::now();
     let fair = Config::parse("ramp_ms = 0\n[[gpu]]\nindex = 0\nhbm = \"600MiB\"\n", "test").unwrap();

@@ -339,8 +339,8 @@ pub struct TenantStatus {
     /// whole part rather than lend what it does not use yet.
     #[serde(default)]
     pub ramping: bool,
-    /// Working but not admitted with its whole working set (the daemon's `hbm_sharing =
-    /// "working-sets"`): it keeps a little and waits for its turn.
+    /// Working but not admitted with its whole working set while another tenant is (the
+    /// daemon's `hbm_sharing = "working-sets"`): it keeps a little and waits for its turn.
     #[serde(default)]
     pub waiting: bool,
     /// What its process holds of its GPU beyond its chunks, by the driver's count (see

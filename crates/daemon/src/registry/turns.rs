@@ -10,7 +10,7 @@
 //! that began later); then least time admitted so far per unit of weight; then the oldest. So
 //! a turn ends after `turn_ms` when another tenant waits, and the one that waited longest goes
 //! next. A ramping tenant is not held at its whole part here (its demand is what admission
-//! needs). `tiermem status` marks a working tenant that is not admitted `WAIT`.
+//! needs). `tiermem status` marks a working tenant not admitted while another is `WAIT`.
 
 use super::{Registry, Tenant, TenantId};
 use std::time::{Duration, Instant};
@@ -55,7 +55,10 @@ impl Registry {
             (std::cmp::Reverse(t.rule.priority), turn.is_none(), turn, served(t), ids[i])
         });
         let admitted = admit(capacity, claims, &keep, &order);
-        let waiting: Vec<bool> = (0..ids.len()).map(|i| working(tenants[i]) && !admitted[i]).collect();
+        // Waiting: working, not admitted, while another is (a lone tenant too large to be
+        // admitted has the GPU to itself; so do tenants none of which fits).
+        let any_admitted = admitted.iter().any(|&a| a);
+        let waiting: Vec<bool> = (0..ids.len()).map(|i| any_admitted && working(tenants[i]) && !admitted[i]).collect();
         for (i, id) in ids.iter().enumerate() {
             let tenant = self.tenants.get_mut(id).expect("a tenant");
             match (admitted[i], tenant.turn_since) {
