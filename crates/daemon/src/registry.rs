@@ -119,11 +119,13 @@ struct Tenant {
     grew_at: Instant,
     ramping: bool,
     ramped: bool,
-    /// Working sets in turns: since when its whole working set is admitted (none: it is not),
-    /// the time it was admitted before that, and whether it was working but not admitted, or
-    /// in a turn that had not run out, when shares were last computed.
+    /// Working sets in turns (registry/turns.rs): since when its whole working set is admitted
+    /// (none: it is not), the time it was admitted while others waited, up to `accrued_at`,
+    /// and whether it was working but not admitted, or in a turn that had not run out, when
+    /// shares were last computed.
     turn_since: Option<Instant>,
     served: Duration,
+    accrued_at: Instant,
     waiting: bool,
     sticky: bool,
 }
@@ -228,6 +230,7 @@ impl Registry {
             ramped: false,
             turn_since: None,
             served: Duration::ZERO,
+            accrued_at: now,
             waiting: false,
             sticky: false,
         };

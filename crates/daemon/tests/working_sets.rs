@@ -130,6 +130,39 @@ fn priority_comes_before_turns_and_a_hog_never_gets_a_turn() {
 }
 
 #[test]
+fn time_alone_is_not_held_against_a_tenant_when_others_come() {
+    // A runs alone for an hour, then B comes: A's turn starts then, and turns alternate each
+    // `turn_ms` — A does not wait an hour for having had the GPU to itself.
+    let t0 = Instant::now();
+    let (mut r, ids, _) = settled(config(""), &[360], t0);
+    let a = ids[0];
+    let hour = t0 + Duration::from_secs(3600);
+    let acquiring = |r: &mut Registry, id: TenantId, acquires: u64, now: Instant| {
+        let counters = TransferCounters { acquires, largest_acquire_bytes: 20 * MIB, ..Default::default() };
+        r.record_transfers(id, counters, now);
+    };
+    acquiring(&mut r, a, 2, hour);
+    let (_, outbox) = r.expire_deadlines(hour);
+    settle(&mut r, outbox, hour);
+    let (b, outbox) = working(&mut r, 2, None, 360, hour);
+    let budgets = settle(&mut r, outbox, hour);
+    assert_eq!(budgets.get(&b), Some(&(240 * MIB)), "A keeps its turn, B the rest: {budgets:?}");
+    assert_eq!(waiting(&r, hour), vec![b]);
+    let mut now = hour;
+    for (k, (admitted, waits)) in [(b, a), (a, b), (b, a)].into_iter().enumerate() {
+        acquiring(&mut r, a, 3 + k as u64, now);
+        acquiring(&mut r, b, 3 + k as u64, now);
+        let (_, outbox) = r.expire_deadlines(now + Duration::from_millis(999));
+        assert!(outbox.is_empty(), "the turn has not run out");
+        now += Duration::from_millis(1000);
+        let (_, outbox) = r.expire_deadlines(now);
+        let budgets = settle(&mut r, outbox, now);
+        assert_eq!((budgets[&admitted], budgets[&waits]), (360 * MIB, 240 * MIB));
+        assert_eq!(waiting(&r, now), vec![waits]);
+    }
+}
+
+#[test]
 fn a_lone_tenant_larger_than_the_gpu_has_it_all_and_does_not_wait() {
     let t0 = Instant::now();
     let (r, ids, budgets) = settled(config(""), &[4000], t0);

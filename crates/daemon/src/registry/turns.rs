@@ -7,9 +7,10 @@
 //! others keep what they hold acquired and room for their next acquire (twice their largest),
 //! sharing the rest by weight. The order of admission: priority; then the tenants whose turn
 //! has not run out (`turn_ms`), the longest-running first (a turn is never taken over by one
-//! that began later); then least time admitted so far per unit of weight; then the oldest. So
-//! a turn ends after `turn_ms` when another tenant waits, and the one that waited longest goes
-//! next. A ramping tenant is not held at its whole part here (its demand is what admission
+//! that began later); then least time admitted while others waited, per unit of weight (time
+//! alone, or while everything fits, does not count, and a turn starts when others come); then
+//! the oldest. So a turn ends after `turn_ms` when another tenant waits, and the one that waited
+//! longest goes next. A ramping tenant is not held at its whole part here (its demand is what admission
 //! needs). `tiermem status` marks a working tenant not admitted while another is `WAIT`.
 
 use super::{Registry, Tenant, TenantId};
@@ -31,6 +32,19 @@ impl Registry {
         unit: u64,
         now: Instant,
     ) -> Vec<Claim> {
+        // Time in a turn counts only while others wait: a tenant alone, or among tenants that
+        // all fit, is served nothing and its turn starts when others come.
+        let contended = ids.iter().any(|id| self.tenants[id].waiting);
+        for id in ids {
+            let tenant = self.tenants.get_mut(id).expect("a tenant");
+            if tenant.turn_since.is_some() {
+                match contended {
+                    true => tenant.served += now.saturating_duration_since(tenant.accrued_at),
+                    false => tenant.turn_since = Some(now),
+                }
+            }
+            tenant.accrued_at = now;
+        }
         let tenants: Vec<&Tenant> = ids.iter().map(|id| &self.tenants[id]).collect();
         let working = |t: &Tenant| !t.idle && t.reported && t.tiers[&Tier::Hbm].usage.demand > 0;
         // What a tenant not admitted keeps beyond its floor: room for twice its largest acquire.
@@ -42,10 +56,7 @@ impl Registry {
                 false => c.floor,
             })
             .collect();
-        let served = |t: &Tenant| {
-            let turn = t.turn_since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
-            (t.served + turn).as_nanos() / u128::from(t.rule.weight.max(1))
-        };
+        let served = |t: &Tenant| t.served.as_nanos() / u128::from(t.rule.weight.max(1));
         // Priority; then turns under way, the oldest first (a turn is never taken over by a
         // later one); then least served, the oldest tenant first.
         let mut order: Vec<usize> = (0..ids.len()).filter(|&i| working(tenants[i])).collect();
@@ -59,15 +70,18 @@ impl Registry {
         // admitted has the GPU to itself; so do tenants none of which fits).
         let any_admitted = admitted.iter().any(|&a| a);
         let waiting: Vec<bool> = (0..ids.len()).map(|i| any_admitted && working(tenants[i]) && !admitted[i]).collect();
+        let contended = waiting.iter().any(|&w| w);
         for (i, id) in ids.iter().enumerate() {
             let tenant = self.tenants.get_mut(id).expect("a tenant");
-            match (admitted[i], tenant.turn_since) {
-                (true, None) => {
+            match (admitted[i], tenant.turn_since.is_some()) {
+                (true, false) => {
                     tenant.turn_since = Some(now);
-                    self.turns.push((*id, true));
+                    // Logged when others wait (while everything fits, every tenant is admitted).
+                    if contended {
+                        self.turns.push((*id, true));
+                    }
                 }
-                (false, Some(since)) => {
-                    tenant.served += now.saturating_duration_since(since);
+                (false, true) => {
                     tenant.turn_since = None;
                     self.turns.push((*id, false));
                 }
