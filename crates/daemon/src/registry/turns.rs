@@ -10,8 +10,9 @@
 //! that began later); then least time admitted while others waited, per unit of weight (time
 //! alone, or while everything fits, does not count, and a turn starts when others come); then
 //! the oldest. So a turn ends after `turn_ms` when another tenant waits, and the one that waited
-//! longest goes next. A ramping tenant is not held at its whole part here (its demand is what admission
-//! needs). `tiermem status` marks a working tenant not admitted while another is `WAIT`.
+//! longest goes next. A ramping tenant is not held at its whole part here (its demand is what
+//! admission needs). `tiermem status` marks a working tenant not admitted while another is
+//! `WAIT`.
 
 use super::{Registry, Tenant, TenantId};
 use std::time::{Duration, Instant};
