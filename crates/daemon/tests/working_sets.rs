@@ -37,14 +37,15 @@ fn settle(r: &mut Registry, mut outbox: Outbox, now: Instant) -> BTreeMap<Tenant
     panic!("budgets did not settle")
 }
 
+/// Tenant `id` has made `acquires` acquires of 20 MiB so far (it is working, not idle).
+fn acquiring(r: &mut Registry, id: TenantId, acquires: u64, now: Instant) {
+    r.record_transfers(id, TransferCounters { acquires, largest_acquire_bytes: 20 * MIB, ..Default::default() }, now);
+}
+
 /// A tenant working over `mib` MiB, acquiring 20 MiB at a time.
 fn working(r: &mut Registry, uid: u32, label: Option<&str>, mib: u64, now: Instant) -> (TenantId, Outbox) {
     let (id, mut outbox) = register(r, uid, label, now);
-    r.record_transfers(
-        id,
-        TransferCounters { acquires: 1, largest_acquire_bytes: 20 * MIB, ..Default::default() },
-        now,
-    );
+    acquiring(r, id, 1, now);
     outbox.extend(r.usage(id, demand(mib * MIB), now));
     (id, outbox)
 }
@@ -137,10 +138,6 @@ fn time_alone_is_not_held_against_a_tenant_when_others_come() {
     let (mut r, ids, _) = settled(config(""), &[360], t0);
     let a = ids[0];
     let hour = t0 + Duration::from_secs(3600);
-    let acquiring = |r: &mut Registry, id: TenantId, acquires: u64, now: Instant| {
-        let counters = TransferCounters { acquires, largest_acquire_bytes: 20 * MIB, ..Default::default() };
-        r.record_transfers(id, counters, now);
-    };
     acquiring(&mut r, a, 2, hour);
     let (_, outbox) = r.expire_deadlines(hour);
     settle(&mut r, outbox, hour);

@@ -37,11 +37,11 @@ pub fn admit(capacity: u64, claims: &[Claim], keep: &[u64], order: &[usize]) -> 
     // others' keep. Only admissions that keep this within the capacity are made.
     let mut asked: u128 = keep.iter().map(|&k| u128::from(k)).sum();
     for &i in order {
-        let (Some(claim), Some(&kept)) = (claims.get(i), keep.get(i)) else { continue };
+        let (Some(claim), Some(&keeps)) = (claims.get(i), keep.get(i)) else { continue };
         if admitted[i] {
             continue;
         }
-        let with = asked - u128::from(kept) + u128::from(claim.high());
+        let with = asked - u128::from(keeps) + u128::from(claim.high());
         if with <= u128::from(capacity) {
             admitted[i] = true;
             asked = with;
