@@ -316,6 +316,10 @@ impl Inner {
             return Err(Error::Schedule { call, detail });
         }
         schedule.set_position(step);
+        if self.spread_resident {
+            let (cap, g, state) = (self.tiers.pool.cap(), self.tiers.chunk, &self.state);
+            schedule.plan_residency(cap, budget / g, |id| state.buffer(id).map_or(0, |b| b.chunks().len()));
+        }
         self.tiers.reap(&mut self.state)?;
         // The window: the coming steps, nearest first, until their chunks (resident or not)
         // reach the budget; what is missing there is brought in. Past it (schedule.rs, "Looking
@@ -332,7 +336,13 @@ impl Inner {
             let (mut near, mut far) = (Vec::new(), Vec::new());
             for &id in ids {
                 let buffer = self.state.buffer(id).expect("scheduled buffers are live");
+                let kept = schedule.is_kept(id);
                 for (index, chunk) in buffer.chunks().iter().enumerate() {
+                    // The planned resident set stays whatever the window: its resident chunks
+                    // do not count (schedule.rs, "A planned resident set").
+                    if kept && chunk.is_resident() {
+                        continue;
+                    }
                     window += g;
                     let past = window > budget;
                     if past && looking_past.is_none() {

@@ -42,7 +42,9 @@ pub(crate) fn candidates(
     horizon: Option<u64>,
     count: usize,
 ) -> Result<(Vec<ChunkRef>, Vec<Candidate>), DeviceError> {
-    let mut order: Vec<(Option<std::cmp::Reverse<u64>>, BufferId)> = Vec::new();
+    // Belady's order (the furthest next use first), the planned resident set last.
+    type Key = (bool, Option<std::cmp::Reverse<u64>>);
+    let mut order: Vec<(Key, BufferId)> = Vec::new();
     for (id, buffer) in state.buffers() {
         if among == Among::Resident && buffer.mapped() == 0 {
             continue;
@@ -53,7 +55,8 @@ pub(crate) fn candidates(
                 continue;
             }
         }
-        order.push((next_use.map(std::cmp::Reverse), id));
+        let kept = schedule.is_some_and(|s| s.is_kept(id));
+        order.push(((kept, next_use.map(std::cmp::Reverse)), id));
     }
     if schedule.is_some() {
         order.sort_unstable();
@@ -83,7 +86,8 @@ pub(crate) fn candidates(
                 last_use: chunk.last_use(),
                 clean,
                 priority: buffer.options.priority,
-                next_use: key.map(|r| r.0),
+                next_use: key.1.map(|r| r.0),
+                kept: key.0,
             });
             refs.push((id, index));
         }

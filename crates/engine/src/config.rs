@@ -81,6 +81,10 @@ pub struct EngineConfig {
     /// paging ahead looks past steps whose chunks are all resident, for streamed chunks to swap
     /// in (schedule.rs, "Looking past resident steps").
     pub look_past: bool,
+    /// `TIERMEM_SPREAD_RESIDENT=on|off` (default on): with a schedule followed by `advance`,
+    /// the buffers kept resident for the whole pass are planned, spread along it, rather than
+    /// left to Belady, which keeps one stretch (schedule.rs, "A planned resident set").
+    pub spread_resident: bool,
     /// `TIERMEM_AHEAD_WAITS=on|off` (default off): paging ahead along a schedule waits for the
     /// chunks it evicts to leave, so that it brings in the whole window at once. Off, it starts
     /// them down and goes on: the program's host thread is not held while they leave, and what
@@ -147,6 +151,7 @@ impl Default for EngineConfig {
             stride_prefetch: 32 << 20,
             pre_evict: 0,
             look_past: false,
+            spread_resident: true,
             ahead_waits: false,
             learn_loops: Some(LEARNED_WINDOW),
             sim_gpus: 1,
@@ -220,6 +225,9 @@ impl EngineConfig {
         }
         if let Some(v) = var("TIERMEM_LOOK_PAST") {
             c.look_past = on_or_off("TIERMEM_LOOK_PAST", &v)?;
+        }
+        if let Some(v) = var("TIERMEM_SPREAD_RESIDENT") {
+            c.spread_resident = on_or_off("TIERMEM_SPREAD_RESIDENT", &v)?;
         }
         if let Some(v) = var("TIERMEM_AHEAD_WAITS") {
             c.ahead_waits = on_or_off("TIERMEM_AHEAD_WAITS", &v)?;

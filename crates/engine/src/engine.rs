@@ -106,6 +106,8 @@ pub(crate) struct Inner {
     pub pre_evict_chunks: usize,
     /// Paging ahead looks past resident steps for streamed chunks to swap in (schedule.rs).
     pub look_past: bool,
+    /// `advance` plans the resident set, spread along the schedule (schedule.rs).
+    pub spread_resident: bool,
     /// Paging ahead waits for its evictions (`TIERMEM_AHEAD_WAITS`; placement.rs, `bring_in`).
     pub ahead_waits: bool,
     /// Buffers allocated side by side in one reservation (parts.rs).
@@ -192,6 +194,7 @@ impl Engine {
             strides: crate::stride::Strides::new(config.stride_prefetch / chunk),
             pre_evict_chunks: config.pre_evict / chunk,
             look_past: config.look_past,
+            spread_resident: config.spread_resident,
             ahead_waits: config.ahead_waits,
             parts: Default::default(),
         };

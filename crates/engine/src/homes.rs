@@ -21,6 +21,9 @@
 //! A holder that may not leave (needed sooner, or acquired) leaves its home taken: the
 //! incoming chunk gets whatever Belady frees and maps afresh, as before.
 //!
+//! A holder in the planned resident set (schedule.rs) is never sent out: it was streamed
+//! before the plan kept it, and stays now.
+//!
 //! Homes are used only while HBM is short (placement.rs, `bring_in`: at most as many holders
 //! as free chunks are missing). A budget that grew leaves free room: the incoming chunks take
 //! it, mapped afresh once, rather than sending holders that now fit out — which kept a loop
@@ -46,6 +49,7 @@ pub(crate) fn holders_to_send_home(
             let chunk = state.chunk(holder);
             let may_leave = schedule.next_use(holder.0).is_none_or(|next| next > horizon);
             chunk.streamed()
+                && !schedule.is_kept(holder.0)
                 && chunk.pins() == 0
                 && may_leave
                 && chunk.is_resident()

@@ -129,7 +129,12 @@ impl Inner {
                 self.tiers.reap(&mut self.state)?;
                 let coming = self.tiers.pool.available() + self.tiers.in_flight.chunks_moving_down();
                 if coming < todo.len() {
-                    let victims = self.victims(Among::Resident, call, todo.len() - coming, wanted, Some(horizon))?;
+                    let mut victims =
+                        self.victims(Among::Resident, call, todo.len() - coming, wanted, Some(horizon))?;
+                    // Never the planned resident set: paging ahead would erode it (schedule.rs).
+                    if let Some(schedule) = self.schedule.as_ref() {
+                        victims.retain(|r| !schedule.is_kept(r.0));
+                    }
                     if !victims.is_empty() {
                         self.send_victims_down(call, &victims)?;
                         self.tiers.reap(&mut self.state)?;

@@ -195,13 +195,15 @@ fn model_like_loops_move_only_what_does_not_fit_and_map_nothing() {
             assert!(page_ins <= bound, "more than {bound} page-ins; {geometry}");
         }
         // Streamed chunks come back to their homes. A page-ahead that waits for its victims
-        // finds every home free: no chunk is mapped afresh. One that does not wait places a
+        // finds every home free: no chunk is mapped afresh once the planned resident set has
+        // settled (a pass later than Belady's own: its second pass still evicts, for the first
+        // time, chunks the cold pass left resident). One that does not wait places a
         // chunk whose home is still on its way down elsewhere: some maps in the first warm
         // passes, fewer as the passes go (on the H200, in the second geometry: 169, 55, 0 of
         // ~350 page-ins in one run, 197, 162, 65 in another; 47, 11, 2 of 260 in the first).
         let (first_warm, last) = (trace[2], trace[4]);
         match ahead_waits {
-            true => assert!(trace[2..].iter().all(|&(_, maps)| maps == 0), "{geometry}"),
+            true => assert!(trace[3..].iter().all(|&(_, maps)| maps == 0), "{geometry}"),
             false => assert!(last.1 <= first_warm.1 && last.1 * 4 <= last.0, "{geometry}"),
         }
         for (id, bytes) in &buffers {

@@ -28,6 +28,10 @@
 //!   the rest. Chunks the schedule never uses go first (oldest first); with no schedule at all
 //!   this is LRU.
 //!
+//! With a schedule, [`spread_resident`] plans which buffers Belady keeps resident for the
+//! whole pass, spread along it rather than in one stretch, so that a short paging window
+//! keeps the copy link busy.
+//!
 //! Beside eviction, [`leave_hbm`] decides where a victim goes (the tiers below HBM, in order),
 //! [`read_in_place`] whether an acquire reads a chunk in a neighbour's HBM where it lies,
 //! [`split_between_paths`] how a page-in from host memory divides between PCIe links,
@@ -49,6 +53,7 @@ mod paths;
 mod priority;
 mod random;
 pub mod share;
+mod spread;
 mod stride;
 mod throttle;
 mod tier;
@@ -56,6 +61,7 @@ mod tier;
 pub use destination::{leave_hbm, Leave};
 pub use in_place::{read_in_place, PeerRead};
 pub use paths::{split_between_paths, Piece};
+pub use spread::{spread_resident, Scheduled};
 pub use stride::Stride;
 pub use throttle::LinkBudget;
 pub use tier::Tier;
@@ -76,6 +82,9 @@ pub struct Candidate {
     pub priority: i32,
     /// Steps until a known schedule next uses the chunk (`None`: no known next use).
     pub next_use: Option<u64>,
+    /// In the planned resident set of a schedule ([`spread_resident`]): Belady takes it only
+    /// after every other candidate. Other policies ignore it.
+    pub kept: bool,
 }
 
 /// The available eviction policies.

@@ -6,7 +6,14 @@ fn with_next_uses(next_uses: &[Option<u64>]) -> Vec<Candidate> {
     next_uses
         .iter()
         .enumerate()
-        .map(|(i, &next_use)| Candidate { key: i as u64, last_use: 100 - i as u64, clean: true, priority: 0, next_use })
+        .map(|(i, &next_use)| Candidate {
+            key: i as u64,
+            last_use: 100 - i as u64,
+            clean: true,
+            priority: 0,
+            next_use,
+            kept: false,
+        })
         .collect()
 }
 
@@ -23,6 +30,15 @@ fn chunks_never_used_again_go_before_any_scheduled_chunk_oldest_first() {
     let candidates = with_next_uses(&[Some(90), None, Some(5), None]);
     let victims = new_policy(PolicyKind::Belady, 0).select_victims(&candidates, 3);
     assert_eq!(victims, vec![3, 1, 0]);
+}
+
+#[test]
+fn the_planned_resident_set_goes_last_whatever_its_next_use() {
+    let mut candidates = with_next_uses(&[Some(90), Some(5), None, Some(40)]);
+    candidates[0].kept = true;
+    candidates[2].kept = true;
+    let victims = new_policy(PolicyKind::Belady, 0).select_victims(&candidates, 4);
+    assert_eq!(victims, vec![3, 1, 2, 0]);
 }
 
 #[test]
@@ -72,6 +88,7 @@ fn cyclic_loop_larger_than_capacity_streams_only_the_excess() {
                         clean: true,
                         priority: 0,
                         next_use: Some((c + n - position) % n),
+                        kept: false,
                     })
                     .collect();
                 let victim = policy.select_victims(&candidates, 1)[0];

@@ -6,7 +6,14 @@ fn aged(last_uses: &[u64]) -> Vec<Candidate> {
     last_uses
         .iter()
         .enumerate()
-        .map(|(i, &last_use)| Candidate { key: i as u64, last_use, clean: i % 2 == 0, priority: 0, next_use: None })
+        .map(|(i, &last_use)| Candidate {
+            key: i as u64,
+            last_use,
+            clean: i % 2 == 0,
+            priority: 0,
+            next_use: None,
+            kept: false,
+        })
         .collect()
 }
 

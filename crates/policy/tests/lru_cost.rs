@@ -7,7 +7,14 @@ fn by_age(clean: &[bool]) -> Vec<Candidate> {
     clean
         .iter()
         .enumerate()
-        .map(|(i, &clean)| Candidate { key: 100 + i as u64, last_use: i as u64, clean, priority: 0, next_use: None })
+        .map(|(i, &clean)| Candidate {
+            key: 100 + i as u64,
+            last_use: i as u64,
+            clean,
+            priority: 0,
+            next_use: None,
+            kept: false,
+        })
         .collect()
 }
 

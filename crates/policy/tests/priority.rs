@@ -12,6 +12,7 @@ fn with_priorities(priorities: &[i32]) -> Vec<Candidate> {
             clean: false,
             priority,
             next_use: None,
+            kept: false,
         })
         .collect()
 }

@@ -6,8 +6,9 @@ use tiermem_policy::{new_policy, Candidate, PolicyKind};
 fn candidates() -> impl Strategy<Value = Vec<Candidate>> {
     // Small value ranges so ties in `last_use` and `priority` are common.
     let next_use = prop::option::of(0u64..20);
-    let candidate = (0u64..20, any::<bool>(), -3i32..3, next_use)
-        .prop_map(|(last_use, clean, priority, next_use)| Candidate { key: 0, last_use, clean, priority, next_use });
+    let candidate = (0u64..20, any::<bool>(), -3i32..3, next_use).prop_map(|(last_use, clean, priority, next_use)| {
+        Candidate { key: 0, last_use, clean, priority, next_use, kept: false }
+    });
     prop::collection::vec(candidate, 0..60).prop_map(|mut v| {
         for (i, c) in v.iter_mut().enumerate() {
             c.key = i as u64;

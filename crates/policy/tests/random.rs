@@ -3,7 +3,16 @@
 use tiermem_policy::{new_policy, Candidate, PolicyKind};
 
 fn uniform(n: usize) -> Vec<Candidate> {
-    (0..n).map(|i| Candidate { key: i as u64, last_use: i as u64, clean: false, priority: 0, next_use: None }).collect()
+    (0..n)
+        .map(|i| Candidate {
+            key: i as u64,
+            last_use: i as u64,
+            clean: false,
+            priority: 0,
+            next_use: None,
+            kept: false,
+        })
+        .collect()
 }
 
 fn run(seed: u64, candidates: &[Candidate], calls: usize, count: usize) -> Vec<Vec<usize>> {
