@@ -64,7 +64,7 @@ def schedule(kind: str, experts_apart: bool = False) -> tuple[list[list[tuple[st
     size = {id(u): sum(o.nbytes() for o in u.tensors) for u in units}
     for site in sites:
         for experts in site.experts:
-            size.update({id(u): experts.part_bytes for u in experts.units})
+            size.update({id(u): s for u, s in zip(experts.units, experts.sizes)})
     steps = []
     for n in order:
         site = by_name[n]

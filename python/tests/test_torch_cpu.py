@@ -273,12 +273,39 @@ def test_fused_experts_cut_by_expert_are_acquired_as_the_forward_uses_them(cpu, 
 
 
 @pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm"])
-def test_fused_experts_read_in_one_kernel_move_with_their_block(cpu, monkeypatch, implementation):
-    monkeypatch.setattr(tiermem.units, "WASTE", 0)
-    m = mixtral()
-    m.config._experts_implementation = implementation
-    h = tt.offload(m, FakePool())
-    assert not any(s.experts for s in h.sites)
+def test_fused_experts_read_in_one_kernel_are_cut_by_tensor(cpu, implementation):
+    """A grouped implementation's fused tensors are each a buffer of their own, acquired when
+    the forward first reads them: the schedule holds the block, then its up projection, then
+    its down projection. A strict pool turns memory not acquired into NaN, so identical outputs
+    prove each is acquired before it is read; switched to eager afterwards (indexing one expert
+    at a time) it stays identical; remove() gives the tensors back."""
+    ref, m = mixtral(), mixtral()
+    for model in (ref, m):
+        model.config._experts_implementation = implementation
+    pool, steps = FakePool(strict=True), []
+    enters = pool.step_enters
+    pool.step_enters = lambda key, buffers, budget: steps.append([b.id for b in buffers]) or enters(key, buffers, budget)
+    h = tt.offload(m, pool, prefetch_bytes=1 << 20)
+    block = [s for s in h.sites if s.experts][0]
+    cut = block.experts[0]
+    assert cut.by_tensor and [o.name.rsplit(".", 1)[1] for o in cut.tensors] == ["gate_up_proj", "down_proj"]
+    gate_up = block.module.experts.gate_up_proj
+    assert type(gate_up) is experts_module.ExpertWeights and gate_up.is_contiguous()
+    ids = [u.parts["weights"].id for u in cut.units]
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(m(IDS).logits, ref(IDS).logits)
+        assert [step for step in steps if set(step) & set(ids)] == [[ids[0]], [ids[1]]] * 2, steps
+        for model in (ref, m):
+            model.config._experts_implementation = "eager"
+        assert torch.equal(m(IDS).logits, ref(IDS).logits)
+        kw = dict(max_new_tokens=3, do_sample=False)
+        assert torch.equal(m.generate(IDS, **kw), ref.generate(IDS, **kw))
+    assert all(v == 0 for v in pool.acq.values()), pool.acq
+    h.remove()
+    assert type(m.model.layers[0].mlp.experts.gate_up_proj) is torch.nn.Parameter
+    with torch.no_grad():
+        assert torch.equal(m(IDS).logits, ref(IDS).logits)
 
 
 def test_fused_experts_stay_whole_when_training_with_an_optimizer(cpu, monkeypatch):

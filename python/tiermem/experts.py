@@ -1,6 +1,7 @@
-"""Fused experts cut by expert, while offloaded (:mod:`tiermem.units` says why and how they
-are laid out): the parameters' class that acquires an expert when the forward indexes it, and
-the copy into the parts."""
+"""Fused experts cut apart, while offloaded (:mod:`tiermem.units` says why and how they are
+laid out): the parameters' class that acquires an expert when the forward indexes it (cut by
+expert) or a fused tensor when the forward reads it (cut by tensor), and the copy into the
+parts."""
 
 from __future__ import annotations
 
@@ -19,16 +20,20 @@ _METADATA_ATTRIBUTES = {"shape", "dtype", "device", "requires_grad", "ndim", "is
 
 
 def _torch_function(cls, func, types, args=(), kwargs=None):
-    """Dispatch of :class:`ExpertWeights`: the expert(s) a use reads are acquired first, while
-    their block runs; results are ordinary tensors."""
+    """Dispatch of :class:`ExpertWeights`: the expert(s) or fused tensors a use reads are
+    acquired first, while their block runs; results are ordinary tensors."""
     kwargs = kwargs or {}
     attribute = getattr(getattr(func, "__self__", None), "__name__", None)
-    experts = None if func in _METADATA_METHODS or attribute in _METADATA_ATTRIBUTES else _active_experts(args)
-    if experts is not None:
-        offload, site = experts.active
-        e = _expert_index(args[1], experts.count) if func is torch.Tensor.__getitem__ else None
-        for k in range(experts.count) if e is None else (e,):
-            offload._enter_expert(site, experts, k)
+    if func not in _METADATA_METHODS and attribute not in _METADATA_ATTRIBUTES:
+        for experts, tensor in _active_experts(args):
+            offload, site = experts.active
+            if experts.by_tensor:
+                wanted = [k for k, o in enumerate(experts.tensors) if o.tensor is tensor]
+            else:
+                e = _expert_index(args[1], experts.count) if func is torch.Tensor.__getitem__ else None
+                wanted = range(experts.count) if e is None else (e,)
+            for k in wanted:
+                offload._enter_expert(site, experts, k)
     return _plain(func, args, kwargs)
 
 
@@ -38,23 +43,25 @@ def _plain(func, args, kwargs):
 
 
 class ExpertWeights(torch.nn.Parameter):
-    """The class of a fused experts parameter cut by expert (:class:`tiermem.units.Experts`)
-    while it is offloaded. While its block runs, indexing it with one expert acquires that
-    expert, and any other use that reads it (a grouped GEMM over all experts, a gather of
-    several, a print) acquires every expert first: nothing is ever read that is not resident.
-    Outside its block it behaves as any offloaded parameter."""
+    """The class of a fused experts parameter cut apart (:class:`tiermem.units.Experts`) while
+    it is offloaded. While its block runs, any use that reads it acquires what it reads first:
+    cut by tensor, the tensor's own buffer; cut by expert, indexing it with one expert acquires
+    that expert, and any other use (a grouped GEMM over all experts, a gather of several, a
+    print) every expert. Nothing is ever read that is not resident. Outside its block it
+    behaves as any offloaded parameter."""
 
     __torch_function__ = classmethod(_torch_function)
 
 
-def _active_experts(args):
-    """The experts of the first marked tensor among ``args`` whose block is running."""
+def _active_experts(args) -> list:
+    """``(experts, tensor)`` for each marked tensor among ``args`` whose block is running."""
+    found = []
     for arg in args:
         for t in arg if isinstance(arg, (list, tuple)) else (arg,):
             experts = getattr(t, "_tiermem_experts", None) if isinstance(t, ExpertWeights) else None
             if experts is not None and experts.active is not None:
-                return experts
-    return None
+                found.append((experts, t))
+    return found
 
 
 def _expert_index(index, count: int) -> int | None:
@@ -67,8 +74,18 @@ def _expert_index(index, count: int) -> int | None:
 
 
 def fill_experts(pool, experts: Experts, stream: int) -> None:
-    """Copies slice ``e`` of each fused tensor into part ``e``, then points each tensor at
-    its strided view over all the parts and marks it (:class:`ExpertWeights`)."""
+    """Cut by expert: copies slice ``e`` of each fused tensor into part ``e``, then points
+    each tensor at its strided view over all the parts. Cut by tensor: copies each tensor into
+    its part and points it there. Marks each tensor (:class:`ExpertWeights`)."""
+    if experts.by_tensor:
+        for owned, unit in zip(experts.tensors, experts.units):
+            buffer = unit.parts["weights"]
+            with pool.acquired(buffer, stream, write=True):
+                copy = view(buffer, 0, owned.tensor)
+                copy.copy_(owned.tensor.detach())
+            owned.point_at(copy)
+            _mark(owned, experts)
+        return
     for e, unit in enumerate(experts.units):
         buffer = unit.parts["weights"]
         with pool.acquired(buffer, stream, write=True):
@@ -81,9 +98,13 @@ def fill_experts(pool, experts: Experts, stream: int) -> None:
         t, size = owned.tensor, owned.tensor.element_size()
         inner = torch.empty(t.shape[1:], device="meta").stride()
         owned.point_at(span.view(t.dtype).as_strided(t.shape, (stride // size, *inner), offset // size))
-        if owned.role == "param":
-            owned.tensor.__class__ = ExpertWeights
-            owned.tensor._tiermem_experts = experts
+        _mark(owned, experts)
+
+
+def _mark(owned, experts: Experts) -> None:
+    if owned.role == "param":
+        owned.tensor.__class__ = ExpertWeights
+        owned.tensor._tiermem_experts = experts
 
 
 def unmark_experts(param: torch.Tensor) -> None:

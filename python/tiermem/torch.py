@@ -470,13 +470,14 @@ def _prepare(call: str, model: torch.nn.Module, pool: Pool, optimizer, meta_ok: 
 
 def _allocate(pool: Pool, units: list[Unit], layouts: list[dict], in_place: bool = False, sites: list[Site] = ()) -> None:
     """One tiermem buffer per part of each unit, and for the sites' fused experts one part
-    of a reservation per expert (``Pool.alloc_parts``); on failure none is left."""
+    of a reservation per expert or fused tensor (``Pool.alloc_parts``); on failure none is
+    left."""
     try:
         for unit, layout in zip(units, layouts):
             for part, (_, size) in layout.items():
                 unit.parts[part] = pool.alloc(size, name=f"{unit.name}.{part}", in_place=in_place)
         for experts in (e for site in sites for e in site.experts):
-            parts = pool.alloc_parts([experts.part_bytes] * experts.count, name=experts.name, in_place=in_place)
+            parts = pool.alloc_parts(experts.sizes, name=experts.name, in_place=in_place)
             for unit, part in zip(experts.units, parts):
                 unit.parts["weights"] = part
     except BaseException:

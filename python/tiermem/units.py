@@ -27,16 +27,24 @@ tensors are its unit, and it is its own site. Two cases make them differ:
   :class:`Unit`) that the schedule names on its own. :mod:`tiermem.experts` acquires an expert
   when the forward indexes it, and every expert for any other use of the tensor, so an
   expert streams in while the one before it computes. On the H200 this lifted an eager
-  Mixtral-style decode from 0.40 to 0.47 of the PCIe bound. The grouped implementations
+  Mixtral-style decode from 0.40 to 0.47 of the PCIe bound. Only where each expert's part
+  wastes at most 1/:data:`WASTE` of its bytes in rounding to whole chunks.
+* **Fused experts read in one kernel are cut by tensor.** The grouped implementations
   (``grouped_mm``, transformers' default where it can run, and ``batched_mm``) read every
-  expert in one kernel: their blocks move whole, which measured best (0.64-0.66 against
-  0.57-0.62 cut, and 0.44 with each grouped GEMM run one expert at a time, whose extra
-  launches and synchronisations cost 15 ms of host time a step;
-  ``bench/results/probes-20261126/moe-experts-*``). Only where each expert's part wastes
-  at most 1/:data:`WASTE` of its bytes in rounding to whole chunks, and not when training with
-  an optimizer (gradients and moments would need the same cut). Backward acquires the block
-  whole, as before. A block implementation switched after :func:`offload` stays correct.
-  (:func:`tiermem.torch.from_pretrained` does not cut yet: its blocks move whole.)
+  expert of a fused tensor in one kernel, so cutting by expert gains nothing (0.57-0.62 of the
+  PCIe bound against 0.64-0.66 whole, and 0.44 with each grouped GEMM run one expert at a
+  time, whose extra launches and synchronisations cost 15 ms of host time a step;
+  ``bench/results/probes-20261126/moe-experts-*``). But the block runs its fused tensors one
+  after another (``gate_up_proj``, then ``down_proj``), so each is a buffer of its own (a lazy
+  unit), acquired by its first use that reads data: the schedule holds the block's router,
+  its up projection and its down projection as three steps. A sparse block's largest step is
+  then two thirds of it, so the engine's planned resident set (which leaves room for the
+  largest streamed step) keeps more, and the down projection streams in while the up
+  projection computes.
+  Neither cut when training with an optimizer (gradients and moments would need the same
+  cut). Backward acquires the block whole, as before. A block implementation switched after
+  :func:`offload` stays correct. (:func:`tiermem.torch.from_pretrained` does not cut yet: its
+  blocks move whole.)
 * **Small tensors are packed.** HBM and the link move whole chunks (2 MiB), so a module whose
   tensors are small (a norm's weight: 6 KB in a 3B Llama) would take a chunk of its own and
   move 300× its bytes: a 3B Llama's 25 norms took 50 MiB of HBM and streamed most of it every
@@ -171,16 +179,18 @@ class Site:
 
 @dataclass(eq=False)
 class Experts:
-    """A fused experts module's tensors (each ``[count, ...]``) cut by expert: ``units[e]``'s
-    weights buffer (a part, ``part_bytes`` long) holds slice ``e`` of ``tensors[i]`` at
-    ``offsets[i]``. ``active``, ``entered`` and ``noted`` are :mod:`tiermem.torch`'s while the
-    block runs."""
+    """A fused experts module's tensors (each ``[count, ...]``) cut apart. By expert:
+    ``units[e]``'s weights buffer (a part, ``part_bytes`` long) holds slice ``e`` of
+    ``tensors[i]`` at ``offsets[i]``. By tensor (``by_tensor``): ``units[i]`` holds
+    ``tensors[i]`` whole. ``active``, ``entered`` and ``noted`` are :mod:`tiermem.torch`'s
+    while the block runs."""
 
     name: str
     tensors: list[Owned]
     units: list[Unit]
     offsets: list[int]
     part_bytes: int
+    by_tensor: bool = False
     active: object = None
     entered: set = field(default_factory=set)
     noted: int = 0
@@ -189,19 +199,32 @@ class Experts:
     def count(self) -> int:
         return len(self.units)
 
+    @property
+    def sizes(self) -> list[int]:
+        """Each unit's bytes: every expert's part alike, or each fused tensor whole."""
+        if self.by_tensor:
+            return [-(-o.nbytes() // ALIGN) * ALIGN for o in self.tensors]
+        return [self.part_bytes] * self.count
 
-def _cut_by_expert(site: Site, owned: dict, users: dict, chunk: int) -> Experts | None:
-    """``site``'s fused experts as :class:`Experts`, or None where they are not fused, run in
-    one kernel (a grouped implementation), are shared, or would waste more than 1/:data:`WASTE`
-    of a part in rounding (module docs)."""
+
+def _cut_experts(site: Site, owned: dict, users: dict, chunk: int) -> Experts | None:
+    """``site``'s fused experts as :class:`Experts`: by tensor where a grouped implementation
+    reads each fused tensor in one kernel, by expert where the forward indexes them one at a
+    time; None where they are not fused or are shared, and by expert where a part would
+    waste more than 1/:data:`WASTE` in rounding (module docs)."""
     module = getattr(site.module, "experts", None)
     implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
-    if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)) or implementation not in (None, "eager"):
+    if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
         return None
     fused = [t for t in module._parameters.values() if t is not None]
     count = fused[0].shape[0] if fused and fused[0].dim() >= 2 else 0
     if count < 2 or any(t.dim() < 2 or t.shape[0] != count or users[id(t)] != [site] for t in fused):
         return None
+    if implementation not in (None, "eager"):
+        if len(fused) < 2:
+            return None
+        units = [Unit(owned[id(t)].name, lazy=True) for t in fused]
+        return Experts(f"{site.name}.experts", [owned[id(t)] for t in fused], units, [0] * len(fused), 0, by_tensor=True)
     offsets, at = [], 0
     for t in fused:
         offsets.append(at)
@@ -221,7 +244,8 @@ def plan(model: torch.nn.Module, small: int | None = None, pack: int = PACK,
          experts_apart: bool = False) -> tuple[list[Unit], list[Site]]:
     """Units and sites for ``model``, in the order of ``named_modules``; units of at most
     ``small`` bytes (default :data:`SMALL`; 0: none) packed ``pack`` bytes at most together;
-    with ``experts_apart``, fused experts cut by expert into parts of whole ``pack`` chunks."""
+    with ``experts_apart``, fused experts cut apart (by expert into parts of whole ``pack``
+    chunks, or by tensor)."""
     small = SMALL if small is None else small
     root_name = type(model).__name__
     site_of: dict[int, Site] = {}  # id(module) -> the site its tensors are acquired by
@@ -249,7 +273,7 @@ def plan(model: torch.nn.Module, small: int | None = None, pack: int = PACK,
                 users[id(t)].append(parent)
     cut: set[int] = set()  # id(tensor) of fused experts laid out by expert
     for site in sites if experts_apart else ():
-        experts = _cut_by_expert(site, owned, users, pack) if is_group(site.module) else None
+        experts = _cut_experts(site, owned, users, pack) if is_group(site.module) else None
         if experts is not None:
             site.experts.append(experts)
             cut.update(id(o.tensor) for o in experts.tensors)
