@@ -220,14 +220,14 @@ def test_from_pretrained_converts_a_float32_checkpoint_as_transformers_does(cpu,
         assert torch.equal(h.model(IDS).logits, ref(IDS).logits)
 
 
-def test_the_window_paged_ahead_is_at_most_an_eighth_of_the_cap(cpu):
+def test_the_window_paged_ahead_is_at_most_a_share_of_the_cap(cpu):
     pool, steps = FakePool(), []
     pool.step_enters = lambda key, buffers, budget: steps.append(budget)
     h = tt.offload(llama(True), pool, prefetch_bytes="1GiB")
     for _ in range(2):
         with torch.no_grad():
             h.model(IDS)
-    assert h.window_bytes == pool.hbm_cap // 8 and steps and set(steps) == {pool.hbm_cap // 8}
+    assert h.window_bytes == pool.hbm_cap // tt.WINDOW_SHARE and steps and set(steps) == {pool.hbm_cap // tt.WINDOW_SHARE}
     h.prefetch_bytes = 1 << 20
     assert h.window_bytes == 1 << 20
 

@@ -389,7 +389,7 @@ def load_checkpoint(
     model: torch.nn.Module,
     checkpoint: str | os.PathLike | Checkpoint,
     pool: Pool,
-    prefetch_bytes: int | str = "1GiB",
+    prefetch_bytes: int | str = "256MiB",
     quiet: bool = False,
     staging_bytes: int | str = "256MiB",
 ) -> "Offload":
@@ -466,7 +466,7 @@ def from_pretrained(
     pool: Pool,
     model_class=None,
     dtype: torch.dtype | None = None,
-    prefetch_bytes: int | str = "1GiB",
+    prefetch_bytes: int | str = "256MiB",
     quiet: bool = False,
     staging_bytes: int | str = "256MiB",
 ) -> "Offload":

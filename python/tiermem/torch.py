@@ -41,7 +41,7 @@ from .experts import fill_experts, unmark_experts
 from .units import Experts, Site, Unit, dedup, phase_buffers, plan, view as _view
 _OFFLOADED = "_tiermem_offload"
 _STEP_KEYS = itertools.count(1)  # the engine's keys of the steps (Offload._key)
-WINDOW_SHARE = 8  # the paging-ahead window is at most this fraction of the HBM cap (Offload.window_bytes)
+WINDOW_SHARE = 12  # the paging-ahead window is at most this fraction of the HBM cap (Offload.window_bytes)
 
 
 def _stream() -> int:
@@ -333,7 +333,11 @@ class Offload:
         cap with a 0.79 GB window lost its 0.73 GiB embedding after every lookup and streamed
         it back for the output head: 1.52x the optimum's traffic per pass, against 1.17x with
         a window of 192 MiB, counted on the simulated device.) A window only needs to cover
-        the link's latency; 256 MiB streamed no slower than 1 GiB on the H200."""
+        the link's latency: since the engine spreads the resident set along the pass
+        (schedule.rs), every step has something to page in and a short window keeps the
+        link busy. On the H200 the dense Llama decoded at 0.98 of the PCIe bound with 256
+        MiB, 0.95 with 512 and 0.91 with 1 GiB; the MoE model (2 GiB cap) at 0.855 with 176
+        MiB, 0.81 with 256 (BENCHMARKS.md, twenty-second session)."""
         return min(self.prefetch_bytes, self.pool.hbm_cap // WINDOW_SHARE)
 
     @property
@@ -501,7 +505,7 @@ def _install(model, pool: Pool, prefetch_bytes: int, units, sites, optimizer) ->
     return handle
 
 
-def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "1GiB", optimizer=None,
+def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "256MiB", optimizer=None,
             in_place: bool = False) -> Offload:
     """Moves ``model``'s parameters and buffers into ``pool`` (one buffer per module that owns
     tensors, one per tied tensor, one per mixture-of-experts block, modules with small tensors
@@ -509,7 +513,7 @@ def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "1Gi
     and hooks the modules so a buffer is acquired only while a module using it runs.
     Parameters stay ``nn.Parameter``s; tied parameters stay one. ``prefetch_bytes``: how far
     ahead of the running module the engine pages in, once the first pass has recorded the
-    order (at most an eighth of the HBM cap: :attr:`Offload.window_bytes`). With an Adam or AdamW ``optimizer``, gradients and the optimizer's moments live in
+    order (at most a twelfth of the HBM cap: :attr:`Offload.window_bytes`). With an Adam or AdamW ``optimizer``, gradients and the optimizer's moments live in
     the buffers too; call :meth:`Offload.step` and :meth:`Offload.zero_grad` instead of the
     optimizer's. ``in_place``: modules read their parameters where they lie in a neighbour
     GPU's lent HBM, over NVLink, instead of copying them in first (no effect without lenders).
