@@ -560,6 +560,8 @@ def main():
     parser.add_argument("--whole-experts", action="store_true", help="fused experts move with their block whole, not one expert at a time (tiermem.units)")
     parser.add_argument("--moe-shapes", type=lambda v: v.split(","), default=["12-layer"],
                         help=f"MoE models to decode, comma-separated, of {','.join(MOE_SHAPES)}; the first is the headline moe_vs_pcie_bound")
+    parser.add_argument("--window-share", type=int, default=None,
+                        help="the paging-ahead window is at most 1/N of the HBM cap (default: tiermem.torch.WINDOW_SHARE)")
     parser.add_argument("--experts-implementation", default=None, help="the MoE model's transformers experts implementation (default: transformers')")
     parts = {"inference": inference, "training": training, "moe": mixture_of_experts, "tied": tied_loading_and_sleep}
     parser.add_argument("--parts", type=lambda v: v.split(","), default=list(parts),
@@ -574,6 +576,8 @@ def main():
         tiermem.units.SMALL = 0
     if args.whole_experts:
         tiermem.units.EXPERTS_APART = False
+    if args.window_share:
+        tt.WINDOW_SHARE = args.window_share
     props = torch.cuda.get_device_properties(0)
     results = {
         "suite": "torch",
@@ -587,6 +591,7 @@ def main():
         "small": args.small,
         "packed_small_units": not args.no_pack,
         "experts_apart": not args.whole_experts,
+        "window_share": tt.WINDOW_SHARE,
     }
     try:
         if "inference" not in args.parts:  # it measures the link every bound is counted against
@@ -598,6 +603,7 @@ def main():
         args.json.mkdir(parents=True, exist_ok=True)
         stem = f"torch-{results['date'].replace('-', '')}-{args.commit}" + ("-small" if args.small else "") + ("-no-pack" if args.no_pack else "")
         stem += "-whole-experts" if args.whole_experts else ""
+        stem += f"-window-share-{args.window_share}" if args.window_share else ""
         stem += f"-{args.experts_implementation}" if args.experts_implementation else ""
         path = args.json / f"{stem}.json"
         path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
