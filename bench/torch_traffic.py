@@ -2,7 +2,8 @@
 (no GPU): the schedule tiermem.torch records, replayed with the window it gives the engine,
 against the optimum (model bytes - HBM cap). A check of traffic, not of speed.
 
-Usage: python bench/torch_traffic.py {tied,moe} [--cap GiB] [--prefetch MiB,...]
+Usage: python bench/torch_traffic.py {tied,moe} [--cap GiB] [--prefetch MiB,...] [--pattern]
+(TIERMEM_SPREAD_RESIDENT=off: without the planned resident set)
 The order of the modules is recorded on a small model of the same architecture; the sizes
 are the full model's (built on the meta device). The simulated device holds every byte in
 host RAM, so the 18 GiB dense model is left out.
@@ -73,8 +74,11 @@ def schedule(kind: str, experts_apart: bool = False) -> tuple[list[list[tuple[st
     return steps, sum(size.values())
 
 
-def traffic(kind: str, cap: int, prefetch: int, passes: int = 3, experts_apart: bool = False) -> tuple[float, int]:
-    """(bytes paged in during the last pass, the window used) with Offload's window rules."""
+def traffic(kind: str, cap: int, prefetch: int, passes: int = 3, experts_apart: bool = False,
+            pattern: list | None = None) -> tuple[float, int]:
+    """(bytes paged in during the last pass, the window used) with Offload's window rules;
+    ``pattern`` gets a mark per step of the last pass: '.' nothing paged in, '+' under 8 MiB,
+    '#' more (where the resident steps lie along the pass)."""
     steps, _ = schedule(kind, experts_apart)
     pool = tiermem.Pool(backend="sim", hbm_limit=cap)
     buffers = {}
@@ -88,13 +92,19 @@ def traffic(kind: str, cap: int, prefetch: int, passes: int = 3, experts_apart: 
     moved = 0
     for _ in range(passes):
         before = pool.stats()["transfers"]["bytes_in"]
+        marks = []
         for i, step in enumerate(steps):
+            at = pool.stats()["transfers"]["bytes_in"]
             pool.advance(i, window)
             held = list({id(buffers[n]): buffers[n] for n, _ in step}.values())
             for b in held:
                 pool.acquire(b, 0, False)
             pool.release(held, 0)
+            paged = pool.stats()["transfers"]["bytes_in"] - at
+            marks.append("." if paged == 0 else "+" if paged < 8 * MiB else "#")
         moved = pool.stats()["transfers"]["bytes_in"] - before
+    if pattern is not None:
+        pattern[:] = marks
     return moved, window
 
 
@@ -104,13 +114,17 @@ def main():
     parser.add_argument("--cap", type=float, help="HBM cap in GiB (default: the benchmark's)")
     parser.add_argument("--prefetch", default="256", help="prefetch_bytes to try, in MiB, comma-separated")
     parser.add_argument("--experts-apart", action="store_true", help="fused experts cut by expert (tiermem.units)")
+    parser.add_argument("--pattern", action="store_true", help="also print what each step of the last pass paged in")
     args = parser.parse_args()
     cap = int((args.cap or MODELS[args.kind][3]) * GiB)
     _, total = schedule(args.kind, args.experts_apart)
     for p in args.prefetch.split(","):
-        moved, window = traffic(args.kind, cap, int(float(p) * MiB), experts_apart=args.experts_apart)
+        marks: list = []
+        moved, window = traffic(args.kind, cap, int(float(p) * MiB), experts_apart=args.experts_apart, pattern=marks)
         print(f"{args.kind}: model {total / GiB:.2f} GiB, cap {cap / GiB:.2f} GiB, prefetch {p} MiB (window "
               f"{window / MiB:.0f} MiB): {moved / GiB:.3f} GiB per pass = {moved / (total - cap):.3f}x the optimum")
+        if args.pattern:
+            print("  " + "".join(marks))
 
 
 if __name__ == "__main__":

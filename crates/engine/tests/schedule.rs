@@ -199,12 +199,15 @@ fn model_like_loops_move_only_what_does_not_fit_and_map_nothing() {
         // settled (a pass later than Belady's own: its second pass still evicts, for the first
         // time, chunks the cold pass left resident). One that does not wait places a
         // chunk whose home is still on its way down elsewhere: some maps in the first warm
-        // passes, fewer as the passes go (on the H200, in the second geometry: 169, 55, 0 of
-        // ~350 page-ins in one run, 197, 162, 65 in another; 47, 11, 2 of 260 in the first).
+        // passes, no more as the passes go (on the H200 before the planned resident set, in
+        // the second geometry: 169, 55, 0 of ~350 page-ins in one run, 197, 162, 65 in
+        // another; 47, 11, 2 of 260 in the first. With it, whose window reaches further past
+        // kept steps, so that more holders are needed sooner than the chunk coming in: 171,
+        // 93, 126 of 352 in the second geometry in two runs of three).
         let (first_warm, last) = (trace[2], trace[4]);
         match ahead_waits {
             true => assert!(trace[3..].iter().all(|&(_, maps)| maps == 0), "{geometry}"),
-            false => assert!(last.1 <= first_warm.1 && last.1 * 4 <= last.0, "{geometry}"),
+            false => assert!(last.1 <= first_warm.1 && last.1 * 2 <= last.0, "{geometry}"),
         }
         for (id, bytes) in &buffers {
             assert_contents(&engine, *id, bytes);
