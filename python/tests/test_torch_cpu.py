@@ -262,12 +262,19 @@ def test_fused_experts_cut_by_expert_are_acquired_as_the_forward_uses_them(cpu, 
             model.config._experts_implementation = implementation
         for _ in range(2):
             assert torch.equal(m(IDS).logits, ref(IDS).logits)
+    _generates_alike_then_removes(h, m, ref, pool)
+    assert m.model.layers[0].mlp.experts.gate_up_proj.is_contiguous()
+
+
+def _generates_alike_then_removes(h, m, ref, pool):
+    """Greedy generation gives the resident model's tokens, every acquire is released, and
+    after remove() the fused tensors are ordinary parameters giving the same outputs."""
+    with torch.no_grad():
         kw = dict(max_new_tokens=3, do_sample=False)
         assert torch.equal(m.generate(IDS, **kw), ref.generate(IDS, **kw))
     assert all(v == 0 for v in pool.acq.values()), pool.acq
     h.remove()
     assert type(m.model.layers[0].mlp.experts.gate_up_proj) is torch.nn.Parameter
-    assert m.model.layers[0].mlp.experts.gate_up_proj.is_contiguous()
     with torch.no_grad():
         assert torch.equal(m(IDS).logits, ref(IDS).logits)
 
@@ -299,13 +306,7 @@ def test_fused_experts_read_in_one_kernel_are_cut_by_tensor(cpu, implementation)
         for model in (ref, m):
             model.config._experts_implementation = "eager"
         assert torch.equal(m(IDS).logits, ref(IDS).logits)
-        kw = dict(max_new_tokens=3, do_sample=False)
-        assert torch.equal(m.generate(IDS, **kw), ref.generate(IDS, **kw))
-    assert all(v == 0 for v in pool.acq.values()), pool.acq
-    h.remove()
-    assert type(m.model.layers[0].mlp.experts.gate_up_proj) is torch.nn.Parameter
-    with torch.no_grad():
-        assert torch.equal(m(IDS).logits, ref(IDS).logits)
+    _generates_alike_then_removes(h, m, ref, pool)
 
 
 def test_fused_experts_stay_whole_when_training_with_an_optimizer(cpu, monkeypatch):
