@@ -376,7 +376,9 @@ def where_time_goes(metrics, key, handle, pool, model, prompt, steps, size, cap)
     """Diagnostics for a model whose decode falls short of the PCIe bound: the host time in
     the engine calls the hooks make over one step, and the decode speed with the whole model
     resident through tiermem (the budget raised above the model, then set back): the floor
-    that compute and the hooks leave, whatever the link does."""
+    that compute and the hooks leave, whatever the link does. Warmed first: after a window
+    sweep the handle is a fresh offload whose first passes map every chunk."""
+    decode(model, prompt, steps)
     timed_engine_calls(metrics, f"{key}_", handle, pool, model, prompt)
     pool.finish(pool.set_hbm_budget(size + GiB))
     pool.page_in()
