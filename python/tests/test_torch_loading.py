@@ -197,3 +197,80 @@ def test_a_bad_checkpoint_leaves_the_meta_model_as_it_was_and_the_pool_empty(tmp
     assert not hasattr(model, "_tiermem_offload")
     handle = tt.load_checkpoint(model, saved(tmp_path / "untied", tied=False), pool, quiet=True)
     assert not any(p.is_meta for p in handle.model.parameters())
+
+
+def saved_mixtral(path, shard="200KB"):
+    """A random bf16 Mixtral-style model (4 experts) saved with save_pretrained: transformers
+    stores its fused experts one expert and projection at a time (block_sparse_moe.experts.N.wK)."""
+    cfg = transformers.MixtralConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128)  # fmt: skip
+    torch.manual_seed(3)
+    transformers.MixtralForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path, max_shard_size=shard)
+    return path
+
+
+def test_experts_saved_one_by_one_fill_the_fused_experts_byte_for_byte(tmp_path):
+    """transformers' conversion rules, applied to the names (tiermem.conversions): the fused
+    up projection of each layer is made of every expert's w1 and w3, the down projection of
+    their w2, each read straight into its place; the bytes are those transformers' own
+    loading puts in the model."""
+    from tiermem import conversions
+
+    path = saved_mixtral(tmp_path / "moe")
+    checkpoint = loading.Checkpoint(path)
+    assert "model.layers.0.block_sparse_moe.experts.3.w3.weight" in checkpoint.entries
+    model = loading.build_on_meta(path, dtype=torch.bfloat16)
+    made, refused = conversions.converted(model, checkpoint.entries)
+    assert not refused
+    gate_up = made["model.layers.0.mlp.experts.gate_up_proj"]
+    assert gate_up.shape == (4, 256, 64) and gate_up.sources[:3] == [
+        "model.layers.0.block_sparse_moe.experts.0.w1.weight",
+        "model.layers.0.block_sparse_moe.experts.0.w3.weight",
+        "model.layers.0.block_sparse_moe.experts.1.w1.weight",
+    ]
+    assert made["model.layers.0.mlp.gate.weight"].name == "model.layers.0.block_sparse_moe.gate.weight"
+    units, _ = plan(model)
+    sources = loading.match("from_pretrained", units, checkpoint, [], made, refused)
+    pool = tiermem.Pool(backend="sim", hbm_limit=8 * MIB, host_limit="256MiB")
+    layouts = [u.layout(False) for u in units]
+    for unit, layout in zip(units, layouts):
+        unit.parts["weights"] = pool.alloc(layout["weights"][1])
+    loading._stream_in("from_pretrained", loading.pieces(units, layouts, sources, 16 << 10), quiet=True)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, **loading.dtype_kwargs(torch.bfloat16))
+    expected = dict(reference.named_parameters())
+    checked = 0
+    for unit, layout in zip(units, layouts):
+        for _, owned, offset in layout["weights"][0]:
+            if owned.name in expected:
+                want = expected[owned.name].detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                assert unit.parts["weights"].read(len(want), offset) == want, owned.name
+                checked += 1
+    assert checked == len(expected)
+
+
+def test_a_converted_tensor_that_cannot_be_made_is_an_error_naming_it(tmp_path):
+    from tiermem import conversions
+
+    path = saved_mixtral(tmp_path / "moe")
+    checkpoint = loading.Checkpoint(path)
+    del checkpoint.entries["model.layers.1.block_sparse_moe.experts.2.w3.weight"]
+    model = loading.build_on_meta(path, dtype=torch.bfloat16)
+    made, refused = conversions.converted(model, checkpoint.entries)
+    assert "expert 2 projection 1" in refused["model.layers.1.mlp.experts.gate_up_proj"]
+    units, _ = plan(model)
+    with pytest.raises(tiermem.InvalidArgumentError, match=r"model\.layers\.1\.mlp\.experts\.gate_up_proj cannot be read .*expert 2 projection 1.*tiermem\.torch\.offload"):
+        loading.match("from_pretrained", units, checkpoint, [], made, refused)
+
+
+@needs_gpu
+def test_from_pretrained_reads_a_mixtral_checkpoint_as_transformers_does(tmp_path):
+    path = saved_mixtral(tmp_path / "moe", shard="1MB")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, **loading.dtype_kwargs(torch.bfloat16)).cuda().eval()
+    pool = tiermem.Pool(backend="cuda", hbm_limit=4 * MIB, host_limit="1GiB")
+    handle = tt.from_pretrained(path, pool, quiet=True, staging_bytes=1 * MIB)
+    assert handle.bytes > pool.hbm_cap
+    ids = torch.randint(0, 512, (2, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    with torch.no_grad():
+        expected = reference(ids).logits
+        for _ in range(2):
+            assert torch.equal(handle.model(ids).logits, expected)

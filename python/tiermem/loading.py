@@ -25,11 +25,18 @@ anything is allocated (or, for a file that fails while being read, after every b
 so far is freed). Floating-point tensors are converted to the model's dtype; others must
 match it. A tied tensor needs only one of its names in the checkpoint (transformers drops
 ``lm_head.weight`` when it is tied to the embedding).
+
+**Checkpoints under other names.** Where transformers converts a checkpoint for the model
+(a Mixtral's experts, saved one expert and projection at a time, are fused tensors in the
+model since transformers 5), the same rules apply here and each saved tensor is read into its
+place in the fused one (:mod:`tiermem.conversions`); a conversion of another kind is an error
+naming the tensor.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import re
@@ -43,7 +50,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import conversions
 from ._tiermem import InvalidArgumentError, Pool, parse_size
+from .conversions import Assembled
 from .units import ALIGN
 
 if TYPE_CHECKING:
@@ -151,16 +160,35 @@ class Checkpoint:
                 raise InvalidArgumentError(f"{self.call}: the index puts {name} in {file}, which does not hold it")
 
 
-def match(call: str, units, checkpoint: Checkpoint, ignore: list[str] = ()) -> dict[int, Entry | None]:
+def match(call: str, units, checkpoint: Checkpoint, ignore: list[str] = (), converted: dict | None = None,
+          refused: dict | None = None) -> dict[int, Entry | Assembled | None]:
     """Which checkpoint entry fills each of the units' tensors (None: keep the model's own
-    value, for a real tensor the checkpoint lacks). Raises an error listing mismatches."""
-    sources: dict[int, Entry | None] = {}
+    value, for a real tensor the checkpoint lacks), or, where transformers converts the
+    checkpoint for this model (``converted``, ``refused``: :func:`tiermem.conversions.converted`),
+    which entries make it. Raises an error listing mismatches."""
+    sources: dict[int, Entry | Assembled | None] = {}
     used: set[str] = set()
     errors: list[str] = []
+    converted, refused = converted or {}, refused or {}
     for unit in units:
         for o in unit.tensors:
             found = [n for n in o.names if n in checkpoint.entries]
             used.update(found)
+            made = next((converted[n] for n in o.names if n in converted), None)
+            if not found and isinstance(made, Assembled):
+                used.update(made.sources)
+                sources[id(o)] = made
+                if tuple(made.shape) != tuple(o.tensor.shape):
+                    errors.append(f"{o.name}, made of {made.sources[0]} and the like, has shape {list(made.shape)}, the model's is {list(o.tensor.shape)}")
+                errors += [_dtype_error(e, o) for _, e in made.parts[:1] if _dtype_error(e, o)]
+                continue
+            if not found and made is not None:
+                found = [made.name]
+                used.add(made.name)
+            if not found and o.name in refused:
+                errors.append(f"{o.name} cannot be read from {checkpoint.directory}: {refused[o.name]}, which tiermem's loader does not do"
+                              " (load the model with transformers, then tiermem.torch.offload it)")
+                continue
             if not found:
                 if o.tensor.is_meta:
                     hint = (
@@ -176,10 +204,8 @@ def match(call: str, units, checkpoint: Checkpoint, ignore: list[str] = ()) -> d
             sources[id(o)] = e
             if tuple(e.shape) != tuple(o.tensor.shape):
                 errors.append(f"{e.name} in {e.file} has shape {list(e.shape)}, the model's is {list(o.tensor.shape)}")
-            elif e.dtype != o.tensor.dtype and not (
-                e.dtype is not None and e.dtype.is_floating_point and o.tensor.dtype.is_floating_point
-            ):
-                errors.append(f"{e.name} in {e.file} is {e.dtype_name}, which the model's {o.tensor.dtype} does not accept")
+            elif _dtype_error(e, o):
+                errors.append(_dtype_error(e, o))
     for name, e in checkpoint.entries.items():
         if name not in used and not any(re.search(p, name) for p in ignore):
             errors.append(f"{name} in {e.file} is unexpected: the model has no tensor of that name")
@@ -187,6 +213,13 @@ def match(call: str, units, checkpoint: Checkpoint, ignore: list[str] = ()) -> d
         more = f"; and {len(errors) - 5} more" if len(errors) > 5 else ""
         raise InvalidArgumentError(f"{call}: the checkpoint does not match the model: " + "; ".join(errors[:5]) + more)
     return sources
+
+
+def _dtype_error(e: Entry, o) -> str | None:
+    """Why ``e`` cannot fill ``o`` for its dtype, or None (floating types convert)."""
+    if e.dtype == o.tensor.dtype or (e.dtype is not None and e.dtype.is_floating_point and o.tensor.dtype.is_floating_point):
+        return None
+    return f"{e.name} in {e.file} is {e.dtype_name}, which the model's {o.tensor.dtype} does not accept"
 
 
 @dataclass
@@ -199,30 +232,35 @@ class _Piece:
     parts: list  # (offset in the piece, Owned, Entry or None, first row, end row)
 
 
-def pieces(units, layouts, sources: dict[int, Entry | None], staging: int) -> list[_Piece]:
+def pieces(units, layouts, sources: dict[int, Entry | Assembled | None], staging: int) -> list[_Piece]:
     """Cuts the units' weights into writes of at most ``staging`` bytes: a unit's small
-    tensors share one write; a tensor larger than ``staging`` is cut at row boundaries."""
+    tensors share one write; a tensor larger than ``staging`` is cut at row boundaries; a
+    tensor made of several checkpoint tensors is written as they are, each in its place."""
     out: list[_Piece] = []
     for unit, layout in zip(units, layouts):
         buffer = unit.parts.get("weights")
         current = None
         for _, owned, offset in layout["weights"][0]:
-            t = owned.tensor
-            nbytes = owned.nbytes()
-            rows = t.shape[0] if t.dim() > 0 else 1
-            row_bytes = max(1, nbytes // max(rows, 1))
-            if nbytes <= staging:
-                if current is None or offset + nbytes - current.start > staging:
-                    current = _Piece(buffer, offset, 0, [])
-                    out.append(current)
-                current.parts.append((offset - current.start, owned, sources[id(owned)], 0, rows))
-                current.length = offset + nbytes - current.start
-                continue
-            current = None
-            step = max(1, staging // row_bytes)
-            for r0 in range(0, rows, step):
-                r1 = min(rows, r0 + step)
-                out.append(_Piece(buffer, offset + r0 * row_bytes, (r1 - r0) * row_bytes, [(0, owned, sources[id(owned)], r0, r1)]))
+            source = sources[id(owned)]
+            size = owned.tensor.element_size()
+            runs = [(offset + at * size, e, e.shape) for at, e in source.parts] if isinstance(source, Assembled) else [
+                (offset, source, tuple(owned.tensor.shape))]  # fmt: skip
+            for start, entry, shape in runs:
+                rows = shape[0] if shape else 1
+                nbytes = size * rows * (math.prod(shape[1:]) if shape else 1)
+                row_bytes = max(1, nbytes // max(rows, 1))
+                if nbytes <= staging:
+                    if current is None or start + nbytes - current.start > staging:
+                        current = _Piece(buffer, start, 0, [])
+                        out.append(current)
+                    current.parts.append((start - current.start, owned, entry, 0, rows))
+                    current.length = start + nbytes - current.start
+                    continue
+                current = None
+                step = max(1, staging // row_bytes)
+                for r0 in range(0, rows, step):
+                    r1 = min(rows, r0 + step)
+                    out.append(_Piece(buffer, start + r0 * row_bytes, (r1 - r0) * row_bytes, [(0, owned, entry, r0, r1)]))
     return out
 
 
@@ -403,7 +441,7 @@ def load_checkpoint(
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = Checkpoint(checkpoint, call)
     ignore = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
-    sources = match(call, units, checkpoint, ignore)
+    sources = match(call, units, checkpoint, ignore, *conversions.converted(model, checkpoint.entries))
     prefetch_bytes = parse_size(prefetch_bytes)
     staging = min(parse_size(staging_bytes), max(pool.chunk_size, pool.hbm_cap // 4)) // DEPTH
     staging = max(ALIGN, staging // ALIGN * ALIGN)
