@@ -210,6 +210,22 @@ def test_from_pretrained_gives_the_logits_of_transformers_loading(cpu, tmp_path)
         assert torch.equal(h.model(IDS).logits, ref(IDS).logits)
 
 
+def test_from_pretrained_reads_a_mixtral_saved_expert_by_expert_into_experts_cut_by_tensor(cpu, tmp_path):
+    """transformers saves a Mixtral's fused experts one expert and projection at a time;
+    from_pretrained reads each into its place (tiermem.conversions) and, for a grouped
+    implementation, cuts the fused tensors by tensor as offload does."""
+    mixtral().to(torch.bfloat16).save_pretrained(tmp_path, max_shard_size="200KB")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, **loading.dtype_kwargs(torch.bfloat16)).eval()
+    pool = FakePool()
+    h = tt.from_pretrained(tmp_path, pool, quiet=True, staging_bytes=64 << 10)
+    if h.model.config._experts_implementation not in (None, "eager"):
+        cut = [e for s in h.sites for e in s.experts]
+        assert len(cut) == 2 and all(e.by_tensor for e in cut)
+    with torch.no_grad():
+        assert torch.equal(h.model(IDS).logits, ref(IDS).logits)
+    _generates_alike_then_removes(h, h.model, ref, pool)
+
+
 def test_from_pretrained_converts_a_float32_checkpoint_as_transformers_does(cpu, tmp_path):
     """Tensors of another dtype are read raw and converted (rows cut by a small staging area)."""
     llama(False).save_pretrained(tmp_path)

@@ -81,10 +81,8 @@ def fill_experts(pool, experts: Experts, stream: int) -> None:
         for owned, unit in zip(experts.tensors, experts.units):
             buffer = unit.parts["weights"]
             with pool.acquired(buffer, stream, write=True):
-                copy = view(buffer, 0, owned.tensor)
-                copy.copy_(owned.tensor.detach())
-            owned.point_at(copy)
-            _mark(owned, experts)
+                view(buffer, 0, owned.tensor).copy_(owned.tensor.detach())
+        point_by_tensor(experts)
         return
     for e, unit in enumerate(experts.units):
         buffer = unit.parts["weights"]
@@ -98,6 +96,13 @@ def fill_experts(pool, experts: Experts, stream: int) -> None:
         t, size = owned.tensor, owned.tensor.element_size()
         inner = torch.empty(t.shape[1:], device="meta").stride()
         owned.point_at(span.view(t.dtype).as_strided(t.shape, (stride // size, *inner), offset // size))
+        _mark(owned, experts)
+
+
+def point_by_tensor(experts: Experts) -> None:
+    """Points each fused tensor cut by tensor at its part, and marks it."""
+    for owned, unit in zip(experts.tensors, experts.units):
+        owned.point_at(view(unit.parts["weights"], 0, owned.tensor))
         _mark(owned, experts)
 
 

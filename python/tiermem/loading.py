@@ -53,7 +53,8 @@ import torch
 from . import conversions
 from ._tiermem import InvalidArgumentError, Pool, parse_size
 from .conversions import Assembled
-from .units import ALIGN
+from .experts import point_by_tensor
+from .units import ALIGN, Unit
 
 if TYPE_CHECKING:
     from .torch import Offload
@@ -437,25 +438,32 @@ def load_checkpoint(
     the reading took. Errors leave the model as it was (see the module docs)."""
     _tt = _tiermem_torch()
     call = "load_checkpoint" if not isinstance(checkpoint, Checkpoint) else checkpoint.call
-    units, sites = _tt._prepare(call, model, pool, None, meta_ok=True)
+    units, sites = _tt._prepare(call, model, pool, None, meta_ok=True, experts_apart=True, by_expert=False)
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = Checkpoint(checkpoint, call)
+    # Fused experts cut by tensor (tiermem.units) are read as any tensor, into their own parts.
+    cut = [experts for site in sites for experts in site.experts]
+    whole = [Unit(u.name, [o], u.parts) for experts in cut for u, o in zip(experts.units, experts.tensors)]
+    filled = [u for u in units if not u.lazy] + whole
     ignore = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
-    sources = match(call, units, checkpoint, ignore, *conversions.converted(model, checkpoint.entries))
+    sources = match(call, filled, checkpoint, ignore, *conversions.converted(model, checkpoint.entries))
     prefetch_bytes = parse_size(prefetch_bytes)
     staging = min(parse_size(staging_bytes), max(pool.chunk_size, pool.hbm_cap // 4)) // DEPTH
     staging = max(ALIGN, staging // ALIGN * ALIGN)
     layouts = [u.layout(False) for u in units]
-    _tt._allocate(pool, units, layouts)
+    _tt._allocate(pool, units, layouts, sites=sites)
+    filled_layouts = [layout for u, layout in zip(units, layouts) if not u.lazy] + [u.layout(False) for u in whole]
     try:
-        plan = sorted(pieces(units, layouts, sources, staging), key=_file_order)
+        plan = sorted(pieces(filled, filled_layouts, sources, staging), key=_file_order)
         progress = _stream_in(call, plan, quiet)
     except BaseException:
         _tt._free_all(units)
         raise
-    for unit, layout in zip(units, layouts):
+    for unit, layout in zip(filled[: len(filled) - len(whole)], filled_layouts):
         for _, owned, offset in layout["weights"][0]:
             owned.point_at(_tt._view(unit.parts["weights"], offset, owned.tensor))
+    for experts in cut:
+        point_by_tensor(experts)
     handle = _tt._install(model, pool, prefetch_bytes, units, sites, None)
     handle.load_seconds, handle.load_bytes = progress.seconds, progress.total
     return handle

@@ -449,7 +449,8 @@ def _first_grad_tensor(output):
     return None
 
 
-def _prepare(call: str, model: torch.nn.Module, pool: Pool, optimizer, meta_ok: bool = False, experts_apart: bool = False):
+def _prepare(call: str, model: torch.nn.Module, pool: Pool, optimizer, meta_ok: bool = False, experts_apart: bool = False,
+             by_expert: bool = True):
     """Checks the model and plans its units (fused experts cut by expert with
     ``experts_apart``: :mod:`tiermem.units`); allocates nothing. Returns (units, sites)."""
     device = _require_gpu(pool, call)
@@ -458,10 +459,10 @@ def _prepare(call: str, model: torch.nn.Module, pool: Pool, optimizer, meta_ok: 
     if optimizer is not None and type(optimizer).__name__ not in ("Adam", "AdamW"):
         raise InvalidArgumentError(f"{call}: optimizer state in tiermem supports Adam and AdamW, not {type(optimizer).__name__}")
     apart = experts_apart and optimizer is None and units_module.EXPERTS_APART
-    units, sites = plan(model, pack=pool.chunk_size, experts_apart=apart)
-    for unit in units:
-        for o in unit.tensors:
-            _check_tensor(call, o.name, o.tensor, device, meta_ok)
+    units, sites = plan(model, pack=pool.chunk_size, experts_apart=apart, by_expert=by_expert)
+    fused = [o for site in sites for experts in site.experts for o in experts.tensors]
+    for o in [o for unit in units for o in unit.tensors] + fused:
+        _check_tensor(call, o.name, o.tensor, device, meta_ok)
     if optimizer is not None:
         owned = {id(o.tensor) for u in units for o in u.params}
         stray = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in owned]

@@ -43,8 +43,8 @@ tensors are its unit, and it is its own site. Two cases make them differ:
   projection computes.
   Neither cut when training with an optimizer (gradients and moments would need the same
   cut). Backward acquires the block whole, as before. A block implementation switched after
-  :func:`offload` stays correct. (:func:`tiermem.torch.from_pretrained` does not cut yet: its
-  blocks move whole.)
+  :func:`offload` stays correct. (:func:`tiermem.torch.from_pretrained` cuts by tensor only:
+  an eager block's experts move whole.)
 * **Small tensors are packed.** HBM and the link move whole chunks (2 MiB), so a module whose
   tensors are small (a norm's weight: 6 KB in a 3B Llama) would take a chunk of its own and
   move 300× its bytes: a 3B Llama's 25 norms took 50 MiB of HBM and streamed most of it every
@@ -207,11 +207,11 @@ class Experts:
         return [self.part_bytes] * self.count
 
 
-def _cut_experts(site: Site, owned: dict, users: dict, chunk: int) -> Experts | None:
+def _cut_experts(site: Site, owned: dict, users: dict, chunk: int, by_expert: bool = True) -> Experts | None:
     """``site``'s fused experts as :class:`Experts`: by tensor where a grouped implementation
     reads each fused tensor in one kernel, by expert where the forward indexes them one at a
     time; None where they are not fused or are shared, and by expert where a part would
-    waste more than 1/:data:`WASTE` in rounding (module docs)."""
+    waste more than 1/:data:`WASTE` in rounding or ``by_expert`` is off (module docs)."""
     module = getattr(site.module, "experts", None)
     implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
     if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
@@ -225,6 +225,8 @@ def _cut_experts(site: Site, owned: dict, users: dict, chunk: int) -> Experts | 
             return None
         units = [Unit(owned[id(t)].name, lazy=True) for t in fused]
         return Experts(f"{site.name}.experts", [owned[id(t)] for t in fused], units, [0] * len(fused), 0, by_tensor=True)
+    if not by_expert:
+        return None
     offsets, at = [], 0
     for t in fused:
         offsets.append(at)
@@ -241,11 +243,11 @@ def is_group(module: torch.nn.Module) -> bool:
 
 
 def plan(model: torch.nn.Module, small: int | None = None, pack: int = PACK,
-         experts_apart: bool = False) -> tuple[list[Unit], list[Site]]:
+         experts_apart: bool = False, by_expert: bool = True) -> tuple[list[Unit], list[Site]]:
     """Units and sites for ``model``, in the order of ``named_modules``; units of at most
     ``small`` bytes (default :data:`SMALL`; 0: none) packed ``pack`` bytes at most together;
     with ``experts_apart``, fused experts cut apart (by expert into parts of whole ``pack``
-    chunks, or by tensor)."""
+    chunks unless ``by_expert`` is off, or by tensor)."""
     small = SMALL if small is None else small
     root_name = type(model).__name__
     site_of: dict[int, Site] = {}  # id(module) -> the site its tensors are acquired by
@@ -273,7 +275,7 @@ def plan(model: torch.nn.Module, small: int | None = None, pack: int = PACK,
                 users[id(t)].append(parent)
     cut: set[int] = set()  # id(tensor) of fused experts laid out by expert
     for site in sites if experts_apart else ():
-        experts = _cut_experts(site, owned, users, pack) if is_group(site.module) else None
+        experts = _cut_experts(site, owned, users, pack, by_expert) if is_group(site.module) else None
         if experts is not None:
             site.experts.append(experts)
             cut.update(id(o.tensor) for o in experts.tensors)
