@@ -46,9 +46,7 @@ def converted(model: torch.nn.Module, entries: dict) -> tuple[dict, dict[str, st
     tensors whose conversion is not done here. Empty where there is nothing to convert."""
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import (
-            Concatenate, MergeModulelist, WeightConverter, apply_renamings, rename_source_key,
-        )  # fmt: skip
+        from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter, rename_source_key
     except ImportError:
         return {}, {}
     try:
@@ -56,12 +54,12 @@ def converted(model: torch.nn.Module, entries: dict) -> tuple[dict, dict[str, st
     except (AttributeError, TypeError, ValueError):  # not a transformers model, or one it cannot map
         return {}, {}
     try:
-        return _convert(entries, transforms, WeightConverter, (MergeModulelist, Concatenate), apply_renamings, rename_source_key)
+        return _convert(entries, transforms, WeightConverter, (MergeModulelist, Concatenate), rename_source_key)
     except (AttributeError, TypeError):  # a transformers whose conversion API has changed: names as they are
         return {}, {}
 
 
-def _convert(entries: dict, transforms, converter_class, ops_classes, apply_renamings, rename_source_key):
+def _convert(entries: dict, transforms, converter_class, ops_classes, rename_source_key):
     MergeModulelist, Concatenate = ops_classes
     renamings = [t for t in transforms if not isinstance(t, converter_class)]
     converters = [t for t in transforms if isinstance(t, converter_class)]
@@ -79,7 +77,8 @@ def _convert(entries: dict, transforms, converter_class, ops_classes, apply_rena
         if ops not in ([(MergeModulelist, 0)], [(MergeModulelist, 0), (Concatenate, 1)]):
             refused[target] = f"{name} needs transformers' conversion {[op.__name__ for op, _ in ops]}"
             continue
-        index = re.search(re.escape(pattern).replace(r"\*", r"(\d+)"), apply_renamings(name, renamings))
+        renamed, _ = rename_source_key(name, renamings, [])  # the renamings alone
+        index = re.search(re.escape(pattern).replace(r"\*", r"(\d+)"), renamed)
         if index is None or not index.groups():
             refused[target] = f"{name}: no expert number where {pattern!r} has one"
             continue
