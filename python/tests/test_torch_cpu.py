@@ -210,10 +210,11 @@ def test_from_pretrained_gives_the_logits_of_transformers_loading(cpu, tmp_path)
         assert torch.equal(h.model(IDS).logits, ref(IDS).logits)
 
 
-def test_from_pretrained_reads_a_mixtral_saved_expert_by_expert_into_experts_cut_by_tensor(cpu, tmp_path):
+def test_from_pretrained_reads_a_mixtral_saved_expert_by_expert_into_experts_cut_by_tensor(cpu, monkeypatch, tmp_path):
     """transformers saves a Mixtral's fused experts one expert and projection at a time;
     from_pretrained reads each into its place (tiermem.conversions) and, for a grouped
     implementation, cuts the fused tensors by tensor as offload does."""
+    monkeypatch.setattr(tiermem.units, "WASTE", 0)
     mixtral().to(torch.bfloat16).save_pretrained(tmp_path, max_shard_size="200KB")
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, **loading.dtype_kwargs(torch.bfloat16)).eval()
     pool = FakePool()
@@ -296,12 +297,13 @@ def _generates_alike_then_removes(h, m, ref, pool):
 
 
 @pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm"])
-def test_fused_experts_read_in_one_kernel_are_cut_by_tensor(cpu, implementation):
+def test_fused_experts_read_in_one_kernel_are_cut_by_tensor(cpu, monkeypatch, implementation):
     """A grouped implementation's fused tensors are each a buffer of their own, acquired when
     the forward first reads them: the schedule holds the block, then its up projection, then
     its down projection. A strict pool turns memory not acquired into NaN, so identical outputs
     prove each is acquired before it is read; switched to eager afterwards (indexing one expert
     at a time) it stays identical; remove() gives the tensors back."""
+    monkeypatch.setattr(tiermem.units, "WASTE", 0)  # cut however much rounding wastes
     ref, m = mixtral(), mixtral()
     for model in (ref, m):
         model.config._experts_implementation = implementation

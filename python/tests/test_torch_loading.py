@@ -266,7 +266,7 @@ def test_a_converted_tensor_that_cannot_be_made_is_an_error_naming_it(tmp_path):
 def test_from_pretrained_reads_a_mixtral_checkpoint_as_transformers_does(tmp_path):
     path = saved_mixtral(tmp_path / "moe", shard="1MB")
     reference = transformers.AutoModelForCausalLM.from_pretrained(path, **loading.dtype_kwargs(torch.bfloat16)).cuda().eval()
-    pool = tiermem.Pool(backend="cuda", hbm_limit=4 * MIB, host_limit="1GiB")
+    pool = tiermem.Pool(backend="cuda", hbm_limit=8 * MIB, host_limit="1GiB")
     handle = tt.from_pretrained(path, pool, quiet=True, staging_bytes=1 * MIB)
     assert handle.bytes > pool.hbm_cap
     ids = torch.randint(0, 512, (2, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))

@@ -327,7 +327,7 @@ class Offload:
     @property
     def window_bytes(self) -> int:
         """The window the engine pages ahead in: ``prefetch_bytes``, but at most
-        1/:data:`WINDOW_SHARE` of the HBM cap. Every byte of window is a byte of HBM the
+        1/:data:`WINDOW_SHARE` of the HBM cap (and at least a chunk). Every byte of window is a byte of HBM the
         resident set gives up, so it streams once more every pass; and a window that is a
         large share of the cap evicts what Belady would keep. (A tied Llama under a 1.5 GiB
         cap with a 0.79 GB window lost its 0.73 GiB embedding after every lookup and streamed
@@ -338,7 +338,7 @@ class Offload:
         link busy. On the H200 the dense Llama decoded at 0.98 of the PCIe bound with 256
         MiB, 0.95 with 512 and 0.91 with 1 GiB; the MoE model (2 GiB cap) at 0.855 with 176
         MiB, 0.81 with 256 (BENCHMARKS.md, twenty-second session)."""
-        return min(self.prefetch_bytes, self.pool.hbm_cap // WINDOW_SHARE)
+        return min(self.prefetch_bytes, max(self.pool.chunk_size, self.pool.hbm_cap // WINDOW_SHARE))
 
     @property
     def schedule(self) -> list[tuple[object, str]]:

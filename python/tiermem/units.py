@@ -40,7 +40,8 @@ tensors are its unit, and it is its own site. Two cases make them differ:
   its up projection and its down projection as three steps. A sparse block's largest step is
   then two thirds of it, so the engine's planned resident set (which leaves room for the
   largest streamed step) keeps more, and the down projection streams in while the up
-  projection computes.
+  projection computes. Only where each tensor wastes at most 1/:data:`WASTE` in rounding to
+  whole chunks (a small model's tensors stay in their block's buffer).
   Neither cut when training with an optimizer (gradients and moments would need the same
   cut). Backward acquires the block whole, as before. A block implementation switched after
   :func:`offload` stays correct. (:func:`tiermem.torch.from_pretrained` cuts by tensor only:
@@ -210,8 +211,9 @@ class Experts:
 def _cut_experts(site: Site, owned: dict, users: dict, chunk: int, by_expert: bool = True) -> Experts | None:
     """``site``'s fused experts as :class:`Experts`: by tensor where a grouped implementation
     reads each fused tensor in one kernel, by expert where the forward indexes them one at a
-    time; None where they are not fused or are shared, and by expert where a part would
-    waste more than 1/:data:`WASTE` in rounding or ``by_expert`` is off (module docs)."""
+    time; None where they are not fused or are shared, where a part would waste more than
+    1/:data:`WASTE` in rounding to chunks, and by expert where ``by_expert`` is off (module
+    docs)."""
     module = getattr(site.module, "experts", None)
     implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
     if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
@@ -221,7 +223,8 @@ def _cut_experts(site: Site, owned: dict, users: dict, chunk: int, by_expert: bo
     if count < 2 or any(t.dim() < 2 or t.shape[0] != count or users[id(t)] != [site] for t in fused):
         return None
     if implementation not in (None, "eager"):
-        if len(fused) < 2:
+        sizes = [owned[id(t)].nbytes() for t in fused]
+        if len(fused) < 2 or any((-s % chunk) * WASTE > s for s in sizes):
             return None
         units = [Unit(owned[id(t)].name, lazy=True) for t in fused]
         return Experts(f"{site.name}.experts", [owned[id(t)] for t in fused], units, [0] * len(fused), 0, by_tensor=True)
