@@ -199,10 +199,10 @@ def test_a_bad_checkpoint_leaves_the_meta_model_as_it_was_and_the_pool_empty(tmp
     assert not any(p.is_meta for p in handle.model.parameters())
 
 
-def saved_mixtral(path, shard="200KB"):
+def saved_mixtral(path, shard="200KB", hidden=64, mlp=128, layers=2):
     """A random bf16 Mixtral-style model (4 experts) saved with save_pretrained: transformers
     stores its fused experts one expert and projection at a time (block_sparse_moe.experts.N.wK)."""
-    cfg = transformers.MixtralConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    cfg = transformers.MixtralConfig(vocab_size=512, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128)  # fmt: skip
     torch.manual_seed(3)
     transformers.MixtralForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path, max_shard_size=shard)
@@ -264,11 +264,14 @@ def test_a_converted_tensor_that_cannot_be_made_is_an_error_naming_it(tmp_path):
 
 @needs_gpu
 def test_from_pretrained_reads_a_mixtral_checkpoint_as_transformers_does(tmp_path):
-    path = saved_mixtral(tmp_path / "moe", shard="1MB")
+    # Fused experts of whole chunks (up 4 MiB, down 2 MiB a layer): cut by tensor, 30 MiB in all.
+    path = saved_mixtral(tmp_path / "moe", shard="4MB", hidden=256, mlp=1024, layers=4)
     reference = transformers.AutoModelForCausalLM.from_pretrained(path, **loading.dtype_kwargs(torch.bfloat16)).cuda().eval()
-    pool = tiermem.Pool(backend="cuda", hbm_limit=8 * MIB, host_limit="1GiB")
+    pool = tiermem.Pool(backend="cuda", hbm_limit=12 * MIB, host_limit="1GiB")
     handle = tt.from_pretrained(path, pool, quiet=True, staging_bytes=1 * MIB)
-    assert handle.bytes > pool.hbm_cap
+    assert handle.bytes > 2 * pool.hbm_cap
+    cut = [e for s in handle.sites for e in s.experts]
+    assert len(cut) == 4 and all(e.by_tensor for e in cut), "fused experts cut by tensor, as offload cuts them"
     ids = torch.randint(0, 512, (2, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     with torch.no_grad():
         expected = reference(ids).logits
