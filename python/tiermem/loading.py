@@ -181,7 +181,7 @@ def match(call: str, units, checkpoint: Checkpoint, ignore: list[str] = (), conv
                 sources[id(o)] = made
                 if tuple(made.shape) != tuple(o.tensor.shape):
                     errors.append(f"{o.name}, made of {made.sources[0]} and the like, has shape {list(made.shape)}, the model's is {list(o.tensor.shape)}")
-                errors += [_dtype_error(e, o) for _, e in made.parts[:1] if _dtype_error(e, o)]
+                errors += [err for err in (_dtype_error(e, o) for _, e in made.parts) if err][:1]
                 continue
             if not found and made is not None:
                 found = [made.name]

@@ -101,19 +101,21 @@ impl Schedule {
         let buffers: Vec<Scheduled> =
             order.iter().map(|&(_, id)| Scheduled { chunks: chunks(id), uses: self.uses[&id].len() }).collect();
         // HBM holds the kept buffers beside the window and the largest step's streamed part:
-        // a plan that streams a step larger than the window is made again with less room.
+        // a plan that streams a step larger than the window is made again with less room (the
+        // room only shrinks, so this ends; a few rounds at most in practice, bounded anyway).
         let mut room = cap.saturating_sub(window + PLAN_MARGIN);
-        let kept = loop {
+        let mut kept = HashSet::new();
+        for _ in 0..PLAN_ROUNDS {
             let keep = spread_resident(&buffers, room, window);
-            let kept: HashSet<BufferId> = order.iter().zip(keep).filter(|(_, k)| *k).map(|(&(_, id), _)| id).collect();
+            kept = order.iter().zip(keep).filter(|(_, k)| *k).map(|(&(_, id), _)| id).collect();
             let streamed = |ids: &Vec<BufferId>| ids.iter().filter(|id| !kept.contains(id)).map(|&id| chunks(id)).sum();
             let largest = self.steps.iter().map(streamed).max().unwrap_or(0);
             let fits = cap.saturating_sub(window.max(largest) + PLAN_MARGIN);
             if fits >= room {
-                break kept;
+                break;
             }
             room = fits;
-        };
+        }
         self.kept = kept;
         self.planned_for = Some((cap, window));
     }
@@ -163,6 +165,11 @@ impl Schedule {
 /// Chunks the plan leaves free beside the window and the largest step: chunks still
 /// leaving, a buffer's chunks that do not line up with the window's count.
 const PLAN_MARGIN: usize = 4;
+
+/// Plans made at most, each with less room, until the largest streamed step fits beside the
+/// kept buffers. The last one stands: at worst it keeps a little more than fits beside that
+/// step, which then evicts kept buffers (last, as any eviction does).
+const PLAN_ROUNDS: usize = 16;
 
 #[cfg(test)]
 mod tests {
