@@ -227,6 +227,28 @@ def test_from_pretrained_reads_a_mixtral_saved_expert_by_expert_into_experts_cut
     _generates_alike_then_removes(h, h.model, ref, pool)
 
 
+MOE_FAMILIES = {  # other mixture-of-experts families whose checkpoints transformers converts on load
+    "qwen2_moe": lambda c: transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64, **c)),
+    "olmoe": lambda c: transformers.OlmoeForCausalLM(transformers.OlmoeConfig(num_experts=4, num_experts_per_tok=2, **c)),
+    "qwen3_moe": lambda c: transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, **c)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
+def test_from_pretrained_reads_other_moe_families_as_transformers_does(cpu, monkeypatch, tmp_path, family):
+    monkeypatch.setattr(tiermem.units, "WASTE", 0)
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
+    torch.manual_seed(0)
+    MOE_FAMILIES[family](common).to(torch.bfloat16).save_pretrained(tmp_path, max_shard_size="300KB")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, **loading.dtype_kwargs(torch.bfloat16)).eval()
+    h = tt.from_pretrained(tmp_path, FakePool(), quiet=True, staging_bytes=64 << 10)
+    with torch.no_grad():
+        assert torch.equal(h.model(IDS).logits, ref(IDS).logits)
+
+
 def test_from_pretrained_converts_a_float32_checkpoint_as_transformers_does(cpu, tmp_path):
     """Tensors of another dtype are read raw and converted (rows cut by a small staging area)."""
     llama(False).save_pretrained(tmp_path)
