@@ -45,24 +45,20 @@ def converted(model: torch.nn.Module, entries: dict) -> tuple[dict, dict[str, st
     under the model's names: ``{name: Entry or Assembled}``; and ``{name: why not}`` for
     tensors whose conversion is not done here. Empty where there is nothing to convert."""
     try:
-        from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter, rename_source_key
-    except ImportError:
-        return {}, {}
-    try:
-        transforms = get_model_conversion_mapping(model)
-    except (AttributeError, TypeError, ValueError):  # not a transformers model, or one it cannot map
-        return {}, {}
-    try:
-        return _convert(entries, transforms, WeightConverter, (MergeModulelist, Concatenate), rename_source_key)
-    except (AttributeError, TypeError):  # a transformers whose conversion API has changed: names as they are
+        return _convert(model, entries)
+    # No transformers, not a transformers model, or a transformers whose conversion API differs
+    # from the one used here: names as they are.
+    except (ImportError, AttributeError, TypeError, ValueError):
         return {}, {}
 
 
-def _convert(entries: dict, transforms, converter_class, ops_classes, rename_source_key):
-    MergeModulelist, Concatenate = ops_classes
-    renamings = [t for t in transforms if not isinstance(t, converter_class)]
-    converters = [t for t in transforms if isinstance(t, converter_class)]
+def _convert(model: torch.nn.Module, entries: dict) -> tuple[dict, dict[str, str]]:
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter, rename_source_key
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
     out: dict = {}
     refused: dict[str, str] = {}
     groups: dict[str, tuple] = {}  # target -> (converter, {(expert, source pattern index): entry})

@@ -444,7 +444,8 @@ def load_checkpoint(
     # Fused experts cut by tensor (tiermem.units) are read as any tensor, into their own parts.
     cut = [experts for site in sites for experts in site.experts]
     whole = [Unit(u.name, [o], u.parts) for experts in cut for u, o in zip(experts.units, experts.tensors)]
-    filled = [u for u in units if not u.lazy] + whole
+    own = [u for u in units if not u.lazy]
+    filled = own + whole
     ignore = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
     sources = match(call, filled, checkpoint, ignore, *conversions.converted(model, checkpoint.entries))
     prefetch_bytes = parse_size(prefetch_bytes)
@@ -459,7 +460,7 @@ def load_checkpoint(
     except BaseException:
         _tt._free_all(units)
         raise
-    for unit, layout in zip(filled[: len(filled) - len(whole)], filled_layouts):
+    for unit, layout in zip(own, filled_layouts):
         for _, owned, offset in layout["weights"][0]:
             owned.point_at(_tt._view(unit.parts["weights"], offset, owned.tensor))
     for experts in cut:
