@@ -15,11 +15,9 @@ test of the script, not a measurement).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime
 import gc
 import json
-import mmap
 import os
 import shutil
 import statistics
@@ -34,6 +32,8 @@ import transformers
 import tiermem
 import tiermem.torch as tt
 from tiermem.loading import dtype_kwargs
+
+from page_cache import cached_fraction, disk_read_GBps, drop_page_cache  # bench/, beside this script
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -295,46 +295,6 @@ def training(args, results):
     close = all(abs(a - b) <= 1e-2 * abs(b) for a, b in zip(losses, ref_losses))
     results["checks"]["train_losses_match"] = close
     log(f"training: {step:.2f} s/step (resident {ref_step:.2f}), losses {losses} vs {ref_losses}")
-
-
-def drop_page_cache(paths) -> None:
-    """Asks the kernel to drop the files' pages (written back first): no root needed."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def cached_fraction(paths) -> float:
-    """The fraction of the files' pages in the page cache (mincore), to report honestly
-    whether the disk or the cache was measured."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    page, resident, total = os.sysconf("SC_PAGE_SIZE"), 0, 0
-    for path in paths:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as m:
-            pages = -(-size // page)
-            vec = (ctypes.c_ubyte * pages)()
-            addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
-            if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
-                return float("nan")
-            resident += sum(v & 1 for v in vec)
-            total += pages
-    return resident / max(total, 1)
-
-
-def disk_read_GBps(paths, block=16 * MiB) -> float:
-    """Sequential buffered reads of the files, as a plain program reads them."""
-    buf = memoryview(bytearray(block))
-    total, t0 = 0, time.perf_counter()
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while n := f.readinto(buf):
-                total += n
-    return total / (time.perf_counter() - t0) / 1e9
 
 
 def decode_vs_bound(metrics, key, model, pool, prompt, steps, size, cap):

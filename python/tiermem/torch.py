@@ -332,12 +332,9 @@ class Offload:
         large share of the cap evicts what Belady would keep. (A tied Llama under a 1.5 GiB
         cap with a 0.79 GB window lost its 0.73 GiB embedding after every lookup and streamed
         it back for the output head: 1.52x the optimum's traffic per pass, against 1.17x with
-        a window of 192 MiB, counted on the simulated device.) A window only needs to cover
-        the link's latency: since the engine spreads the resident set along the pass
-        (schedule.rs), every step has something to page in and a short window keeps the
-        link busy. On the H200 the dense Llama decoded at 0.98 of the PCIe bound with 256
-        MiB, 0.95 with 512 and 0.91 with 1 GiB; the MoE model (2 GiB cap) at 0.855 with 176
-        MiB, 0.81 with 256 (BENCHMARKS.md, twenty-second session)."""
+        a window of 192 MiB, counted on the simulated device.) Since the engine spreads the
+        resident set along the pass (schedule.rs), a short window keeps the link busy: on
+        the H200 the dense and MoE decodes ran faster with shorter windows (BENCHMARKS.md)."""
         return min(self.prefetch_bytes, max(self.pool.chunk_size, self.pool.hbm_cap // WINDOW_SHARE))
 
     @property
