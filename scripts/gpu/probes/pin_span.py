@@ -3,13 +3,9 @@ next to each other in one mapping: 256 MiB mapped, registered as two pieces of 1
 copy to the GPU and back across the boundary (sync and async). Prints JSON."""
 import ctypes, json, mmap
 
-cuda = ctypes.CDLL("libcuda.so.1")
-ok = lambda r, what: r == 0 or (_ for _ in ()).throw(SystemExit(f"{what} failed: CUresult {r}"))
-ok(cuda.cuInit(0), "cuInit")
-dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-ok(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain")
-ok(cuda.cuCtxSetCurrent(ctx), "set current")
+from cuda_driver import cuda, ok, primary_context
+
+primary_context()
 HALF, SPAN = 128 << 20, 16 << 20
 m = mmap.mmap(-1, 2 * HALF, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 base = ctypes.addressof(ctypes.c_char.from_buffer(m))

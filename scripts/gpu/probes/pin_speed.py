@@ -4,16 +4,9 @@ cuMemHostRegister. 1 GiB in 64 MiB slabs, three rounds each, medians; prints JSO
 A probe for the host tier's first-touch cost (BENCHMARKS.md), not a benchmark of tiermem."""
 import ctypes, json, mmap, statistics, sys, time
 
-cuda = ctypes.CDLL("libcuda.so.1")
-def ok(r, what):
-    if r != 0:
-        raise SystemExit(f"{what} failed: CUresult {r}")
-ok(cuda.cuInit(0), "cuInit")
-dev = ctypes.c_int()
-ok(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-ctx = ctypes.c_void_p()
-ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain")
-ok(cuda.cuCtxSetCurrent(ctx), "set current")
+from cuda_driver import cuda, ok, primary_context
+
+_, ctx = primary_context()
 SLAB, TOTAL = 64 << 20, 1 << 30
 
 def host_alloc():

@@ -5,20 +5,9 @@ Three rounds each, medians; prints JSON. A probe for the reclaim cost (BENCHMARK
 import ctypes, json, mmap, statistics, time
 from concurrent.futures import ThreadPoolExecutor
 
-cuda = ctypes.CDLL("libcuda.so.1")
+from cuda_driver import cuda, ok, primary_context
 
-
-def ok(r, what):
-    if r != 0:
-        raise SystemExit(f"{what} failed: CUresult {r}")
-
-
-ok(cuda.cuInit(0), "cuInit")
-dev = ctypes.c_int()
-ok(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-ctx = ctypes.c_void_p()
-ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain")
-ok(cuda.cuCtxSetCurrent(ctx), "set current")
+_, ctx = primary_context()
 TOTAL, HUGE = 1 << 30, 2 << 20
 
 

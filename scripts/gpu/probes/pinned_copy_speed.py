@@ -3,15 +3,9 @@ as tiermem's host tier now makes it) copies as fast as cuMemHostAlloc's: 1 GiB s
 H2D and D2H copies from each, five rounds, medians; prints JSON. A probe, not a benchmark."""
 import ctypes, json, mmap, statistics, time
 
-cuda = ctypes.CDLL("libcuda.so.1")
-def ok(r, what):
-    if r != 0:
-        raise SystemExit(f"{what} failed: CUresult {r}")
-ok(cuda.cuInit(0), "cuInit")
-dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-ok(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain")
-ok(cuda.cuCtxSetCurrent(ctx), "set current")
+from cuda_driver import cuda, ok, primary_context
+
+primary_context()
 SIZE = 1 << 30
 d = ctypes.c_uint64()
 ok(cuda.cuMemAlloc_v2(ctypes.byref(d), ctypes.c_size_t(SIZE)), "cuMemAlloc")
