@@ -3,9 +3,9 @@ next to each other in one mapping: 256 MiB mapped, registered as two pieces of 1
 copy to the GPU and back across the boundary (sync and async). Prints JSON."""
 import ctypes, json, mmap
 
-from cuda_driver import cuda, ok, primary_context
+from vmm import cuda, ok, start
 
-primary_context()
+start()
 HALF, SPAN = 128 << 20, 16 << 20
 m = mmap.mmap(-1, 2 * HALF, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 base = ctypes.addressof(ctypes.c_char.from_buffer(m))

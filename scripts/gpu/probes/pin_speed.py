@@ -4,9 +4,9 @@ cuMemHostRegister. 1 GiB in 64 MiB slabs, three rounds each, medians; prints JSO
 A probe for the host tier's first-touch cost (BENCHMARKS.md), not a benchmark of tiermem."""
 import ctypes, json, mmap, statistics, sys, time
 
-from cuda_driver import cuda, ok, primary_context
+from vmm import cuda, ok, start
 
-_, ctx = primary_context()
+_, ctx = start()
 SLAB, TOTAL = 64 << 20, 1 << 30
 
 def host_alloc():

@@ -5,9 +5,9 @@ Three rounds each, medians; prints JSON. A probe for the reclaim cost (BENCHMARK
 import ctypes, json, mmap, statistics, time
 from concurrent.futures import ThreadPoolExecutor
 
-from cuda_driver import cuda, ok, primary_context
+from vmm import cuda, ok, start
 
-_, ctx = primary_context()
+_, ctx = start()
 TOTAL, HUGE = 1 << 30, 2 << 20
 
 

@@ -3,9 +3,9 @@ as tiermem's host tier now makes it) copies as fast as cuMemHostAlloc's: 1 GiB s
 H2D and D2H copies from each, five rounds, medians; prints JSON. A probe, not a benchmark."""
 import ctypes, json, mmap, statistics, time
 
-from cuda_driver import cuda, ok, primary_context
+from vmm import cuda, ok, start
 
-primary_context()
+start()
 SIZE = 1 << 30
 d = ctypes.c_uint64()
 ok(cuda.cuMemAlloc_v2(ctypes.byref(d), ctypes.c_size_t(SIZE)), "cuMemAlloc")

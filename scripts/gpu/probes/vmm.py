@@ -1,6 +1,7 @@
-"""What the VMM probes (map_stall.py, migrate_cost.py, vmm_parallel.py) share: libcuda through
-ctypes, the driver's structures for cuMemCreate and cuMemSetAccess, and GPU 0's primary context
-made current (`start`)."""
+"""What the probes that call the driver through ctypes share (map_stall.py, migrate_cost.py,
+vmm_parallel.py, pin_speed.py, pin_split.py, pin_span.py, pinned_copy_speed.py): libcuda, the
+driver's structures for cuMemCreate and cuMemSetAccess, and GPU 0's primary context made
+current (`start`)."""
 import ctypes as C
 
 cuda = C.CDLL("libcuda.so.1")
