@@ -30,6 +30,10 @@ pub struct EngineConfig {
     pub sim_hbm: usize,
     /// Chunks per transfer batch: one `cuMemSetAccess` and one fence per batch.
     pub batch_chunks: usize,
+    /// `TIERMEM_CHUNK`: bytes of a chunk, the unit that moves, rounded up to whole granules of
+    /// the device (`tiermem_mechanism::chunked` says why larger ones move faster). Default
+    /// (`None`): one granule, 2 MiB on the H200.
+    pub chunk: Option<usize>,
     /// `TIERMEM_FILE`: the file of the file (NVMe) tier; none: no file tier. The file is
     /// created, preallocated to `file_limit`, and removed when the engine is dropped.
     pub file: Option<std::path::PathBuf>,
@@ -137,6 +141,7 @@ impl Default for EngineConfig {
             seed: 0x7135_3e3d,
             sim_hbm: 1 << 30,
             batch_chunks: 16,
+            chunk: None,
             file: None,
             file_limit: 16 << 30,
             file_io: tiermem_mechanism::file_store::IoChoice::Auto,
@@ -182,6 +187,9 @@ impl EngineConfig {
         }
         if let Some(v) = var("TIERMEM_SIM_HBM") {
             c.sim_hbm = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_SIM_HBM: {e}")))?;
+        }
+        if let Some(v) = var("TIERMEM_CHUNK") {
+            c.chunk = Some(parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_CHUNK: {e}")))?);
         }
         if let Some(v) = var("TIERMEM_FILE") {
             c.file = Some(v.into());

@@ -137,7 +137,11 @@ impl Engine {
     }
 
     /// An engine over an already opened device (tests use this with a `SimDevice`).
-    pub fn with_device(untimed: Arc<dyn Device>, config: &EngineConfig) -> Result<Self> {
+    pub fn with_device(device: Arc<dyn Device>, config: &EngineConfig) -> Result<Self> {
+        let untimed = match config.chunk {
+            Some(chunk) => tiermem_mechanism::chunked::ChunkedDevice::wrap(device, chunk).during("Engine::new")?,
+            None => device,
+        };
         let timed = Arc::new(TimedDevice::new(untimed));
         let device: Arc<dyn Device> = timed.clone();
         let chunk = device.info().granularity;
@@ -243,7 +247,7 @@ impl Engine {
         self.lock().policy.kind()
     }
 
-    /// The size of one chunk (the device's VMM granularity).
+    /// The size of one chunk (the device's VMM granularity, or `TIERMEM_CHUNK`).
     pub fn chunk_size(&self) -> usize {
         self.lock().tiers.chunk
     }

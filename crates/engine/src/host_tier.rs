@@ -9,6 +9,9 @@
 use std::collections::{BTreeSet, HashMap};
 use tiermem_mechanism::{Device, HostPtr, Result};
 
+/// The most pinned at once: pinning takes hundreds of ms per GiB.
+const SLAB_BYTES: usize = 1 << 30;
+
 /// Index of one chunk-sized slot of pinned host memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct Slot(pub u32);
@@ -29,8 +32,9 @@ pub(crate) struct HostTier {
 
 impl HostTier {
     pub fn new(chunk: usize, cap_bytes: usize) -> Self {
-        // Slabs of up to 1 GiB (at 2 MiB chunks); the cap is rounded down to whole slabs.
-        let slab_slots = (cap_bytes / chunk).clamp(1, 512);
+        // Slabs of up to 512 slots and 1 GiB (or one chunk, if larger); the cap is rounded
+        // down to whole slabs.
+        let slab_slots = (cap_bytes / chunk).clamp(1, (SLAB_BYTES / chunk).clamp(1, 512));
         let most_slots = cap_bytes / chunk / slab_slots * slab_slots;
         Self {
             chunk,

@@ -123,6 +123,8 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 struct Model {
+    /// Bytes of the engine's chunk (`EngineConfig::chunk`: one granule, or several).
+    chunk: usize,
     /// Chunks the tiers below HBM hold: the host tier, plus the file tier if there is one.
     spill_chunks: usize,
     has_file: bool,
@@ -161,7 +163,7 @@ impl Model {
     /// longer fits in the tiers below HBM alone (then HBM and host together may be full; a
     /// budget may leave HBM only one chunk). Buffers whose free failed still take room.
     fn may_run_out(&self) -> bool {
-        let chunks: usize = self.buffers.iter().map(|(_, bytes, _)| bytes.len().div_ceil(CHUNK)).sum();
+        let chunks: usize = self.buffers.iter().map(|(_, bytes, _)| bytes.len().div_ceil(self.chunk)).sum();
         !self.holds.is_empty() || chunks + self.half_freed_chunks > self.spill_chunks
     }
 
@@ -205,6 +207,7 @@ fn run(
     let stream = StreamHandle(0);
     let spill_chunks = host_chunks + file_chunks.unwrap_or(0);
     let mut m = Model {
+        chunk: engine.chunk_size(),
         spill_chunks,
         has_file: file_chunks.is_some(),
         has_peers: !engine.peer_lenders().is_empty(),
@@ -329,16 +332,16 @@ fn run(
                     continue;
                 }
                 // Freed buffers leave their steps empty; the step count stays.
-                if let Err(e) = engine.advance(step % scheduled, chunks * CHUNK) {
+                if let Err(e) = engine.advance(step % scheduled, chunks * m.chunk) {
                     prop_assert!(m.is_pressure(&e), "advance: {e}");
                 }
             }
-            Op::SetPeerLending { gpu, chunks } => match engine.set_peer_lending(gpu, chunks * CHUNK) {
+            Op::SetPeerLending { gpu, chunks } => match engine.set_peer_lending(gpu, chunks * m.chunk) {
                 Ok(_) => prop_assert!(m.has_peers, "GPU {gpu} lent without a peer tier"),
                 Err(Error::Config(e)) => prop_assert!(!m.has_peers && e.contains("does not lend"), "{e}"),
                 Err(e) => prop_assert!(m.is_pressure(&e), "set_peer_lending: {e}"),
             },
-            Op::SetBudget { chunks } => match engine.set_hbm_budget(chunks * CHUNK) {
+            Op::SetBudget { chunks } => match engine.set_hbm_budget(chunks * m.chunk) {
                 Ok(ticket) => m.tickets.push(ticket),
                 Err(e) => prop_assert!(m.injected(&e), "set_hbm_budget: {e}"),
             },
@@ -424,7 +427,7 @@ fn run(
                         prop_assert!(m.injected(&e), "free: {e}");
                         let (_, bytes, _) = m.buffers.remove(i);
                         m.half_freed.push(id);
-                        m.half_freed_chunks += bytes.len().div_ceil(CHUNK);
+                        m.half_freed_chunks += bytes.len().div_ceil(m.chunk);
                     }
                 }
             }
@@ -554,6 +557,32 @@ proptest! {
         let learn_loops = ((fault_seed >> 2) & 1 == 0).then_some(CHUNK);
         let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, peer_in_place, pre_evict, learn_loops, ..EngineConfig::default() };
         let (engine, sim) = support::engine_with_peers(HBM_CHUNKS, SMALL_HOST_CHUNKS, PEER_CHUNKS, config);
+        prop_assert_eq!(engine.peer_lenders().len(), 2, "{:?}", engine.peer_notes());
+        let sim = Some(sim);
+        set_timing(&sim, timing);
+        inject_errors(&engine, &sim, faults, fault_seed);
+        run(&engine, &sim, &ops, SMALL_HOST_CHUNKS, Some(FILE_CHUNKS))?;
+        support::assert_no_leaks(engine, sim);
+        prop_assert!(!path.exists(), "the file tier's file outlived the engine");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 150, ..ProptestConfig::default() })]
+
+    /// The four-tier test with chunks of three granules (`EngineConfig::chunk`, the
+    /// `ChunkedDevice` adaptor): each chunk one allocation and one mapping of 6 MiB, in HBM,
+    /// host, file and peer slabs alike; every size in the model and every cap in such chunks.
+    #[test]
+    fn every_byte_survives_moves_in_chunks_of_three_granules(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4, fault_seed in any::<u64>()) {
+        const K: usize = 3;
+        let policy = tiermem::policy::PolicyKind::ALL[policy];
+        let path = support::file_tier_path("property-chunks");
+        let peer_in_place = fault_seed % 2 == 0;
+        let learn_loops = ((fault_seed >> 2) & 1 == 0).then_some(K * CHUNK);
+        let config = EngineConfig { policy, batch_chunks: 3, chunk: Some(K * CHUNK), file: Some(path.clone()), file_limit: FILE_CHUNKS * K * CHUNK, peer_in_place, learn_loops, ..EngineConfig::default() };
+        let (engine, sim) = support::engine_with_peers(K * HBM_CHUNKS, K * SMALL_HOST_CHUNKS, K * PEER_CHUNKS, config);
+        prop_assert_eq!(engine.chunk_size(), K * CHUNK);
         prop_assert_eq!(engine.peer_lenders().len(), 2, "{:?}", engine.peer_notes());
         let sim = Some(sim);
         set_timing(&sim, timing);

@@ -15,8 +15,10 @@
 //!
 //! Which one to use is the caller's choice ([`open`] implements `TIERMEM_BACKEND`).
 //! Adaptors wrap a device and add one concern each: [`counting::CountingDevice`] counts what
-//! is held (leak checks), [`timing::TimedDevice`] adds up the time spent in driver calls.
+//! is held (leak checks), [`timing::TimedDevice`] adds up the time spent in driver calls,
+//! [`chunked::ChunkedDevice`] makes chunks of several granules.
 
+pub mod chunked;
 pub mod counting;
 pub mod cuda;
 mod device;

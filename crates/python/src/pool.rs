@@ -83,7 +83,7 @@ impl Pool {
 #[pymethods]
 impl Pool {
     #[new]
-    #[pyo3(signature = (device=None, hbm_limit=None, host_limit=None, policy=None, backend=None, file=None, file_limit=None))]
+    #[pyo3(signature = (device=None, hbm_limit=None, host_limit=None, policy=None, backend=None, file=None, file_limit=None, chunk=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -94,6 +94,7 @@ impl Pool {
         backend: Option<&str>,
         file: Option<std::path::PathBuf>,
         file_limit: Option<&Bound<'_, PyAny>>,
+        chunk: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut config = EngineConfig::from_env().map_err(to_py)?;
         if let Some(device) = device {
@@ -116,6 +117,9 @@ impl Pool {
         }
         if let Some(v) = file_limit {
             config.file_limit = size_arg("file_limit", v)?;
+        }
+        if let Some(v) = chunk {
+            config.chunk = Some(size_arg("chunk", v)?);
         }
         let engine = Arc::new(py.allow_threads(|| Engine::new(config)).map_err(to_py)?);
         let daemon = py.allow_threads(|| tiermem_tenant::attach_from_env(&engine));

@@ -157,9 +157,11 @@ impl Device for SimDevice {
         // fails part way (a bad address) is undone past the failpoints.
         failpoint!(self, "cuMemMap");
         for (i, &(part, granule)) in parts.iter().enumerate() {
-            if let Err(e) = self.map_granule(va + (i * self.gran()) as u64, part, granule) {
+            if let Err(e) = self.map_granule(va + (i * self.gran()) as u64, part, granule, (va, size)) {
                 if i > 0 {
-                    self.unmap_range(va, i * self.gran()).expect("the granules just mapped");
+                    let g = self.gran();
+                    Self::unmap_granules(&mut self.lock_progressing(), g as u64, va, i * g)
+                        .expect("the granules just mapped");
                 }
                 return Err(e);
             }
@@ -500,7 +502,7 @@ impl SimDevice {
     }
 
     /// `cuMemMap` of granule `granule` of `chunk`'s memory, past its failpoint.
-    fn map_granule(&self, va: DevicePtr, chunk: PhysHandle, granule: usize) -> Result<()> {
+    fn map_granule(&self, va: DevicePtr, chunk: PhysHandle, granule: usize, whole: (DevicePtr, usize)) -> Result<()> {
         let g = self.gran();
         self.check_aligned("cuMemMap", va, g)?;
         let mut s = self.lock_progressing();
@@ -522,7 +524,7 @@ impl SimDevice {
         if p == libc::MAP_FAILED {
             return Err(DeviceError::os("mmap"));
         }
-        s.mappings.insert(va, Mapping { chunk, access: 0 });
+        s.mappings.insert(va, Mapping { chunk, whole, access: 0 });
         s.mapped_chunks.entry(chunk.0).or_default().push(va);
         Ok(())
     }
@@ -535,6 +537,21 @@ impl SimDevice {
         if !(va..va + size as u64).step_by(g as usize).all(|a| s.mappings.contains_key(&a)) {
             return Err(Self::invalid("cuMemUnmap", format!("va=0x{va:x} size={size} is not fully mapped")));
         }
+        let end = va + size as u64;
+        let split = (va..end).step_by(g as usize).find_map(|a| {
+            let (start, bytes) = s.mappings[&a].whole;
+            (start < va || start + bytes as u64 > end).then_some((start, bytes))
+        });
+        if let Some((start, bytes)) = split {
+            let detail = format!("va=0x{va:x} size={size} cuts the mapping of {bytes} bytes at 0x{start:x}");
+            return Err(Self::invalid("cuMemUnmap", detail));
+        }
+        Self::unmap_granules(&mut s, g, va, size)
+    }
+
+    /// Unmaps the granules (of `g` bytes) of `[va, va + size)`, all mapped, whatever mappings
+    /// they belong to (`unmap_range` past its checks, or a `cuMemMap` undone part way).
+    fn unmap_granules(s: &mut SimState, g: u64, va: DevicePtr, size: usize) -> Result<()> {
         anon_map(size, libc::PROT_NONE, Some(va as usize))?;
         for a in (va..va + size as u64).step_by(g as usize) {
             if let Some(Mapping { chunk, .. }) = s.mappings.remove(&a) {

@@ -98,6 +98,9 @@ enum Need {
 #[derive(Clone, Copy)]
 struct Mapping {
     chunk: PhysHandle,
+    /// The whole mapping this granule belongs to (start, bytes): `cuMemUnmap` takes whole
+    /// mappings only, as CUDA's does.
+    whole: (DevicePtr, usize),
     /// Bit `g` set: GPU `g` may touch the mapping (`set_access_from`).
     access: u64,
 }
