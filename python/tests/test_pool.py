@@ -7,7 +7,7 @@ import pytest
 
 import tiermem
 
-CHUNK = 2 << 20
+CHUNK = 4 << 20  # the default chunk: two granules of the (simulated) device
 
 
 @pytest.fixture
@@ -25,6 +25,15 @@ def test_pool_reports_what_it_runs_on(pool):
     assert pool.chunk_size == CHUNK
     assert pool.policy == "lru"
     assert "sim" in repr(pool)
+
+
+def test_the_chunk_is_whole_granules_and_a_bad_one_is_a_clear_error():
+    assert tiermem.Pool(backend="sim", hbm_limit="16MiB", chunk="2MiB").chunk_size == 2 << 20
+    assert tiermem.Pool(backend="sim", hbm_limit="16MiB", chunk=3 << 20).chunk_size == CHUNK, "rounded up to granules"
+    with pytest.raises(tiermem.TiermemError, match="chunk"):
+        tiermem.Pool(backend="sim", hbm_limit="16MiB", chunk="2GiB")
+    with pytest.raises(tiermem.InvalidArgumentError, match="chunk"):
+        tiermem.Pool(backend="sim", chunk="big")
 
 
 def test_bytes_survive_a_working_set_twice_the_hbm_cap(pool):
@@ -245,7 +254,7 @@ def test_a_smaller_budget_is_met_and_a_larger_one_used_no_byte_lost(pool):
     with pytest.raises(tiermem.WouldNeverFitError):
         pool.acquire([buf])
     assert b"".join(buf.read(CHUNK, i * CHUNK) for i in range(4)) == data  # a chunk at a time
-    pool.finish(pool.set_hbm_budget("8MiB"))
+    pool.finish(pool.set_hbm_budget(4 * CHUNK))
     pool.page_in(buf)
     assert pool.stats()["hbm"]["used_bytes"] == 4 * CHUNK
     assert buf.read() == data
@@ -328,7 +337,7 @@ def test_the_first_pass_is_recorded_and_later_passes_are_paged_ahead(pool):
     located = []
     for _ in range(3):
         pool.pass_begins()
-        located.append([pool.step_enters(100 + i, [buf, buf], "2MiB") for i, buf in enumerate(layers)])
+        located.append([pool.step_enters(100 + i, [buf, buf], CHUNK) for i, buf in enumerate(layers)])
         for buf in layers:
             with pool.acquired(buf):
                 pass
@@ -361,9 +370,9 @@ def test_stats_keep_the_keys_front_ends_read(pool):
 
 
 def borrowing_pool(monkeypatch, **settings):
-    """A Pool on GPU 0 of three simulated GPUs, borrowing 16 MiB from its neighbours in all
-    (GPU 1 lends it alone), with an HBM cap of two chunks; ``settings`` are more TIERMEM_*."""
-    settings = {"SIM_GPUS": "3", "PEERS": "auto", "PEER_RESERVE": "0", "PEER_LIMIT": "16MiB", **settings}
+    """A Pool on GPU 0 of three simulated GPUs, borrowing eight chunks from its neighbours in
+    all (GPU 1 lends them alone), with an HBM cap of two chunks; ``settings`` are more TIERMEM_*."""
+    settings = {"SIM_GPUS": "3", "PEERS": "auto", "PEER_RESERVE": "0", "PEER_LIMIT": str(8 * CHUNK), **settings}
     for name, value in settings.items():
         monkeypatch.setenv(f"TIERMEM_{name}", value)
     return tiermem.Pool(backend="sim", hbm_limit=2 * CHUNK, host_limit="64MiB")
@@ -391,11 +400,11 @@ def test_neighbours_lend_through_the_pool_and_take_their_memory_back(monkeypatch
     data = pattern(11, 8 * CHUNK)
     buf.write(data)
     [lender] = pool.peer_lenders()
-    assert lender["borrowed"] == lender["lent"] == 16 << 20, lender  # one slab made there
+    assert lender["borrowed"] == lender["lent"] == 8 * CHUNK, lender  # one slab made there
     assert pool.stats()["peer"]["chunks"] == 6
     assert pool.clean_borrowed(100) == 6
     assert pool.stats()["transfers"]["cleaned"] == 6
-    assert pool.set_peer_lending(1, "0") == 16 << 20
+    assert pool.set_peer_lending(1, "0") == 8 * CHUNK
     assert pool.peer_lenders() == [{"gpu": 1, "lent": 0, "borrowed": 0, "busy": False}]
     assert buf.read() == data
     with pytest.raises(tiermem.InvalidArgumentError, match="set_peer_lending: GPU 0 does not lend"):

@@ -2,6 +2,14 @@ use crate::{Error, Result};
 use tiermem_mechanism::BackendChoice;
 use tiermem_policy::PolicyKind;
 
+/// The chunk by default (`TIERMEM_CHUNK`): two granules on the H200. Each chunk pays its VMM
+/// calls (making 10–18 µs, mapping 24–47 µs) whatever its size; at 4 MiB they hide behind its
+/// copy (76 µs at 55 GB/s), at 2 MiB they do not. Measured in one call each on the H200 against
+/// 2 MiB: a wake after the HBM went back 0.92–0.94 of PCIe against 0.54–0.85, an oversubscribed
+/// random cycle 38.7 against 27.1 GB/s, a learned loop 61.4 against 41.2 GB/s, tenants 45.6
+/// against 42.4 GB/s, decodes alike (BENCHMARKS.md, twenty-third session).
+pub const DEFAULT_CHUNK: usize = 4 << 20;
+
 /// The window a loop learned from acquires pages ahead by default (`TIERMEM_LEARN_LOOPS=on`).
 const LEARNED_WINDOW: usize = 256 << 20;
 
@@ -31,8 +39,8 @@ pub struct EngineConfig {
     /// Chunks per transfer batch: one `cuMemSetAccess` and one fence per batch.
     pub batch_chunks: usize,
     /// `TIERMEM_CHUNK`: bytes of a chunk, the unit that moves, rounded up to whole granules of
-    /// the device (`tiermem_mechanism::chunked` says why larger ones move faster). Default
-    /// (`None`): one granule, 2 MiB on the H200.
+    /// the device (`tiermem_mechanism::chunked` says why larger ones move faster; larger ones
+    /// also round buffers up more). Default [`DEFAULT_CHUNK`]; `None`: one granule.
     pub chunk: Option<usize>,
     /// `TIERMEM_FILE`: the file of the file (NVMe) tier; none: no file tier. The file is
     /// created, preallocated to `file_limit`, and removed when the engine is dropped.
@@ -141,7 +149,7 @@ impl Default for EngineConfig {
             seed: 0x7135_3e3d,
             sim_hbm: 1 << 30,
             batch_chunks: 16,
-            chunk: None,
+            chunk: Some(DEFAULT_CHUNK),
             file: None,
             file_limit: 16 << 30,
             file_io: tiermem_mechanism::file_store::IoChoice::Auto,

@@ -139,7 +139,10 @@ impl Engine {
     /// An engine over an already opened device (tests use this with a `SimDevice`).
     pub fn with_device(device: Arc<dyn Device>, config: &EngineConfig) -> Result<Self> {
         let untimed = match config.chunk {
-            Some(chunk) => tiermem_mechanism::chunked::ChunkedDevice::wrap(device, chunk).during("Engine::new")?,
+            Some(chunk) => tiermem_mechanism::chunked::ChunkedDevice::wrap(device, chunk).map_err(|e| match e {
+                tiermem_mechanism::DeviceError::Config(message) => Error::Config(message),
+                source => Error::Device { call: "Engine::new", source },
+            })?,
             None => device,
         };
         let timed = Arc::new(TimedDevice::new(untimed));

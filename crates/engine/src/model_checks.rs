@@ -508,6 +508,7 @@ fn the_engine_pages_through_the_file_from_several_threads() {
             file_limit: 8 * G,
             file_io: IoChoice::Threads,
             file_queue_depth: 2,
+            chunk: Some(G),
             ..crate::EngineConfig::default()
         };
         let engine = Arc::new(crate::Engine::with_device(as_device(&device), &config).unwrap());

@@ -43,9 +43,9 @@ use tiermem_mechanism::{ChunkLocation, Device, DevicePtr, PhysHandle, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct PeerSlot(pub u32);
 
-/// The most chunks in one slab (64 MiB at 2 MiB chunks): small enough to give back in steps,
-/// large enough that one `cuMemSetAccess` covers many chunks.
-const SLAB_CHUNKS: usize = 32;
+/// The most bytes in one slab (whole chunks): small enough to give back in steps, large
+/// enough that one `cuMemSetAccess` covers many chunks.
+const SLAB_BYTES: usize = 64 << 20;
 
 /// A neighbour GPU that lends memory.
 #[derive(Debug, Clone)]
@@ -98,8 +98,9 @@ impl PeerTier {
     /// A tier borrowing from `lenders` (GPU ordinal, bytes it may lend) for GPU `me`.
     pub fn new(chunk: usize, me: usize, lenders: &[(usize, usize)]) -> Self {
         // Without lenders of its own, slabs lent by other processes are whole slabs.
-        let smallest = lenders.iter().map(|&(_, bytes)| bytes / chunk).filter(|&c| c > 0).min().unwrap_or(SLAB_CHUNKS);
-        let slab_chunks = smallest.clamp(1, SLAB_CHUNKS);
+        let most = (SLAB_BYTES / chunk).max(1);
+        let smallest = lenders.iter().map(|&(_, bytes)| bytes / chunk).filter(|&c| c > 0).min().unwrap_or(most);
+        let slab_chunks = smallest.clamp(1, most);
         let traffic = LenderTraffic::new(lenders.len(), None, chunk);
         let lenders = lenders
             .iter()

@@ -4,11 +4,11 @@
 mod support;
 
 use support::CHUNK;
-use tiermem::{Access, AllocOptions, EngineConfig, Error, Region, StreamHandle};
+use tiermem::{Access, AllocOptions, Error, Region, StreamHandle};
 
 #[test]
 fn acquires_are_counted_with_the_largest_even_when_refused() {
-    let (engine, sim) = support::engine(4, 16, EngineConfig::default());
+    let (engine, sim) = support::engine(4, 16, support::config());
     let (small, _) = engine.alloc(CHUNK, AllocOptions::default()).unwrap();
     let (large, _) = engine.alloc(3 * CHUNK, AllocOptions::default()).unwrap();
     let (huge, _) = engine.alloc(6 * CHUNK, AllocOptions::default()).unwrap();

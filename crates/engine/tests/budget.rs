@@ -24,7 +24,7 @@ fn chunks_held(engine: &Engine, sim: &Option<std::sync::Arc<tiermem::mechanism::
 
 #[test]
 fn a_smaller_budget_is_met_and_its_hbm_given_back_without_losing_a_byte() {
-    let (engine, sim) = support::engine(8, 16, EngineConfig::default());
+    let (engine, sim) = support::engine(8, 16, support::config());
     let e = &engine;
     let (a, _) = e.alloc(6 * CHUNK, AllocOptions::default()).unwrap();
     let bytes = fill(e, a, 6 * CHUNK, 1);
@@ -59,7 +59,7 @@ fn a_smaller_budget_is_met_and_its_hbm_given_back_without_losing_a_byte() {
 
 #[test]
 fn acquired_chunks_stay_and_leave_once_released() {
-    let (engine, sim) = support::engine(8, 16, EngineConfig::default());
+    let (engine, sim) = support::engine(8, 16, support::config());
     let e = &engine;
     let (a, _) = e.alloc(4 * CHUNK, AllocOptions::default()).unwrap();
     let bytes = fill(e, a, 4 * CHUNK, 2);
@@ -82,7 +82,7 @@ fn acquired_chunks_stay_and_leave_once_released() {
 /// budget of the moment, are the only errors allowed; every byte must survive.
 #[test]
 fn the_budget_moves_while_another_thread_acquires_and_releases() {
-    let (engine, sim) = support::engine(8, 24, EngineConfig { batch_chunks: 3, ..EngineConfig::default() });
+    let (engine, sim) = support::engine(8, 24, EngineConfig { batch_chunks: 3, ..support::config() });
     let e = &engine;
     let sizes = [3 * CHUNK + 100, CHUNK / 2, 2 * CHUNK];
     let mut buffers: Vec<_> = sizes

@@ -8,13 +8,13 @@ mod support;
 
 use std::time::{Duration, Instant};
 use support::{assert_contents, fill, CHUNK};
-use tiermem::{Access, AllocOptions, EngineConfig, Error, Region, StreamHandle};
+use tiermem::{Access, AllocOptions, Error, Region, StreamHandle};
 
 const S: StreamHandle = StreamHandle(0);
 
 #[test]
 fn an_acquire_larger_than_the_budget_waits_for_it_to_grow() {
-    let (engine, sim) = support::engine(8, 32, EngineConfig::default());
+    let (engine, sim) = support::engine(8, 32, support::config());
     let (id, _) = engine.alloc(6 * CHUNK, AllocOptions::default()).unwrap();
     let bytes = fill(&engine, id, 6 * CHUNK, 5);
     engine.finish(engine.set_hbm_budget(2 * CHUNK).unwrap()).unwrap();
@@ -51,7 +51,7 @@ fn an_acquire_larger_than_the_budget_waits_for_it_to_grow() {
 #[test]
 fn an_acquire_that_finds_every_chunk_acquired_goes_through_once_one_is_released() {
     // A budget of 4 of the engine's 8 chunks (at its full cap it would not wait: see below).
-    let (engine, sim) = support::engine(8, 32, EngineConfig::default());
+    let (engine, sim) = support::engine(8, 32, support::config());
     engine.finish(engine.set_hbm_budget(4 * CHUNK).unwrap()).unwrap();
     let (held, _) = engine.alloc(4 * CHUNK, AllocOptions::default()).unwrap();
     let (wanted, _) = engine.alloc(2 * CHUNK, AllocOptions::default()).unwrap();

@@ -15,7 +15,7 @@ const HOST: usize = 64;
 const PEER: usize = 8;
 
 fn config(rate: usize) -> EngineConfig {
-    EngineConfig { peer_busy_rate: Some(rate), peer_clean: false, ..EngineConfig::default() }
+    EngineConfig { peer_busy_rate: Some(rate), peer_clean: false, ..support::config() }
 }
 
 fn set_busy(engine: &tiermem::Engine, sim: &tiermem::mechanism::sim::SimDevice, percent: u32) {

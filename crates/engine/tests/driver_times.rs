@@ -5,11 +5,11 @@
 mod support;
 
 use support::{assert_contents, fill, CHUNK};
-use tiermem::{Access, AllocOptions, EngineConfig, Region, StreamHandle};
+use tiermem::{Access, AllocOptions, Region, StreamHandle};
 
 #[test]
 fn stats_report_the_map_and_unmap_time_the_adaptor_measured() {
-    let (engine, sim) = support::sim_engine(8, 2, 64, EngineConfig::default());
+    let (engine, sim) = support::sim_engine(8, 2, 64, support::config());
     let buffers: Vec<_> = (0..4)
         .map(|i| {
             let (id, _) = engine.alloc(CHUNK, AllocOptions::default()).unwrap();

@@ -9,7 +9,7 @@
 mod support;
 
 use support::{acquired_chunks, assert_contents, buffer_stats, fill, CHUNK};
-use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Error, Region, StreamHandle, Target, Ticket};
+use tiermem::{Access, AllocOptions, BufferId, Engine, Error, Region, StreamHandle, Target, Ticket};
 
 const HBM: usize = 4;
 const HOST: usize = 8;
@@ -24,7 +24,7 @@ struct World {
 
 impl World {
     fn new() -> Self {
-        let (engine, sim) = support::engine(HBM, HOST, EngineConfig::default());
+        let (engine, sim) = support::engine(HBM, HOST, support::config());
         let mut world = World { engine, sim, bufs: Vec::new() };
         world.add(5 * CHUNK / 2, 11, AllocOptions::default()); // 3 chunks, the last partial
         world.add(CHUNK + 100, 12, AllocOptions::default()); // 2 chunks

@@ -38,7 +38,7 @@ const CAP: usize = 10;
 
 fn old_dirty_and_clean(policy: PolicyKind, dirty_is_oldest: bool) -> Setup {
     assert_eq!((LRU_COST_SELECTION_FACTOR * CAP as f64).ceil() as usize, 2, "the LRU-COST window of this setup");
-    let (engine, sim) = support::engine(CAP, 32, EngineConfig { policy, ..EngineConfig::default() });
+    let (engine, sim) = support::engine(CAP, 32, EngineConfig { policy, ..support::config() });
     let (dirty, _) = engine.alloc(CHUNK, opts(0)).unwrap();
     let (clean, _) = engine.alloc(CHUNK, opts(0)).unwrap();
     let (filler, _) = engine.alloc((CAP - 2) * CHUNK, opts(0)).unwrap();
@@ -126,8 +126,7 @@ fn lru_and_lru_cost_both_drop_the_oldest_chunk_when_it_is_clean() {
 
 #[test]
 fn priority_evicts_low_priority_buffers_first() {
-    let (engine, sim) =
-        support::engine(4, 16, EngineConfig { policy: PolicyKind::Priority, ..EngineConfig::default() });
+    let (engine, sim) = support::engine(4, 16, EngineConfig { policy: PolicyKind::Priority, ..support::config() });
     let (high, _) = engine.alloc(2 * CHUNK, opts(10)).unwrap();
     let (low, _) = engine.alloc(2 * CHUNK, opts(-1)).unwrap();
     // The high-priority buffer is used first, so recency alone would pick it.
@@ -158,7 +157,7 @@ fn priority_evicts_low_priority_buffers_first() {
 
 #[test]
 fn paging_out_a_read_only_buffer_again_costs_no_copy() {
-    let (engine, sim) = support::engine(4, 8, EngineConfig::default());
+    let (engine, sim) = support::engine(4, 8, support::config());
     let ro_opts = AllocOptions { read_only: true, ..AllocOptions::default() };
     let size = 2 * CHUNK - 300;
     let (ro, _) = engine.alloc(size, ro_opts).unwrap();
@@ -195,7 +194,7 @@ fn the_pool_evicts_when_the_device_has_fewer_chunks_than_the_cap() {
     // runs out of memory at the 4th, and the pool must shrink its cap and evict instead of failing.
     let sim = std::sync::Arc::new(tiermem::mechanism::sim::SimDevice::new(6 * CHUNK).unwrap());
     let others: Vec<_> = (0..3).map(|_| sim.create_chunk().unwrap()).collect();
-    let config = EngineConfig { hbm_limit: Some(6 * CHUNK), host_limit: Some(16 * CHUNK), ..EngineConfig::default() };
+    let config = EngineConfig { hbm_limit: Some(6 * CHUNK), host_limit: Some(16 * CHUNK), ..support::config() };
     let engine = Engine::with_device(sim.clone(), &config).unwrap();
     let (a, _) = engine.alloc(3 * CHUNK, AllocOptions::default()).unwrap();
     let (b, _) = engine.alloc(2 * CHUNK, AllocOptions::default()).unwrap();

@@ -22,7 +22,7 @@ use tiermem::{Access, AllocOptions, Engine, EngineConfig, Error, Region, StreamH
 fn file_tier_io_errors_lose_nothing() {
     let (_guard, scenario) = scenario();
     let path = support::file_tier_path("failpoints");
-    let config = EngineConfig { batch_chunks: 2, file: Some(path), file_limit: 32 * CHUNK, ..EngineConfig::default() };
+    let config = EngineConfig { batch_chunks: 2, file: Some(path), file_limit: 32 * CHUNK, ..support::config() };
     let (engine, sim) = support::sim_engine(4 + 4, 4, 4, config);
     let (a, _) = engine.alloc(6 * CHUNK, AllocOptions::default()).unwrap();
     let bytes = fill(&engine, a, 6 * CHUNK, 3);
@@ -73,7 +73,7 @@ fn finish_once_resumed(engine: &Arc<Engine>, ticket: tiermem::Ticket, paused: &s
 
 fn file_world(name: &str) -> (Arc<Engine>, Arc<SimDevice>) {
     let path = support::file_tier_path(name);
-    let config = EngineConfig { batch_chunks: 2, file: Some(path), file_limit: 32 * CHUNK, ..EngineConfig::default() };
+    let config = EngineConfig { batch_chunks: 2, file: Some(path), file_limit: 32 * CHUNK, ..support::config() };
     let (engine, sim) = support::sim_engine(8 + 4, 8, 8, config);
     (Arc::new(engine), sim)
 }
@@ -273,7 +273,7 @@ fn a_panicking_file_reader_fails_its_reads_instead_of_hanging() {
 fn a_page_out_completes_a_write_that_another_thread_is_finishing() {
     let (_guard, scenario) = scenario();
     let path = support::file_tier_path("finishing");
-    let config = EngineConfig { file: Some(path.clone()), file_limit: 16 * CHUNK, ..EngineConfig::default() };
+    let config = EngineConfig { file: Some(path.clone()), file_limit: 16 * CHUNK, ..support::config() };
     let (engine, sim) = sim_engine(8, 4, 4, config);
     let (a, _) = engine.alloc(CHUNK, AllocOptions::default()).unwrap();
     let a_bytes = fill(&engine, a, CHUNK, 1);

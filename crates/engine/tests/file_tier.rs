@@ -13,7 +13,7 @@ fn config(file_chunks: usize) -> (EngineConfig, std::path::PathBuf) {
             file: Some(path.clone()),
             file_limit: file_chunks * CHUNK,
             batch_chunks: 4,
-            ..EngineConfig::default()
+            ..support::config()
         },
         path,
     )
@@ -123,7 +123,7 @@ fn full_tiers_are_out_of_memory_and_lose_nothing() {
 
 #[test]
 fn page_out_to_file_without_a_file_tier_is_refused() {
-    let (engine, sim) = support::engine(2, 2, EngineConfig::default());
+    let (engine, sim) = support::engine(2, 2, support::config());
     let (a, _) = engine.alloc(CHUNK, AllocOptions::default()).unwrap();
     let e = engine.page_out_to_file(Target::Buffer(a)).unwrap_err();
     assert!(e.to_string().contains("TIERMEM_FILE"), "{e}");

@@ -12,7 +12,7 @@ const HBM: usize = 4;
 const PEER: usize = 4;
 
 fn by_hand() -> EngineConfig {
-    EngineConfig { peer_clean: false, ..EngineConfig::default() }
+    EngineConfig { peer_clean: false, ..support::config() }
 }
 
 #[test]
@@ -62,7 +62,7 @@ fn spare_host_copies_make_room_for_evictions_and_cleaning_uses_only_free_room() 
 
 #[test]
 fn the_lender_watch_cleans_in_the_background() {
-    let (engine, sim) = support::engine_with_peers(HBM, 16, PEER, EngineConfig::default());
+    let (engine, sim) = support::engine_with_peers(HBM, 16, PEER, support::config());
     let (buffer, _) = engine.alloc(12 * CHUNK, AllocOptions::default()).unwrap();
     let data = fill(&engine, buffer, 12 * CHUNK, 8);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -9,7 +9,7 @@ use tiermem::{AllocOptions, EngineConfig, Target, Tier};
 
 fn config(file_chunks: usize) -> EngineConfig {
     let path = support::file_tier_path("host-budget");
-    EngineConfig { file: Some(path), file_limit: file_chunks * CHUNK, ..EngineConfig::default() }
+    EngineConfig { file: Some(path), file_limit: file_chunks * CHUNK, ..support::config() }
 }
 
 #[test]
@@ -46,7 +46,7 @@ fn a_smaller_budget_spills_to_the_file_and_a_larger_one_grows_back() {
 
 #[test]
 fn without_a_file_tier_the_excess_stays_and_nothing_is_lost() {
-    let (engine, sim) = support::engine(4, 16, EngineConfig::default());
+    let (engine, sim) = support::engine(4, 16, support::config());
     let (id, _) = engine.alloc(8 * CHUNK, AllocOptions::default()).unwrap();
     let data = fill(&engine, id, 8 * CHUNK, 4);
     engine.page_out(Target::All).unwrap();

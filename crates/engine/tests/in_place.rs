@@ -17,7 +17,7 @@ const S: StreamHandle = StreamHandle(0);
 
 /// Borrowed HBM made readable in place (`TIERMEM_PEER_IN_PLACE=on`).
 fn in_place() -> EngineConfig {
-    EngineConfig { peer_in_place: true, ..EngineConfig::default() }
+    EngineConfig { peer_in_place: true, ..support::config() }
 }
 
 /// A buffer of HBM + both lenders' chunks, filled chunk by chunk: its first eight chunks are in
@@ -153,7 +153,7 @@ fn a_buffer_read_in_place_is_freed_and_without_neighbours_in_place_is_a_plain_re
     assert!(borrowed > 0, "slabs stay lent for the next buffer");
     support::assert_no_leaks(engine, Some(sim));
 
-    let (engine, sim) = support::engine(HBM, HOST, EngineConfig::default());
+    let (engine, sim) = support::engine(HBM, HOST, support::config());
     let (buffer, _) = engine.alloc(3 * CHUNK, AllocOptions::default()).unwrap();
     let data = fill(&engine, buffer, 3 * CHUNK, 17);
     let region = Region::bytes(buffer, 0, 3 * CHUNK);
@@ -166,7 +166,7 @@ fn a_buffer_read_in_place_is_freed_and_without_neighbours_in_place_is_a_plain_re
 
 #[test]
 fn without_slabs_made_for_it_nothing_is_read_in_place() {
-    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, EngineConfig::default());
+    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, support::config());
     let (buffer, data) = spread(&engine, AllocOptions::default(), 19);
     let head = Region::bytes(buffer, 0, HBM * CHUNK);
     engine.acquire(&[head], Access::InPlaceOk, S).unwrap();

@@ -14,7 +14,7 @@ const S: StreamHandle = StreamHandle(0);
 #[test]
 fn a_mixed_workload_gives_everything_back() {
     for policy in PolicyKind::ALL {
-        let (engine, sim) = support::engine(4, 16, EngineConfig { policy, batch_chunks: 2, ..EngineConfig::default() });
+        let (engine, sim) = support::engine(4, 16, EngineConfig { policy, batch_chunks: 2, ..support::config() });
         let e = &engine;
         let mut live: Vec<(BufferId, Vec<u8>)> = Vec::new();
         for round in 0..3u64 {
@@ -83,7 +83,7 @@ fn a_mixed_workload_gives_everything_back() {
 
 #[test]
 fn dropping_the_engine_with_buffers_allocated_acquired_and_moving_releases_everything() {
-    let (engine, sim) = support::engine(4, 16, EngineConfig { batch_chunks: 1, ..EngineConfig::default() });
+    let (engine, sim) = support::engine(4, 16, EngineConfig { batch_chunks: 1, ..support::config() });
     let e = &engine;
     let mut ids = Vec::new();
     for (k, size) in [2 * CHUNK, 3 * CHUNK, CHUNK + 5, 4 * CHUNK].into_iter().enumerate() {
@@ -112,9 +112,9 @@ fn dropping_the_engine_with_buffers_allocated_acquired_and_moving_releases_every
 
 #[test]
 fn dropping_an_engine_that_never_did_anything_releases_everything() {
-    let (engine, sim) = support::engine(4, 16, EngineConfig::default());
+    let (engine, sim) = support::engine(4, 16, support::config());
     support::assert_no_leaks(engine, sim);
-    let (engine, sim) = support::engine(4, 16, EngineConfig::default());
+    let (engine, sim) = support::engine(4, 16, support::config());
     let (id, _) = engine.alloc(3 * CHUNK, AllocOptions::default()).unwrap();
     assert_eq!(buffer_stats(&engine, id).empty, 3);
     support::assert_no_leaks(engine, sim);

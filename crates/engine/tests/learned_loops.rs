@@ -15,7 +15,7 @@ const BUFFERS: usize = 12;
 const CAP: usize = 6;
 
 fn engine(learn: bool) -> (Engine, Sim) {
-    let config = EngineConfig { learn_loops: learn.then_some(0), stride_prefetch: 0, ..EngineConfig::default() };
+    let config = EngineConfig { learn_loops: learn.then_some(0), stride_prefetch: 0, ..support::config() };
     support::engine(CAP, 2 * BUFFERS, config)
 }
 

@@ -24,7 +24,7 @@ fn borrower() -> (Engine, Arc<SimDevice>) {
         peer_clean: false,
         hbm_limit: Some(HBM * CHUNK),
         host_limit: Some(64 * CHUNK),
-        ..EngineConfig::default()
+        ..support::config()
     };
     let mut node = SimDevice::node(2, (HBM + 4) * CHUNK).expect("simulated node");
     let sim = Arc::new(node.swap_remove(0));

@@ -29,7 +29,7 @@ fn in_host(engine: &tiermem::Engine, seed: u64) -> (tiermem::BufferId, Vec<u8>) 
 
 #[test]
 fn neighbours_bring_their_part_of_a_page_in_from_the_host_and_every_byte_arrives() {
-    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, EngineConfig::default());
+    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, support::config());
     assert!(engine.peer_notes().is_empty(), "{:?}", engine.peer_notes());
     let (buffer, data) = in_host(&engine, 1);
     let before = engine.stats().transfers.by_neighbours;
@@ -50,7 +50,7 @@ fn neighbours_bring_their_part_of_a_page_in_from_the_host_and_every_byte_arrives
 
 #[test]
 fn a_neighbour_that_stops_lending_stops_copying_and_multipath_off_uses_one_link() {
-    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, EngineConfig::default());
+    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, support::config());
     let (buffer, data) = in_host(&engine, 2);
     engine.set_peer_lending(1, 0).unwrap();
     engine.set_peer_lending(2, 0).unwrap();
@@ -61,7 +61,7 @@ fn a_neighbour_that_stops_lending_stops_copying_and_multipath_off_uses_one_link(
     assert_contents(&engine, buffer, &data);
     support::assert_no_leaks(engine, Some(sim));
 
-    let config = EngineConfig { multipath: false, ..EngineConfig::default() };
+    let config = EngineConfig { multipath: false, ..support::config() };
     let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, config);
     let (buffer, data) = in_host(&engine, 3);
     engine.page_in(Target::Buffer(buffer)).unwrap();
@@ -73,7 +73,7 @@ fn a_neighbour_that_stops_lending_stops_copying_and_multipath_off_uses_one_link(
 #[test]
 fn page_ins_along_several_links_lose_nothing_when_driver_calls_fail() {
     for seed in 0..24 {
-        let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, EngineConfig::default());
+        let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, support::config());
         let (buffer, data) = in_host(&engine, seed);
         sim.inject_errors(Some(6), seed);
         for _ in 0..4 {

@@ -5,13 +5,13 @@
 mod support;
 
 use support::{assert_contents, assert_no_leaks, engine, fill, CHUNK};
-use tiermem::{Access, AllocOptions, Engine, EngineConfig, Error, Region, StreamHandle, Target};
+use tiermem::{Access, AllocOptions, Engine, Error, Region, StreamHandle, Target};
 
 const S: StreamHandle = StreamHandle(0);
 
 #[test]
 fn parts_lie_side_by_side_from_chunk_boundaries() {
-    let (engine, sim) = engine(4, 32, EngineConfig::default());
+    let (engine, sim) = engine(4, 32, support::config());
     let sizes = [3 * CHUNK, CHUNK + 5, 2 * CHUNK];
     let parts = engine.alloc_parts(&sizes, AllocOptions::default()).unwrap();
     assert_eq!(parts.len(), 3);
@@ -31,7 +31,7 @@ fn parts_lie_side_by_side_from_chunk_boundaries() {
 /// byte through the moves; freed out of order, nothing is left behind.
 #[test]
 fn each_part_moves_alone_and_keeps_its_bytes() {
-    let (engine, sim) = engine(4, 32, EngineConfig::default());
+    let (engine, sim) = engine(4, 32, support::config());
     let sizes = [2 * CHUNK, 2 * CHUNK, 2 * CHUNK, CHUNK + 100];
     let parts = engine.alloc_parts(&sizes, AllocOptions::default()).unwrap();
     let data: Vec<Vec<u8>> = parts
@@ -64,7 +64,7 @@ fn each_part_moves_alone_and_keeps_its_bytes() {
 
 #[test]
 fn bad_sizes_are_refused_and_nothing_is_reserved() {
-    let (engine, sim) = engine(4, 8, EngineConfig::default());
+    let (engine, sim) = engine(4, 8, support::config());
     let refused = |sizes: &[usize], engine: &Engine| engine.alloc_parts(sizes, AllocOptions::default()).unwrap_err();
     assert!(matches!(refused(&[], &engine), Error::ZeroSize { call: "alloc_parts" }));
     assert!(matches!(refused(&[CHUNK, 0], &engine), Error::ZeroSize { call: "alloc_parts" }));
@@ -76,7 +76,7 @@ fn bad_sizes_are_refused_and_nothing_is_reserved() {
 
 #[test]
 fn parts_still_alive_go_with_the_engine() {
-    let (engine, sim) = engine(4, 8, EngineConfig::default());
+    let (engine, sim) = engine(4, 8, support::config());
     let parts = engine.alloc_parts(&[CHUNK, CHUNK, CHUNK], AllocOptions::default()).unwrap();
     fill(&engine, parts[1].0, CHUNK, 7);
     engine.free(parts[0].0).unwrap();

@@ -20,7 +20,7 @@ fn used(engine: &tiermem::Engine, tier: Tier) -> usize {
 #[test]
 fn evicted_chunks_go_to_the_neighbours_first_and_come_back_intact() {
     // No copies to the host in the background: the host tier holds exactly what spilled.
-    let config = EngineConfig { peer_clean: false, ..EngineConfig::default() };
+    let config = EngineConfig { peer_clean: false, ..support::config() };
     let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, config);
     assert_eq!(engine.peer_lenders().len(), 2, "{:?}", engine.peer_notes());
     let (buffer, _) = engine.alloc(12 * CHUNK, AllocOptions::default()).unwrap();
@@ -37,7 +37,7 @@ fn evicted_chunks_go_to_the_neighbours_first_and_come_back_intact() {
 
 #[test]
 fn a_lender_taking_its_memory_back_loses_nothing() {
-    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, EngineConfig::default());
+    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, support::config());
     let (buffer, _) = engine.alloc(12 * CHUNK, AllocOptions::default()).unwrap();
     let data = fill(&engine, buffer, 12 * CHUNK, 11);
     let before = sim.gpu_memory(1).unwrap().free;
@@ -55,7 +55,7 @@ fn a_lender_taking_its_memory_back_loses_nothing() {
 
 #[test]
 fn a_lender_whose_free_memory_collapses_gets_it_back_within_a_poll() {
-    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, EngineConfig::default());
+    let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, support::config());
     let (buffer, _) = engine.alloc(12 * CHUNK, AllocOptions::default()).unwrap();
     let data = fill(&engine, buffer, 12 * CHUNK, 13);
     // Another program takes all of GPU 1's free memory.
@@ -73,15 +73,15 @@ fn a_lender_whose_free_memory_collapses_gets_it_back_within_a_poll() {
 
 #[test]
 fn without_neighbours_there_is_no_peer_tier_and_the_reason_is_given() {
-    let (engine, _sim) = support::sim_engine(HBM + 4, HBM, HOST, EngineConfig::default());
+    let (engine, _sim) = support::sim_engine(HBM + 4, HBM, HOST, support::config());
     assert!(engine.peer_lenders().is_empty());
     assert!(engine.stats().tiers.get(Tier::Peer).is_none());
     assert!(engine.peer_notes().iter().any(|n| n.contains("one GPU")), "{:?}", engine.peer_notes());
-    let config = EngineConfig { peers: PeerChoice::Off, ..EngineConfig::default() };
+    let config = EngineConfig { peers: PeerChoice::Off, ..support::config() };
     let (engine, _sim) = support::engine_with_peers(HBM, HOST, PEER, config);
     assert!(engine.peer_lenders().is_empty());
     assert_eq!(engine.peer_notes(), ["TIERMEM_PEERS=off"]);
-    let config = EngineConfig { peers: PeerChoice::Gpus(vec![7]), ..EngineConfig::default() };
+    let config = EngineConfig { peers: PeerChoice::Gpus(vec![7]), ..support::config() };
     let mut node = tiermem::mechanism::sim::SimDevice::node(3, 16 * CHUNK).unwrap();
     let device: std::sync::Arc<dyn Device> = std::sync::Arc::new(node.swap_remove(0));
     let e = tiermem::Engine::with_device(device, &config).err().expect("GPU 7 does not exist").to_string();
@@ -90,7 +90,7 @@ fn without_neighbours_there_is_no_peer_tier_and_the_reason_is_given() {
 
 #[test]
 fn a_peer_budget_is_divided_among_the_lenders_in_whole_slabs_and_met_at_once() {
-    let config = EngineConfig { peer_clean: false, ..EngineConfig::default() };
+    let config = EngineConfig { peer_clean: false, ..support::config() };
     let (engine, sim) = support::engine_with_peers(HBM, HOST, PEER, config);
     assert_eq!(engine.peer_offered(), 2 * PEER * CHUNK);
     let (buffer, _) = engine.alloc(12 * CHUNK, AllocOptions::default()).unwrap();

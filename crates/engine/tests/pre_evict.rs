@@ -23,7 +23,7 @@ fn touch(engine: &tiermem::Engine, buffer: tiermem::BufferId, chunk: usize) {
 /// Runs the sequence; returns the evictions made before the second buffer needed room, and
 /// those its filling made.
 fn run(pre_evict: usize) -> (u64, u64) {
-    let config = EngineConfig { pre_evict, peer_clean: false, stride_prefetch: 0, ..EngineConfig::default() };
+    let config = EngineConfig { pre_evict, peer_clean: false, stride_prefetch: 0, ..support::config() };
     let (engine, sim) = support::engine_with_peers(8, 32, 4, config);
     // Slabs on the lenders, with free slots once the filler is gone.
     let (filler, _) = engine.alloc(4 * CHUNK, AllocOptions::default()).unwrap();

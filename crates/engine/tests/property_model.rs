@@ -519,7 +519,7 @@ proptest! {
     #[test]
     fn every_byte_survives_any_sequence_of_moves(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4, fault_seed in any::<u64>()) {
         let policy = tiermem::policy::PolicyKind::ALL[policy];
-        let (engine, sim) = support::engine(HBM_CHUNKS, HOST_CHUNKS, EngineConfig { policy, batch_chunks: 3, ..EngineConfig::default() });
+        let (engine, sim) = support::engine(HBM_CHUNKS, HOST_CHUNKS, EngineConfig { policy, batch_chunks: 3, ..support::config() });
         set_timing(&sim, timing);
         inject_errors(&engine, &sim, faults, fault_seed);
         run(&engine, &sim, &ops, HOST_CHUNKS, None)?;
@@ -534,7 +534,7 @@ proptest! {
         let path = support::file_tier_path("property");
         // Half the cases learn a loop from the acquires (control.rs), paging one chunk ahead.
         let learn_loops = (fault_seed & 1 == 0).then_some(CHUNK);
-        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, learn_loops, ..EngineConfig::default() };
+        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, learn_loops, ..support::config() };
         let (engine, sim) = support::engine(HBM_CHUNKS, SMALL_HOST_CHUNKS, config);
         set_timing(&sim, timing);
         inject_errors(&engine, &sim, faults, fault_seed);
@@ -555,7 +555,7 @@ proptest! {
         let pre_evict = ((fault_seed >> 1) & 1) as usize * 2 * CHUNK;
         // And loops learned from the acquires in half of all.
         let learn_loops = ((fault_seed >> 2) & 1 == 0).then_some(CHUNK);
-        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, peer_in_place, pre_evict, learn_loops, ..EngineConfig::default() };
+        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, peer_in_place, pre_evict, learn_loops, ..support::config() };
         let (engine, sim) = support::engine_with_peers(HBM_CHUNKS, SMALL_HOST_CHUNKS, PEER_CHUNKS, config);
         prop_assert_eq!(engine.peer_lenders().len(), 2, "{:?}", engine.peer_notes());
         let sim = Some(sim);
@@ -580,7 +580,7 @@ proptest! {
         let path = support::file_tier_path("property-chunks");
         let peer_in_place = fault_seed % 2 == 0;
         let learn_loops = ((fault_seed >> 2) & 1 == 0).then_some(K * CHUNK);
-        let config = EngineConfig { policy, batch_chunks: 3, chunk: Some(K * CHUNK), file: Some(path.clone()), file_limit: FILE_CHUNKS * K * CHUNK, peer_in_place, learn_loops, ..EngineConfig::default() };
+        let config = EngineConfig { policy, batch_chunks: 3, chunk: Some(K * CHUNK), file: Some(path.clone()), file_limit: FILE_CHUNKS * K * CHUNK, peer_in_place, learn_loops, ..support::config() };
         let (engine, sim) = support::engine_with_peers(K * HBM_CHUNKS, K * SMALL_HOST_CHUNKS, K * PEER_CHUNKS, config);
         prop_assert_eq!(engine.chunk_size(), K * CHUNK);
         prop_assert_eq!(engine.peer_lenders().len(), 2, "{:?}", engine.peer_notes());

@@ -5,13 +5,13 @@
 mod support;
 
 use support::{assert_contents, assert_no_leaks, fill, CHUNK};
-use tiermem::{Access, AllocOptions, EngineConfig, Region, StreamHandle, Target};
+use tiermem::{Access, AllocOptions, Region, StreamHandle, Target};
 
 const S: StreamHandle = StreamHandle(0);
 
 #[test]
 fn released_hbm_comes_back_on_page_in_with_every_byte() {
-    let (engine, sim) = support::engine(4, 16, EngineConfig::default());
+    let (engine, sim) = support::engine(4, 16, support::config());
     let e = &engine;
     let (a, _) = e.alloc(6 * CHUNK, AllocOptions::default()).unwrap();
     let (b, _) = e.alloc(CHUNK + 5, AllocOptions { read_only: true, ..Default::default() }).unwrap();
@@ -52,7 +52,7 @@ fn released_hbm_comes_back_on_page_in_with_every_byte() {
 /// comes in with every byte; a page-in that must evict (in one go) keeps them too.
 #[test]
 fn a_page_in_of_many_batches_keeps_every_batch_and_byte() {
-    let (engine, sim) = support::engine(24, 64, EngineConfig::default());
+    let (engine, sim) = support::engine(24, 64, support::config());
     let e = &engine;
     let (big, _) = e.alloc(20 * CHUNK, AllocOptions::default()).unwrap();
     let (other, _) = e.alloc(10 * CHUNK, AllocOptions::default()).unwrap();

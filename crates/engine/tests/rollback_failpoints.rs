@@ -24,7 +24,7 @@ const S: StreamHandle = StreamHandle(0);
 /// An engine over the simulated device (whatever `TIERMEM_TEST_BACKEND` says: failpoints are
 /// in the simulated device): `hbm` chunks of HBM, 16 of host tier, `batch` chunks a batch.
 fn world(hbm: usize, batch: usize) -> (Engine, Arc<SimDevice>) {
-    support::sim_engine(hbm + 4, hbm, 16, EngineConfig { batch_chunks: batch, ..EngineConfig::default() })
+    support::sim_engine(hbm + 4, hbm, 16, EngineConfig { batch_chunks: batch, ..support::config() })
 }
 
 /// Asserts `result` is the engine call `call` failing in the CUDA call `cuda`.

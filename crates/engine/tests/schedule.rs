@@ -60,7 +60,7 @@ fn schedule_of(layers: &[(BufferId, Vec<u8>)]) -> Vec<Vec<BufferId>> {
 #[test]
 fn with_the_schedule_a_loop_larger_than_hbm_streams_only_the_excess() {
     // The policy's LRU first: no loop learned from the acquires (learned_loops.rs tests that).
-    let (engine, sim) = support::engine(CAP, 64, EngineConfig { learn_loops: None, ..EngineConfig::default() });
+    let (engine, sim) = support::engine(CAP, 64, EngineConfig { learn_loops: None, ..support::config() });
     let layers = layers(&engine);
     // LRU: every layer leaves just before it is needed again.
     assert_eq!(run_passes(&engine, &layers, 3, None), LAYERS as u64);
@@ -75,7 +75,7 @@ fn with_the_schedule_a_loop_larger_than_hbm_streams_only_the_excess() {
 
 #[test]
 fn paging_ahead_brings_layers_in_before_they_are_acquired() {
-    let (engine, sim) = support::engine(CAP, 64, EngineConfig::default());
+    let (engine, sim) = support::engine(CAP, 64, support::config());
     let layers = layers(&engine);
     engine.set_schedule(schedule_of(&layers)).unwrap();
     let budget = 2 * CHUNK;
@@ -92,7 +92,7 @@ fn paging_ahead_brings_layers_in_before_they_are_acquired() {
 
 #[test]
 fn paging_ahead_never_evicts_what_is_needed_sooner() {
-    let (engine, sim) = support::engine(CAP, 64, EngineConfig::default());
+    let (engine, sim) = support::engine(CAP, 64, support::config());
     let layers = layers(&engine);
     engine.set_schedule(schedule_of(&layers)).unwrap();
     // Steps 0..CAP resident; a huge budget at step 0 must not push any of them out to bring
@@ -120,7 +120,7 @@ fn paging_ahead_never_evicts_what_is_needed_sooner() {
 fn a_budget_grown_past_the_loop_ends_its_streaming() {
     // Streamed chunks come back to their homes (homes.rs) while HBM is short; once the budget
     // holds the whole loop, they take the free room instead and nothing streams any more.
-    let (engine, sim) = support::engine(LAYERS + 2, 64, EngineConfig::default());
+    let (engine, sim) = support::engine(LAYERS + 2, 64, support::config());
     let layers = layers(&engine);
     engine.finish(engine.set_hbm_budget(CAP * CHUNK).unwrap()).unwrap();
     engine.set_schedule(schedule_of(&layers)).unwrap();
@@ -137,7 +137,7 @@ fn a_budget_grown_past_the_loop_ends_its_streaming() {
 
 #[test]
 fn schedule_errors_name_the_call_and_change_nothing() {
-    let (engine, sim) = support::engine(CAP, 64, EngineConfig::default());
+    let (engine, sim) = support::engine(CAP, 64, support::config());
     let layers = layers(&engine);
     let err = engine.advance(0, CHUNK).unwrap_err();
     assert!(matches!(err, Error::Schedule { call: "advance", .. }), "{err}");
@@ -174,7 +174,7 @@ fn model_like_loops_move_only_what_does_not_fit_and_map_nothing() {
         all.push(16);
         let total: usize = all.iter().sum();
         let cap = (total as f64 * cap_fraction) as usize;
-        let (engine, sim) = support::engine(cap, total + 8, EngineConfig { ahead_waits, ..EngineConfig::default() });
+        let (engine, sim) = support::engine(cap, total + 8, EngineConfig { ahead_waits, ..support::config() });
         let options = AllocOptions { read_only: true, ..AllocOptions::default() };
         let buffers: Vec<(BufferId, Vec<u8>)> = all
             .iter()
@@ -230,7 +230,7 @@ fn paging_ahead_looks_past_resident_steps_without_eroding_them() {
     let window = 2 * CHUNK;
     let mut leads = Vec::new();
     for look_past in [true, false] {
-        let (engine, sim) = support::engine(CAP, LAYERS + 2, EngineConfig { look_past, ..EngineConfig::default() });
+        let (engine, sim) = support::engine(CAP, LAYERS + 2, EngineConfig { look_past, ..support::config() });
         let layers = layers(&engine);
         engine.set_schedule(schedule_of(&layers)).unwrap();
         let warm = traced_passes(&engine, &layers, 4, Some(window));

@@ -4,7 +4,7 @@
 mod support;
 
 use support::{assert_contents, fill, CHUNK};
-use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Error, Region, StreamHandle, Target};
+use tiermem::{Access, AllocOptions, BufferId, Engine, Error, Region, StreamHandle, Target};
 
 const S: StreamHandle = StreamHandle(0);
 const LAYERS: usize = 10;
@@ -46,7 +46,7 @@ fn pass(engine: &Engine, layers: &[(BufferId, Vec<u8>)], order: &[usize]) -> (u6
 
 #[test]
 fn a_recorded_schedule_streams_only_the_excess_as_a_set_one_does() {
-    let (engine, sim) = support::engine(CAP, 64, EngineConfig::default());
+    let (engine, sim) = support::engine(CAP, 64, support::config());
     let layers = layers(&engine);
     let order: Vec<usize> = (0..LAYERS).collect();
     // The first pass is recorded: nothing is located and LRU streams every layer.
@@ -69,7 +69,7 @@ fn a_recorded_schedule_streams_only_the_excess_as_a_set_one_does() {
 
 #[test]
 fn a_forgotten_schedule_is_recorded_again_and_a_freed_buffer_fails_by_name() {
-    let (engine, sim) = support::engine(CAP, 64, EngineConfig::default());
+    let (engine, sim) = support::engine(CAP, 64, support::config());
     let layers = layers(&engine);
     let forward: Vec<usize> = (0..LAYERS).collect();
     pass(&engine, &layers, &forward);

@@ -20,7 +20,7 @@ use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Error, Regio
 /// HBM of 4 chunks, a host tier of 2, a file tier of 32 on a temporary file.
 fn small_host(name: &str) -> (Arc<Engine>, Arc<tiermem::mechanism::sim::SimDevice>) {
     let path = support::file_tier_path(name);
-    let config = EngineConfig { batch_chunks: 2, file: Some(path), file_limit: 32 * CHUNK, ..EngineConfig::default() };
+    let config = EngineConfig { batch_chunks: 2, file: Some(path), file_limit: 32 * CHUNK, ..support::config() };
     let (engine, sim) = sim_engine(8, 4, 2, config);
     (Arc::new(engine), sim)
 }

@@ -50,7 +50,7 @@ fn longest_idle_run(started: &[usize]) -> usize {
 }
 
 fn loop_with(spread_resident: bool) -> (usize, u64) {
-    let config = EngineConfig { spread_resident, ..EngineConfig::default() };
+    let config = EngineConfig { spread_resident, ..support::config() };
     let (engine, sim) = support::engine(CAP, LAYERS * LAYER + 8, config);
     let options = AllocOptions { read_only: true, ..AllocOptions::default() };
     let layers: Vec<(BufferId, Vec<u8>)> = (0..LAYERS)

@@ -32,7 +32,7 @@ fn in_hbm(engine: &tiermem::Engine) -> usize {
 
 #[test]
 fn a_walk_forwards_brings_in_the_next_32_mib_ahead_of_use() {
-    let (engine, sim, buffer, data) = walked(EngineConfig::default());
+    let (engine, sim, buffer, data) = walked(support::config());
     touch(&engine, buffer, 0);
     touch(&engine, buffer, 1);
     assert_eq!(in_hbm(&engine), 2, "two acquires are no walk yet");
@@ -48,7 +48,7 @@ fn a_walk_forwards_brings_in_the_next_32_mib_ahead_of_use() {
 
 #[test]
 fn a_walk_backwards_is_seen_too_and_free_hbm_bounds_it() {
-    let (engine, sim, buffer, data) = walked(EngineConfig::default());
+    let (engine, sim, buffer, data) = walked(support::config());
     for chunk in [39, 38, 37] {
         touch(&engine, buffer, chunk);
     }
@@ -63,19 +63,19 @@ fn a_walk_backwards_is_seen_too_and_free_hbm_bounds_it() {
 
 #[test]
 fn no_prefetch_when_off_when_scheduled_or_for_random_acquires() {
-    let off = EngineConfig { stride_prefetch: 0, ..EngineConfig::default() };
+    let off = EngineConfig { stride_prefetch: 0, ..support::config() };
     let (engine, sim, buffer, _) = walked(off);
     (0..6).for_each(|c| touch(&engine, buffer, c));
     assert_eq!(engine.stats().transfers.prefetched, 0);
     support::assert_no_leaks(engine, sim);
 
-    let (engine, sim, buffer, _) = walked(EngineConfig::default());
+    let (engine, sim, buffer, _) = walked(support::config());
     engine.set_schedule(vec![vec![buffer]]).unwrap();
     (0..6).for_each(|c| touch(&engine, buffer, c));
     assert_eq!(engine.stats().transfers.prefetched, 0, "a schedule pages ahead by advance instead");
     support::assert_no_leaks(engine, sim);
 
-    let (engine, sim, buffer, data) = walked(EngineConfig::default());
+    let (engine, sim, buffer, data) = walked(support::config());
     [5, 30, 2, 17, 9, 33].into_iter().for_each(|c| touch(&engine, buffer, c));
     assert_eq!(engine.stats().transfers.prefetched, 0, "jumps are no walk");
     assert_contents(&engine, buffer, &data);

@@ -18,7 +18,7 @@ use tiermem::{Access, AllocOptions, EngineConfig, Region, StreamHandle, Target};
 /// zeros were expected).
 #[test]
 fn a_chunk_leaves_hbm_only_after_every_copy_in_flight_on_it() {
-    let (engine, sim) = sim_engine(8, 4, 8, EngineConfig::default());
+    let (engine, sim) = sim_engine(8, 4, 8, support::config());
     sim.set_timing(Timing::Lazy);
     let (a, _) = engine.alloc(CHUNK, AllocOptions::default()).unwrap();
     let bytes = pattern(1, CHUNK);
@@ -48,7 +48,7 @@ fn a_chunk_leaves_hbm_only_after_every_copy_in_flight_on_it() {
 #[test]
 fn making_room_never_fails_while_a_chunk_could_be_evicted() {
     for seed in 0..64 {
-        let (engine, sim) = sim_engine(8, 4, 8, EngineConfig::default());
+        let (engine, sim) = sim_engine(8, 4, 8, support::config());
         sim.set_timing(Timing::Eager);
         sim.set_seed(seed);
         let (a, _) = engine.alloc(3 * CHUNK, AllocOptions::default()).unwrap();
@@ -76,7 +76,7 @@ fn making_room_never_fails_while_a_chunk_could_be_evicted() {
 #[test]
 fn a_second_file_write_of_a_chunk_leaves_it_to_the_first() {
     let path = support::file_tier_path("twice");
-    let config = EngineConfig { file: Some(path.clone()), file_limit: 8 * CHUNK, ..EngineConfig::default() };
+    let config = EngineConfig { file: Some(path.clone()), file_limit: 8 * CHUNK, ..support::config() };
     let (engine, sim) = sim_engine(8, 4, 4, config);
     sim.set_timing(Timing::Lazy);
     let (a, _) = engine.alloc(CHUNK, AllocOptions::default()).unwrap();
@@ -100,7 +100,7 @@ fn a_second_file_write_of_a_chunk_leaves_it_to_the_first() {
 #[test]
 fn a_page_out_waits_for_a_file_write_holding_host_slots() {
     let path = support::file_tier_path("held");
-    let config = EngineConfig { file: Some(path.clone()), file_limit: 16 * CHUNK, ..EngineConfig::default() };
+    let config = EngineConfig { file: Some(path.clone()), file_limit: 16 * CHUNK, ..support::config() };
     let (engine, sim) = sim_engine(8, 4, 4, config);
     let (a, _) = engine.alloc(CHUNK, AllocOptions::default()).unwrap();
     let a_bytes = support::fill(&engine, a, CHUNK, 1);

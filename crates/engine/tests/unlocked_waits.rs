@@ -14,7 +14,7 @@ use std::time::Duration;
 use support::failpoints::{pause_first, scenario};
 use support::{assert_contents, fill, sim_engine, CHUNK};
 use tiermem::mechanism::sim::Timing;
-use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Region, StreamHandle, Target};
+use tiermem::{Access, AllocOptions, BufferId, Engine, Region, StreamHandle, Target};
 
 /// Two chunks of HBM, both taken: `resident` (held acquired by the test, so it stays) and
 /// `dirty`; `away` paged out to the host. The GPU then runs work only when the host waits for it.
@@ -28,7 +28,7 @@ struct Scene {
 }
 
 fn scene() -> Scene {
-    let (engine, sim) = sim_engine(4, 2, 4, EngineConfig::default());
+    let (engine, sim) = sim_engine(4, 2, 4, support::config());
     let engine = Arc::new(engine);
     let (resident, _) = engine.alloc(CHUNK, AllocOptions::default()).unwrap();
     let (dirty, _) = engine.alloc(CHUNK, AllocOptions::default()).unwrap();

@@ -29,7 +29,8 @@ pub struct StoreConfig {
     /// store's whole life, as a grant would ([`crate::VramStore::set_external_cap`] replaces
     /// it); the limits decide the budget below it.
     pub engine: EngineConfig,
-    /// Bytes per area: a multiple of the engine's chunk (2 MiB); `None`: one chunk. Larger
+    /// Bytes per area: a multiple of the engine's chunk (one granule, 2 MiB, unless `engine`
+    /// says otherwise); `None`: one chunk. Larger
     /// areas mean fewer engine buffers but memory is freed only when a whole area is discarded.
     pub area_size: Option<u64>,
     /// The soft and hard limits and the least budget (limits.rs).
@@ -55,6 +56,9 @@ impl StoreConfig {
                 file: spill,
                 file_limit,
                 policy: PolicyKind::Lru,
+                // Chunks of one granule (2 MiB), not the engine's default: swapped pages
+                // come and go 4 KiB at a time, and an area is freed only whole.
+                chunk: None,
                 ..EngineConfig::default()
             },
             area_size: None,

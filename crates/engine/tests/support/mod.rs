@@ -13,6 +13,11 @@ use tiermem::{Engine, EngineConfig, PeerChoice};
 pub const MIB: usize = 1 << 20;
 pub const CHUNK: usize = 2 * MIB;
 
+/// The engine's defaults with chunks of one granule ([`CHUNK`]), which these tests count in.
+pub fn config() -> EngineConfig {
+    EngineConfig { chunk: Some(CHUNK), ..EngineConfig::default() }
+}
+
 /// An engine with an HBM cap of `hbm_chunks` and a host tier of `host_chunks`. On the
 /// simulated device the `SimDevice` is returned too, to check for leaks after the engine is dropped.
 pub fn engine(hbm_chunks: usize, host_chunks: usize, config: EngineConfig) -> (Engine, Option<Arc<SimDevice>>) {
