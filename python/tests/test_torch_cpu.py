@@ -131,11 +131,14 @@ def cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(synchronize=lambda: None, cuda_stream=0))
 
 
-@pytest.fixture(params=[True, False], ids=["packed", "unpacked"])
+@pytest.fixture(params=["packed", "unpacked", "runs"])
 def packing(request, monkeypatch):
-    """Small units packed together (the default) or each in a buffer of its own."""
-    if not request.param:
+    """Small units packed together (the default), each in a buffer of its own, or each in its
+    own but in chunks of 12 KiB, where consecutive ones merge into runs that round up less."""
+    if request.param != "packed":
         monkeypatch.setattr(tiermem.units, "SMALL", 0)
+    if request.param == "runs":
+        monkeypatch.setattr(FakePool, "chunk_size", 12 << 10)
 
 
 def llama(tied, layers=2, dtype=torch.float32, seed=0):
@@ -354,3 +357,28 @@ def test_fused_experts_stay_whole_when_training_with_an_optimizer(cpu, monkeypat
     m = mixtral().train()
     h = tt.offload(m, FakePool(), optimizer=torch.optim.AdamW(m.parameters()))
     assert not any(s.experts for s in h.sites)
+
+
+def test_units_that_round_up_less_together_are_merged_into_runs():
+    """At 12 KiB chunks a float32 llama's projections (8, 16 and 32 KiB) round up less in runs
+    (q_proj's 16 KiB and the 8 KiB after it take 24 KiB together against 36 apart); the MLP's
+    32 KiB tensors gain nothing together and stay apart. A run holds consecutive units, each
+    site acquires its run, and uses only its own tensors."""
+    chunk = 12 << 10
+    rounded = lambda units: sum(-(-u.weight_bytes // chunk) * chunk for u in units)  # noqa: E731
+    units, sites = tiermem.units.plan(llama(False, layers=1), small=0, pack=chunk)
+    apart, _ = tiermem.units.plan(llama(False, layers=1), small=0, pack=0)  # pack 0: nothing packed or merged
+    assert rounded(units) < rounded(apart)
+    names = [u.name for u in units]
+    assert "model.layers.0.mlp.gate_proj" in names and "model.layers.0.mlp.up_proj" in names, names
+    runs = [u for u in units if u.name.startswith("run:")]
+    assert runs and "run:model.layers.0.self_attn.v_proj+1" in names, names
+    order = [o.name for u in apart for o in u.tensors]
+    for run in runs:
+        members = [o.name for o in run.tensors]
+        start = order.index(members[0])
+        assert order[start : start + len(members)] == members, "a run is consecutive units"
+        acquirers = [s for s in sites if s.units[0] is run]
+        assert len(acquirers) >= 2, run.name
+        for site in acquirers:
+            assert all(o.name.startswith(site.name + ".") for o in site.uses), (site.name, [o.name for o in site.uses])

@@ -46,13 +46,18 @@ tensors are its unit, and it is its own site. Two cases make them differ:
   cut). Backward acquires the block whole, as before. A block implementation switched after
   :func:`offload` stays correct. (:func:`tiermem.torch.from_pretrained` cuts by tensor only:
   an eager block's experts move whole.)
-* **Small tensors are packed.** HBM and the link move whole chunks (2 MiB), so a module whose
+* **Small tensors are packed.** HBM and the link move whole chunks (4 MiB by default), so a module whose
   tensors are small (a norm's weight: 6 KB in a 3B Llama) would take a chunk of its own and
   move 300× its bytes: a 3B Llama's 25 norms took 50 MiB of HBM and streamed most of it every
   pass. Units of at most ``small`` bytes used by one site each are laid out together, in the
   order of the model, in packs of up to a chunk; each of their sites acquires its pack. A pack
   is used all through a pass, so Belady keeps it resident. A site still *uses* only its own
   tensors (``Site.uses``): backward releases it when those have their gradients.
+* **Consecutive units that round up less together are merged into runs.** A unit takes whole
+  chunks, so a 6 MiB ``k_proj`` takes 8 MiB of 4 MiB chunks and moves 8 every pass; with the
+  6 MiB ``v_proj`` after it, the two take 12. Runs of consecutive units owned by one site each
+  are laid out together while that wastes fewer bytes than apart (a 3B Llama at 4 MiB chunks:
+  100 MiB of rounding down to 4), each of their sites acquiring the run, as with packs.
 
 Everything here is pure bookkeeping on module structure (no GPU needed), so it also runs on
 models whose parameters are on the ``meta`` device (:mod:`tiermem.loading`).
@@ -66,7 +71,8 @@ import torch
 
 ALIGN = 256  # bytes; every tensor in a buffer starts at a multiple of this
 SMALL = 256 << 10  # bytes of weights: a unit at most this big is packed with others
-PACK = 2 << 20  # bytes of weights in a pack at most (the engine's chunk)
+PACK = 4 << 20  # bytes of weights in a pack at most (the engine's default chunk)
+MERGED = 64 << 20  # bytes of weights in a run of units merged to waste less in rounding, at most
 WASTE = 8  # fused experts are cut by expert only if rounding a part to chunks wastes at most 1/WASTE
 EXPERTS_APART = True  # False: fused experts move with their block whole, even when eager (for comparison)
 
@@ -305,6 +311,7 @@ def plan(model: torch.nn.Module, small: int | None = None, pack: int = PACK,
             for site in using:
                 site.units.append(unit)
     units = _packed(units, owner, small, pack) if small and pack else units
+    units = _merged(units, owner, pack) if pack else units
     for site in sites:  # after packing: an expert's unit lists no tensor, but is no small one
         for experts in site.experts:
             site.units += experts.units
@@ -340,6 +347,41 @@ def _packed(units: list[Unit], owner: dict[int, Site], small: int, pack: int) ->
         for unit in entry:
             site = owner[id(unit)]
             site.units[0] = packed
+    return result
+
+
+def _merged(units: list[Unit], owner: dict[int, Site], chunk: int) -> list[Unit]:
+    """``units`` with runs of consecutive units that sites own (``owner``) laid out together
+    where that wastes fewer bytes in rounding to whole ``chunk`` s than apart (6 + 6 MiB is 12
+    MiB in 4 MiB chunks, 8 + 8 apart), up to :data:`MERGED` bytes a run; each such site
+    acquires the run instead of its own unit."""
+    waste = lambda size: -size % chunk  # noqa: E731
+    out: list = []  # units, and runs of units in their place
+    run: list[Unit] = []
+    for unit in units:
+        size, mine = unit.weight_bytes, id(unit) in owner
+        if run:
+            had = sum(u.weight_bytes for u in run)
+            if mine and waste(had) and waste(had + size) < waste(had) + waste(size) and had + size <= MERGED:
+                run.append(unit)
+                continue
+            out.append(run)
+            run = []
+        if mine and waste(size):
+            run = [unit]
+        else:
+            out.append(unit)
+    if run:
+        out.append(run)
+    result: list[Unit] = []
+    for entry in out:
+        if isinstance(entry, Unit) or len(entry) == 1:
+            result.append(entry if isinstance(entry, Unit) else entry[0])
+            continue
+        merged = Unit(f"run:{entry[0].name}+{len(entry) - 1}", [o for u in entry for o in u.tensors])
+        result.append(merged)
+        for unit in entry:
+            owner[id(unit)].units[0] = merged
     return result
 
 
