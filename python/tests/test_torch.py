@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="tiermem.torch needs PyTorch")
 import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402
+import tiermem.units  # noqa: E402
 
 GPU = os.environ.get("TIERMEM_TEST_BACKEND") == "cuda"
 needs_gpu = pytest.mark.skipif(not GPU, reason="needs a GPU (TIERMEM_TEST_BACKEND=cuda)")
@@ -59,12 +60,14 @@ def model_bytes(model) -> int:
 
 
 @needs_gpu
-def test_offloaded_inference_is_bitwise_the_resident_model_and_streams_only_the_excess():
+def test_offloaded_inference_is_bitwise_the_resident_model_and_streams_only_the_excess(monkeypatch):
     reference = tiny_llama()
     offloaded = tiny_llama()
-    pool = tiermem.Pool(backend="cuda", hbm_limit=16 * MIB, host_limit="1GiB")
+    # Every module's tensors take whole 2 MiB chunks (no runs): a tiny model larger than the cap.
+    monkeypatch.setattr(tiermem.units, "MERGED", 0)
+    pool = tiermem.Pool(backend="cuda", hbm_limit=16 * MIB, host_limit="1GiB", chunk="2MiB")
     handle = tt.offload(offloaded, pool, prefetch_bytes=4 * MIB)
-    size = handle.bytes  # every module's tensors take whole 2 MiB chunks
+    size = handle.bytes
     assert size > 2 * pool.hbm_cap, f"the model ({size} bytes in tiermem) must be at least twice the cap"
     assert all(isinstance(p, torch.nn.Parameter) for p in offloaded.parameters())
     ids = torch.randint(0, 512, (2, 32), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
@@ -194,9 +197,10 @@ def _same_outputs(reference, offloaded, passes=3):
 
 
 @needs_gpu
-def test_tied_weights_live_once_are_acquired_by_both_users_and_stay_tied_after_remove():
+def test_tied_weights_live_once_are_acquired_by_both_users_and_stay_tied_after_remove(monkeypatch):
     reference, model = tiny_llama(tied=True), tiny_llama(tied=True)
-    pool = tiermem.Pool(backend="cuda", hbm_limit=12 * MIB, host_limit="1GiB")
+    monkeypatch.setattr(tiermem.units, "MERGED", 0)  # whole 2 MiB chunks a module: larger than the cap
+    pool = tiermem.Pool(backend="cuda", hbm_limit=12 * MIB, host_limit="1GiB", chunk="2MiB")
     handle = tt.offload(model, pool, prefetch_bytes=4 * MIB)
     assert handle.bytes > 2 * pool.hbm_cap
     shared = [u for u in handle.units if u.name.startswith("shared:")]

@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers", reason="loading tests build t
 pytest.importorskip("safetensors", reason="checkpoints are safetensors files")
 import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402
+import tiermem.units  # noqa: E402
 from tiermem import loading  # noqa: E402
 from tiermem.units import plan  # noqa: E402
 
@@ -165,10 +166,11 @@ def test_staged_reads_put_every_byte_of_the_checkpoint_in_the_buffers(tmp_path):
 
 
 @needs_gpu
-def test_from_pretrained_gives_the_logits_of_transformers_loading_under_a_small_cap(tmp_path):
+def test_from_pretrained_gives_the_logits_of_transformers_loading_under_a_small_cap(tmp_path, monkeypatch):
     path = saved(tmp_path / "m", shard="1MB", layers=6)
     reference = transformers.AutoModelForCausalLM.from_pretrained(path, **loading.dtype_kwargs(torch.bfloat16)).cuda().eval()
-    pool = tiermem.Pool(backend="cuda", hbm_limit=12 * MIB, host_limit="1GiB")
+    monkeypatch.setattr(tiermem.units, "MERGED", 0)  # whole 2 MiB chunks a module: larger than the cap
+    pool = tiermem.Pool(backend="cuda", hbm_limit=12 * MIB, host_limit="1GiB", chunk="2MiB")
     handle = tt.from_pretrained(path, pool, quiet=True, staging_bytes=1 * MIB)
     model = handle.model
     assert handle.bytes > 2 * pool.hbm_cap and handle.load_bytes > 0
@@ -267,7 +269,7 @@ def test_from_pretrained_reads_a_mixtral_checkpoint_as_transformers_does(tmp_pat
     # Fused experts of whole chunks (up 4 MiB, down 2 MiB a layer): cut by tensor, 30 MiB in all.
     path = saved_mixtral(tmp_path / "moe", shard="4MB", hidden=256, mlp=1024, layers=4)
     reference = transformers.AutoModelForCausalLM.from_pretrained(path, **loading.dtype_kwargs(torch.bfloat16)).cuda().eval()
-    pool = tiermem.Pool(backend="cuda", hbm_limit=12 * MIB, host_limit="1GiB")
+    pool = tiermem.Pool(backend="cuda", hbm_limit=12 * MIB, host_limit="1GiB", chunk="2MiB")
     handle = tt.from_pretrained(path, pool, quiet=True, staging_bytes=1 * MIB)
     assert handle.bytes > 2 * pool.hbm_cap
     cut = [e for s in handle.sites for e in s.experts]
