@@ -262,9 +262,11 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
         page_out / ceilings.d2h_gbps
     );
 
-    let one = b.filled(b.engine.chunk_size(), "one-chunk")?;
+    let chunk = b.engine.chunk_size();
+    let one = b.filled(chunk, "one-chunk")?;
     let lone = page_cycle(&b, one, reps * 5)?;
-    println!("lone 2 MiB chunk: page-in {:.0} µs, page-out {:.0} µs", lone.in_s * 1e6, lone.out_s * 1e6);
+    let mib = chunk >> 20;
+    println!("lone {mib} MiB chunk: page-in {:.0} µs, page-out {:.0} µs", lone.in_s * 1e6, lone.out_s * 1e6);
 
     let away = b.filled(size, "B")?;
     b.engine.page_out(Target::Buffer(away)).map_err(|e| e.to_string())?;
@@ -379,6 +381,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
         "date": date,
         "backend": info.backend.to_string(),
         "transfer_bytes": size,
+        "chunk_bytes": chunk,
         "reps": reps,
         "lone_chunk_page_in_us": lone.in_s * 1e6,
         "acquire_resident_under_load_p99_us": under_load_p99_us,
