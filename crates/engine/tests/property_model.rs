@@ -547,23 +547,7 @@ proptest! {
     /// peer tier) that they take back at random: chunks cross all four tiers.
     #[test]
     fn every_byte_survives_moves_across_four_tiers(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4, fault_seed in any::<u64>()) {
-        let policy = tiermem::policy::PolicyKind::ALL[policy];
-        let path = support::file_tier_path("property-peers");
-        // Half the cases with peer slabs readable in place (TIERMEM_PEER_IN_PLACE).
-        let peer_in_place = fault_seed % 2 == 0;
-        // And in half of them, pre-eviction (pre_evict.rs) of two chunks.
-        let pre_evict = ((fault_seed >> 1) & 1) as usize * 2 * CHUNK;
-        // And loops learned from the acquires in half of all.
-        let learn_loops = ((fault_seed >> 2) & 1 == 0).then_some(CHUNK);
-        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, peer_in_place, pre_evict, learn_loops, ..support::config() };
-        let (engine, sim) = support::engine_with_peers(HBM_CHUNKS, SMALL_HOST_CHUNKS, PEER_CHUNKS, config);
-        prop_assert_eq!(engine.peer_lenders().len(), 2, "{:?}", engine.peer_notes());
-        let sim = Some(sim);
-        set_timing(&sim, timing);
-        inject_errors(&engine, &sim, faults, fault_seed);
-        run(&engine, &sim, &ops, SMALL_HOST_CHUNKS, Some(FILE_CHUNKS))?;
-        support::assert_no_leaks(engine, sim);
-        prop_assert!(!path.exists(), "the file tier's file outlived the engine");
+        four_tiers(&ops, 1, policy, timing, faults, fault_seed)?;
     }
 }
 
@@ -572,23 +556,51 @@ proptest! {
 
     /// The four-tier test with chunks of three granules (`EngineConfig::chunk`, the
     /// `ChunkedDevice` adaptor): each chunk one allocation and one mapping of 6 MiB, in HBM,
-    /// host, file and peer slabs alike; every size in the model and every cap in such chunks.
+    /// host, file and peer slabs alike; every cap in such chunks.
     #[test]
     fn every_byte_survives_moves_in_chunks_of_three_granules(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4, fault_seed in any::<u64>()) {
-        const K: usize = 3;
-        let policy = tiermem::policy::PolicyKind::ALL[policy];
-        let path = support::file_tier_path("property-chunks");
-        let peer_in_place = fault_seed % 2 == 0;
-        let learn_loops = ((fault_seed >> 2) & 1 == 0).then_some(K * CHUNK);
-        let config = EngineConfig { policy, batch_chunks: 3, chunk: Some(K * CHUNK), file: Some(path.clone()), file_limit: FILE_CHUNKS * K * CHUNK, peer_in_place, learn_loops, ..support::config() };
-        let (engine, sim) = support::engine_with_peers(K * HBM_CHUNKS, K * SMALL_HOST_CHUNKS, K * PEER_CHUNKS, config);
-        prop_assert_eq!(engine.chunk_size(), K * CHUNK);
-        prop_assert_eq!(engine.peer_lenders().len(), 2, "{:?}", engine.peer_notes());
-        let sim = Some(sim);
-        set_timing(&sim, timing);
-        inject_errors(&engine, &sim, faults, fault_seed);
-        run(&engine, &sim, &ops, SMALL_HOST_CHUNKS, Some(FILE_CHUNKS))?;
-        support::assert_no_leaks(engine, sim);
-        prop_assert!(!path.exists(), "the file tier's file outlived the engine");
+        four_tiers(&ops, 3, policy, timing, faults, fault_seed)?;
     }
+}
+
+/// `ops` on GPU 0 of a simulated node of three whose neighbours lend, with a file tier under a
+/// small host tier, in chunks of `k` granules.
+fn four_tiers(
+    ops: &[Op],
+    k: usize,
+    policy: usize,
+    timing: usize,
+    faults: u64,
+    fault_seed: u64,
+) -> Result<(), TestCaseError> {
+    let policy = tiermem::policy::PolicyKind::ALL[policy];
+    let chunk = k * CHUNK;
+    let path = support::file_tier_path("property-peers");
+    // Half the cases with peer slabs readable in place (TIERMEM_PEER_IN_PLACE).
+    let peer_in_place = fault_seed % 2 == 0;
+    // And in half of them, pre-eviction (pre_evict.rs) of two chunks.
+    let pre_evict = ((fault_seed >> 1) & 1) as usize * 2 * chunk;
+    // And loops learned from the acquires in half of all.
+    let learn_loops = ((fault_seed >> 2) & 1 == 0).then_some(chunk);
+    let config = EngineConfig {
+        policy,
+        batch_chunks: 3,
+        chunk: Some(chunk),
+        file: Some(path.clone()),
+        file_limit: FILE_CHUNKS * chunk,
+        peer_in_place,
+        pre_evict,
+        learn_loops,
+        ..support::config()
+    };
+    let (engine, sim) = support::engine_with_peers(k * HBM_CHUNKS, k * SMALL_HOST_CHUNKS, k * PEER_CHUNKS, config);
+    prop_assert_eq!(engine.chunk_size(), chunk);
+    prop_assert_eq!(engine.peer_lenders().len(), 2, "{:?}", engine.peer_notes());
+    let sim = Some(sim);
+    set_timing(&sim, timing);
+    inject_errors(&engine, &sim, faults, fault_seed);
+    run(&engine, &sim, ops, SMALL_HOST_CHUNKS, Some(FILE_CHUNKS))?;
+    support::assert_no_leaks(engine, sim);
+    prop_assert!(!path.exists(), "the file tier's file outlived the engine");
+    Ok(())
 }
