@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// The most chunks cleaned per poll of the lender watch (32 MiB; movement.rs, "Cleaning
+/// The most chunks cleaned per poll of the lender watch (64 MiB of 4 MiB chunks; movement.rs, "Cleaning
 /// borrowed chunks").
 pub const CLEAN_BATCH: usize = 16;
 

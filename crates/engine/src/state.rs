@@ -5,7 +5,7 @@
 //!
 //! # A chunk's tiers, as data
 //!
-//! A buffer is a reserved VA range cut into chunks of one granule (2 MiB). The VA never
+//! A buffer is a reserved VA range cut into chunks of whole granules (4 MiB by default). The VA never
 //! changes; what sits behind each chunk does. A chunk has a copy in some of the tiers:
 //!
 //! * `hbm` — mapped in local HBM at a physical chunk, usable at full speed. While `leaving` is
