@@ -37,6 +37,13 @@ pub struct ChunkedDevice {
     granules: usize,
 }
 
+/// The chunk a device of `granularity` makes for a wish of `chunk` bytes: whole granules, at
+/// least one.
+pub fn chunk_bytes(granularity: usize, chunk: usize) -> usize {
+    let granularity = granularity.max(1);
+    chunk.div_ceil(granularity).max(1) * granularity
+}
+
 impl ChunkedDevice {
     /// `inner` with chunks of `chunk` bytes, rounded up to whole granules of `inner`; `inner`
     /// itself when that is one granule. An error for a chunk above [`MAX_CHUNK`].
@@ -48,7 +55,7 @@ impl ChunkedDevice {
                 MAX_CHUNK >> 20
             )));
         }
-        let granules = chunk.div_ceil(granularity).max(1);
+        let granules = chunk_bytes(granularity, chunk) / granularity;
         if granules == 1 {
             return Ok(inner);
         }
