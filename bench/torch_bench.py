@@ -424,7 +424,10 @@ def tied_loading_and_sleep(args, results):
         reference = transformers.AutoModelForCausalLM.from_pretrained(directory, **dtype_kwargs(torch.bfloat16)).cuda().eval()
         with torch.no_grad():
             checks["loaded_identical"] = torch.equal(reference(input_ids=prompt).logits.float(), loaded_logits)
-        ref_tokens, ref_logits, _ = decode(reference, prompt, steps)
+        decode(reference, prompt, steps)  # the KV-cache lengths seen once, as for the offloaded decode
+        ref_tokens, ref_logits, plain_s = decode(reference, prompt, steps)
+        metrics["tied_plain_resident_decode_tok_s"] = prompt.shape[0] / plain_s
+        log(f"tied: resident without tiermem {metrics['tied_plain_resident_decode_tok_s']:.1f} tok/s")
         checks["tied_identical"] = torch.equal(ref_tokens, tokens) and torch.equal(ref_logits, logits)
         del reference
     finally:
@@ -486,7 +489,10 @@ def moe_decode(args, results, key, shape):
     gen = torch.Generator("cuda").manual_seed(23)
     prompt = torch.randint(0, config.vocab_size, (16, 32), device="cuda", generator=gen)
     decode(model, prompt, 2)
-    ref_tokens, ref_logits, _ = decode(model, prompt, 8)
+    ref_tokens, ref_logits, plain_s = decode(model, prompt, 8)
+    # The model resident without tiermem: the speed its compute allows on this host (the PCIe
+    # bound may be beyond it), beside the same with every weight resident through tiermem.
+    metrics[f"{key}_plain_resident_decode_tok_s"] = prompt.shape[0] / plain_s
     pool = tiermem.Pool(hbm_limit=cap)
     handle = tt.offload(model, pool, prefetch_bytes=args.prefetch[0])
     torch.cuda.empty_cache()
@@ -498,7 +504,8 @@ def moe_decode(args, results, key, shape):
     checks[f"{key}_identical"] = torch.equal(tokens, ref_tokens) and torch.equal(logits, ref_logits)
     log(f"MoE, {shape} ({config.num_hidden_layers} layers, {size / GiB:.2f} GiB, cap {cap / GiB:.2f}): "
         f"{metrics[f'{key}_decode_tok_s']:.1f} tok/s = {ratios[f'{key}_vs_pcie_bound']:.2f} of the PCIe bound, "
-        f"window {handle.window_bytes / MiB:.0f} MiB, {metrics[f'{key}_traffic_vs_optimum']:.2f}x the optimum's traffic")
+        f"window {handle.window_bytes / MiB:.0f} MiB, {metrics[f'{key}_traffic_vs_optimum']:.2f}x the optimum's traffic; "
+        f"resident without tiermem {metrics[f'{key}_plain_resident_decode_tok_s']:.1f} tok/s")
     handle = window_sweep(args, metrics, key, handle, model, pool, prompt, 8, size, cap)
     where_time_goes(metrics, key, handle, pool, model, prompt, 8, size, cap)
     del model, handle, pool
