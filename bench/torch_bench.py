@@ -345,9 +345,11 @@ def where_time_goes(metrics, key, handle, pool, model, prompt, steps, size, cap)
     decode(model, prompt, 1)
     _, _, step_s = decode(model, prompt, steps)
     metrics[f"{key}_all_resident_decode_tok_s"] = prompt.shape[0] / step_s
+    timed_engine_calls(metrics, f"{key}_all_resident_", handle, pool, model, prompt)  # the hooks' host time alone
     pool.finish(pool.set_hbm_budget(cap))
     log(f"{key}: host time in engine calls over two passes {metrics[f'{key}_host_seconds_per_step']}; "
-        f"all resident through tiermem {metrics[f'{key}_all_resident_decode_tok_s']:.1f} tok/s")
+        f"all resident through tiermem {metrics[f'{key}_all_resident_decode_tok_s']:.1f} tok/s, "
+        f"its engine calls {metrics[f'{key}_all_resident_host_seconds_per_step']}")
 
 
 def tied_loading_and_sleep(args, results):
