@@ -44,7 +44,12 @@ _STEP_KEYS = itertools.count(1)  # the engine's keys of the steps (Offload._key)
 WINDOW_SHARE = 12  # the paging-ahead window is at most this fraction of the HBM cap (Offload.window_bytes)
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object made
+
+
 def _stream() -> int:
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(torch.cuda.current_device())
     return torch.cuda.current_stream().cuda_stream
 
 
@@ -107,6 +112,8 @@ class Offload:
         self.units, self.sites, self.optimizer = units, sites, optimizer
         self._keys: dict[tuple[int, str], int] = {}  # (id(site or unit), phase) -> its step key
         self._named: dict[int, tuple[object, str]] = {}  # step key -> (site or unit, phase)
+        # (id(site or unit), phase) -> (step key, buffers, entries); fixed once offloaded.
+        self._steps: dict[tuple[int, str], tuple[int, list, list]] = {}
         self._backward_pending = False
         self._recording = True  # the engine is recording this pass's steps (_pass_starts)
         self._hooks = []
@@ -131,8 +138,12 @@ class Offload:
         return found
 
     def _enter(self, key, phase: str) -> None:
-        entries = dedup(key.phase(phase))
-        self.pool.step_enters(self._key(key, phase), [b for b, _ in entries], self.window_bytes)
+        step = self._steps.get((id(key), phase))
+        if step is None:
+            entries = dedup(key.phase(phase))
+            step = self._steps[(id(key), phase)] = (self._key(key, phase), [b for b, _ in entries], entries)
+        number, buffers, entries = step
+        self.pool.step_enters(number, buffers, self.window_bytes)
         stream, acquired = _stream(), []
         try:
             for buffer, write in entries:
@@ -327,14 +338,10 @@ class Offload:
     @property
     def window_bytes(self) -> int:
         """The window the engine pages ahead in: ``prefetch_bytes``, but at most
-        1/:data:`WINDOW_SHARE` of the HBM cap (and at least a chunk). Every byte of window is a byte of HBM the
-        resident set gives up, so it streams once more every pass; and a window that is a
-        large share of the cap evicts what Belady would keep. (A tied Llama under a 1.5 GiB
-        cap with a 0.79 GB window lost its 0.73 GiB embedding after every lookup and streamed
-        it back for the output head: 1.52x the optimum's traffic per pass, against 1.17x with
-        a window of 192 MiB, counted on the simulated device.) Since the engine spreads the
-        resident set along the pass (schedule.rs), a short window keeps the link busy: on
-        the H200 the dense and MoE decodes ran faster with shorter windows (BENCHMARKS.md)."""
+        1/:data:`WINDOW_SHARE` of the HBM cap (and at least a chunk). Every byte of window is a
+        byte of HBM the resident set gives up, so it streams once more every pass, and a large
+        one evicts what Belady would keep (a tied Llama's embedding, after every lookup). With
+        the resident set spread along the pass (schedule.rs) a short window keeps the link busy."""
         return min(self.prefetch_bytes, max(self.pool.chunk_size, self.pool.hbm_cap // WINDOW_SHARE))
 
     @property
