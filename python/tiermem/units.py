@@ -334,19 +334,21 @@ def _packed(units: list[Unit], owner: dict[int, Site], small: int, pack: int) ->
         else:
             groups.append([unit])
             out.append(groups[-1])
+    return _joined(out, owner, "pack")
+
+
+def _joined(out: list, owner: dict[int, Site], kind: str) -> list[Unit]:
+    """``out`` (units, and groups of units owned by sites) with each group of two or more
+    laid out as one unit, named ``kind:first+n``, that each of their sites acquires instead."""
     result: list[Unit] = []
     for entry in out:
-        if isinstance(entry, Unit):
-            result.append(entry)
+        if isinstance(entry, Unit) or len(entry) == 1:
+            result.append(entry if isinstance(entry, Unit) else entry[0])
             continue
-        if len(entry) == 1:
-            result.append(entry[0])
-            continue
-        packed = Unit(f"pack:{entry[0].name}+{len(entry) - 1}", [o for u in entry for o in u.tensors])
-        result.append(packed)
+        joined = Unit(f"{kind}:{entry[0].name}+{len(entry) - 1}", [o for u in entry for o in u.tensors])
+        result.append(joined)
         for unit in entry:
-            site = owner[id(unit)]
-            site.units[0] = packed
+            owner[id(unit)].units[0] = joined
     return result
 
 
@@ -373,16 +375,7 @@ def _merged(units: list[Unit], owner: dict[int, Site], chunk: int) -> list[Unit]
             out.append(unit)
     if run:
         out.append(run)
-    result: list[Unit] = []
-    for entry in out:
-        if isinstance(entry, Unit) or len(entry) == 1:
-            result.append(entry if isinstance(entry, Unit) else entry[0])
-            continue
-        merged = Unit(f"run:{entry[0].name}+{len(entry) - 1}", [o for u in entry for o in u.tensors])
-        result.append(merged)
-        for unit in entry:
-            owner[id(unit)].units[0] = merged
-    return result
+    return _joined(out, owner, "run")
 
 
 def view(buffer, offset: int, like: torch.Tensor) -> torch.Tensor:
