@@ -20,7 +20,7 @@ pub fn run() -> Result<(), String> {
     println!("memory           {} free of {}", format_size(free), format_size(total));
     println!("VMM API          {}", if info.vmm_supported { "supported" } else { "not supported" });
     println!("granularity      {}", format_size(info.granularity));
-    let chunk = config.chunk.map_or(info.granularity, |c| mechanism::chunked::chunk_bytes(info.granularity, c));
+    let chunk = mechanism::chunked::chunk_bytes(info.granularity, config.chunk.unwrap_or(0));
     println!("chunk            {} (TIERMEM_CHUNK: each one allocation and one mapping)", format_size(chunk));
     let peers = if info.peers.is_empty() { "none".to_string() } else { format!("{:?}", info.peers) };
     println!("peer access      {peers}");

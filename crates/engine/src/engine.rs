@@ -138,13 +138,12 @@ impl Engine {
 
     /// An engine over an already opened device (tests use this with a `SimDevice`).
     pub fn with_device(device: Arc<dyn Device>, config: &EngineConfig) -> Result<Self> {
-        let untimed = match config.chunk {
-            Some(chunk) => tiermem_mechanism::chunked::ChunkedDevice::wrap(device, chunk).map_err(|e| match e {
-                tiermem_mechanism::DeviceError::Config(message) => Error::Config(message),
-                source => Error::Device { call: "Engine::new", source },
-            })?,
-            None => device,
-        };
+        // `None` (or any chunk up to one granule): the device itself.
+        let chunk = config.chunk.unwrap_or(0);
+        let untimed = tiermem_mechanism::chunked::ChunkedDevice::wrap(device, chunk).map_err(|e| match e {
+            tiermem_mechanism::DeviceError::Config(message) => Error::Config(message),
+            source => Error::Device { call: "Engine::new", source },
+        })?;
         let timed = Arc::new(TimedDevice::new(untimed));
         let device: Arc<dyn Device> = timed.clone();
         let chunk = device.info().granularity;
