@@ -17,7 +17,7 @@
 * :meth:`Offload.sleep` pages a whole model out and gives its HBM back to other users of the
   GPU; :meth:`Offload.wake` pages it back in at the PCIe link's speed, in the background if
   asked (serving several models on one GPU).
-* :func:`offload_activations` keeps tensors saved for backward in tiermem buffers, so they can
+* :func:`offload_activations` (:mod:`tiermem.activations`) keeps tensors saved for backward in tiermem buffers, so they can
   leave HBM between forward and backward; backward prefetches them in reverse order.
 * :func:`allocator` is a ``torch.cuda.memory.CUDAPluggableAllocator`` backed by a Pool (the
   C functions are exported by tiermem's own extension module).
@@ -28,7 +28,6 @@ what runs when.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 
@@ -563,43 +562,5 @@ def _fill(pool: Pool, buffer, entries, optimizer, stream: int) -> None:
 _REGISTERED: set[int] = set()  # device addresses of buffers holding offloaded parameters
 
 
-@contextlib.contextmanager
-def offload_activations(pool: Pool, min_bytes: int = 1 << 20, prefetch: int = 2):
-    """Within this context, tensors that autograd saves for backward (at least ``min_bytes``)
-    are copied into tiermem buffers, so they can leave HBM until backward needs them; when
-    backward takes one back, the ``prefetch`` saved just before it start paging in.
-    Offloaded parameters are left alone (they are tiermem buffers already)."""
-    _require_gpu(pool, "offload_activations")
-    saved: list = []  # buffers in the order they were saved
-
-    def pack(t: torch.Tensor):
-        nbytes = t.numel() * t.element_size()
-        if not t.is_cuda or nbytes < min_bytes or t.untyped_storage().data_ptr() in _REGISTERED:
-            return t
-        src = t.detach().contiguous()
-        buf = pool.alloc(nbytes, name="activation")
-        stream = _stream()
-        with pool.acquired(buf, stream, write=True):
-            _view(buf, 0, src).copy_(src)
-        saved.append(buf)
-        return (buf, src.shape, src.dtype, len(saved) - 1)
-
-    def unpack(packed):
-        if isinstance(packed, torch.Tensor):
-            return packed
-        buf, shape, dtype, index = packed
-        saved[index] = None  # the graph's reference keeps it until it is freed
-        earlier = [b for b in saved[max(0, index - prefetch) : index] if b is not None]
-        if earlier:
-            pool.prefetch(earlier)
-        stream = _stream()
-        out = torch.empty(shape, dtype=dtype, device="cuda")
-        with pool.acquired(buf, stream):
-            out.copy_(_view(buf, 0, out))
-        return out
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        yield
-
-
+from .activations import offload_activations  # noqa: E402  (it uses this module)
 from .loading import from_pretrained, load_checkpoint  # noqa: E402  (loading uses this module)

@@ -281,7 +281,7 @@ fn run(
                         prop_assert!(
                             out == want,
                             "device bytes of {id} at {offset}+{len} differ from the model: {}",
-                            describe_difference(&out, want)
+                            describe_difference(&out, want, offset, m.chunk)
                         );
                     }
                     Err(e) => prop_assert!(m.is_pressure(&e), "acquire: {e}"),
@@ -465,7 +465,7 @@ fn check(engine: &Engine, m: &Model, i: usize) -> Result<(), TestCaseError> {
             Ok(()) => prop_assert!(
                 out == expected[offset..offset + len],
                 "buffer {id} bytes {offset}+{len} differ from the model: {}",
-                describe_difference(&out, &expected[offset..offset + len])
+                describe_difference(&out, &expected[offset..offset + len], offset, m.chunk)
             ),
             Err(e) => prop_assert!(m.is_pressure(&e), "read: {e}"),
         }
@@ -473,15 +473,16 @@ fn check(engine: &Engine, m: &Model, i: usize) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// Where and how two byte strings differ, for a failure message.
-fn describe_difference(got: &[u8], want: &[u8]) -> String {
+/// Where and how two byte strings differ, for a failure message (`got` read from byte `at` of
+/// a buffer in chunks of `chunk` bytes).
+fn describe_difference(got: &[u8], want: &[u8], at: usize, chunk: usize) -> String {
     let differing: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
     let (first, last) = (differing[0], differing[differing.len() - 1]);
     let zeros = differing.iter().all(|&i| got[i] == 0);
     format!(
         "{} bytes differ, first at {first} (chunk-relative {}), last at {last}; got {:02x?}.. want {:02x?}..{}",
         differing.len(),
-        first % CHUNK,
+        (at + first) % chunk,
         &got[first..(first + 8).min(got.len())],
         &want[first..(first + 8).min(want.len())],
         if zeros { " (all zeros)" } else { "" }
@@ -489,8 +490,10 @@ fn describe_difference(got: &[u8], want: &[u8]) -> String {
 }
 
 /// Sets the simulated device's timing for one case: `Timing::ALL[timing]`, unless
-/// `TIERMEM_TEST_TIMING` (eager, lazy or random) names one for every case.
-fn set_timing(sim: &Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>, timing: usize) {
+/// `TIERMEM_TEST_TIMING` (eager, lazy or random) names one for every case. In a quarter of the
+/// cases (`faults == 0`), about one in 40 driver calls and one in 20 file reads and writes fail
+/// at random, `seed` picking which.
+fn set_conditions(engine: &Engine, sim: &Sim, timing: usize, faults: u64, seed: u64) {
     use tiermem::mechanism::sim::Timing;
     let forced = std::env::var("TIERMEM_TEST_TIMING").ok().map(|name| match name.as_str() {
         "eager" => Timing::Eager,
@@ -500,16 +503,10 @@ fn set_timing(sim: &Option<std::sync::Arc<tiermem::mechanism::sim::SimDevice>>, 
     });
     if let Some(sim) = sim {
         sim.set_timing(forced.unwrap_or(Timing::ALL[timing % Timing::ALL.len()]));
-    }
-}
-
-/// In a quarter of the cases (`faults == 0`), about one in 40 driver calls and one in 20 file
-/// reads and writes fail at random.
-/// `seed` picks which calls fail.
-fn inject_errors(engine: &Engine, sim: &Sim, faults: u64, seed: u64) {
-    if let (Some(sim), 0) = (sim, faults) {
-        sim.inject_errors(Some(40), seed ^ 0xfa17);
-        engine.inject_file_errors(Some(20), seed ^ 0x10e4);
+        if faults == 0 {
+            sim.inject_errors(Some(40), seed ^ 0xfa17);
+            engine.inject_file_errors(Some(20), seed ^ 0x10e4);
+        }
     }
 }
 
@@ -520,8 +517,7 @@ proptest! {
     fn every_byte_survives_any_sequence_of_moves(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4, fault_seed in any::<u64>()) {
         let policy = tiermem::policy::PolicyKind::ALL[policy];
         let (engine, sim) = support::engine(HBM_CHUNKS, HOST_CHUNKS, EngineConfig { policy, batch_chunks: 3, ..support::config() });
-        set_timing(&sim, timing);
-        inject_errors(&engine, &sim, faults, fault_seed);
+        set_conditions(&engine, &sim, timing, faults, fault_seed);
         run(&engine, &sim, &ops, HOST_CHUNKS, None)?;
         support::assert_no_leaks(engine, sim);
     }
@@ -536,8 +532,7 @@ proptest! {
         let learn_loops = (fault_seed & 1 == 0).then_some(CHUNK);
         let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, learn_loops, ..support::config() };
         let (engine, sim) = support::engine(HBM_CHUNKS, SMALL_HOST_CHUNKS, config);
-        set_timing(&sim, timing);
-        inject_errors(&engine, &sim, faults, fault_seed);
+        set_conditions(&engine, &sim, timing, faults, fault_seed);
         run(&engine, &sim, &ops, SMALL_HOST_CHUNKS, Some(FILE_CHUNKS))?;
         support::assert_no_leaks(engine, sim);
         prop_assert!(!path.exists(), "the file tier's file outlived the engine");
@@ -597,8 +592,7 @@ fn four_tiers(
     prop_assert_eq!(engine.chunk_size(), chunk);
     prop_assert_eq!(engine.peer_lenders().len(), 2, "{:?}", engine.peer_notes());
     let sim = Some(sim);
-    set_timing(&sim, timing);
-    inject_errors(&engine, &sim, faults, fault_seed);
+    set_conditions(&engine, &sim, timing, faults, fault_seed);
     run(&engine, &sim, ops, SMALL_HOST_CHUNKS, Some(FILE_CHUNKS))?;
     support::assert_no_leaks(engine, sim);
     prop_assert!(!path.exists(), "the file tier's file outlived the engine");
