@@ -20,6 +20,7 @@ transformers and offload it. Without transformers' conversion API, names are tak
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -102,9 +103,7 @@ def _merged(target: str, parts: dict, projections: int) -> Assembled | str:
         return f"the tensors that make {target} differ in shape beyond their first dimension"
     if any(parts[(e, k)].shape != first[k].shape for e in range(experts) for k in range(projections)):
         return f"the experts that make {target} differ in shape"
-    row = 1
-    for d in inner:
-        row *= d
+    row = math.prod(inner)
     rows = [e.shape[0] for e in first]
     assembled = Assembled(target, (experts, sum(rows), *inner))
     at = 0

@@ -205,8 +205,8 @@ def match(call: str, units, checkpoint: Checkpoint, ignore: list[str] = (), conv
             sources[id(o)] = e
             if tuple(e.shape) != tuple(o.tensor.shape):
                 errors.append(f"{e.name} in {e.file} has shape {list(e.shape)}, the model's is {list(o.tensor.shape)}")
-            elif _dtype_error(e, o):
-                errors.append(_dtype_error(e, o))
+            elif error := _dtype_error(e, o):
+                errors.append(error)
     for name, e in checkpoint.entries.items():
         if name not in used and not any(re.search(p, name) for p in ignore):
             errors.append(f"{name} in {e.file} is unexpected: the model has no tensor of that name")
