@@ -321,53 +321,17 @@ impl Inner {
             schedule.plan_residency(cap, budget / g, |id| state.buffer(id).map_or(0, |b| b.chunks().len()));
         }
         self.tiers.reap(&mut self.state)?;
-        // The window: the coming steps, nearest first, until their chunks (resident or not)
-        // reach the budget; what is missing there is brought in. Past it (schedule.rs, "Looking
-        // past resident steps"), until the missing bytes reach the budget, streamed chunks are
-        // swapped in.
-        let (g, look_past) = (self.tiers.chunk, self.look_past);
-        let mut plan: Vec<(u64, Purpose, Vec<ChunkRef>)> = Vec::new();
-        let (mut window, mut missing) = (0, 0);
-        // Looking past: only when the window holds nothing missing, or the copies past it
-        // would queue ahead of those the window needs sooner.
-        let mut looking_past = None;
-        let schedule = self.schedule.as_ref().expect("checked above");
-        'steps: for (distance, ids) in schedule.ahead() {
-            let (mut near, mut far) = (Vec::new(), Vec::new());
-            for &id in ids {
-                let buffer = self.state.buffer(id).expect("scheduled buffers are live");
-                let kept = schedule.is_kept(id);
-                for (index, chunk) in buffer.chunks().iter().enumerate() {
-                    // The planned resident set stays whatever the window: its resident chunks
-                    // do not count (schedule.rs, "A planned resident set").
-                    if kept && chunk.is_resident() {
-                        continue;
-                    }
-                    window += g;
-                    let past = window > budget;
-                    if past && looking_past.is_none() {
-                        looking_past = Some(look_past && missing == 0);
-                    }
-                    if past && (looking_past == Some(false) || missing >= budget) {
-                        plan.push((distance, Purpose::Ahead { horizon: distance }, near));
-                        plan.push((distance, Purpose::Swap { horizon: distance }, far));
-                        break 'steps;
-                    }
-                    if !chunk.is_resident() {
-                        missing += g;
-                        if past {
-                            far.push((id, index))
-                        } else {
-                            near.push((id, index))
-                        }
-                    }
-                }
-            }
-            plan.push((distance, Purpose::Ahead { horizon: distance }, near));
-            plan.push((distance, Purpose::Swap { horizon: distance }, far));
+        let departures = self.state.departures();
+        if schedule.is_quiet(departures) {
+            return Ok(0); // Every chunk of the schedule is still resident (schedule.rs).
         }
+        let (g, look_past) = (self.tiers.chunk, self.look_past);
+        let Some(plan) = schedule.window(&self.state, g, budget, look_past) else {
+            schedule.set_quiet(departures);
+            return Ok(0);
+        };
         let mut started = 0;
-        for (_, purpose, mut refs) in plan {
+        for (purpose, mut refs) in plan {
             refs.sort_unstable();
             refs.dedup();
             if refs.is_empty() {

@@ -58,7 +58,19 @@
 //! (tied Llama 0.82 of the PCIe bound with it, 0.81 without; MoE 0.63 and 0.66; dense 0.86 and
 //! 0.88, on one H200 in one run, `bench/results/torch-20261125-e4b699d*.json`): the gap had been
 //! the profiler slowing the host. So it is off unless `TIERMEM_LOOK_PAST=on`.
+//!
+//! **Nothing to page in.** Where every buffer of the schedule fits in HBM (a model smaller
+//! than the cap, or a pass once it has settled with room to spare), a walk finds nothing
+//! missing — but it walks the whole cycle to know that, since resident chunks of the plan do
+//! not count in the window: each `advance` cost time in proportion to the schedule's chunks,
+//! a pass in proportion to their square (112 steps of 3 buffers: 12 µs an `advance` on the
+//! simulated device). A walk that went round the whole cycle and found every chunk resident
+//! notes the chunk table's count of departures (`set_quiet`); until a chunk stops being
+//! resident (or a buffer of the schedule is freed), `advance` has nothing to do and returns
+//! at once. Chunks only become resident in between, which leaves nothing to page in.
 
+use crate::movement::Purpose;
+use crate::state::{ChunkRef, ChunkTable};
 use crate::BufferId;
 use std::collections::{HashMap, HashSet};
 use tiermem_policy::{spread_resident, Scheduled};
@@ -73,6 +85,9 @@ pub(crate) struct Schedule {
     kept: HashSet<BufferId>,
     /// The (HBM cap, window) in chunks the plan was made for; `None`: no plan.
     planned_for: Option<(usize, usize)>,
+    /// Every chunk of every step was resident when the chunk table's departures stood at
+    /// this count (see "Nothing to page in" above).
+    quiet: Option<u64>,
 }
 
 impl Schedule {
@@ -86,7 +101,7 @@ impl Schedule {
                 }
             }
         }
-        Self { steps, uses, position: 0, kept: HashSet::new(), planned_for: None }
+        Self { steps, uses, position: 0, kept: HashSet::new(), planned_for: None, quiet: None }
     }
 
     /// Plans which buffers stay resident for the whole pass (see "A planned resident set"
@@ -152,13 +167,86 @@ impl Schedule {
         (0..n).map(move |d| (d as u64, self.steps[(self.position + d) % n].as_slice()))
     }
 
+    /// What paging ahead from the current step asks for, in order: for each coming step, the
+    /// chunks missing within the window of `budget` bytes (`Purpose::Ahead`) and, looking past
+    /// it (`look_past`), those to swap in (`Purpose::Swap`); `None` when the walk went round
+    /// the whole cycle and found every chunk resident. Chunks of `g` bytes.
+    pub fn window(
+        &self,
+        state: &ChunkTable,
+        g: usize,
+        budget: usize,
+        look_past: bool,
+    ) -> Option<Vec<(Purpose, Vec<ChunkRef>)>> {
+        // The window: the coming steps, nearest first, until their chunks (resident or not)
+        // reach the budget; what is missing there is brought in. Past it ("Looking past
+        // resident steps" above), until the missing bytes reach the budget, streamed chunks
+        // are swapped in.
+        let mut plan = Vec::new();
+        let (mut window, mut missing) = (0, 0);
+        // Looking past: only when the window holds nothing missing, or the copies past it
+        // would queue ahead of those the window needs sooner.
+        let mut looking_past = None;
+        for (distance, ids) in self.ahead() {
+            let (mut near, mut far) = (Vec::new(), Vec::new());
+            let mut cut = false;
+            'buffers: for &id in ids {
+                let buffer = state.buffer(id).expect("scheduled buffers are live");
+                let kept = self.is_kept(id);
+                for (index, chunk) in buffer.chunks().iter().enumerate() {
+                    // The planned resident set stays whatever the window: its resident chunks
+                    // do not count ("A planned resident set" above).
+                    if kept && chunk.is_resident() {
+                        continue;
+                    }
+                    window += g;
+                    let past = window > budget;
+                    if past && looking_past.is_none() {
+                        looking_past = Some(look_past && missing == 0);
+                    }
+                    if past && (looking_past == Some(false) || missing >= budget) {
+                        cut = true;
+                        break 'buffers;
+                    }
+                    if !chunk.is_resident() {
+                        missing += g;
+                        if past {
+                            far.push((id, index))
+                        } else {
+                            near.push((id, index))
+                        }
+                    }
+                }
+            }
+            plan.push((Purpose::Ahead { horizon: distance }, near));
+            plan.push((Purpose::Swap { horizon: distance }, far));
+            if cut {
+                return Some(plan);
+            }
+        }
+        (missing > 0).then_some(plan)
+    }
+
     /// Drops a freed buffer from every step.
     pub fn forget(&mut self, id: BufferId) {
         if self.uses.remove(&id).is_some() {
             self.steps.iter_mut().for_each(|step| step.retain(|&b| b != id));
             self.kept.remove(&id);
             self.planned_for = None;
+            self.quiet = None;
         }
+    }
+
+    /// Notes that every chunk of every step is resident, the chunk table's departures
+    /// standing at `departures`.
+    pub fn set_quiet(&mut self, departures: u64) {
+        self.quiet = Some(departures);
+    }
+
+    /// Whether every chunk of every step is still resident: none has departed since
+    /// [`Schedule::set_quiet`].
+    pub fn is_quiet(&self, departures: u64) -> bool {
+        self.quiet == Some(departures)
     }
 }
 

@@ -301,11 +301,22 @@ pub(crate) struct ChunkTable {
     pinned: usize,
     /// The chunk each physical chunk in use serves (homes.rs).
     holders: HashMap<PhysHandle, ChunkRef>,
+    /// Counts chunks that stopped being resident (started leaving or left HBM): while it is
+    /// unchanged, every chunk resident then still is (`Schedule::quiet`).
+    departures: u64,
 }
 
 impl ChunkTable {
     pub fn new(chunk: usize) -> Self {
-        Self { chunk, buffers: BTreeMap::new(), next_buffer: 1, clock: 0, pinned: 0, holders: HashMap::new() }
+        Self {
+            chunk,
+            buffers: BTreeMap::new(),
+            next_buffer: 1,
+            clock: 0,
+            pinned: 0,
+            holders: HashMap::new(),
+            departures: 0,
+        }
     }
 
     /// The size of a chunk in bytes.
@@ -345,6 +356,11 @@ impl ChunkTable {
     /// Chunks acquired now.
     pub fn pinned(&self) -> usize {
         self.pinned
+    }
+
+    /// How many times a chunk has stopped being resident, ever: unchanged, no chunk has.
+    pub fn departures(&self) -> u64 {
+        self.departures
     }
 
     /// The chunk that physical chunk `phys` serves, if any.
@@ -412,6 +428,7 @@ impl ChunkTable {
     /// Chunk `r` (resident) starts moving down behind `fence`; `to` is the slot a copy down
     /// fills (a dirty chunk), `None` for a clean chunk, which only waits for its last use.
     pub fn start_leaving(&mut self, r: ChunkRef, fence: Arc<Fence>, to: Option<Below>) {
+        self.departures += 1;
         let chunk = self.at(r);
         let hbm = chunk.hbm.as_mut().expect("a chunk leaving HBM is in HBM");
         hbm.leaving = Some(fence);
@@ -440,6 +457,7 @@ impl ChunkTable {
     /// Chunk `r` leaves HBM; nothing may still use it there. Its address keeps mapping the
     /// physical chunk, stale. Returns the physical chunk, for the pool.
     pub fn leave_hbm(&mut self, r: ChunkRef) -> PhysHandle {
+        self.departures += 1;
         let chunk = self.at(r);
         let hbm = chunk.hbm.take().expect("a chunk leaving HBM is in HBM");
         (chunk.ready, chunk.busy) = (None, None);

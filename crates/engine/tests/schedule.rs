@@ -136,6 +136,34 @@ fn a_budget_grown_past_the_loop_ends_its_streaming() {
 }
 
 #[test]
+fn a_loop_that_fits_pages_ahead_again_once_a_chunk_has_left() {
+    // Every layer resident: `advance` finds nothing to bring in, and remembers that until a
+    // chunk leaves HBM (schedule.rs, "Nothing to page in") — then it brings it back ahead of use.
+    let (engine, sim) = support::engine(LAYERS + 2, 64, support::config());
+    let layers = layers(&engine);
+    engine.set_schedule(schedule_of(&layers)).unwrap();
+    let window = LAYERS * CHUNK;
+    assert_eq!(engine.advance(0, window).unwrap(), LAYERS * CHUNK, "the whole loop comes in");
+    engine.page_in(Target::All).unwrap();
+    for step in [0, 3, 9, 0] {
+        assert_eq!(engine.advance(step, window).unwrap(), 0, "nothing is missing at step {step}");
+    }
+    for (gone, step) in [(7, 2), (2, 9)] {
+        engine.page_out(Target::Buffer(layers[gone].0)).unwrap();
+        assert_eq!(engine.advance(step, window).unwrap(), CHUNK, "layer {gone} left: it comes back");
+        assert_eq!(engine.advance(step, window).unwrap(), 0);
+    }
+    // A buffer of the schedule freed: the walk sees the others still resident.
+    engine.free(layers[5].0).unwrap();
+    assert_eq!(engine.advance(0, window).unwrap(), 0);
+    assert_eq!(run_passes(&engine, &layers[..5], 2, Some(window)), 0, "the loop fits: no page-in");
+    for (id, bytes) in layers.iter().filter(|(id, _)| *id != layers[5].0) {
+        assert_contents(&engine, *id, bytes);
+    }
+    support::assert_no_leaks(engine, sim);
+}
+
+#[test]
 fn schedule_errors_name_the_call_and_change_nothing() {
     let (engine, sim) = support::engine(CAP, 64, support::config());
     let layers = layers(&engine);

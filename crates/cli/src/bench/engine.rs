@@ -186,6 +186,30 @@ fn acquire_resident(b: &Bench, reps: usize) -> Result<f64, String> {
     Ok(median(samples.split_off(100)))
 }
 
+/// Median microseconds of `advance` along a schedule of `steps` steps of three one-chunk
+/// buffers, every one resident: the host time paging ahead costs a model that fits.
+fn advance_resident(b: &Bench, steps: usize, reps: usize) -> Result<f64, String> {
+    let chunk = b.engine.chunk_size();
+    let ids = (0..3 * steps).map(|_| b.filled(chunk, "layer")).collect::<Result<Vec<_>, _>>()?;
+    let fail = |e: tiermem::Error| e.to_string();
+    b.engine.set_schedule(ids.chunks(3).map(<[_]>::to_vec).collect()).map_err(fail)?;
+    for &id in &ids {
+        b.engine.page_in(Target::Buffer(id)).map_err(fail)?;
+    }
+    let window = 16 * chunk;
+    let mut samples = Vec::with_capacity(reps);
+    for rep in 0..reps + 100 {
+        let t = Instant::now();
+        b.engine.advance(rep % steps, window).map_err(fail)?;
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    b.engine.clear_schedule();
+    for id in ids {
+        b.engine.free(id).map_err(fail)?;
+    }
+    Ok(median(samples.split_off(100)))
+}
+
 /// Median and 99th-percentile microseconds of acquiring an already-resident 64-chunk buffer on
 /// this thread while another thread pages a buffer of `size` bytes out and in again and
 /// again: what a cheap acquire pays for another thread's transfers (the engine's lock).
@@ -283,6 +307,9 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
 
     let acquire_us = acquire_resident(&b, 2000)?;
     println!("acquire of a resident 64-chunk buffer: {acquire_us:.2} µs (median)");
+    let advance_steps = (4 * size / chunk / 6).min(112);
+    let advance_us = advance_resident(&b, advance_steps, 2000)?;
+    println!("advance along {advance_steps} steps of 3 resident chunks: {advance_us:.2} µs (median)");
     let (under_load_us, under_load_p99_us, load_cycles) = acquire_resident_under_load(&b, size, 2000)?;
     println!(
         "  the same while another thread pages {} MiB out and in ({load_cycles} times): {under_load_us:.2} µs median, {under_load_p99_us:.1} µs 99th percentile",
@@ -364,6 +391,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
             "oversub_seq_pre_evict_GBps": pre_evict_seq,
             "acquire_resident_us": acquire_us,
             "acquire_resident_us_under_load": under_load_us,
+            "advance_resident_us": advance_us,
         }),
         json!({
             "page_in": page_in / ceilings.h2d_gbps,
@@ -386,6 +414,7 @@ pub fn run(dir: &Path, commit: &str, reps: usize, size: usize) -> Result<(), Str
         "lone_chunk_page_in_us": lone.in_s * 1e6,
         "acquire_resident_under_load_p99_us": under_load_p99_us,
         "acquire_resident_under_load_cycles": load_cycles,
+        "advance_resident_steps": advance_steps,
         "lone_chunk_page_out_us": lone.out_s * 1e6,
         "page_in_ms": big.in_s * 1e3,
         "page_out_ms": big.out_s * 1e3,
