@@ -336,8 +336,9 @@ def where_time_goes(metrics, key, handle, pool, model, prompt, steps, size, cap)
     """Diagnostics for a model whose decode falls short of the PCIe bound: the host time in
     the engine calls the hooks make over one step, and the decode speed with the whole model
     resident through tiermem (the budget raised above the model, then set back): the floor
-    that compute and the hooks leave, whatever the link does. Warmed first: after a window
-    sweep the handle is a fresh offload whose first passes map every chunk."""
+    that compute and the hooks leave, whatever the link does; then the same pinned
+    (``Offload.pin``: resident, no hooks), whose tokens and logits it returns. Warmed first:
+    after a window sweep the handle is a fresh offload whose first passes map every chunk."""
     decode(model, prompt, steps)
     timed_engine_calls(metrics, f"{key}_", handle, pool, model, prompt)
     pool.finish(pool.set_hbm_budget(size + GiB))
@@ -346,10 +347,16 @@ def where_time_goes(metrics, key, handle, pool, model, prompt, steps, size, cap)
     _, _, step_s = decode(model, prompt, steps)
     metrics[f"{key}_all_resident_decode_tok_s"] = prompt.shape[0] / step_s
     timed_engine_calls(metrics, f"{key}_all_resident_", handle, pool, model, prompt)  # the hooks' host time alone
+    handle.pin()  # resident without hooks (tiermem.residency): the plain decode's speed, if pinning works
+    tokens, logits, step_s = decode(model, prompt, steps)
+    handle.unpin()
+    metrics[f"{key}_pinned_decode_tok_s"] = prompt.shape[0] / step_s
     pool.finish(pool.set_hbm_budget(cap))
     log(f"{key}: host time in engine calls over two passes {metrics[f'{key}_host_seconds_per_step']}; "
         f"all resident through tiermem {metrics[f'{key}_all_resident_decode_tok_s']:.1f} tok/s, "
-        f"its engine calls {metrics[f'{key}_all_resident_host_seconds_per_step']}")
+        f"its engine calls {metrics[f'{key}_all_resident_host_seconds_per_step']}; "
+        f"pinned {metrics[f'{key}_pinned_decode_tok_s']:.1f} tok/s")
+    return tokens, logits
 
 
 def tied_loading_and_sleep(args, results):
@@ -396,7 +403,8 @@ def tied_loading_and_sleep(args, results):
         log(f"tied: {metrics['tied_decode_tok_s']:.1f} tok/s = {ratios['tied_vs_pcie_bound']:.2f} of the PCIe bound, "
             f"window {handle.window_bytes / MiB:.0f} MiB, {metrics['tied_traffic_vs_optimum']:.2f}x the optimum's traffic")
         handle = window_sweep(args, metrics, "tied", handle, model, pool, prompt, steps, size, cap)
-        where_time_goes(metrics, "tied", handle, pool, model, prompt, steps, size, cap)
+        pinned = where_time_goes(metrics, "tied", handle, pool, model, prompt, steps, size, cap)
+        checks["tied_pinned_identical"] = all(map(torch.equal, pinned, (tokens, logits)))
 
         # Sleep and wake: released HBM (the default), then kept HBM; the model must not change.
         wakes, kept = [], []
@@ -509,7 +517,8 @@ def moe_decode(args, results, key, shape):
         f"window {handle.window_bytes / MiB:.0f} MiB, {metrics[f'{key}_traffic_vs_optimum']:.2f}x the optimum's traffic; "
         f"resident without tiermem {metrics[f'{key}_plain_resident_decode_tok_s']:.1f} tok/s")
     handle = window_sweep(args, metrics, key, handle, model, pool, prompt, 8, size, cap)
-    where_time_goes(metrics, key, handle, pool, model, prompt, 8, size, cap)
+    pinned = where_time_goes(metrics, key, handle, pool, model, prompt, 8, size, cap)
+    checks[f"{key}_pinned_identical"] = all(map(torch.equal, pinned, (tokens, logits)))
     del model, handle, pool
     gc.collect()
     torch.cuda.empty_cache()

@@ -329,6 +329,31 @@ def test_sleep_gives_hbm_back_and_wake_brings_the_model_back_bitwise():
         handle.sleep()
 
 
+@needs_gpu
+def test_a_pinned_model_is_all_in_hbm_held_and_gives_the_same_outputs():
+    reference, model = tiny_llama(), tiny_llama()
+    pool = tiermem.Pool(backend="cuda", hbm_limit=64 * MIB, host_limit="1GiB")
+    handle = tt.offload(model, pool, prefetch_bytes=4 * MIB)
+    expected = _same_outputs(reference, model, passes=2)
+    handle.sleep(release_hbm=False)
+    handle.pin()
+    stats = pool.stats()
+    assert all(b["in_hbm"] * stats["chunk_size"] >= b["size"] for b in stats["buffers"]), "every buffer resident"
+    with pytest.raises(tiermem.BufferStateError, match="acquired"):
+        pool.page_out()  # acquired memory never leaves
+    with torch.no_grad():
+        assert torch.equal(model(_ids()).logits, expected)
+    handle.sleep()  # unpins, then pages out
+    assert not handle.pinned and all(b["in_hbm"] == 0 for b in pool.stats()["buffers"])
+    handle.pin()  # pages the model in again, held
+    with torch.no_grad():
+        assert torch.equal(model(_ids()).logits, expected)
+    handle.unpin()
+    with torch.no_grad():
+        assert torch.equal(model(_ids()).logits, expected)
+    handle.remove("cuda")
+
+
 def test_units_share_tied_tensors_and_group_experts_without_a_gpu(monkeypatch):
     import tiermem.units
     from tiermem.units import plan

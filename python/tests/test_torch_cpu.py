@@ -48,6 +48,7 @@ class FakePool:
 
     def __init__(self, strict=False):
         self.acq, self.strict, self.buffers = {}, strict, {}
+        self.paged_out, self.paged_in = [], []  # ids, in the order asked
 
     def alloc(self, size, name=None, in_place=False):
         return self._made(FakeBuffer(size, name))
@@ -67,10 +68,11 @@ class FakePool:
             buffer.t.fill_(0xFF)  # NaN in every float type
         return buffer
 
-    def acquire(self, buffer, stream=0, write=False):
-        if self.strict and self.acq.get(buffer.id, 0) == 0:
-            buffer.t.copy_(buffer.saved)
-        self.acq[buffer.id] = self.acq.get(buffer.id, 0) + 1
+    def acquire(self, buffers, stream=0, write=False):
+        for b in buffers if isinstance(buffers, list) else [buffers]:
+            if self.strict and self.acq.get(b.id, 0) == 0:
+                b.t.copy_(b.saved)
+            self.acq[b.id] = self.acq.get(b.id, 0) + 1
 
     def release(self, buffers, stream=0):
         for b in buffers if isinstance(buffers, list) else [buffers]:
@@ -105,9 +107,11 @@ class FakePool:
         pass
 
     def page_out_start(self, buffer):
+        self.paged_out.append(buffer.id)
         return 1
 
     def page_in_start(self, buffer):
+        self.paged_in.append(buffer.id)
         return 2
 
     def finish(self, ticket):
@@ -179,6 +183,97 @@ def test_inference_sleep_wake_and_remove_give_the_resident_outputs(cpu, packing,
     assert (m.lm_head.weight is m.model.embed_tokens.weight) == tied
     with torch.no_grad():
         assert torch.equal(m(IDS).logits, e)
+
+
+@pytest.mark.parametrize("make", [lambda: llama(True), mixtral], ids=["tied", "moe"])
+def test_sleep_and_wake_move_every_buffer_the_fused_experts_too(cpu, monkeypatch, make):
+    monkeypatch.setattr(tiermem.units, "WASTE", 0)  # fused experts cut apart, however small
+    m = make()
+    pool = FakePool()
+    h = tt.offload(m, pool, prefetch_bytes=1 << 20)
+    assert any(s.experts for s in h.sites) == isinstance(m, transformers.MixtralForCausalLM)
+    with torch.no_grad():
+        m(IDS)
+    h.sleep()
+    assert sorted(pool.paged_out) == sorted(pool.buffers), "every buffer of the model leaves HBM"
+    h.wake()
+    assert sorted(pool.paged_in) == sorted(pool.buffers), "the model fits: every buffer comes back"
+    assert h.bytes == sum(-(-b.size // pool.chunk_size) * pool.chunk_size for b in pool.buffers.values())
+
+
+def _hooked(m) -> int:
+    return sum(len(mod._forward_pre_hooks) + len(mod._forward_hooks) for mod in m.modules())
+
+
+@pytest.mark.parametrize("make", [lambda: llama(True), lambda: llama(False), mixtral], ids=["tied", "untied", "moe"])
+def test_a_pinned_model_runs_without_hooks_and_gives_the_resident_outputs(cpu, monkeypatch, packing, make):
+    """A strict pool turns memory not acquired into NaN: pinned, with no hook left to acquire
+    anything, the outputs stay the resident model's; unpinned, the hooks are back."""
+    monkeypatch.setattr(tiermem.units, "WASTE", 0)  # fused experts cut apart, however small
+    ref, m = make(), make()
+    pool = FakePool(strict=True)
+    h = tt.offload(m, pool, prefetch_bytes=1 << 20)
+    hooks = _hooked(m)
+    with torch.no_grad():
+        e = ref(IDS).logits
+        assert torch.equal(m(IDS).logits, e)
+        h.pin()
+        h.pin()  # a second pin does nothing
+        assert h.pinned and _hooked(m) == 0
+        assert all(pool.acq.get(i) == 1 for i in pool.buffers), "every buffer held once"
+        assert not any(isinstance(p, experts_module.ExpertWeights) for p in m.parameters())
+        for _ in range(2):
+            assert torch.equal(m(IDS).logits, e)
+        kw = dict(max_new_tokens=4, do_sample=False)
+        assert torch.equal(m.generate(IDS, **kw), ref.generate(IDS, **kw))
+        h.unpin()
+        h.unpin()
+        assert not h.pinned and _hooked(m) == hooks
+        assert all(v == 0 for v in pool.acq.values()), pool.acq
+        assert torch.equal(m(IDS).logits, e)
+        h.pin()
+    h.sleep()  # unpins first
+    assert not h.pinned and all(v == 0 for v in pool.acq.values())
+    h.pin()
+    h.remove()  # unpins first
+    assert _hooked(m) == 0 and all(v == 0 for v in pool.acq.values())
+    with torch.no_grad():
+        assert torch.equal(m(IDS).logits, e)
+
+
+def test_a_pinned_model_trains_to_the_same_losses(cpu):
+    def train(pinned):
+        m = llama(True).train()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        pool = FakePool(strict=True)
+        h = tt.offload(m, pool, optimizer=opt)
+        if pinned:
+            h.pin()
+        losses = []
+        for _ in range(3):
+            loss = m(IDS, labels=IDS).loss
+            loss.backward()
+            h.step()
+            losses.append(loss.item())
+        h.unpin()
+        assert all(v == 0 for v in pool.acq.values()), pool.acq
+        return losses
+
+    assert train(True) == train(False)
+
+
+def test_a_model_larger_than_the_cap_is_not_pinned_and_stays_as_it_was(cpu):
+    m = llama(True)
+    pool = FakePool()
+    h = tt.offload(m, pool, prefetch_bytes=1 << 20)
+    hooks = _hooked(m)
+    pool.hbm_cap = h.bytes - pool.chunk_size
+    with pytest.raises(tiermem.InvalidArgumentError, match="Offload.pin: the model takes .* more than the Pool's HBM cap"):
+        h.pin()
+    assert not h.pinned and _hooked(m) == hooks and all(v == 0 for v in pool.acq.values())
+    h.remove()
+    with pytest.raises(tiermem.InvalidArgumentError, match="Offload.pin: this Offload was removed"):
+        h.pin()
 
 
 def test_training_a_tied_model_with_adamw_gives_the_same_losses(cpu, packing):

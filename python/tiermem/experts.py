@@ -106,6 +106,12 @@ def point_by_tensor(experts: Experts) -> None:
         _mark(owned, experts)
 
 
+def mark_experts(experts: Experts) -> None:
+    """Marks each fused tensor again (after :func:`unmark_experts`): its uses acquire it."""
+    for owned in experts.tensors:
+        _mark(owned, experts)
+
+
 def _mark(owned, experts: Experts) -> None:
     if owned.role == "param":
         owned.tensor.__class__ = ExpertWeights

@@ -16,7 +16,8 @@
   model never has to fit anywhere whole.
 * :meth:`Offload.sleep` pages a whole model out and gives its HBM back to other users of the
   GPU; :meth:`Offload.wake` pages it back in at the PCIe link's speed, in the background if
-  asked (serving several models on one GPU).
+  asked (serving several models on one GPU); :meth:`Offload.pin` holds a model that fits
+  resident without hooks, so it runs as fast as one never offloaded (:mod:`tiermem.residency`).
 * :func:`offload_activations` (:mod:`tiermem.activations`) keeps tensors saved for backward in tiermem buffers, so they can
   leave HBM between forward and backward; backward prefetches them in reverse order.
 * :func:`allocator` is a ``torch.cuda.memory.CUDAPluggableAllocator`` backed by a Pool (the
@@ -29,16 +30,15 @@ what runs when.
 from __future__ import annotations
 
 import itertools
-import threading
 
 import torch
 
 from . import _tiermem
 from . import units as units_module
-from ._tiermem import BufferStateError, InvalidArgumentError, Pool, TiermemError
+from ._tiermem import InvalidArgumentError, Pool, TiermemError
 from .experts import fill_experts, unmark_experts
-from .units import Experts, Site, Unit, dedup, phase_buffers, plan, view as _view
-_OFFLOADED = "_tiermem_offload"
+from .residency import _OFFLOADED, Residency, Waking  # noqa: F401  (Waking: re-exported)
+from .units import Experts, Site, Unit, dedup, plan, view as _view
 _STEP_KEYS = itertools.count(1)  # the engine's keys of the steps (Offload._key)
 WINDOW_SHARE = 12  # the paging-ahead window is at most this fraction of the HBM cap (Offload.window_bytes)
 
@@ -100,7 +100,7 @@ def _check_tensor(call: str, where: str, t: torch.Tensor, device: torch.device, 
         raise InvalidArgumentError(f"{call}: {where} is on {t.device}, but the Pool is on {device}")
 
 
-class Offload:
+class Offload(Residency):
     """What :func:`offload` returns: the hooks, the recorded schedule, the units and sites.
 
     Not thread-safe: run the model from one thread (a :class:`Waking` may finish meanwhile).
@@ -300,7 +300,8 @@ class Offload:
         """Undoes :func:`offload`: copies every parameter, buffer, gradient and optimizer
         moment out to ordinary tensors on ``device`` (a tied tensor stays one tensor), removes
         the hooks and the schedule, and lets the tiermem buffers go. The model can then be
-        offloaded again."""
+        offloaded again. A pinned model is unpinned first."""
+        self.unpin()
         stream = _stream()
         for experts in self._experts():
             with self.pool.acquired([u.parts["weights"] for u in experts.units], stream, write=False):
@@ -352,89 +353,6 @@ class Offload:
     @property
     def schedule_length(self) -> int:
         return len(self.schedule)
-
-    @property
-    def bytes(self) -> int:
-        """What the buffers take in tiermem: whole chunks."""
-        chunk = self.pool.chunk_size
-        return sum(-(-b.size // chunk) * chunk for u in self.units for b in u.parts.values())
-
-    # --- sleep and wake -------------------------------------------------------------------
-
-    def sleep(self, release_hbm: bool = True) -> int:
-        """Pages the whole model out of HBM (weights read since their last page-out are
-        clean: they leave with no copy) and, with ``release_hbm``, gives the HBM the pool no
-        longer uses back to the driver for other users of the GPU. Returns the bytes given
-        back. The model still runs while asleep (it pages in on demand); :meth:`wake` brings
-        it back at the PCIe link's speed."""
-        self._usable("Offload.sleep")
-        if any(k.held for k in self.sites + self.units):
-            raise InvalidArgumentError("Offload.sleep: the model is running (a module holds its buffers)")
-        tickets = [self.pool.page_out_start(b) for u in self.units for b in u.parts.values()]
-        for ticket in tickets:
-            self.pool.finish(ticket)
-        return self.pool.release_idle_hbm() if release_hbm else 0
-
-    def wake(self, block: bool = True) -> "Waking":
-        """Pages the weights in, in the order the model uses them, as far as HBM allows: every
-        buffer's copies are started before any is waited for, so they overlap and run at the
-        PCIe link's speed (the engine starts a page-in's copies batch by batch, so the
-        physical chunks that must be made again after a sleep gave HBM back are made while
-        earlier copies run). ``block=False`` returns at once; the returned :class:`Waking`
-        says when the copies are done. Running the model before then is safe (it waits on
-        the device for what it needs)."""
-        self._usable("Offload.wake")
-        order = [b for key, phase in self.schedule if phase == "forward" for b in phase_buffers(key.phase(phase))]
-        order += [u.parts["weights"] for u in self.units]
-        stats = self.pool.stats()
-        room = stats["hbm"]["capacity_bytes"] - stats["hbm"]["used_bytes"]
-        mine = {s["id"]: s["in_hbm"] * stats["chunk_size"] for s in stats["buffers"]}
-        chosen, seen, chunk = [], set(), self.pool.chunk_size
-        for buffer in order:
-            need = -(-buffer.size // chunk) * chunk - mine.get(buffer.id, 0)
-            if buffer.id in seen or need > room:
-                continue
-            seen.add(buffer.id)
-            room -= need
-            chosen.append((buffer, need))
-        tickets = [self.pool.page_in_start(b) for b, _ in chosen]
-        waking = Waking(self.pool, tickets, sum(need for _, need in chosen))
-        if block:
-            waking.wait()
-        return waking
-
-    def _usable(self, call: str) -> None:
-        if getattr(self.model, _OFFLOADED, None) is not self:
-            raise InvalidArgumentError(f"{call}: this Offload was removed")
-        if self.pool.closed:
-            raise BufferStateError(f"{call}: the model's Pool is closed; offload the model into a new Pool")
-
-
-class Waking:
-    """A :meth:`Offload.wake` in progress: the copies finish on a background thread."""
-
-    def __init__(self, pool: Pool, tickets: list[int], nbytes: int):
-        self.bytes = nbytes
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._finish, args=(pool, tickets), name="tiermem-wake", daemon=True)
-        self._thread.start()
-
-    def _finish(self, pool: Pool, tickets: list[int]) -> None:
-        for ticket in tickets:
-            try:
-                pool.finish(ticket)
-            except BaseException as e:  # noqa: BLE001 - re-raised by wait()
-                self._error = self._error or e
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait(self) -> None:
-        """Waits for every copy; raises the first error of any."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
 
 def _first_grad_tensor(output):
     if isinstance(output, torch.Tensor):
