@@ -271,6 +271,16 @@ def test_a_model_larger_than_the_cap_is_not_pinned_and_stays_as_it_was(cpu):
     with pytest.raises(tiermem.InvalidArgumentError, match="Offload.pin: the model takes .* more than the Pool's HBM cap"):
         h.pin()
     assert not h.pinned and _hooked(m) == hooks and all(v == 0 for v in pool.acq.values())
+    pool.hbm_cap = h.bytes
+
+    def full(buffers, stream=0, write=False):  # memory the engine cannot free now
+        raise tiermem.OutOfMemoryError("acquire: no HBM can be freed")
+
+    pool.acquire = full
+    with pytest.raises(tiermem.OutOfMemoryError, match="Offload.pin: acquire: no HBM can be freed"):
+        h.pin()
+    assert not h.pinned and _hooked(m) == hooks and all(v == 0 for v in pool.acq.values())
+    del pool.acquire
     h.remove()
     with pytest.raises(tiermem.InvalidArgumentError, match="Offload.pin: this Offload was removed"):
         h.pin()

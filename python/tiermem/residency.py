@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 
-from ._tiermem import BufferStateError, InvalidArgumentError, Pool
+from ._tiermem import BufferStateError, InvalidArgumentError, Pool, TiermemError
 from .experts import mark_experts, unmark_experts
 from .units import dedup, phase_buffers
 
@@ -120,12 +120,17 @@ class Residency:
         read = [b for b, write in entries if not write]
         written = [b for b, write in entries if write]
         stream = _stream()
-        self.pool.acquire(read, stream, False)
+        try:
+            self.pool.acquire(read, stream, False)
+        except TiermemError as e:
+            raise type(e)(f"Offload.pin: {e}") from e
         try:
             if written:
                 self.pool.acquire(written, stream, True)
-        except BaseException:
+        except BaseException as e:
             self.pool.release(read, stream)
+            if isinstance(e, TiermemError):
+                raise type(e)(f"Offload.pin: {e}") from e
             raise
         self._pinned = (read, written)
         for handle in self._hooks:
