@@ -219,7 +219,7 @@ def test_a_pinned_model_runs_without_hooks_and_gives_the_resident_outputs(cpu, m
         assert torch.equal(m(IDS).logits, e)
         h.pin()
         h.pin()  # a second pin does nothing
-        assert h.pinned and _hooked(m) == 0
+        assert h.pinned and _hooked(m) == 1, "the root's check of the budget alone"
         assert all(pool.acq.get(i) == 1 for i in pool.buffers), "every buffer held once"
         assert not any(isinstance(p, experts_module.ExpertWeights) for p in m.parameters())
         for _ in range(2):
@@ -239,6 +239,51 @@ def test_a_pinned_model_runs_without_hooks_and_gives_the_resident_outputs(cpu, m
     assert _hooked(m) == 0 and all(v == 0 for v in pool.acq.values())
     with torch.no_grad():
         assert torch.equal(m(IDS).logits, e)
+
+
+def test_a_pinned_model_unpins_itself_when_the_budget_falls_below_it(cpu):
+    """The node daemon takes HBM back by lowering the Pool's budget: a pinned model gives its
+    buffers back to the engine as its next forward begins, and that forward streams."""
+    ref, m = llama(True), llama(True)
+    pool = FakePool(strict=True)
+    h = tt.offload(m, pool, prefetch_bytes=1 << 20)
+    hooks = _hooked(m)
+    with torch.no_grad():
+        e = ref(IDS).logits
+        h.pin()
+        pool.hbm_cap = h.bytes  # still fits: stays pinned
+        assert torch.equal(m(IDS).logits, e) and h.pinned
+        pool.hbm_cap = h.bytes - pool.chunk_size
+        assert torch.equal(m(IDS).logits, e), "the unpinned pass acquires what it reads"
+        assert not h.pinned and _hooked(m) == hooks
+        assert all(v == 0 for v in pool.acq.values()), pool.acq
+        assert torch.equal(m(IDS).logits, e)
+
+
+class _RootOwns(torch.nn.Module):
+    """A model whose root module owns a parameter itself (a site of its own)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.scale = torch.nn.Parameter(torch.randn(64))
+        self.lin = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+def test_a_root_that_owns_tensors_acquires_them_when_it_unpins_mid_call(cpu):
+    ref, m = _RootOwns(), _RootOwns()
+    pool = FakePool(strict=True)
+    h = tt.offload(m, pool, prefetch_bytes=1 << 20)
+    assert any(site.module is m for site in h.sites)
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        h.pin()
+        pool.hbm_cap = 0
+        assert torch.equal(m(x), ref(x))
+    assert not h.pinned and all(v == 0 for v in pool.acq.values()), pool.acq
 
 
 def test_a_pinned_model_trains_to_the_same_losses(cpu):

@@ -8,8 +8,9 @@ hooks, then a few engine calls — which the link hides while the model streams 
 all there is once everything is resident: a small model woken to serve ran at about half its
 plain speed on the H200 host. A pinned model has every buffer acquired once and its hooks
 removed, so it runs exactly as an ordinary model; its HBM stays its own until :meth:`unpin`,
-:meth:`sleep` or :meth:`remove` (acquired memory is never taken away, so a smaller budget
-from the node daemon waits for it as well).
+:meth:`sleep` or :meth:`remove`. Acquired memory is never taken away, so a pinned model keeps
+one hook, on its root: a pass that begins under a budget smaller than the model (the node
+daemon taking HBM back) unpins it first, and streams.
 """
 
 from __future__ import annotations
@@ -103,9 +104,12 @@ class Residency:
         model that fits in the Pool's HBM cap — one woken to serve requests, say. Weights are
         held for reading (they stay clean: a later :meth:`sleep` costs no copy), gradients
         for writing; :meth:`step` and :meth:`zero_grad` work as before. Until :meth:`unpin`
-        (or :meth:`sleep`, :meth:`remove`) the HBM is the model's. A model larger than the
-        cap, or one that cannot be made resident now, is an error and nothing changes.
-        Pinning a pinned model does nothing."""
+        (or :meth:`sleep`, :meth:`remove`) the HBM is the model's — unless the Pool's budget
+        falls below the model (the node daemon taking HBM back, ``Pool.set_hbm_budget``): then
+        the model unpins itself as its next forward begins, and streams from there (an idle
+        pinned model keeps its HBM until then: put idle models to :meth:`sleep`). A model
+        larger than the cap, or one that cannot be made resident now, is an error and nothing
+        changes. Pinning a pinned model does nothing."""
         self._usable("Offload.pin")
         if self._pinned is not None:
             return
@@ -133,12 +137,23 @@ class Residency:
                 raise type(e)(f"Offload.pin: {e}") from e
             raise
         self._pinned = (read, written)
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
+        self._remove_hooks()
         for experts in self._experts():
             for owned in experts.tensors:
                 unmark_experts(owned.tensor)
+        # The one hook left: a pass that begins under a budget smaller than the model unpins.
+        held = self.bytes
+        self._hooks.append(self.model.register_forward_pre_hook(lambda m, args: self._keep_to_budget(held, args)))
+
+    def _keep_to_budget(self, held: int, args) -> None:
+        if held > self.pool.hbm_cap:
+            self.unpin()
+            # The root's own pre-hooks, installed while its call runs, miss this call (its
+            # post-hooks do not): run them here.
+            self._pass_starts()
+            for site in self.sites:
+                if site.module is self.model:
+                    self._forward_pre(site)(self.model, args)
 
     def unpin(self) -> None:
         """Gives the model back to the engine: its hooks return and its buffers are released
@@ -148,11 +163,17 @@ class Residency:
             return
         read, written = self._pinned
         self._pinned = None
+        self._remove_hooks()
         for experts in self._experts():
             mark_experts(experts)
         self._install()
         stream = _stream()
         self.pool.release(read + written, stream)
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
 
     def _usable(self, call: str) -> None:
         if getattr(self.model, _OFFLOADED, None) is not self:

@@ -324,9 +324,7 @@ class Offload(Residency):
                         if key in state:
                             state[key] = state[key].to(device, copy=True)
                 torch.cuda.current_stream().synchronize()
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
+        self._remove_hooks()
         self.pool.clear_schedule()
         for unit in self.units:
             _REGISTERED.discard(unit.parts["weights"].ptr)
