@@ -351,6 +351,12 @@ def test_a_pinned_model_is_all_in_hbm_held_and_gives_the_same_outputs():
     handle.unpin()
     with torch.no_grad():
         assert torch.equal(model(_ids()).logits, expected)
+    handle.pin()
+    pool.finish(pool.set_hbm_budget(handle.bytes // 2))  # the daemon takes HBM back
+    with torch.no_grad():
+        assert torch.equal(model(_ids()).logits, expected)
+    assert not handle.pinned, "the pass began under a smaller budget: unpinned, streamed"
+    assert pool.stats()["hbm"]["used_bytes"] <= pool.hbm_cap
     handle.remove("cuda")
 
 
