@@ -5,7 +5,7 @@
 //! lends, how much, what is borrowed, giving it back). The calls that move data are in
 //! engine.rs.
 
-use crate::engine::Ticket;
+use crate::engine::{Inner, Ticket};
 use crate::error::retag;
 use crate::recorder::{Learned, Recorder};
 use crate::schedule::Schedule;
@@ -62,11 +62,26 @@ impl Engine {
         self.install_schedule("set_schedule", steps)
     }
 
+    /// Sets `steps` as the schedule: every buffer must be live (the caller named them).
     pub(crate) fn install_schedule(&self, call: &'static str, steps: Vec<Vec<BufferId>>) -> Result<()> {
         let mut inner = self.lock();
         for &id in steps.iter().flatten() {
             inner.buffer(call, id)?;
         }
+        Self::set_steps(&mut inner, call, steps)
+    }
+
+    /// Sets recorded `steps` as the schedule, without the buffers freed since they were
+    /// recorded (as a freed buffer leaves a schedule already set: `Schedule::forget`).
+    fn install_recorded(&self, call: &'static str, mut steps: Vec<Vec<BufferId>>) -> Result<()> {
+        let mut inner = self.lock();
+        for step in &mut steps {
+            step.retain(|&id| inner.buffer(call, id).is_ok());
+        }
+        Self::set_steps(&mut inner, call, steps)
+    }
+
+    fn set_steps(inner: &mut Inner, call: &'static str, steps: Vec<Vec<BufferId>>) -> Result<()> {
         if steps.is_empty() {
             return Err(Error::Schedule { call, detail: "a schedule needs at least one step".into() });
         }
@@ -92,8 +107,7 @@ impl Engine {
         let mut recorder = self.recorder();
         self.schedule_is_the_programs(&mut recorder);
         let Some(steps) = recorder.pass_begins() else { return Ok(()) };
-        // A buffer of the recording freed since: record again rather than keep half a schedule.
-        self.install_schedule("pass_begins", steps).inspect_err(|_| recorder.forget())
+        self.install_recorded("pass_begins", steps).inspect_err(|_| recorder.forget())
     }
 
     /// The program enters the step named `key` (any number the caller chooses; the same for
@@ -155,7 +169,7 @@ impl Engine {
                 self.lock().schedule = None;
                 return;
             }
-            Learned::Schedule(steps, step) => match self.install_schedule("acquire", steps) {
+            Learned::Schedule(steps, step) => match self.install_recorded("acquire", steps) {
                 Ok(()) => step,
                 Err(_) => return recorder.forget(),
             },
