@@ -55,10 +55,13 @@ pub enum Kind {
     Exchange,
     PageOutToFile,
     Reallocate,
+    /// `step_enters` on one buffer: the known-schedule paths (recording, paging ahead, Belady).
+    Step,
+    PassBegins,
 }
 
 impl Kind {
-    const ALL: [Kind; 12] = [
+    const ALL: [Kind; 14] = [
         Kind::KernelWrite,
         Kind::KernelCheck,
         Kind::HostWrite,
@@ -71,6 +74,8 @@ impl Kind {
         Kind::Exchange,
         Kind::PageOutToFile,
         Kind::Reallocate,
+        Kind::Step,
+        Kind::PassBegins,
     ];
 
     fn name(self) -> &'static str {
@@ -87,6 +92,8 @@ impl Kind {
             Kind::Exchange => "exchange",
             Kind::PageOutToFile => "page_out_to_file",
             Kind::Reallocate => "free_and_alloc",
+            Kind::Step => "step_enters",
+            Kind::PassBegins => "pass_begins",
         }
     }
 }

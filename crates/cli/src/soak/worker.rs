@@ -170,17 +170,19 @@ impl<'a> Worker<'a> {
     fn step(&mut self) {
         let shared = !self.shared.0.is_empty() && self.rng.random_bool(0.2);
         match self.rng.random_range(0..100) {
-            0..30 => self.on_some_buffer(shared, Kind::KernelWrite),
-            30..55 => self.on_some_buffer(shared, Kind::KernelCheck),
-            55..62 => self.on_some_buffer(shared, Kind::HostWrite),
-            62..70 => self.on_some_buffer(shared, Kind::HostRead),
-            70..74 => self.move_own(Kind::Prefetch),
-            74..79 => self.move_own(Kind::PageOut),
-            79..83 => self.move_own(Kind::PageOutStart),
-            83..86 => self.finish_one(),
-            86..91 => self.move_own(Kind::PageIn),
-            91..94 => self.move_own(Kind::Exchange),
-            94..97 => self.move_own(if self.plan.has_file { Kind::PageOutToFile } else { Kind::PageOut }),
+            0..28 => self.on_some_buffer(shared, Kind::KernelWrite),
+            28..51 => self.on_some_buffer(shared, Kind::KernelCheck),
+            51..58 => self.on_some_buffer(shared, Kind::HostWrite),
+            58..66 => self.on_some_buffer(shared, Kind::HostRead),
+            66..70 => self.move_own(Kind::Prefetch),
+            70..74 => self.move_own(Kind::PageOut),
+            74..78 => self.move_own(Kind::PageOutStart),
+            78..81 => self.finish_one(),
+            81..86 => self.move_own(Kind::PageIn),
+            86..89 => self.move_own(Kind::Exchange),
+            89..92 => self.move_own(if self.plan.has_file { Kind::PageOutToFile } else { Kind::PageOut }),
+            92..96 => self.move_own(Kind::Step),
+            96..97 => self.move_own(Kind::PassBegins),
             _ => {
                 let i = self.rng.random_range(0..self.own.len());
                 self.reallocate(Some(i));
@@ -280,7 +282,7 @@ impl<'a> Worker<'a> {
         }
     }
 
-    /// Moves one of this thread's buffers (or two, for an exchange).
+    /// Moves one of this thread's buffers (or two, for an exchange), or enters its step.
     fn move_own(&mut self, kind: Kind) {
         self.tally.op(kind);
         let (a, b) = (self.rng.random_range(0..self.own.len()), self.rng.random_range(0..self.own.len()));
@@ -294,6 +296,12 @@ impl<'a> Worker<'a> {
             Kind::Exchange if id != other => e.exchange(Target::Buffer(id), Target::Buffer(other)),
             Kind::Exchange => Ok(()),
             Kind::PageOutToFile => e.page_out_to_file(Target::Buffer(id)),
+            // One schedule for the whole engine, whatever thread enters its steps: a step per
+            // buffer, paging ahead as far as one operation acquires.
+            Kind::Step => {
+                e.step_enters(id.0, &[id], self.plan.region_chunks * self.plan.blocks_per_chunk * BLOCK).map(drop)
+            }
+            Kind::PassBegins => e.pass_begins(),
             _ => unreachable!("not a move"),
         };
         if let Err(err) = outcome {
