@@ -58,10 +58,13 @@ pub enum Kind {
     /// `step_enters` on one buffer: the known-schedule paths (recording, paging ahead, Belady).
     Step,
     PassBegins,
+    /// `set_hbm_budget`, as the node daemon changes a tenant's, and `release_idle_hbm`.
+    Budget,
+    ReleaseIdle,
 }
 
 impl Kind {
-    const ALL: [Kind; 14] = [
+    const ALL: [Kind; 16] = [
         Kind::KernelWrite,
         Kind::KernelCheck,
         Kind::HostWrite,
@@ -76,6 +79,8 @@ impl Kind {
         Kind::Reallocate,
         Kind::Step,
         Kind::PassBegins,
+        Kind::Budget,
+        Kind::ReleaseIdle,
     ];
 
     fn name(self) -> &'static str {
@@ -94,6 +99,8 @@ impl Kind {
             Kind::Reallocate => "free_and_alloc",
             Kind::Step => "step_enters",
             Kind::PassBegins => "pass_begins",
+            Kind::Budget => "set_hbm_budget",
+            Kind::ReleaseIdle => "release_idle_hbm",
         }
     }
 }

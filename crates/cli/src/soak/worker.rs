@@ -15,6 +15,8 @@ use tiermem::{Access, AllocOptions, BufferId, Engine, Error, Region, Target, Tic
 
 /// The shape of a soak, from its caps: buffer counts and sizes, the largest acquire.
 pub struct Plan {
+    /// The engine's HBM cap in chunks: budgets set while the soak runs are 60–100% of it.
+    hbm_chunks: usize,
     blocks_per_chunk: usize,
     /// Chunks one operation acquires at most, so the threads' acquisitions fit in HBM together.
     region_chunks: usize,
@@ -31,6 +33,7 @@ impl Plan {
         let own = (total - total / 4) / threads;
         let max_buffer_chunks = (own / 3).clamp(1, 6);
         Self {
+            hbm_chunks,
             blocks_per_chunk: chunk / BLOCK,
             region_chunks: (hbm_chunks / (2 * threads)).max(1),
             own_buffers: (own / max_buffer_chunks).max(1),
@@ -181,8 +184,10 @@ impl<'a> Worker<'a> {
             81..86 => self.move_own(Kind::PageIn),
             86..89 => self.move_own(Kind::Exchange),
             89..92 => self.move_own(if self.plan.has_file { Kind::PageOutToFile } else { Kind::PageOut }),
-            92..96 => self.move_own(Kind::Step),
-            96..97 => self.move_own(Kind::PassBegins),
+            92..95 => self.move_own(Kind::Step),
+            95 => self.move_own(Kind::PassBegins),
+            96 => self.move_own(Kind::Budget),
+            97 => self.move_own(Kind::ReleaseIdle),
             _ => {
                 let i = self.rng.random_range(0..self.own.len());
                 self.reallocate(Some(i));
@@ -302,6 +307,13 @@ impl<'a> Worker<'a> {
                 e.step_enters(id.0, &[id], self.plan.region_chunks * self.plan.blocks_per_chunk * BLOCK).map(drop)
             }
             Kind::PassBegins => e.pass_begins(),
+            // The node daemon's live budget: the threads' acquisitions (half the cap at most)
+            // always fit; the excess leaves in the background (finished as a page-out is).
+            Kind::Budget => {
+                let chunks = self.rng.random_range(self.plan.hbm_chunks * 3 / 5..=self.plan.hbm_chunks);
+                e.set_hbm_budget(chunks * self.plan.blocks_per_chunk * BLOCK).map(|t| self.tickets.push(t))
+            }
+            Kind::ReleaseIdle => e.release_idle_hbm().map(drop),
             _ => unreachable!("not a move"),
         };
         if let Err(err) = outcome {
