@@ -72,9 +72,14 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
     let simulated = probe.info().backend == BackendKind::Sim;
     let hbm = args.hbm_limit.or(env.hbm_limit).unwrap_or(if simulated { 32 << 20 } else { 256 << 20 });
     let hbm_chunks = (hbm / chunk).max(4);
-    // On the simulated device, work completes late and in random order (Timing::Random).
+    // On the simulated device, work completes late and in random order (Timing::Random); with
+    // TIERMEM_SIM_GPUS above 1 the device is GPU 0 of a node whose other GPUs lend their HBM
+    // to the peer tier, a fourth tier for the chunks to move through.
     let sim = match simulated {
-        true => Some(Arc::new(SimDevice::new((hbm_chunks + 16) * chunk).map_err(|e| format!("soak: {e}"))?)),
+        true => {
+            let node = SimDevice::node(env.sim_gpus.max(1), (hbm_chunks + 16) * chunk);
+            Some(Arc::new(node.map_err(|e| format!("soak: {e}"))?.swap_remove(0)))
+        }
         false => None,
     };
     if let Some(sim) = &sim {
@@ -107,12 +112,14 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
     let counting = Arc::new(CountingDevice::new(Arc::clone(&device)));
     let engine = Engine::with_device(counting.clone(), &config).map_err(|e| format!("soak: {e}"))?;
     let threads = args.threads.max(1);
+    let lent = engine.stats().tiers.get(Tier::Peer).map_or(0, |peer| peer.capacity_bytes);
     println!(
-        "soak: {} | HBM cap {} | host tier {} | file tier {} | {threads} threads | {:.0} s | seed {}",
+        "soak: {} | HBM cap {} | host tier {} | file tier {} | peer tier {} | {threads} threads | {:.0} s | seed {}",
         device.info().name,
         format_size(hbm_chunks * chunk),
         format_size(hbm_chunks * chunk),
         file.as_ref().map_or("none".into(), |p| format!("{} at {}", format_size(4 * hbm_chunks * chunk), p.display())),
+        if lent > 0 { format_size(lent) } else { "none".into() },
         args.seconds,
         args.seed
     );
@@ -149,9 +156,9 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
     let file_tier_ops = stats.transfers.file_reads + stats.transfers.file_writes;
     let mut leaks = Vec::new();
     let in_use = [("HBM", stats.tiers[Tier::Hbm].chunks), ("host tier", stats.tiers[Tier::Host].used_bytes / chunk)];
-    for (tier, chunks) in
-        in_use.into_iter().chain(stats.tiers.get(Tier::File).map(|f| ("file tier", f.used_bytes / chunk)))
-    {
+    let below = [(Tier::File, "file tier"), (Tier::Peer, "peer tier")];
+    let below = below.into_iter().filter_map(|(tier, name)| Some((name, stats.tiers.get(tier)?.used_bytes / chunk)));
+    for (tier, chunks) in in_use.into_iter().chain(below) {
         if chunks > 0 {
             leaks.push(format!("{tier}: {chunks} chunks still in use after every buffer was freed"));
         }
