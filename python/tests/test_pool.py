@@ -89,6 +89,9 @@ def test_errors_are_tiermem_exceptions_that_change_nothing(pool):
     with pytest.raises(tiermem.BufferStateError, match="does not exist"):
         buf.read(1)
     assert ro.read(7) == b"weights"
+    for size, offset in [(2**63, 0), (2**64 - 1, 0), (1, 2**64 - 1), (CHUNK + 1, 0)]:
+        with pytest.raises(tiermem.InvalidArgumentError, match=r"read: range .* is outside buffer"):
+            ro.read(size, offset=offset)  # refused before anything is allocated
     assert all(isinstance(e, type) and issubclass(e, tiermem.TiermemError) for e in (
         tiermem.OutOfMemoryError, tiermem.DeviceError, tiermem.FileTierError))
 

@@ -79,6 +79,11 @@ impl Buffer {
     #[pyo3(signature = (size=None, offset=0))]
     fn read<'py>(&self, py: Python<'py>, size: Option<usize>, offset: usize) -> PyResult<Bound<'py, PyBytes>> {
         let len = size.unwrap_or(self.size.saturating_sub(offset));
+        if offset.checked_add(len).is_none_or(|end| end > self.size) {
+            // Refused before the bytes are allocated (a huge size would abort the process).
+            let (call, buffer, size) = ("read", self.id, self.size);
+            return Err(to_py(tiermem::Error::OutOfRange { call, buffer, offset, len, size }));
+        }
         let mut out = vec![0u8; len];
         py.allow_threads(|| self.engine.read(self.id, offset, &mut out)).map_err(to_py)?;
         Ok(PyBytes::new(py, &out))
