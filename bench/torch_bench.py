@@ -3,8 +3,9 @@ least twice the HBM cap, run (a) fully resident, (b) with accelerate's cpu_offlo
 competitor, (c) with tiermem.torch.offload; (d) the PCIe bound is the bytes that must cross per
 pass over the raw pinned host-to-device bandwidth measured in this run. Then a training run
 whose parameters, gradients and AdamW state are at least 1.5x the cap; a Mixtral-style model
-at least 1.5x its cap; and a tied-embedding Llama larger than its cap, saved, loaded by
-tiermem.torch.from_pretrained (against the disk's read speed), decoded, put to sleep and woken.
+at least 1.5x its cap; a tied-embedding Llama larger than its cap, saved, loaded by
+tiermem.torch.from_pretrained (against the disk's read speed), decoded, put to sleep and woken;
+and two models taking turns on one GPU, woken, pinned and put to sleep (bench/torch_serving.py).
 
 Usage: python bench/torch_bench.py --json DIR [--commit SHA] [--small] [--scratch DIR] [--parts inference,...] [--in-place]
 Writes DIR/torch-<yyyymmdd>-<commit>.json (keys: suite, commit, date, device, metrics,
@@ -34,6 +35,7 @@ import tiermem.torch as tt
 from tiermem.loading import dtype_kwargs
 
 from page_cache import cached_fraction, disk_read_GBps, drop_page_cache  # bench/, beside this script
+from torch_serving import serving  # bench/: two models taking turns on one GPU
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -543,7 +545,8 @@ def main():
     parser.add_argument("--window-share", type=int, default=None,
                         help="the paging-ahead window is at most 1/N of the HBM cap (default: tiermem.torch.WINDOW_SHARE)")
     parser.add_argument("--experts-implementation", default=None, help="the MoE model's transformers experts implementation (default: transformers')")
-    parts = {"inference": inference, "training": training, "moe": mixture_of_experts, "tied": tied_loading_and_sleep}
+    parts = {"inference": inference, "training": training, "moe": mixture_of_experts, "tied": tied_loading_and_sleep,
+             "serving": lambda args, results: serving(args, results, sys.modules[__name__])}
     parser.add_argument("--parts", type=lambda v: v.split(","), default=list(parts),
                         help=f"which parts to run, comma-separated, of {','.join(parts)} (default: all)")
     args = parser.parse_args()

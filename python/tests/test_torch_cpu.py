@@ -286,6 +286,27 @@ def test_a_root_that_owns_tensors_acquires_them_when_it_unpins_mid_call(cpu):
     assert not h.pinned and all(v == 0 for v in pool.acq.values()), pool.acq
 
 
+def test_two_models_take_turns_in_one_pool_woken_pinned_and_put_to_sleep(cpu):
+    """bench/torch_serving.py's turns: each model, woken and pinned, gives its own outputs."""
+    refs, models = [llama(True, seed=s) for s in (4, 5)], [llama(True, seed=s) for s in (4, 5)]
+    pool = FakePool(strict=True)
+    handles = [tt.offload(m, pool, prefetch_bytes=1 << 20) for m in models]
+    mine = [{b.id for u in h.units for b in u.parts.values()} for h in handles]
+    with torch.no_grad():
+        expected = [r(IDS).logits for r in refs]
+        for h in handles:
+            h.sleep(release_hbm=False)
+        for turn in range(4):
+            which = turn % 2
+            pool.paged_in.clear()
+            handles[which].wake()
+            assert set(pool.paged_in) == mine[which], "the woken model's buffers, only"
+            handles[which].pin()
+            assert torch.equal(models[which](IDS).logits, expected[which])
+            handles[which].sleep(release_hbm=False)
+            assert not handles[which].pinned and all(v == 0 for v in pool.acq.values())
+
+
 def test_a_pinned_model_trains_to_the_same_losses(cpu):
     def train(pinned):
         m = llama(True).train()
