@@ -307,6 +307,16 @@ def test_two_models_take_turns_in_one_pool_woken_pinned_and_put_to_sleep(cpu):
             assert not handles[which].pinned and all(v == 0 for v in pool.acq.values())
 
 
+def test_bad_arguments_name_the_call_and_the_argument(cpu):
+    with pytest.raises(tiermem.InvalidArgumentError, match="offload: the model is a str, not a torch.nn.Module"):
+        tt.offload("llama", FakePool())
+    m = llama(True)
+    for bad in ["lots", -1, None, 1.5]:
+        with pytest.raises(tiermem.InvalidArgumentError, match="offload: prefetch_bytes: "):
+            tt.offload(m, FakePool(), prefetch_bytes=bad)
+    assert not hasattr(m, "_tiermem_offload"), "the model is left as it was"
+
+
 def test_a_pinned_model_trains_to_the_same_losses(cpu):
     def train(pinned):
         m = llama(True).train()

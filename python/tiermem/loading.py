@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import conversions
-from ._tiermem import InvalidArgumentError, Pool, parse_size
+from ._tiermem import InvalidArgumentError, Pool
 from .conversions import Assembled
 from .experts import point_by_tensor
 from .units import ALIGN, Unit
@@ -448,8 +448,8 @@ def load_checkpoint(
     filled = own + whole
     ignore = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
     sources = match(call, filled, checkpoint, ignore, *conversions.converted(model, checkpoint.entries))
-    prefetch_bytes = parse_size(prefetch_bytes)
-    staging = min(parse_size(staging_bytes), max(pool.chunk_size, pool.hbm_cap // 4)) // DEPTH
+    prefetch_bytes = _tt._size(call, "prefetch_bytes", prefetch_bytes)
+    staging = min(_tt._size(call, "staging_bytes", staging_bytes), max(pool.chunk_size, pool.hbm_cap // 4)) // DEPTH
     staging = max(ALIGN, staging // ALIGN * ALIGN)
     layouts = [u.layout(False) for u in units]
     _tt._allocate(pool, units, layouts, sites=sites)

@@ -368,10 +368,21 @@ def _first_grad_tensor(output):
     return None
 
 
+def _size(call: str, name: str, value) -> int:
+    """``value`` (bytes, or a string such as ``"256MiB"``) as bytes; a bad one is an error
+    naming the call and the argument."""
+    try:
+        return _tiermem.parse_size(value)
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"{call}: {name}: {str(e).removeprefix('size: ')}") from None
+
+
 def _prepare(call: str, model: torch.nn.Module, pool: Pool, optimizer, meta_ok: bool = False, experts_apart: bool = False,
              by_expert: bool = True):
     """Checks the model and plans its units (fused experts cut by expert with
     ``experts_apart``: :mod:`tiermem.units`); allocates nothing. Returns (units, sites)."""
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidArgumentError(f"{call}: the model is a {type(model).__name__}, not a torch.nn.Module")
     device = _require_gpu(pool, call)
     if getattr(model, _OFFLOADED, None) is not None:
         raise InvalidArgumentError(f"{call}: this model is already offloaded (Offload.remove() first)")
@@ -442,7 +453,7 @@ def offload(model: torch.nn.Module, pool: Pool, prefetch_bytes: int | str = "256
     device or on the meta device, sparse or non-contiguous tensors, a Pool without a GPU.
     """
     units, sites = _prepare("offload", model, pool, optimizer, experts_apart=True)
-    prefetch_bytes = _tiermem.parse_size(prefetch_bytes)
+    prefetch_bytes = _size("offload", "prefetch_bytes", prefetch_bytes)
     layouts = [u.layout(optimizer is not None) for u in units]
     _allocate(pool, units, layouts, in_place, sites)
     # From here on nothing can fail for a reason of the model's: copy and swap.
