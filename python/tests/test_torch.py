@@ -302,12 +302,17 @@ def test_fused_experts_cut_by_expert_are_bitwise_the_resident_model(monkeypatch,
         assert torch.equal(model(_ids()).logits, reference(_ids()).logits)
 
 
-@needs_gpu
-def test_sleep_gives_hbm_back_and_wake_brings_the_model_back_bitwise():
+def _tiny_offloaded():
+    """A tiny Llama offloaded into a Pool of 64 MiB, and the logits it must give."""
     reference, model = tiny_llama(), tiny_llama()
     pool = tiermem.Pool(backend="cuda", hbm_limit=64 * MIB, host_limit="1GiB")
     handle = tt.offload(model, pool, prefetch_bytes=4 * MIB)
-    expected = _same_outputs(reference, model, passes=2)
+    return model, pool, handle, _same_outputs(reference, model, passes=2)
+
+
+@needs_gpu
+def test_sleep_gives_hbm_back_and_wake_brings_the_model_back_bitwise():
+    model, pool, handle, expected = _tiny_offloaded()
     given_back = handle.sleep()
     assert given_back > 0
     assert all(b["in_hbm"] == 0 for b in pool.stats()["buffers"])
@@ -331,10 +336,7 @@ def test_sleep_gives_hbm_back_and_wake_brings_the_model_back_bitwise():
 
 @needs_gpu
 def test_a_pinned_model_is_all_in_hbm_held_and_gives_the_same_outputs():
-    reference, model = tiny_llama(), tiny_llama()
-    pool = tiermem.Pool(backend="cuda", hbm_limit=64 * MIB, host_limit="1GiB")
-    handle = tt.offload(model, pool, prefetch_bytes=4 * MIB)
-    expected = _same_outputs(reference, model, passes=2)
+    model, pool, handle, expected = _tiny_offloaded()
     handle.sleep(release_hbm=False)
     handle.pin()
     stats = pool.stats()
