@@ -254,6 +254,8 @@ def test_a_pinned_model_unpins_itself_when_the_budget_falls_below_it(cpu):
         pool.hbm_cap = h.bytes  # still fits: stays pinned
         assert torch.equal(m(IDS).logits, e) and h.pinned
         pool.hbm_cap = h.bytes - pool.chunk_size
+        with torch.enable_grad():  # a graph for a backward that would find no hooks: stays pinned
+            assert torch.equal(m(IDS).logits, e) and h.pinned
         assert torch.equal(m(IDS).logits, e), "the unpinned pass acquires what it reads"
         assert not h.pinned and _hooked(m) == hooks
         assert all(v == 0 for v in pool.acq.values()), pool.acq

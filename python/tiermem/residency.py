@@ -9,13 +9,16 @@ all there is once everything is resident: a small model woken to serve ran at ab
 plain speed on the H200 host. A pinned model has every buffer acquired once and its hooks
 removed, so it runs exactly as an ordinary model; its HBM stays its own until :meth:`unpin`,
 :meth:`sleep` or :meth:`remove`. Acquired memory is never taken away, so a pinned model keeps
-one hook, on its root: a pass that begins under a budget smaller than the model (the node
-daemon taking HBM back) unpins it first, and streams.
+one hook, on its root: an inference pass that begins under a budget smaller than the model
+(the node daemon taking HBM back) unpins it first, and streams. A pass with gradients does
+not: the backward of a graph built while pinned has no hooks to acquire what it reads.
 """
 
 from __future__ import annotations
 
 import threading
+
+import torch
 
 from ._tiermem import BufferStateError, InvalidArgumentError, Pool, TiermemError
 from .experts import mark_experts, unmark_experts
@@ -106,9 +109,12 @@ class Residency:
         for writing; :meth:`step` and :meth:`zero_grad` work as before. Until :meth:`unpin`
         (or :meth:`sleep`, :meth:`remove`) the HBM is the model's — unless the Pool's budget
         falls below the model (the node daemon taking HBM back, ``Pool.set_hbm_budget``): then
-        the model unpins itself as its next forward begins, and streams from there (an idle
-        pinned model keeps its HBM until then: put idle models to :meth:`sleep`). A model
-        larger than the cap, or one that cannot be made resident now, is an error and nothing
+        the model unpins itself as its next forward without gradients begins (inference, as
+        in serving), and streams from there. An idle pinned model keeps its HBM until then
+        (put idle models to :meth:`sleep`), and so does one that trains: a forward that builds
+        a graph left no hooks for its backward, so the model may be unpinned only between
+        steps, by :meth:`unpin`, never between a forward and its backward. A model larger
+        than the cap, or one that cannot be made resident now, is an error and nothing
         changes. Pinning a pinned model does nothing."""
         self._usable("Offload.pin")
         if self._pinned is not None:
@@ -146,7 +152,8 @@ class Residency:
         self._hooks.append(self.model.register_forward_pre_hook(lambda m, args: self._keep_to_budget(held, args)))
 
     def _keep_to_budget(self, held: int, args) -> None:
-        if held > self.pool.hbm_cap:
+        # Only without gradients: a graph a pinned forward built may still await its backward.
+        if held > self.pool.hbm_cap and not torch.is_grad_enabled():
             self.unpin()
             # The root's own pre-hooks, installed while its call runs, miss this call (its
             # post-hooks do not): run them here.
@@ -157,8 +164,10 @@ class Residency:
 
     def unpin(self) -> None:
         """Gives the model back to the engine: its hooks return and its buffers are released
-        (on the current stream, after the work queued there), free to leave HBM again.
-        Unpinning a model that is not pinned does nothing."""
+        (on the current stream, after the work queued there), free to leave HBM again. Call it
+        between steps, never between a forward made pinned and its backward (that backward
+        would find no hook to acquire what it reads). Unpinning a model that is not pinned
+        does nothing."""
         if self._pinned is None:
             return
         read, written = self._pinned
