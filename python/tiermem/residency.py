@@ -55,7 +55,8 @@ class Residency:
         """Pages the whole model out of HBM (weights read since their last page-out are
         clean: they leave with no copy) and, with ``release_hbm``, gives the HBM the pool no
         longer uses back to the driver for other users of the GPU. Returns the bytes given
-        back. A pinned model is unpinned first. The model still runs while asleep (it pages
+        back. A pinned model is unpinned first (so, as for :meth:`unpin`, not between a
+        forward made pinned and its backward). The model still runs while asleep (it pages
         in on demand); :meth:`wake` brings it back at the PCIe link's speed."""
         self._usable("Offload.sleep")
         if any(k.held for k in self.sites + self.units):
