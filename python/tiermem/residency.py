@@ -35,7 +35,9 @@ def _stream() -> int:
 
 
 class Residency:
-    """Sleep, wake, pin and unpin of an offloaded model (mixed into ``Offload``)."""
+    """Sleep, wake, pin and unpin of an offloaded model, mixed into ``Offload``, whose
+    ``model``, ``pool``, ``units``, ``sites``, ``schedule`` and hooks (``_hooks``,
+    ``_install``, ``_pass_starts``, ``_forward_pre``, ``_experts``) it uses."""
 
     _pinned: tuple[list, list] | None = None  # (read, written) buffers acquired by pin()
 
