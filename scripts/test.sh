@@ -8,8 +8,9 @@ cargo test --workspace --all-features
 # crates/engine/src/model_checks.rs, run among the engine's unit tests.)
 # A short soak on the simulated device: threads, streams, kernels, every tier, every byte verified.
 cargo run --release --bin tiermem -- soak --seconds 20 --threads 3
-# Again on a simulated node of three GPUs: the peer tier (neighbours' HBM) as a fourth tier.
-TIERMEM_SIM_GPUS=3 cargo run --release --bin tiermem -- soak --seconds 20 --threads 3 --seed 2
+# Again on a simulated node of three GPUs: the peer tier (neighbours' HBM) as a fourth tier,
+# with reads where the chunks lie in a neighbour's HBM (in place).
+TIERMEM_SIM_GPUS=3 TIERMEM_PEER_IN_PLACE=on cargo run --release --bin tiermem -- soak --seconds 20 --threads 3 --seed 2
 python3 -m pip install --quiet --root-user-action=ignore maturin pytest numpy
 python3 -m pip install --quiet --root-user-action=ignore .
 python3 -m pytest -q python/tests

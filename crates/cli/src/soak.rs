@@ -154,6 +154,13 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
     let seconds = started.elapsed().as_secs_f64();
     let stats = engine.stats();
     let file_tier_ops = stats.transfers.file_reads + stats.transfers.file_writes;
+    if lent > 0 {
+        let t = &stats.transfers;
+        println!(
+            "peer tier: {} chunks mapped in place, {} in-place reads, {} page-ins through a neighbour's link",
+            t.in_place_maps, t.in_place_reads, t.by_neighbours
+        );
+    }
     let mut leaks = Vec::new();
     let in_use = [("HBM", stats.tiers[Tier::Hbm].chunks), ("host tier", stats.tiers[Tier::Host].used_bytes / chunk)];
     let below = [(Tier::File, "file tier"), (Tier::Peer, "peer tier")];

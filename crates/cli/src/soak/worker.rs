@@ -249,7 +249,12 @@ impl<'a> Worker<'a> {
 
     fn kernel_op(&mut self, buffer: &mut Buffer, kind: Kind, span: Region, first: usize, end: usize) {
         let write = matches!(kind, Kind::KernelWrite);
-        let access = if write { Access::ReadWrite } else { Access::ReadOnly };
+        // Half the checks may read chunks where they lie in a neighbour's HBM (in place).
+        let access = match write {
+            true => Access::ReadWrite,
+            false if self.rng.random_bool(0.5) => Access::InPlaceOk,
+            false => Access::ReadOnly,
+        };
         if let Err(e) = self.engine.acquire(&[span], access, self.stream) {
             return self.error("acquire", buffer.id, e);
         }
