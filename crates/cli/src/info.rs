@@ -68,6 +68,10 @@ pub fn run() -> Result<(), String> {
     println!("stride prefetch  {} (TIERMEM_STRIDE_PREFETCH)", ahead(config.stride_prefetch));
     println!("pre-eviction     {} (TIERMEM_PRE_EVICT)", ahead(config.pre_evict));
     println!("file store I/O   {}", file_store_probe(info.granularity));
+    match crate::run::preload_library() {
+        Ok(path) => println!("tiermem run      {} (TIERMEM_PRELOAD)", path.display()),
+        Err(why) => println!("tiermem run      not ready: {why}"),
+    }
     for (name, usable, why) in tiermem_swap::system::swap_backends() {
         println!("VRAM swap        {name:<10} {} ({why})", if usable { "usable" } else { "not usable" });
     }

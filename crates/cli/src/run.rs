@@ -39,7 +39,7 @@ pub struct RunArgs {
 }
 
 /// Finds the library: `TIERMEM_PRELOAD`, else next to the `tiermem` executable.
-fn preload_library() -> Result<PathBuf, String> {
+pub(crate) fn preload_library() -> Result<PathBuf, String> {
     let path = match std::env::var_os("TIERMEM_PRELOAD") {
         Some(path) => PathBuf::from(path),
         None => {
