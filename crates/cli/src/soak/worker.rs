@@ -354,10 +354,29 @@ impl<'a> Worker<'a> {
                 self.tally.unexpected(format!("free of {}: {e}", old.id));
             }
         }
-        let blocks = self.rng.random_range(1..=self.plan.max_buffer_blocks);
-        match alloc(self.engine, blocks) {
-            Ok(buffer) => self.own.push(buffer),
-            Err(e) => self.tally.unexpected(format!("alloc of {} bytes: {e}", blocks * BLOCK)),
+        // Now and then consecutive parts of one reservation (`alloc_parts`), each a buffer of
+        // its own, freed on its own, and together no larger than one buffer; a thread that
+        // holds more buffers than planned (parts) frees without allocating until it does not.
+        if self.own.len() >= self.plan.own_buffers && !self.own.is_empty() {
+            return;
+        }
+        let parts = if self.rng.random_bool(0.25) { self.rng.random_range(2..=3) } else { 1 };
+        let most = (self.plan.max_buffer_blocks / parts).max(1);
+        let blocks: Vec<usize> = (0..parts).map(|_| self.rng.random_range(1..=most)).collect();
+        let made = match parts {
+            1 => alloc(self.engine, blocks[0]).map(|buffer| vec![buffer]),
+            _ => {
+                let sizes: Vec<usize> = blocks.iter().map(|b| b * BLOCK).collect();
+                let made = self.engine.alloc_parts(&sizes, AllocOptions::default());
+                made.map(|parts| {
+                    let parts = parts.into_iter().zip(&blocks);
+                    parts.map(|((id, va), &n)| Buffer { id, va, blocks: vec![ZEROS; n] }).collect()
+                })
+            }
+        };
+        match made {
+            Ok(buffers) => self.own.extend(buffers),
+            Err(e) => self.tally.unexpected(format!("alloc of {} parts of {blocks:?} blocks: {e}", blocks.len())),
         }
     }
 
