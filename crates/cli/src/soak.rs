@@ -6,9 +6,9 @@
 //! and the file tier all the time: kernels that write and check patterns through the buffers'
 //! device addresses (the pattern kernels, `Device::fill_pattern_async`), host writes and
 //! reads, prefetches, page-outs and page-ins (blocking and started-then-finished), exchanges,
-//! page-outs to the file, frees and new allocations (some as consecutive parts), steps of a recorded schedule
-//! (`pass_begins`, `step_enters`: paging ahead, Belady), HBM budgets changed as the node
-//! daemon changes them and idle HBM given back. Every buffer's contents are known: each
+//! page-outs to the file, frees and new allocations (some as consecutive parts), steps of a
+//! recorded schedule (`pass_begins`, `step_enters`: paging ahead, Belady), HBM budgets changed
+//! as the node daemon changes them and idle HBM given back. Every buffer's contents are known: each
 //! 64 KiB block holds the pattern of a seed the soak remembers, so every read and every
 //! check kernel verifies every byte it covers. Running out of memory under these caps is
 //! expected and counted; any other error is unexpected.
