@@ -124,24 +124,24 @@ class Residency:
             return
         if any(k.held for k in self.sites + self.units):
             raise InvalidArgumentError("Offload.pin: the model is running (a module holds its buffers)")
-        if self.bytes > self.pool.hbm_cap:
+        held = self.bytes
+        if held > self.pool.hbm_cap:
             raise InvalidArgumentError(
-                f"Offload.pin: the model takes {self.bytes} bytes in chunks, more than the Pool's HBM cap of "
+                f"Offload.pin: the model takes {held} bytes in chunks, more than the Pool's HBM cap of "
                 f"{self.pool.hbm_cap}: only a model that fits can be pinned (it streams as it is)"
             )
         entries = dedup([e for u in self.units for e in u.phase("backward")])
         read = [b for b, write in entries if not write]
         written = [b for b, write in entries if write]
-        stream = _stream()
+        stream, acquired = _stream(), []
         try:
-            self.pool.acquire(read, stream, False)
-        except TiermemError as e:
-            raise type(e)(f"Offload.pin: {e}") from e
-        try:
-            if written:
-                self.pool.acquire(written, stream, True)
+            for buffers, write in ((read, False), (written, True)):
+                if buffers:
+                    self.pool.acquire(buffers, stream, write)
+                    acquired += buffers
         except BaseException as e:
-            self.pool.release(read, stream)
+            if acquired:
+                self.pool.release(acquired, stream)
             if isinstance(e, TiermemError):
                 raise type(e)(f"Offload.pin: {e}") from e
             raise
@@ -151,7 +151,6 @@ class Residency:
             for owned in experts.tensors:
                 unmark_experts(owned.tensor)
         # The one hook left: a pass that begins under a budget smaller than the model unpins.
-        held = self.bytes
         self._hooks.append(self.model.register_forward_pre_hook(lambda m, args: self._keep_to_budget(held, args)))
 
     def _keep_to_budget(self, held: int, args) -> None:
