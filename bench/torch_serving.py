@@ -77,7 +77,7 @@ def serving(args, results, tb):
     metrics["serving_plain_decode_tok_s"] = statistics.median(plain)
     ratios["serving_pinned_vs_plain"] = metrics["serving_pinned_decode_tok_s"] / metrics["serving_plain_decode_tok_s"]
     checks["serving_identical"] = identical
-    tb.log(f"serving two models of {size / GiB:.2f} GiB under a cap of {cap / GiB:.2f} GiB, {ROUNDS} turns each: "
+    tb.log(f"serving two models of {size / tb.GiB:.2f} GiB under a cap of {cap / tb.GiB:.2f} GiB, {ROUNDS} turns each: "
            f"wake {metrics['serving_wake_GBps']:.1f} GB/s ({metrics['serving_wake_vs_pcie']:.2f} of PCIe), "
            f"switch {metrics['serving_switch_ms']:.0f} ms, pinned {metrics['serving_pinned_decode_tok_s']:.1f} tok/s "
            f"against {metrics['serving_plain_decode_tok_s']:.1f} plain; identical {identical}")

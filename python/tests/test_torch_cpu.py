@@ -3,8 +3,10 @@ tied weights, mixture-of-experts blocks, generate, training with AdamW, sleep/wa
 from_pretrained give exactly the resident model's outputs, and every acquire is released.
 (The engine itself is not exercised here: test_torch.py does that on a GPU.)"""
 
+import gc
 import itertools
 import types
+import weakref
 
 import pytest
 
@@ -47,7 +49,9 @@ class FakePool:
     chunk_size, hbm_cap, closed, backend = 2 << 20, 64 << 20, False, "cuda"
 
     def __init__(self, strict=False):
-        self.acq, self.strict, self.buffers = {}, strict, {}
+        self.acq, self.strict = {}, strict
+        # Weak: a buffer lives as long as the model's units (or anything else) keep it.
+        self.buffers = weakref.WeakValueDictionary()
         self.paged_out, self.paged_in = [], []  # ids, in the order asked
 
     def alloc(self, size, name=None, in_place=False):
@@ -180,6 +184,8 @@ def test_inference_sleep_wake_and_remove_give_the_resident_outputs(cpu, packing,
     w.wait()
     assert w.done()
     h.remove()
+    gc.collect()
+    assert not pool.buffers, f"remove() left {len(pool.buffers)} buffers alive while its Offload lives"
     assert (m.lm_head.weight is m.model.embed_tokens.weight) == tied
     with torch.no_grad():
         assert torch.equal(m(IDS).logits, e)

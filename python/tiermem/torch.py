@@ -326,6 +326,7 @@ class Offload(Residency):
                 torch.cuda.current_stream().synchronize()
         self._remove_hooks()
         self.pool.clear_schedule()
+        self._steps.clear()  # each step's buffers, looked up once: they must go too
         for unit in self.units:
             _REGISTERED.discard(unit.parts["weights"].ptr)
             # Dropped, not freed: a tensor still viewing a buffer (a saved activation of an
