@@ -5,6 +5,8 @@ parts."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .units import Experts, view
@@ -21,20 +23,48 @@ _METADATA_ATTRIBUTES = {"shape", "dtype", "device", "requires_grad", "ndim", "is
 
 def _torch_function(cls, func, types, args=(), kwargs=None):
     """Dispatch of :class:`ExpertWeights`: the expert(s) or fused tensors a use reads are
-    acquired first, while their block runs; results are ordinary tensors."""
+    acquired first, while their block runs, and what the use returns that views them is
+    remembered (weakly): a unit no live tensor views may be released once the block reads
+    another (``Offload._use_experts``). Results are ordinary tensors."""
     kwargs = kwargs or {}
     attribute = getattr(getattr(func, "__self__", None), "__name__", None)
-    if func not in _METADATA_METHODS and attribute not in _METADATA_ATTRIBUTES:
-        for experts, tensor in _active_experts(args):
-            offload, site = experts.active
-            if experts.by_tensor:
-                wanted = [k for k, o in enumerate(experts.tensors) if o.tensor is tensor]
-            else:
-                e = _expert_index(args[1], experts.count) if func is torch.Tensor.__getitem__ else None
-                wanted = range(experts.count) if e is None else (e,)
-            for k in wanted:
-                offload._enter_expert(site, experts, k)
-    return _plain(func, args, kwargs)
+    if func in _METADATA_METHODS or attribute in _METADATA_ATTRIBUTES:
+        return _plain(func, args, kwargs)
+    reads = []
+    for experts, tensor in _active_experts(args):
+        offload, site = experts.active
+        if experts.by_tensor:
+            wanted = [k for k, o in enumerate(experts.tensors) if o.tensor is tensor]
+        else:
+            e = _expert_index(args[1], experts.count) if func is torch.Tensor.__getitem__ else None
+            wanted = range(experts.count) if e is None else (e,)
+        offload._use_experts(site, experts, wanted)
+        reads.append((experts, tensor, wanted))
+    result = _plain(func, args, kwargs)
+    for experts, tensor, wanted in reads:
+        views = _views_of(tensor, result)
+        for k in wanted:
+            experts.holding[k] += views
+    return result
+
+
+def _views_of(tensor: torch.Tensor, result) -> list:
+    """Weak references to the tensors of ``result`` that share ``tensor``'s memory."""
+    storage = _storage(tensor)
+    found = []
+    for t in result if isinstance(result, (list, tuple)) else (result,):
+        if isinstance(t, torch.Tensor) and _storage(t) in (storage, None):
+            found.append(weakref.ref(t))
+    return found
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    """Where ``t``'s storage starts, or None if it has none to read (taken as a view)."""
+    try:
+        with torch._C.DisableTorchFunctionSubclass():  # not a use of the experts
+            return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def _plain(func, args, kwargs):

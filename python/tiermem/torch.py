@@ -154,19 +154,34 @@ class Offload(Residency):
             raise
         key.held.append(acquired)
 
-    def _enter_expert(self, site: Site, experts: Experts, e: int) -> None:
-        """The running block's forward uses expert ``e``: its part is acquired, and held with
-        the block's own buffers until the block ends."""
-        if e in experts.entered:
-            return
-        if self._recording:
-            self._note_skipped(experts, e)
-        experts.entered.add(e)
-        unit = experts.units[e]
-        buffer = unit.parts["weights"]
-        self.pool.step_enters(self._key(unit, "forward"), [buffer], self.window_bytes)
-        self.pool.acquire(buffer, _stream(), False)
-        site.held[-1].append(buffer)
+    def _use_experts(self, site: Site, experts: Experts, wanted) -> None:
+        """The running block's forward reads units ``wanted`` of its cut experts: each is
+        acquired unless held (the first time as a step of the schedule) and held with the
+        block's own buffers. Units held for earlier reads that this one does not want, and that
+        no live tensor views any more, are released first (on the stream, after the kernels
+        already queued that read them): a block reads its experts one after another (a grouped
+        implementation the fused up projection, then the down one), so it needs HBM for the
+        largest, not for all of them at once. A unit read again later is acquired again."""
+        stream = _stream()
+        for k in [k for k, views in experts.holding.items() if k not in wanted and not any(v() is not None for v in views)]:
+            del experts.holding[k]
+            buffer = experts.units[k].parts["weights"]
+            held = site.held[-1]
+            del held[next(i for i, b in enumerate(held) if b is buffer)]
+            self.pool.release(buffer, stream)
+        for k in wanted:
+            if k in experts.holding:
+                continue
+            unit = experts.units[k]
+            buffer = unit.parts["weights"]
+            if k not in experts.entered:
+                if self._recording:
+                    self._note_skipped(experts, k)
+                experts.entered.add(k)
+                self.pool.step_enters(self._key(unit, "forward"), [buffer], self.window_bytes)
+            self.pool.acquire(buffer, stream, False)
+            site.held[-1].append(buffer)
+            experts.holding[k] = []
 
     def _note_skipped(self, experts: Experts, upto: int) -> None:
         """While the first pass is recorded, the experts before ``upto`` that this pass has
@@ -208,7 +223,7 @@ class Offload(Residency):
         def hook(module, args):
             self._enter(site, "forward")
             for experts in site.experts:
-                experts.active, experts.entered, experts.noted = (self, site), set(), 0
+                experts.active, experts.entered, experts.noted, experts.holding = (self, site), set(), 0, {}
 
         return hook
 
@@ -217,7 +232,7 @@ class Offload(Residency):
             for experts in site.experts:
                 if self._recording:
                     self._note_skipped(experts, experts.count)
-                experts.active = None
+                experts.active, experts.holding = None, {}
             self._exit(site)
             if torch.is_grad_enabled() and site.grad_params:
                 first = _first_grad_tensor(output)
