@@ -46,7 +46,7 @@ class FakePool:
     ``strict``: a buffer not acquired holds garbage (its bytes come back when acquired), so
     a read of memory not acquired changes the outputs."""
 
-    chunk_size, hbm_cap, closed, backend = 2 << 20, 64 << 20, False, "cuda"
+    chunk_size, hbm_cap, closed, backend, device = 2 << 20, 64 << 20, False, "cuda", 0
 
     def __init__(self, strict=False):
         self.acq, self.strict = {}, strict
@@ -135,7 +135,7 @@ class FakePool:
 def cpu(monkeypatch):
     monkeypatch.setattr(tt, "_require_gpu", lambda pool, call: torch.device("cpu"))
     monkeypatch.setattr(experts_module, "_span", lambda parts: parts[0].base[: parts[-1].ptr + parts[-1].size - parts[0].ptr])
-    monkeypatch.setattr(tt, "_stream", lambda: 0)
+    monkeypatch.setattr(tt, "_stream", lambda device=None: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(synchronize=lambda: None, cuda_stream=0))
 
 

@@ -28,15 +28,15 @@ from .units import dedup, phase_buffers
 _OFFLOADED = "_tiermem_offload"  # the model's attribute naming its Offload
 
 
-def _stream() -> int:
+def _stream(device: int) -> int:
     from .torch import _stream as current  # tiermem.torch imports this module
 
-    return current()
+    return current(device)
 
 
 class Residency:
     """Sleep, wake, pin and unpin of an offloaded model, mixed into ``Offload``, whose
-    ``model``, ``pool``, ``units``, ``sites``, ``schedule`` and hooks (``_hooks``,
+    ``model``, ``pool``, ``units``, ``sites``, ``schedule``, ``_device`` and hooks (``_hooks``,
     ``_install``, ``_pass_starts``, ``_forward_pre``, ``_experts``) it uses."""
 
     _pinned: tuple[list, list] | None = None  # (read, written) buffers acquired by pin()
@@ -133,7 +133,7 @@ class Residency:
         entries = dedup([e for u in self.units for e in u.phase("backward")])
         read = [b for b, write in entries if not write]
         written = [b for b, write in entries if write]
-        stream, acquired = _stream(), []
+        stream, acquired = _stream(self._device), []
         try:
             for buffers, write in ((read, False), (written, True)):
                 if buffers:
@@ -178,7 +178,7 @@ class Residency:
         for experts in self._experts():
             mark_experts(experts)
         self._install()
-        stream = _stream()
+        stream = _stream(self._device)
         self.pool.release(read + written, stream)
 
     def _remove_hooks(self) -> None:
