@@ -158,7 +158,8 @@ class Residency:
         if held > self.pool.hbm_cap and not torch.is_grad_enabled():
             self.unpin()
             # The root's own pre-hooks, installed while its call runs, miss this call (its
-            # post-hooks do not): run them here.
+            # post-hooks do not; the root is the one site with module hooks rather than a
+            # wrapped forward for this reason): run them here.
             self._pass_starts()
             for site in self.sites:
                 if site.module is self.model:
