@@ -95,6 +95,31 @@ def test_offloaded_inference_is_bitwise_the_resident_model_and_streams_only_the_
     tt.offload(offloaded, pool).remove()
 
 @needs_gpu
+def test_two_models_streaming_in_turns_in_one_pool_each_page_ahead_along_their_own_order(monkeypatch):
+    """Two models, each larger than the Pool's cap, run passes in turns: each records a
+    schedule of its own (the engine keeps both), so each pass pages ahead; outputs bitwise."""
+    monkeypatch.setattr(tiermem.units, "MERGED", 0)
+    refs = [tiny_llama(seed) for seed in (1, 2)]
+    models = [tiny_llama(seed) for seed in (1, 2)]
+    pool = tiermem.Pool(backend="cuda", hbm_limit=16 * MIB, host_limit="1GiB", chunk="2MiB")
+    handles = [tt.offload(m, pool, prefetch_bytes=4 * MIB) for m in models]
+    assert all(h.bytes > pool.hbm_cap for h in handles)
+    ids = torch.randint(0, 512, (2, 32), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    with torch.no_grad():
+        expected = [r(ids).logits for r in refs]
+        for turn in range(8):
+            which = turn % 2
+            before = pool.stats()["transfers"]["prefetched"]
+            assert torch.equal(models[which](ids).logits, expected[which])
+            if turn >= 4:  # both recorded (turns 0 and 1), both in use once since
+                assert pool.stats()["transfers"]["prefetched"] > before, f"model {which} paged nothing ahead"
+    schedules = [h.schedule for h in handles]
+    assert all(schedules) and not {id(k) for k, _ in schedules[0]} & {id(k) for k, _ in schedules[1]}
+    for h in handles:
+        h.remove(device="cuda")
+
+
+@needs_gpu
 def test_training_with_params_grads_adam_and_activations_in_tiermem_gives_the_same_losses():
     def train(model, steps, offload):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -126,13 +126,14 @@ class Offload(Residency):
     # --- schedule -------------------------------------------------------------------------
     # The engine records the order in which the steps run on the first pass and finds each
     # step in it on later passes (Pool.pass_begins, Pool.step_enters); this only names them.
+    # Models offloaded into one Pool each get a schedule of their own (their keys differ).
 
     def _pass_starts(self) -> None:
         """A root forward begins: the previous pass, if recorded, becomes the schedule."""
         self.pool.pass_begins()
         self._window = self.window_bytes
-        if self._recording:  # asked only until a pass is recorded: not on every later pass
-            self._recording = not self.pool.recorded_steps
+        if self._recording:  # asked only until this model's pass is recorded, not every pass
+            self._recording = not any(k in self._named for k in self.pool.recorded_steps)
 
     def _key(self, key, phase: str) -> int:
         """The engine's key for ``(key, phase)``: a number unique in the process, so that two

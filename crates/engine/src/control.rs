@@ -7,7 +7,7 @@
 
 use crate::engine::{Inner, Ticket};
 use crate::error::retag;
-use crate::recorder::{Learned, Recorder};
+use crate::recorder::{Learned, Located, Recorder};
 use crate::schedule::Schedule;
 use crate::sync::MutexGuard;
 use crate::{BufferId, Engine, Error, Region, Result};
@@ -118,14 +118,24 @@ impl Engine {
     pub fn step_enters(&self, key: u64, buffers: &[BufferId], prefetch_bytes: usize) -> Result<Option<usize>> {
         let mut recorder = self.recorder();
         self.schedule_is_the_programs(&mut recorder);
-        let Some(step) = recorder.enters(key, buffers) else { return Ok(None) };
+        let step = match recorder.enters(key, buffers) {
+            Located::Nowhere => return Ok(None),
+            Located::Step(step) => step,
+            Located::Switch(steps, step) => {
+                // Another program's pass (recorder.rs, "Several programs"): its schedule.
+                self.install_recorded("step_enters", steps).inspect_err(|_| recorder.forget())?;
+                step
+            }
+        };
         self.unlocked_waits(|inner| inner.advance(step, prefetch_bytes)).map_err(|e| retag(e, "step_enters"))?;
         Ok(Some(step))
     }
 
-    /// The keys of the recorded schedule's steps, in order (empty until a pass is recorded).
+    /// The keys of the recorded schedules' steps, each schedule's in order, the one in use
+    /// first (empty until a pass is recorded; several where passes of several programs are:
+    /// recorder.rs, "Several programs").
     pub fn recorded_steps(&self) -> Vec<u64> {
-        self.recorder().keys().to_vec()
+        self.recorder().all_keys()
     }
 
     pub(crate) fn recorder(&self) -> MutexGuard<'_, Recorder> {

@@ -16,6 +16,14 @@
 //!   after the expected position, else its first use (a pass that skips or repeats steps, as
 //!   generation does, finds its place again). A key the schedule never saw is not located.
 //!   Each pass starts looking at step 0.
+//! * **Several programs.** Two models offloaded into one pool (serving both, or a draft model
+//!   beside the one it drafts for) run passes of their own, with keys of their own. A pass
+//!   whose *first* step no schedule knows is another program's: it is recorded as a schedule
+//!   of its own (the others are kept), and becomes the one in use when the next pass begins.
+//!   A pass whose first step belongs to a schedule not in use switches to it: the step comes
+//!   back as [`Located::Switch`], with that schedule's steps for the engine to set. So each
+//!   model's passes page ahead along its own order, and the model that runs has Belady's
+//!   order: the others' buffers, needed by none of its steps, leave first.
 //!
 //! * **Learning from acquires** (`TIERMEM_LEARN_LOOPS`, [`Recorder::acquired`]): for a
 //!   program that never says where its passes begin, each acquire is a step (named by its
@@ -41,10 +49,16 @@ pub(crate) struct Recorder {
     /// The pass being recorded: `(key, buffers)` per step; `None` before the first pass and
     /// once the schedule is known.
     recording: Option<Vec<(u64, Vec<BufferId>)>>,
-    /// The keys of the schedule's steps, in order; empty until a pass has been recorded.
+    /// The keys of the schedule in use's steps, in order; empty until a pass has been recorded.
     keys: Vec<u64>,
     /// For each key, the steps that have it, ascending.
     uses: HashMap<u64, Vec<usize>>,
+    /// The buffers of the schedule in use's steps (set again when a switch comes back to it).
+    steps: Vec<Vec<BufferId>>,
+    /// The other programs' schedules ("Several programs").
+    others: Vec<Recorded>,
+    /// A pass has begun and no step has been entered in it yet.
+    fresh: bool,
     /// The step expected next.
     position: usize,
     /// Learning from acquires: the key of the first step acquired, and how the steps of the
@@ -67,6 +81,35 @@ struct Learning {
     misses: u32,
 }
 
+/// A schedule not in use: its keys, each key's steps, and its steps' buffers.
+#[derive(Debug)]
+struct Recorded {
+    keys: Vec<u64>,
+    uses: HashMap<u64, Vec<usize>>,
+    steps: Vec<Vec<BufferId>>,
+}
+
+/// Where an entered step is ([`Recorder::enters`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Located {
+    /// Not in any schedule (or recording).
+    Nowhere,
+    /// This step of the schedule in use.
+    Step(usize),
+    /// This step of another program's schedule, which is now the one in use: set its steps.
+    Switch(Vec<Vec<BufferId>>, usize),
+}
+
+impl Located {
+    /// The step, wherever it was found.
+    pub fn step(&self) -> Option<usize> {
+        match *self {
+            Located::Nowhere => None,
+            Located::Step(step) | Located::Switch(_, step) => Some(step),
+        }
+    }
+}
+
 /// What an acquire taught the recorder ([`Recorder::acquired`]).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Learned {
@@ -85,26 +128,51 @@ impl Recorder {
     /// that just ended was the first recorded one; the caller sets them as the schedule.
     pub fn pass_begins(&mut self) -> Option<Vec<Vec<BufferId>>> {
         let mut schedule = None;
-        if self.keys.is_empty() {
-            match self.recording.take() {
-                Some(steps) if !steps.is_empty() => {
-                    let (keys, buffers): (Vec<u64>, Vec<Vec<BufferId>>) = steps.into_iter().unzip();
-                    for (step, &key) in keys.iter().enumerate() {
-                        self.uses.entry(key).or_default().push(step);
-                    }
-                    self.keys = keys;
-                    schedule = Some(buffers);
+        match self.recording.take() {
+            Some(steps) if !steps.is_empty() => {
+                let (keys, buffers): (Vec<u64>, Vec<Vec<BufferId>>) = steps.into_iter().unzip();
+                let mut uses: HashMap<u64, Vec<usize>> = HashMap::new();
+                for (step, &key) in keys.iter().enumerate() {
+                    uses.entry(key).or_default().push(step);
                 }
-                _ => self.recording = Some(Vec::new()),
+                self.put_aside();
+                (self.keys, self.uses, self.steps) = (keys, uses, buffers.clone());
+                schedule = Some(buffers);
             }
+            _ if self.keys.is_empty() => self.recording = Some(Vec::new()),
+            _ => {}
         }
         self.position = 0;
+        self.fresh = !self.keys.is_empty();
         schedule
+    }
+
+    /// Moves the schedule in use, if any, among the others.
+    fn put_aside(&mut self) {
+        if !self.keys.is_empty() {
+            let (keys, uses, steps) =
+                (std::mem::take(&mut self.keys), std::mem::take(&mut self.uses), std::mem::take(&mut self.steps));
+            self.others.push(Recorded { keys, uses, steps });
+        }
     }
 
     /// The step `key` (using `buffers`) is entered: recorded while the first pass runs, located
     /// in the schedule once it is known. Returns the step located, if any.
-    pub fn enters(&mut self, key: u64, buffers: &[BufferId]) -> Option<usize> {
+    pub fn enters(&mut self, key: u64, buffers: &[BufferId]) -> Located {
+        let first = std::mem::take(&mut self.fresh);
+        if !self.uses.contains_key(&key) && first {
+            if let Some(at) = self.others.iter().position(|o| o.uses.contains_key(&key)) {
+                // Another program's pass: its schedule is the one in use from now on.
+                let Recorded { keys, uses, steps } = self.others.swap_remove(at);
+                self.put_aside();
+                (self.keys, self.uses, self.steps) = (keys, uses, steps);
+                let step = self.locate(key).expect("the key is in the schedule just set");
+                return Located::Switch(self.steps.clone(), step);
+            }
+            if self.learning.explicit {
+                self.recording = Some(Vec::new()); // a program no schedule knows ("Several programs")
+            }
+        }
         if let Some(steps) = self.recording.as_mut() {
             let mut once: Vec<BufferId> = Vec::with_capacity(buffers.len());
             for &id in buffers {
@@ -113,8 +181,13 @@ impl Recorder {
                 }
             }
             steps.push((key, once));
-            return None;
+            return Located::Nowhere;
         }
+        self.locate(key).map_or(Located::Nowhere, Located::Step)
+    }
+
+    /// The step of the schedule in use that `key` is at, from the expected position.
+    fn locate(&mut self, key: u64) -> Option<usize> {
         let uses = self.uses.get(&key)?;
         let expected = self.position % self.keys.len();
         let step = if self.keys[expected] == key {
@@ -161,7 +234,7 @@ impl Recorder {
                 return Learned::GiveUp;
             }
             if let Some(steps) = self.pass_begins() {
-                let step = self.enters(key, buffers).unwrap_or(0);
+                let step = self.enters(key, buffers).step().unwrap_or(0);
                 return Learned::Schedule(steps, step);
             }
         }
@@ -173,7 +246,7 @@ impl Recorder {
                 self.recording.as_mut().expect("recording").drain(..at);
                 self.learning.first = Some(key);
                 if let Some(steps) = self.pass_begins() {
-                    let step = self.enters(key, buffers).unwrap_or(0);
+                    let step = self.enters(key, buffers).step().unwrap_or(0);
                     return Learned::Schedule(steps, step);
                 }
             }
@@ -181,7 +254,7 @@ impl Recorder {
             return Learned::Nothing;
         }
         let expected = self.position % self.keys.len();
-        let step = self.enters(key, buffers);
+        let step = self.enters(key, buffers).step();
         match step {
             Some(step) if step == expected => self.learning.hits += 1,
             _ => self.learning.misses += 1,
@@ -189,9 +262,15 @@ impl Recorder {
         step.map_or(Learned::Nothing, Learned::Step)
     }
 
-    /// The keys of the schedule's steps, in order; empty until a pass has been recorded.
+    /// The keys of the schedule in use's steps, in order; empty until a pass has been recorded.
+    #[cfg(test)]
     pub fn keys(&self) -> &[u64] {
         &self.keys
+    }
+
+    /// The keys of every schedule recorded, each schedule's in order, the one in use first.
+    pub fn all_keys(&self) -> Vec<u64> {
+        self.keys.iter().chain(self.others.iter().flat_map(|o| &o.keys)).copied().collect()
     }
 
     /// Forgets the schedule and any recording: the next pass records afresh (who names the
@@ -217,22 +296,25 @@ mod tests {
     /// Runs one pass over `keys` (each using buffer `key`) and returns the steps located.
     fn pass(r: &mut Recorder, keys: &[u64]) -> (Option<Vec<Vec<BufferId>>>, Vec<Option<usize>>) {
         let schedule = r.pass_begins();
-        (schedule, keys.iter().map(|&k| r.enters(k, &ids(&[k]))).collect())
+        (schedule, keys.iter().map(|&k| r.enters(k, &ids(&[k])).step()).collect())
     }
 
     #[test]
     fn the_first_pass_is_recorded_and_becomes_the_schedule_at_the_next() {
         let mut r = Recorder::default();
-        assert_eq!(r.enters(A, &ids(&[1])), None, "nothing is recorded before the first pass");
+        assert_eq!(r.enters(A, &ids(&[1])).step(), None, "nothing is recorded before the first pass");
         assert_eq!(r.pass_begins(), None);
-        assert_eq!(r.enters(A, &ids(&[1, 2, 1])), None);
-        assert_eq!(r.enters(B, &ids(&[3])), None);
-        assert_eq!(r.enters(A, &ids(&[2])), None);
+        assert_eq!(r.enters(A, &ids(&[1, 2, 1])).step(), None);
+        assert_eq!(r.enters(B, &ids(&[3])).step(), None);
+        assert_eq!(r.enters(A, &ids(&[2])).step(), None);
         assert!(r.keys().is_empty(), "the schedule is not known while the pass runs");
         let schedule = r.pass_begins();
         assert_eq!(schedule, Some(vec![ids(&[1, 2]), ids(&[3]), ids(&[2])]), "buffers once per step, in order");
         assert_eq!(r.keys(), &[A, B, A]);
-        assert_eq!([r.enters(A, &[]), r.enters(B, &[]), r.enters(A, &[])], [Some(0), Some(1), Some(2)]);
+        assert_eq!(
+            [r.enters(A, &[]).step(), r.enters(B, &[]).step(), r.enters(A, &[]).step()],
+            [Some(0), Some(1), Some(2)]
+        );
         let (again, located) = pass(&mut r, &[A, B, A]);
         assert_eq!((again, located), (None, vec![Some(0), Some(1), Some(2)]), "the schedule is given once");
     }
@@ -254,10 +336,10 @@ mod tests {
         // 0 is expected and C has no use at or after 4, so its first use, 2. Then A: expected
         // 3 (B), no use of A at or after 3, so its first use, 0.
         assert_eq!(located, vec![Some(0), Some(1), Some(3), Some(2), Some(0)]);
-        assert_eq!(r.enters(B, &[]), Some(1));
-        assert_eq!(r.enters(C, &[]), Some(2));
-        assert_eq!(r.enters(B, &[]), Some(3));
-        assert_eq!(r.enters(A, &[]), Some(0), "past the last step the expected position wraps to 0");
+        assert_eq!(r.enters(B, &[]).step(), Some(1));
+        assert_eq!(r.enters(C, &[]).step(), Some(2));
+        assert_eq!(r.enters(B, &[]).step(), Some(3));
+        assert_eq!(r.enters(A, &[]).step(), Some(0), "past the last step the expected position wraps to 0");
     }
 
     #[test]
@@ -273,7 +355,7 @@ mod tests {
         let mut r = Recorder::default();
         pass(&mut r, &[A, B, A]);
         r.pass_begins();
-        assert_eq!(r.enters(B, &[]), Some(1));
+        assert_eq!(r.enters(B, &[]).step(), Some(1));
         // A new pass: A is expected at 0, not at 2 (its next use after the B above).
         assert_eq!(pass(&mut r, &[A]).1, vec![Some(0)]);
     }
@@ -285,7 +367,7 @@ mod tests {
         assert_eq!(r.pass_begins(), Some(vec![ids(&[A])]));
         r.forget();
         assert!(r.keys().is_empty());
-        assert_eq!(r.enters(A, &[]), None);
+        assert_eq!(r.enters(A, &[]).step(), None);
         assert_eq!(pass(&mut r, &[B, C]), (None, vec![None, None]));
         assert_eq!(r.pass_begins(), Some(vec![ids(&[B]), ids(&[C])]));
         assert_eq!(r.keys(), &[B, C]);
@@ -341,5 +423,48 @@ mod tests {
         assert_eq!(at(&mut r, B), Learned::Step(1));
         assert_eq!(at(&mut r, C), Learned::Step(2));
         assert_eq!(at(&mut r, A), Learned::Step(0), "passes begin at A now");
+    }
+
+    #[test]
+    fn a_pass_that_begins_with_a_step_no_schedule_knows_is_another_programs() {
+        const D: u64 = 20;
+        const E: u64 = 21;
+        let mut r = Recorder::default();
+        r.explicit();
+        pass(&mut r, &[A, B, C]);
+        assert_eq!(r.pass_begins(), Some(vec![ids(&[A]), ids(&[B]), ids(&[C])]), "the first program's");
+        // A second program's first pass: recorded beside the first's schedule, not located.
+        for k in [D, E] {
+            assert_eq!(r.enters(k, &ids(&[k])), Located::Nowhere);
+        }
+        assert_eq!(r.all_keys(), vec![A, B, C], "not known while its first pass runs");
+        assert_eq!(r.pass_begins(), Some(vec![ids(&[D]), ids(&[E])]), "it becomes the schedule in use");
+        assert_eq!(r.all_keys(), vec![D, E, A, B, C], "the first program's is kept");
+        // The first program runs again: its first step switches back, with its steps to set.
+        assert_eq!(r.enters(A, &[]), Located::Switch(vec![ids(&[A]), ids(&[B]), ids(&[C])], 0));
+        assert_eq!([r.enters(B, &[]), r.enters(C, &[])], [Located::Step(1), Located::Step(2)]);
+        r.pass_begins();
+        assert_eq!(r.enters(D, &[]), Located::Switch(vec![ids(&[D]), ids(&[E])], 0));
+        assert_eq!(r.enters(E, &[]), Located::Step(1));
+        r.pass_begins();
+        assert_eq!(r.enters(D, &[]), Located::Step(0), "the same program again: no switch");
+        // Only a pass's first step switches or starts a recording: a stray step later does not.
+        assert_eq!(r.enters(A, &[]), Located::Nowhere);
+        assert_eq!(r.enters(99, &[]), Located::Nowhere);
+        assert_eq!(r.pass_begins(), None, "nothing was recorded");
+        assert_eq!(r.all_keys(), vec![D, E, A, B, C]);
+        r.forget();
+        assert!(r.all_keys().is_empty(), "forget forgets every program's schedule");
+    }
+
+    #[test]
+    fn a_loop_learned_from_acquires_is_one_program() {
+        let mut r = Recorder::default();
+        let at = |r: &mut Recorder, k: u64| r.acquired(k, &ids(&[k]));
+        for k in [A, B, A] {
+            at(&mut r, k);
+        }
+        assert_eq!(at(&mut r, C), Learned::Nothing, "a key never seen is not a new program's");
+        assert_eq!(r.all_keys(), vec![A, B]);
     }
 }

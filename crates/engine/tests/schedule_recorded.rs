@@ -104,3 +104,45 @@ fn a_forgotten_schedule_is_recorded_again_and_a_freed_buffer_leaves_the_recordin
     }
     support::assert_no_leaks(engine, sim);
 }
+
+/// Two programs in one engine (two models offloaded into one pool) alternate passes, each
+/// with steps of its own: each has its own recorded schedule, the one whose pass runs is in
+/// use, so both page ahead along their own order (recorder.rs, "Several programs").
+#[test]
+fn two_programs_taking_turns_each_page_ahead_along_their_own_schedule() {
+    let (engine, sim) = support::engine(CAP, 64, support::config());
+    let all = layers(&engine);
+    let (a, b) = all.split_at(LAYERS / 2);
+    let run = |layers: &[(BufferId, Vec<u8>)], key: u64| {
+        let prefetched = engine.stats().transfers.prefetched;
+        engine.pass_begins().unwrap();
+        let located: Vec<Option<usize>> = layers
+            .iter()
+            .enumerate()
+            .map(|(i, &(id, _))| {
+                let step = engine.step_enters(key + i as u64, &[id], CHUNK).unwrap();
+                let region = [Region::whole(id)];
+                engine.acquire(&region, Access::ReadOnly, S).unwrap();
+                engine.release(&region, S).unwrap();
+                step
+            })
+            .collect();
+        (located, engine.stats().transfers.prefetched - prefetched)
+    };
+    let every = |n: usize| (0..n).map(Some).collect::<Vec<_>>();
+    assert_eq!(run(a, KEY).0, vec![None; a.len()], "A's first pass is recorded");
+    assert_eq!(run(b, 2 * KEY).0, vec![None; b.len()], "so is B's, beside A's schedule");
+    for _ in 0..3 {
+        for (layers, key) in [(a, KEY), (b, 2 * KEY)] {
+            let (located, prefetched) = run(layers, key);
+            assert_eq!(located, every(layers.len()), "every step of the pass is located in its own schedule");
+            assert!(prefetched > 0, "the pass pages ahead");
+        }
+    }
+    let keys = engine.recorded_steps();
+    assert_eq!(keys.len(), LAYERS, "both schedules: {keys:?}");
+    for (id, bytes) in &all {
+        assert_contents(&engine, *id, bytes);
+    }
+    support::assert_no_leaks(engine, sim);
+}
