@@ -61,3 +61,25 @@ def test_a_model_of_another_family_offloaded_gives_its_outputs(cpu, monkeypatch,
     h.remove()
     with torch.no_grad():
         assert torch.equal(m(IDS, **kwargs).logits, expected)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_model_of_another_family_trains_through_tiermem_as_it_does_resident(cpu, family):
+    """AdamW steps with the weights, gradients and moments in tiermem (eval mode: no dropout,
+    so the losses must match bitwise)."""
+    ref, m = _make(family), _make(family)
+    optimizers = [torch.optim.AdamW(model.parameters(), lr=1e-3) for model in (ref, m)]
+    pool = FakePool(strict=True)
+    h = tt.offload(m, pool, prefetch_bytes=1 << 20, optimizer=optimizers[1])
+    labels = IDS[:, :4].contiguous() if family == "t5" else IDS
+    kwargs = dict(decoder_input_ids=IDS[:, :4], labels=labels) if family == "t5" else dict(labels=labels)
+    for _ in range(3):
+        expected = ref(IDS, **kwargs).loss
+        expected.backward()
+        optimizers[0].step()
+        optimizers[0].zero_grad()
+        loss = m(IDS, **kwargs).loss
+        loss.backward()
+        h.step()
+        assert torch.equal(loss, expected)
+    assert all(v == 0 for v in pool.acq.values()), pool.acq
