@@ -26,6 +26,7 @@ class FakeBuffer:
         self.t = torch.zeros(max(size, 1), dtype=torch.uint8) if t is None else t
         self.size, self.name, self.id, self.ptr = size, name, next(self.ids), self.t.data_ptr()
         self.base, self.saved = None, None  # parts: the whole reservation; a strict pool's copy
+        self.held = 0  # acquisitions not yet released
 
     def __dlpack__(self, **kwargs):
         return self.t.__dlpack__()
@@ -34,8 +35,10 @@ class FakeBuffer:
         return self.t.__dlpack_device__()
 
     def write(self, data, offset=0):
+        """As ``Buffer.write``, acquired or not (a strict pool keeps the bytes of a buffer not
+        acquired in ``saved``)."""
         a = torch.frombuffer(bytearray(memoryview(data)), dtype=torch.uint8)
-        self.t[offset : offset + len(a)] = a
+        (self.saved if self.saved is not None and not self.held else self.t)[offset : offset + len(a)] = a
 
     def free(self):
         pass
@@ -77,11 +80,13 @@ class FakePool:
             if self.strict and self.acq.get(b.id, 0) == 0:
                 b.t.copy_(b.saved)
             self.acq[b.id] = self.acq.get(b.id, 0) + 1
+            b.held += 1
 
     def release(self, buffers, stream=0):
         for b in buffers if isinstance(buffers, list) else [buffers]:
             assert self.acq.get(b.id, 0) > 0, "release of a buffer not acquired"
             self.acq[b.id] -= 1
+            b.held -= 1
             if self.strict and self.acq[b.id] == 0:
                 b.saved.copy_(b.t)
                 b.t.fill_(0xFF)

@@ -4,7 +4,8 @@ resident model's logits pass after pass and its greedy tokens, releases everythi
 and after remove() is an ordinary model again. Families: tied Conv1D (GPT-2), tied embeddings
 with scaled norms (Gemma, Gemma 2, Qwen2), fused projections (Phi-3), learned positions and a
 projection (OPT), shared experts (Qwen2-MoE), experts with norms (OLMoE), an encoder-decoder
-(T5) and an encoder (BERT)."""
+(T5) and an encoder (BERT). Each also trains (AdamW) with the resident model's losses, and
+loads from its checkpoint (`from_pretrained`) as transformers loads it."""
 
 import pytest
 
@@ -83,3 +84,18 @@ def test_a_model_of_another_family_trains_through_tiermem_as_it_does_resident(cp
         h.step()
         assert torch.equal(loss, expected)
     assert all(v == 0 for v in pool.acq.values()), pool.acq
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_model_of_another_family_loads_from_its_checkpoint_as_transformers_loads_it(cpu, monkeypatch, tmp_path, family):
+    from tiermem import loading
+
+    monkeypatch.setattr(tiermem.units, "WASTE", 0)
+    _make(family).to(torch.bfloat16).save_pretrained(tmp_path, max_shard_size="300KB")
+    auto = {"t5": transformers.AutoModelForSeq2SeqLM, "bert": transformers.AutoModelForMaskedLM}
+    ref = auto.get(family, transformers.AutoModelForCausalLM).from_pretrained(tmp_path, **loading.dtype_kwargs(torch.bfloat16))
+    kwargs = dict(model_class=type(ref)) if family in auto else {}
+    h = tt.from_pretrained(tmp_path, FakePool(strict=True), quiet=True, staging_bytes=64 << 10, **kwargs)
+    inputs = dict(decoder_input_ids=IDS[:, :4]) if family == "t5" else {}
+    with torch.no_grad():
+        assert torch.equal(h.model(IDS, **inputs).logits, ref.eval()(IDS, **inputs).logits)
