@@ -467,4 +467,50 @@ mod tests {
         assert_eq!(at(&mut r, C), Learned::Nothing, "a key never seen is not a new program's");
         assert_eq!(r.all_keys(), vec![A, B]);
     }
+
+    proptest::proptest! {
+        /// Programs with disjoint keys (each pass the same steps, keys repeating within a pass
+        /// as tied modules do) run passes in any order: once a program's first pass has been
+        /// recorded and a pass has begun after it, every step of its passes is located, at a
+        /// step of its own schedule with its key, switching to that schedule at its first step.
+        #[test]
+        fn programs_in_any_order_each_locate_their_steps_in_their_own_schedule(
+            programs in proptest::collection::vec(proptest::collection::vec(0u64..6, 1..8), 1..4),
+            order in proptest::collection::vec(0usize..4, 1..24),
+        ) {
+            let mut r = Recorder::default();
+            r.explicit();
+            let mut recorded = vec![false; programs.len()];
+            let mut pending: Option<usize> = None; // the program whose first pass was recorded last
+            let mut in_use: Option<usize> = None;
+            for p in order.into_iter().map(|p| p % programs.len()) {
+                let steps = &programs[p];
+                let key = |k: u64| 100 * (p as u64 + 1) + k;
+                let given = r.pass_begins();
+                if let Some(q) = pending.take() {
+                    proptest::prop_assert_eq!(given.map(|s| s.len()), Some(programs[q].len()));
+                    recorded[q] = true;
+                    in_use = Some(q);
+                } else {
+                    proptest::prop_assert!(given.is_none());
+                }
+                for (i, &k) in steps.iter().enumerate() {
+                    let located = r.enters(key(k), &ids(&[key(k)]));
+                    if !recorded[p] {
+                        proptest::prop_assert_eq!(located, Located::Nowhere);
+                        continue;
+                    }
+                    let step = located.step();
+                    proptest::prop_assert!(step.is_some(), "step {} of program {} not located", i, p);
+                    let switched = matches!(located, Located::Switch(..));
+                    proptest::prop_assert_eq!(switched, i == 0 && in_use != Some(p), "a switch only at a pass's first step, to another program");
+                    proptest::prop_assert_eq!(r.keys()[step.unwrap()], key(k));
+                    in_use = Some(p);
+                }
+                if !recorded[p] {
+                    pending = Some(p);
+                }
+            }
+        }
+    }
 }
