@@ -412,3 +412,33 @@ def test_neighbours_lend_through_the_pool_and_take_their_memory_back(monkeypatch
     assert buf.read() == data
     with pytest.raises(tiermem.InvalidArgumentError, match="set_peer_lending: GPU 0 does not lend"):
         pool.set_peer_lending(0, CHUNK)
+
+def test_two_programs_each_get_a_schedule_and_forgetting_ones_steps_keeps_the_others(pool):
+    """Two programs (two models in one pool) name their steps with keys of their own and run
+    passes in turns: each pass is located in its program's schedule; forget_steps drops one
+    program's schedule (its model removed) and keeps the other's."""
+    layers = [pool.alloc(CHUNK, name=f"l{i}", read_only=True) for i in range(8)]
+    data = [pattern(60 + i, CHUNK) for i in range(8)]
+    for buf, d in zip(layers, data):
+        buf.write(d)
+    programs = {100: layers[:4], 200: layers[4:]}
+
+    def run(base):
+        pool.pass_begins()
+        located = [pool.step_enters(base + i, [buf], CHUNK) for i, buf in enumerate(programs[base])]
+        for buf in programs[base]:
+            with pool.acquired(buf):
+                pass
+        return located
+
+    assert run(100) == [None] * 4 and run(200) == [None] * 4, "each first pass is recorded"
+    for _ in range(2):
+        assert run(100) == list(range(4)) and run(200) == list(range(4))
+    assert sorted(pool.recorded_steps) == [100, 101, 102, 103, 200, 201, 202, 203]
+    pool.forget_steps([100, 101, 102, 103])
+    assert pool.recorded_steps == [200, 201, 202, 203]
+    assert run(200) == list(range(4)), "the other program keeps its schedule"
+    assert run(100) == [None] * 4, "the forgotten one is recorded again"
+    assert run(100) == list(range(4))
+    for buf, d in zip(layers, data):
+        assert buf.read() == d

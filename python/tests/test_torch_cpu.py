@@ -115,6 +115,9 @@ class FakePool:
     def clear_schedule(self):
         pass
 
+    def forget_steps(self, keys):
+        pass
+
     def page_out_start(self, buffer):
         self.paged_out.append(buffer.id)
         return 1

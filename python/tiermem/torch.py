@@ -351,7 +351,7 @@ class Offload(Residency):
                             state[key] = state[key].to(device, copy=True)
                 torch.cuda.current_stream().synchronize()
         self._remove_hooks()
-        self.pool.clear_schedule()
+        self.pool.forget_steps(list(self._named))  # this model's schedule; other models keep theirs
         self._steps.clear()  # each step's buffers, looked up once: they must go too
         for unit in self.units:
             _REGISTERED.discard(unit.parts["weights"].ptr)

@@ -99,6 +99,18 @@ impl Engine {
         self.lock().schedule = None;
     }
 
+    /// Forgets the recorded schedule of the program whose steps include any of `keys` (a model
+    /// taken out of a pool shared with others), keeping the other programs' (recorder.rs,
+    /// "Several programs"); if it was the schedule in use, the engine has none until the next
+    /// pass finds its own. Keys no schedule has are ignored.
+    pub fn forget_steps(&self, keys: &[u64]) {
+        let mut recorder = self.recorder();
+        recorder.explicit();
+        if recorder.forget_steps(keys) {
+            self.lock().schedule = None;
+        }
+    }
+
     /// A pass of the program begins (a model's forward, say): for a program that does not
     /// know its schedule but repeats its steps, which it names in [`Engine::step_enters`].
     /// The first pass after this is recorded; when the next one begins, the recorded steps

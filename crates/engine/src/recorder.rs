@@ -139,11 +139,13 @@ impl Recorder {
                 (self.keys, self.uses, self.steps) = (keys, uses, buffers.clone());
                 schedule = Some(buffers);
             }
-            _ if self.keys.is_empty() => self.recording = Some(Vec::new()),
+            // Nothing recorded yet: this pass is. (With other programs' schedules only, after
+            // `forget_steps`, the pass's first step says whose it is.)
+            _ if self.keys.is_empty() && self.others.is_empty() => self.recording = Some(Vec::new()),
             _ => {}
         }
         self.position = 0;
-        self.fresh = !self.keys.is_empty();
+        self.fresh = !self.keys.is_empty() || !self.others.is_empty();
         schedule
     }
 
@@ -271,6 +273,22 @@ impl Recorder {
     /// The keys of every schedule recorded, each schedule's in order, the one in use first.
     pub fn all_keys(&self) -> Vec<u64> {
         self.keys.iter().chain(self.others.iter().flat_map(|o| &o.keys)).copied().collect()
+    }
+
+    /// Forgets the schedules, in use or not, and the recording that have any of `keys` (one
+    /// program's: a model taken out of a pool), keeping the other programs'. Returns whether
+    /// the schedule in use was one of them (the engine then drops the schedule it set).
+    pub fn forget_steps(&mut self, keys: &[u64]) -> bool {
+        let named = |k: &u64| keys.contains(k);
+        self.others.retain(|o| !o.keys.iter().any(named));
+        if self.recording.as_ref().is_some_and(|steps| steps.iter().any(|(k, _)| named(k))) {
+            self.recording = None;
+        }
+        let in_use = self.keys.iter().any(named);
+        if in_use {
+            (self.keys, self.uses, self.steps) = (Vec::new(), HashMap::new(), Vec::new());
+        }
+        in_use
     }
 
     /// Forgets the schedule and any recording: the next pass records afresh (who names the
@@ -466,6 +484,35 @@ mod tests {
         }
         assert_eq!(at(&mut r, C), Learned::Nothing, "a key never seen is not a new program's");
         assert_eq!(r.all_keys(), vec![A, B]);
+    }
+
+    #[test]
+    fn forgetting_one_programs_steps_keeps_the_others() {
+        const D: u64 = 20;
+        let mut r = Recorder::default();
+        r.explicit();
+        pass(&mut r, &[A, B]);
+        pass(&mut r, &[C, D]); // A and B's schedule set; C and D's first pass recorded
+        r.pass_begins(); // C and D's schedule in use, A and B's aside
+        assert!(!r.forget_steps(&[A, B]), "not the schedule in use");
+        assert_eq!(r.all_keys(), vec![C, D]);
+        assert!(r.forget_steps(&[D]), "the schedule in use");
+        assert!(r.all_keys().is_empty());
+        // Nothing left: the next pass is recorded afresh.
+        assert_eq!(pass(&mut r, &[A, B]).1, vec![None, None]);
+        assert_eq!(r.pass_begins(), Some(vec![ids(&[A]), ids(&[B])]));
+        // A program's schedule forgotten while another's is aside: that one is found again
+        // at its pass's first step, and the forgotten one is recorded again.
+        pass(&mut r, &[C, D]);
+        r.pass_begins(); // C and D in use, A and B aside
+        assert!(r.forget_steps(&[C]));
+        assert_eq!(r.pass_begins(), None);
+        assert_eq!(r.enters(A, &[]), Located::Switch(vec![ids(&[A]), ids(&[B])], 0));
+        r.pass_begins();
+        assert_eq!(r.enters(C, &ids(&[C])), Located::Nowhere, "C's pass is recorded again");
+        r.enters(D, &ids(&[D]));
+        assert_eq!(r.pass_begins(), Some(vec![ids(&[C]), ids(&[D])]));
+        assert_eq!(r.all_keys(), vec![C, D, A, B]);
     }
 
     proptest::proptest! {

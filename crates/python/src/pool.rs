@@ -261,6 +261,12 @@ impl Pool {
         py.allow_threads(|| self.engine.clear_schedule());
     }
 
+    /// Forgets the recorded schedule of the program whose steps include any of `keys` (a model
+    /// taken out of a Pool it shares with others), keeping the others' schedules.
+    fn forget_steps(&self, py: Python<'_>, keys: Vec<u64>) {
+        py.allow_threads(|| self.engine.forget_steps(&keys));
+    }
+
     /// The program is at `step` of the schedule: starts paging in what is missing from this
     /// and the coming steps, `prefetch_bytes` of them. Returns the bytes it started copying.
     fn advance(&self, py: Python<'_>, step: usize, prefetch_bytes: &Bound<'_, PyAny>) -> PyResult<usize> {
@@ -294,7 +300,8 @@ impl Pool {
         py.allow_threads(|| engine.step_enters(key, &ids, budget)).map_err(to_py)
     }
 
-    /// The keys of the recorded schedule's steps, in order (empty until a pass is recorded).
+    /// The keys of the recorded schedules' steps, each schedule's in order, the one in use
+    /// first (empty until a pass is recorded).
     #[getter]
     fn recorded_steps(&self, py: Python<'_>) -> Vec<u64> {
         py.allow_threads(|| self.engine.recorded_steps())
