@@ -97,7 +97,8 @@ def test_offloaded_inference_is_bitwise_the_resident_model_and_streams_only_the_
 @needs_gpu
 def test_two_models_streaming_in_turns_in_one_pool_each_page_ahead_along_their_own_order(monkeypatch):
     """Two models, each larger than the Pool's cap, run passes in turns: each records a
-    schedule of its own (the engine keeps both), so each pass pages ahead; outputs bitwise."""
+    schedule of its own (the engine keeps both), so each pass pages ahead; outputs bitwise.
+    Removing one keeps the other's schedule."""
     monkeypatch.setattr(tiermem.units, "MERGED", 0)
     refs = [tiny_llama(seed) for seed in (1, 2)]
     models = [tiny_llama(seed) for seed in (1, 2)]
@@ -115,8 +116,14 @@ def test_two_models_streaming_in_turns_in_one_pool_each_page_ahead_along_their_o
                 assert pool.stats()["transfers"]["prefetched"] > before, f"model {which} paged nothing ahead"
     schedules = [h.schedule for h in handles]
     assert all(schedules) and not {id(k) for k, _ in schedules[0]} & {id(k) for k, _ in schedules[1]}
-    for h in handles:
-        h.remove(device="cuda")
+    handles[0].remove(device="cuda")  # forgets its own schedule only: the other pages ahead at once
+    assert handles[1].schedule == schedules[1]
+    with torch.no_grad():
+        before = pool.stats()["transfers"]["prefetched"]
+        assert torch.equal(models[1](ids).logits, expected[1])
+        assert pool.stats()["transfers"]["prefetched"] > before
+        assert torch.equal(models[0](ids).logits, expected[0])  # removed: an ordinary model
+    handles[1].remove(device="cuda")
 
 
 @needs_gpu
