@@ -1,7 +1,8 @@
 """How tiermem.torch hooks a model's modules (CPU, test_torch_cpu.py's stand-in Pool): each
 site's forward is wrapped (PyTorch's module hooks cost a slow call path), the wrapper keeps the
 forward's signature, releases what it acquired when the forward raises, and remove() gives
-every module its own forward back — or, where something wrapped it since, calls through."""
+every module its own forward back — or, where something wrapped it since, calls through. And
+the model's state_dict reads each offloaded tensor with its buffer acquired (tiermem.state)."""
 
 import inspect
 
@@ -10,7 +11,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="tiermem.torch needs PyTorch")
 transformers = pytest.importorskip("transformers", reason="these tests build transformers models")
 import tiermem.torch as tt  # noqa: E402
-from test_torch_cpu import IDS, FakePool, cpu, llama  # noqa: E402, F401  (cpu: a fixture)
+import tiermem.units  # noqa: E402
+from test_torch_cpu import IDS, FakePool, cpu, llama, mixtral  # noqa: E402, F401  (cpu: a fixture)
 
 
 def test_sites_are_wrapped_not_hooked_and_remove_gives_their_forward_back(cpu):
@@ -68,3 +70,29 @@ def test_a_forward_wrapped_after_offload_survives_remove(cpu):
     with torch.no_grad():
         m(IDS)
     assert calls and pool.acq == acquired, "the wrapper left in place calls straight through"
+
+
+@pytest.mark.parametrize("make", [lambda: llama(True), mixtral], ids=["tied", "moe"])
+def test_state_dict_reads_every_tensor_acquired_and_save_pretrained_saves_the_model(cpu, monkeypatch, tmp_path, make):
+    """The strict pool turns memory not acquired into NaN: an offloaded model's state_dict
+    (and save_pretrained, which calls it) gives the resident model's tensors, in host memory,
+    a tied tensor once under both names; keep_vars gives the parameters themselves."""
+    monkeypatch.setattr(tiermem.units, "WASTE", 0)  # fused experts cut apart, however small
+    ref, m = make(), make()
+    pool = FakePool(strict=True)
+    h = tt.offload(m, pool, prefetch_bytes=1 << 20)
+    expected, got = ref.state_dict(), m.state_dict()
+    assert list(got) == list(expected)
+    assert all(torch.equal(got[k], expected[k]) and got[k].device.type == "cpu" for k in expected)
+    if m.config.tie_word_embeddings:
+        assert got["lm_head.weight"] is got["model.embed_tokens.weight"]
+    layer = m.model.layers[0].state_dict()
+    assert all(torch.equal(t, ref.model.layers[0].state_dict()[k]) for k, t in layer.items())
+    assert all(isinstance(t, torch.nn.Parameter) for k, t in m.state_dict(keep_vars=True).items() if k.endswith("weight"))
+    assert all(v == 0 for v in pool.acq.values()), pool.acq
+    m.save_pretrained(tmp_path)
+    loaded = type(ref).from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(IDS).logits, ref(IDS).logits)
+    h.remove()
+    assert not any(mod._state_dict_hooks or mod._state_dict_pre_hooks for mod in m.modules())

@@ -35,6 +35,7 @@ import itertools
 import torch
 
 from . import _tiermem
+from . import state as state_module
 from . import units as units_module
 from ._tiermem import InvalidArgumentError, Pool, TiermemError
 from .experts import fill_experts, unmark_experts
@@ -120,6 +121,7 @@ class Offload(Residency):
         self._backward_pending = False
         self._recording = True  # the engine is recording this pass's steps (_pass_starts)
         self._hooks = []
+        self._state_hooks = []  # tiermem.state's, for model.state_dict()
         self._device = pool.device  # whose current stream the hooks acquire on
         self._window = self.window_bytes  # read again as each pass starts (the cap may change)
 
@@ -351,6 +353,8 @@ class Offload(Residency):
                             state[key] = state[key].to(device, copy=True)
                 torch.cuda.current_stream().synchronize()
         self._remove_hooks()
+        for handle in self._state_hooks:
+            handle.remove()
         self.pool.forget_steps(list(self._named))  # this model's schedule; other models keep theirs
         self._steps.clear()  # each step's buffers, looked up once: they must go too
         for unit in self.units:
@@ -497,6 +501,7 @@ def _install(model, pool: Pool, prefetch_bytes: int, units, sites, optimizer) ->
         _REGISTERED.add(unit.parts["weights"].ptr)
     handle = Offload(model, pool, int(prefetch_bytes), units, sites, optimizer)
     handle._install()
+    handle._state_hooks = state_module.install(handle)  # model.state_dict() reads acquired
     setattr(model, _OFFLOADED, handle)
     return handle
 
