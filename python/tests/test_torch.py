@@ -95,6 +95,31 @@ def test_offloaded_inference_is_bitwise_the_resident_model_and_streams_only_the_
     tt.offload(offloaded, pool).remove()
 
 @needs_gpu
+def test_the_state_dict_of_a_model_larger_than_the_cap_is_the_resident_models(monkeypatch, tmp_path):
+    """Most of the model is out of HBM after a pass: state_dict (and save_pretrained) reads
+    every tensor with its buffer acquired, so they give the resident model's bytes."""
+    monkeypatch.setattr(tiermem.units, "MERGED", 0)
+    reference, offloaded = tiny_llama(tied=True), tiny_llama(tied=True)
+    pool = tiermem.Pool(backend="cuda", hbm_limit=16 * MIB, host_limit="1GiB", chunk="2MiB")
+    handle = tt.offload(offloaded, pool, prefetch_bytes=4 * MIB)
+    assert handle.bytes > 2 * pool.hbm_cap
+    ids = torch.randint(0, 512, (2, 32), device="cuda", generator=torch.Generator("cuda").manual_seed(5))
+    with torch.no_grad():
+        for _ in range(2):
+            offloaded(ids)
+    expected, got = reference.state_dict(), offloaded.state_dict()
+    assert list(got) == list(expected)
+    assert all(torch.equal(got[k], expected[k].cpu()) for k in expected)
+    offloaded.save_pretrained(tmp_path)
+    from tiermem import loading
+
+    loaded = type(reference).from_pretrained(tmp_path, **loading.dtype_kwargs(torch.bfloat16)).to("cuda").eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, reference(ids).logits)
+    handle.remove(device="cuda")
+
+
+@needs_gpu
 def test_two_models_streaming_in_turns_in_one_pool_each_page_ahead_along_their_own_order(monkeypatch):
     """Two models, each larger than the Pool's cap, run passes in turns: each records a
     schedule of its own (the engine keeps both), so each pass pages ahead; outputs bitwise.
