@@ -2,7 +2,8 @@
 site's forward is wrapped (PyTorch's module hooks cost a slow call path), the wrapper keeps the
 forward's signature, releases what it acquired when the forward raises, and remove() gives
 every module its own forward back — or, where something wrapped it since, calls through. And
-the model's state_dict reads each offloaded tensor with its buffer acquired (tiermem.state)."""
+the model's state_dict reads, and load_state_dict writes, each offloaded tensor with its buffer
+acquired (tiermem.state)."""
 
 import inspect
 
@@ -96,3 +97,26 @@ def test_state_dict_reads_every_tensor_acquired_and_save_pretrained_saves_the_mo
         assert torch.equal(loaded(IDS).logits, ref(IDS).logits)
     h.remove()
     assert not any(mod._state_dict_hooks or mod._state_dict_pre_hooks for mod in m.modules())
+
+
+@pytest.mark.parametrize("make", [lambda: llama(True), mixtral], ids=["tied", "moe"])
+def test_load_state_dict_writes_every_tensor_acquired(cpu, monkeypatch, make):
+    """Resuming from a checkpoint: load_state_dict into an offloaded model writes each module's
+    tensors with its buffers acquired (the strict pool loses writes to memory not acquired),
+    so the model then computes as the one the checkpoint came from."""
+    monkeypatch.setattr(tiermem.units, "WASTE", 0)
+    m, source = make(), make()
+    with torch.no_grad():
+        for p in source.parameters():
+            p.mul_(-1.5)  # other weights
+    pool = FakePool(strict=True)
+    h = tt.offload(m, pool, prefetch_bytes=1 << 20)
+    result = m.load_state_dict(source.state_dict())
+    assert not result.missing_keys and not result.unexpected_keys
+    with torch.no_grad():
+        assert torch.equal(m(IDS).logits, source(IDS).logits)
+    assert all(v == 0 for v in pool.acq.values()), pool.acq
+    h.remove()
+    assert not any("_load_from_state_dict" in mod.__dict__ for mod in m.modules())
+    with torch.no_grad():
+        assert torch.equal(m(IDS).logits, source(IDS).logits)

@@ -1,4 +1,4 @@
-"""An offloaded model's ``state_dict()``, read right.
+"""An offloaded model's ``state_dict()`` and ``load_state_dict()``, read and written right.
 
 An offloaded model's parameters and buffers point into tiermem buffers, which hold their
 bytes only while acquired: elsewhere the bytes may be in host memory, a neighbour's HBM or the
@@ -10,6 +10,11 @@ copied into host memory (the model may be larger than the GPU), and a tensor hel
 several names (a tied embedding) is one copy under all of them within one call of the model's
 ``state_dict``. With ``keep_vars=True`` the caller asks for the tensors themselves, and gets
 them, as PyTorch gives them (they are the ones in the model: read them in its forward).
+
+``load_state_dict()`` (resuming from a checkpoint) writes into those tensors: each such
+module's ``_load_from_state_dict`` — PyTorch's per-module step of it, the extension point
+modules override — runs with the module's buffers acquired for writing, one module at a time,
+so the bytes land where the engine keeps them and a model larger than the GPU loads too.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ def install(offload) -> list:
     for module, mine in entries.values():
         handles.append(module.register_state_dict_pre_hook(pre))
         handles.append(module.register_state_dict_post_hook(post_for(mine)))
+        handles.append(_AcquiredLoad(offload, module, [b for _, o in mine for b in buffers[id(o)]]))
     if id(root) not in entries:
         handles.append(root.register_state_dict_pre_hook(pre))
         handles.append(root.register_state_dict_post_hook(post_for([])))
@@ -76,3 +82,32 @@ def _copy(offload, owned, buffers: list, copies: dict) -> torch.Tensor:
         with offload.pool.acquired(buffers, _stream(offload._device), write=False):
             copy = copies[id(owned)] = owned.tensor.detach().to("cpu", copy=True)
     return copy
+
+
+class _AcquiredLoad:
+    """``module._load_from_state_dict`` run with ``buffers`` acquired for writing; ``remove()``
+    puts PyTorch's back (or, if something replaced it since, leaves ours calling through)."""
+
+    def __init__(self, offload, module: torch.nn.Module, buffers: list):
+        self.module, self.active = module, True
+        self.own = module.__dict__.get("_load_from_state_dict")
+        inner = module._load_from_state_dict
+        unique = list({id(b): b for b in buffers}.values())
+
+        def load(*args, **kwargs):
+            if not self.active:
+                return inner(*args, **kwargs)
+            from .torch import _stream  # tiermem.torch imports this module
+
+            with offload.pool.acquired(unique, _stream(offload._device), write=True):
+                return inner(*args, **kwargs)
+
+        self.load = module._load_from_state_dict = load
+
+    def remove(self) -> None:
+        self.active = False
+        if self.module.__dict__.get("_load_from_state_dict") is self.load:
+            if self.own is None:
+                del self.module._load_from_state_dict
+            else:
+                self.module._load_from_state_dict = self.own
