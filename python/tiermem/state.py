@@ -89,23 +89,23 @@ class _AcquiredLoad:
     puts PyTorch's back (or, if something replaced it since, leaves ours calling through)."""
 
     def __init__(self, offload, module: torch.nn.Module, buffers: list):
-        self.module, self.active = module, True
+        self.module, self.offload = module, offload
+        self.buffers = list({id(b): b for b in buffers}.values())  # none once removed
         self.own = module.__dict__.get("_load_from_state_dict")
         inner = module._load_from_state_dict
-        unique = list({id(b): b for b in buffers}.values())
 
         def load(*args, **kwargs):
-            if not self.active:
+            if not self.buffers:
                 return inner(*args, **kwargs)
             from .torch import _stream  # tiermem.torch imports this module
 
-            with offload.pool.acquired(unique, _stream(offload._device), write=True):
+            with self.offload.pool.acquired(self.buffers, _stream(self.offload._device), write=True):
                 return inner(*args, **kwargs)
 
         self.load = module._load_from_state_dict = load
 
     def remove(self) -> None:
-        self.active = False
+        self.buffers, self.offload = [], None  # the buffers may go
         if self.module.__dict__.get("_load_from_state_dict") is self.load:
             if self.own is None:
                 del self.module._load_from_state_dict

@@ -355,6 +355,7 @@ class Offload(Residency):
         self._remove_hooks()
         for handle in self._state_hooks:
             handle.remove()
+        self._state_hooks = []
         self.pool.forget_steps(list(self._named))  # this model's schedule; other models keep theirs
         self._steps.clear()  # each step's buffers, looked up once: they must go too
         for unit in self.units:
