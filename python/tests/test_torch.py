@@ -97,7 +97,8 @@ def test_offloaded_inference_is_bitwise_the_resident_model_and_streams_only_the_
 @needs_gpu
 def test_the_state_dict_of_a_model_larger_than_the_cap_is_the_resident_models(monkeypatch, tmp_path):
     """Most of the model is out of HBM after a pass: state_dict (and save_pretrained) reads
-    every tensor with its buffer acquired, so they give the resident model's bytes."""
+    every tensor with its buffer acquired, so they give the resident model's bytes; and
+    load_state_dict writes them so."""
     monkeypatch.setattr(tiermem.units, "MERGED", 0)
     reference, offloaded = tiny_llama(tied=True), tiny_llama(tied=True)
     pool = tiermem.Pool(backend="cuda", hbm_limit=16 * MIB, host_limit="1GiB", chunk="2MiB")
@@ -120,6 +121,11 @@ def test_the_state_dict_of_a_model_larger_than_the_cap_is_the_resident_models(mo
         loaded.append(type(reference).from_pretrained(directory, **loading.dtype_kwargs(torch.bfloat16)).to("cuda").eval())
     with torch.no_grad():
         assert torch.equal(loaded[0](ids).logits, loaded[1](ids).logits)
+    # And back: another model's weights loaded into the offloaded one, module by module.
+    other = tiny_llama(seed=9, tied=True)
+    offloaded.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        assert torch.equal(offloaded(ids).logits, other(ids).logits)
     handle.remove(device="cuda")
 
 
