@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from .wrapping import Wrapped
+
 
 def install(offload) -> list:
     """Hooks ``offload``'s model (a :class:`tiermem.torch.Offload`) so that its
@@ -66,7 +68,8 @@ def install(offload) -> list:
     for module, mine in entries.values():
         handles.append(module.register_state_dict_pre_hook(pre))
         handles.append(module.register_state_dict_post_hook(post_for(mine)))
-        handles.append(_AcquiredLoad(offload, module, [b for _, o in mine for b in buffers[id(o)]]))
+        load = _acquired_load(offload, [b for _, o in mine for b in buffers[id(o)]])
+        handles.append(Wrapped(module, "_load_from_state_dict", load))
     if id(root) not in entries:
         handles.append(root.register_state_dict_pre_hook(pre))
         handles.append(root.register_state_dict_post_hook(post_for([])))
@@ -84,30 +87,15 @@ def _copy(offload, owned, buffers: list, copies: dict) -> torch.Tensor:
     return copy
 
 
-class _AcquiredLoad:
-    """``module._load_from_state_dict`` run with ``buffers`` acquired for writing; ``remove()``
-    puts PyTorch's back (or, if something replaced it since, leaves ours calling through)."""
+def _acquired_load(offload, buffers: list):
+    """A module's ``_load_from_state_dict`` around PyTorch's, with ``buffers`` acquired for
+    writing (:class:`tiermem.wrapping.Wrapped`)."""
+    unique = list({id(b): b for b in buffers}.values())
 
-    def __init__(self, offload, module: torch.nn.Module, buffers: list):
-        self.module, self.offload = module, offload
-        self.buffers = list({id(b): b for b in buffers}.values())  # none once removed
-        self.own = module.__dict__.get("_load_from_state_dict")
-        inner = module._load_from_state_dict
+    def around(inner, *args, **kwargs):
+        from .torch import _stream  # tiermem.torch imports this module
 
-        def load(*args, **kwargs):
-            if not self.buffers:
-                return inner(*args, **kwargs)
-            from .torch import _stream  # tiermem.torch imports this module
+        with offload.pool.acquired(unique, _stream(offload._device), write=True):
+            return inner(*args, **kwargs)
 
-            with self.offload.pool.acquired(self.buffers, _stream(self.offload._device), write=True):
-                return inner(*args, **kwargs)
-
-        self.load = module._load_from_state_dict = load
-
-    def remove(self) -> None:
-        self.buffers, self.offload = [], None  # the buffers may go
-        if self.module.__dict__.get("_load_from_state_dict") is self.load:
-            if self.own is None:
-                del self.module._load_from_state_dict
-            else:
-                self.module._load_from_state_dict = self.own
+    return around

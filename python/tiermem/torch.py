@@ -29,7 +29,6 @@ what runs when.
 
 from __future__ import annotations
 
-import functools
 import itertools
 
 import torch
@@ -41,6 +40,7 @@ from ._tiermem import InvalidArgumentError, Pool, TiermemError
 from .experts import fill_experts, unmark_experts
 from .residency import _OFFLOADED, Residency, Waking  # noqa: F401  (Waking: re-exported)
 from .units import Experts, Site, Unit, dedup, plan, view as _view
+from .wrapping import Wrapped
 _STEP_KEYS = itertools.count(1)  # the engine's keys of the steps (Offload._key)
 WINDOW_SHARE = 12  # the paging-ahead window is at most this fraction of the HBM cap (Offload.window_bytes)
 
@@ -218,7 +218,7 @@ class Offload(Residency):
             if site.module is self.model:  # the root's pass check may install hooks during its call
                 self._hooks += [site.module.register_forward_pre_hook(before), site.module.register_forward_hook(after)]
             else:
-                self._hooks.append(_Wrapped(site.module, before, after))
+                self._hooks.append(Wrapped(site.module, "forward", _hooked(site.module, before, after)))
         users: dict[int, list[Site]] = {}  # id(owned) -> the sites using it
         for site in self.sites:
             for owned in site.uses:
@@ -384,42 +384,25 @@ class Offload(Residency):
     def schedule_length(self) -> int:
         return len(self.schedule)
 
-class _Wrapped:
-    """A module's forward wrapped with a site's hooks — ``before(module, args)`` and
-    ``after(module, args, output)``, as PyTorch's module hooks are called — and the handle
-    that takes them away. Cheaper than module hooks: a module with hooks takes PyTorch's slow
-    call path, 5 µs a module on the H200 host (``scripts/gpu/probes/hook_time.py``), a wrapped
-    one the fast path. A forward that raises releases what ``before`` acquired (``after`` with
-    no output) and raises on. :meth:`remove` puts the forward back; if something wrapped it
-    since, the wrapper stays in place but calls straight through."""
+def _hooked(module: torch.nn.Module, before, after):
+    """A site's forward around the module's own: ``before(module, args)``, then
+    ``after(module, args, output)`` — as PyTorch's module hooks are called, but on a forward
+    wrapped in place (:class:`tiermem.wrapping.Wrapped`): a module with hooks takes PyTorch's
+    slow call path, 5 µs a module on the H200 host (``scripts/gpu/probes/hook_time.py``), a
+    wrapped one the fast path. A forward that raises releases what ``before`` acquired
+    (``after`` with no output) and raises on."""
 
-    def __init__(self, module: torch.nn.Module, before, after):
-        self.module, self.active = module, True
-        self.own = module.__dict__.get("forward")  # an instance forward set before ours
-        inner = module.forward
+    def around(inner, *args, **kwargs):
+        before(module, args)
+        try:
+            output = inner(*args, **kwargs)
+        except BaseException:
+            after(module, args, None)
+            raise
+        after(module, args, output)
+        return output
 
-        @functools.wraps(inner)
-        def forward(*args, **kwargs):
-            if not self.active:
-                return inner(*args, **kwargs)
-            before(module, args)
-            try:
-                output = inner(*args, **kwargs)
-            except BaseException:
-                after(module, args, None)
-                raise
-            after(module, args, output)
-            return output
-
-        self.forward = module.forward = forward
-
-    def remove(self) -> None:
-        self.active = False
-        if self.module.__dict__.get("forward") is self.forward:
-            if self.own is None:
-                del self.module.forward
-            else:
-                self.module.forward = self.own
+    return around
 
 
 def _first_grad_tensor(output):
