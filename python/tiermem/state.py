@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import torch
 
+from .residency import _stream
 from .wrapping import Wrapped
 
 
 def install(offload) -> list:
     """Hooks ``offload``'s model (a :class:`tiermem.torch.Offload`) so that its
-    ``state_dict()`` reads each offloaded tensor with its buffer acquired; returns the hooks'
-    handles (``.remove()``)."""
+    ``state_dict()`` reads, and its ``load_state_dict()`` writes, each offloaded tensor with its
+    buffers acquired; returns the hooks' handles (``.remove()``)."""
     buffers: dict[int, list] = {}  # id(owned) -> the buffers holding it
     owned = []
     for unit in offload.units:
@@ -80,8 +81,6 @@ def _copy(offload, owned, buffers: list, copies: dict) -> torch.Tensor:
     """``owned``'s tensor copied into host memory with ``buffers`` acquired (once per call)."""
     copy = copies.get(id(owned))
     if copy is None:
-        from .torch import _stream  # tiermem.torch imports this module
-
         with offload.pool.acquired(buffers, _stream(offload._device), write=False):
             copy = copies[id(owned)] = owned.tensor.detach().to("cpu", copy=True)
     return copy
@@ -93,8 +92,6 @@ def _acquired_load(offload, buffers: list):
     unique = list({id(b): b for b in buffers}.values())
 
     def around(inner, *args, **kwargs):
-        from .torch import _stream  # tiermem.torch imports this module
-
         with offload.pool.acquired(unique, _stream(offload._device), write=True):
             return inner(*args, **kwargs)
 

@@ -42,6 +42,10 @@ tensors are its unit, and it is its own site. Two cases make them differ:
   largest streamed step) keeps more, and the down projection streams in while the up
   projection computes. Only where each tensor wastes at most 1/:data:`WASTE` in rounding to
   whole chunks (a small model's tensors stay in their block's buffer).
+  Neither cut when training with an optimizer (gradients and moments would need the same
+  cut). Backward acquires the block whole, as before. A block implementation switched after
+  :func:`offload` stays correct. (:func:`tiermem.torch.from_pretrained` cuts by tensor only:
+  an eager block's experts move whole.)
 * **A block holds only the parts it still reads.** When the forward reads another of its
   units, one read before that no live tensor views any more (the transposed view a grouped
   GEMM read has died with the call) is released, on the stream after the kernels that read
@@ -51,10 +55,6 @@ tensors are its unit, and it is its own site. Two cases make them differ:
   optimum's traffic against the plan's 1.115×, ``scripts/gpu/probes/moe_traffic.py``). An
   expert whose view lives on (a forward that indexes every expert before computing, or a
   graph kept for backward) stays held until the block ends.
-  Neither cut when training with an optimizer (gradients and moments would need the same
-  cut). Backward acquires the block whole, as before. A block implementation switched after
-  :func:`offload` stays correct. (:func:`tiermem.torch.from_pretrained` cuts by tensor only:
-  an eager block's experts move whole.)
 * **Small tensors are packed.** HBM and the link move whole chunks (4 MiB by default), so a module whose
   tensors are small (a norm's weight: 6 KB in a 3B Llama) would take a chunk of its own and
   move 300× its bytes: a 3B Llama's 25 norms took 50 MiB of HBM and streamed most of it every
