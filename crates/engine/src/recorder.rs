@@ -49,12 +49,8 @@ pub(crate) struct Recorder {
     /// The pass being recorded: `(key, buffers)` per step; `None` before the first pass and
     /// once the schedule is known.
     recording: Option<Vec<(u64, Vec<BufferId>)>>,
-    /// The keys of the schedule in use's steps, in order; empty until a pass has been recorded.
-    keys: Vec<u64>,
-    /// For each key, the steps that have it, ascending.
-    uses: HashMap<u64, Vec<usize>>,
-    /// The buffers of the schedule in use's steps (set again when a switch comes back to it).
-    steps: Vec<Vec<BufferId>>,
+    /// The schedule in use; without keys until a pass has been recorded.
+    current: Recorded,
     /// The other programs' schedules ("Several programs").
     others: Vec<Recorded>,
     /// A pass has begun and no step has been entered in it yet.
@@ -81,8 +77,9 @@ struct Learning {
     misses: u32,
 }
 
-/// A schedule not in use: its keys, each key's steps, and its steps' buffers.
-#[derive(Debug)]
+/// A recorded schedule: its steps' keys in order, each key's steps (ascending), and its
+/// steps' buffers (for the engine to set it again when a switch comes back to it).
+#[derive(Debug, Default)]
 struct Recorded {
     keys: Vec<u64>,
     uses: HashMap<u64, Vec<usize>>,
@@ -136,25 +133,23 @@ impl Recorder {
                     uses.entry(key).or_default().push(step);
                 }
                 self.put_aside();
-                (self.keys, self.uses, self.steps) = (keys, uses, buffers.clone());
+                self.current = Recorded { keys, uses, steps: buffers.clone() };
                 schedule = Some(buffers);
             }
             // Nothing recorded yet: this pass is. (With other programs' schedules only, after
             // `forget_steps`, the pass's first step says whose it is.)
-            _ if self.keys.is_empty() && self.others.is_empty() => self.recording = Some(Vec::new()),
+            _ if self.current.keys.is_empty() && self.others.is_empty() => self.recording = Some(Vec::new()),
             _ => {}
         }
         self.position = 0;
-        self.fresh = !self.keys.is_empty() || !self.others.is_empty();
+        self.fresh = !self.current.keys.is_empty() || !self.others.is_empty();
         schedule
     }
 
     /// Moves the schedule in use, if any, among the others.
     fn put_aside(&mut self) {
-        if !self.keys.is_empty() {
-            let (keys, uses, steps) =
-                (std::mem::take(&mut self.keys), std::mem::take(&mut self.uses), std::mem::take(&mut self.steps));
-            self.others.push(Recorded { keys, uses, steps });
+        if !self.current.keys.is_empty() {
+            self.others.push(std::mem::take(&mut self.current));
         }
     }
 
@@ -162,14 +157,14 @@ impl Recorder {
     /// in the schedule once it is known. Returns the step located, if any.
     pub fn enters(&mut self, key: u64, buffers: &[BufferId]) -> Located {
         let first = std::mem::take(&mut self.fresh);
-        if !self.uses.contains_key(&key) && first {
+        if !self.current.uses.contains_key(&key) && first {
             if let Some(at) = self.others.iter().position(|o| o.uses.contains_key(&key)) {
                 // Another program's pass: its schedule is the one in use from now on.
-                let Recorded { keys, uses, steps } = self.others.swap_remove(at);
+                let other = self.others.swap_remove(at);
                 self.put_aside();
-                (self.keys, self.uses, self.steps) = (keys, uses, steps);
+                self.current = other;
                 let step = self.locate(key).expect("the key is in the schedule just set");
-                return Located::Switch(self.steps.clone(), step);
+                return Located::Switch(self.current.steps.clone(), step);
             }
             if self.learning.explicit {
                 self.recording = Some(Vec::new()); // a program no schedule knows ("Several programs")
@@ -190,9 +185,9 @@ impl Recorder {
 
     /// The step of the schedule in use that `key` is at, from the expected position.
     fn locate(&mut self, key: u64) -> Option<usize> {
-        let uses = self.uses.get(&key)?;
-        let expected = self.position % self.keys.len();
-        let step = if self.keys[expected] == key {
+        let uses = self.current.uses.get(&key)?;
+        let expected = self.position % self.current.keys.len();
+        let step = if self.current.keys[expected] == key {
             expected
         } else {
             match uses.partition_point(|&s| s < self.position) {
@@ -230,7 +225,7 @@ impl Recorder {
         if key == first {
             let predicted = learning.hits >= learning.misses;
             (learning.hits, learning.misses) = (0, 0);
-            if !self.keys.is_empty() && !predicted {
+            if !self.current.keys.is_empty() && !predicted {
                 self.forget();
                 self.learning.gave_up = true;
                 return Learned::GiveUp;
@@ -240,7 +235,7 @@ impl Recorder {
                 return Learned::Schedule(steps, step);
             }
         }
-        if self.keys.is_empty() {
+        if self.current.keys.is_empty() {
             let seen = self.recording.as_ref().and_then(|steps| steps.iter().position(|&(k, _)| k == key));
             if let Some(at) = seen {
                 // A step comes round again before the first one did: the first was a one-off
@@ -255,7 +250,7 @@ impl Recorder {
             self.enters(key, buffers);
             return Learned::Nothing;
         }
-        let expected = self.position % self.keys.len();
+        let expected = self.position % self.current.keys.len();
         let step = self.enters(key, buffers).step();
         match step {
             Some(step) if step == expected => self.learning.hits += 1,
@@ -267,12 +262,12 @@ impl Recorder {
     /// The keys of the schedule in use's steps, in order; empty until a pass has been recorded.
     #[cfg(test)]
     pub fn keys(&self) -> &[u64] {
-        &self.keys
+        &self.current.keys
     }
 
     /// The keys of every schedule recorded, each schedule's in order, the one in use first.
     pub fn all_keys(&self) -> Vec<u64> {
-        self.keys.iter().chain(self.others.iter().flat_map(|o| &o.keys)).copied().collect()
+        self.current.keys.iter().chain(self.others.iter().flat_map(|o| &o.keys)).copied().collect()
     }
 
     /// Forgets the schedules, in use or not, and the recording that have any of `keys` (one
@@ -284,9 +279,9 @@ impl Recorder {
         if self.recording.as_ref().is_some_and(|steps| steps.iter().any(|(k, _)| named(k))) {
             self.recording = None;
         }
-        let in_use = self.keys.iter().any(named);
+        let in_use = self.current.keys.iter().any(named);
         if in_use {
-            (self.keys, self.uses, self.steps) = (Vec::new(), HashMap::new(), Vec::new());
+            self.current = Recorded::default();
         }
         in_use
     }
