@@ -110,6 +110,8 @@ pub(crate) struct Inner {
     pub spread_resident: bool,
     /// Paging ahead waits for its evictions (`TIERMEM_AHEAD_WAITS`; placement.rs, `bring_in`).
     pub ahead_waits: bool,
+    /// Homes are handed over behind the GPU's work rather than waited for (homes.rs).
+    pub hand_over: bool,
     /// Buffers allocated side by side in one reservation (parts.rs).
     pub parts: crate::parts::Parts,
 }
@@ -202,6 +204,7 @@ impl Engine {
             look_past: config.look_past,
             spread_resident: config.spread_resident,
             ahead_waits: config.ahead_waits,
+            hand_over: config.hand_over,
             parts: Default::default(),
         };
         let has_peers = inner.tiers.peer.exists();

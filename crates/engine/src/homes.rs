@@ -24,14 +24,38 @@
 //! A holder in the planned resident set (schedule.rs) is never sent out: it was streamed
 //! before the plan kept it, and stays now.
 //!
+//! # Handing a home over
+//!
+//! The holder sent home is usually the chunk the program released a step or two before, still
+//! read by kernels the GPU has queued. Evicting it waited for those kernels on the host
+//! (`evict_now`), which held the program's thread until the GPU caught up: on the H200's MoE
+//! decode 11 ms of a 45 ms pass during which the thread queued no kernel and no copy. A
+//! *clean* holder needs no copy down: its bytes are already below. So it leaves HBM at once,
+//! and the chunk coming home takes its physical chunk with a copy up that waits for the
+//! holder's last use **on the GPU** (the copy's stream waits for the holder's `busy` fence);
+//! the holder's address keeps mapping the physical chunk, stale, as any chunk's that left.
+//! Nothing the waited-for work depends on is queued after the copy (the program released the
+//! holder before, and whatever that work waits for was queued before it), so no cycle forms.
+//! Only where nothing else may still touch the physical chunk: the holder's arrival has landed
+//! (a cancelled page-out's copy may still be filling its slot) and the incoming chunk is
+//! copied up on a stream (not written by the background file reader, which waits for no
+//! fence). Any other holder is evicted and waited for as before. `TIERMEM_HAND_OVER=off` waits
+//! for every one.
+//!
 //! Homes are used only while HBM is short (placement.rs, `bring_in`: at most as many holders
 //! as free chunks are missing). A budget that grew leaves free room: the incoming chunks take
 //! it, mapped afresh once, rather than sending holders that now fit out — which kept a loop
 //! streaming whatever its budget (on the H200 a tenant alone with twice its working set paged
 //! 1.7 GiB a round, as with a third of it).
 
+use crate::engine::Inner;
+use crate::error::Context;
+use crate::fence::{settled, Fence};
 use crate::schedule::Schedule;
-use crate::state::{ChunkRef, ChunkTable};
+use crate::state::{ChunkRef, ChunkTable, Location};
+use crate::sync::Arc;
+use crate::Result;
+use tiermem_mechanism::PhysHandle;
 
 /// The streamed holders of the homes of `todo` (chunks about to come in) that may leave:
 /// needed after `horizon` steps, not acquired, not in `protect`. Sorted.
@@ -59,4 +83,58 @@ pub(crate) fn holders_to_send_home(
     holders.sort_unstable();
     holders.dedup();
     holders
+}
+
+/// Homes handed over (see "Handing a home over"): each incoming chunk with the physical chunk
+/// it takes, and the fences its copy up must wait for on the GPU.
+#[derive(Default)]
+pub(crate) struct HandedOver {
+    pub homes: Vec<(ChunkRef, PhysHandle)>,
+    pub after: Vec<Arc<Fence>>,
+}
+
+impl Inner {
+    /// Hands the homes of `todo` over from those of `holders` that allow it (see "Handing a
+    /// home over"): each leaves HBM now, and its physical chunk goes to the chunk of `todo`
+    /// coming home to it. `holders` keeps the others, to be evicted and waited for.
+    pub(crate) fn hand_over_homes(
+        &mut self,
+        call: &'static str,
+        todo: &[ChunkRef],
+        holders: &mut Vec<ChunkRef>,
+    ) -> Result<HandedOver> {
+        let mut handed = HandedOver::default();
+        let mut waited = Vec::with_capacity(holders.len());
+        for &holder in holders.iter() {
+            let chunk = self.state.chunk(holder);
+            let phys = chunk.phys().expect("a holder is in HBM");
+            let coming = todo.iter().copied().find(|&r| {
+                let incoming = self.state.chunk(r);
+                incoming.alias() == Some(phys)
+                    && matches!(incoming.location(), Location::Host(_) | Location::Peer(_))
+                    && !handed.homes.iter().any(|&(taken, _)| taken == r)
+            });
+            let Some(coming) = coming.filter(|_| chunk.copy_below().is_some()) else {
+                waited.push(holder);
+                continue;
+            };
+            if !settled(chunk.ready()).during(call)? {
+                waited.push(holder);
+                continue;
+            }
+            if let Some(busy) = chunk.busy() {
+                if !busy.is_done().during(call)? && !handed.after.iter().any(|f| Arc::ptr_eq(f, busy)) {
+                    handed.after.push(Arc::clone(busy));
+                }
+            }
+            let phys = self.state.leave_hbm(holder);
+            handed.homes.push((coming, phys));
+        }
+        let counters = &mut self.tiers.counters;
+        let n = handed.homes.len() as u64;
+        (counters.evictions, counters.clean_drops, counters.handed_over) =
+            (counters.evictions + n, counters.clean_drops + n, counters.handed_over + n);
+        *holders = waited;
+        Ok(handed)
+    }
 }

@@ -43,6 +43,7 @@ mod host_tier;
 mod in_flight;
 mod lender_watch;
 mod lenders;
+mod lending_back;
 mod lent;
 mod limits;
 #[cfg(all(test, feature = "shuttle"))]

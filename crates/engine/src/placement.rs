@@ -3,7 +3,7 @@
 //! spilling the host tier to the file when it is full), and making room: victims chosen by the
 //! policy (Belady's choice while a schedule is set) among the chunks candidates.rs offers, sent
 //! down and waited for. The copies themselves are the tiers' (movement.rs, down.rs). Giving a
-//! lender's memory back (`reclaim_peer`, `watch_lenders`, `set_peer_lending`) is here too.
+//! lender's memory back is in lending_back.rs.
 //!
 //! This and a page-in ahead of the schedule (which waits for its victims to pace the caller to
 //! the GPU) are where the host waits for copies: through `wait_for`, which in the calls that
@@ -25,6 +25,7 @@ use crate::state::{Below, ChunkRef, Location};
 use crate::sync::Done;
 use crate::{Error, Result};
 use std::sync::Arc;
+use tiermem_mechanism::PhysHandle;
 use tiermem_policy::{leave_hbm, new_policy, Candidate, Leave, PolicyKind, Tier};
 
 /// Chunks a demand brings in per batch (32 MiB of 4 MiB chunks): its copies (~0.6 ms at the
@@ -89,8 +90,9 @@ impl Inner {
         // first, mapped afresh once, and only as many holders are sent home as free chunks are
         // missing, so nothing that now fits is evicted.
         let short = todo.len().saturating_sub(self.tiers.pool.available());
+        let mut holders = Vec::new();
         if let (Some(schedule), Some(horizon), true) = (self.schedule.as_ref(), horizon, short > 0) {
-            let mut holders = crate::homes::holders_to_send_home(&self.state, schedule, &todo, wanted, horizon);
+            holders = crate::homes::holders_to_send_home(&self.state, schedule, &todo, wanted, horizon);
             if matches!(purpose, Purpose::Swap { .. }) {
                 // A swap waits for nothing: only clean holders the GPU has finished with leave.
                 let mut idle = Vec::with_capacity(holders.len());
@@ -104,9 +106,44 @@ impl Inner {
                 holders = idle;
             }
             holders.truncate(short);
-            if !holders.is_empty() {
-                self.evict_now(call, &holders)?;
+        }
+        let handed =
+            match self.hand_over && !self.ahead_waits && matches!(purpose, Purpose::Demand | Purpose::Ahead { .. }) {
+                true => self.hand_over_homes(call, &todo, &mut holders)?,
+                false => crate::homes::HandedOver::default(),
+            };
+        todo.retain(|r| !handed.homes.iter().any(|(coming, _)| coming == r));
+        let phys = match self.room_for(call, &mut todo, &holders, wanted, purpose) {
+            Ok(phys) => phys,
+            Err(e) => {
+                // Not brought in now (a wait the façade does unlocked, or a failure): the homes
+                // handed over are idle once the GPU is done with them.
+                self.tiers.give_back(handed);
+                return Err(e);
             }
+        };
+        // The chunks given their homes come in with the others, in order.
+        let mut coming: Vec<(ChunkRef, PhysHandle)> = todo.into_iter().zip(phys).chain(handed.homes).collect();
+        coming.sort_unstable_by_key(|&(r, _)| r);
+        if coming.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (todo, phys): (Vec<ChunkRef>, Vec<PhysHandle>) = coming.into_iter().unzip();
+        self.tiers.copy_in(&mut self.state, call, &todo, phys, purpose, &handed.after)
+    }
+
+    /// Sends `holders` home and makes room for `todo` as `purpose` allows; returns physical
+    /// chunks for as many of `todo`'s first chunks as there is room for (`todo` is cut to them).
+    fn room_for(
+        &mut self,
+        call: &'static str,
+        todo: &mut Vec<ChunkRef>,
+        holders: &[ChunkRef],
+        wanted: &[ChunkRef],
+        purpose: Purpose,
+    ) -> Result<Vec<PhysHandle>> {
+        if !holders.is_empty() {
+            self.evict_now(call, holders)?;
         }
         match purpose {
             Purpose::Demand => self.make_room(call, todo.len(), wanted)?,
@@ -142,7 +179,7 @@ impl Inner {
                 }
             }
         }
-        let mut phys = self.tiers.take_phys(&self.state, call, &todo)?;
+        let mut phys = self.tiers.take_phys(&self.state, call, todo)?;
         // The driver may give fewer chunks than the cap promised (the cap then shrinks): a demand
         // evicts for the rest.
         while purpose == Purpose::Demand && phys.len() < todo.len() {
@@ -154,10 +191,7 @@ impl Inner {
             phys.extend(more);
         }
         todo.truncate(phys.len());
-        if todo.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.tiers.copy_in(&mut self.state, call, &todo, phys, purpose)
+        Ok(phys)
     }
 
     /// Moves resident, unacquired chunks (sorted) out of HBM. Returns the fences after which
@@ -235,110 +269,6 @@ impl Inner {
             }
         }
         (peer, slots.into_iter().map(Below::Peer).collect(), host)
-    }
-
-    /// Reads each lender's free memory and sets what it lends (`lenders::recap`), giving back
-    /// at once what it no longer lends, and whether its own work keeps it busy (its traffic is
-    /// held then: peer_traffic.rs). Returns the bytes given back.
-    pub(crate) fn watch_lenders(&mut self, reserve: usize) -> Result<usize> {
-        let device = Arc::clone(&self.tiers.device);
-        for lender in self.tiers.peer.lenders().to_vec() {
-            // A lender whose memory cannot be read now keeps what it lends.
-            let Ok(memory) = device.gpu_memory(lender.gpu) else { continue };
-            let borrowed = self.tiers.peer.borrowed_from(lender.gpu);
-            let cap = crate::lenders::recap(borrowed, memory.free, reserve, lender.most);
-            let busy = memory.busy_percent.is_some_and(|p| p >= crate::peer_traffic::BUSY_PERCENT);
-            self.tiers.peer.set_busy(lender.gpu, busy);
-            if cap != self.tiers.peer.cap_of(&lender) {
-                self.tiers.peer.set_cap(lender.gpu, cap);
-            }
-        }
-        self.reclaim_peer("watch_lenders")
-    }
-
-    /// What GPU `gpu` lends becomes `bytes`; what it no longer lends is given back before this
-    /// returns (chunks whose only copy was there copied to the host). Returns the bytes given back.
-    pub(crate) fn set_peer_lending(&mut self, gpu: usize, bytes: usize) -> Result<usize> {
-        if !self.tiers.peer.lenders().iter().any(|l| l.gpu == gpu) {
-            let lenders: Vec<usize> = self.tiers.peer.lenders().iter().map(|l| l.gpu).collect();
-            return Err(Error::Config(format!(
-                "set_peer_lending: GPU {gpu} does not lend to this engine (its lenders: {lenders:?}; see Engine::peer_notes)"
-            )));
-        }
-        self.tiers.peer.set_most(gpu, bytes);
-        self.reclaim_peer("set_peer_lending")
-    }
-
-    /// Gives the peer tier's draining slabs back to their lenders (peer_tier.rs): chunks whose
-    /// only copy is in one are copied to host slots (spilling the host tier to the file if it
-    /// must), other copies there are dropped, and the emptied slabs are released. Returns the
-    /// bytes given back. Waits under the lock: a lender asking for its memory comes first. A slab
-    /// holding a chunk acquired in place (movement.rs, "Reading in place") goes back at a later call, once it is
-    /// released (the lender watch calls this every tick).
-    pub(crate) fn reclaim_peer(&mut self, call: &'static str) -> Result<usize> {
-        if !self.tiers.peer.draining() {
-            return Ok(0);
-        }
-        let draining = |tiers: &crate::tiers::Tiers, chunk: &crate::state::Chunk| {
-            chunk.peer().is_some_and(|slot| tiers.peer.is_draining(slot))
-        };
-        // Chunks still leaving HBM with a copy there: let them land first.
-        let landing: Vec<Arc<Fence>> = self
-            .state
-            .chunks()
-            .filter(|(_, c)| draining(&self.tiers, c))
-            .filter_map(|(_, c)| c.leaving().cloned())
-            .collect();
-        self.tiers.wait_here(call, landing)?;
-        self.tiers.reap(&mut self.state)?;
-        let mut only_copies = Vec::new();
-        let refs: Vec<ChunkRef> =
-            self.state.chunks().filter(|(_, c)| draining(&self.tiers, c)).map(|(r, _)| r).collect();
-        for r in refs {
-            let chunk = self.state.chunk(r);
-            if chunk.pinned_in_place() {
-                // Read where it lies until released: its slab goes back at a later reclaim.
-                continue;
-            }
-            if chunk.maps_in_place() {
-                // Mapped at its slot in place: undone before the slot goes.
-                self.tiers.unmap_below(&mut self.state, r).during(call)?;
-            }
-            let chunk = self.state.chunk(r);
-            if chunk.phys().is_some() {
-                let reader = chunk.ready().cloned();
-                let slot = self.state.drop_peer_copy(r).expect("a peer copy");
-                self.tiers.retire(Below::Peer(slot), reader);
-            } else if chunk.host().is_some() || chunk.file().is_some() {
-                let slot = self.state.drop_peer_copy(r).expect("a peer copy");
-                self.tiers.peer.free(slot);
-            } else {
-                only_copies.push(r);
-            }
-        }
-        for group in only_copies.chunks(self.tiers.host.cap().max(1)) {
-            let slots = self.host_slots(call, group)?;
-            let fence = match self.tiers.copy_peer_to_host(&self.state, call, group, &slots) {
-                Ok(fence) => fence,
-                Err(e) => {
-                    slots.into_iter().for_each(|s| self.tiers.host.free(s));
-                    return Err(e);
-                }
-            };
-            self.tiers.wait_here(call, vec![fence])?;
-            for (&r, &slot) in group.iter().zip(&slots) {
-                self.state.add_host_copy(r, slot);
-                let peer = self.state.drop_peer_copy(r).expect("a peer copy");
-                self.tiers.peer.free(peer);
-            }
-        }
-        // Copies up still reading dropped peer slots hold them until they are done.
-        while self.tiers.peer.draining_in_use() {
-            let Some(fence) = self.tiers.in_flight.next_retired().cloned() else { break };
-            self.tiers.wait_here(call, vec![fence])?;
-            self.tiers.reap(&mut self.state)?;
-        }
-        self.tiers.peer.release_drained(self.tiers.device.as_ref()).during(call)
     }
 
     /// Host slots for `dirty`. When the tier is full: give up clean copies of resident chunks,

@@ -115,3 +115,59 @@ fn a_page_out_waits_for_a_file_write_holding_host_slots() {
     engine.free(b).unwrap();
     support::assert_no_leaks(engine, Some(sim));
 }
+
+/// A streamed chunk coming home takes its physical chunk from the clean chunk there while the
+/// GPU may still read that one (homes.rs, "Handing a home over"): its copy up must wait for
+/// that work on the GPU. Here the program's kernels read each layer on a stream nobody waits
+/// for until the end; a copy up that did not wait for them ran first (`Timing::Lazy` runs only
+/// what a wait needs: the next layer's arrival), and a kernel read the next layer's bytes
+/// where its own were. Under every timing, every kernel reads its layer's pattern.
+#[test]
+fn a_home_handed_over_is_copied_into_only_after_the_kernels_reading_it() {
+    use tiermem::mechanism::pattern;
+    const LAYERS: usize = 12;
+    const CAP: usize = 6;
+    for timing in Timing::ALL {
+        let (engine, sim) = sim_engine(CAP + 8, CAP, 2 * LAYERS, support::config());
+        sim.set_timing(timing);
+        let device = std::sync::Arc::clone(engine.device());
+        let stream = device.create_stream(tiermem::mechanism::StreamPriority::High).unwrap();
+        let counter = device.alloc_plain(4).unwrap();
+        device.write(counter, &[0; 4]).unwrap();
+        let options = AllocOptions { read_only: true, ..AllocOptions::default() };
+        let layers: Vec<(tiermem::BufferId, u64)> = (0..LAYERS)
+            .map(|i| {
+                let (id, va) = engine.alloc(CHUNK, options.clone()).unwrap();
+                let mut bytes = vec![0u8; CHUNK];
+                pattern::fill(i as u64 + 1, 0, &mut bytes);
+                engine.write(id, 0, &bytes).unwrap();
+                (id, va)
+            })
+            .collect();
+        engine.page_out(Target::All).unwrap();
+        engine.set_schedule(layers.iter().map(|&(id, _)| vec![id]).collect()).unwrap();
+        for _pass in 0..4 {
+            for (step, &(id, va)) in layers.iter().enumerate() {
+                engine.advance(step, 2 * CHUNK).unwrap();
+                let region = [Region::whole(id)];
+                engine.acquire(&region, Access::ReadOnly, stream).unwrap();
+                device.check_pattern_async(va, CHUNK / 8, step as u64 + 1, 0, counter, stream).unwrap();
+                engine.release(&region, stream).unwrap();
+            }
+        }
+        device.synchronize_stream(stream).unwrap();
+        let mut wrong = [0u8; 4];
+        device.read(counter, &mut wrong).unwrap();
+        let handed = engine.stats().transfers.handed_over;
+        assert!(handed > 0, "{timing:?}: no home was handed over");
+        assert_eq!(
+            u32::from_le_bytes(wrong),
+            0,
+            "{timing:?}: kernels read words of another layer ({handed} homes handed over)"
+        );
+        device.free_plain(counter).unwrap();
+        device.destroy_stream(stream).unwrap();
+        drop(device);
+        support::assert_no_leaks(engine, Some(sim));
+    }
+}
