@@ -449,17 +449,22 @@ def tied_loading_and_sleep(args, results):
 
 
 # The MoE shapes: (hidden, expert MLP, layers, heads, KV heads) and the HBM cap.
-# "12-layer" is the benchmark's model (the headline): each sparse block is 7.2% of the model
-# (264 MiB of 3.57 GiB, cap 2 GiB: 1.79x). "32-layer" has Mixtral-8x7B's depth and proportions
-# scaled down: each block 3.0% of the model as in Mixtral (168 MiB of 5.53 GiB, cap 3 GiB). A
-# block must be resident whole while its grouped GEMM runs, so a pass moves at least
-# (model - cap + block): 1.165x the optimum for the first, 1.065x for the second; but the second
-# decodes all resident below its PCIe bound (HF's decode of 32 sparse layers at batch 16 costs
-# more than its link time), so it measures the hooks and compute, not the streaming
-# (BENCHMARKS.md, seventeenth session). Asked for with --moe-shapes.
+# "12-layer": each sparse block is 7.2% of the model (264 MiB of 3.57 GiB, cap 2 GiB: 1.79x).
+# "32-layer" has Mixtral-8x7B's depth and proportions scaled down: each block 3.0% of the model
+# as in Mixtral (168 MiB of 5.53 GiB, cap 3 GiB). A block's fused up projection must be
+# resident whole while its grouped GEMM runs, so a pass moves at least (model - cap + that
+# projection): 1.11x the optimum for the first (1.118x measured), 1.04x for the second; but the
+# second decodes all resident below its PCIe bound (HF's decode of 32 sparse layers at batch 16
+# costs the host more than the link's time), so it measures the hooks and compute, not the
+# streaming (BENCHMARKS.md, seventeenth session). "mixtral-depth" has Mixtral's depth and block
+# share (2.8%: 576 MiB of 19.9 GiB, cap 11 GiB: 1.81x; its up projection 384 MiB, so at least
+# 1.04x the optimum) at a width where the link sets the pace
+# (each layer's 280 MiB streamed take the link ~5 ms, HF's host code ~2 ms). Asked for with
+# --moe-shapes; the first is the headline.
 MOE_SHAPES = {
     "12-layer": ((2048, 2816, 12, 16, 4), 2 * GiB),
     "32-layer": ((1024, 3584, 32, 16, 4), 3 * GiB),
+    "mixtral-depth": ((3072, 4096, 32, 24, 8), 11 * GiB),
 }
 
 
