@@ -545,7 +545,7 @@ def main():
     parser.add_argument("--scratch", type=Path, default=None, help="where the checkpoint is saved and read back (a real disk)")
     parser.add_argument("--no-pack", action="store_true", help="every module's small tensors in a buffer of their own (tiermem.units)")
     parser.add_argument("--whole-experts", action="store_true", help="fused experts move with their block whole, not one expert at a time (tiermem.units)")
-    parser.add_argument("--moe-shapes", type=lambda v: v.split(","), default=["12-layer"],
+    parser.add_argument("--moe-shapes", type=lambda v: v.split(","), default=["mixtral-depth", "12-layer"],
                         help=f"MoE models to decode, comma-separated, of {','.join(MOE_SHAPES)}; the first is the headline moe_vs_pcie_bound")
     parser.add_argument("--window-share", type=int, default=None,
                         help="the paging-ahead window is at most 1/N of the HBM cap (default: tiermem.torch.WINDOW_SHARE)")

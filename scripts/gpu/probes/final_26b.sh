@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The twenty-sixth session's bench engine, bench tenants and the engine's GPU tests, at one commit.
+# Usage (on the GPU machine, after scripts/gpu/build.sh here): scripts/gpu/probes/final_26b.sh OUT COMMIT
+set -u
+out=$1 commit=$2
+mkdir -p "$out"; log=$out/log.txt
+export TIERMEM_PEERS=off
+mkdir -p /tmp/t && tar -C /tmp/t -xJf dist/tests.tar.xz
+echo "=== engine tests on the GPU" | tee -a "$log"
+for t in /tmp/t/tests/engine-*; do
+  TIERMEM_TEST_BACKEND=cuda timeout 120 "$t" > "$out/$(basename "$t").txt" 2>&1
+  echo "$(basename "$t"): $(grep -E "test result" "$out/$(basename "$t").txt" | tail -1)" | tee -a "$log"
+done
+echo "=== bench engine" | tee -a "$log"
+TIERMEM_COMMIT=$commit timeout 90 dist/tiermem bench engine --json "$out" 2>&1 | grep -E "page-in|exchange|advance|loop|verified" | tee -a "$log"
+echo "=== bench tenants" | tee -a "$log"
+TIERMEM_COMMIT=$commit timeout 220 dist/tiermem bench tenants --json "$out" > "$out/tenants.log" 2>&1
+grep -E "GB/s|vs_|hog|fair|overhead|pairs|leak" "$out/tenants.log" | tail -14 | tee -a "$log"
+tar -C "$out" -cJf "$out/../final-26b.tar.xz" .
