@@ -42,6 +42,17 @@
 //! fence). Any other holder is evicted and waited for as before. `TIERMEM_HAND_OVER=off` waits
 //! for every one.
 //!
+//! The holder keeps its `busy` fence after it left (`ChunkTable::leave_hbm_in_use`): its
+//! address still maps the physical chunk, and whoever undoes that mapping (the holder coming
+//! back elsewhere, `free`, giving the chunk back to the driver) waits for the work first, as a
+//! kernel may still read through it. And the program's thread is still paced, more loosely:
+//! waiting for the holder kept it within a step or two of the GPU, and nothing else does (a
+//! loop that queues its kernels faster than the GPU runs them, or a test that queues none,
+//! would run passes ahead, its page-ahead planning from where the GPU is not). So while the
+//! chunks handed over behind work not yet done exceed half the HBM cap, the oldest such work
+//! is waited for. On the H200's MoE and tied decodes this never binds: their host thread is
+//! never that far ahead.
+//!
 //! Homes are used only while HBM is short (placement.rs, `bring_in`: at most as many holders
 //! as free chunks are missing). A budget that grew leaves free room: the incoming chunks take
 //! it, mapped afresh once, rather than sending holders that now fit out — which kept a loop
@@ -103,6 +114,7 @@ impl Inner {
         todo: &[ChunkRef],
         holders: &mut Vec<ChunkRef>,
     ) -> Result<HandedOver> {
+        self.pace_hand_overs(call, holders.len())?;
         let mut handed = HandedOver::default();
         let mut waited = Vec::with_capacity(holders.len());
         for &holder in holders.iter() {
@@ -122,12 +134,16 @@ impl Inner {
                 waited.push(holder);
                 continue;
             }
-            if let Some(busy) = chunk.busy() {
-                if !busy.is_done().during(call)? && !handed.after.iter().any(|f| Arc::ptr_eq(f, busy)) {
+            if let Some(busy) = chunk.busy().filter(|busy| !matches!(busy.is_done(), Ok(true))) {
+                match self.handed_pending.back_mut() {
+                    Some((last, chunks)) if Arc::ptr_eq(last, busy) => *chunks += 1,
+                    _ => self.handed_pending.push_back((Arc::clone(busy), 1)),
+                }
+                if !handed.after.iter().any(|f| Arc::ptr_eq(f, busy)) {
                     handed.after.push(Arc::clone(busy));
                 }
             }
-            let phys = self.state.leave_hbm(holder);
+            let phys = self.state.leave_hbm_in_use(holder);
             handed.homes.push((coming, phys));
         }
         let counters = &mut self.tiers.counters;
@@ -136,5 +152,26 @@ impl Inner {
             (counters.evictions + n, counters.clean_drops + n, counters.handed_over + n);
         *holders = waited;
         Ok(handed)
+    }
+
+    /// Waits for the oldest work homes were handed over behind while more than half the HBM
+    /// cap would be handed over behind pending work with `more` chunks (see "Handing a home
+    /// over"); forgets the work that is done.
+    fn pace_hand_overs(&mut self, call: &'static str, more: usize) -> Result<()> {
+        loop {
+            while let Some((fence, _)) = self.handed_pending.front() {
+                if !fence.is_done().during(call)? {
+                    break;
+                }
+                self.handed_pending.pop_front();
+            }
+            let pending: usize = self.handed_pending.iter().map(|(_, chunks)| chunks).sum();
+            let Some((oldest, _)) = self.handed_pending.front() else { return Ok(()) };
+            if pending + more <= self.tiers.pool.cap() / 2 {
+                return Ok(());
+            }
+            let oldest = Arc::clone(oldest);
+            self.wait_for(call, vec![oldest])?;
+        }
     }
 }

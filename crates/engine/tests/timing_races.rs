@@ -125,8 +125,8 @@ fn a_page_out_waits_for_a_file_write_holding_host_slots() {
 #[test]
 fn a_home_handed_over_is_copied_into_only_after_the_kernels_reading_it() {
     use tiermem::mechanism::pattern;
-    const LAYERS: usize = 12;
-    const CAP: usize = 6;
+    const LAYERS: usize = 24;
+    const CAP: usize = 12;
     for timing in Timing::ALL {
         let (engine, sim) = sim_engine(CAP + 8, CAP, 2 * LAYERS, support::config());
         sim.set_timing(timing);
@@ -148,7 +148,7 @@ fn a_home_handed_over_is_copied_into_only_after_the_kernels_reading_it() {
         engine.set_schedule(layers.iter().map(|&(id, _)| vec![id]).collect()).unwrap();
         for _pass in 0..4 {
             for (step, &(id, va)) in layers.iter().enumerate() {
-                engine.advance(step, 2 * CHUNK).unwrap();
+                engine.advance(step, 3 * CHUNK).unwrap();
                 let region = [Region::whole(id)];
                 engine.acquire(&region, Access::ReadOnly, stream).unwrap();
                 device.check_pattern_async(va, CHUNK / 8, step as u64 + 1, 0, counter, stream).unwrap();
