@@ -362,7 +362,7 @@ def test_stats_keep_the_keys_front_ends_read(pool):
     assert stats["policy"] == "lru" and stats["file"] is None and stats["peer"] is None
     assert set(stats["hbm"]) == {"capacity_bytes", "used_bytes", "chunks"}
     assert set(stats["transfers"]) == {
-        "page_ins", "page_outs", "zero_fills", "clean_drops", "evictions", "handed_over", "prefetched", "file_writes",
+        "page_ins", "page_outs", "zero_fills", "clean_drops", "evictions", "prefetched", "file_writes",
         "file_reads", "maps", "in_place_maps", "in_place_reads", "by_neighbours", "cleaned", "bytes_in", "bytes_out", "stall_ms", "map_ms", "unmap_ms", "evict_wait_ms",
         "acquires", "largest_acquire"}
     [buf] = stats["buffers"]

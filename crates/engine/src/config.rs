@@ -102,11 +102,6 @@ pub struct EngineConfig {
     /// them down and goes on: the program's host thread is not held while they leave, and what
     /// they free is filled by the next step's page-ahead (placement.rs, `bring_in`).
     pub ahead_waits: bool,
-    /// `TIERMEM_HAND_OVER=on|off` (default on): a streamed chunk coming home while the GPU still
-    /// reads the clean chunk there takes the physical chunk at once, its copy queued behind that
-    /// work on the GPU, rather than the host thread waiting for the work (homes.rs, "Handing a
-    /// home over").
-    pub hand_over: bool,
     /// `TIERMEM_SIM_GPUS`: GPUs of the simulated node (default 1), each of `sim_hbm`, with
     /// peer access to each other, so the peer tier can be tried without a GPU.
     pub sim_gpus: usize,
@@ -171,7 +166,6 @@ impl Default for EngineConfig {
             look_past: false,
             spread_resident: true,
             ahead_waits: false,
-            hand_over: true,
             learn_loops: Some(LEARNED_WINDOW),
             sim_gpus: 1,
         }
@@ -253,9 +247,6 @@ impl EngineConfig {
         }
         if let Some(v) = var("TIERMEM_AHEAD_WAITS") {
             c.ahead_waits = on_or_off("TIERMEM_AHEAD_WAITS", &v)?;
-        }
-        if let Some(v) = var("TIERMEM_HAND_OVER") {
-            c.hand_over = on_or_off("TIERMEM_HAND_OVER", &v)?;
         }
         if let Some(v) = var("TIERMEM_PRE_EVICT") {
             c.pre_evict = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PRE_EVICT: {e}")))?;

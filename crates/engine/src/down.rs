@@ -309,13 +309,6 @@ impl Tiers {
             state.chunks().filter(|(_, c)| c.alias().is_some_and(|p| idle.contains(&p))).map(|(r, _)| r).collect();
         let mut outcome = Ok(());
         for r in stale {
-            // A home handed over is idle only once the work that read it is done; made sure.
-            if let Some(busy) = state.chunk(r).busy().filter(|_| state.chunk(r).phys().is_none()) {
-                outcome = busy.wait();
-                if outcome.is_err() {
-                    break;
-                }
-            }
             outcome = self.device.unmap(state.va(r), g);
             if outcome.is_err() {
                 break;

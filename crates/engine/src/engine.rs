@@ -110,11 +110,6 @@ pub(crate) struct Inner {
     pub spread_resident: bool,
     /// Paging ahead waits for its evictions (`TIERMEM_AHEAD_WAITS`; placement.rs, `bring_in`).
     pub ahead_waits: bool,
-    /// Homes are handed over behind the GPU's work rather than waited for (homes.rs).
-    pub hand_over: bool,
-    /// The fences homes were handed over behind that may still be pending, oldest first, with
-    /// how many chunks each covers: how far the GPU lags behind the program (homes.rs).
-    pub handed_pending: std::collections::VecDeque<(Arc<crate::fence::Fence>, usize)>,
     /// Buffers allocated side by side in one reservation (parts.rs).
     pub parts: crate::parts::Parts,
 }
@@ -207,8 +202,6 @@ impl Engine {
             look_past: config.look_past,
             spread_resident: config.spread_resident,
             ahead_waits: config.ahead_waits,
-            hand_over: config.hand_over,
-            handed_pending: Default::default(),
             parts: Default::default(),
         };
         let has_peers = inner.tiers.peer.exists();

@@ -92,9 +92,8 @@ pub(crate) enum Purpose {
 
 impl Tiers {
     /// Maps `todo` (sorted, none in HBM) at `phys` (one each) and copies their bytes up: from
-    /// host slots, zeros, or the file through the background reader, after the work of `after`
-    /// on the GPU (homes handed over while the GPU still reads them: homes.rs). Returns the
-    /// fences after which every chunk has arrived.
+    /// host slots, zeros, or the file through the background reader. Returns the fences after
+    /// which every chunk has arrived.
     pub fn copy_in(
         &mut self,
         state: &mut ChunkTable,
@@ -102,45 +101,11 @@ impl Tiers {
         todo: &[ChunkRef],
         phys: Vec<PhysHandle>,
         purpose: Purpose,
-        after: &[Arc<Fence>],
     ) -> Result<Vec<Arc<Fence>>> {
         let stream = match purpose {
             Purpose::Demand => self.streams.up,
             Purpose::Prefetch | Purpose::Ahead { .. } | Purpose::Swap { .. } => self.streams.prefetch,
         };
-        let queued = after.iter().try_for_each(|fence| self.device.stream_wait_event(stream, fence.event()));
-        let outcome = match queued {
-            Ok(()) => self.copy_in_on(state, call, todo, phys, purpose, stream),
-            Err(e) => {
-                phys.into_iter().for_each(|p| self.pool.give(p));
-                Err(Error::Device { call, source: e })
-            }
-        };
-        if outcome.is_err() {
-            // Physical chunks given back to the pool may be taken for copies on another
-            // stream: nothing may still read them.
-            after.iter().for_each(|fence| drop(fence.wait()));
-        }
-        outcome
-    }
-
-    /// Homes handed over (homes.rs) that will not be brought in now: their physical chunks go
-    /// back to the pool once the GPU's work on them is done.
-    pub fn give_back(&mut self, handed: crate::homes::HandedOver) {
-        handed.after.iter().for_each(|fence| drop(fence.wait()));
-        handed.homes.into_iter().for_each(|(_, p)| self.pool.give(p));
-    }
-
-    /// `copy_in` on `stream`.
-    fn copy_in_on(
-        &mut self,
-        state: &mut ChunkTable,
-        call: &'static str,
-        todo: &[ChunkRef],
-        phys: Vec<PhysHandle>,
-        purpose: Purpose,
-        stream: StreamHandle,
-    ) -> Result<Vec<Arc<Fence>>> {
         let start = match purpose {
             Purpose::Demand => Some(self.events.record(stream).during(call)?),
             Purpose::Prefetch | Purpose::Ahead { .. } | Purpose::Swap { .. } => None,

@@ -25,7 +25,6 @@ use crate::state::{Below, ChunkRef, Location};
 use crate::sync::Done;
 use crate::{Error, Result};
 use std::sync::Arc;
-use tiermem_mechanism::PhysHandle;
 use tiermem_policy::{leave_hbm, new_policy, Candidate, Leave, PolicyKind, Tier};
 
 /// Chunks a demand brings in per batch (32 MiB of 4 MiB chunks): its copies (~0.6 ms at the
@@ -90,9 +89,8 @@ impl Inner {
         // first, mapped afresh once, and only as many holders are sent home as free chunks are
         // missing, so nothing that now fits is evicted.
         let short = todo.len().saturating_sub(self.tiers.pool.available());
-        let mut holders = Vec::new();
         if let (Some(schedule), Some(horizon), true) = (self.schedule.as_ref(), horizon, short > 0) {
-            holders = crate::homes::holders_to_send_home(&self.state, schedule, &todo, wanted, horizon);
+            let mut holders = crate::homes::holders_to_send_home(&self.state, schedule, &todo, wanted, horizon);
             if matches!(purpose, Purpose::Swap { .. }) {
                 // A swap waits for nothing: only clean holders the GPU has finished with leave.
                 let mut idle = Vec::with_capacity(holders.len());
@@ -106,44 +104,9 @@ impl Inner {
                 holders = idle;
             }
             holders.truncate(short);
-        }
-        let handed =
-            match self.hand_over && !self.ahead_waits && matches!(purpose, Purpose::Demand | Purpose::Ahead { .. }) {
-                true => self.hand_over_homes(call, &todo, &mut holders)?,
-                false => crate::homes::HandedOver::default(),
-            };
-        todo.retain(|r| !handed.homes.iter().any(|(coming, _)| coming == r));
-        let phys = match self.room_for(call, &mut todo, &holders, wanted, purpose) {
-            Ok(phys) => phys,
-            Err(e) => {
-                // Not brought in now (a wait the façade does unlocked, or a failure): the homes
-                // handed over are idle once the GPU is done with them.
-                self.tiers.give_back(handed);
-                return Err(e);
+            if !holders.is_empty() {
+                self.evict_now(call, &holders)?;
             }
-        };
-        // The chunks given their homes come in with the others, in order.
-        let mut coming: Vec<(ChunkRef, PhysHandle)> = todo.into_iter().zip(phys).chain(handed.homes).collect();
-        coming.sort_unstable_by_key(|&(r, _)| r);
-        if coming.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (todo, phys): (Vec<ChunkRef>, Vec<PhysHandle>) = coming.into_iter().unzip();
-        self.tiers.copy_in(&mut self.state, call, &todo, phys, purpose, &handed.after)
-    }
-
-    /// Sends `holders` home and makes room for `todo` as `purpose` allows; returns physical
-    /// chunks for as many of `todo`'s first chunks as there is room for (`todo` is cut to them).
-    fn room_for(
-        &mut self,
-        call: &'static str,
-        todo: &mut Vec<ChunkRef>,
-        holders: &[ChunkRef],
-        wanted: &[ChunkRef],
-        purpose: Purpose,
-    ) -> Result<Vec<PhysHandle>> {
-        if !holders.is_empty() {
-            self.evict_now(call, holders)?;
         }
         match purpose {
             Purpose::Demand => self.make_room(call, todo.len(), wanted)?,
@@ -179,7 +142,7 @@ impl Inner {
                 }
             }
         }
-        let mut phys = self.tiers.take_phys(&self.state, call, todo)?;
+        let mut phys = self.tiers.take_phys(&self.state, call, &todo)?;
         // The driver may give fewer chunks than the cap promised (the cap then shrinks): a demand
         // evicts for the rest.
         while purpose == Purpose::Demand && phys.len() < todo.len() {
@@ -191,7 +154,10 @@ impl Inner {
             phys.extend(more);
         }
         todo.truncate(phys.len());
-        Ok(phys)
+        if todo.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.tiers.copy_in(&mut self.state, call, &todo, phys, purpose)
     }
 
     /// Moves resident, unacquired chunks (sorted) out of HBM. Returns the fences after which

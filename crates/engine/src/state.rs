@@ -467,23 +467,12 @@ impl ChunkTable {
         hbm.phys
     }
 
-    /// Chunk `r` leaves HBM while the work of its `busy` fence may still read it there, through
-    /// the mapping it keeps (homes.rs, "Handing a home over"): the fence stays, so that
-    /// whoever undoes that mapping waits for it first (`Tiers::unmap_below`, `free`).
-    pub fn leave_hbm_in_use(&mut self, r: ChunkRef) -> PhysHandle {
-        let busy = self.at(r).busy.take();
-        let phys = self.leave_hbm(r);
-        self.at(r).busy = busy;
-        phys
-    }
-
     /// Chunk `r`'s address maps nothing any more.
     pub fn unmapped(&mut self, r: ChunkRef) {
         let chunk = self.at(r);
         (chunk.alias, chunk.alias_lacks_access, chunk.in_place) = (None, false, InPlace::No);
         if chunk.hbm.is_none() {
-            // The last use in place, or in HBM before its home was handed over, waited for by
-            // whoever unmapped it.
+            // The last use in place, waited for by whoever unmapped it.
             chunk.busy = None;
         }
     }

@@ -26,9 +26,6 @@ pub struct Counters {
     pub clean_drops: u64,
     /// Chunks chosen as victims by the policy.
     pub evictions: u64,
-    /// Clean chunks sent home whose physical chunk went at once to the chunk coming into it,
-    /// that chunk's copy queued behind their last use on the GPU (homes.rs).
-    pub handed_over: u64,
     /// Chunks brought in by `prefetch`.
     pub prefetched: u64,
     /// Chunks written to the file tier (spilled chunks whose bytes the file already held are not).

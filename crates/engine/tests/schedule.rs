@@ -227,9 +227,7 @@ fn model_like_loops_move_only_what_does_not_fit_and_map_nothing() {
         // settled (a pass later than Belady's own: its second pass still evicts, for the first
         // time, chunks the cold pass left resident). One that does not wait places a
         // chunk whose home is still on its way down elsewhere: some maps in the first warm
-        // passes, no more as the passes go (since homes are handed over behind the GPU's work
-        // rather than sent down, on the simulated device 4, 0, 0 / 41, 1, 0 / 0, 0, 0 / 6, 0, 0
-        // in the four geometries) (on the H200 before the planned resident set, in
+        // passes, no more as the passes go (on the H200 before the planned resident set, in
         // the second geometry: 169, 55, 0 of ~350 page-ins in one run, 197, 162, 65 in
         // another; 47, 11, 2 of 260 in the first; in a later run, over twelve passes, 127, 66,
         // 159, 47, 61, 37, 24, 26, 4, 0 of ~352. With it: 171, 93, 126 in two runs of three;
