@@ -159,6 +159,14 @@ enum TiermemStatus tiermem_step_enters(uint64_t key,
                                        size_t prefetch_bytes,
                                        int64_t *out_step);
 
+// Forgets the recorded schedule of the program whose steps include any of the `count` keys
+// `keys[0..count]` (a model that was freed, in an engine shared with other programs), keeping
+// the others'. Keys no schedule has are ignored.
+//
+// # Safety
+// `keys` is valid for reads of `count` values (it may be NULL when `count` is 0).
+enum TiermemStatus tiermem_forget_steps(const uint64_t *keys, size_t count);
+
 // The message of the last call that failed on this thread, or NULL if none has. The string
 // belongs to tiermem and stays valid until the next failing call on this thread.
 const char *tiermem_last_error(void);

@@ -3,9 +3,11 @@
 //! device pointer; the process engine records the first pass and from then on pages ahead
 //! along it and evicts by next use (the engine's recorder.rs explains how steps are located).
 //!
-//! Like every entry point these return a [`TiermemStatus`], keep a message naming the
-//! function for `tiermem_last_error()`, never unwind, and may be called from any thread
-//! (the engine serialises them; one program's passes per engine).
+//! Several programs may take turns in one engine (two models, say): each gets a schedule of its
+//! own, found by the first step of its pass, and `tiermem_forget_steps` forgets one program's
+//! when it is gone. Like every entry point these return a [`TiermemStatus`], keep a message
+//! naming the function for `tiermem_last_error()`, never unwind, and may be called from any
+//! thread (the engine serialises them).
 
 use crate::process;
 use crate::status::{entry, Failure, TiermemStatus};
@@ -68,6 +70,28 @@ pub unsafe extern "C" fn tiermem_step_enters(
     })
 }
 
+/// Forgets the recorded schedule of the program whose steps include any of the `count` keys
+/// `keys[0..count]` (a model that was freed, in an engine shared with other programs), keeping
+/// the others'. Keys no schedule has are ignored.
+///
+/// # Safety
+/// `keys` is valid for reads of `count` values (it may be NULL when `count` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn tiermem_forget_steps(keys: *const u64, count: usize) -> TiermemStatus {
+    entry("tiermem_forget_steps", || {
+        if keys.is_null() && count > 0 {
+            return Err(Failure::invalid(format!("keys is NULL but count is {count}: pass the steps' keys")));
+        }
+        let keys: &[u64] = match count {
+            0 => &[],
+            // SAFETY: non-null (checked), and the caller promises `count` readable values.
+            _ => unsafe { std::slice::from_raw_parts(keys, count) },
+        };
+        process::require_engine()?.forget_steps(keys);
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,6 +125,22 @@ mod tests {
             }
         }
         assert_eq!(process::engine().unwrap().recorded_steps(), vec![7, 8, 9]);
+        // A second program's passes are recorded beside the first's, then forgotten alone.
+        for _ in 0..2 {
+            assert_eq!(tiermem_pass_begins(), TiermemStatus::Ok);
+            assert_eq!(step_enters(20, &[ptrs[2]]).0, TiermemStatus::Ok);
+            assert_eq!(step_enters(21, &[ptrs[0]]).0, TiermemStatus::Ok);
+        }
+        let mut recorded = process::engine().unwrap().recorded_steps();
+        recorded.sort_unstable();
+        assert_eq!(recorded, vec![7, 8, 9, 20, 21]);
+        // SAFETY: a live slice of one key.
+        assert_eq!(unsafe { tiermem_forget_steps([21].as_ptr(), 1) }, TiermemStatus::Ok);
+        assert_eq!(process::engine().unwrap().recorded_steps(), vec![7, 8, 9]);
+        // SAFETY: a NULL `keys` with a count is refused before it is read; none with none is nothing.
+        assert_eq!(unsafe { tiermem_forget_steps(std::ptr::null(), 1) }, TiermemStatus::InvalidArgument);
+        assert!(crate::status::take_last_error().unwrap().starts_with("tiermem_forget_steps: keys is NULL"));
+        assert_eq!(unsafe { tiermem_forget_steps(std::ptr::null(), 0) }, TiermemStatus::Ok);
         assert_eq!(step_enters(1, &[0x10]).0, TiermemStatus::InvalidArgument);
         assert!(crate::status::take_last_error().unwrap().starts_with("tiermem_step_enters: 0x10 was not allocated"));
         // SAFETY: a NULL `ptrs` with a count is refused before it is read.
