@@ -137,9 +137,10 @@ mod tests {
         // SAFETY: a live slice of one key.
         assert_eq!(unsafe { tiermem_forget_steps([21].as_ptr(), 1) }, TiermemStatus::Ok);
         assert_eq!(process::engine().unwrap().recorded_steps(), vec![7, 8, 9]);
-        // SAFETY: a NULL `keys` with a count is refused before it is read; none with none is nothing.
+        // SAFETY: a NULL `keys` with a count is refused before it is read.
         assert_eq!(unsafe { tiermem_forget_steps(std::ptr::null(), 1) }, TiermemStatus::InvalidArgument);
         assert!(crate::status::take_last_error().unwrap().starts_with("tiermem_forget_steps: keys is NULL"));
+        // SAFETY: a NULL `keys` with no count is never read.
         assert_eq!(unsafe { tiermem_forget_steps(std::ptr::null(), 0) }, TiermemStatus::Ok);
         assert_eq!(step_enters(1, &[0x10]).0, TiermemStatus::InvalidArgument);
         assert!(crate::status::take_last_error().unwrap().starts_with("tiermem_step_enters: 0x10 was not allocated"));
