@@ -130,10 +130,16 @@ def raw_h2d_GBps(size=GiB, reps=5) -> float:
     return size / statistics.median(times) / 1e9
 
 
-@torch.no_grad()
 def decode(model, prompt, steps):
     """Greedy decoding with a KV cache: the prefill, then `steps` single-token passes.
     Returns (tokens, logits of the last step, seconds per decode step (median))."""
+    tokens, logits, times = decode_steps(model, prompt, steps)
+    return tokens, logits, statistics.median(times)
+
+
+@torch.no_grad()
+def decode_steps(model, prompt, steps):
+    """As `decode`, with every step's seconds."""
     cache = transformers.DynamicCache()
     out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
     token = out.logits[:, -1:].argmax(-1)
@@ -146,7 +152,7 @@ def decode(model, prompt, steps):
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         tokens.append(token)
-    return torch.cat(tokens, 1), out.logits.float(), statistics.median(times)
+    return torch.cat(tokens, 1), out.logits.float(), times
 
 
 @torch.no_grad()

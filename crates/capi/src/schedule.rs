@@ -40,14 +40,8 @@ pub unsafe extern "C" fn tiermem_step_enters(
     out_step: *mut i64,
 ) -> TiermemStatus {
     entry("tiermem_step_enters", || {
-        if ptrs.is_null() && count > 0 {
-            return Err(Failure::invalid(format!("ptrs is NULL but count is {count}: pass the step's pointers")));
-        }
-        let ptrs: &[u64] = match count {
-            0 => &[],
-            // SAFETY: non-null (checked), and the caller promises `count` readable values.
-            _ => unsafe { std::slice::from_raw_parts(ptrs, count) },
-        };
+        // SAFETY: the caller promises `count` readable values at `ptrs`.
+        let ptrs = unsafe { values("ptrs", ptrs, count, "the step's pointers") }?;
         let engine = process::require_engine()?;
         let buffers = ptrs
             .iter()
@@ -79,17 +73,25 @@ pub unsafe extern "C" fn tiermem_step_enters(
 #[no_mangle]
 pub unsafe extern "C" fn tiermem_forget_steps(keys: *const u64, count: usize) -> TiermemStatus {
     entry("tiermem_forget_steps", || {
-        if keys.is_null() && count > 0 {
-            return Err(Failure::invalid(format!("keys is NULL but count is {count}: pass the steps' keys")));
-        }
-        let keys: &[u64] = match count {
-            0 => &[],
-            // SAFETY: non-null (checked), and the caller promises `count` readable values.
-            _ => unsafe { std::slice::from_raw_parts(keys, count) },
-        };
+        // SAFETY: the caller promises `count` readable values at `keys`.
+        let keys = unsafe { values("keys", keys, count, "the steps' keys") }?;
         process::require_engine()?.forget_steps(keys);
         Ok(())
     })
+}
+
+/// The `count` values at `ptr` (named `name` in the error, which asks for `what`): NULL is
+/// refused unless `count` is 0.
+///
+/// # Safety
+/// Where `ptr` is not NULL it is valid for reads of `count` values for `'a`.
+unsafe fn values<'a>(name: &str, ptr: *const u64, count: usize, what: &str) -> Result<&'a [u64], Failure> {
+    match (ptr.is_null(), count) {
+        (_, 0) => Ok(&[]),
+        (true, _) => Err(Failure::invalid(format!("{name} is NULL but count is {count}: pass {what}"))),
+        // SAFETY: non-null, and the caller promises `count` readable values.
+        (false, _) => Ok(unsafe { std::slice::from_raw_parts(ptr, count) }),
+    }
 }
 
 #[cfg(test)]

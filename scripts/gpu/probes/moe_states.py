@@ -11,11 +11,9 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
-import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import torch_bench as tb  # noqa: E402
@@ -24,20 +22,8 @@ import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402
 
 
-@torch.no_grad()
 def step_times(model, prompt, steps):
-    cache = transformers.DynamicCache()
-    out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
-    token = out.logits[:, -1:].argmax(-1)
-    times = []
-    for _ in range(steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = model(input_ids=token, past_key_values=cache, use_cache=True)
-        token = out.logits[:, -1:].argmax(-1)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return times
+    return tb.decode_steps(model, prompt, steps)[2]
 
 
 def main():
