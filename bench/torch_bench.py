@@ -3,7 +3,7 @@ least twice the HBM cap, run (a) fully resident, (b) with accelerate's cpu_offlo
 competitor, (c) with tiermem.torch.offload; (d) the PCIe bound is the bytes that must cross per
 pass over the raw pinned host-to-device bandwidth measured in this run. Then a training run
 whose parameters, gradients and AdamW state are at least 1.5x the cap; a Mixtral-style model
-at least 1.5x its cap; a tied-embedding Llama larger than its cap, saved, loaded by
+at least 1.5x its cap (bench/torch_moe.py); a tied-embedding Llama larger than its cap, saved, loaded by
 tiermem.torch.from_pretrained (against the disk's read speed), decoded, put to sleep and woken;
 and two models taking turns on one GPU, woken, pinned and put to sleep (bench/torch_serving.py).
 
@@ -35,6 +35,7 @@ import tiermem.torch as tt
 from tiermem.loading import dtype_kwargs
 
 from page_cache import cached_fraction, disk_read_GBps, drop_page_cache  # bench/, beside this script
+from torch_moe import MOE_SHAPES, mixture_of_experts  # bench/: the Mixtral-style part
 from torch_serving import serving  # bench/: two models taking turns on one GPU
 
 GiB = 1 << 30
@@ -454,89 +455,6 @@ def tied_loading_and_sleep(args, results):
         torch.cuda.empty_cache()
 
 
-# The MoE shapes: (hidden, expert MLP, layers, heads, KV heads) and the HBM cap.
-# "12-layer": each sparse block is 7.2% of the model (264 MiB of 3.57 GiB, cap 2 GiB: 1.79x).
-# "32-layer" has Mixtral-8x7B's depth and proportions scaled down: each block 3.0% of the model
-# as in Mixtral (168 MiB of 5.53 GiB, cap 3 GiB). A block's fused up projection must be
-# resident whole while its grouped GEMM runs, so a pass moves at least (model - cap + that
-# projection): 1.11x the optimum for the first (1.118x measured), 1.04x for the second; but the
-# second decodes all resident below its PCIe bound (HF's decode of 32 sparse layers at batch 16
-# costs the host more than the link's time), so it measures the hooks and compute, not the
-# streaming (BENCHMARKS.md, seventeenth session). "mixtral-depth" has Mixtral's depth and block
-# share (2.8%: 576 MiB of 19.9 GiB, cap 11 GiB: 1.81x; its up projection 384 MiB, so at least
-# 1.04x the optimum) at a width where the link sets the pace
-# (each layer's 280 MiB streamed take the link ~5 ms, HF's host code ~2 ms). Asked for with
-# --moe-shapes; the first is the headline.
-MOE_SHAPES = {
-    "12-layer": ((2048, 2816, 12, 16, 4), 2 * GiB),
-    "32-layer": ((1024, 3584, 32, 16, 4), 3 * GiB),
-    "mixtral-depth": ((3072, 4096, 32, 24, 8), 11 * GiB),
-}
-
-
-def mixtral(small: bool, shape: str = "12-layer"):
-    """The benchmark's Mixtral-style model (8 experts, 2 per token; random bf16 weights, seeded)
-    on the GPU, its HBM cap and its config; ``shape`` one of MOE_SHAPES."""
-    (hidden, mlp, layers, heads, kv), cap = ((512, 1024, 4, 8, 2), 64 * MiB) if small else MOE_SHAPES[shape]
-    config = transformers.MixtralConfig(
-        vocab_size=32000, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv, num_local_experts=8, num_experts_per_tok=2,
-        max_position_embeddings=4096,
-    )  # fmt: skip
-    torch.manual_seed(4)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            model = transformers.MixtralForCausalLM(config).eval()
-    finally:
-        torch.set_default_dtype(previous)
-    return model, cap, config
-
-
-def mixture_of_experts(args, results):
-    """A Mixtral-style model (8 experts, 2 per token) at least 1.5x the cap: resident, then
-    offloaded (each sparse block one step: tiermem.units), decoded at batch 16. The headline
-    (``moe_*``) is the first of ``--moe-shapes``; the others are recorded as ``moe_<shape>_*``."""
-    shapes = args.moe_shapes[:1] if args.small else args.moe_shapes  # one small model whatever the shape
-    for index, shape in enumerate(shapes):
-        moe_decode(args, results, "moe" if index == 0 else f"moe_{shape.replace('-', '_')}", shape)
-
-
-def moe_decode(args, results, key, shape):
-    metrics, ratios, checks = results["metrics"], results["ratios"], results["checks"]
-    model, cap, config = mixtral(args.small, shape)
-    if args.experts_implementation:
-        model.config._experts_implementation = args.experts_implementation
-    size = nbytes(model)
-    gen = torch.Generator("cuda").manual_seed(23)
-    prompt = torch.randint(0, config.vocab_size, (16, 32), device="cuda", generator=gen)
-    decode(model, prompt, 8)  # every KV-cache length seen once, as before the offloaded decode is timed
-    ref_tokens, ref_logits, plain_s = decode(model, prompt, 8)
-    # The model resident without tiermem: the speed its compute allows on this host (the PCIe
-    # bound may be beyond it), beside the same with every weight resident through tiermem.
-    metrics[f"{key}_plain_resident_decode_tok_s"] = prompt.shape[0] / plain_s
-    pool = tiermem.Pool(hbm_limit=cap)
-    handle = tt.offload(model, pool, prefetch_bytes=args.prefetch[0])
-    torch.cuda.empty_cache()
-    metrics[f"{key}_model_bytes"], metrics[f"{key}_hbm_cap_bytes"], metrics[f"{key}_prefetch_bytes"] = size, cap, handle.window_bytes
-    metrics[f"{key}_layers"] = config.num_hidden_layers
-    results[f"{key}_experts_implementation"] = getattr(model.config, "_experts_implementation", None)
-    metrics[f"{key}_experts_cut"] = sum(len(s.experts) for s in handle.sites)
-    tokens, logits, ratios[f"{key}_vs_pcie_bound"] = decode_vs_bound(metrics, key, model, pool, prompt, 8, size, cap)
-    checks[f"{key}_identical"] = torch.equal(tokens, ref_tokens) and torch.equal(logits, ref_logits)
-    log(f"MoE, {shape} ({config.num_hidden_layers} layers, {size / GiB:.2f} GiB, cap {cap / GiB:.2f}): "
-        f"{metrics[f'{key}_decode_tok_s']:.1f} tok/s = {ratios[f'{key}_vs_pcie_bound']:.2f} of the PCIe bound, "
-        f"window {handle.window_bytes / MiB:.0f} MiB, {metrics[f'{key}_traffic_vs_optimum']:.2f}x the optimum's traffic; "
-        f"resident without tiermem {metrics[f'{key}_plain_resident_decode_tok_s']:.1f} tok/s")
-    handle = window_sweep(args, metrics, key, handle, model, pool, prompt, 8, size, cap)
-    pinned = where_time_goes(metrics, key, handle, pool, model, prompt, 8, size, cap)
-    checks[f"{key}_pinned_identical"] = all(map(torch.equal, pinned, (tokens, logits)))
-    del model, handle, pool
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, required=True)
@@ -556,7 +474,7 @@ def main():
     parser.add_argument("--window-share", type=int, default=None,
                         help="the paging-ahead window is at most 1/N of the HBM cap (default: tiermem.torch.WINDOW_SHARE)")
     parser.add_argument("--experts-implementation", default=None, help="the MoE model's transformers experts implementation (default: transformers')")
-    parts = {"inference": inference, "training": training, "moe": mixture_of_experts, "tied": tied_loading_and_sleep,
+    parts = {"inference": inference, "training": training, "moe": lambda args, results: mixture_of_experts(args, results, sys.modules[__name__]), "tied": tied_loading_and_sleep,
              "serving": lambda args, results: serving(args, results, sys.modules[__name__])}
     parser.add_argument("--parts", type=lambda v: v.split(","), default=list(parts),
                         help=f"which parts to run, comma-separated, of {','.join(parts)} (default: all)")

@@ -25,6 +25,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import torch_bench as tb  # noqa: E402
+import torch_moe  # noqa: E402
 
 import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402
@@ -57,7 +58,7 @@ def tied_model():
 
 
 def moe_model():
-    model, cap, config = tb.mixtral(small=False)
+    model, cap, config = torch_moe.mixtral(small=False)
     return model, cap, config.vocab_size
 
 

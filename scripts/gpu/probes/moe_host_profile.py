@@ -14,12 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 import torch_bench as tb  # noqa: E402
+import torch_moe  # noqa: E402
 
 import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402
 import tiermem.units  # noqa: E402
 
-model, _, config = tb.mixtral(False)
+model, _, config = torch_moe.mixtral(False)
 gen = torch.Generator("cuda").manual_seed(23)
 prompt = torch.randint(0, config.vocab_size, (16, 32), device="cuda", generator=gen)
 result = {}

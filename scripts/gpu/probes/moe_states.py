@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import torch_bench as tb  # noqa: E402
+import torch_moe  # noqa: E402
 
 import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402
@@ -32,7 +33,7 @@ def main():
     parser.add_argument("--offloads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=4)
     args = parser.parse_args()
-    model, cap, config = tb.mixtral(False)
+    model, cap, config = torch_moe.mixtral(False)
     size = tb.nbytes(model)
     gen = torch.Generator("cuda").manual_seed(23)
     prompt = torch.randint(0, config.vocab_size, (16, 32), device="cuda", generator=gen)

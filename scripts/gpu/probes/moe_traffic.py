@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import torch_bench as tb  # noqa: E402
+import torch_moe  # noqa: E402
 
 import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402
@@ -61,7 +62,7 @@ def replay(schedule, cap: int, chunk: int, window: int, passes: int = 3) -> tupl
 def main():
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    model, cap, config = tb.mixtral(False, "12-layer")
+    model, cap, config = torch_moe.mixtral(False, "12-layer")
     size = tb.nbytes(model)
     prompt = torch.randint(0, config.vocab_size, (16, 32), device="cuda", generator=torch.Generator("cuda").manual_seed(23))
     pool = tiermem.Pool(hbm_limit=cap)
