@@ -97,6 +97,10 @@ pub struct EngineConfig {
     /// the buffers kept resident for the whole pass are planned, spread along it, rather than
     /// left to Belady, which keeps one stretch (schedule.rs, "A planned resident set").
     pub spread_resident: bool,
+    /// `TIERMEM_EVICT_ROOM=on|off` (default on): an engine linked to the node daemon pins host
+    /// memory ahead, in the link's thread, for the chunks in HBM that have no copy below, so
+    /// that a smaller budget is met at the speed of the copies, not of pinning (evict_room.rs).
+    pub evict_room: bool,
     /// `TIERMEM_AHEAD_WAITS=on|off` (default off): paging ahead along a schedule waits for the
     /// chunks it evicts to leave, so that it brings in the whole window at once. Off, it starts
     /// them down and goes on: the program's host thread is not held while they leave, and what
@@ -166,6 +170,7 @@ impl Default for EngineConfig {
             look_past: false,
             spread_resident: true,
             ahead_waits: false,
+            evict_room: true,
             learn_loops: Some(LEARNED_WINDOW),
             sim_gpus: 1,
         }
@@ -247,6 +252,9 @@ impl EngineConfig {
         }
         if let Some(v) = var("TIERMEM_AHEAD_WAITS") {
             c.ahead_waits = on_or_off("TIERMEM_AHEAD_WAITS", &v)?;
+        }
+        if let Some(v) = var("TIERMEM_EVICT_ROOM") {
+            c.evict_room = on_or_off("TIERMEM_EVICT_ROOM", &v)?;
         }
         if let Some(v) = var("TIERMEM_PRE_EVICT") {
             c.pre_evict = parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PRE_EVICT: {e}")))?;

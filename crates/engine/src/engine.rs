@@ -181,7 +181,7 @@ impl Engine {
                 .with_slots_readable_in_place(config.peer_in_place)
                 .with_busy_rate(config.peer_busy_rate),
             multipath,
-            host: HostTier::new(chunk, caps.host),
+            host: HostTier::new(chunk, caps.host).pinning_ahead(config.evict_room),
             file,
             writes: BackgroundWrites::default(),
             events: EventPool::new(Arc::clone(&device)),

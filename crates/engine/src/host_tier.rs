@@ -28,6 +28,8 @@ pub(crate) struct HostTier {
     /// Slots a background file write is reading: `free` leaves them taken until `unhold`
     /// (`true`: freed meanwhile, to be freed then).
     held: HashMap<Slot, bool>,
+    /// Whether slabs may be pinned ahead of need (evict_room.rs); off after pinning failed.
+    pin_ahead: bool,
 }
 
 impl HostTier {
@@ -44,7 +46,18 @@ impl HostTier {
             slabs: Vec::new(),
             free: BTreeSet::new(),
             held: HashMap::new(),
+            pin_ahead: false,
         }
+    }
+
+    /// The tier with pinning ahead of need allowed (`on`) or not.
+    pub fn pinning_ahead(self, on: bool) -> Self {
+        Self { pin_ahead: on, ..self }
+    }
+
+    /// Stops pinning ahead of need (after it failed: the host is short of memory to pin).
+    pub fn stop_pinning_ahead(&mut self) {
+        self.pin_ahead = false;
     }
 
     /// At most `slots` in use from now on (never more than the configured cap): allocations
@@ -110,18 +123,44 @@ impl HostTier {
             return Ok(None);
         }
         while self.free.len() < n {
-            let base = self.slabs.len() * self.slab_slots;
-            if base >= self.most_slots {
+            if self.slabs.len() * self.slab_slots >= self.most_slots {
                 return Ok(None);
             }
-            self.slabs.push(device.alloc_pinned(self.slab_slots * self.chunk)?);
-            self.free.extend((base..base + self.slab_slots).map(|i| Slot(i as u32)));
+            self.push_slab(device.alloc_pinned(self.slab_bytes())?);
         }
         let run = self.find_run(n).unwrap_or_else(|| self.free.iter().take(n).copied().collect());
         for slot in &run {
             self.free.remove(slot);
         }
         Ok(Some(run))
+    }
+
+    /// The bytes of one slab: what [`HostTier::adopt_slab`] takes.
+    pub fn slab_bytes(&self) -> usize {
+        self.slab_slots * self.chunk
+    }
+
+    /// Whether pinning ahead is on, fewer than `room` slots are free and the budget allows
+    /// another slab: then one pinned ahead of need ([`HostTier::adopt_slab`]) saves an
+    /// eviction from pinning it.
+    pub fn short_of(&self, room: usize) -> bool {
+        self.pin_ahead && self.free.len() < room && (self.slabs.len() + 1) * self.slab_slots <= self.cap_slots
+    }
+
+    /// Takes a slab of [`HostTier::slab_bytes`] pinned with no lock held; `false` (the caller
+    /// unpins it) if the budget no longer allows it.
+    pub fn adopt_slab(&mut self, base: HostPtr) -> bool {
+        let fits = (self.slabs.len() + 1) * self.slab_slots <= self.cap_slots;
+        if fits {
+            self.push_slab(base);
+        }
+        fits
+    }
+
+    fn push_slab(&mut self, base: HostPtr) {
+        let first = self.slabs.len() * self.slab_slots;
+        self.slabs.push(base);
+        self.free.extend((first..first + self.slab_slots).map(|i| Slot(i as u32)));
     }
 
     /// The first run of `n` consecutive free slots inside one slab.

@@ -33,6 +33,7 @@ mod control;
 mod down;
 mod engine;
 mod error;
+mod evict_room;
 mod fence;
 mod file_reads;
 mod file_tier;

@@ -102,6 +102,11 @@ pub trait Tenant: Send + Sync + 'static {
     /// only where the daemon shares those tiers.
     fn meet_budget(&self, tier: Tier, bytes: u64) -> Result<(), String>;
 
+    /// Called by the link between reports, on its thread: work that readies the tenant for a
+    /// smaller budget (an engine pins room to evict into, `Engine::pin_room_to_evict`). Short
+    /// (one step a call): the link answers the daemon between calls.
+    fn between_reports(&self) {}
+
     /// The engine that maps slabs other processes lend, if this tenant takes them (module
     /// `link`: the daemon's `lent` and `return` messages).
     fn lender(&self) -> Option<&Engine> {

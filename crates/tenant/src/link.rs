@@ -108,6 +108,7 @@ fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Resul
                 last_report = Some(report);
             }
             next_report = Instant::now() + options.report_every;
+            holder.between_reports();
             let returned = holder.lender().map(|engine| engine.returned_lent_slabs()).unwrap_or_default();
             if !returned.is_empty() {
                 connection.send(&ClientMessage::Returned { ids: returned })?;

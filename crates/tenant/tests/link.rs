@@ -55,6 +55,14 @@ fn budgets_reach_the_engines_and_a_leaver_gives_its_share_back_with_its_engine()
     for offset in (0..40 << 20).step_by(8 << 20) {
         a.write(buffer, offset, &[7u8; 8 << 20]).unwrap();
     }
+    // Between its reports, A's link pins host room for what its HBM holds with no copy below,
+    // so that the cut to come finds it pinned (evict_room.rs).
+    let until = std::time::Instant::now() + SETTLE;
+    while a.stats().host_pinned_bytes < 40 << 20 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pinned_ahead = a.stats().host_pinned_bytes;
+    assert!(pinned_ahead >= 40 << 20, "room pinned ahead: {pinned_ahead} bytes");
     let b = engine();
     let link_b = DaemonLink::attach(&b, path.clone(), None).unwrap();
     let (b_buffer, _) = b.alloc(40 << 20, AllocOptions::default()).unwrap();
@@ -62,6 +70,7 @@ fn budgets_reach_the_engines_and_a_leaver_gives_its_share_back_with_its_engine()
     link_a.wait_for(SETTLE, settled_at(24 * MIB));
     assert_eq!((a.hbm_cap() as u64, b.hbm_cap() as u64), (24 * MIB, 24 * MIB));
     assert!(a.stats().tiers[Tier::Hbm].used_bytes as u64 <= 24 * MIB, "A met its budget");
+    assert_eq!(a.stats().host_pinned_bytes, pinned_ahead, "A's cut pinned nothing more");
     let mut back = vec![0u8; 8 << 20];
     for offset in (0..40 << 20).step_by(8 << 20) {
         a.read(buffer, offset, &mut back).unwrap();

@@ -26,7 +26,8 @@
 //!   largest deviation over the last of three seconds.
 //! * `overhead_alone`: one job under tiermemd ÷ the same job standalone with the whole cap.
 //!   `pairs_finished`: GDM's test, pairs of jobs that together need more than the cap, run
-//!   together under tiermemd. `reclaim_ms_per_GiB`: an engine meeting a halved budget.
+//!   together under tiermemd. `reclaim_ms_per_GiB`: an engine meeting a halved budget, its room
+//!   to evict into pinned ahead as a linked tenant's is (`…_pinning`: pinned as the cut needs it).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -263,11 +264,14 @@ fn fair_share(setup: &Setup, dir: &Path) -> Result<(f64, f64), String> {
     }
 }
 
-/// Milliseconds per GiB for an engine to meet a halved budget (its working set dirty in HBM).
-fn reclaim_ms_per_gib(setup: &Setup) -> Result<f64, String> {
+/// Milliseconds per GiB for an engine to meet a halved budget (its working set dirty in HBM,
+/// never evicted before). `room_ahead`: with its room to evict into pinned first, as a tenant's
+/// daemon link does while it runs (evict_room.rs); otherwise pinned as the cut needs it.
+fn reclaim_ms_per_gib(setup: &Setup, room_ahead: bool) -> Result<f64, String> {
     let config = EngineConfig {
         hbm_limit: Some(setup.cap),
         sim_hbm: setup.cap,
+        evict_room: room_ahead,
         ..EngineConfig::from_env().map_err(|e| e.to_string())?
     };
     let engine = Engine::new(config).map_err(|e| e.to_string())?;
@@ -277,6 +281,7 @@ fn reclaim_ms_per_gib(setup: &Setup) -> Result<f64, String> {
     engine.acquire(&[Region::whole(id)], Access::ReadWrite, stream).map_err(|e| e.to_string())?;
     engine.release(&[Region::whole(id)], stream).map_err(|e| e.to_string())?;
     engine.device().synchronize_stream(stream).map_err(|e| e.to_string())?;
+    while engine.pin_room_to_evict().map_err(|e| e.to_string())? > 0 {}
     let before = engine.stats().tiers[Tier::Hbm].used_bytes;
     let started = Instant::now();
     let ticket = engine.set_hbm_budget(setup.cap / 2).map_err(|e| e.to_string())?;
@@ -404,14 +409,15 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
 
     let (settle_ms, fair_share_error) = fair_share(setup, scratch)?;
     println!("fair share: settled in {settle_ms:.0} ms, then within {:.1}%", fair_share_error * 100.0);
-    let reclaim = reclaim_ms_per_gib(setup)?;
-    println!("reclaim: {reclaim:.1} ms per GiB");
+    let reclaim_pinning = reclaim_ms_per_gib(setup, false)?;
+    let reclaim = reclaim_ms_per_gib(setup, true)?;
+    println!("reclaim: {reclaim:.1} ms per GiB with its room pinned ahead, {reclaim_pinning:.1} pinning it");
 
     let more = serde_json::json!({
         "hog_victim_speed": hog_victim_speed,
         "hog_victim_round_speed": hog_victim_round_speed, "hog_victim_speed_costart": hog_victim_speed_costart,
         "leak_victims_finished": leak_victims_finished, "fair_share_error": fair_share_error,
-        "settle_ms": settle_ms, "reclaim_ms_per_GiB": reclaim, "overhead_alone": overhead_alone,
+        "settle_ms": settle_ms, "reclaim_ms_per_GiB": reclaim, "reclaim_ms_per_GiB_pinning": reclaim_pinning, "overhead_alone": overhead_alone,
         "pairs_finished": pairs_finished, "pairs": pair_shares.len(),
         "idle_lender_others_speed": idle_lender_others_speed,
     });
