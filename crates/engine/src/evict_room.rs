@@ -7,11 +7,13 @@
 //! most of its `reclaim_ms_per_GiB` (81–97 ms) pinning, and a newcomer waited for it
 //! (BENCHMARKS.md, twenty-seventh session).
 //!
-//! A linked engine's daemon link therefore asks, between its reports, for one more slab
-//! whenever the free slots fall short of the chunks in HBM without a copy below (what a budget
-//! of nothing would send down), within the host tier's cap and budget. The slab is pinned with
-//! the engine's lock released, so the program's calls go on meanwhile; one slab a call keeps
-//! the link answering the daemon between slabs. A standalone engine never pins ahead (no one
+//! A linked engine's daemon link therefore asks, once the tenant has run for two seconds and
+//! then once a second (crate `tiermem-tenant`, `READY_AFTER`, `READY_EVERY`), for one more
+//! slab whenever the free slots fall short of the chunks in HBM without a copy below (what a
+//! budget of nothing would send down), within the host tier's cap and budget. The slab is
+//! pinned with the engine's lock released, so the program's calls go on meanwhile; paced, it
+//! takes little from the program (pinning all at once slowed a lone tenant's first second by
+//! 16–17% on the H200). A standalone engine never pins ahead (no one
 //! shrinks its budget behind its back), nor does one with `TIERMEM_EVICT_ROOM=off`; a host
 //! that refuses to pin more stops it for good (the eviction itself will report the error).
 

@@ -58,7 +58,7 @@ impl<L: Leaseholder> Tenant for L {
     }
 
     /// Pins a slab of room to evict into when HBM holds more without a copy below than is free.
-    fn between_reports(&self) {
+    fn ready_for_cuts(&self) {
         if let Err(e) = self.engine().pin_room_to_evict() {
             eprintln!("tiermem: daemon link: no more host memory pinned ahead of budget cuts: {e}");
         }

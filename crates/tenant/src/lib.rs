@@ -35,6 +35,13 @@ use tiermem_protocol::Tier;
 
 /// How often usage is looked at (and sent when it changed).
 pub const REPORT_EVERY: Duration = Duration::from_millis(50);
+/// How long a link waits before readying its tenant for cuts ([`Tenant::ready_for_cuts`]), and
+/// how often it does then: pinning takes the process's cores and the driver for ~50 ms a GiB,
+/// which slowed a tenant that pinned its room at once by 16–17% over its first second on the
+/// H200 (BENCHMARKS.md, twenty-seventh session); paced, a tenant that runs for a while has its
+/// room pinned and the first second of every tenant is left alone.
+pub const READY_AFTER: Duration = Duration::from_secs(2);
+pub const READY_EVERY: Duration = Duration::from_secs(1);
 /// How long [`attach_from_env`] waits for the first budget to reach its fair share.
 pub const SETTLE: Duration = Duration::from_secs(2);
 /// How long a linked engine's acquire waits for its budget to grow before failing for want of
@@ -102,10 +109,11 @@ pub trait Tenant: Send + Sync + 'static {
     /// only where the daemon shares those tiers.
     fn meet_budget(&self, tier: Tier, bytes: u64) -> Result<(), String>;
 
-    /// Called by the link between reports, on its thread: work that readies the tenant for a
-    /// smaller budget (an engine pins room to evict into, `Engine::pin_room_to_evict`). Short
-    /// (one step a call): the link answers the daemon between calls.
-    fn between_reports(&self) {}
+    /// Called by the link on its thread, at most every [`READY_EVERY`] once the tenant has been
+    /// linked for [`READY_AFTER`]: one step of readying it for a smaller budget (an engine pins
+    /// a slab of room to evict into, `Engine::pin_room_to_evict`). Short: the link answers the
+    /// daemon between calls.
+    fn ready_for_cuts(&self) {}
 
     /// The engine that maps slabs other processes lend, if this tenant takes them (module
     /// `link`: the daemon's `lent` and `return` messages).

@@ -95,6 +95,7 @@ fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Resul
     });
     let mut last_report: Option<Usage> = None;
     let mut next_report = Instant::now();
+    let mut next_ready = Instant::now() + crate::READY_AFTER;
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return Ok(());
@@ -108,7 +109,10 @@ fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Resul
                 last_report = Some(report);
             }
             next_report = Instant::now() + options.report_every;
-            holder.between_reports();
+            if Instant::now() >= next_ready {
+                holder.ready_for_cuts();
+                next_ready = Instant::now() + crate::READY_EVERY;
+            }
             let returned = holder.lender().map(|engine| engine.returned_lent_slabs()).unwrap_or_default();
             if !returned.is_empty() {
                 connection.send(&ClientMessage::Returned { ids: returned })?;
