@@ -54,7 +54,8 @@ impl Engine {
     }
 }
 
-#[cfg(test)]
+// Engines made outside a shuttle run (sync.rs): not in the model-checking build.
+#[cfg(all(test, not(feature = "shuttle")))]
 mod tests {
     use crate::{AllocOptions, Engine, EngineConfig, Stats, Tier};
     use tiermem_mechanism::BackendChoice;
