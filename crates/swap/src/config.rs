@@ -59,6 +59,9 @@ impl StoreConfig {
                 // Chunks of one granule (2 MiB), not the engine's default: swapped pages
                 // come and go 4 KiB at a time, and an area is freed only whole.
                 chunk: None,
+                // A host that swaps is short of memory: its staging tier is pinned as spills
+                // need it, never ahead of a cut (evict_room.rs).
+                evict_room: false,
                 ..EngineConfig::default()
             },
             area_size: None,
