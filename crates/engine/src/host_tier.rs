@@ -144,13 +144,18 @@ impl HostTier {
     /// another slab: then one pinned ahead of need ([`HostTier::adopt_slab`]) saves an
     /// eviction from pinning it.
     pub fn short_of(&self, room: usize) -> bool {
-        self.pin_ahead && self.free.len() < room && (self.slabs.len() + 1) * self.slab_slots <= self.cap_slots
+        self.pin_ahead && self.free.len() < room && self.another_slab_fits()
+    }
+
+    /// Whether the budget allows one more slab pinned.
+    fn another_slab_fits(&self) -> bool {
+        (self.slabs.len() + 1) * self.slab_slots <= self.cap_slots
     }
 
     /// Takes a slab of [`HostTier::slab_bytes`] pinned with no lock held; `false` (the caller
     /// unpins it) if the budget no longer allows it.
     pub fn adopt_slab(&mut self, base: HostPtr) -> bool {
-        let fits = (self.slabs.len() + 1) * self.slab_slots <= self.cap_slots;
+        let fits = self.another_slab_fits();
         if fits {
             self.push_slab(base);
         }

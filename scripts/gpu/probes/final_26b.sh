@@ -5,12 +5,7 @@ set -u
 out=$1 commit=$2
 mkdir -p "$out"; log=$out/log.txt
 export TIERMEM_PEERS=off
-mkdir -p /tmp/t && tar -C /tmp/t -xJf dist/tests.tar.xz
-echo "=== engine tests on the GPU" | tee -a "$log"
-for t in /tmp/t/tests/engine-*; do
-  TIERMEM_TEST_BACKEND=cuda timeout 120 "$t" > "$out/$(basename "$t").txt" 2>&1
-  echo "$(basename "$t"): $(grep -E "test result" "$out/$(basename "$t").txt" | tail -1)" | tee -a "$log"
-done
+scripts/gpu/probes/engine_tests.sh "$out"
 echo "=== bench engine" | tee -a "$log"
 TIERMEM_COMMIT=$commit timeout 90 dist/tiermem bench engine --json "$out" 2>&1 | grep -E "page-in|exchange|advance|loop|verified" | tee -a "$log"
 echo "=== bench tenants" | tee -a "$log"
