@@ -48,10 +48,14 @@ impl Allocation {
     }
 }
 
-/// Every live interposed allocation, and the managed ones.
+/// Every live interposed allocation, the freed ones kept mapped for a reuse (deferred.rs), and
+/// the managed ones.
 #[derive(Debug, Default)]
 pub struct Allocations {
     by_va: BTreeMap<u64, Allocation>,
+    /// Freed in stream order and kept mapped until reused or given back: out of the program's
+    /// view (no lookup by pointer finds them), but their chunks may move (cycle.rs plans them).
+    kept: BTreeMap<u64, Allocation>,
     /// `cuMemAllocManaged` pointers and their sizes: passed through, counted, never moved.
     managed: BTreeMap<u64, usize>,
     /// Small allocations left to the driver (placement.rs): pointer → (GPU, bytes counted).
@@ -60,7 +64,7 @@ pub struct Allocations {
 
 impl Allocations {
     pub const fn new() -> Self {
-        Self { by_va: BTreeMap::new(), managed: BTreeMap::new(), small: BTreeMap::new() }
+        Self { by_va: BTreeMap::new(), kept: BTreeMap::new(), managed: BTreeMap::new(), small: BTreeMap::new() }
     }
 
     pub fn insert(&mut self, allocation: Allocation) {
@@ -71,11 +75,6 @@ impl Allocations {
     /// of a live interposed allocation (a pointer of the driver's, or one freed already).
     pub fn remove(&mut self, ptr: u64) -> Option<Allocation> {
         self.by_va.remove(&ptr)
-    }
-
-    /// The allocation starting at `va`.
-    pub fn get(&self, va: u64) -> Option<&Allocation> {
-        self.by_va.get(&va)
     }
 
     /// The allocation starting at `va`, to change where its chunks are (migrate.rs).
@@ -98,6 +97,34 @@ impl Allocations {
     /// Every live interposed allocation, by address.
     pub fn iter(&self) -> impl Iterator<Item = &Allocation> {
         self.by_va.values()
+    }
+
+    /// Keeps a freed allocation mapped (deferred.rs) until [`Allocations::take_kept`].
+    pub fn keep(&mut self, allocation: Allocation) {
+        self.kept.insert(allocation.va, allocation);
+    }
+
+    /// The kept allocation starting at `va`, taken out: reused, or to be torn down.
+    pub fn take_kept(&mut self, va: u64) -> Option<Allocation> {
+        self.kept.remove(&va)
+    }
+
+    /// Every kept allocation, by address.
+    pub fn kept(&self) -> impl Iterator<Item = &Allocation> {
+        self.kept.values()
+    }
+
+    /// The live or kept allocation starting at `va`: what a move may find its chunk in.
+    pub fn movable(&self, va: u64) -> Option<&Allocation> {
+        self.by_va.get(&va).or_else(|| self.kept.get(&va))
+    }
+
+    /// As [`Allocations::movable`], to change where its chunks are, and whether it is live.
+    pub fn movable_mut(&mut self, va: u64) -> Option<(&mut Allocation, bool)> {
+        match self.by_va.get_mut(&va) {
+            Some(live) => Some((live, true)),
+            None => self.kept.get_mut(&va).map(|kept| (kept, false)),
+        }
     }
 
     pub fn insert_small(&mut self, ptr: u64, ordinal: usize, bytes: usize) {
@@ -142,6 +169,22 @@ mod tests {
         assert_eq!((a.bytes_on(Tier::Hbm), a.bytes_on(Tier::Host)), (2 << 20, 1 << 20), "the last chunk is short");
         assert_eq!((a.chunk_va(1), a.chunk_len(0), a.chunk_len(1)), (0x10_0020_0000, 2 << 20, 1 << 20));
         assert!(books.remove(0x10_0000_0000).is_none(), "a second free finds nothing");
+    }
+
+    #[test]
+    fn a_kept_allocation_is_out_of_the_programs_view_but_movable() {
+        let mut books = Allocations::default();
+        books.insert(allocation(0x20_0000_0000, &[Tier::Hbm]));
+        let freed = books.remove(0x20_0000_0000).expect("live");
+        books.keep(freed);
+        assert!(books.containing(0x20_0000_0000).is_none() && books.containing(0x20_0000_0001).is_none());
+        assert!(books.remove(0x20_0000_0000).is_none(), "a second free finds nothing");
+        assert_eq!(books.movable_mut(0x20_0000_0000).map(|(a, live)| (a.va, live)), Some((0x20_0000_0000, false)));
+        assert_eq!(books.kept().count(), 1);
+        let reused = books.take_kept(0x20_0000_0000).expect("kept");
+        books.insert(reused);
+        assert_eq!(books.movable_mut(0x20_0000_0000).map(|(_, live)| live), Some(true));
+        assert!(books.take_kept(0x20_0000_0000).is_none());
     }
 
     #[test]

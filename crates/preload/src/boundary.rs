@@ -69,3 +69,18 @@ pub fn guard(call: &str, body: impl FnOnce() -> CuResult) -> CuResult {
 pub fn log(call: &str, what: &str, todo: &str) {
     eprintln!("tiermem: {call}: {what}; {todo}");
 }
+
+/// The switch `name` in the environment: `on`/`1`/`true` (or empty) or `off`/`0`/`false`; unset,
+/// `default`; anything else is said on stderr and taken as `default`.
+pub fn switch(name: &str, default: bool) -> bool {
+    match std::env::var(name).as_deref() {
+        Err(_) => default,
+        Ok("on" | "1" | "true" | "") => true,
+        Ok("off" | "0" | "false") => false,
+        Ok(other) => {
+            let taken = if default { "on" } else { "off" };
+            log(name, &format!("{other:?} is neither on nor off"), &format!("taken as {taken}"));
+            default
+        }
+    }
+}

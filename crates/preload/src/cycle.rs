@@ -64,19 +64,16 @@ struct Config {
     margin: usize,
     /// Which pointers end a launch's extents (hotness::launch_chunks): `None`, the whole cycle's.
     extent_window: Option<usize>,
+    /// Whether frees kept mapped for a reuse are planned with the program's allocations
+    /// (deferred.rs).
+    plan_kept: bool,
 }
 
 fn config() -> &'static Config {
     static CONFIG: OnceLock<Config> = OnceLock::new();
     CONFIG.get_or_init(|| {
-        let enabled = match std::env::var("TIERMEM_SEGMENTS").as_deref() {
-            Err(_) | Ok("on" | "1" | "true" | "") => true,
-            Ok("off" | "0" | "false") => false,
-            Ok(other) => {
-                log("TIERMEM_SEGMENTS", &format!("{other:?} is neither on nor off"), "segments on");
-                true
-            }
-        };
+        let enabled = crate::boundary::switch("TIERMEM_SEGMENTS", true);
+        let plan_kept = crate::boundary::switch("TIERMEM_PLAN_KEPT", true);
         let margin = match std::env::var("TIERMEM_SEGMENT_MARGIN") {
             Err(_) => 0,
             Ok(text) => tiermem::parse_size(&text).unwrap_or_else(|why| {
@@ -96,7 +93,7 @@ fn config() -> &'static Config {
                 DEFAULT_EXTENT_WINDOW
             })),
         };
-        Config { enabled, margin, extent_window }
+        Config { enabled, margin, extent_window, plan_kept }
     })
 }
 
@@ -348,7 +345,10 @@ fn plan(ordinal: usize, touched: &[Vec<ChunkId>]) -> Option<(Arc<Boundary>, Paus
     let p = process::lock();
     let gpu = p.gpus.get(&ordinal).filter(|gpu| gpu.device.is_some() && gpu.chunk > 0)?;
     let (mut ids, mut dense, mut in_hbm, mut pinned) = (Vec::new(), HashMap::new(), Vec::new(), Vec::new());
-    for allocation in p.books.iter().filter(|a| a.ordinal == ordinal) {
+    // Frees kept for a reuse too: the cycle's pointers name them, and the next cycle's
+    // allocations take them back at the same addresses (deferred.rs).
+    let kept = p.books.kept().filter(|_| config().plan_kept);
+    for allocation in p.books.iter().chain(kept).filter(|a| a.ordinal == ordinal) {
         for (index, &(_, tier)) in allocation.chunks.iter().enumerate() {
             dense.insert((allocation.va, index), ids.len());
             ids.push((allocation.va, index));

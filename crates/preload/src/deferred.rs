@@ -23,35 +23,51 @@
 //!   budget's again before anything spills to the host, and what is given back is what has
 //!   waited longest for a reuse.
 //!
-//! Kept frees do not move (stage 3 sees only the program's allocations). Letting the planner
-//! move them as cold memory was measured on the GPU: with PyTorch's `cudaMallocAsync` backend
-//! under a budget it moved four times the bytes and ran a step slower (BENCHMARKS.md).
+//! A kept free stays in the books, apart from the live allocations (allocations.rs), and in
+//! the hotness index, so that the cycle's plan (cycle.rs) can place it: a program that
+//! allocates its step's tensors from the pool frees most of them within the step, and at the
+//! synchronization that plans the next step they are kept frees — which the next step's
+//! allocations take back at the same addresses. The pointers recorded in the step name them, so
+//! the plan brings them up before the segment that will reuse them and sends them down when
+//! the step is done with them, as it does the live allocations (`TIERMEM_PLAN_KEPT=off`: kept
+//! frees stay where they were placed). Stage 2's plan, which knows only heat, leaves them alone:
+//! letting it move them as cold memory was measured on the GPU, and with PyTorch's
+//! `cudaMallocAsync` backend under a budget it moved four times the bytes and ran a step
+//! slower (BENCHMARKS.md, twentieth session).
 //!
-//! Reuse takes the oldest matching free first, so that a program repeating its steps gets its
-//! allocations back in the same order each time.
+//! Reuse takes the free at the address that the allocation in the same place of the cycle
+//! before got, so that a program repeating its steps gets each tensor back where it was
+//! (reuse_order.rs), else the oldest matching free.
 //!
 //! Until unmapped, a freed allocation counts against the budget: the memory is still the GPU's.
 //! Where no event can be made or recorded on the stream (a stream of a context of the program's
 //! own), the free waits for the stream as before.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use tiermem_mechanism::{EventHandle, StreamHandle};
+use tiermem_mechanism::{Device, EventHandle, StreamHandle};
 
 use crate::driver::Stream;
 use crate::give_back;
 use crate::process::{self, Freed};
+use crate::reuse_order::{Orders, Shape};
 
-/// A freed allocation kept mapped: the stream it was freed on, and the event recorded there at
-/// the free (`None` once it has completed).
+/// A freed allocation kept mapped in the books (process.rs): its start, its GPU and bytes
+/// reserved (`None`: shared, never reused), the stream it was freed on, and the event recorded
+/// there at the free (`None` once it has completed).
 struct Kept {
-    freed: Freed,
+    va: u64,
+    shape: (usize, usize),
+    reusable: bool,
+    device: Arc<dyn Device>,
     stream: usize,
     event: Option<EventHandle>,
 }
 
 static KEPT: Mutex<Vec<Kept>> = Mutex::new(Vec::new());
+static ORDERS: Mutex<Option<Orders>> = Mutex::new(None);
 /// Frees ordered on their streams, and allocations served by one kept mapped.
 static ORDERED: AtomicU64 = AtomicU64::new(0);
 static REUSED: AtomicU64 = AtomicU64::new(0);
@@ -72,13 +88,15 @@ fn kept() -> MutexGuard<'static, Vec<Kept>> {
 /// Orders the teardown of `freed` after the work queued on `stream` so far; gives `freed` back
 /// if no event could be made (the caller then waits for the stream).
 pub fn defer(freed: Freed, stream: Stream) -> Result<(), Freed> {
-    let device = freed.device();
+    let device = freed.device().clone();
     let Ok(event) = device.create_event(false) else { return Err(freed) };
     if device.record_event(event, StreamHandle(stream as u64)).is_err() {
         let _ = device.destroy_event(event);
         return Err(freed);
     }
-    kept().push(Kept { freed, stream: stream as usize, event: Some(event) });
+    let (va, shape, reusable) = (freed.va(), freed.shape(), freed.reusable_as().is_some());
+    process::keep(freed);
+    kept().push(Kept { va, shape, reusable, device, stream: stream as usize, event: Some(event) });
     ORDERED.fetch_add(1, Relaxed);
     Ok(())
 }
@@ -93,7 +111,7 @@ pub fn any() -> bool {
 pub fn reap(wait: bool) {
     for entry in kept().iter_mut() {
         let Some(event) = entry.event else { continue };
-        let device = entry.freed.device();
+        let device = entry.device.as_ref();
         // An event that cannot be waited for or queried is taken as done: its stream is gone,
         // or the context broken.
         let finished = match wait {
@@ -110,14 +128,23 @@ pub fn reap(wait: bool) {
 /// Unmaps the kept allocations that are done (all of them after [`reap`] with `wait`), oldest
 /// first, keeping the newest up to `keep(ordinal)` bytes on each GPU (give_back.rs).
 pub fn trim(call: &str, keep: impl Fn(usize) -> usize) {
+    let hbm = process::kept_hbm();
     let done = take(|list| {
-        let release = give_back::beyond_threshold(&summary(list), keep);
+        let release = give_back::beyond_threshold(&summary(list, &hbm), keep);
         (0..list.len()).filter(|&index| release[index]).collect()
     });
-    for freed in done {
+    tear_down(call, done);
+}
+
+/// Tears down the kept allocations at `starts`; the bytes of HBM given back.
+fn tear_down(call: &str, starts: Vec<u64>) -> usize {
+    let mut hbm = 0;
+    for freed in starts.into_iter().filter_map(process::unkeep) {
+        hbm += freed.hbm_bytes();
         // A failure is said on stderr; the memory stays held.
         let _ = process::teardown(call, freed);
     }
+    hbm
 }
 
 /// Gives back kept frees of GPU `ordinal`, oldest first, until `need` more bytes of HBM fit its
@@ -134,49 +161,72 @@ pub fn make_room(call: &str, ordinal: usize, need: usize) {
 /// Unmaps the oldest kept frees of GPU `ordinal` that are done with and hold HBM, until
 /// `need` bytes of HBM are free (give_back.rs); the bytes of HBM given back.
 fn release_oldest(call: &str, ordinal: usize, need: usize) -> usize {
-    let chosen = take(|list| give_back::oldest_holding_hbm(&summary(list), ordinal, need));
-    let hbm = chosen.iter().map(Freed::hbm_bytes).sum();
-    for freed in chosen {
-        let _ = process::teardown(call, freed);
-    }
-    hbm
+    let hbm = process::kept_hbm();
+    let chosen = take(|list| give_back::oldest_holding_hbm(&summary(list, &hbm), ordinal, need));
+    tear_down(call, chosen)
 }
 
-/// What give_back.rs's choices see of the kept frees.
-fn summary(list: &[Kept]) -> Vec<give_back::Free> {
+/// What give_back.rs's choices see of the kept frees, given the HBM each holds (by start; the
+/// moves change it).
+fn summary(list: &[Kept], hbm: &BTreeMap<u64, usize>) -> Vec<give_back::Free> {
     list.iter()
         .map(|entry| {
-            let (gpu, bytes) = entry.freed.shape();
-            give_back::Free { gpu, bytes, hbm: entry.freed.hbm_bytes(), done: entry.event.is_none() }
+            let (gpu, bytes) = entry.shape;
+            let hbm = hbm.get(&entry.va).copied().unwrap_or(0);
+            give_back::Free { gpu, bytes, hbm, done: entry.event.is_none() }
         })
         .collect()
 }
 
-/// Takes out of the list the kept frees at the indices `choose` returns (ascending).
-fn take(choose: impl FnOnce(&[Kept]) -> Vec<usize>) -> Vec<Freed> {
+/// Takes out of the list the kept frees at the indices `choose` returns (ascending); their
+/// starts, oldest first.
+fn take(choose: impl FnOnce(&[Kept]) -> Vec<usize>) -> Vec<u64> {
     let mut list = kept();
     let chosen = choose(&list);
     // From the last, so that the indices before stay valid; then oldest first again.
-    let mut taken: Vec<Freed> = chosen.iter().rev().map(|&index| list.remove(index).freed).collect();
+    let mut taken: Vec<u64> = chosen.iter().rev().map(|&index| list.remove(index).va).collect();
     taken.reverse();
     taken
 }
 
-/// A kept allocation of GPU `ordinal` with `reserved` bytes that an allocation on `stream`
-/// (`None`: not stream-ordered) may take: one freed on the same stream, or one whose event has
-/// completed — asked of the driver only for allocations of that size, so that an allocation
-/// costs no query per kept free.
-pub fn reuse(ordinal: usize, reserved: usize, stream: Option<Stream>) -> Option<Freed> {
+/// The start of a kept allocation of GPU `ordinal` with `reserved` bytes that an allocation on
+/// `stream` (`None`: not stream-ordered) may take (the caller holds the process state and puts
+/// it back in the books): one freed on the same stream, or one whose event has completed —
+/// asked of the driver only for allocations of that size, so that an allocation costs no query
+/// per kept free.
+pub fn reuse(ordinal: usize, reserved: usize, stream: Option<Stream>) -> Option<u64> {
+    let wanted = orders(|orders| orders.wanted((ordinal, reserved)));
     let mut kept = kept();
-    let at = kept.iter().position(|entry| {
+    let may_take = |entry: &Kept| {
         let same_stream = stream.is_some_and(|s| s as usize == entry.stream);
-        entry.freed.reusable_as() == Some((ordinal, reserved))
-            && (same_stream || entry.event.is_none_or(|event| entry.freed.device().event_done(event).unwrap_or(false)))
-    })?;
+        entry.reusable
+            && entry.shape == (ordinal, reserved)
+            && (same_stream || entry.event.is_none_or(|event| entry.device.event_done(event).unwrap_or(false)))
+    };
+    let at = wanted
+        .and_then(|va| kept.iter().position(|entry| entry.va == va && may_take(entry)))
+        .or_else(|| kept.iter().position(may_take))?;
     let entry = kept.remove(at);
     REUSED.fetch_add(1, Relaxed);
     if let Some(event) = entry.event {
-        let _ = entry.freed.device().destroy_event(event);
+        let _ = entry.device.destroy_event(event);
     }
-    Some(entry.freed)
+    Some(entry.va)
+}
+
+fn orders<T>(f: impl FnOnce(&mut Orders) -> T) -> T {
+    // Each change under the lock is a map update: consistent after a panic.
+    let mut orders = ORDERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    f(orders.get_or_insert_with(Orders::new))
+}
+
+/// An allocation of `shape` (GPU, bytes reserved) was served at `va`: its place in the cycle
+/// (reuse_order.rs).
+pub fn served(shape: Shape, va: u64) {
+    orders(|orders| orders.served(shape, va));
+}
+
+/// The program synchronized: the allocations' places start again (reuse_order.rs).
+pub fn cycle_ends() {
+    orders(Orders::cycle_ends);
 }

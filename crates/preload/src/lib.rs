@@ -94,7 +94,7 @@
 //!        │
 //!  process.rs                      GPUs, budget, allocations.rs (books), stats.rs, peers.rs (two GPUs)
 //!  ipc.rs · pointers.rs            legacy IPC handles, what a pointer says of its allocation
-//!  deferred.rs                     async frees: stream-ordered, kept mapped for reuse
+//!  deferred.rs                     async frees: stream-ordered, kept mapped for reuse (reuse_order.rs: where)
 //!        │                 └──── placement.rs (pure: HBM or host at allocation)
 //!  migrate.rs                      at a quiesce point: moves.rs (pure: what moves), then maps, copies, remaps;
 //!                                  at a pause: a segment's moves (segments.rs, pure: cut and Belady)
@@ -129,6 +129,7 @@ mod pointers;
 mod pools;
 mod process;
 mod remap;
+mod reuse_order;
 mod rounds;
 mod routes;
 mod segments;

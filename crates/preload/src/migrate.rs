@@ -101,14 +101,7 @@ fn config() -> &'static Config {
                 default
             }),
         };
-        let enabled = match std::env::var("TIERMEM_MIGRATE").as_deref() {
-            Err(_) | Ok("on" | "1" | "true" | "") => true,
-            Ok("off" | "0" | "false") => false,
-            Ok(other) => {
-                log("TIERMEM_MIGRATE", &format!("{other:?} is neither on nor off"), "migrating (on)");
-                true
-            }
-        };
+        let enabled = crate::boundary::switch("TIERMEM_MIGRATE", true);
         let interval = Duration::from_millis(number("TIERMEM_MIGRATE_INTERVAL_MS", 100));
         let batch = std::env::var("TIERMEM_MIGRATE_BATCH").is_ok().then(|| number("TIERMEM_MIGRATE_BATCH", 1) as usize);
         let pause_after = Some(number("TIERMEM_PAUSE_MS", 1000)).filter(|&ms| ms > 0);
@@ -173,6 +166,7 @@ pub fn stop(call: &str, why: &str) {
 
 /// A quiesce point: the program's synchronization `call` just succeeded (module documentation).
 pub fn quiesce_point(call: &str) {
+    crate::deferred::cycle_ends();
     if crate::deferred::any() {
         // As the driver's pool gives memory back at synchronizations, beyond its threshold.
         crate::deferred::reap(false);
@@ -412,7 +406,7 @@ pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
     let mut p = process::lock();
     state.evaluations += 1;
     let applies = |p: &Process, id: &ChunkId, tier: Tier| {
-        let movable = p.books.get(id.0).filter(|a| a.ordinal == ordinal && !a.shared);
+        let movable = p.books.movable(id.0).filter(|a| a.ordinal == ordinal && !a.shared);
         movable.and_then(|a| a.chunks.get(id.1)).is_some_and(|c| c.1 == tier)
     };
     let down: Vec<ChunkId> = boundary.down.iter().copied().filter(|id| applies(&p, id, Tier::Hbm)).collect();

@@ -145,25 +145,25 @@ impl Process {
         self.gpus.get_mut(&ordinal).expect("inserted above")
     }
 
-    /// Puts a freed allocation kept mapped (deferred.rs) back in the books for a new request of
-    /// `requested` bytes; its start. Its HBM was never given back, so the budget is as it was.
-    fn rebook(&mut self, freed: Freed, requested: usize) -> u64 {
-        let Freed { mut allocation, shadows, device } = freed;
-        // The same physical chunks: their shadows serve the next moves as before.
-        self.shadows.restore(shadows);
+    /// Puts the freed allocation kept mapped at `va` (deferred.rs) back in the books for a new
+    /// request of `requested` bytes; `None` if none is kept there. Its HBM was never given back,
+    /// so the budget is as it was; its chunks are where the moves since its free left them.
+    fn rebook(&mut self, va: u64, requested: usize) -> Option<u64> {
+        let mut allocation = self.books.take_kept(va)?;
         let gpus = crate::peers::access_gpus(allocation.ordinal);
-        if gpus.len() > 1 {
+        let device = self.gpus.get(&allocation.ordinal).and_then(|gpu| gpu.device.clone());
+        if let Some(device) = device.filter(|_| gpus.len() > 1) {
             // A GPU opened since it was freed reaches it too (peers.rs); a failure leaves it to
             // its own GPU, as before.
             let _ = device.set_access_from(allocation.va, allocation.reserved, &gpus);
         }
         allocation.requested = requested;
-        let (va, end) = (allocation.va, allocation.va + allocation.reserved as u64);
+        let end = allocation.va + allocation.reserved as u64;
         let on_host = allocation.chunks.iter().map(|&(_, tier)| tier == Tier::Host).collect();
         hotness::insert(va, end, allocation.chunk, on_host);
         self.stats.allocated(allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host));
         self.books.insert(allocation);
-        va
+        Some(va)
     }
 
     /// Gives `bytes` of HBM back to GPU `ordinal`'s budget.
@@ -248,8 +248,9 @@ pub fn alloc(call: &str, size: usize, stream: Option<Stream>) -> Result<Served, 
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     };
     // A freed allocation of this size kept mapped (deferred.rs) serves it, already counted.
-    if let Some(freed) = crate::deferred::reuse(ordinal, reserved, stream) {
-        return Ok(Served::Tiermem(p.rebook(freed, size)));
+    if let Some(va) = crate::deferred::reuse(ordinal, reserved, stream).and_then(|va| p.rebook(va, size)) {
+        crate::deferred::served((ordinal, reserved), va);
+        return Ok(Served::Tiermem(va));
     }
     if hbm_used + reserved > budget && crate::deferred::any() {
         // Memory freed in stream order is the budget's again before anything spills.
@@ -270,6 +271,7 @@ pub fn alloc(call: &str, size: usize, stream: Option<Stream>) -> Result<Served, 
             let on_host = allocation.chunks.iter().map(|&(_, tier)| tier == Tier::Host).collect();
             hotness::insert(va, va + reserved as u64, chunk, on_host);
             p.books.insert(allocation);
+            crate::deferred::served((ordinal, reserved), va);
             Ok(Served::Tiermem(va))
         }
         Err(why) => {
@@ -347,17 +349,21 @@ fn build(device: &dyn Device, shape: Allocation, placement: Placement) -> Result
     }
 }
 
-/// An allocation taken out of the books by a free, its shadows with it, to be torn down once
-/// the GPU is done with it ([`teardown`]; deferred.rs waits for its stream's event).
+/// An allocation taken out of the books by a free, to be torn down once the GPU is done with it
+/// ([`teardown`]), or kept mapped in the books for a reuse until then ([`keep`], deferred.rs).
 pub struct Freed {
     allocation: Allocation,
-    shadows: shadows::Taken,
     device: Arc<dyn Device>,
 }
 
 impl Freed {
-    pub fn device(&self) -> &dyn Device {
-        self.device.as_ref()
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// Its start.
+    pub fn va(&self) -> u64 {
+        self.allocation.va
     }
 
     /// Its GPU and bytes reserved, which a reuse must match (deferred.rs); `None` for a shared
@@ -366,14 +372,14 @@ impl Freed {
         (!self.allocation.shared).then_some(self.shape())
     }
 
-    /// Bytes of it in HBM.
-    pub fn hbm_bytes(&self) -> usize {
-        self.allocation.bytes_on(Tier::Hbm)
-    }
-
     /// Its GPU and the bytes it reserves.
     pub fn shape(&self) -> (usize, usize) {
         (self.allocation.ordinal, self.allocation.reserved)
+    }
+
+    /// Bytes of it in HBM.
+    pub fn hbm_bytes(&self) -> usize {
+        self.allocation.bytes_on(Tier::Hbm)
     }
 }
 
@@ -386,11 +392,9 @@ pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
         let allocation = p.books.remove(ptr)?;
         // Freed as the program sees it (statistics); its HBM is the budget's once torn down.
         p.stats.freed(allocation.bytes_on(Tier::Hbm), allocation.bytes_on(Tier::Host));
-        hotness::remove(ptr);
         crate::ipc::forget(ptr);
-        let shadows = p.shadows.take(allocation.chunks.iter().map(|&(handle, _)| handle));
         let device = p.gpus.get(&allocation.ordinal).and_then(|gpu| gpu.device.clone());
-        device.map(|device| Freed { allocation, shadows, device })
+        device.map(|device| Freed { allocation, device })
     };
     let Some(freed) = freed else {
         log(call, &format!("the GPU of 0x{ptr:x} is gone from tiermem's books"), "please report it");
@@ -407,10 +411,34 @@ pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
     Some(teardown(call, freed).map_or_else(|code| code, |()| drained))
 }
 
-/// Unmaps, releases and unreserves a freed allocation, and gives its HBM back to the budget;
-/// `Err` with the code to answer if the driver refused (its memory then stays held).
+/// Keeps `freed` mapped in the books (deferred.rs): its chunks stay in the hotness index and
+/// may move with the cycle's plan (cycle.rs) until it is reused ([`Process::rebook`]) or given
+/// back ([`unkeep`]).
+pub fn keep(freed: Freed) {
+    process().books.keep(freed.allocation);
+}
+
+/// The bytes in HBM of each kept allocation, by start: where the moves left its chunks.
+pub fn kept_hbm() -> BTreeMap<u64, usize> {
+    process().books.kept().map(|a| (a.va, a.bytes_on(Tier::Hbm))).collect()
+}
+
+/// The kept allocation at `va` taken out of the books, to be torn down.
+pub fn unkeep(va: u64) -> Option<Freed> {
+    let mut p = process();
+    let allocation = p.books.take_kept(va)?;
+    let device = p.gpus.get(&allocation.ordinal).and_then(|gpu| gpu.device.clone())?;
+    Some(Freed { allocation, device })
+}
+
+/// Unmaps, releases and unreserves a freed allocation (its chunks' shadows first), and gives
+/// its HBM back to the budget; `Err` with the code to answer if the driver refused (its memory
+/// then stays held).
 pub fn teardown(call: &str, freed: Freed) -> Result<(), CuResult> {
-    let Freed { allocation, shadows, device } = freed;
+    let Freed { allocation, device } = freed;
+    // Out of the index before the address is unreserved: a new allocation may get it at once.
+    hotness::remove(allocation.va);
+    let shadows = process().shadows.take(allocation.chunks.iter().map(|&(handle, _)| handle));
     shadows::undo(device.as_ref(), &shadows);
     // One unmap per chunk mapping: the driver wants each call to cover whole mappings, and
     // has been seen to answer success for a call over several without unmapping them all

@@ -162,10 +162,11 @@ fn release(device: &dyn Device, p: &mut Process, handle: PhysHandle) {
     });
 }
 
-/// The chunk's address, bytes and physical chunk now, while it is in the books.
+/// The chunk's address, bytes and physical chunk now, while it is in the books (live, or a
+/// free kept mapped: deferred.rs).
 fn find(p: &Process, (va, index): ChunkId) -> Option<(u64, usize, PhysHandle)> {
     p.books
-        .get(va)
+        .movable(va)
         .filter(|a| index < a.chunks.len())
         .map(|a| (a.chunk_va(index), a.chunk_len(index), a.chunks[index].0))
 }
@@ -285,15 +286,23 @@ fn finish(
     addresses
 }
 
-/// The books after move `m` to `tier` succeeded: the chunk's handle and tier, the budget, stats.
+/// The books after move `m` to `tier` succeeded: the chunk's handle and tier, the budget, and
+/// the statistics of the program's allocations if it is live (a kept free counts against the
+/// budget, not among them).
 fn settle(p: &mut Process, ordinal: usize, m: &Move, tier: Tier) {
-    if let Some(slot) = p.books.get_mut(m.id.0).and_then(|a| a.chunks.get_mut(m.id.1)) {
-        *slot = (m.new, tier);
+    let mut live = false;
+    if let Some((allocation, is_live)) = p.books.movable_mut(m.id.0) {
+        if let Some(slot) = allocation.chunks.get_mut(m.id.1) {
+            *slot = (m.new, tier);
+        }
+        live = is_live;
     }
     if let Some(gpu) = p.gpus.get_mut(&ordinal) {
         gpu.hbm_used = if tier == Tier::Hbm { gpu.hbm_used + m.len } else { gpu.hbm_used.saturating_sub(m.len) };
     }
-    p.stats.moved(m.len, tier == Tier::Hbm);
+    if live {
+        p.stats.moved(m.len, tier == Tier::Hbm);
+    }
     hotness::moved(m.id.0, m.id.1, tier == Tier::Host);
     (if tier == Tier::Hbm { &UP } else { &DOWN }).fetch_add(1, Relaxed);
     BYTES.fetch_add(m.len as u64, Relaxed);

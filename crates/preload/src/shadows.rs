@@ -53,16 +53,10 @@ impl Shadows {
         }
     }
 
-    /// Takes the shadows of `handles` out, to undo them later ([`undo`]) without the books, or
-    /// give them back ([`Shadows::restore`]) when the chunks are used again.
+    /// Takes the shadows of `handles` out, to undo them ([`undo`]) without the books: the
+    /// chunks of a freed allocation, before they are released.
     pub fn take(&mut self, handles: impl IntoIterator<Item = PhysHandle>) -> Taken {
         Taken(handles.into_iter().filter_map(|h| self.by_handle.remove_entry(&h.0)).collect())
-    }
-
-    /// Puts back shadows taken out by [`Shadows::take`]: their chunks live on (a freed
-    /// allocation reused, deferred.rs), so a later move needs no new mapping.
-    pub fn restore(&mut self, taken: Taken) {
-        self.by_handle.extend(taken.0);
     }
 }
 

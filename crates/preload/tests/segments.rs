@@ -3,7 +3,8 @@
 //! segment that needs the buffers on the host and bring them in, so every launch finds its
 //! pointers in HBM (the probe checks each, and every byte); cycles that diverge from the
 //! recording fall back and are counted; with `TIERMEM_SEGMENTS=off`, stage 2 alone leaves a
-//! third of the launches reading the host. A step of two different cycles is followed too.
+//! third of the launches reading the host. A step of two different cycles is followed too, and
+//! so is a step whose tensors are made and freed within it through the stream-ordered pool.
 
 mod support;
 
@@ -82,6 +83,29 @@ fn two_cycles_a_step_are_told_apart() {
     assert!(stderr.contains("11 cycles followed to the end, 4 diverged"), "{stderr}");
     let share = all_in_hbm_share(&stderr);
     assert!(share > 0.85, "launches all in HBM: {share}\n{stderr}");
+}
+
+#[test]
+fn tensors_freed_within_a_step_are_planned_at_their_addresses() {
+    // The probe asserts, from the third step on, that every launch finds its chunks in HBM, and
+    // that every step gets its tensors back at the first step's addresses.
+    let output = support::probe("segments-async", &["segments-async"], &ENV);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("segments-async: ok"), "{stdout}");
+    let share = all_in_hbm_share(&stderr);
+    assert!(share > 0.9, "launches all in HBM: {share}\n{stderr}");
+}
+
+#[test]
+fn unplanned_kept_frees_stay_where_they_were_placed() {
+    // TIERMEM_PLAN_KEPT=off: the tensor placed on the host at the first step stays there, and
+    // the launches that use it read the host every step.
+    let env: Vec<_> = ENV.iter().copied().chain([("TIERMEM_PLAN_KEPT", "off")]).collect();
+    let output = support::probe("segments-async-off", &["segments-async"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("segments-async: ok"), "{stdout}");
+    let share = all_in_hbm_share(&stderr);
+    assert!(share < 0.8, "launches all in HBM with kept frees unplanned: {share}\n{stderr}");
 }
 
 /// The events of a `TIERMEM_TRACE` file, each line parsed.

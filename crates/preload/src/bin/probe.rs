@@ -552,6 +552,7 @@ fn main() {
         ["migrate-capture"] => migration::capture(),
         ["segments"] => segments::segments(false),
         ["segments-alternate"] => segments::segments(true),
+        ["segments-async"] => segments::segments_async(),
         ["lease"] => lease::lease(),
         ["ipc"] => ipc::ipc(),
         ["ranges"] => ipc::ranges(),
@@ -568,7 +569,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | segments | segments-alternate | lease | ipc | ranges | free-async | pools | vmm | vmm-no-host | vmm-off"
+                 | migrate-capture | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | pools | vmm | vmm-no-host | vmm-off"
             );
             std::process::exit(2);
         }

@@ -6,12 +6,15 @@
 //! cycles that diverge from the recording (another kernel at an index, more launches) run
 //! correctly without that; every byte is checked at the end. `segments-alternate`: a step of
 //! two different cycles (the loop, then the buffers in reverse order read by another kernel),
-//! each ended by a synchronization.
+//! each ended by a synchronization. `segments-async`: a step whose tensors are made and freed
+//! within it through the GPU's default pool (`cuMemAllocAsync`, `cuMemFreeAsync`, its release
+//! threshold at the maximum, as PyTorch's `cudaMallocAsync` backend runs): each tensor comes
+//! back at its address every step, and the plan brings it up before the launches that use it.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 
 use super::migration::{free_all, hbm_in_use, locations, Kernels, Sync, CHUNK, LIBRARY, READS, WRITES};
-use super::{Alloc, Census, Cuda, MIB};
+use super::{Alloc, AllocAsync, Census, Code, Cuda, FreeAsync, MIB};
 
 const BUFFERS: usize = 6;
 const SIZE: usize = 4 * MIB;
@@ -121,4 +124,89 @@ fn check_and_free(cuda: &Cuda, buffers: &[u64], writes: &[u64], before: &Census)
         assert!(cuda.read(b, SIZE) == expected(i as u8, writes[i]), "buffer {i}'s bytes");
     }
     free_all(cuda, buffers, before);
+}
+
+/// `segments-async`: two weights of 4 MiB made once, then steps that make three tensors of 4
+/// MiB, write each and read it with a weight (forward), read them again in reverse order and
+/// free each after its last read (backward), and synchronize: 10 chunks a step under a budget
+/// of 8. From the second step on each tensor comes back at its address (the first also made the
+/// weights), and from the third on every launch finds its chunks in HBM if the plan places
+/// kept frees (`TIERMEM_PLAN_KEPT`, on by default); the weights' bytes are checked at the end.
+pub fn segments_async() {
+    type GetPool = unsafe extern "C" fn(*mut *mut c_void, c_int) -> Code;
+    type SetAttribute = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> Code;
+    const RELEASE_THRESHOLD: c_int = 4;
+    let cuda = Cuda::load();
+    cuda.start();
+    let before = cuda.census();
+    let kernels = Kernels::register(&cuda);
+    let sync: Sync = cuda.get(c"cuCtxSynchronize", 0);
+    let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+    let alloc_async: AllocAsync = cuda.get(c"cuMemAllocAsync", 0);
+    let free_async: FreeAsync = cuda.get(c"cuMemFreeAsync", 0);
+    let default_pool: GetPool = cuda.get(c"cuDeviceGetDefaultMemPool", 0);
+    let set_attribute: SetAttribute = cuda.get(c"cuMemPoolSetAttribute", 0);
+    let (mut pool, mut threshold) = (std::ptr::null_mut(), u64::MAX);
+    let mut weights = [0u64; 2];
+    // SAFETY: valid out-pointers and the driver's own pool.
+    unsafe {
+        assert_eq!(default_pool(&mut pool, 0), 0);
+        assert_eq!(set_attribute(pool, RELEASE_THRESHOLD, (&raw mut threshold).cast()), 0);
+        for (i, w) in weights.iter_mut().enumerate() {
+            assert_eq!(alloc(w, SIZE), 0);
+            cuda.write(*w, SIZE, 40 + i as u8);
+        }
+    }
+    let planned = std::env::var("TIERMEM_PLAN_KEPT").map_or(true, |v| v != "off");
+    let stream = std::ptr::null_mut();
+    let mut first: Option<[u64; 3]> = None;
+    for step in 0..8 {
+        let resident = planned && step >= 2;
+        let found = |ptr: u64, what: &str| {
+            if resident {
+                assert_eq!(locations(&cuda, ptr, SIZE), [1, 1], "step {step}: {what} is in HBM when its kernel runs");
+            }
+        };
+        let mut tensors = [0u64; 3];
+        for (i, t) in tensors.iter_mut().enumerate() {
+            // SAFETY: a valid out-pointer.
+            assert_eq!(unsafe { alloc_async(t, SIZE, stream) }, 0, "step {step}: tensor {i}");
+            assert_eq!(kernels.launch(WRITES, &mut [(*t + WORD as u64) as *mut c_void]), 0);
+            found(*t, "a tensor written");
+            let w = weights[i % 2];
+            assert_eq!(kernels.launch(READS, &mut [w as *mut c_void, *t as *mut c_void, 3usize as *mut c_void]), 0);
+            found(*t, "a tensor read");
+            found(w, "a weight");
+        }
+        for (i, &t) in tensors.iter().enumerate().rev() {
+            let w = weights[i % 2];
+            assert_eq!(kernels.launch(READS, &mut [t as *mut c_void, w as *mut c_void, 2usize as *mut c_void]), 0);
+            found(t, "a tensor read backward");
+            found(w, "a weight backward");
+            // SAFETY: a pointer the allocation gave, freed once.
+            assert_eq!(unsafe { free_async(t, stream) }, 0);
+        }
+        // Step 0 made the weights too, so its tensors had other places among the allocations
+        // of their size: from step 1 on, each tensor comes back where it was the step before.
+        match first {
+            None if step == 1 => first = Some(tensors),
+            None => {}
+            Some(first) => assert_eq!(tensors, first, "step {step}: each tensor comes back at its address"),
+        }
+        // SAFETY: the driver's synchronization.
+        assert_eq!(unsafe { sync() }, 0);
+        assert!(hbm_in_use(&cuda) <= 16 * MIB, "the budget holds");
+    }
+    for (i, &w) in weights.iter().enumerate() {
+        cuda.verify(w, SIZE, 40 + i as u8);
+    }
+    // The kept frees go back with the pool's threshold at 0 at the next synchronization.
+    threshold = 0;
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(set_attribute(pool, RELEASE_THRESHOLD, (&raw mut threshold).cast()), 0);
+        assert_eq!(sync(), 0);
+    }
+    free_all(&cuda, &weights, &before);
+    println!("segments-async: ok");
 }
