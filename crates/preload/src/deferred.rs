@@ -58,6 +58,8 @@ use crate::reuse_order::{Orders, Shape};
 /// reserved (`None`: shared, never reused), the stream it was freed on, and the event recorded
 /// there at the free (`None` once it has completed).
 struct Kept {
+    /// The allocating cycle it was freed in ([`GENERATION`]).
+    freed_in: u64,
     va: u64,
     shape: (usize, usize),
     reusable: bool,
@@ -68,15 +70,24 @@ struct Kept {
 
 static KEPT: Mutex<Vec<Kept>> = Mutex::new(Vec::new());
 static ORDERS: Mutex<Option<Orders>> = Mutex::new(None);
+/// Cycles that allocated, so far (reuse_order.rs): a kept free not freed in the last
+/// [`STALE_AFTER`] of them is stale, taken back by no step.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+const STALE_AFTER: u64 = 2;
+/// Kept frees given back for an allocation that did not fit.
+static PRESSED: AtomicU64 = AtomicU64::new(0);
 /// Frees ordered on their streams, and allocations served by one kept mapped.
 static ORDERED: AtomicU64 = AtomicU64::new(0);
 static REUSED: AtomicU64 = AtomicU64::new(0);
 
 /// The `--stats` line, if any free was ordered on its stream.
 pub fn report() -> Option<String> {
-    let (ordered, reused) = (ORDERED.load(Relaxed), REUSED.load(Relaxed));
+    let (ordered, reused, pressed) = (ORDERED.load(Relaxed), REUSED.load(Relaxed), PRESSED.load(Relaxed));
     (ordered > 0).then(|| {
-        format!("tiermem: stats: async frees: {ordered} ordered on their streams, {reused} taken back by a later allocation")
+        format!(
+            "tiermem: stats: async frees: {ordered} ordered on their streams, {reused} taken back by a later allocation, \
+             {pressed} given back for one that did not fit"
+        )
     })
 }
 
@@ -96,7 +107,8 @@ pub fn defer(freed: Freed, stream: Stream) -> Result<(), Freed> {
     }
     let (va, shape, reusable) = (freed.va(), freed.shape(), freed.reusable_as().is_some());
     process::keep(freed);
-    kept().push(Kept { va, shape, reusable, device, stream: stream as usize, event: Some(event) });
+    let freed_in = GENERATION.load(Relaxed);
+    kept().push(Kept { freed_in, va, shape, reusable, device, stream: stream as usize, event: Some(event) });
     ORDERED.fetch_add(1, Relaxed);
     Ok(())
 }
@@ -149,31 +161,57 @@ fn tear_down(call: &str, starts: Vec<u64>) -> usize {
 
 /// Gives back kept frees of GPU `ordinal`, oldest first, until `need` more bytes of HBM fit its
 /// budget, or none is left: those done with first, then, waiting for their events, the rest.
+/// Once the program has repeated its cycles ([`STALE_AFTER`] that allocated), only the stale
+/// ones (unless `TIERMEM_KEPT_PRESSURE=oldest`): what does not fit then lives on the host.
 pub fn make_room(call: &str, ordinal: usize, need: usize) {
     reap(false);
-    let freed = release_oldest(call, ordinal, need);
-    if freed < need {
+    let stale_only = stale_policy() && GENERATION.load(Relaxed) > STALE_AFTER;
+    let freed = release_oldest(call, ordinal, need, stale_only);
+    if freed < need && !stale_only {
         reap(true);
-        release_oldest(call, ordinal, need - freed);
+        release_oldest(call, ordinal, need - freed, false);
     }
 }
 
-/// Unmaps the oldest kept frees of GPU `ordinal` that are done with and hold HBM, until
-/// `need` bytes of HBM are free (give_back.rs); the bytes of HBM given back.
-fn release_oldest(call: &str, ordinal: usize, need: usize) -> usize {
+/// Whether an allocation that does not fit gives back only stale kept frees
+/// (`TIERMEM_KEPT_PRESSURE=stale`, the default, or `oldest`). Giving back the oldest, stale or
+/// not, sends an allocation that a later step makes again to a new address, which gives back
+/// another kept free in turn, step after step: the addresses the plan names never settle.
+fn stale_policy() -> bool {
+    static STALE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *STALE.get_or_init(|| match std::env::var("TIERMEM_KEPT_PRESSURE").as_deref() {
+        Err(_) | Ok("stale" | "") => true,
+        Ok("oldest") => false,
+        Ok(other) => {
+            crate::boundary::log("TIERMEM_KEPT_PRESSURE", &format!("{other:?} is neither stale nor oldest"), "stale");
+            true
+        }
+    })
+}
+
+/// Unmaps the oldest kept frees of GPU `ordinal` that are done with and hold HBM (and are
+/// stale, if `stale_only`), until `need` bytes of HBM are free (give_back.rs); the bytes of
+/// HBM given back.
+fn release_oldest(call: &str, ordinal: usize, need: usize, stale_only: bool) -> usize {
     let hbm = process::kept_hbm();
-    let chosen = take(|list| give_back::oldest_holding_hbm(&summary(list, &hbm), ordinal, need));
-    tear_down(call, chosen)
+    let chosen = take(|list| give_back::oldest_holding_hbm(&summary(list, &hbm), ordinal, need, stale_only));
+    PRESSED.fetch_add(chosen.len() as u64, Relaxed);
+    let count = chosen.len();
+    let given = tear_down(call, chosen);
+    crate::trace::event("given_back", || format!("\"frees\": {count}, \"hbm\": {given}, \"need\": {need}"));
+    given
 }
 
 /// What give_back.rs's choices see of the kept frees, given the HBM each holds (by start; the
 /// moves change it).
 fn summary(list: &[Kept], hbm: &BTreeMap<u64, usize>) -> Vec<give_back::Free> {
+    let generation = GENERATION.load(Relaxed);
     list.iter()
         .map(|entry| {
             let (gpu, bytes) = entry.shape;
             let hbm = hbm.get(&entry.va).copied().unwrap_or(0);
-            give_back::Free { gpu, bytes, hbm, done: entry.event.is_none() }
+            let stale = entry.freed_in + STALE_AFTER < generation;
+            give_back::Free { gpu, bytes, hbm, done: entry.event.is_none(), stale }
         })
         .collect()
 }
@@ -226,7 +264,10 @@ pub fn served(shape: Shape, va: u64) {
     orders(|orders| orders.served(shape, va));
 }
 
-/// The program synchronized: the allocations' places start again (reuse_order.rs).
+/// The program synchronized (or, one that does not, paused): the allocations' places start
+/// again (reuse_order.rs), and a cycle that allocated makes the frees before it older.
 pub fn cycle_ends() {
-    orders(Orders::cycle_ends);
+    if orders(Orders::cycle_ends) {
+        GENERATION.fetch_add(1, Relaxed);
+    }
 }

@@ -6,9 +6,10 @@
 //!   with up to `keep(gpu)` bytes (a free still pending stays whatever its size: its stream may
 //!   still use it).
 //! * When an allocation does not fit the budget, [`oldest_holding_hbm`] picks the oldest frees
-//!   of that GPU that are done with and hold HBM, until they add up to what it lacks: what has
-//!   waited longest for a reuse goes first, and frees that the next step will take back (the
-//!   newest) stay at their addresses.
+//!   of that GPU that are done with and hold HBM — only the *stale* ones, not freed in the last
+//!   cycles that allocated, if asked — until they add up to what it lacks: what has waited
+//!   longest for a reuse goes first, and frees that the next step will take back stay at their
+//!   addresses.
 
 /// What the choices need to know of one kept free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +21,8 @@ pub struct Free {
     pub hbm: usize,
     /// Its stream has passed the free: it may be unmapped.
     pub done: bool,
+    /// Not freed in the last cycles that allocated (deferred.rs): no step is taking it back.
+    pub stale: bool,
 }
 
 /// For each kept free (oldest first), whether it is given back at a quiesce point: done with,
@@ -38,16 +41,17 @@ pub fn beyond_threshold(kept: &[Free], keep: impl Fn(usize) -> usize) -> Vec<boo
     release
 }
 
-/// The indices of the oldest kept frees of GPU `gpu` that are done with and hold HBM, until
-/// their HBM adds up to `need` bytes (all such frees if they do not).
-pub fn oldest_holding_hbm(kept: &[Free], gpu: usize, need: usize) -> Vec<usize> {
+/// The indices of the oldest kept frees of GPU `gpu` that are done with and hold HBM (and are
+/// stale, if `stale_only`), until their HBM adds up to `need` bytes (all such frees if they
+/// do not).
+pub fn oldest_holding_hbm(kept: &[Free], gpu: usize, need: usize, stale_only: bool) -> Vec<usize> {
     let mut hbm = 0;
     let mut chosen = Vec::new();
     for (index, k) in kept.iter().enumerate() {
         if hbm >= need {
             break;
         }
-        if k.done && k.gpu == gpu && k.hbm > 0 {
+        if k.done && k.gpu == gpu && k.hbm > 0 && (k.stale || !stale_only) {
             hbm += k.hbm;
             chosen.push(index);
         }
@@ -63,7 +67,7 @@ mod tests {
     const MIB: usize = 1 << 20;
 
     fn kept(gpu: usize, mib: usize, done: bool) -> Free {
-        Free { gpu, bytes: mib * MIB, hbm: mib * MIB, done }
+        Free { gpu, bytes: mib * MIB, hbm: mib * MIB, done, stale: false }
     }
 
     #[test]
@@ -88,18 +92,25 @@ mod tests {
     fn an_allocation_takes_the_oldest_frees_holding_hbm_until_it_fits() {
         let mut list = vec![kept(0, 4, true), kept(0, 4, false), kept(1, 4, true), kept(0, 4, true), kept(0, 4, true)];
         list[3].hbm = 0;
-        assert_eq!(oldest_holding_hbm(&list, 0, 6 * MIB), [0, 4], "pending, other GPUs' and host-only frees skipped");
-        assert_eq!(oldest_holding_hbm(&list, 0, 4 * MIB), [0]);
-        assert_eq!(oldest_holding_hbm(&list, 0, 0), Vec::<usize>::new());
-        assert_eq!(oldest_holding_hbm(&list, 0, 64 * MIB), [0, 4], "all there are");
+        assert_eq!(
+            oldest_holding_hbm(&list, 0, 6 * MIB, false),
+            [0, 4],
+            "pending, other GPUs' and host-only frees skipped"
+        );
+        assert_eq!(oldest_holding_hbm(&list, 0, 4 * MIB, false), [0]);
+        assert_eq!(oldest_holding_hbm(&list, 0, 0, false), Vec::<usize>::new());
+        assert_eq!(oldest_holding_hbm(&list, 0, 64 * MIB, false), [0, 4], "all there are");
+        list[4].stale = true;
+        assert_eq!(oldest_holding_hbm(&list, 0, 64 * MIB, true), [4], "only the stale, if asked");
     }
 
     fn any_kept() -> impl Strategy<Value = Free> {
-        (0..3usize, 1..8usize, 0..8usize, any::<bool>()).prop_map(|(gpu, mib, hbm, done)| Free {
+        (0..3usize, 1..8usize, 0..8usize, any::<bool>(), any::<bool>()).prop_map(|(gpu, mib, hbm, done, stale)| Free {
             gpu,
             bytes: mib * MIB,
             hbm: hbm.min(mib) * MIB,
             done,
+            stale,
         })
     }
 
@@ -133,11 +144,13 @@ mod tests {
             list in prop::collection::vec(any_kept(), 0..24),
             gpu in 0..3usize,
             need_mib in 0..48usize,
+            stale_only in any::<bool>(),
         ) {
             let need = need_mib * MIB;
-            let chosen = oldest_holding_hbm(&list, gpu, need);
+            let chosen = oldest_holding_hbm(&list, gpu, need, stale_only);
             let eligible: Vec<usize> = (0..list.len())
-                .filter(|&i| list[i].done && list[i].gpu == gpu && list[i].hbm > 0).collect();
+                .filter(|&i| list[i].done && list[i].gpu == gpu && list[i].hbm > 0 && (list[i].stale || !stale_only))
+                .collect();
             prop_assert_eq!(&chosen[..], &eligible[..chosen.len()], "a prefix of the eligible, oldest first");
             let hbm: usize = chosen.iter().map(|&i| list[i].hbm).sum();
             prop_assert!(hbm >= need || chosen.len() == eligible.len(), "enough, or all there are");

@@ -233,6 +233,8 @@ pub fn pause_point(call: &str) {
         return;
     }
     UNSYNCED_PAUSES.fetch_add(1, Relaxed);
+    // A program that never synchronizes: its pauses end its cycles (deferred.rs ages its frees).
+    crate::deferred::cycle_ends();
     crate::trace::event("pause", || format!("\"call\": {}", crate::trace::quoted(call)));
     hotness_moves(call, config());
 }

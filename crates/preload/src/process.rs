@@ -272,6 +272,7 @@ pub fn alloc(call: &str, size: usize, stream: Option<Stream>) -> Result<Served, 
             hotness::insert(va, va + reserved as u64, chunk, on_host);
             p.books.insert(allocation);
             crate::deferred::served((ordinal, reserved), va);
+            crate::trace::event("allocated", || format!("\"va\": {va}, \"bytes\": {reserved}, \"host\": {host}"));
             Ok(Served::Tiermem(va))
         }
         Err(why) => {

@@ -56,12 +56,14 @@ impl Orders {
 
     /// The program synchronized: the cycle ends. One that allocated nothing (two
     /// synchronizations in a row, a step's short cycle that reads a result) leaves the cycle
-    /// before as it was.
-    pub fn cycle_ends(&mut self) {
+    /// before as it was. Whether this one allocated.
+    pub fn cycle_ends(&mut self) -> bool {
         self.counts.clear();
-        if !self.now.is_empty() {
+        let allocated = !self.now.is_empty();
+        if allocated {
             self.last = std::mem::take(&mut self.now);
         }
+        allocated
     }
 }
 
