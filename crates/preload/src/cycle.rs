@@ -344,7 +344,8 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
 fn plan(ordinal: usize, touched: &[Vec<ChunkId>]) -> Option<(Arc<Boundary>, Pauses)> {
     let p = process::lock();
     let gpu = p.gpus.get(&ordinal).filter(|gpu| gpu.device.is_some() && gpu.chunk > 0)?;
-    let (mut ids, mut dense, mut in_hbm, mut pinned) = (Vec::new(), HashMap::new(), Vec::new(), Vec::new());
+    let (mut ids, mut dense, mut in_hbm, mut pinned, mut sizes) =
+        (Vec::new(), HashMap::new(), Vec::new(), Vec::new(), Vec::new());
     // Frees kept for a reuse too: the cycle's pointers name them, and the next cycle's
     // allocations take them back at the same addresses (deferred.rs).
     let kept = p.books.kept().filter(|_| config().plan_kept);
@@ -355,21 +356,27 @@ fn plan(ordinal: usize, touched: &[Vec<ChunkId>]) -> Option<(Arc<Boundary>, Paus
             in_hbm.push(tier == Tier::Hbm);
             // Shared with other processes (ipc.rs): never moved.
             pinned.push(allocation.shared);
+            sizes.push(allocation.chunk_len(index));
         }
     }
-    let resident = in_hbm.iter().filter(|&&h| h).count();
-    // The room may be negative (a budget the node daemon lowered): the first segment sheds it.
-    let fits = (resident as isize + gpu.room_chunks()).max(0) as usize;
-    let budget = fits.saturating_sub(config().margin.div_ceil(gpu.chunk));
+    // In bytes: what the chunks hold in HBM and the room left, which may be negative (a budget
+    // the node daemon lowered: the first segment sheds it). The rest of the HBM in use
+    // (small allocations left to the driver; kept frees with `TIERMEM_PLAN_KEPT=off`) stays
+    // out of reach.
+    let resident: usize = (0..ids.len()).filter(|&c| in_hbm[c]).map(|c| sizes[c]).sum();
+    let fits = (resident as i128 + gpu.budget as i128 - gpu.hbm_used as i128).max(0) as usize;
+    let budget = fits.saturating_sub(config().margin);
     drop(p);
     let launches: Vec<Vec<usize>> =
         touched.iter().map(|chunks| chunks.iter().filter_map(|id| dense.get(id).copied()).collect()).collect();
-    let segments = segments::plan(&Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, budget });
+    let cycle = Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, sizes: &sizes, budget };
+    let segments = segments::plan(&cycle);
     crate::trace::event("plan", || {
         let list = |items: &mut dyn Iterator<Item = String>| items.collect::<Vec<_>>().join(",");
         format!(
-            "\"budget\": {budget}, \"in_hbm\": [{}], \"launches\": [{}], \"segments\": [{}]",
+            "\"budget\": {budget}, \"in_hbm\": [{}], \"sizes\": [{}], \"launches\": [{}], \"segments\": [{}]",
             list(&mut in_hbm.iter().map(|&h| u8::from(h).to_string())),
+            list(&mut sizes.iter().map(usize::to_string)),
             list(&mut launches.iter().map(|l| format!("[{}]", list(&mut l.iter().map(usize::to_string))))),
             list(&mut segments.iter().map(|s| format!("[{}, {}, {}]", s.start, s.up.len(), s.down.len()))),
         )

@@ -45,36 +45,51 @@ impl Segment {
 }
 
 /// What the policy is given: per launch of the cycle, the ids (`0..chunks`) of the chunks it
-/// touches; which chunks are in HBM at the cycle's start; which cannot move; the budget.
+/// touches; which chunks are in HBM at the cycle's start; which cannot move; each chunk's size;
+/// the budget.
 pub struct Cycle<'a> {
     pub launches: &'a [Vec<usize>],
     pub in_hbm: &'a [bool],
     pub pinned: &'a [bool],
-    /// HBM the chunks may take, in chunks (the margin already taken off).
+    /// Each chunk's bytes (or any unit, the budget's): a program's allocations are cut into
+    /// chunks of one size but the last, and a stream-ordered allocator's are often smaller
+    /// than one chunk (PyTorch's `cudaMallocAsync` backend makes one per tensor), so working
+    /// sets are weighed, not counted.
+    pub sizes: &'a [usize],
+    /// HBM the chunks may take, in the unit of `sizes` (the margin already taken off).
     pub budget: usize,
+}
+
+/// A segment being cut: its first launch, its chunks in order, their size in all.
+struct Cut {
+    start: usize,
+    set: Vec<usize>,
+    size: usize,
 }
 
 /// Cuts the cycle into segments, the first starting at launch 0 (module documentation): each as
 /// long as the capacity allows. Nothing for an empty cycle.
 pub fn plan(cycle: &Cycle) -> Vec<Segment> {
-    let Cycle { launches, in_hbm, pinned, budget } = *cycle;
+    let Cycle { launches, in_hbm, pinned, sizes, budget } = *cycle;
     let chunks = in_hbm.len();
     let movable = |c: &usize| *c < chunks && !pinned[*c];
-    let pinned_hbm = (0..chunks).filter(|&c| pinned[c] && in_hbm[c]).count();
+    let weigh = |set: &mut dyn Iterator<Item = usize>| set.map(|c| sizes[c]).sum::<usize>();
+    let pinned_hbm = weigh(&mut (0..chunks).filter(|&c| pinned[c] && in_hbm[c]));
     let capacity = budget.saturating_sub(pinned_hbm);
 
     // Cut: each segment as long as its working set (movable chunks) fits. A segment's set is
     // its chunks in order and a membership mark per chunk (planning runs at every
     // synchronization, several cuts each time: no tree, no hashing).
     let mut cuts: Vec<(usize, Vec<usize>)> = Vec::new();
-    let (mut start, mut set, mut member) = (0, Vec::new(), vec![false; chunks]);
-    let mut close = |start: usize, set: &mut Vec<usize>, member: &mut [bool]| {
-        set.iter().for_each(|&c| member[c] = false);
-        let mut done = std::mem::take(set);
-        done.sort_unstable();
-        cuts.push((start, done));
+    let mut member = vec![false; chunks];
+    let mut close = |cut: &mut Option<Cut>, member: &mut [bool]| {
+        if let Some(Cut { start, mut set, .. }) = cut.take() {
+            set.iter().for_each(|&c| member[c] = false);
+            set.sort_unstable();
+            cuts.push((start, set));
+        }
     };
-    let mut open = false;
+    let mut cut: Option<Cut> = None;
     for (i, touched) in launches.iter().enumerate() {
         // The launch's movable chunks not in the segment yet.
         let fresh = |member: &[bool]| {
@@ -84,25 +99,21 @@ pub fn plan(cycle: &Cycle) -> Vec<Segment> {
             own
         };
         let mut own = fresh(&member);
-        if open && set.len() + own.len() > capacity {
-            close(start, &mut set, &mut member);
-            open = false;
+        let own_size = weigh(&mut own.iter().copied());
+        if cut.as_ref().is_some_and(|cut| cut.size + own_size > capacity) {
+            close(&mut cut, &mut member);
             own = fresh(&member);
         }
-        if !open {
-            (start, open) = (i, true);
-        }
+        let open = cut.get_or_insert(Cut { start: i, set: Vec::new(), size: 0 });
         own.iter().for_each(|&c| member[c] = true);
-        set.extend(own);
+        open.size += weigh(&mut own.iter().copied());
+        open.set.extend(own);
         // A launch that alone exceeds the capacity is a segment of its own.
-        if set.len() > capacity {
-            close(start, &mut set, &mut member);
-            open = false;
+        if open.size > capacity {
+            close(&mut cut, &mut member);
         }
     }
-    if open {
-        close(start, &mut set, &mut member);
-    }
+    close(&mut cut, &mut member);
 
     // Uses of each chunk, in launch order, for the next-use lookups.
     let mut uses: Vec<Vec<usize>> = vec![Vec::new(); chunks];
@@ -123,28 +134,37 @@ pub fn plan(cycle: &Cycle) -> Vec<Segment> {
     };
 
     let mut hbm = in_hbm.to_vec();
-    let everything_fits = (0..chunks).filter(|&c| !pinned[c]).count() <= capacity;
+    let everything_fits = weigh(&mut (0..chunks).filter(|&c| !pinned[c])) <= capacity;
     let mut segments = Vec::with_capacity(cuts.len());
     for (s, (start, set)) in cuts.iter().enumerate() {
         let end = cuts.get(s + 1).map_or(length, |(next, _)| *next);
-        let resident = (0..chunks).filter(|&c| hbm[c] && !pinned[c]).count();
-        let mut up: Vec<usize> = match s == 0 && everything_fits {
+        let resident = weigh(&mut (0..chunks).filter(|&c| hbm[c] && !pinned[c]));
+        let wanted: Vec<usize> = match s == 0 && everything_fits {
             true => (0..chunks).filter(|&c| !hbm[c] && !pinned[c]).collect(),
             false => set.iter().copied().filter(|&c| !hbm[c]).collect(),
         };
         // An oversized segment brings up what fits once its own chunks in HBM stay.
-        let keep = set.iter().filter(|&&c| hbm[c]).count();
-        up.truncate(capacity.saturating_sub(keep));
-        let excess = (resident + up.len()).saturating_sub(capacity);
+        let keep = weigh(&mut set.iter().copied().filter(|&c| hbm[c]));
+        let mut up = fitting(wanted, sizes, capacity.saturating_sub(keep));
+        let excess = (resident + weigh(&mut up.iter().copied())).saturating_sub(capacity);
         set.iter().for_each(|&c| member[c] = true);
         let mut victims: Vec<(usize, usize)> =
             (0..chunks).filter(|&c| hbm[c] && !pinned[c] && !member[c]).map(|c| (next_use(c, end), c)).collect();
         set.iter().for_each(|&c| member[c] = false);
         // Furthest next use first; ties by id, for determinism.
         victims.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        let down: Vec<usize> = victims.into_iter().take(excess).map(|(_, c)| c).collect();
+        let mut freed = 0;
+        let down: Vec<usize> = victims
+            .into_iter()
+            .map(|(_, c)| c)
+            .take_while(|&c| {
+                let more = freed < excess;
+                freed += sizes[c];
+                more
+            })
+            .collect();
         // Should victims run short (not with the capacity counted above), fewer come up.
-        up.truncate(capacity.saturating_sub(resident - down.len()));
+        up = fitting(up, sizes, capacity.saturating_sub(resident - weigh(&mut down.iter().copied())));
         for &c in &down {
             hbm[c] = false;
         }
@@ -156,6 +176,18 @@ pub fn plan(cycle: &Cycle) -> Vec<Segment> {
     segments
 }
 
+/// The first of `chunks`, in order, whose sizes add up to at most `room`.
+fn fitting(chunks: Vec<usize>, sizes: &[usize], room: usize) -> Vec<usize> {
+    let mut taken = 0;
+    chunks
+        .into_iter()
+        .take_while(|&c| {
+            taken += sizes[c];
+            taken <= room
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,8 +195,8 @@ mod tests {
     use std::collections::BTreeSet;
 
     fn run(launches: &[Vec<usize>], in_hbm: &[bool], budget: usize) -> Vec<Segment> {
-        let pinned = vec![false; in_hbm.len()];
-        plan(&Cycle { launches, in_hbm, pinned: &pinned, budget })
+        let (pinned, sizes) = (vec![false; in_hbm.len()], vec![1; in_hbm.len()]);
+        plan(&Cycle { launches, in_hbm, pinned: &pinned, sizes: &sizes, budget })
     }
 
     #[test]
@@ -214,32 +246,62 @@ mod tests {
     fn pinned_chunks_stay_and_take_their_room() {
         let launches = vec![vec![0, 1], vec![2]];
         let pinned = [false, false, false, true];
+        let in_hbm = [true, true, false, true];
         let segments =
-            plan(&Cycle { launches: &launches, in_hbm: &[true, true, false, true], pinned: &pinned, budget: 3 });
+            plan(&Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, sizes: &[1; 4], budget: 3 });
         assert_eq!(segments.len(), 2);
         assert_eq!((segments[1].up.as_slice(), segments[1].down.len()), (&[2][..], 1));
     }
 
-    fn cycles() -> impl Strategy<Value = (Vec<Vec<usize>>, Vec<bool>, Vec<bool>, usize)> {
+    #[test]
+    fn working_sets_are_weighed_not_counted() {
+        // Chunk 0 is a whole chunk (8 units), 1..=4 are small allocations of 2, one launch
+        // each, under a budget of 12: 0, 1 and 2 fill it, so the last two small ones are a
+        // segment of their own, and what makes room for them is just enough (4 units) of the
+        // chunks whose next use is furthest: 2 and 1, not the big chunk the next cycle begins
+        // with. Counted as five chunks under a budget of 12 they would all "fit" at once.
+        let launches = vec![vec![0], vec![1], vec![2], vec![3], vec![4]];
+        let (in_hbm, pinned) = ([true, true, true, false, false], [false; 5]);
+        let cycle = |sizes: &'static [usize]| Cycle {
+            launches: &launches,
+            in_hbm: &in_hbm,
+            pinned: &pinned,
+            sizes,
+            budget: 12,
+        };
+        let weighed = plan(&cycle(&[8, 2, 2, 2, 2]));
+        let starts: Vec<usize> = weighed.iter().map(|s| s.start).collect();
+        assert_eq!(starts, [0, 3], "{weighed:?}");
+        assert_eq!((weighed[1].up.as_slice(), weighed[1].down.as_slice()), (&[3, 4][..], &[2, 1][..]));
+        assert_eq!(plan(&cycle(&[1; 5])).len(), 1, "counted, one segment");
+    }
+
+    type Generated = (Vec<Vec<usize>>, Vec<bool>, Vec<bool>, Vec<usize>, usize);
+
+    /// Cycles over chunks of 1 to 4 units (most of one: whole chunks), budgets of 0 to 31.
+    fn cycles() -> impl Strategy<Value = Generated> {
         (1usize..24).prop_flat_map(|chunks| {
             (
                 prop::collection::vec(prop::collection::vec(0..chunks, 0..5), 0..40),
                 prop::collection::vec(any::<bool>(), chunks),
                 prop::collection::vec(prop::bool::weighted(0.15), chunks),
-                0usize..16,
+                prop::collection::vec(prop_oneof![3 => Just(1usize), 1 => 2usize..5], chunks),
+                0usize..32,
             )
         })
     }
 
+    fn weight(set: impl IntoIterator<Item = usize>, sizes: &[usize]) -> usize {
+        set.into_iter().map(|c| sizes[c]).sum()
+    }
+
     /// Start within the budget: drops HBM chunks (movable first) beyond it.
-    fn within_budget(in_hbm: Vec<bool>, pinned: &[bool], budget: usize) -> Vec<bool> {
+    fn within_budget(in_hbm: Vec<bool>, pinned: &[bool], sizes: &[usize], budget: usize) -> Vec<bool> {
         let mut in_hbm = in_hbm;
-        let mut extra = in_hbm.iter().filter(|&&h| h).count().saturating_sub(budget);
         for order in [false, true] {
             for c in 0..in_hbm.len() {
-                if extra > 0 && in_hbm[c] && pinned[c] == order {
+                if weight((0..in_hbm.len()).filter(|&c| in_hbm[c]), sizes) > budget && in_hbm[c] && pinned[c] == order {
                     in_hbm[c] = false;
-                    extra -= 1;
                 }
             }
         }
@@ -249,12 +311,12 @@ mod tests {
     proptest! {
         #[test]
         fn plans_keep_the_budget_and_bring_in_what_fits(
-            (launches, in_hbm, pinned, budget) in cycles()
+            (launches, in_hbm, pinned, sizes, budget) in cycles()
         ) {
-            let in_hbm = within_budget(in_hbm, &pinned, budget);
-            let segments = plan(&Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, budget });
+            let in_hbm = within_budget(in_hbm, &pinned, &sizes, budget);
+            let segments = plan(&Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, sizes: &sizes, budget });
             prop_assert_eq!(segments.is_empty(), launches.is_empty());
-            let pinned_hbm = (0..in_hbm.len()).filter(|&c| pinned[c] && in_hbm[c]).count();
+            let pinned_hbm = weight((0..in_hbm.len()).filter(|&c| pinned[c] && in_hbm[c]), &sizes);
             let capacity = budget.saturating_sub(pinned_hbm);
             let mut hbm = in_hbm.clone();
             for (s, segment) in segments.iter().enumerate() {
@@ -268,10 +330,10 @@ mod tests {
                     prop_assert!(!hbm[c] && !pinned[c], "up: a movable host chunk");
                     hbm[c] = true;
                 }
-                prop_assert!(hbm.iter().filter(|&&h| h).count() <= budget, "the budget holds after the moves");
+                prop_assert!(weight((0..hbm.len()).filter(|&c| hbm[c]), &sizes) <= budget, "the budget holds after the moves");
                 let set: BTreeSet<usize> =
                     launches[segment.start..end].iter().flatten().copied().filter(|&c| !pinned[c]).collect();
-                if set.len() <= capacity {
+                if weight(set.iter().copied(), &sizes) <= capacity {
                     for &c in &set {
                         prop_assert!(hbm[c], "chunk {} of a segment that fits is in HBM", c);
                     }
@@ -283,12 +345,13 @@ mod tests {
                     let prev = &segments[s - 1];
                     let joined: BTreeSet<usize> = launches[prev.start..=segment.start]
                         .iter().flatten().copied().filter(|&c| !pinned[c]).collect();
-                    prop_assert!(joined.len() > capacity);
+                    prop_assert!(weight(joined, &sizes) > capacity);
                 }
             }
             let all: BTreeSet<usize> = launches.iter().flatten().copied().filter(|&c| !pinned[c]).collect();
-            let movable = (0..in_hbm.len()).filter(|&c| !pinned[c]).count();
-            if all.len() <= capacity && all.iter().all(|&c| in_hbm[c]) && movable > capacity {
+            let all_size = weight(all.iter().copied(), &sizes);
+            let movable = weight((0..in_hbm.len()).filter(|&c| !pinned[c]), &sizes);
+            if all_size <= capacity && all.iter().all(|&c| in_hbm[c]) && movable > capacity {
                 prop_assert!(segments.iter().all(|s| s.moves() == 0), "a resident cycle that fits moves nothing");
             }
             if movable <= capacity && !segments.is_empty() {
@@ -296,14 +359,14 @@ mod tests {
                 prop_assert!((0..in_hbm.len()).all(|c| pinned[c] || after_first[c]), "everything fits: all comes up");
                 prop_assert!(segments[0].down.is_empty(), "and nothing goes down for it");
             }
-            if all.len() <= capacity {
+            if all_size <= capacity {
                 prop_assert!(segments.len() <= 1, "a cycle that fits is one segment");
             }
         }
 
         #[test]
-        fn plans_are_deterministic((launches, in_hbm, pinned, budget) in cycles()) {
-            let cycle = Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, budget };
+        fn plans_are_deterministic((launches, in_hbm, pinned, sizes, budget) in cycles()) {
+            let cycle = Cycle { launches: &launches, in_hbm: &in_hbm, pinned: &pinned, sizes: &sizes, budget };
             prop_assert_eq!(plan(&cycle), plan(&cycle));
         }
     }
