@@ -272,6 +272,11 @@ pub fn before_launch(f: usize) -> Option<Arc<Boundary>> {
     plan.pauses.get(&index).cloned()
 }
 
+/// Launches counted since the cycle began (for the trace).
+pub fn launches_so_far() -> usize {
+    cycles().count
+}
+
 /// Records launch of kernel `f`, which passed the candidate pointers `words` (under the gate).
 pub fn record(f: usize, words: &[u64]) {
     if enabled() {
@@ -374,12 +379,19 @@ fn plan(ordinal: usize, touched: &[Vec<ChunkId>]) -> Option<(Arc<Boundary>, Paus
     crate::trace::event("plan", || {
         let list = |items: &mut dyn Iterator<Item = String>| items.collect::<Vec<_>>().join(",");
         format!(
-            "\"budget\": {budget}, \"in_hbm\": [{}], \"sizes\": [{}], \"launches\": [{}], \"segments\": [{}]",
+            "\"budget\": {budget}, \"ids\": [{}], \"in_hbm\": [{}], \"sizes\": [{}], \"launches\": [{}], \"segments\": [{}]",
+            list(&mut ids.iter().map(|(va, i)| format!("[{va}, {i}]"))),
             list(&mut in_hbm.iter().map(|&h| u8::from(h).to_string())),
             list(&mut sizes.iter().map(usize::to_string)),
             list(&mut launches.iter().map(|l| format!("[{}]", list(&mut l.iter().map(usize::to_string))))),
             list(&mut segments.iter().map(|s| format!("[{}, {}, {}]", s.start, s.up.len(), s.down.len()))),
         )
+    });
+    crate::trace::event("plan_moves", || {
+        let list = |items: &[usize]| items.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        let each: Vec<String> =
+            segments.iter().map(|s| format!("[{}, [{}], [{}]]", s.start, list(&s.up), list(&s.down))).collect();
+        format!("\"segments\": [{}]", each.join(","))
     });
     let boundary = |s: &segments::Segment| Boundary {
         up: s.up.iter().map(|&i| ids[i]).collect(),

@@ -135,6 +135,20 @@ pub fn record(words: &[u64]) -> usize {
     on_host
 }
 
+/// The chunks on the host that `words` point into, as `(allocation start, chunk index)` (for
+/// the trace).
+pub fn host_chunks_of(words: &[u64]) -> Vec<ChunkId> {
+    let index = index();
+    words
+        .iter()
+        .filter_map(|&word| {
+            let (start, region) = index.region_of(word)?;
+            let chunk = ((word - start) / region.chunk) as usize;
+            region.on_host[chunk].then_some((start, chunk))
+        })
+        .collect()
+}
+
 /// A new allocation `[start, end)`, of `on_host.len()` chunks of `chunk` bytes (the last one
 /// shorter).
 pub fn insert(start: u64, end: u64, chunk: usize, on_host: Vec<bool>) {

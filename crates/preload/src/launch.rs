@@ -120,8 +120,14 @@ unsafe fn record(f: Function, params: Params, extra: Params) {
         if on_host > 0 && trace::on() {
             let (launch, _, _) = hotness::launch_counts();
             let kernel = kernel_name(f).map_or("null".to_owned(), |name| trace::quoted(&name));
+            let chunks: Vec<String> =
+                hotness::host_chunks_of(&found).iter().map(|(va, i)| format!("[{va}, {i}]")).collect();
+            let in_cycle = cycle::launches_so_far();
             trace::event("launch_on_host", || {
-                format!("\"launch\": {launch}, \"kernel\": {kernel}, \"host_pointers\": {on_host}")
+                format!(
+                    "\"launch\": {launch}, \"in_cycle\": {in_cycle}, \"kernel\": {kernel}, \"host_pointers\": {on_host}, \"host_chunks\": [{}]",
+                    chunks.join(",")
+                )
             });
         }
         cycle::record(f as usize, &found);
