@@ -272,6 +272,19 @@ pub fn before_launch(f: usize) -> Option<Arc<Boundary>> {
     plan.pauses.get(&index).cloned()
 }
 
+/// The cycle the last synchronization ended and the one predicted next, by their kernels'
+/// fingerprints, where known (deferred.rs keeps each cycle's allocation places apart).
+static TOLD: Mutex<(Option<u64>, Option<u64>)> = Mutex::new((None, None));
+
+fn told(ended: Option<u64>, next: Option<u64>) {
+    *TOLD.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = (ended, next);
+}
+
+/// The cycle the last synchronization ended, and the one predicted to come next.
+pub fn told_apart() -> (Option<u64>, Option<u64>) {
+    *TOLD.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Launches counted since the cycle began (for the trace).
 pub fn launches_so_far() -> usize {
     cycles().count
@@ -296,12 +309,14 @@ pub fn paused(nanos: u64, chunks: u64) {
 /// move, and stage 2's hotness plan stays out of the way).
 pub fn cycle_ends() -> Option<Arc<Boundary>> {
     if !enabled() {
+        told(None, None);
         return None;
     }
     let recording = {
         let mut c = cycles();
         // Two synchronizations in a row: not a cycle; the plan stays for the one under way.
         if c.count == 0 && c.recording.functions.is_empty() {
+            told(None, told_apart().1);
             return None;
         }
         if c.following {
@@ -320,10 +335,13 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
     };
     if recording.functions.len() > MAX_LAUNCHES || recording.pointers.is_empty() {
         history().last = None;
+        told(None, None);
         return None;
     }
     let started = std::time::Instant::now();
+    let ended = recording.fingerprint();
     let recording = history().learn(Arc::new(recording));
+    told(Some(ended), Some(recording.fingerprint()));
     let Some(Ok(ordinal)) = process::current_gpu() else { return None };
     // Scanned with every chunk in HBM and within the budget (hotness::scan_always): learned,
     // so that a cut is planned by it; nothing to plan now.

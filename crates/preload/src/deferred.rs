@@ -52,7 +52,7 @@ use tiermem_mechanism::{Device, EventHandle, StreamHandle};
 use crate::driver::Stream;
 use crate::give_back;
 use crate::process::{self, Freed};
-use crate::reuse_order::{Orders, Shape};
+use crate::reuse_order::{CycleKey, Orders, Shape};
 
 /// A freed allocation kept mapped in the books (process.rs): its start, its GPU and bytes
 /// reserved (`None`: shared, never reused), the stream it was freed on, and the event recorded
@@ -264,10 +264,11 @@ pub fn served(shape: Shape, va: u64) {
     orders(|orders| orders.served(shape, va));
 }
 
-/// The program synchronized (or, one that does not, paused): the allocations' places start
-/// again (reuse_order.rs), and a cycle that allocated makes the frees before it older.
-pub fn cycle_ends() {
-    if orders(Orders::cycle_ends) {
+/// The program synchronized (or, one that does not, paused): cycle `ended` is over and `next`
+/// predicted (cycle.rs), the allocations' places start again (reuse_order.rs), and a cycle that
+/// allocated makes the frees before it older.
+pub fn cycle_ends(ended: CycleKey, next: CycleKey) {
+    if orders(|orders| orders.cycle_ends(ended, next)) {
         GENERATION.fetch_add(1, Relaxed);
     }
 }

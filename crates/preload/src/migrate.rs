@@ -166,7 +166,6 @@ pub fn stop(call: &str, why: &str) {
 
 /// A quiesce point: the program's synchronization `call` just succeeded (module documentation).
 pub fn quiesce_point(call: &str) {
-    crate::deferred::cycle_ends();
     if crate::deferred::any() {
         // As the driver's pool gives memory back at synchronizations, beyond its threshold.
         crate::deferred::reap(false);
@@ -174,6 +173,7 @@ pub fn quiesce_point(call: &str) {
     }
     let config = config();
     if !config.enabled {
+        crate::deferred::cycle_ends(None, None);
         return;
     }
     LAST_QUIESCE_MS.store(now_ms(), Relaxed);
@@ -181,6 +181,8 @@ pub fn quiesce_point(call: &str) {
     // Stage 3 (cycle.rs): the cycle ends; with a plan for the next, its first segment's moves
     // are made here instead of the hotness plan's.
     let first = crate::cycle::cycle_ends();
+    let (ended, next) = crate::cycle::told_apart();
+    crate::deferred::cycle_ends(ended, next);
     if !due() {
         return;
     }
@@ -234,7 +236,7 @@ pub fn pause_point(call: &str) {
     }
     UNSYNCED_PAUSES.fetch_add(1, Relaxed);
     // A program that never synchronizes: its pauses end its cycles (deferred.rs ages its frees).
-    crate::deferred::cycle_ends();
+    crate::deferred::cycle_ends(None, None);
     crate::trace::event("pause", || format!("\"call\": {}", crate::trace::quoted(call)));
     hotness_moves(call, config());
 }

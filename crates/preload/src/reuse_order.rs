@@ -12,8 +12,12 @@
 //! (cycle.rs), which names addresses, brings up the wrong ones: a transformer's layers make
 //! activations of one size each. By place in the cycle, each tensor comes back where it was.
 //!
-//! Bounded: at most [`MAX_PLACES`] allocations a cycle are remembered (a program that never
-//! synchronizes has no cycle to repeat).
+//! A step that synchronizes more than once is several cycles (cycle.rs tells them apart by
+//! their kernels): each one's places are kept apart, and the cycle predicted to come next is the
+//! one whose places are wanted.
+//!
+//! Bounded: at most [`MAX_PLACES`] allocations a cycle, and [`CYCLES`] cycles, are remembered (a
+//! program that never synchronizes has no cycle to repeat).
 
 use std::collections::HashMap;
 
@@ -23,11 +27,19 @@ pub const MAX_PLACES: usize = 1 << 16;
 /// A GPU and a number of bytes reserved: the shape a reuse must match.
 pub type Shape = (usize, usize);
 
+/// A cycle's identity (cycle.rs's fingerprint of its kernels), where known.
+pub type CycleKey = Option<u64>;
+
+/// Cycles whose places are remembered at most.
+const CYCLES: usize = 8;
+
 /// The addresses allocations got, by shape and place in the cycle (`n`: the n-th of its shape).
 #[derive(Debug, Default)]
 pub struct Orders {
-    /// The cycle before's (the last one that allocated anything).
-    last: HashMap<(Shape, usize), u64>,
+    /// Each cycle's places, the last time it allocated, by its identity; oldest first.
+    by_cycle: Vec<(CycleKey, HashMap<(Shape, usize), u64>)>,
+    /// The cycle under way, as predicted (its places are the ones wanted).
+    expected: CycleKey,
     /// This cycle's so far.
     now: HashMap<(Shape, usize), u64>,
     /// Allocations of each shape so far this cycle.
@@ -39,10 +51,12 @@ impl Orders {
         Orders::default()
     }
 
-    /// The address that the allocation in the next allocation's place got in the cycle before.
+    /// The address that the allocation in the next allocation's place got, the last time the
+    /// cycle under way ran.
     pub fn wanted(&self, shape: Shape) -> Option<u64> {
         let n = self.counts.get(&shape).copied().unwrap_or(0);
-        self.last.get(&(shape, n)).copied()
+        let (_, places) = self.by_cycle.iter().find(|(key, _)| *key == self.expected)?;
+        places.get(&(shape, n)).copied()
     }
 
     /// An allocation of `shape` was served at `va`.
@@ -54,14 +68,20 @@ impl Orders {
         *n += 1;
     }
 
-    /// The program synchronized: the cycle ends. One that allocated nothing (two
-    /// synchronizations in a row, a step's short cycle that reads a result) leaves the cycle
-    /// before as it was. Whether this one allocated.
-    pub fn cycle_ends(&mut self) -> bool {
+    /// The program synchronized: cycle `ended` is over, and `next` is predicted (cycle.rs;
+    /// `None` where cycles are not told apart). A step of several cycles (the step, then a
+    /// short one reading the loss) keeps each one's places apart; a cycle that allocated nothing
+    /// leaves its places as they were. Whether this one allocated.
+    pub fn cycle_ends(&mut self, ended: CycleKey, next: CycleKey) -> bool {
         self.counts.clear();
+        self.expected = next;
         let allocated = !self.now.is_empty();
         if allocated {
-            self.last = std::mem::take(&mut self.now);
+            self.by_cycle.retain(|(key, _)| *key != ended);
+            self.by_cycle.push((ended, std::mem::take(&mut self.now)));
+            if self.by_cycle.len() > CYCLES {
+                self.by_cycle.remove(0);
+            }
         }
         allocated
     }
@@ -99,7 +119,7 @@ mod tests {
             for &i in free_order {
                 kept.push((sizes[i], got[i]));
             }
-            orders.cycle_ends();
+            orders.cycle_ends(None, None);
             out.push(got);
         }
         out
@@ -115,10 +135,29 @@ mod tests {
     fn a_cycle_that_allocates_nothing_keeps_the_one_before() {
         let mut orders = Orders::new();
         orders.served((0, 2), 0x10);
-        orders.cycle_ends();
-        orders.cycle_ends();
+        orders.cycle_ends(None, None);
+        orders.cycle_ends(None, None);
         assert_eq!(orders.wanted((0, 2)), Some(0x10));
         assert_eq!(orders.wanted((1, 2)), None, "another GPU");
+    }
+
+    #[test]
+    fn each_cycle_of_a_step_has_its_own_places() {
+        // A step: cycle 1 (the step) makes two tensors of one size, cycle 2 (reading the loss)
+        // one more of that size at another address. Cycle 1 wants its own places again.
+        let mut orders = Orders::new();
+        orders.served((0, 2), 0xa);
+        orders.served((0, 2), 0xb);
+        orders.cycle_ends(Some(1), Some(2));
+        assert_eq!(orders.wanted((0, 2)), None, "cycle 2 has not run yet");
+        orders.served((0, 2), 0xc);
+        orders.cycle_ends(Some(2), Some(1));
+        assert_eq!(orders.wanted((0, 2)), Some(0xa));
+        orders.served((0, 2), 0xa);
+        assert_eq!(orders.wanted((0, 2)), Some(0xb));
+        orders.served((0, 2), 0xb);
+        orders.cycle_ends(Some(1), Some(2));
+        assert_eq!(orders.wanted((0, 2)), Some(0xc));
     }
 
     proptest! {

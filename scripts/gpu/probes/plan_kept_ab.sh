@@ -24,7 +24,6 @@ export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
 train async-plain env
 variant 0.7-plan-stale-run1 7 on stale trace
 variant 0.7-unplanned-oldest-run1 7 off oldest
-variant 0.7-plan-oldest 7 on oldest
 variant 0.7-plan-stale-run2 7 on stale
 variant 0.7-unplanned-oldest-run2 7 off oldest
 variant 0.5-plan-stale 5 on stale

@@ -129,9 +129,11 @@ fn check_and_free(cuda: &Cuda, buffers: &[u64], writes: &[u64], before: &Census)
 /// `segments-async`: two weights of 4 MiB made once, then steps that make three tensors of 4
 /// MiB, write each and read it with a weight (forward), read them again in reverse order and
 /// free each after its last read (backward), and synchronize: 10 chunks a step under a budget
-/// of 8. From the second step on each tensor comes back at its address (the first also made the
-/// weights), and from the third on every launch finds its chunks in HBM if the plan places
-/// kept frees (`TIERMEM_PLAN_KEPT`, on by default); the weights' bytes are checked at the end.
+/// of 8; then a short cycle that makes a tensor of that size too, writes it, frees it and
+/// synchronizes (a loss read back). The two cycles are told apart from the fifth step on
+/// (cycle.rs); from the sixth, each tensor comes back at its address and every launch finds
+/// its chunks in HBM if the plan places kept frees (`TIERMEM_PLAN_KEPT`, on by default); the
+/// weights' bytes are checked at the end.
 pub fn segments_async() {
     type GetPool = unsafe extern "C" fn(*mut *mut c_void, c_int) -> Code;
     type SetAttribute = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> Code;
@@ -160,8 +162,9 @@ pub fn segments_async() {
     let planned = std::env::var("TIERMEM_PLAN_KEPT").map_or(true, |v| v != "off");
     let stream = std::ptr::null_mut();
     let mut first: Option<[u64; 3]> = None;
-    for step in 0..8 {
-        let resident = planned && step >= 2;
+    const SETTLED: usize = 5;
+    for step in 0..10 {
+        let resident = planned && step >= SETTLED;
         let found = |ptr: u64, what: &str| {
             if resident {
                 assert_eq!(locations(&cuda, ptr, SIZE), [1, 1], "step {step}: {what} is in HBM when its kernel runs");
@@ -186,16 +189,23 @@ pub fn segments_async() {
             // SAFETY: a pointer the allocation gave, freed once.
             assert_eq!(unsafe { free_async(t, stream) }, 0);
         }
-        // Step 0 made the weights too, so its tensors had other places among the allocations
-        // of their size: from step 1 on, each tensor comes back where it was the step before.
+        // Once the cycles are told apart, each tensor comes back where it was the step before.
         match first {
-            None if step == 1 => first = Some(tensors),
+            None if step == SETTLED - 1 => first = Some(tensors),
             None => {}
             Some(first) => assert_eq!(tensors, first, "step {step}: each tensor comes back at its address"),
         }
         // SAFETY: the driver's synchronization.
         assert_eq!(unsafe { sync() }, 0);
         assert!(hbm_in_use(&cuda) <= 16 * MIB, "the budget holds");
+        let mut loss = 0u64;
+        // SAFETY: a valid out-pointer; the pointer it gave, freed once; the synchronization.
+        unsafe {
+            assert_eq!(alloc_async(&mut loss, SIZE, stream), 0, "step {step}: the loss");
+            assert_eq!(kernels.launch(WRITES, &mut [(loss + WORD as u64) as *mut c_void]), 0);
+            assert_eq!(free_async(loss, stream), 0);
+            assert_eq!(sync(), 0);
+        }
     }
     for (i, &w) in weights.iter().enumerate() {
         cuda.verify(w, SIZE, 40 + i as u8);
