@@ -30,6 +30,9 @@ pub type Shape = (usize, usize);
 /// A cycle's identity (cycle.rs's fingerprint of its kernels), where known.
 pub type CycleKey = Option<u64>;
 
+/// A cycle's places: the address the n-th allocation of each shape got.
+type Places = HashMap<(Shape, usize), u64>;
+
 /// Cycles whose places are remembered at most.
 const CYCLES: usize = 8;
 
@@ -37,11 +40,11 @@ const CYCLES: usize = 8;
 #[derive(Debug, Default)]
 pub struct Orders {
     /// Each cycle's places, the last time it allocated, by its identity; oldest first.
-    by_cycle: Vec<(CycleKey, HashMap<(Shape, usize), u64>)>,
+    by_cycle: Vec<(CycleKey, Places)>,
     /// The cycle under way, as predicted (its places are the ones wanted).
     expected: CycleKey,
     /// This cycle's so far.
-    now: HashMap<(Shape, usize), u64>,
+    now: Places,
     /// Allocations of each shape so far this cycle.
     counts: HashMap<Shape, usize>,
 }
