@@ -21,7 +21,12 @@
 //! * an allocation that does not fit the budget unmaps the oldest kept frees holding HBM until
 //!   it fits (waiting for pending ones only if those done are not enough): freed memory is the
 //!   budget's again before anything spills to the host, and what is given back is what has
-//!   waited longest for a reuse.
+//!   waited longest for a reuse. Once the program has repeated its cycles, only the *stale*
+//!   ones (not freed in the last [`STALE_AFTER`] cycles that allocated) go, and what does not
+//!   fit then lives on the host, where the plan reaches it: giving back frees that the next step
+//!   takes back sent that step's allocation to a new address, which gave back another free in
+//!   turn, step after step, and the addresses the plan names never settled (BENCHMARKS.md,
+//!   twenty-eighth session; `TIERMEM_KEPT_PRESSURE=oldest` for the old way).
 //!
 //! A kept free stays in the books, apart from the live allocations (allocations.rs), and in
 //! the hotness index, so that the cycle's plan (cycle.rs) can place it: a program that
@@ -33,7 +38,8 @@
 //! frees stay where they were placed). Stage 2's plan, which knows only heat, leaves them alone:
 //! letting it move them as cold memory was measured on the GPU, and with PyTorch's
 //! `cudaMallocAsync` backend under a budget it moved four times the bytes and ran a step
-//! slower (BENCHMARKS.md, twentieth session).
+//! slower (BENCHMARKS.md, twentieth session). Planned by the cycle, with the addresses settled
+//! and working sets weighed in bytes, a step at 0.7× its peak took 1.2 s against 2.2.
 //!
 //! Reuse takes the free at the address that the allocation in the same place of the cycle
 //! before got, so that a program repeating its steps gets each tensor back where it was

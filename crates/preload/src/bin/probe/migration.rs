@@ -126,13 +126,20 @@ pub fn hbm_in_use(cuda: &Cuda) -> usize {
     total - free
 }
 
-/// The driver started, what it held before, `cuCtxSynchronize`, and A and B as `hot_b` makes them.
-fn setup() -> (Cuda, Census, Sync, u64, u64) {
+/// The driver started, what it held before, the fake's kernels registered, `cuCtxSynchronize`
+/// and `cuMemAlloc`.
+pub fn begin() -> (Cuda, Census, Kernels, Sync, Alloc) {
     let cuda = Cuda::load();
     cuda.start();
     let before = cuda.census();
     let kernels = Kernels::register(&cuda);
-    let sync: Sync = cuda.get(c"cuCtxSynchronize", 0);
+    let (sync, alloc) = (cuda.get(c"cuCtxSynchronize", 0), cuda.get(c"cuMemAlloc", 0));
+    (cuda, before, kernels, sync, alloc)
+}
+
+/// The driver started, what it held before, `cuCtxSynchronize`, and A and B as `hot_b` makes them.
+fn setup() -> (Cuda, Census, Sync, u64, u64) {
+    let (cuda, before, kernels, sync, _) = begin();
     let (a, b) = hot_b(&cuda, &kernels);
     (cuda, before, sync, a, b)
 }
@@ -270,12 +277,7 @@ impl Drop for Done<'_> {
 /// ways); no launch may fault, and no increment may be lost to a copy made under it.
 pub fn threads() {
     const LAUNCHES: u64 = 8000;
-    let cuda = Cuda::load();
-    cuda.start();
-    let before = cuda.census();
-    let kernels = Kernels::register(&cuda);
-    let sync: Sync = cuda.get(c"cuCtxSynchronize", 0);
-    let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+    let (cuda, before, kernels, sync, alloc) = begin();
     let (mut a, mut b) = (0u64, 0u64);
     // SAFETY: valid out-pointers.
     unsafe {

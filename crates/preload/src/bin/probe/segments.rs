@@ -13,8 +13,8 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::migration::{free_all, hbm_in_use, locations, Kernels, Sync, CHUNK, LIBRARY, READS, WRITES};
-use super::{Alloc, AllocAsync, Census, Code, Cuda, FreeAsync, MIB};
+use super::migration::{begin, free_all, hbm_in_use, locations, Kernels, Sync, CHUNK, LIBRARY, READS, WRITES};
+use super::{AllocAsync, Census, Code, Cuda, FreeAsync, MIB};
 
 const BUFFERS: usize = 6;
 const SIZE: usize = 4 * MIB;
@@ -74,12 +74,7 @@ fn expected(seed: u8, writes: u64) -> Vec<u8> {
 /// `segments`, or `segments-alternate`: two different cycles a step (each ended by a
 /// synchronization), told apart once each has followed the other twice.
 pub fn segments(alternate: bool) {
-    let cuda = Cuda::load();
-    cuda.start();
-    let before = cuda.census();
-    let kernels = Kernels::register(&cuda);
-    let sync: Sync = cuda.get(c"cuCtxSynchronize", 0);
-    let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+    let (cuda, before, kernels, sync, alloc) = begin();
     let mut buffers = [0u64; BUFFERS];
     for (i, b) in buffers.iter_mut().enumerate() {
         // SAFETY: a valid out-pointer.
@@ -138,12 +133,7 @@ pub fn segments_async() {
     type GetPool = unsafe extern "C" fn(*mut *mut c_void, c_int) -> Code;
     type SetAttribute = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> Code;
     const RELEASE_THRESHOLD: c_int = 4;
-    let cuda = Cuda::load();
-    cuda.start();
-    let before = cuda.census();
-    let kernels = Kernels::register(&cuda);
-    let sync: Sync = cuda.get(c"cuCtxSynchronize", 0);
-    let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+    let (cuda, before, kernels, sync, alloc) = begin();
     let alloc_async: AllocAsync = cuda.get(c"cuMemAllocAsync", 0);
     let free_async: FreeAsync = cuda.get(c"cuMemFreeAsync", 0);
     let default_pool: GetPool = cuda.get(c"cuDeviceGetDefaultMemPool", 0);
