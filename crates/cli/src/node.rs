@@ -80,10 +80,30 @@ fn render(report: &StatusReport) -> String {
     if report.pools.is_empty() {
         out += "no tenants yet: pools appear as engines register\n";
     }
+    if let Some(line) = host_pinned_line(report) {
+        out += &line;
+    }
     for lender in &report.lenders {
         out += &lender_line(lender);
     }
     out
+}
+
+/// The pinned host memory each tenant's engine holds (its host tier, and the room pinned ahead
+/// for evictions: "ready"), shown whether or not the daemon shares host memory out; `None` if
+/// no tenant holds any.
+fn host_pinned_line(report: &StatusReport) -> Option<String> {
+    let size = |bytes: u64| format_size(bytes as usize);
+    let each: Vec<String> = report
+        .tenants
+        .iter()
+        .filter(|t| t.host_pinned > 0)
+        .map(|t| match t.host_ready {
+            0 => format!("tenant {} ({}) {}", t.tenant, t.name, size(t.host_pinned)),
+            r => format!("tenant {} ({}) {}, {} of it ready", t.tenant, t.name, size(t.host_pinned), size(r)),
+        })
+        .collect();
+    (!each.is_empty()).then(|| format!("\npinned host memory: {}\n", each.join("; ")))
 }
 
 /// A lender (`tiermem lend`): what it offers, and what it lends to whom.
@@ -140,8 +160,8 @@ pub fn driver_line(pool: &PoolStatus) -> Option<String> {
     })
 }
 
-/// The columns of a pool's tenant rows, and one tenant's cells in them (`LATE`, `IDLE`, `RAMP`
-/// or empty last).
+/// The columns of a pool's tenant rows, and one tenant's cells in them (its marks last:
+/// [`marks`]).
 pub const SHARE_COLUMNS: [&str; 11] =
     ["tenant", "name", "pid", "w", "used / budget", "used", "budget", "target", "lent", "borrowed", ""];
 
@@ -158,18 +178,24 @@ pub fn share_cells(share: &ShareStatus, tenants: &[TenantStatus], pool: &PoolSta
         format_size(share.target as usize),
         format_size(share.lent as usize),
         format_size(share.borrowed as usize),
-        [
-            (tenant.is_some_and(|t| t.late), "LATE"),
-            (tenant.is_some_and(|t| t.idle), "IDLE"),
-            (tenant.is_some_and(|t| t.ramping), "RAMP"),
-            (tenant.is_some_and(|t| t.waiting), "WAIT"),
-        ]
-        .iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, mark)| *mark)
-        .collect::<Vec<_>>()
-        .join(" "),
+        marks(share, tenant),
     ]
+}
+
+/// A tenant row's last cell: `LATE`, `IDLE`, `RAMP`, `WAIT` as they apply, and the memory it
+/// holds ready beyond its use (`+512.00 MiB ready`: host memory pinned ahead for evictions).
+fn marks(share: &ShareStatus, tenant: Option<&TenantStatus>) -> String {
+    let flags = [
+        (tenant.is_some_and(|t| t.late), "LATE"),
+        (tenant.is_some_and(|t| t.idle), "IDLE"),
+        (tenant.is_some_and(|t| t.ramping), "RAMP"),
+        (tenant.is_some_and(|t| t.waiting), "WAIT"),
+    ];
+    let mut out: Vec<String> = flags.iter().filter(|(on, _)| *on).map(|(_, mark)| (*mark).to_owned()).collect();
+    if share.reserved > 0 {
+        out.push(format!("+{} ready", format_size(share.reserved as usize)));
+    }
+    out.join(" ")
 }
 
 fn render_pool(pool: &PoolStatus, tenants: &[TenantStatus]) -> String {
@@ -200,5 +226,56 @@ mod tests {
         assert_eq!(bar(0, 0, 100), format!("[{}]", " ".repeat(BAR)));
         assert_eq!(bar(25, 50, 100), format!("[{}{}{}]", "#".repeat(6), "=".repeat(6), " ".repeat(12)));
         assert_eq!(bar(100, 50, 100), format!("[{}]", "#".repeat(BAR)), "over budget: all used");
+    }
+
+    #[test]
+    fn a_row_shows_what_a_tenant_holds_ready_beyond_its_use() {
+        let mut share = ShareStatus {
+            tenant: 1,
+            used: 1 << 30,
+            acquired: 0,
+            demand: 1 << 30,
+            budget: 2 << 30,
+            target: 2 << 30,
+            entitled: 2 << 30,
+            lent: 0,
+            borrowed: 0,
+            reserved: 0,
+        };
+        assert_eq!(marks(&share, None), "");
+        share.reserved = 512 << 20;
+        assert_eq!(marks(&share, None), "+512.00 MiB ready");
+    }
+
+    #[test]
+    fn pinned_host_memory_is_shown_per_tenant_with_what_is_ready() {
+        let tenant = |id: u64, pinned: u64, ready: u64| TenantStatus {
+            tenant: id,
+            name: "job".into(),
+            pid: 1,
+            uid: 0,
+            cgroup: None,
+            label: None,
+            gpu: 0,
+            weight: 1,
+            priority: 0,
+            connected_ms: 0,
+            late: false,
+            idle: false,
+            ramping: false,
+            waiting: false,
+            overhead: None,
+            host_pinned: pinned,
+            host_ready: ready,
+        };
+        let mut report = StatusReport { tenants: vec![tenant(1, 0, 0)], ..StatusReport::default() };
+        assert_eq!(host_pinned_line(&report), None, "nothing pinned: no line");
+        report.tenants.push(tenant(2, 3 << 30, 1 << 30));
+        report.tenants.push(tenant(3, 1 << 30, 0));
+        assert_eq!(
+            host_pinned_line(&report).as_deref(),
+            Some("\npinned host memory: tenant 2 (job) 3.00 GiB, 1.00 GiB of it ready; tenant 3 (job) 1.00 GiB\n")
+        );
+        assert!(render(&report).contains("pinned host memory: tenant 2"));
     }
 }

@@ -149,6 +149,7 @@ mod tests {
             entitled: 32 << 20,
             lent: 0,
             borrowed: 0,
+            reserved: 0,
         };
         let tenant = TenantStatus {
             tenant: 3,
@@ -166,6 +167,8 @@ mod tests {
             ramping: true,
             waiting: true,
             overhead: Some(600 << 20),
+            host_pinned: 0,
+            host_ready: 0,
         };
         let pool = PoolStatus {
             tier: Tier::Hbm,

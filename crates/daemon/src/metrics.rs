@@ -86,6 +86,11 @@ impl Metrics {
         let target = gauges(&mut out, "tenant_target_bytes", "The budget a tenant is moving to");
         let lent = gauges(&mut out, "tenant_lent_bytes", "Of a tenant's own part, lent to others");
         let borrowed = gauges(&mut out, "tenant_borrowed_bytes", "Borrowed from others' idle parts");
+        let reserved = gauges(
+            &mut out,
+            "tenant_reserved_bytes",
+            "Bytes a tenant holds in a tier beyond its use, ready (host memory pinned ahead for evictions)",
+        );
         let driver_used =
             gauges(&mut out, "gpu_driver_used_bytes", "A GPU's memory in use, as its driver counts it (NVML)");
         let others =
@@ -115,6 +120,7 @@ impl Metrics {
                 set(&budget, labels.clone(), share.budget);
                 set(&target, labels.clone(), share.target);
                 set(&lent, labels.clone(), share.lent);
+                set(&reserved, labels.clone(), share.reserved);
                 set(&borrowed, labels, share.borrowed);
             }
         }

@@ -20,7 +20,7 @@ fn metrics_show_budgets_use_transfers_and_reclaims() {
     let address = address.unwrap();
     let (mut a, mut ra) = connect(&path);
     register(&mut a, &mut ra);
-    let usage = TierUsage { used: 10 << 20, acquired: 2 << 20, demand: 1 << 30 };
+    let usage = TierUsage { used: 10 << 20, acquired: 2 << 20, demand: 1 << 30, reserved: 4 << 20 };
     let transfers = TransferCounters {
         bytes_in: 123 << 20,
         bytes_out: 45 << 20,
@@ -58,6 +58,7 @@ fn metrics_show_budgets_use_transfers_and_reclaims() {
         r#"tiermem_tenant_budget_bytes{tier="hbm",gpu="0",tenant="1",name="default"} 33554432"#,
         r#"tiermem_tenant_used_bytes{tier="hbm",gpu="0",tenant="1",name="default"} 10485760"#,
         r#"tiermem_tenant_acquired_bytes{tier="hbm",gpu="0",tenant="1",name="default"} 2097152"#,
+        r#"tiermem_tenant_reserved_bytes{tier="hbm",gpu="0",tenant="1",name="default"} 4194304"#,
         r#"tiermem_tenant_page_in_bytes_total{tenant="1",name="default"} 128974848"#,
         r#"tiermem_tenant_evictions_total{tenant="1",name="default"} 7"#,
         r#"tiermem_tenant_launches_total{tenant="1",name="default"} 40"#,

@@ -33,7 +33,7 @@ fn config() -> Config {
 
 /// A report of `mib` MiB held in HBM by a tenant that would hold everything.
 fn using(mib: u64) -> [(Tier, TierUsage); 4] {
-    let hbm = TierUsage { used: mib * MIB, acquired: 0, demand: 1 << 40 };
+    let hbm = TierUsage { used: mib * MIB, acquired: 0, demand: 1 << 40, reserved: 0 };
     [
         (Tier::Hbm, hbm),
         (Tier::Peer, TierUsage::default()),
@@ -130,7 +130,7 @@ fn acquired_memory_is_a_floor() {
     let now = Instant::now();
     let mut r = Registry::new(config(), now, 0);
     let (a, _) = register(&mut r, 1, None, now);
-    let pinned = TierUsage { used: 500 * MIB, acquired: 500 * MIB, demand: 1 << 40 };
+    let pinned = TierUsage { used: 500 * MIB, acquired: 500 * MIB, demand: 1 << 40, reserved: 0 };
     r.usage(
         a,
         [
@@ -195,7 +195,7 @@ fn a_tenant_lying_about_what_it_holds_cannot_take_more_than_it_was_given() {
     r.usage(a, demand(1 << 40), now);
     let (b, _) = register(&mut r, 2, None, now);
     // B claims to hold the whole machine acquired: it was given nothing yet, so it pins nothing.
-    let everything = TierUsage { used: u64::MAX, acquired: u64::MAX, demand: u64::MAX };
+    let everything = TierUsage { used: u64::MAX, acquired: u64::MAX, demand: u64::MAX, reserved: 0 };
     let lie = [(Tier::Hbm, everything), (Tier::Peer, everything), (Tier::Host, everything), (Tier::File, everything)];
     r.usage(b, lie, now);
     r.budget_met(a, 2, now);
@@ -246,7 +246,7 @@ fn neighbours_lent_hbm_is_shared_out_by_weight_when_configured() {
             .unwrap();
     let mut r = Registry::new(config, now, 0);
     let borrowing = |bytes: u64| {
-        let peer = TierUsage { used: 0, acquired: 0, demand: bytes };
+        let peer = TierUsage { used: 0, acquired: 0, demand: bytes, reserved: 0 };
         [
             (Tier::Hbm, TierUsage::default()),
             (Tier::Peer, peer),

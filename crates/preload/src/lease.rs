@@ -118,8 +118,8 @@ impl Tenant for GpuTenant {
             let allocated: usize = mine().map(|a| a.bytes_on(placement::Tier::Hbm)).sum::<usize>() + on_host;
             (used as u64, allocated as u64, on_host as u64)
         };
-        let hbm = TierUsage { used: hbm_used, acquired: 0, demand: allocated.max(hbm_used) };
-        let host = TierUsage { used: on_host, acquired: 0, demand: on_host };
+        let hbm = TierUsage { used: hbm_used, acquired: 0, demand: allocated.max(hbm_used), reserved: 0 };
+        let host = TierUsage { used: on_host, acquired: 0, demand: on_host, reserved: 0 };
         let migration = crate::migrate::counters();
         let (bytes_in, bytes_out) = crate::rounds::bytes_moved();
         let transfers = TransferCounters {

@@ -40,6 +40,10 @@ pub struct TierUsage {
     pub acquired: u64,
     /// Bytes it would hold if it could (its allocations).
     pub demand: u64,
+    /// Bytes it holds beyond `used`, ready and not in use: host memory pinned ahead for the
+    /// evictions a budget cut will make (`TIERMEM_EVICT_ROOM`). Shown, not shared out.
+    #[serde(default)]
+    pub reserved: u64,
 }
 
 /// A tenant engine's transfer counters since it started (for the daemon's metrics).
@@ -313,6 +317,9 @@ pub struct ShareStatus {
     pub lent: u64,
     /// Borrowed from others' idle parts (its share of the demand − entitled).
     pub borrowed: u64,
+    /// Held beyond `used`, ready and not in use (the tenant's [`TierUsage::reserved`]).
+    #[serde(default)]
+    pub reserved: u64,
 }
 
 /// A connected tenant.
@@ -347,4 +354,12 @@ pub struct TenantStatus {
     /// [`DriverAccounts`]); `None` without a census.
     #[serde(default)]
     pub overhead: Option<u64>,
+    /// Pinned host memory its engine holds, whether or not the daemon shares host memory out:
+    /// its host tier's use and `host_ready`.
+    #[serde(default)]
+    pub host_pinned: u64,
+    /// Of it, room pinned ahead for the evictions a budget cut will make
+    /// ([`TierUsage::reserved`] of its host tier).
+    #[serde(default)]
+    pub host_ready: u64,
 }

@@ -9,7 +9,12 @@ fn tier() -> impl Strategy<Value = Tier> {
 }
 
 fn usage() -> impl Strategy<Value = TierUsage> {
-    (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(used, acquired, demand)| TierUsage { used, acquired, demand })
+    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(used, acquired, demand, reserved)| TierUsage {
+        used,
+        acquired,
+        demand,
+        reserved,
+    })
 }
 
 fn ids() -> impl Strategy<Value = Vec<u64>> {

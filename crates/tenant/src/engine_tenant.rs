@@ -82,18 +82,17 @@ pub(crate) fn usage_of(stats: &Stats, peer_offered: u64, accepts_lent: bool) -> 
     let chunk = stats.chunk_size as u64;
     let acquired: u64 = stats.buffers.iter().map(|b| b.acquired as u64).sum::<u64>() * chunk;
     let allocated: u64 = stats.buffers.iter().map(|b| b.chunks as u64).sum::<u64>() * chunk;
-    let hbm = TierUsage { used: stats.tiers[Tier::Hbm].used_bytes as u64, acquired, demand: allocated };
-    let host = TierUsage {
-        used: stats.tiers[Tier::Host].used_bytes as u64,
-        acquired: 0,
-        demand: stats.tiers[Tier::Host].used_bytes as u64,
-    };
+    let hbm = TierUsage { used: stats.tiers[Tier::Hbm].used_bytes as u64, acquired, demand: allocated, reserved: 0 };
+    let host_used = stats.tiers[Tier::Host].used_bytes as u64;
+    // Pinned beyond what holds chunks: room to evict into, pinned ahead of a budget cut.
+    let reserved = (stats.host_pinned_bytes as u64).saturating_sub(host_used);
+    let host = TierUsage { used: host_used, acquired: 0, demand: host_used, reserved };
     let file_used = stats.tiers.get(Tier::File).map_or(0, |f| f.used_bytes as u64);
-    let file = TierUsage { used: file_used, acquired: 0, demand: file_used };
+    let file = TierUsage { used: file_used, acquired: 0, demand: file_used, reserved: 0 };
     let peer_used = stats.tiers.get(Tier::Peer).map_or(0, |p| p.used_bytes as u64);
     let beyond_hbm = allocated.saturating_sub(stats.tiers[Tier::Hbm].capacity_bytes as u64);
     let borrowable = if accepts_lent { beyond_hbm } else { beyond_hbm.min(peer_offered) };
-    let peer = TierUsage { used: peer_used, acquired: 0, demand: borrowable.max(peer_used) };
+    let peer = TierUsage { used: peer_used, acquired: 0, demand: borrowable.max(peer_used), reserved: 0 };
     [hbm, peer, host, file]
 }
 

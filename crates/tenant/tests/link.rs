@@ -63,6 +63,15 @@ fn budgets_reach_the_engines_and_a_leaver_gives_its_share_back_with_its_engine()
     }
     let pinned_ahead = a.stats().host_pinned_bytes;
     assert!(pinned_ahead >= 40 << 20, "room pinned ahead: {pinned_ahead} bytes");
+    // The daemon's status shows it, as held and ready, from A's next report.
+    let shown = |ready: u64| {
+        let report = tiermem_tenant::query_status(&path).unwrap();
+        report.tenants.iter().any(|t| t.host_ready >= ready && t.host_pinned >= t.host_ready)
+    };
+    while !shown(40 << 20) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(shown(40 << 20), "{:?}", tiermem_tenant::query_status(&path).unwrap().tenants);
     let b = engine();
     let link_b = DaemonLink::attach(&b, path.clone(), None).unwrap();
     let (b_buffer, _) = b.alloc(40 << 20, AllocOptions::default()).unwrap();

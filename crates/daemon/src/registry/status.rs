@@ -42,6 +42,7 @@ impl Registry {
                             entitled: s.entitled,
                             lent: s.entitled.saturating_sub(s.share),
                             borrowed: s.share.saturating_sub(s.entitled),
+                            reserved: s.usage.reserved,
                         })
                         .collect(),
                     driver: match pool.tier {
@@ -71,6 +72,8 @@ impl Registry {
                 ramping: t.ramping,
                 waiting: t.waiting,
                 overhead: self.ledgers.get(&t.gpu.index).and_then(|l| l.overhead(t.who.pid)),
+                host_pinned: t.tiers.get(&Tier::Host).map_or(0, |s| s.usage.used.saturating_add(s.usage.reserved)),
+                host_ready: t.tiers.get(&Tier::Host).map_or(0, |s| s.usage.reserved),
             })
             .collect();
         StatusReport {

@@ -33,7 +33,7 @@ pub fn budgets(outbox: &Outbox) -> Vec<(TenantId, u64, u64, u64)> {
 }
 
 pub fn demand(bytes: u64) -> [(Tier, TierUsage); 4] {
-    let hbm = TierUsage { used: 0, acquired: 0, demand: bytes };
+    let hbm = TierUsage { used: 0, acquired: 0, demand: bytes, reserved: 0 };
     [
         (Tier::Hbm, hbm),
         (Tier::Peer, TierUsage::default()),
