@@ -7,6 +7,7 @@ memory). Writes one JSON object to --out: losses, the median step time, the allo
 and `oom` (true if a CUDA out-of-memory error stopped it).
 
 Usage: python bench/transparent_train.py --out FILE [--steps 8] [--memory-fraction F] [--small]
+       [--batches 8,4,6,2]  (the batch of each step in turn: shapes that change from step to step)
 """
 
 import argparse
@@ -28,6 +29,8 @@ def main():
     parser.add_argument("--memory-fraction", type=float, default=None,
                         help="cap the stock caching allocator at this fraction of the GPU's memory")
     parser.add_argument("--small", action="store_true", help="a model of a few hundred MiB (a smoke test)")
+    parser.add_argument("--batches", default=None,
+                        help="comma-separated batch sizes, one per step in turn (default: the model's one batch)")
     args = parser.parse_args()
     torch.use_deterministic_algorithms(True)
     if args.memory_fraction is not None:
@@ -48,11 +51,13 @@ def main():
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         gen = torch.Generator("cuda").manual_seed(1)
         ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda", generator=gen)
-        for _ in range(args.steps):
+        batches = [int(b) for b in args.batches.split(",")] if args.batches else None
+        for step in range(args.steps):
+            rows = ids[: batches[step % len(batches)]] if batches else ids
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = model(input_ids=rows, labels=rows).loss
             loss.backward()
             opt.step()
             result["losses"].append(loss.item())
