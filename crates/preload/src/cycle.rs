@@ -272,6 +272,16 @@ pub fn before_launch(f: usize) -> Option<Arc<Boundary>> {
     plan.pauses.get(&index).cloned()
 }
 
+/// Whether the cycle the last synchronization ended was followed to its end: the program
+/// repeats what it did, so what was recorded names what it will touch — the frees kept for a
+/// reuse too (deferred.rs: they are planned, and kept from being given back, only then).
+static LAST_FOLLOWED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the last cycle was followed to its end ([`LAST_FOLLOWED`]).
+pub fn followed_last() -> bool {
+    LAST_FOLLOWED.load(Relaxed)
+}
+
 /// The cycle the last synchronization ended and the one predicted next, by their kernels'
 /// fingerprints, where known (deferred.rs keeps each cycle's allocation places apart).
 static TOLD: Mutex<(Option<u64>, Option<u64>)> = Mutex::new((None, None));
@@ -319,8 +329,9 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
             told(None, told_apart().1);
             return None;
         }
+        let recorded = c.plan.as_ref().map_or(0, |p| p.recording.functions.len());
+        LAST_FOLLOWED.store(c.following && c.count == recorded, Relaxed);
         if c.following {
-            let recorded = c.plan.as_ref().map_or(0, |p| p.recording.functions.len());
             (if c.count == recorded { &FOLLOWED } else { &DIVERGED }).fetch_add(1, Relaxed);
             if c.count != recorded {
                 let count = c.count;
@@ -369,9 +380,11 @@ fn plan(ordinal: usize, touched: &[Vec<ChunkId>]) -> Option<(Arc<Boundary>, Paus
     let gpu = p.gpus.get(&ordinal).filter(|gpu| gpu.device.is_some() && gpu.chunk > 0)?;
     let (mut ids, mut dense, mut in_hbm, mut pinned, mut sizes) =
         (Vec::new(), HashMap::new(), Vec::new(), Vec::new(), Vec::new());
-    // Frees kept for a reuse too: the cycle's pointers name them, and the next cycle's
-    // allocations take them back at the same addresses (deferred.rs).
-    let kept = p.books.kept().filter(|_| config().plan_kept);
+    // Frees kept for a reuse too, while the program repeats its cycles: the cycle's pointers
+    // name them, and the next cycle's allocations take them back at the same addresses
+    // (deferred.rs). A program whose cycles diverge (shapes that change from step to step)
+    // would have them moved for nothing: on the H200, 3.4 s a step against 0.43.
+    let kept = p.books.kept().filter(|_| config().plan_kept && followed_last());
     for allocation in p.books.iter().chain(kept).filter(|a| a.ordinal == ordinal) {
         for (index, &(_, tier)) in allocation.chunks.iter().enumerate() {
             dense.insert((allocation.va, index), ids.len());

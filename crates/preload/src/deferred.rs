@@ -21,9 +21,9 @@
 //! * an allocation that does not fit the budget unmaps the oldest kept frees holding HBM until
 //!   it fits (waiting for pending ones only if those done are not enough): freed memory is the
 //!   budget's again before anything spills to the host, and what is given back is what has
-//!   waited longest for a reuse. Once the program has repeated its cycles, only the *stale*
-//!   ones (not freed in the last [`STALE_AFTER`] cycles that allocated) go, and what does not
-//!   fit then lives on the host, where the plan reaches it: giving back frees that the next step
+//!   waited longest for a reuse. While the program repeats its cycles (stage 3 follows them to
+//!   their end), only the *stale* ones (not freed in the last [`STALE_AFTER`] cycles that
+//!   allocated) go, and what does not fit then lives on the host, where the plan reaches it: giving back frees that the next step
 //!   takes back sent that step's allocation to a new address, which gave back another free in
 //!   turn, step after step, and the addresses the plan names never settled (BENCHMARKS.md,
 //!   twenty-eighth session; `TIERMEM_KEPT_PRESSURE=oldest` for the old way).
@@ -34,8 +34,9 @@
 //! synchronization that plans the next step they are kept frees — which the next step's
 //! allocations take back at the same addresses. The pointers recorded in the step name them, so
 //! the plan brings them up before the segment that will reuse them and sends them down when
-//! the step is done with them, as it does the live allocations (`TIERMEM_PLAN_KEPT=off`: kept
-//! frees stay where they were placed). Stage 2's plan, which knows only heat, leaves them alone:
+//! the step is done with them, as it does the live allocations — while the cycles are followed
+//! to their end (a program whose shapes change has no step to repeat; `TIERMEM_PLAN_KEPT=off`:
+//! kept frees always stay where they were placed). Stage 2's plan, which knows only heat, leaves them alone:
 //! letting it move them as cold memory was measured on the GPU, and with PyTorch's
 //! `cudaMallocAsync` backend under a budget it moved four times the bytes and ran a step
 //! slower (BENCHMARKS.md, twentieth session). Planned by the cycle, with the addresses settled
@@ -167,11 +168,14 @@ fn tear_down(call: &str, starts: Vec<u64>) -> usize {
 
 /// Gives back kept frees of GPU `ordinal`, oldest first, until `need` more bytes of HBM fit its
 /// budget, or none is left: those done with first, then, waiting for their events, the rest.
-/// Once the program has repeated its cycles ([`STALE_AFTER`] that allocated), only the stale
-/// ones (unless `TIERMEM_KEPT_PRESSURE=oldest`): what does not fit then lives on the host.
+/// While the program repeats its cycles (more than [`STALE_AFTER`] that allocated, the last
+/// one followed to its end), only the stale ones (unless `TIERMEM_KEPT_PRESSURE=oldest`): what
+/// does not fit then lives on the host.
 pub fn make_room(call: &str, ordinal: usize, need: usize) {
     reap(false);
-    let stale_only = stale_policy() && GENERATION.load(Relaxed) > STALE_AFTER;
+    // Only while the program repeats its cycles: one whose shapes change would otherwise spill
+    // its new allocations while HBM holds frees no step takes back (BENCHMARKS.md).
+    let stale_only = stale_policy() && GENERATION.load(Relaxed) > STALE_AFTER && crate::cycle::followed_last();
     let freed = release_oldest(call, ordinal, need, stale_only);
     if freed < need && !stale_only {
         reap(true);

@@ -92,8 +92,10 @@ fn tensors_freed_within_a_step_are_planned_at_their_addresses() {
     let output = support::probe("segments-async", &["segments-async"], &ENV);
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("segments-async: ok"), "{stdout}");
+    // Kept frees are planned once the cycles are followed (from the fifth step): over the run,
+    // 87.5% (the probe itself checks every launch from the sixth step on).
     let share = all_in_hbm_share(&stderr);
-    assert!(share > 0.9, "launches all in HBM: {share}\n{stderr}");
+    assert!(share > 0.85, "launches all in HBM: {share}\n{stderr}");
 }
 
 #[test]
@@ -105,7 +107,7 @@ fn unplanned_kept_frees_stay_where_they_were_placed() {
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("segments-async: ok"), "{stdout}");
     let share = all_in_hbm_share(&stderr);
-    assert!(share < 0.8, "launches all in HBM with kept frees unplanned: {share}\n{stderr}");
+    assert!(share < 0.75, "launches all in HBM with kept frees unplanned: {share}\n{stderr}");
 }
 
 /// The events of a `TIERMEM_TRACE` file, each line parsed.
