@@ -9,11 +9,7 @@ set -u
 out=$1
 tiermem=$PWD/dist/tiermem peak=17500000000
 work=$(mktemp -d)
-train() {
-    local name=$1 extra=$2; shift 2
-    timeout 200 "$@" python3 bench/transparent_train.py $extra --out "$work/$name.json" 2> "$work/$name.log"
-    echo "$name: exit $? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(round(d['step_s_median'],3), d['oom'], [round(x,2) for x in d['step_s']], d['losses'][-1])" "$work/$name.json" 2>&1) | $(grep -E 'all in HBM|segments on|async frees' "$work/$name.log" | sed 's/tiermem: stats: //' | tr '\n' ' ')" | tee -a "$work/summary.txt"
-}
+source scripts/gpu/probes/train_lib.sh
 old=(env TIERMEM_PLAN_KEPT=off TIERMEM_KEPT_PRESSURE=oldest)
 run07=("$tiermem" run --hbm-limit $((peak * 7 / 10)) --stats --)
 export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync

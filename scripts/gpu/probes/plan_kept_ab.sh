@@ -10,18 +10,14 @@ set -u
 out=$1
 tiermem=$PWD/dist/tiermem peak=17500000000
 work=$(mktemp -d)
-train() {
-    local name=$1; shift
-    timeout 150 "$@" python3 bench/transparent_train.py --out "$work/$name.json" 2> "$work/$name.log"
-    echo "$name: exit $? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(round(d['step_s_median'],3), d['oom'], d['losses'][-1])" "$work/$name.json" 2>&1) | $(grep -E 'all in HBM|segments on|async frees' "$work/$name.log" | sed 's/tiermem: stats: //' | tr '\n' ' ')" | tee -a "$work/summary.txt"
-}
+source scripts/gpu/probes/train_lib.sh
 variant() { # NAME FRACTION PLAN PRESSURE [TRACE]
     local trace=()
     [ -n "${5:-}" ] && trace=(TIERMEM_TRACE="$work/trace-$1.jsonl")
-    train "$1" env TIERMEM_PLAN_KEPT=$3 TIERMEM_KEPT_PRESSURE=$4 "${trace[@]}" "$tiermem" run --hbm-limit $((peak * $2 / 10)) --stats --
+    train "$1" "" env TIERMEM_PLAN_KEPT=$3 TIERMEM_KEPT_PRESSURE=$4 "${trace[@]}" "$tiermem" run --hbm-limit $((peak * $2 / 10)) --stats --
 }
 export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
-train async-plain env
+train async-plain "" env
 variant 0.7-plan-stale-run1 7 on stale trace
 variant 0.7-unplanned-oldest-run1 7 off oldest
 variant 0.7-plan-stale-run2 7 on stale
@@ -29,6 +25,6 @@ variant 0.7-unplanned-oldest-run2 7 off oldest
 variant 0.5-plan-stale 5 on stale
 variant 0.5-unplanned-oldest 5 off oldest
 unset PYTORCH_CUDA_ALLOC_CONF
-train native-0.7 "$tiermem" run --hbm-limit $((peak * 7 / 10)) --stats --
+train native-0.7 "" "$tiermem" run --hbm-limit $((peak * 7 / 10)) --stats --
 xz -T0 "$work"/trace-*.jsonl 2>/dev/null
 tar -C "$work" -cJf "$out/ab.tar.xz" .

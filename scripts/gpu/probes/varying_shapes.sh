@@ -9,14 +9,11 @@ set -u
 out=$1
 tiermem=$PWD/dist/tiermem peak=17500000000
 work=$(mktemp -d)
-train() {
-    local name=$1; shift
-    timeout 200 "$@" python3 bench/transparent_train.py --steps 12 --batches 8,4,6,2 --out "$work/$name.json" 2> "$work/$name.log"
-    echo "$name: exit $? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(round(d['step_s_median'],3), d['oom'], [round(x,2) for x in d['step_s']], d['losses'][-1])" "$work/$name.json" 2>&1) | $(grep -E 'all in HBM|async frees' "$work/$name.log" | sed 's/tiermem: stats: //' | tr '\n' ' ')" | tee -a "$work/summary.txt"
-}
+source scripts/gpu/probes/train_lib.sh
+shapes="--steps 12 --batches 8,4,6,2"
 export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
-train plain env
-train stale env TIERMEM_KEPT_PRESSURE=stale "$tiermem" run --hbm-limit $((peak * 7 / 10)) --stats --
-train oldest env TIERMEM_KEPT_PRESSURE=oldest "$tiermem" run --hbm-limit $((peak * 7 / 10)) --stats --
-train unplanned-oldest env TIERMEM_PLAN_KEPT=off TIERMEM_KEPT_PRESSURE=oldest "$tiermem" run --hbm-limit $((peak * 7 / 10)) --stats --
+train plain "$shapes" env
+train stale "$shapes" env TIERMEM_KEPT_PRESSURE=stale "$tiermem" run --hbm-limit $((peak * 7 / 10)) --stats --
+train oldest "$shapes" env TIERMEM_KEPT_PRESSURE=oldest "$tiermem" run --hbm-limit $((peak * 7 / 10)) --stats --
+train unplanned-oldest "$shapes" env TIERMEM_PLAN_KEPT=off TIERMEM_KEPT_PRESSURE=oldest "$tiermem" run --hbm-limit $((peak * 7 / 10)) --stats --
 tar -C "$work" -cJf "$out/varying.tar.xz" .
