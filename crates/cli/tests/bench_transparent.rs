@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 /// A stand-in for bench/transparent_train.py: reports a peak of 1000 bytes reserved on a GPU of
 /// 10,000; under tiermem (LD_PRELOAD set) a step takes 0.12 s with a budget of at least the
-/// peak, 0.2 s below it, else 0.1 s; with --memory-fraction it runs out of memory. With
+/// peak, 0.2 s below it, else 0.1 s; with --memory-fraction it runs out of memory; with
+/// PyTorch's `cudaMallocAsync` backend its steps take 1 s but the last three 0.25 s. With
 /// FAKE_DIFFER set, the run at half the peak reports other losses.
 const FAKE: &str = r#"
 import json, os, sys
@@ -20,6 +21,10 @@ r = {"mem_get_info_total": 10000, "max_memory_reserved": 1000, "oom": False, "lo
 if "--memory-fraction" in args:
     r.update(oom=True, losses=[3.0], error="CUDA out of memory", fraction=float(args[args.index("--memory-fraction") + 1]))
 r["step_s_median"] = 0.1 if budget is None else (0.12 if budget >= 1000 else 0.2)
+r["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+r["steps"] = int(args[args.index("--steps") + 1])
+if r["alloc_conf"] == "backend:cudaMallocAsync":
+    r["step_s"] = [1.0] * (r["steps"] - 3) + [0.25] * 3
 if budget == 500 and os.environ.get("FAKE_DIFFER"):
     r["losses"] = [3.0, 2.4]
 json.dump(r, open(out, "w"))
@@ -99,6 +104,16 @@ fn the_runs_budgets_ratios_and_checks() {
     assert_eq!(detail["stock_0_7"]["budget_seen"], serde_json::Value::Null);
     assert_eq!(detail["uncapped"]["budget_seen"], serde_json::Value::Null);
     assert_eq!(detail["budget_0_5"]["budget_seen"], 500);
+    // The stream-ordered backend at 0.7x, for 12 steps at least; its steady step is the last
+    // quarter's, and its losses begin with the plain run's.
+    assert_eq!(detail["async_budget_0_7"]["alloc_conf"], "backend:cudaMallocAsync");
+    assert_eq!(
+        (&detail["async_budget_0_7"]["steps"], &detail["async_budget_0_7"]["budget_seen"]),
+        (&12.into(), &700.into())
+    );
+    assert_eq!(detail["budget_0_7"]["alloc_conf"], serde_json::Value::Null, "the others with PyTorch's own allocator");
+    assert!(close(&metrics["step_s_async_budget_0_7"], 0.25) && close(&ratios["speed_async_0_7"], 0.4), "{metrics}");
+    assert_eq!(checks["pytorch_async_backend_budget_0_7"], true, "{checks}");
 
     let report = bench(&dir.0, true);
     assert_eq!(report["checks"]["losses_identical"], false);

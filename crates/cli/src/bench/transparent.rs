@@ -11,6 +11,13 @@
 //! (`launches_all_in_hbm_share`, from the run at 0.7× the peak). Both are in each run's report
 //! under `tiermem`. Stage 3's counters (pauses, their time, cycles followed and diverged) are
 //! in `segments_0_7`/`segments_0_5`, and `pause_ms_per_step` divides the time in pauses by the steps.
+//!
+//! Beside them, (e) the same loop with PyTorch's stream-ordered backend
+//! (`PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync`: a tensor is an allocation, freed in stream
+//! order) at 0.7× the peak, for at least 12 steps: its steady step (`step_s_async_budget_0_7`,
+//! the median of its last quarter: the two cycles of its step are told apart and its kept frees
+//! planned only from the fifth step, docs/transparent.md) and `speed_async_0_7`, informative
+//! (the targets are for the caching allocator's runs).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -56,12 +63,26 @@ fn matrix(setup: &Setup) -> Value {
     }
 }
 
-/// One run of the script: its report, or why it gave none.
-fn train(setup: &Setup, label: &str, budget: Option<usize>, memory_fraction: Option<f64>) -> Result<Value, String> {
+/// Steps of the stream-ordered backend's run at least (its warm-up takes four).
+const ASYNC_STEPS: usize = 12;
+
+/// One run of the script: its report, or why it gave none. `stream_ordered`: with PyTorch's
+/// `cudaMallocAsync` backend, for at least [`ASYNC_STEPS`] steps.
+fn train(
+    setup: &Setup,
+    label: &str,
+    budget: Option<usize>,
+    memory_fraction: Option<f64>,
+    stream_ordered: bool,
+) -> Result<Value, String> {
     let out = std::env::temp_dir().join(format!("tiermem-transparent-{}-{label}.json", std::process::id()));
     let counters = out.with_extension("tiermem.json");
     let mut command = Command::new("python3");
-    command.arg(&setup.script).arg("--out").arg(&out).args(["--steps", &setup.steps.to_string()]);
+    let steps = if stream_ordered { setup.steps.max(ASYNC_STEPS) } else { setup.steps };
+    command.arg(&setup.script).arg("--out").arg(&out).args(["--steps", &steps.to_string()]);
+    if stream_ordered {
+        command.env("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync");
+    }
     command.args(setup.small.then_some("--small"));
     if let Some(fraction) = memory_fraction {
         command.args(["--memory-fraction", &format!("{fraction:.4}")]);
@@ -85,8 +106,8 @@ fn train(setup: &Setup, label: &str, budget: Option<usize>, memory_fraction: Opt
 }
 
 /// As [`train`], a failure recorded in the report (`failed`) instead of ending the suite.
-fn train_or_record(setup: &Setup, label: &str, budget: Option<usize>, fraction: Option<f64>) -> Value {
-    train(setup, label, budget, fraction).unwrap_or_else(|e| {
+fn train_or_record(setup: &Setup, label: &str, budget: Option<usize>, fraction: Option<f64>, ordered: bool) -> Value {
+    train(setup, label, budget, fraction, ordered).unwrap_or_else(|e| {
         eprintln!("{e}");
         json!({ "failed": e, "oom": null, "losses": null })
     })
@@ -106,16 +127,25 @@ fn step_s(report: &Value) -> Option<f64> {
     report["step_s_median"].as_f64()
 }
 
+/// The median of the last quarter of a run's steps (at least one): its steady step.
+fn steady_step_s(report: &Value) -> Option<f64> {
+    let steps: Vec<f64> = report["step_s"].as_array()?.iter().filter_map(Value::as_f64).collect();
+    let mut last = steps[steps.len() - (steps.len() / 4).max(1).min(steps.len())..].to_vec();
+    last.sort_by(f64::total_cmp);
+    last.get(last.len() / 2).copied()
+}
+
 pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
-    let uncapped = train(&setup, "uncapped", None, None)?;
+    let uncapped = train(&setup, "uncapped", None, None, false)?;
     let peak =
         uncapped["max_memory_reserved"].as_u64().filter(|&p| p > 0).ok_or("bench transparent: no peak reported")?;
     let total = uncapped["mem_get_info_total"].as_f64().ok_or("bench transparent: no GPU memory reported")?;
     let budget = |share: f64| (peak as f64 * share) as usize;
-    let fits = train_or_record(&setup, "fits", Some(budget(2.0)), None);
-    let at_0_7 = train_or_record(&setup, "budget 0.7", Some(budget(0.7)), None);
-    let at_0_5 = train_or_record(&setup, "budget 0.5", Some(budget(0.5)), None);
-    let stock = train_or_record(&setup, "stock allocator capped at 0.7", None, Some(0.7 * peak as f64 / total));
+    let fits = train_or_record(&setup, "fits", Some(budget(2.0)), None, false);
+    let at_0_7 = train_or_record(&setup, "budget 0.7", Some(budget(0.7)), None, false);
+    let at_0_5 = train_or_record(&setup, "budget 0.5", Some(budget(0.5)), None, false);
+    let stock = train_or_record(&setup, "stock allocator capped at 0.7", None, Some(0.7 * peak as f64 / total), false);
+    let ordered_0_7 = train_or_record(&setup, "cudaMallocAsync backend, budget 0.7", Some(budget(0.7)), None, true);
 
     let same = |run: &Value| run["oom"] == false && run["losses"] == uncapped["losses"];
     let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
@@ -133,6 +163,8 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "pytorch_training_fits": same(&fits),
         "pytorch_training_budget_0_7": same(&at_0_7),
         "pytorch_training_budget_0_5": same(&at_0_5),
+        "pytorch_async_backend_budget_0_7": ordered_0_7["oom"] == false
+            && ordered_0_7["losses"].as_array().zip(uncapped["losses"].as_array()).is_some_and(|(a, u)| a.starts_with(u)),
     });
     if let (Some(all), Some(matrix)) = (checks.as_object_mut(), coverage["checks"].as_object()) {
         all.extend(matrix.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -146,6 +178,8 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "step_s_interposed_fits": s_fits,
         "step_s_budget_0_7": s_07,
         "step_s_budget_0_5": s_05,
+        "step_s_async_budget_0_7": steady_step_s(&ordered_0_7),
+        "step_s_async_budget_0_7_all": ordered_0_7["step_s"],
         "stock_oom_at_0_7": stock["oom"] == true,
         "stock_error": stock["error"],
         "quiesce_ms_per_step": quiesce_ms_per_step(&at_0_7),
@@ -168,6 +202,7 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "overhead": ratio(s_fits, s_uncapped),
         "speed_0_7": ratio(s_uncapped, s_07),
         "speed_0_5": ratio(s_uncapped, s_05),
+        "speed_async_0_7": ratio(s_uncapped, steady_step_s(&ordered_0_7)),
     });
     let date = super::today();
     let report = json!({
@@ -182,6 +217,7 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
     });
     let detail = json!({
         "uncapped": uncapped, "fits": fits, "budget_0_7": at_0_7, "budget_0_5": at_0_5, "stock_0_7": stock,
+        "async_budget_0_7": ordered_0_7,
         "matrix": coverage,
     });
     println!(
