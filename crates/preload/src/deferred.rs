@@ -193,7 +193,11 @@ fn stale_policy() -> bool {
         Err(_) | Ok("stale" | "") => true,
         Ok("oldest") => false,
         Ok(other) => {
-            crate::boundary::log("TIERMEM_KEPT_PRESSURE", &format!("{other:?} is neither stale nor oldest"), "stale");
+            crate::boundary::log(
+                "TIERMEM_KEPT_PRESSURE",
+                &format!("{other:?} is neither stale nor oldest"),
+                "taken as stale",
+            );
             true
         }
     })
