@@ -203,8 +203,9 @@ struct History {
 static HISTORY: Mutex<History> = Mutex::new(History { recordings: Vec::new(), successors: Vec::new(), last: None });
 
 impl History {
-    /// Learns that `recording` just ended; the recording the next cycle is predicted to repeat.
-    fn learn(&mut self, recording: Arc<Recording>) -> Arc<Recording> {
+    /// Learns that `recording` just ended; the recording the next cycle is predicted to repeat,
+    /// and the fingerprints of the cycle ended and of the one predicted.
+    fn learn(&mut self, recording: Arc<Recording>) -> (Arc<Recording>, u64, u64) {
         let fingerprint = recording.fingerprint();
         self.recordings.retain(|(f, _)| *f != fingerprint);
         self.recordings.push((fingerprint, recording.clone()));
@@ -222,8 +223,9 @@ impl History {
         // A successor seen once may be a one-off (a step that diverged): twice in a row, it is
         // the pattern.
         let next = self.successors.iter().find(|s| s.0 == fingerprint && s.2 >= 2).map(|s| s.1);
-        next.and_then(|next| self.recordings.iter().find(|(f, _)| *f == next).map(|(_, r)| r.clone()))
-            .unwrap_or(recording)
+        let known = next.and_then(|next| self.recordings.iter().find(|(f, _)| *f == next).cloned());
+        let (predicted, recording) = known.unwrap_or((fingerprint, recording));
+        (recording, fingerprint, predicted)
     }
 }
 
@@ -350,9 +352,8 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
         return None;
     }
     let started = std::time::Instant::now();
-    let ended = recording.fingerprint();
-    let recording = history().learn(Arc::new(recording));
-    told(Some(ended), Some(recording.fingerprint()));
+    let (recording, ended, predicted) = history().learn(Arc::new(recording));
+    told(Some(ended), Some(predicted));
     let Some(Ok(ordinal)) = process::current_gpu() else { return None };
     // Scanned with every chunk in HBM and within the budget (hotness::scan_always): learned,
     // so that a cut is planned by it; nothing to plan now.
@@ -457,7 +458,7 @@ mod tests {
     /// What `learn` predicts after each cycle of `sequence` ends (by the first kernel).
     fn predictions(sequence: &[&[usize]]) -> Vec<usize> {
         let mut history = History { recordings: Vec::new(), successors: Vec::new(), last: None };
-        sequence.iter().map(|&functions| history.learn(cycle(functions)).functions[0]).collect()
+        sequence.iter().map(|&functions| history.learn(cycle(functions)).0.functions[0]).collect()
     }
 
     #[test]
