@@ -3,12 +3,16 @@ kinds, each run plainly, then under `tiermem run` with budgets of 2x, 0.7x and 0
 memory it held; each capped run passes if it exits 0 and its result is bitwise the plain run's
 (the programs in bench/matrix/ print a sha256 of what they computed).
 
-Programs: a CUDA C program built by nvcc with its defaults (the runtime linked statically), a
-cuBLAS GEMM loop, a CUDA-graph replay, CuPy, torch.multiprocessing sharing a CUDA tensor, and
-100,000 small buffers (PyTorch with its caching allocator off). A program whose requirements are
-missing (nvcc, CuPy) is listed under `skipped` with the reason.
+Programs (the issue's list, run by default): a CUDA C program built by nvcc with its defaults
+(the runtime linked statically), a cuBLAS GEMM loop, a CUDA-graph replay, CuPy,
+torch.multiprocessing sharing a CUDA tensor, and 100,000 small buffers (PyTorch with its caching
+allocator off). Beyond it (`--programs extended`, or by name): Hugging Face training (GPT-2
+medium's shape, bf16 autocast) and greedy decoding (a 2B Llama-style model, the KV cache
+growing), a CNN with cuDNN, torch.compile (Inductor's Triton kernels) and two CUDA streams
+joined by events. A program whose requirements are missing (nvcc, CuPy) is listed under
+`skipped` with the reason.
 
-Usage: python3 bench/transparent_matrix.py --tiermem dist/tiermem --out FILE [--programs a,b]
+Usage: python3 bench/transparent_matrix.py --tiermem dist/tiermem --out FILE [--programs a,b|extended|all]
 Writes {"programs": {name: {run: {...}}}, "checks": {"matrix_<name>_<budget>": bool}, "skipped": {...}}.
 """
 
@@ -51,6 +55,13 @@ PROGRAMS = {
     "torch_multiprocessing": python_program("mp_share.py"),
     "small_buffers": python_program("small_buffers.py"),
 }
+EXTENDED = {
+    "hf_train": python_program("hf_train.py"),
+    "hf_decode": python_program("hf_decode.py"),
+    "cnn_train": python_program("cnn_train.py"),
+    "torch_compile": python_program("compiled.py"),
+    "two_streams": python_program("two_streams.py"),
+}
 
 
 def run(command, env=None):
@@ -75,13 +86,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiermem", required=True, help="the tiermem program (its `run` interposes)")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--programs", default=",".join(PROGRAMS), help="comma-separated, of " + ",".join(PROGRAMS))
+    parser.add_argument("--programs", default=",".join(PROGRAMS),
+                        help="comma-separated names, `extended` or `all`; of " + ",".join({**PROGRAMS, **EXTENDED}))
     args = parser.parse_args()
+    known = {**PROGRAMS, **EXTENDED}
+    groups = {"all": list(known), "extended": list(EXTENDED)}
+    names = [n for name in args.programs.split(",") for n in groups.get(name, [name])]
+    for name in names:
+        if name not in known:
+            parser.error(f"--programs: unknown {name!r}; choose among {list(known)}, `extended` or `all`")
     results = {"programs": {}, "checks": {}, "skipped": {}}
-    for name in args.programs.split(","):
-        if name not in PROGRAMS:
-            parser.error(f"--programs: unknown {name!r}; choose among {list(PROGRAMS)}")
-        command, why = PROGRAMS[name]()
+    for name in names:
+        command, why = known[name]()
         if command is None:
             results["skipped"][name] = why
             print(f"matrix: {name}: skipped ({why})", flush=True)

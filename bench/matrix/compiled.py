@@ -1,0 +1,37 @@
+"""`torch.compile`, unmodified: a transformer-like MLP stack compiled by Inductor (its Triton
+kernels launched through `cuLaunchKernelEx`, found by `dlsym`), trained 12 steps with AdamW;
+the digest is the losses."""
+import time
+
+import torch
+from torch import nn
+
+from common import report
+
+torch.manual_seed(0)
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
+
+
+model = nn.Sequential(*[Block(2048) for _ in range(8)]).cuda()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+step_fn = torch.compile(lambda x: model(x).square().mean())
+data = torch.Generator(device="cuda").manual_seed(1)
+losses, steps = [], []
+for step in range(12):
+    started = time.perf_counter()
+    loss = step_fn(torch.randn(64, 512, 2048, device="cuda", generator=data))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    losses.append(loss.item())
+    steps.append(time.perf_counter() - started)
+report("torch_compile", repr(losses).encode(), torch.cuda.max_memory_reserved(),
+       step_s=round(sorted(steps[4:])[len(steps[4:]) // 2], 4))
