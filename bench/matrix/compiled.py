@@ -34,4 +34,4 @@ for step in range(12):
     losses.append(loss.item())
     steps.append(time.perf_counter() - started)
 report("torch_compile", repr(losses).encode(), torch.cuda.max_memory_reserved(),
-       step_s=round(sorted(steps[4:])[len(steps[4:]) // 2], 4))
+       step_s=round(sorted(steps[4:])[len(steps[4:]) // 2], 4), losses=losses)
