@@ -68,8 +68,10 @@ pub enum Suite {
         /// Size of each tenant's buffers.
         #[arg(long, value_parser = tiermem::parse_size, default_value = "128MiB")]
         buffer_size: usize,
-        /// Rounds of the shortest job (the others run 2× and 3× as many).
-        #[arg(long, default_value_t = 5)]
+        /// Rounds of the shortest job (the others run 2× and 3× as many). 20 makes jobs of about
+        /// 2 to 6 s on an H100/H200, longer than the daemon's settling (`ramp_ms`, 3 s); with 5
+        /// (the default before the twenty-ninth session) they took 0.4 to 1.2 s, mostly start-up.
+        #[arg(long, default_value_t = 20)]
         rounds: u64,
         /// Host time per buffer's turn, in milliseconds (a job's work between its kernels).
         #[arg(long, default_value_t = 2.0)]
