@@ -33,4 +33,4 @@ for step in range(8):
     losses.append(loss.item())
     steps.append(time.perf_counter() - started)
 report("cnn_train", repr(losses).encode(), torch.cuda.max_memory_reserved(),
-       step_s=round(sorted(steps[2:])[len(steps[2:]) // 2], 4))
+       step_s=round(sorted(steps[2:])[len(steps[2:]) // 2], 4), losses=losses)

@@ -32,4 +32,4 @@ for step in range(10):
     steps.append(time.perf_counter() - started)
 weights = model.transformer.h[-1].mlp.c_fc.weight.detach().float().cpu().numpy().tobytes()
 report("hf_train", repr(losses).encode() + weights, torch.cuda.max_memory_reserved(),
-       step_s=round(sorted(steps[2:])[len(steps[2:]) // 2], 4))
+       step_s=round(sorted(steps[2:])[len(steps[2:]) // 2], 4), losses=losses)
