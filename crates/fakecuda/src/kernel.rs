@@ -11,7 +11,8 @@
 //! have touched a chunk mid-move. Parameters of other sizes are only there to be scanned.
 //!
 //! `tiermem_fake_fail(name, nth)` makes the `nth` call from now of `cuMemMap`, `cuMemSetAccess`
-//! or `cuMemcpyDtoDAsync_v2` fail, for tests of what a failure mid-migration leaves behind.
+//! or `cuMemcpyDtoDAsync_v2` fail, for tests of what a failure mid-migration leaves behind;
+//! `cuMemcpyDtoDAsync_v2:corrupt` makes that copy succeed with one byte of its destination wrong.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -209,5 +210,17 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(dst: u64, src: u64, len: usize, _stream: 
     if injected("cuMemcpyDtoDAsync_v2") {
         return CUDA_ERROR_UNKNOWN;
     }
-    copy_device(dst, src, len)
+    let copied = copy_device(dst, src, len);
+    if copied == CUDA_SUCCESS && len > 0 && injected("cuMemcpyDtoDAsync_v2:corrupt") {
+        // A copy that reports success with one byte wrong: what only a check of the bytes sees.
+        let at = dst + len as u64 / 2;
+        crate::with(|fake| {
+            if fake.memory.accessible(at, 1) {
+                // SAFETY: one byte of fake device memory mapped read-write (checked).
+                unsafe { *(at as *mut u8) ^= 0x5a };
+            }
+            CUDA_SUCCESS
+        });
+    }
+    copied
 }

@@ -97,7 +97,8 @@
 //!  deferred.rs                     async frees: stream-ordered, kept mapped for reuse (reuse_order.rs: where)
 //!        │                 └──── placement.rs (pure: HBM or host at allocation)
 //!  migrate.rs                      at a quiesce point: moves.rs (pure: what moves), then maps, copies, remaps;
-//!                                  at a pause: a segment's moves (segments.rs, pure: cut and Belady)
+//!                                  at a pause: a segment's moves (segments.rs, pure: cut and Belady);
+//!                                  verify.rs checks each move's bytes when asked (TIERMEM_VERIFY_MOVES)
 //!        │
 //!  tiermem-mechanism (CudaDevice)  reserve, create, map, set access, copy
 //!  driver.rs                       the real dlsym, libcuda, the driver's own entry points
@@ -136,6 +137,7 @@ mod segments;
 mod shadows;
 mod stats;
 mod trace;
+mod verify;
 mod vmm;
 mod wrappers;
 
@@ -157,7 +159,12 @@ extern "C" fn report_stats() {
         let (stats, migration) = (process::stats(), migrate::counters());
         if stats_wanted() {
             eprintln!("{}\n{}", stats.report(), migration.report());
-            for line in lease::report().into_iter().chain(ipc::report()).chain(deferred::report()).chain(vmm::report())
+            for line in lease::report()
+                .into_iter()
+                .chain(ipc::report())
+                .chain(deferred::report())
+                .chain(vmm::report())
+                .chain(verify::report())
             {
                 eprintln!("{line}");
             }

@@ -117,8 +117,20 @@ pub fn finish(call: &str, device: &dyn Device, round: &Round) -> Vec<bool> {
             ok.iter_mut().for_each(|ok| *ok = false);
         }
     }
-    let started = lap(Phase::Copy, started);
+    let mut started = lap(Phase::Copy, started);
+    if crate::verify::on() {
+        for i in crate::verify::differing(call, device, &round.moves, &ok, "copied") {
+            ok[i] = false;
+        }
+        started = Instant::now();
+    }
     swap_all(call, device, &round.moves, &mut ok, started);
+    if crate::verify::on() {
+        for i in crate::verify::differing(call, device, &round.moves, &ok, "remapped") {
+            put_back(call, device, &round.moves[i], true);
+            ok[i] = false;
+        }
+    }
     ok
 }
 

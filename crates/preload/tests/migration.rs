@@ -87,6 +87,29 @@ fn a_copy_failing_mid_migration_leaves_that_chunk_where_it_was() {
 }
 
 #[test]
+fn a_copy_that_loses_a_byte_is_caught_when_moves_are_checked() {
+    // The second copy reports success with one byte wrong. Checked, that move is not made (as
+    // a failed copy) and every byte stays the program's; unchecked, the probe finds the byte.
+    let corrupt = ["migrate-fail", "cuMemcpyDtoDAsync_v2:corrupt", "2"];
+    let env = with(&[("TIERMEM_STATS", "1"), ("TIERMEM_VERIFY_MOVES", "on")]);
+    let output = support::probe("migrate-corrupt-checked", &corrupt, &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("migrate-fail: ok"), "{stdout}");
+    assert!(stderr.contains("3 chunks up, 3 down (12.00 MiB moved), 1 failed"), "{stderr}");
+    assert!(
+        stderr.contains("move check (copied): chunk 0x") && stderr.contains("differs from its new chunk at +"),
+        "{stderr}"
+    );
+    // Every move is checked twice (copied, remapped): 4 + 3 down, 3 + 3 up; one differed.
+    assert!(stderr.contains("moves checked (TIERMEM_VERIFY_MOVES): 13 checks, 1 differed"), "{stderr}");
+    // Unchecked, every move is made (4 each way) and the probe reads the wrong byte back.
+    let unchecked = ["migrate-fail", "cuMemcpyDtoDAsync_v2:corrupt", "2", "4"];
+    let output = support::probe("migrate-corrupt-unchecked", &unchecked, &with(&[("TIERMEM_STATS", "1")]));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("bytes read back differ"), "{stderr}");
+}
+
+#[test]
 fn a_shadow_failing_mid_migration_leaves_that_chunk_where_it_was() {
     // The second chunk going down cannot be opened at its shadow: it stays, the others move.
     one_failure_mid_migration("migrate-fail-shadow", "cuMemSetAccess", "2");

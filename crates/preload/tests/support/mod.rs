@@ -61,6 +61,7 @@ pub fn probe_command(test: &str, args: &[&str], env: &[(&str, &str)]) -> (Comman
         "TIERMEM_FAKE_HOST_CHUNKS",
         "TIERMEM_FAKE_EVENT_POLLS",
         "TIERMEM_DAEMON",
+        "TIERMEM_VERIFY_MOVES",
     ] {
         command.env_remove(var);
     }
