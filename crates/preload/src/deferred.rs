@@ -212,7 +212,9 @@ fn release_oldest(call: &str, ordinal: usize, need: usize, stale_only: bool) -> 
     PRESSED.fetch_add(chosen.len() as u64, Relaxed);
     let count = chosen.len();
     let given = tear_down(call, chosen);
-    crate::trace::event("given_back", || format!("\"frees\": {count}, \"hbm\": {given}, \"need\": {need}"));
+    if count > 0 {
+        crate::trace::event("given_back", || format!("\"frees\": {count}, \"hbm\": {given}, \"need\": {need}"));
+    }
     given
 }
 

@@ -3,8 +3,12 @@
 //! trace opened) and `event`:
 //! - `sync`: the program synchronized (`call`); `pause`: tiermem paused before launch `call`
 //!   because the program had not synchronized for a while (migrate.rs);
-//! - `plan`: a cycle planned (cycle.rs): the budget in chunks, which chunks were in HBM, each
-//!   launch's chunks, and the segments (first launch, chunks up, chunks down);
+//! - `plan`: a cycle planned (cycle.rs): the budget in bytes, which chunks were in HBM and their
+//!   sizes, each launch's chunks, and the segments (first launch, chunks up, chunks down);
+//!   `plan_moves`: the same plan's segments with the chunks each moves, by index;
+//! - `allocated`: an allocation tiermem served (`va`, `bytes`, of which on the `host`);
+//!   `given_back`: kept frees unmapped for an allocation that did not fit (deferred.rs: `frees`,
+//!   the `hbm` they held, the bytes the allocation `need`ed);
 //! - `moves`: a segment boundary's or quiesce point's moves (`call`, chunks `up` and `down`
 //!   planned and `moved`, `ms` in all, and the time in each phase of remap.rs);
 //! - `launch_on_host`: a launch that passed a pointer into a chunk on the host (`launch`, the
