@@ -79,7 +79,9 @@ def run(command, env=None):
             break
         except json.JSONDecodeError:
             continue
-    return {"exit": code, "seconds": round(time.perf_counter() - started, 3), "report": report, "stderr_tail": err[-600:]}
+    said = [line for line in err.splitlines() if line.startswith("tiermem:")][:60]  # --stats, warnings
+    return {"exit": code, "seconds": round(time.perf_counter() - started, 3), "report": report, "stderr_tail": err[-600:],
+            "tiermem_said": said}
 
 
 def main():

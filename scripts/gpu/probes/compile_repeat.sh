@@ -9,7 +9,7 @@
 set -u
 out=$1 passes=${2:-2}
 mkdir -p "$out"
-export TIERMEM_VERIFY_MOVES=on
+export TIERMEM_VERIFY_MOVES=on TIERMEM_STATS=1
 for pass in $(seq "$passes"); do
   rm -rf /tmp/torchinductor_$(id -un)
   timeout 560 python3 bench/transparent_matrix.py --tiermem "$PWD/dist/tiermem" --out "$out/matrix-$pass.json" \
@@ -20,7 +20,7 @@ runs = json.load(open(sys.argv[1]))["programs"]["torch_compile"]
 plain = (runs["plain"]["report"] or {}).get("losses")
 for label, run in runs.items():
     losses = (run["report"] or {}).get("losses")
-    checks = [l for l in run["stderr_tail"].splitlines() if "move check" in l or "moves checked" in l]
+    checks = [l for l in run.get("tiermem_said", []) if "move check" in l or "moves checked" in l]
     print(label, "same losses" if losses == plain else f"losses {losses}", checks)
 PY
 done
