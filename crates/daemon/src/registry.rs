@@ -19,8 +19,12 @@
 //! chunks.
 //!
 //! # Idle tenants
-//! A tenant whose acquire count has not moved for `idle_after_ms` is *idle*: in HBM its claim
-//! comes after every working tenant's (their weights count `WORKING_FIRST` times its own),
+//! A tenant whose acquire count has not moved for `idle_after_ms` while its reports kept
+//! coming (at least every `USAGE_HEARTBEAT`) is *idle* — one not heard from that long is busy
+//! or stalled, not idle: a tenant meeting a cut on its link's thread, or pinning room, sends
+//! nothing meanwhile, and taking it for idle would cut it to its largest acquire mid-job (the
+//! likely reason a victim of the hog benchmark fell to 128 MiB, twenty-ninth session). In HBM
+//! its claim comes after every working tenant's (their weights count `WORKING_FIRST` times its own),
 //! down to a floor of its largest acquire. So what working tenants demand is lent to them out
 //! of its share (GDM §6: memory an application does not touch serves the others), and what
 //! they do not demand it keeps: nothing is taken from an idle tenant for nobody. Its next
@@ -52,7 +56,9 @@ use crate::config::{Config, Identity, Sharing, TenantRule};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tiermem_policy::share::{fair_shares, spread_spare, stage_grants, Claim};
-use tiermem_protocol::{DaemonMessage, GpuId, Tier, TierBudget, TierBytes, TierUsage, TransferCounters};
+use tiermem_protocol::{
+    DaemonMessage, GpuId, Tier, TierBudget, TierBytes, TierUsage, TransferCounters, USAGE_HEARTBEAT,
+};
 
 mod status;
 mod turns;
@@ -108,8 +114,10 @@ struct Tenant {
     seq: u64,
     connected: Instant,
     late: bool,
-    /// When its acquire count last moved (or it registered).
+    /// When its acquire count last moved (or it registered), and when its last usage report
+    /// came (or it registered).
     active_at: Instant,
+    heard_at: Instant,
     /// Idle when shares were last computed (registry.rs, "Idle tenants").
     idle: bool,
     /// When its HBM demand last grew (or it registered), whether it was ramping up when shares
@@ -222,6 +230,7 @@ impl Registry {
             connected: now,
             late: false,
             active_at: now,
+            heard_at: now,
             idle: false,
             grew_at: now,
             ramping: true,
@@ -258,6 +267,7 @@ impl Registry {
     /// a share that changes with it changes at the next rebalance).
     pub fn record_transfers(&mut self, id: TenantId, transfers: TransferCounters, now: Instant) {
         if let Some(tenant) = self.tenants.get_mut(&id) {
+            tenant.heard_at = now;
             if transfers.acquires != tenant.transfers.acquires {
                 tenant.active_at = now;
             }
@@ -487,7 +497,10 @@ impl Registry {
 
     fn is_idle(&self, tenant: &Tenant, now: Instant) -> bool {
         let after = Duration::from_millis(self.config.idle_after_ms);
-        self.config.idle_after_ms > 0 && now.saturating_duration_since(tenant.active_at) >= after
+        // Silence is not idleness: a tenant's reports come at least every heartbeat, so one not
+        // heard from is busy (meeting a cut, pinning) or stalled, and keeps its claim.
+        let silent = now.saturating_duration_since(tenant.heard_at) >= after.max(2 * USAGE_HEARTBEAT);
+        self.config.idle_after_ms > 0 && now.saturating_duration_since(tenant.active_at) >= after && !silent
     }
 
     fn is_ramping(&self, tenant: &Tenant, now: Instant) -> bool {

@@ -357,6 +357,10 @@ fn an_idle_tenant_lends_all_but_its_largest_acquire_until_it_acquires_again() {
     r.usage(b, demand(1 << 40), t1);
     let (_, outbox) = r.expire_deadlines(t1);
     assert!(budgets(&outbox).is_empty(), "not idle yet");
+    // A's link still reports (its heartbeat), the acquire count unchanged.
+    let heartbeat = t0 + Duration::from_millis(900);
+    r.record_transfers(a, counters(1), heartbeat);
+    assert!(budgets(&r.usage(a, demand(1 << 40), heartbeat)).is_empty(), "not idle yet");
     let t2 = t0 + Duration::from_millis(1000);
     let (_, outbox) = r.expire_deadlines(t2);
     assert_eq!(budgets(&outbox).iter().map(|m| (m.0, m.3)).collect::<Vec<_>>(), vec![(a, 40 * MIB), (b, 560 * MIB)]);
@@ -377,6 +381,33 @@ fn an_idle_tenant_lends_all_but_its_largest_acquire_until_it_acquires_again() {
 }
 
 #[test]
+fn a_tenant_not_heard_from_is_not_taken_for_idle() {
+    // A's link is busy (meeting a cut, pinning room): no report for 1.5 s while B works. Its
+    // acquire count has not moved, but nothing says it stopped: it keeps its half. Once a
+    // report comes with the count still unchanged, it is idle.
+    let t0 = Instant::now();
+    let (mut r, a, b, counters) = idle_setup(t0, 40 * MIB);
+    for (id, seq) in [(a, 2), (b, 1)] {
+        r.budget_met(id, seq, t0);
+        r.record_transfers(id, counters(1), t0);
+        r.usage(id, demand(1 << 40), t0);
+    }
+    for ms in [500, 1000, 1500] {
+        let t = t0 + Duration::from_millis(ms);
+        r.record_transfers(b, counters(ms), t);
+        r.usage(b, demand(1 << 40), t);
+        let (_, outbox) = r.expire_deadlines(t);
+        assert!(budgets(&outbox).is_empty(), "at {ms} ms A is silent, not idle");
+        assert!(!r.status(0, None, t).tenants.iter().find(|s| s.tenant == a).unwrap().idle);
+    }
+    let t = t0 + Duration::from_millis(1600);
+    r.record_transfers(a, counters(1), t);
+    let outbox = r.usage(a, demand(1 << 40), t);
+    assert_eq!(budgets(&outbox).iter().map(|m| (m.0, m.3)).collect::<Vec<_>>(), vec![(a, 40 * MIB), (b, 560 * MIB)]);
+    assert!(r.status(0, None, t).tenants.iter().find(|s| s.tenant == a).unwrap().idle);
+}
+
+#[test]
 fn an_idle_tenant_keeps_what_the_working_ones_do_not_demand() {
     let t0 = Instant::now();
     let (mut r, a, b, counters) = idle_setup(t0, 4 * MIB);
@@ -384,6 +415,8 @@ fn an_idle_tenant_keeps_what_the_working_ones_do_not_demand() {
     r.record_transfers(a, counters(1), t0);
     r.usage(a, demand(400 * MIB), t0);
     let t1 = t0 + Duration::from_millis(1500);
+    r.record_transfers(a, counters(1), t1); // A's heartbeat: still no acquire
+    r.usage(a, demand(400 * MIB), t1);
     r.record_transfers(b, counters(9), t1);
     r.usage(b, demand(100 * MIB), t1);
     r.expire_deadlines(t1);

@@ -8,6 +8,12 @@ use serde::{Deserialize, Serialize};
 /// older peer would misread.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// A tenant sends its [`ClientMessage::Usage`] when it changes and, unchanged, at least this
+/// often: so the daemon tells a tenant that stopped acquiring (its reports come, its acquire
+/// count still) from one it has not heard from (busy meeting a cut, stalled), which it never
+/// takes for idle.
+pub const USAGE_HEARTBEAT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// A tier of memory a budget is given for (the engine's and the policies' own).
 pub use tiermem_policy::Tier;
 
@@ -127,7 +133,8 @@ pub enum ClientMessage {
     /// A borrower has unmapped and released these lent slabs (asked by [`DaemonMessage::Return`]
     /// or not): their memory is the lender's again.
     Returned { ids: Vec<u64> },
-    /// What the tenant holds, per tier; sent when it changes (at most every ~50 ms).
+    /// What the tenant holds, per tier; sent when it changes (at most every ~50 ms) and at least
+    /// every [`USAGE_HEARTBEAT`].
     Usage {
         hbm: TierUsage,
         host: TierUsage,

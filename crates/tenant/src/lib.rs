@@ -3,7 +3,8 @@
 //!
 //! [`DaemonLink::attach`] starts one thread (blocking std sockets, no async runtime, so the
 //! Python extension and the C libraries carry none) that registers the [`Tenant`], reports what
-//! it holds (on change, at most every [`REPORT_EVERY`]), applies each budget (an engine's with
+//! it holds (on change, at most every [`REPORT_EVERY`]; unchanged, at least every
+//! `tiermem_protocol::USAGE_HEARTBEAT`), applies each budget (an engine's with
 //! `Engine::set_hbm_budget` + `Engine::finish`) and acknowledges it once met, and reconnects
 //! when the daemon restarts, keeping its current budget meanwhile. A linked engine's acquire
 //! that does not fit its budget waits for the budget to grow ([`BUDGET_WAIT`]) instead of

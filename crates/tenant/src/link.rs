@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
-use tiermem_protocol::{ClientMessage, DaemonMessage, Tier};
+use tiermem_protocol::{ClientMessage, DaemonMessage, Tier, USAGE_HEARTBEAT};
 
 /// The longest pause between two attempts to reach the daemon.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
@@ -93,7 +93,7 @@ fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Resul
         s.tenant = Some(tenant);
         s.sessions += 1;
     });
-    let mut last_report: Option<Usage> = None;
+    let mut last_report: Option<(Usage, Instant)> = None;
     let mut next_report = Instant::now();
     let mut next_ready = Instant::now() + crate::READY_AFTER;
     loop {
@@ -103,10 +103,13 @@ fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Resul
         let Some(holder) = weak.upgrade() else { return Ok(()) };
         if Instant::now() >= next_report {
             let report = holder.usage();
-            if last_report != Some(report) {
+            // On change, and unchanged at least every heartbeat: the daemon judges a tenant idle
+            // only from reports that come (tiermem_protocol::USAGE_HEARTBEAT).
+            let due = last_report.is_none_or(|(last, sent)| last != report || sent.elapsed() >= USAGE_HEARTBEAT);
+            if due {
                 let ([hbm, peer, host, file], transfers) = report;
                 connection.send(&ClientMessage::Usage { hbm, host, file, peer, transfers })?;
-                last_report = Some(report);
+                last_report = Some((report, Instant::now()));
             }
             next_report = Instant::now() + options.report_every;
             if Instant::now() >= next_ready {
