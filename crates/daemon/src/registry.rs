@@ -157,6 +157,8 @@ pub struct Registry {
     ledgers: BTreeMap<u32, Ledger>,
     /// Turns begun (true) and ended (false) since [`Registry::take_turns`] last took them.
     turns: Vec<(TenantId, bool)>,
+    /// Tenants gone idle (true) or working again (false) since [`Registry::take_idles`].
+    idles: Vec<(TenantId, bool)>,
 }
 
 /// Messages to deliver, each to one tenant.
@@ -176,7 +178,17 @@ fn charged(claim: Claim, charge: u64) -> Claim {
 impl Registry {
     pub fn new(config: Config, now: Instant, daemon_uid: u32) -> Self {
         let (tenants, reclaims, ledgers) = (BTreeMap::new(), Vec::new(), BTreeMap::new());
-        Self { config, started: now, tenants, next_id: 1, daemon_uid, reclaims, ledgers, turns: Vec::new() }
+        Self {
+            config,
+            started: now,
+            tenants,
+            next_id: 1,
+            daemon_uid,
+            reclaims,
+            ledgers,
+            turns: Vec::new(),
+            idles: Vec::new(),
+        }
     }
 
     /// The user the daemon runs as.
@@ -286,6 +298,11 @@ impl Registry {
         std::mem::take(&mut self.turns)
     }
 
+    /// Tenants gone idle (true) or working again (false) since the last call, for the log.
+    pub fn take_idles(&mut self) -> Vec<(TenantId, bool)> {
+        std::mem::take(&mut self.idles)
+    }
+
     /// Every tenant's transfer counters, by id.
     pub fn transfers(&self) -> Vec<(TenantId, TransferCounters)> {
         self.tenants.iter().map(|(&id, t)| (id, t.transfers)).collect()
@@ -392,6 +409,9 @@ impl Registry {
             self.tenants.iter().map(|(&id, t)| (id, self.is_idle(t, now), self.is_ramping(t, now))).collect();
         for (id, idle, ramping) in states {
             let tenant = self.tenants.get_mut(&id).expect("a tenant");
+            if tenant.idle != idle {
+                self.idles.push((id, idle));
+            }
             (tenant.idle, tenant.ramping) = (idle, ramping);
             tenant.ramped |= !ramping;
         }

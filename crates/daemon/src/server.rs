@@ -86,6 +86,14 @@ impl Hub {
                 false => format!("tenant {id}: waits for its turn with a little of its working set"),
             });
         }
+        for (id, idle) in self.registry.take_idles() {
+            log(&match idle {
+                true => format!(
+                    "tenant {id}: idle (no acquire reported for idle_after_ms): lends all but its largest acquire"
+                ),
+                false => format!("tenant {id}: working again"),
+            });
+        }
         for (id, message) in outbox {
             if let Some(mailbox) = self.outboxes.get(&id) {
                 mailbox.post(message);
