@@ -7,3 +7,22 @@ import json
 
 def report(name, result_bytes, peak_bytes, **extra):
     print(json.dumps({"program": name, "digest": hashlib.sha256(result_bytes).hexdigest(), "peak_bytes": int(peak_bytes), **extra}), flush=True)
+
+
+def train(steps, loss_of, optimizer, warm=2):
+    """Runs `steps` training steps: `loss_of(step)` makes the batch and the loss, then backward,
+    the optimizer's step and `loss.item()` (the synchronization a training loop makes). The
+    losses, and the median time of a step after the first `warm`."""
+    import time
+
+    losses, seconds = [], []
+    for step in range(steps):
+        started = time.perf_counter()
+        loss = loss_of(step)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        seconds.append(time.perf_counter() - started)
+    steady = sorted(seconds[warm:])
+    return losses, round(steady[len(steady) // 2], 4)

@@ -1,12 +1,10 @@
 """`torch.compile`, unmodified: a transformer-like MLP stack compiled by Inductor (its Triton
 kernels launched through `cuLaunchKernelEx`, found by `dlsym`), trained 12 steps with AdamW;
 the digest is the losses."""
-import time
-
 import torch
 from torch import nn
 
-from common import report
+from common import report, train
 
 torch.manual_seed(0)
 
@@ -24,14 +22,5 @@ model = nn.Sequential(*[Block(2048) for _ in range(8)]).cuda()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 step_fn = torch.compile(lambda x: model(x).square().mean())
 data = torch.Generator(device="cuda").manual_seed(1)
-losses, steps = [], []
-for step in range(12):
-    started = time.perf_counter()
-    loss = step_fn(torch.randn(64, 512, 2048, device="cuda", generator=data))
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    losses.append(loss.item())
-    steps.append(time.perf_counter() - started)
-report("torch_compile", repr(losses).encode(), torch.cuda.max_memory_reserved(),
-       step_s=round(sorted(steps[4:])[len(steps[4:]) // 2], 4), losses=losses)
+losses, step_s = train(12, lambda _: step_fn(torch.randn(64, 512, 2048, device="cuda", generator=data)), optimizer, warm=4)
+report("torch_compile", repr(losses).encode(), torch.cuda.max_memory_reserved(), step_s=step_s, losses=losses)

@@ -338,15 +338,21 @@ fn idle_setup(
     (r, a, b, counters)
 }
 
+/// A and B of [`idle_setup`] meet their first budgets at `t0` and report working, each
+/// demanding more than the GPU.
+fn both_working(r: &mut Registry, a: TenantId, b: TenantId, counters: tiermem_protocol::TransferCounters, t0: Instant) {
+    for (id, seq) in [(a, 2), (b, 1)] {
+        r.budget_met(id, seq, t0);
+        r.record_transfers(id, counters, t0);
+        r.usage(id, demand(1 << 40), t0);
+    }
+}
+
 #[test]
 fn an_idle_tenant_lends_all_but_its_largest_acquire_until_it_acquires_again() {
     let t0 = Instant::now();
     let (mut r, a, b, counters) = idle_setup(t0, 40 * MIB);
-    for (id, seq) in [(a, 2), (b, 1)] {
-        r.budget_met(id, seq, t0);
-        r.record_transfers(id, counters(1), t0);
-        r.usage(id, demand(1 << 40), t0);
-    }
+    both_working(&mut r, a, b, counters(1), t0);
     let target =
         |r: &Registry, id| r.status(0, None, t0).pools[0].shares.iter().find(|s| s.tenant == id).unwrap().target;
     assert_eq!((target(&r, a), target(&r, b)), (300 * MIB, 300 * MIB), "two working tenants: halves");
@@ -387,11 +393,7 @@ fn a_tenant_not_heard_from_is_not_taken_for_idle() {
     // report comes with the count still unchanged, it is idle.
     let t0 = Instant::now();
     let (mut r, a, b, counters) = idle_setup(t0, 40 * MIB);
-    for (id, seq) in [(a, 2), (b, 1)] {
-        r.budget_met(id, seq, t0);
-        r.record_transfers(id, counters(1), t0);
-        r.usage(id, demand(1 << 40), t0);
-    }
+    both_working(&mut r, a, b, counters(1), t0);
     for ms in [500, 1000, 1500] {
         let t = t0 + Duration::from_millis(ms);
         r.record_transfers(b, counters(ms), t);
