@@ -7,12 +7,12 @@
 # (Inductor's timing-based choices); a move named is a byte tiermem lost.
 # Usage (on the GPU machine, after scripts/gpu/build.sh here): scripts/gpu/probes/compile_repeat.sh OUT [PASSES]
 set -u
-out=$1 passes=${2:-2}
+out=$1 passes=${2:-2} limit=${PASS_TIMEOUT:-560}
 mkdir -p "$out"
 export TIERMEM_VERIFY_MOVES=on TIERMEM_STATS=1
 for pass in $(seq "$passes"); do
   rm -rf /tmp/torchinductor_$(id -un)
-  timeout 560 python3 bench/transparent_matrix.py --tiermem "$PWD/dist/tiermem" --out "$out/matrix-$pass.json" \
+  timeout "$limit" python3 bench/transparent_matrix.py --tiermem "$PWD/dist/tiermem" --out "$out/matrix-$pass.json" \
     --programs torch_compile 2>&1 | tee -a "$out/log.txt"
   python3 - "$out/matrix-$pass.json" <<'PY' | tee -a "$out/log.txt"
 import json, sys

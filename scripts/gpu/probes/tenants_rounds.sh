@@ -4,11 +4,12 @@
 # 0.4-1.2 s, mostly process start-up), then the extended matrix's programs given (issue 16).
 # Usage (on the GPU machine, after scripts/gpu/build.sh here):
 #   scripts/gpu/probes/tenants_rounds.sh OUT COMMIT [MATRIX_PROGRAMS]
+# RUNS (default "r20-1 r5-1 r20-2") names the runs: rROUNDS-LABEL.
 set -u
 out=$1 commit=$2 programs=${3:-}
 mkdir -p "$out"; log=$out/log.txt
 export TIERMEM_PEERS=off
-for run in r20-1 r5-1 r20-2; do
+for run in ${RUNS:-r20-1 r5-1 r20-2}; do
   rounds=${run#r}; rounds=${rounds%-*}
   echo "=== bench tenants --rounds $rounds ($run, $(date +%T))" | tee -a "$log"
   TIERMEM_COMMIT=$commit-$run timeout 200 dist/tiermem bench tenants --rounds "$rounds" --daemon-logs --json "$out/$run" > "$out/$run.log" 2>&1
