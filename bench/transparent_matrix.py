@@ -84,6 +84,19 @@ def run(command, env=None):
             "tiermem_said": said}
 
 
+def why_failed(capped, plain_report):
+    """Why a capped run is not the plain one, in a few words: its exit, or where its results differ."""
+    if capped["exit"] != 0:
+        last = capped["stderr_tail"].strip().splitlines()[-1:] or ["nothing on stderr"]
+        return f": exit {capped['exit']}, {last[0][:200]}"
+    mine, theirs = (capped["report"] or {}).get("losses"), plain_report.get("losses")
+    if mine and theirs:
+        first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+        if first is not None:
+            return f": losses differ from step {first} ({mine[first]!r} against {theirs[first]!r})"
+    return ": other bytes (digest differs)"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiermem", required=True, help="the tiermem program (its `run` interposes)")
@@ -125,9 +138,10 @@ def main():
             same = capped["exit"] == 0 and (capped["report"] or {}).get("digest") == report["digest"]
             results["checks"][f"matrix_{name}_{label}"] = same
             print(f"matrix: {name} at {label} ({budget} bytes): {'identical' if same else 'FAILED'} "
-                  f"in {capped['seconds']} s (plain {plain['seconds']} s)", flush=True)
-        results["programs"][name] = runs
-        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")  # after each program
+                  f"in {capped['seconds']} s (plain {plain['seconds']} s){'' if same else why_failed(capped, report)}",
+                  flush=True)
+            results["programs"][name] = runs
+            Path(args.out).write_text(json.dumps(results, indent=2) + "\n")  # after each run: a timeout loses none
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
 
 

@@ -119,6 +119,7 @@ fn spawn_daemon(dir: &Path, cap: usize, setup: &Setup, sharing: &str) -> Result<
     std::fs::write(&config, text).map_err(|e| format!("bench tenants: write {}: {e}", config.display()))?;
     let log = match &setup.logs {
         Some(folder) => {
+            std::fs::create_dir_all(folder).map_err(|e| format!("bench tenants: create {}: {e}", folder.display()))?;
             let path = folder.join(format!("tenants-daemon-{sharing}.log"));
             let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
             Stdio::from(file.map_err(|e| format!("bench tenants: open {}: {e}", path.display()))?)
