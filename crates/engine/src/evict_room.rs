@@ -13,8 +13,10 @@
 //! budget of nothing would send down), within the host tier's cap and budget. The slab is
 //! pinned with the engine's lock released, so the program's calls go on meanwhile; paced, it
 //! takes little from the program (pinning all at once slowed a lone tenant's first second by
-//! 16–17% on the H200). Room pinned ahead is speculative and pinned memory cannot be swapped,
-//! so a slab is pinned only while the host keeps an eighth of its memory available after it
+//! 16–17% on the H200), and gently (`Device::alloc_pinned_gently`: two threads at the lowest
+//! CPU priority fault its pages in, where sixteen stalled the tenants' rounds once a second).
+//! Room pinned ahead is speculative and pinned memory cannot be swapped, so a slab is pinned
+//! only while the host keeps an eighth of its memory available after it
 //! ([`leaves_enough`]): tenants on a node of eight GPUs could otherwise pin as much host
 //! memory as all their HBM together. A standalone engine never pins ahead (no one
 //! shrinks its budget behind its back), nor does one with `TIERMEM_EVICT_ROOM=off`; a host
@@ -52,7 +54,7 @@ impl Engine {
         if !leaves_enough(HostMemory::read(), bytes) {
             return Ok(0);
         }
-        let pinned = match device.alloc_pinned(bytes).during(call) {
+        let pinned = match device.alloc_pinned_gently(bytes).during(call) {
             Ok(base) => base,
             Err(e) => {
                 self.lock().tiers.host.stop_pinning_ahead();

@@ -97,6 +97,7 @@ impl Device for ChunkedDevice {
         fn set_access_from(&self, va: DevicePtr, size: usize, gpus: &[usize]) -> Result<()>;
         fn unmap(&self, va: DevicePtr, size: usize) -> Result<()>;
         fn alloc_pinned(&self, size: usize) -> Result<HostPtr>;
+        fn alloc_pinned_gently(&self, size: usize) -> Result<HostPtr>;
         fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()>;
         fn create_stream(&self, priority: StreamPriority) -> Result<StreamHandle>;
         fn destroy_stream(&self, stream: StreamHandle) -> Result<()>;

@@ -100,6 +100,9 @@ impl Device for CountingDevice {
     fn alloc_pinned(&self, size: usize) -> Result<HostPtr> {
         self.count(self.inner.alloc_pinned(size), |h| h.pinned_bytes += size as i64)
     }
+    fn alloc_pinned_gently(&self, size: usize) -> Result<HostPtr> {
+        self.count(self.inner.alloc_pinned_gently(size), |h| h.pinned_bytes += size as i64)
+    }
     fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()> {
         self.count(self.inner.free_pinned(ptr, size), |h| h.pinned_bytes -= size as i64)
     }

@@ -239,6 +239,13 @@ pub trait Device: Send + Sync {
 
     /// Allocates `size` bytes of page-locked host memory the device can copy to and from.
     fn alloc_pinned(&self, size: usize) -> Result<HostPtr>;
+    /// The same memory as [`Device::alloc_pinned`], had with less of the machine: for memory
+    /// pinned ahead of need while the program and other processes work (on the GPU, two
+    /// threads at the lowest CPU priority fault its pages in; slower, and nobody waits for it).
+    /// Freed by [`Device::free_pinned`].
+    fn alloc_pinned_gently(&self, size: usize) -> Result<HostPtr> {
+        self.alloc_pinned(size)
+    }
     /// Frees memory from [`Device::alloc_pinned`].
     fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()>;
 

@@ -166,6 +166,9 @@ impl Device for TimedDevice {
     fn alloc_pinned(&self, size: usize) -> Result<HostPtr> {
         self.timed(Call::AllocPinned, || self.inner.alloc_pinned(size))
     }
+    fn alloc_pinned_gently(&self, size: usize) -> Result<HostPtr> {
+        self.timed(Call::AllocPinned, || self.inner.alloc_pinned_gently(size))
+    }
     fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()> {
         self.timed(Call::FreePinned, || self.inner.free_pinned(ptr, size))
     }

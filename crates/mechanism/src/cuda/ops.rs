@@ -7,6 +7,7 @@ use std::ptr;
 use cudarc::driver::sys::{self, CUresult};
 
 use super::driver::check;
+use super::pinned::Pace;
 use super::{event_ptr, stream_ptr, CudaDevice};
 use crate::{
     ChunkLocation, Device, DeviceError, DeviceInfo, DevicePtr, EventHandle, GpuMemory, HostPtr, PhysHandle, Result,
@@ -121,7 +122,12 @@ impl Device for CudaDevice {
 
     fn alloc_pinned(&self, size: usize) -> Result<HostPtr> {
         let _ctx = self.bind()?;
-        self.pinned.alloc(size)
+        self.pinned.alloc(size, Pace::Fast)
+    }
+
+    fn alloc_pinned_gently(&self, size: usize) -> Result<HostPtr> {
+        let _ctx = self.bind()?;
+        self.pinned.alloc(size, Pace::Gentle)
     }
 
     fn free_pinned(&self, ptr: HostPtr, size: usize) -> Result<()> {

@@ -16,6 +16,14 @@
 //! (`/sys/kernel/mm/transparent_hugepage/enabled` is `never`: registering 4 KiB pages measured
 //! slower than `cuMemHostAlloc`), or any step fails, the memory comes from `cuMemHostAlloc` as
 //! before. Each allocation remembers which it was, for `free`.
+//!
+//! Memory pinned *ahead* of need ([`Pace::Gentle`]: the room a tenant of the node daemon keeps to
+//! evict into) runs beside the program's own work and that of the node's other tenants, which
+//! all start pinning ahead two seconds in: with every page faulted by sixteen threads a slab at
+//! a time, a tenant's rounds stalled once a second, by 25 ms alone and up to 0.29 s with two
+//! other tenants pinning too (H200, `bench tenants`' hog victims, twenty-ninth-day runs). Such
+//! memory is faulted in by two threads at the lowest CPU priority instead: slower, but paced
+//! as it is, nobody waits for it.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -33,6 +41,27 @@ const HUGE_PAGE: usize = 2 << 20;
 const MOST_THREADS: usize = 16;
 /// Each touching thread gets at least this much.
 const PER_THREAD: usize = 8 << 20;
+/// The threads that fault in memory pinned ahead of need, and their CPU priority (`nice`).
+const GENTLE_THREADS: usize = 2;
+const GENTLE_NICE: libc::c_int = 19;
+
+/// How much of the machine pinning may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pace {
+    /// Someone waits for the memory: as many threads as help.
+    Fast,
+    /// Pinned ahead of need beside other work: two threads at the lowest priority.
+    Gentle,
+}
+
+impl Pace {
+    fn threads(self) -> usize {
+        match self {
+            Pace::Fast => MOST_THREADS,
+            Pace::Gentle => GENTLE_THREADS,
+        }
+    }
+}
 
 /// How each live pinned allocation was made.
 #[derive(Default)]
@@ -42,9 +71,10 @@ pub(super) struct PinnedAllocations {
 }
 
 impl PinnedAllocations {
-    /// `size` bytes of pinned host memory. The caller has this device's context current.
-    pub fn alloc(&self, size: usize) -> Result<HostPtr> {
-        match huge_pages_advisable().then(|| map_and_register(size)).flatten() {
+    /// `size` bytes of pinned host memory, faulted in at `pace`. The caller has this device's
+    /// context current.
+    pub fn alloc(&self, size: usize, pace: Pace) -> Result<HostPtr> {
+        match huge_pages_advisable().then(|| map_and_register(size, pace)).flatten() {
             Some((ptr, len)) => {
                 self.registered.lock().unwrap_or_else(|p| p.into_inner()).insert(ptr, len);
                 Ok(ptr)
@@ -116,10 +146,10 @@ fn host_alloc(size: usize) -> Result<HostPtr> {
     Ok(p as HostPtr)
 }
 
-/// Maps `size` bytes (rounded up to huge pages) at a huge-page boundary, faults them in on
-/// several threads and registers them: (address, mapped length), or `None` if a step failed
-/// (everything undone).
-fn map_and_register(size: usize) -> Option<(HostPtr, usize)> {
+/// Maps `size` bytes (rounded up to huge pages) at a huge-page boundary, faults them in at
+/// `pace` and registers them: (address, mapped length), or `None` if a step failed (everything
+/// undone).
+fn map_and_register(size: usize, pace: Pace) -> Option<(HostPtr, usize)> {
     let len = size.checked_next_multiple_of(HUGE_PAGE).filter(|&len| len > 0)?;
     let base = map_aligned(len)?;
     // SAFETY: `[base, base + len)` is a private anonymous mapping of ours.
@@ -128,7 +158,7 @@ fn map_and_register(size: usize) -> Option<(HostPtr, usize)> {
         libc::madvise(base, len, libc::MADV_DONTFORK) == 0
     };
     if ok {
-        touch(base as usize, len);
+        touch(base as usize, len, pace);
         // SAFETY: the range is mapped, readable and writable, and stays so until `free`.
         let r = unsafe { sys::cuMemHostRegister_v2(base, len, sys::CU_MEMHOSTREGISTER_PORTABLE) };
         if r == sys::CUresult::CUDA_SUCCESS {
@@ -173,11 +203,12 @@ fn map_aligned(len: usize) -> Option<*mut c_void> {
 }
 
 /// Faults in every page of `[addr, addr + len)` (writable, ours) by writing a zero to it, on
-/// up to `MOST_THREADS` threads.
-fn touch(addr: usize, len: usize) {
+/// up to `pace`'s threads; gently, on threads of their own at the lowest priority (the calling
+/// thread's priority is left as it was).
+fn touch(addr: usize, len: usize, pace: Pace) {
     let page = 4096;
     let threads =
-        (len / PER_THREAD).clamp(1, MOST_THREADS).min(std::thread::available_parallelism().map_or(1, |n| n.get()));
+        (len / PER_THREAD).clamp(1, pace.threads()).min(std::thread::available_parallelism().map_or(1, |n| n.get()));
     let part = len.div_ceil(threads).next_multiple_of(page);
     let write = move |from: usize| {
         for at in (from..(from + part).min(addr + len)).step_by(page) {
@@ -185,15 +216,28 @@ fn touch(addr: usize, len: usize) {
             unsafe { std::ptr::write_volatile(at as *mut u8, 0) };
         }
     };
+    let spawned_write = move |from: usize| {
+        if pace == Pace::Gentle {
+            // SAFETY: a plain system call; a `who` of 0 with PRIO_PROCESS names the calling thread
+            // (Linux), one of ours that ends with this part. Failing leaves its priority as it
+            // was, which is harmless.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, GENTLE_NICE) };
+        }
+        write(from);
+    };
+    // Fast, the calling thread takes the first part; gently, every part has a thread of its own,
+    // so that the caller's priority is not lowered.
+    let first = usize::from(pace == Pace::Fast);
     std::thread::scope(|scope| {
-        for k in 1..threads {
-            let spawned = std::thread::Builder::new().spawn_scoped(scope, move || write(addr + k * part));
-            if spawned.is_err() {
+        for k in first..threads {
+            if std::thread::Builder::new().spawn_scoped(scope, move || spawned_write(addr + k * part)).is_err() {
                 // No thread to be had: this one does that part too.
                 write(addr + k * part);
             }
         }
-        write(addr);
+        if first == 1 {
+            write(addr);
+        }
     });
 }
 
@@ -211,12 +255,21 @@ mod tests {
 
     #[test]
     fn mappings_are_aligned_to_huge_pages_and_every_page_is_touched_once_by_someone() {
-        for len in [HUGE_PAGE, 3 * HUGE_PAGE, 40 * HUGE_PAGE] {
+        for (len, pace) in [
+            (HUGE_PAGE, Pace::Fast),
+            (3 * HUGE_PAGE, Pace::Gentle),
+            (40 * HUGE_PAGE, Pace::Fast),
+            (40 * HUGE_PAGE, Pace::Gentle),
+        ] {
             let base = map_aligned(len).expect("mmap");
             assert_eq!(base as usize % HUGE_PAGE, 0);
             // SAFETY: ours, `len` writable bytes.
             unsafe { std::ptr::write_bytes(base as *mut u8, 0xa5, len) };
-            touch(base as usize, len);
+            // SAFETY: plain system calls about this thread.
+            let priority = || unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+            let before = priority();
+            touch(base as usize, len, pace);
+            assert_eq!(priority(), before, "the caller's priority is left as it was ({pace:?})");
             // SAFETY: as above.
             let bytes = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
             for (i, &b) in bytes.iter().enumerate() {
