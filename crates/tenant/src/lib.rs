@@ -110,10 +110,10 @@ pub trait Tenant: Send + Sync + 'static {
     /// only where the daemon shares those tiers.
     fn meet_budget(&self, tier: Tier, bytes: u64) -> Result<(), String>;
 
-    /// Called by the link on its thread, at most every [`READY_EVERY`] once the tenant has been
-    /// linked for [`READY_AFTER`]: one step of readying it for a smaller budget (an engine pins
-    /// a slab of room to evict into, `Engine::pin_room_to_evict`). Short: the link answers the
-    /// daemon between calls.
+    /// Called by the link on a thread of its own (not the one that meets budgets, which may run
+    /// meanwhile), every [`READY_EVERY`] once the tenant has been linked for [`READY_AFTER`]:
+    /// one step of readying it for a smaller budget (an engine pins a slab of room to evict
+    /// into, `Engine::pin_room_to_evict`).
     fn ready_for_cuts(&self) {}
 
     /// The engine that maps slabs other processes lend, if this tenant takes them (module

@@ -1,8 +1,9 @@
 //! The link's thread: register, report, apply budgets; reconnect when the daemon goes away.
 //!
-//! One thread per tenant (an engine, or a GPU of the interposition library). It holds the
-//! tenant only weakly (a strong reference for one loop iteration at a time), so dropping its
-//! last owner ends the link. A budget is applied here, on this thread: `Tenant::meet_budget`
+//! One thread per tenant (an engine, or a GPU of the interposition library), and while
+//! connected a second that readies it for cuts (pins room ahead) so that the first is never
+//! busy with that when a budget comes. Both hold the tenant only weakly (a strong reference for
+//! one loop iteration or one call at a time), so dropping its last owner ends the link. A budget is applied here, on this thread: `Tenant::meet_budget`
 //! (for an engine, `set_hbm_budget` starts sending the excess down and `finish` waits until the
 //! smaller budget is met); only once met is it acknowledged (`budget_met`). While the daemon is
 //! away the tenant keeps the budget it has, and the thread tries again with a growing pause (up
@@ -93,9 +94,47 @@ fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Resul
         s.tenant = Some(tenant);
         s.sessions += 1;
     });
+    let ended = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let readying = || ready_for_cuts_until(weak, shared, &ended);
+        if let Err(e) = std::thread::Builder::new().name("tiermem-ready".into()).spawn_scoped(scope, readying) {
+            eprintln!("tiermem: daemon link: no thread to pin room ahead of budget cuts ({e}); cuts pin as they go");
+        }
+        let served = serve(connection, weak, shared, options.report_every);
+        ended.store(true, Ordering::Release);
+        served
+    })
+}
+
+/// Readies the tenant for smaller budgets ([`Tenant::ready_for_cuts`]: an engine pins a slab of
+/// room to evict into) from [`crate::READY_AFTER`] after registering, every
+/// [`crate::READY_EVERY`], until the session ends — on a thread of its own, so that a budget
+/// arriving meanwhile is met at once rather than after a slab is pinned (gently pinned, a slab
+/// takes a quarter of a second or more).
+fn ready_for_cuts_until(weak: &Weak<dyn Tenant>, shared: &Shared, ended: &AtomicBool) {
+    let over = || ended.load(Ordering::Acquire) || shared.stop.load(Ordering::Acquire);
+    let mut next = Instant::now() + crate::READY_AFTER;
+    while !over() {
+        if Instant::now() < next {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        let Some(holder) = weak.upgrade() else { return };
+        holder.ready_for_cuts();
+        next = Instant::now() + crate::READY_EVERY;
+    }
+}
+
+/// Reports usage and applies what the daemon sends, until the connection fails or the link
+/// should end (`Ok`).
+fn serve(
+    mut connection: Connection,
+    weak: &Weak<dyn Tenant>,
+    shared: &Shared,
+    report_every: Duration,
+) -> Result<(), LinkError> {
     let mut last_report: Option<(Usage, Instant)> = None;
     let mut next_report = Instant::now();
-    let mut next_ready = Instant::now() + crate::READY_AFTER;
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return Ok(());
@@ -111,11 +150,7 @@ fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Resul
                 connection.send(&ClientMessage::Usage { hbm, host, file, peer, transfers })?;
                 last_report = Some((report, Instant::now()));
             }
-            next_report = Instant::now() + options.report_every;
-            if Instant::now() >= next_ready {
-                holder.ready_for_cuts();
-                next_ready = Instant::now() + crate::READY_EVERY;
-            }
+            next_report = Instant::now() + report_every;
             let returned = holder.lender().map(|engine| engine.returned_lent_slabs()).unwrap_or_default();
             if !returned.is_empty() {
                 connection.send(&ClientMessage::Returned { ids: returned })?;

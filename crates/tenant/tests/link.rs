@@ -120,6 +120,63 @@ fn a_link_keeps_its_budget_while_the_daemon_restarts_and_reconnects() {
     }
 }
 
+/// An engine whose readying for cuts (pinning room ahead) takes until it is let go.
+struct SlowToReady {
+    engine: Arc<Engine>,
+    readying: std::sync::atomic::AtomicBool,
+    let_go: std::sync::atomic::AtomicBool,
+}
+
+impl tiermem_tenant::Tenant for SlowToReady {
+    fn registration(&self) -> tiermem_tenant::Registration {
+        tiermem_tenant::Tenant::registration(&*self.engine)
+    }
+    fn usage(&self) -> tiermem_tenant::Usage {
+        tiermem_tenant::Tenant::usage(&*self.engine)
+    }
+    fn meet_budget(&self, tier: tiermem_protocol::Tier, bytes: u64) -> Result<(), String> {
+        tiermem_tenant::Tenant::meet_budget(&*self.engine, tier, bytes)
+    }
+    fn ready_for_cuts(&self) {
+        use std::sync::atomic::Ordering;
+        self.readying.store(true, Ordering::Release);
+        let until = std::time::Instant::now() + SETTLE;
+        while !self.let_go.load(Ordering::Acquire) && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.readying.store(false, Ordering::Release);
+    }
+}
+
+#[test]
+fn a_budget_is_met_while_the_tenant_is_still_readying_for_cuts() {
+    use std::sync::atomic::Ordering;
+    let path = socket("readying");
+    let _daemon = start_daemon(&path, "48MiB");
+    let slow = Arc::new(SlowToReady { engine: engine(), readying: false.into(), let_go: false.into() });
+    let link = DaemonLink::attach(&slow, path.clone(), None).unwrap();
+    link.wait_for(SETTLE, settled_at(48 * MIB));
+    let (buffer, _) = slow.engine.alloc(40 << 20, AllocOptions::default()).unwrap();
+    slow.engine.write(buffer, 0, &[3u8; 40 << 20]).unwrap();
+    let until = std::time::Instant::now() + SETTLE;
+    while !slow.readying.load(Ordering::Acquire) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(slow.readying.load(Ordering::Acquire), "the link readies its tenant once it has run a while");
+    // A newcomer: the slow tenant is cut to half while its readying has not returned.
+    let b = engine();
+    let _link_b = DaemonLink::attach(&b, path.clone(), None).unwrap();
+    let (_b_buffer, _) = b.alloc(40 << 20, AllocOptions::default()).unwrap();
+    let state = link.wait_for(Duration::from_secs(5), settled_at(24 * MIB));
+    assert_eq!(state.budget, Some(24 * MIB), "the cut waited for the readying: {state:?}");
+    assert!(slow.readying.load(Ordering::Acquire), "still readying when the cut was met");
+    assert!(slow.engine.stats().tiers[Tier::Hbm].used_bytes as u64 <= 24 * MIB);
+    slow.let_go.store(true, Ordering::Release);
+    let mut back = vec![0u8; 40 << 20];
+    slow.engine.read(buffer, 0, &mut back).unwrap();
+    assert!(back.iter().all(|&x| x == 3), "the cut tenant's data survived");
+}
+
 /// An engine on a simulated node of two GPUs whose neighbour lends it 32 MiB (one slab).
 fn borrowing_engine() -> Arc<Engine> {
     let config = EngineConfig {
