@@ -11,6 +11,8 @@
 #   run 2x, no migration         stage 2 and 3 off (TIERMEM_MIGRATE=off)
 #   run, no --hbm-limit          cuMemGetInfo close to the real free memory (less 2 GiB)
 #   run 2x, 2 MiB chunks         another address layout of tiermem's allocations
+#   plain, Inductor's caches off  compiled and tuned afresh: do kernels chosen by timing them
+#                                (autotuning) change the losses from run to run by themselves?
 # Usage (on the GPU machine, after scripts/gpu/build.sh here): scripts/gpu/probes/compile_bisect.sh OUT [PASSES]
 set -u
 out=$1 passes=${2:-1}
@@ -33,5 +35,6 @@ for pass in $(seq "$passes"); do
   TIERMEM_MIGRATE=off one "run-2x-no-migration-$pass" "$tiermem" run --hbm-limit $((2 * peak)) -- python3 compiled.py
   one "run-no-limit-$pass" "$tiermem" run -- python3 compiled.py
   TIERMEM_CHUNK=2MiB one "run-2x-chunk-2MiB-$pass" "$tiermem" run --hbm-limit $((2 * peak)) -- python3 compiled.py
+  TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 one "plain-no-caches-$pass" python3 compiled.py
 done
 echo "=== done ($(date +%T))" | tee -a "$log"
