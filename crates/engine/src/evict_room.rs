@@ -13,8 +13,8 @@
 //! budget of nothing would send down), within the host tier's cap and budget. The slab is
 //! pinned with the engine's lock released, so the program's calls go on meanwhile; paced, it
 //! takes little from the program (pinning all at once slowed a lone tenant's first second by
-//! 16–17% on the H200), and gently (`Device::alloc_pinned_gently`: two threads at the lowest
-//! CPU priority fault its pages in, where sixteen stalled the tenants' rounds once a second).
+//! 16–17% on the H200), and gently (`Device::alloc_pinned_gently`: two threads at CPU priority
+//! nice 10 fault its pages in, where sixteen stalled the tenants' rounds once a second).
 //! Room pinned ahead is speculative and pinned memory cannot be swapped, so a slab is pinned
 //! only while the host keeps an eighth of its memory available after it
 //! ([`leaves_enough`]): tenants on a node of eight GPUs could otherwise pin as much host

@@ -241,7 +241,7 @@ pub trait Device: Send + Sync {
     fn alloc_pinned(&self, size: usize) -> Result<HostPtr>;
     /// The same memory as [`Device::alloc_pinned`], had with less of the machine: for memory
     /// pinned ahead of need while the program and other processes work (on the GPU, two
-    /// threads at the lowest CPU priority fault its pages in; slower, and nobody waits for it).
+    /// threads at CPU priority nice 10 fault its pages in; slower, and nobody waits for it).
     /// Freed by [`Device::free_pinned`].
     fn alloc_pinned_gently(&self, size: usize) -> Result<HostPtr> {
         self.alloc_pinned(size)

@@ -22,7 +22,7 @@
 //! all start pinning ahead two seconds in: with every page faulted by sixteen threads a slab at
 //! a time, a tenant's rounds stalled once a second, by 25 ms alone and up to 0.29 s with two
 //! other tenants pinning too (H200, `bench tenants`' hog victims, twenty-ninth-day runs). Such
-//! memory is faulted in by two threads at the lowest CPU priority instead: slower, but paced
+//! memory is faulted in by two threads at CPU priority nice 10 instead: slower, but paced
 //! as it is, nobody waits for it.
 
 use std::collections::HashMap;
@@ -43,14 +43,14 @@ const MOST_THREADS: usize = 16;
 const PER_THREAD: usize = 8 << 20;
 /// The threads that fault in memory pinned ahead of need, and their CPU priority (`nice`).
 const GENTLE_THREADS: usize = 2;
-const GENTLE_NICE: libc::c_int = 19;
+const GENTLE_NICE: libc::c_int = 10;
 
 /// How much of the machine pinning may take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Pace {
     /// Someone waits for the memory: as many threads as help.
     Fast,
-    /// Pinned ahead of need beside other work: two threads at the lowest priority.
+    /// Pinned ahead of need beside other work: two threads at CPU priority nice 10.
     Gentle,
 }
 
@@ -203,7 +203,7 @@ fn map_aligned(len: usize) -> Option<*mut c_void> {
 }
 
 /// Faults in every page of `[addr, addr + len)` (writable, ours) by writing a zero to it, on
-/// up to `pace`'s threads; gently, on threads of their own at the lowest priority (the calling
+/// up to `pace`'s threads; gently, on threads of their own at a low priority (the calling
 /// thread's priority is left as it was).
 fn touch(addr: usize, len: usize, pace: Pace) {
     let page = 4096;
