@@ -161,6 +161,10 @@ pub fn run(args: WorkerArgs) -> Result<(), String> {
         "hbm_cap": engine.hbm_cap(),
         "paged_in_bytes": stats.bytes_in,
         "paged_out_bytes": stats.bytes_out,
+        "page_ins": stats.transfers.page_ins,
+        "prefetched": stats.transfers.prefetched,
+        "stall_ms": stats.transfers.stall_ms,
+        "evict_wait_ms": stats.transfers.evict_wait_ms,
         "rounds_trace": trace,
     });
     println!("{line}");

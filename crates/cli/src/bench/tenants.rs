@@ -77,6 +77,9 @@ struct Outcome {
     paged_in: f64,
     /// Per round: seconds since the job's work began, its HBM budget, bytes paged in so far.
     rounds: serde_json::Value,
+    /// Whether its paging ran ahead of its acquires: chunks paged in and of them prefetched,
+    /// milliseconds its acquires waited for page-ins and for evictions.
+    paging: serde_json::Value,
 }
 
 impl Outcome {
@@ -177,6 +180,10 @@ fn outcome(child: Child) -> Outcome {
             seconds: field(&v, "seconds"),
             paged_in: field(&v, "paged_in_bytes"),
             rounds: v["rounds_trace"].clone(),
+            paging: serde_json::json!({
+                "page_ins": v["page_ins"], "prefetched": v["prefetched"],
+                "stall_ms": v["stall_ms"], "evict_wait_ms": v["evict_wait_ms"],
+            }),
             ok: output.status.success() && v["mismatched_words"].as_u64() == Some(0),
         },
         None => Outcome::default(),
@@ -438,7 +445,7 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
 
 /// Each job's outcome for the detail JSON.
 fn speeds(outcomes: &[Outcome]) -> Vec<serde_json::Value> {
-    let json = |o: &Outcome| serde_json::json!({"bytes": o.bytes, "seconds": o.seconds, "paged_in": o.paged_in, "ok": o.ok, "rounds": o.rounds});
+    let json = |o: &Outcome| serde_json::json!({"bytes": o.bytes, "seconds": o.seconds, "paged_in": o.paged_in, "ok": o.ok, "paging": o.paging, "rounds": o.rounds});
     outcomes.iter().map(json).collect()
 }
 
