@@ -3,11 +3,12 @@
 //! One thread per tenant (an engine, or a GPU of the interposition library), and while
 //! connected a second that readies it for cuts (pins room ahead) so that the first is never
 //! busy with that when a budget comes. Both hold the tenant only weakly (a strong reference for
-//! one loop iteration or one call at a time), so dropping its last owner ends the link. A budget is applied here, on this thread: `Tenant::meet_budget`
-//! (for an engine, `set_hbm_budget` starts sending the excess down and `finish` waits until the
-//! smaller budget is met); only once met is it acknowledged (`budget_met`). While the daemon is
-//! away the tenant keeps the budget it has, and the thread tries again with a growing pause (up
-//! to [`MAX_BACKOFF`]).
+//! one loop iteration or one call at a time), so dropping its last owner ends the link. A
+//! budget is applied on the first thread: `Tenant::meet_budget` (for an engine,
+//! `set_hbm_budget` starts sending the excess down and `finish` waits until the smaller budget
+//! is met); only once met is it acknowledged (`budget_met`). While the daemon is away the
+//! tenant keeps the budget it has, and the thread tries again with a growing pause (up to
+//! [`MAX_BACKOFF`]).
 
 use crate::client::Connection;
 use crate::{LinkError, LinkState, Registration, Tenant, Usage};

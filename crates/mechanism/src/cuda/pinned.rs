@@ -21,7 +21,7 @@
 //! evict into) runs beside the program's own work and that of the node's other tenants, which
 //! all start pinning ahead two seconds in: with every page faulted by sixteen threads a slab at
 //! a time, a tenant's rounds stalled once a second, by 25 ms alone and up to 0.29 s with two
-//! other tenants pinning too (H200, `bench tenants`' hog victims, twenty-ninth-day runs). Such
+//! other tenants pinning too (H200, `bench tenants`' hog victims, thirtieth session). Such
 //! memory is faulted in by two threads at CPU priority nice 10 instead: slower, but paced
 //! as it is, nobody waits for it.
 
