@@ -19,11 +19,12 @@
 //!
 //! Memory pinned *ahead* of need ([`Pace::Gentle`]: the room a tenant of the node daemon keeps to
 //! evict into) runs beside the program's own work and that of the node's other tenants, which
-//! all start pinning ahead two seconds in: with every page faulted by sixteen threads a slab at
-//! a time, a tenant's rounds stalled once a second, by 25 ms alone and up to 0.29 s with two
-//! other tenants pinning too (H200, `bench tenants`' hog victims, thirtieth session). Such
-//! memory is faulted in by two threads at CPU priority nice 10 instead: slower, but paced
-//! as it is, nobody waits for it.
+//! all start pinning ahead two seconds in. With every page faulted by sixteen threads, a
+//! tenant's rounds stalled once a second while a slab was pinned, by 25 ms alone and up to
+//! 0.29 s with two other tenants pinning too (H200, `bench tenants`' hog victims, thirtieth
+//! session): the CPUs the faulting takes from the programs, most likely, besides the driver's
+//! ~20 ms a GiB registering. Such memory is faulted in by two threads at CPU priority nice 10
+//! instead: slower, but paced as it is, nobody waits for it.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
