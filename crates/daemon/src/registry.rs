@@ -21,8 +21,8 @@
 //! # Idle tenants
 //! A tenant whose acquire count has not moved for `idle_after_ms` while its reports kept
 //! coming (at least every `USAGE_HEARTBEAT`) is *idle* — one not heard from that long is busy
-//! or stalled, not idle: a tenant meeting a cut on its link's thread, or pinning room, sends
-//! nothing meanwhile, and taking it for idle would cut it to its largest acquire mid-job (the
+//! or stalled, not idle: a tenant meeting a cut on its link's thread sends nothing meanwhile
+//! (and before the thirtieth session, one pinning room ahead there), and taking it for idle would cut it to its largest acquire mid-job (the
 //! likely reason a victim of the hog benchmark fell to 128 MiB, twenty-ninth session). In HBM
 //! its claim comes after every working tenant's (their weights count `WORKING_FIRST` times its own),
 //! down to a floor of its largest acquire. So what working tenants demand is lent to them out
