@@ -18,6 +18,7 @@ set -u
 out=$1 passes=${2:-1}
 mkdir -p "$out"; log=$out/log.txt
 tiermem=$PWD/dist/tiermem
+export TIERMEM_STATS=1  # each tiermem run says in OUT/LABEL.err what moved (nothing should, at 2x)
 cd bench/matrix
 one() {  # LABEL COMMAND...: the run's report in OUT/LABEL.json, its losses in the log
   local label=$1; shift
