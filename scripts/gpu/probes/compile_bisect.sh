@@ -15,7 +15,7 @@
 #                                (autotuning) change the losses from run to run by themselves?
 # Usage (on the GPU machine, after scripts/gpu/build.sh here): scripts/gpu/probes/compile_bisect.sh OUT [PASSES]
 set -u
-out=$1 passes=${2:-1}
+out=$(realpath -m "$1") passes=${2:-1}
 mkdir -p "$out"; log=$out/log.txt
 tiermem=$PWD/dist/tiermem
 export TIERMEM_STATS=1  # each tiermem run says in OUT/LABEL.err what moved (nothing should, at 2x)
