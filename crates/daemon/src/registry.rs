@@ -22,12 +22,13 @@
 //! A tenant whose acquire count has not moved for `idle_after_ms` while its reports kept
 //! coming (at least every `USAGE_HEARTBEAT`) is *idle* — one not heard from that long is busy
 //! or stalled, not idle: a tenant meeting a cut on its link's thread sends nothing meanwhile
-//! (and before the thirtieth session, one pinning room ahead there), and taking it for idle would cut it to its largest acquire mid-job (the
-//! likely reason a victim of the hog benchmark fell to 128 MiB, twenty-ninth session). In HBM
-//! its claim comes after every working tenant's (their weights count `WORKING_FIRST` times its own),
-//! down to a floor of its largest acquire. So what working tenants demand is lent to them out
-//! of its share (GDM §6: memory an application does not touch serves the others), and what
-//! they do not demand it keeps: nothing is taken from an idle tenant for nobody. Its next
+//! (before the thirtieth session, pinning room ahead there too), and taking it for idle would
+//! cut it to its largest acquire mid-job (the likely reason a victim of the hog benchmark fell
+//! to 128 MiB, twenty-ninth session). In HBM its claim comes after every working tenant's
+//! (their weights count `WORKING_FIRST` times its own), down to a floor of its largest
+//! acquire. So what working tenants demand is lent to them out of its share (GDM §6: memory an
+//! application does not touch serves the others), and what they do not demand it keeps:
+//! nothing is taken from an idle tenant for nobody. Its next
 //! acquire, which the floor lets through, is reported within 50 ms; the tenant works again
 //! and its share comes back as the borrowers give it back (staged as any growth). Its data
 //! meanwhile lives in the tiers below.
@@ -518,7 +519,7 @@ impl Registry {
     fn is_idle(&self, tenant: &Tenant, now: Instant) -> bool {
         let after = Duration::from_millis(self.config.idle_after_ms);
         // Silence is not idleness: a tenant's reports come at least every heartbeat, so one not
-        // heard from is busy (meeting a cut, pinning) or stalled, and keeps its claim.
+        // heard from is busy (meeting a cut) or stalled, and keeps its claim.
         let silent = now.saturating_duration_since(tenant.heard_at) >= after.max(2 * USAGE_HEARTBEAT);
         self.config.idle_after_ms > 0 && now.saturating_duration_since(tenant.active_at) >= after && !silent
     }

@@ -388,7 +388,7 @@ fn an_idle_tenant_lends_all_but_its_largest_acquire_until_it_acquires_again() {
 
 #[test]
 fn a_tenant_not_heard_from_is_not_taken_for_idle() {
-    // A's link is busy (meeting a cut, pinning room): no report for 1.5 s while B works. Its
+    // A's link is busy (meeting a cut) or its process stalled: no report for 1.5 s while B works. Its
     // acquire count has not moved, but nothing says it stopped: it keeps its half. Once a
     // report comes with the count still unchanged, it is idle.
     let t0 = Instant::now();
