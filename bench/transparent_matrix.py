@@ -10,8 +10,7 @@ allocator off). Beyond it (`--programs extended`, or by name): Hugging Face trai
 medium's shape, bf16 autocast) and greedy decoding (a 2B Llama-style model, the KV cache
 growing), a CNN with cuDNN, torch.compile (Inductor's Triton kernels) and two CUDA streams
 joined by events. A program whose requirements are missing (nvcc, CuPy) is listed under
-`skipped` with the reason. A program whose results depend on a cache it fills (WARMED) is run
-plainly once before the runs compared.
+`skipped` with the reason.
 
 Usage: python3 bench/transparent_matrix.py --tiermem dist/tiermem --out FILE [--programs a,b|extended|all]
 Writes {"programs": {name: {run: {...}}}, "checks": {"matrix_<name>_<budget>": bool}, "skipped": {...}}.
@@ -62,14 +61,6 @@ EXTENDED = {
     "cnn_train": python_program("cnn_train.py"),
     "torch_compile": python_program("compiled.py"),
     "two_streams": python_program("two_streams.py"),
-}
-# Programs whose results depend on a cache they fill the first time, and why: each is run plainly
-# once first (its report kept as `warming`), so that the plain run and the capped runs all use
-# what that run cached. On the H200 (2026-11-28) torch.compile's losses differed in the last bits
-# of two steps between a run that compiled and runs on the warm cache, with or without tiermem.
-WARMED = {
-    "torch_compile": "Inductor tunes kernels by timing them as it compiles, and the run that tunes "
-                     "may compute a few steps with other kernels than the runs that reuse the tuning",
 }
 
 
@@ -126,12 +117,8 @@ def main():
             results["skipped"][name] = why
             print(f"matrix: {name}: skipped ({why})", flush=True)
             continue
-        runs = {}
-        if name in WARMED:
-            runs["warming"] = run(command)
-            print(f"matrix: {name}: warmed its cache in {runs['warming']['seconds']} s ({WARMED[name]})", flush=True)
         plain = run(command)
-        runs["plain"] = plain
+        runs = {"plain": plain}
         report = plain["report"] or {}
         if "skipped" in report:
             results["skipped"][name] = report["skipped"]
