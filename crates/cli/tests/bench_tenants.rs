@@ -31,4 +31,29 @@ fn the_tenants_benchmark_runs_every_scenario_and_verifies_every_byte() {
     for key in ["vs_static", "vs_serial", "working_sets_vs_static", "working_sets_vs_serial"] {
         assert!(report["ratios"][key].as_f64().unwrap() > 0.0, "{key}: {report}");
     }
+    // Each round's end in the detail: as many values as the columns named, running totals that
+    // never fall, and a budget within the cap.
+    let detail = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with("-test.detail.json"))
+        .expect("the detail");
+    let detail: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(detail).unwrap()).unwrap();
+    let columns: Vec<&str> = detail["rounds_columns"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    let column =
+        |name: &str| columns.iter().position(|&c| c == name).unwrap_or_else(|| panic!("{name} in {columns:?}"));
+    for job in detail["static"].as_array().unwrap().iter().chain(detail["tiermemd"].as_array().unwrap()) {
+        let rounds = job["rounds"].as_array().unwrap();
+        assert!(!rounds.is_empty(), "{job}");
+        for pair in rounds.windows(2) {
+            for name in ["s", "paged_in", "stall_ms", "evict_wait_ms", "map_ms", "pin_ms"] {
+                let at = |r: &serde_json::Value| r[column(name)].as_f64().unwrap();
+                assert!(at(&pair[1]) >= at(&pair[0]), "{name} fell: {pair:?}");
+            }
+        }
+        for round in rounds {
+            assert_eq!(round.as_array().unwrap().len(), columns.len(), "{round}");
+            assert!(round[column("hbm_budget")].as_u64().unwrap() <= 64 << 20, "{round}");
+        }
+    }
 }

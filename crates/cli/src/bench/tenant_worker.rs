@@ -42,6 +42,31 @@ pub struct WorkerArgs {
     pub outside: Option<usize>,
 }
 
+/// The columns of a round's end in the trace ([`round_end`]).
+pub(super) const ROUND_COLUMNS: [&str; 9] =
+    ["s", "hbm_budget", "paged_in", "stall_ms", "evict_wait_ms", "map_ms", "unmap_ms", "pin_ms", "host_pinned"];
+
+/// What a round's end saw, as [`ROUND_COLUMNS`] name it: the seconds since the work began, the
+/// HBM budget, and the running totals of bytes paged in, of the milliseconds acquires waited for
+/// page-ins (`stall`) and for evictions, of the driver's milliseconds making and mapping HBM
+/// chunks (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`), unmapping and releasing them, and
+/// pinning host memory, then the pinned host bytes held. The differences between two rounds
+/// say where a slow one's time went.
+fn round_end(engine: &Engine, since: Instant) -> serde_json::Value {
+    let (stats, driver) = (engine.stats(), engine.driver_times());
+    serde_json::json!([
+        since.elapsed().as_secs_f64(),
+        engine.hbm_cap(),
+        stats.bytes_in,
+        stats.transfers.stall_ms,
+        stats.transfers.evict_wait_ms,
+        driver.create_chunk.ms + driver.map.ms + driver.set_access.ms,
+        driver.unmap.ms + driver.release_chunk.ms,
+        driver.alloc_pinned.ms,
+        stats.host_pinned_bytes,
+    ])
+}
+
 /// How long an acquire is retried while the budget is too small for it (a tenant that just
 /// arrived, before the others have given memory back).
 const PATIENCE: Duration = Duration::from_secs(120);
@@ -119,8 +144,7 @@ pub fn run(args: WorkerArgs) -> Result<(), String> {
     }
     let working = Instant::now();
     let (mut rounds, mut bytes) = (0u64, 0u64);
-    // Per round: (seconds since the work began, HBM budget, bytes paged in so far) at its end.
-    let mut trace: Vec<(f64, usize, u64)> = Vec::new();
+    let mut trace = Vec::new();
     loop {
         let stop = args.stop_file.as_ref().is_some_and(|f| f.exists());
         if (args.rounds > 0 && rounds >= args.rounds) || (args.rounds == 0 && stop) {
@@ -142,7 +166,7 @@ pub fn run(args: WorkerArgs) -> Result<(), String> {
             *written += 1;
             bytes += size as u64;
         }
-        trace.push((working.elapsed().as_secs_f64(), engine.hbm_cap(), engine.stats().bytes_in));
+        trace.push(round_end(&engine, working));
     }
     let mut count = [0u8; 4];
     device.synchronize_stream(stream).and_then(|()| device.read(counter, &mut count)).map_err(|e| e.to_string())?;

@@ -75,7 +75,8 @@ struct Outcome {
     ok: bool,
     /// Bytes the job's engine copied in from the host (the work its budget cost).
     paged_in: f64,
-    /// Per round: seconds since the job's work began, its HBM budget, bytes paged in so far.
+    /// Per round, at its end: seconds since the job's work began, its HBM budget, bytes paged
+    /// in so far and more (the detail's `rounds_columns` names them: `tenant_worker::round_end`).
     rounds: serde_json::Value,
     /// Whether its paging ran ahead of its acquires: chunks paged in and of them prefetched,
     /// milliseconds its acquires waited for page-ins and for evictions.
@@ -364,6 +365,7 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     });
     let mut detail = serde_json::json!({
         "static": speeds(&stat), "tiermemd": speeds(&tmd), "working_sets": speeds(&turns), "serial": speeds(&serial),
+        "rounds_columns": super::tenant_worker::ROUND_COLUMNS,
     });
     if setup.throughput_only {
         return finish(dir, commit, &info, metrics, ratios, detail, verified);
