@@ -98,11 +98,21 @@ fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Resul
     let ended = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let readying = || ready_for_cuts_until(weak, shared, &ended);
-        if let Err(e) = std::thread::Builder::new().name("tiermem-ready".into()).spawn_scoped(scope, readying) {
-            eprintln!("tiermem: daemon link: no thread to pin room ahead of budget cuts ({e}); cuts pin as they go");
-        }
+        let ready_thread = match std::thread::Builder::new().name("tiermem-ready".into()).spawn_scoped(scope, readying)
+        {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                eprintln!(
+                    "tiermem: daemon link: no thread to pin room ahead of budget cuts ({e}); cuts pin as they go"
+                );
+                None
+            }
+        };
         let served = serve(connection, weak, shared, options.report_every);
         ended.store(true, Ordering::Release);
+        if let Some(handle) = ready_thread {
+            handle.thread().unpark(); // it sleeps until its next turn otherwise
+        }
         served
     })
 }
@@ -111,13 +121,15 @@ fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Resul
 /// room to evict into) from [`crate::READY_AFTER`] after registering, every
 /// [`crate::READY_EVERY`], until the session ends — on a thread of its own, so that a budget
 /// arriving meanwhile is met at once rather than after a slab is pinned (gently pinned, a slab
-/// takes a quarter of a second or more).
+/// takes a quarter of a second or more). Between turns it sleeps, woken when the session ends.
 fn ready_for_cuts_until(weak: &Weak<dyn Tenant>, shared: &Shared, ended: &AtomicBool) {
     let over = || ended.load(Ordering::Acquire) || shared.stop.load(Ordering::Acquire);
     let mut next = Instant::now() + crate::READY_AFTER;
     while !over() {
-        if Instant::now() < next {
-            std::thread::sleep(Duration::from_millis(10));
+        let now = Instant::now();
+        if now < next {
+            // Woken early by the session's end (or spuriously): the loop looks again.
+            std::thread::park_timeout(next - now);
             continue;
         }
         let Some(holder) = weak.upgrade() else { return };
