@@ -17,12 +17,7 @@ fn the_tenants_benchmark_runs_every_scenario_and_verifies_every_byte() {
         .unwrap();
     let log = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "bench tenants failed:\n{log}");
-    let report = std::fs::read_dir(&dir.0)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.to_string_lossy().ends_with("-test.json"))
-        .expect("the report");
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+    let report = json_ending(&dir.0, "-test.json");
     assert_eq!(report["verified"], true, "{report}");
     assert_eq!(report["metrics"]["leak_victims_finished"], true, "{report}");
     assert_eq!(report["metrics"]["pairs_finished"], report["metrics"]["pairs"], "{report}");
@@ -33,12 +28,7 @@ fn the_tenants_benchmark_runs_every_scenario_and_verifies_every_byte() {
     }
     // Each round's end in the detail: as many values as the columns named, running totals that
     // never fall, and a budget within the cap.
-    let detail = std::fs::read_dir(&dir.0)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.to_string_lossy().ends_with("-test.detail.json"))
-        .expect("the detail");
-    let detail: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(detail).unwrap()).unwrap();
+    let detail = json_ending(&dir.0, "-test.detail.json");
     let columns: Vec<&str> = detail["rounds_columns"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
     let column =
         |name: &str| columns.iter().position(|&c| c == name).unwrap_or_else(|| panic!("{name} in {columns:?}"));
@@ -56,4 +46,14 @@ fn the_tenants_benchmark_runs_every_scenario_and_verifies_every_byte() {
             assert!(round[column("hbm_budget")].as_u64().unwrap() <= 64 << 20, "{round}");
         }
     }
+}
+
+/// The JSON file in `dir` whose name ends with `suffix`, read.
+fn json_ending(dir: &std::path::Path, suffix: &str) -> serde_json::Value {
+    let path = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(suffix))
+        .unwrap_or_else(|| panic!("no file ending in {suffix} in {}", dir.display()));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
