@@ -4,7 +4,8 @@
 # Rerun since the thirty-first session with jobs of 20 rounds (the default since the twenty-ninth,
 # ~2 min a run): the linked tenants' rounds still stalled twice in the three-job phase with room
 # pinned gently, and each round's end now says where its time went (the detail's
-# `rounds_columns`: evict waits, the driver's map and pin milliseconds, pinned bytes).
+# `rounds_columns`: evict waits, the driver's map and pin milliseconds, pinned bytes;
+# scripts/gpu/probes/slow_rounds.py lists the slow ones).
 # Usage (on the GPU machine, after scripts/gpu/build.sh here): scripts/gpu/probes/evict_room_ab.sh OUT COMMIT [RUNS]
 set -u
 out=$1 commit=$2 runs=${3:-2}
