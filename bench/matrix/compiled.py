@@ -11,9 +11,9 @@ import torch
 import torch._inductor.config
 from torch import nn
 
-torch._inductor.config.deterministic = True  # kernels chosen by heuristics, not by timing them
-
 from common import report, train
+
+torch._inductor.config.deterministic = True  # kernels chosen by heuristics, not by timing them
 
 torch.manual_seed(0)
 
