@@ -572,7 +572,7 @@ fn four_tiers(
     let chunk = k * CHUNK;
     let path = support::file_tier_path("property-peers");
     // Half the cases with peer slabs readable in place (TIERMEM_PEER_IN_PLACE).
-    let peer_in_place = fault_seed % 2 == 0;
+    let peer_in_place = fault_seed.is_multiple_of(2);
     // And in half of them, pre-eviction (pre_evict.rs) of two chunks.
     let pre_evict = ((fault_seed >> 1) & 1) as usize * 2 * chunk;
     // And loops learned from the acquires in half of all.

@@ -432,7 +432,7 @@ fn run_config(timing: Timing, with_file: bool, seed: u64, ops_per_thread: usize)
         file: path.clone(),
         file_limit: FILE_CHUNKS * CHUNK,
         // The configurations of even seeds learn loops from the acquires (control.rs).
-        learn_loops: (seed % 2 == 0).then_some(CHUNK),
+        learn_loops: seed.is_multiple_of(2).then_some(CHUNK),
         ..support::config()
     };
     let (engine, sim) = support::sim_engine(HBM_CHUNKS + 4, HBM_CHUNKS, host_chunks, config);

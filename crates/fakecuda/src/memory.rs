@@ -97,7 +97,7 @@ impl Memory {
     }
 
     pub fn reserve(&mut self, size: usize) -> Result<u64, Code> {
-        if size == 0 || size % GRANULARITY != 0 {
+        if size == 0 || !size.is_multiple_of(GRANULARITY) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // Over-reserve by one granule, then trim, so the range is granule-aligned like the driver's.
@@ -128,7 +128,7 @@ impl Memory {
     }
 
     pub fn create(&mut self, size: usize, on_gpu: bool, shareable: bool) -> Result<u64, Code> {
-        if size == 0 || size % GRANULARITY != 0 {
+        if size == 0 || !size.is_multiple_of(GRANULARITY) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         if on_gpu {

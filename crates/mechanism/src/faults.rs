@@ -28,7 +28,7 @@ impl RandomFaults {
         self.state ^= self.state << 13;
         self.state ^= self.state >> 7;
         self.state ^= self.state << 17;
-        self.state % one_in == 0
+        self.state.is_multiple_of(one_in)
     }
 }
 

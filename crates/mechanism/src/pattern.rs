@@ -13,7 +13,7 @@ pub fn word(seed: u64, index: u64) -> u64 {
 
 /// Fills `out` with the pattern of `seed`, as if it started at byte `offset` of the stream.
 pub fn fill(seed: u64, offset: usize, out: &mut [u8]) {
-    debug_assert!(offset % 8 == 0 && out.len() % 8 == 0);
+    debug_assert!(offset.is_multiple_of(8) && out.len().is_multiple_of(8));
     for (i, bytes) in out.chunks_exact_mut(8).enumerate() {
         bytes.copy_from_slice(&word(seed, (offset / 8 + i) as u64).to_le_bytes());
     }

@@ -74,7 +74,7 @@ impl StoreConfig {
     /// Refuses settings that cannot work, before anything is opened.
     pub(crate) fn check(&self) -> Result<(), SwapError> {
         let config = |detail: String| SwapError::Config { call: "VramStore::open", detail };
-        if self.size == 0 || self.size % crate::PAGE != 0 {
+        if self.size == 0 || !self.size.is_multiple_of(crate::PAGE) {
             return Err(config(format!("size {} is not a positive multiple of 4096 bytes", self.size)));
         }
         if self.area_size == Some(0) {

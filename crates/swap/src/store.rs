@@ -109,7 +109,7 @@ impl VramStore {
         let engine = Engine::new(engine_config).map_err(engine_error(call))?;
         let chunk = engine.chunk_size() as u64;
         let area_size = config.area_size.unwrap_or(chunk);
-        if area_size % chunk != 0 {
+        if !area_size.is_multiple_of(chunk) {
             return Err(refuse(format!("area_size {area_size} is not a multiple of the engine's {chunk}-byte chunk")));
         }
         let total = engine.device_info().total_bytes as u64;
@@ -364,8 +364,10 @@ impl Shared {
         let end = start + data.len() as u64;
         let (first, last) = (start / PAGE, (end - 1) / PAGE);
         // Partial pages not present must be zero-filled around the data, under the exclusive lock.
-        let needs_fill =
-            || (start % PAGE != 0 && !self.present.is_set(first)) || (end % PAGE != 0 && !self.present.is_set(last));
+        let needs_fill = || {
+            (!start.is_multiple_of(PAGE) && !self.present.is_set(first))
+                || (!end.is_multiple_of(PAGE) && !self.present.is_set(last))
+        };
         {
             let slot = shared(&self.areas[area]);
             if let (Some(buffer), false) = (*slot, needs_fill()) {
@@ -387,10 +389,10 @@ impl Shared {
         };
         let written = (|| {
             // A fresh buffer reads as zeros already.
-            if !fresh && start % PAGE != 0 && !self.present.is_set(first) {
+            if !fresh && !start.is_multiple_of(PAGE) && !self.present.is_set(first) {
                 self.engine_zero(call, buffer, first * PAGE, start)?;
             }
-            if !fresh && end % PAGE != 0 && !self.present.is_set(last) {
+            if !fresh && !end.is_multiple_of(PAGE) && !self.present.is_set(last) {
                 self.engine_zero(call, buffer, end, (last + 1) * PAGE)?;
             }
             self.engine_write(call, buffer, start, data)

@@ -27,7 +27,7 @@ impl Rng {
 fn budget_mover(store: &VramStore, stop: &AtomicBool) {
     let mut k = 0u64;
     while !stop.load(Relaxed) {
-        store.set_external_cap(if k % 2 == 0 { Some(2 * CHUNK) } else { None }).unwrap();
+        store.set_external_cap(if k.is_multiple_of(2) { Some(2 * CHUNK) } else { None }).unwrap();
         k += 1;
         std::thread::sleep(std::time::Duration::from_millis(2));
     }

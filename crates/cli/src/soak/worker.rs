@@ -152,7 +152,7 @@ impl<'a> Worker<'a> {
         while !stop.load(Ordering::Relaxed) {
             self.step();
             n += 1;
-            if n % 16 == 0 {
+            if n.is_multiple_of(16) {
                 self.sync_and_count();
             }
         }

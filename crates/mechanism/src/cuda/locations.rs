@@ -70,7 +70,7 @@ pub(super) fn probe_host(dev: sys::CUdevice, granularity: usize) -> Result<sys::
     if r != CUresult::CUDA_SUCCESS {
         return Err(format!("cuMemGetAllocationGranularity(HOST_NUMA node {numa}) failed: {}", error_name(r)));
     }
-    if host_granularity == 0 || granularity % host_granularity != 0 {
+    if host_granularity == 0 || !granularity.is_multiple_of(host_granularity) {
         return Err(format!(
             "host chunks on NUMA node {numa} have a granularity of {host_granularity} B, which does \
              not divide the GPU's {granularity} B"

@@ -62,7 +62,7 @@ impl CudaDevice {
     /// `Device::import_chunk`.
     pub(super) fn import(&self, fd: BorrowedFd<'_>, size: usize) -> Result<PhysHandle> {
         let raw = fd.as_raw_fd();
-        if size == 0 || size % self.granularity != 0 {
+        if size == 0 || !size.is_multiple_of(self.granularity) {
             return Err(DeviceError::Driver {
                 call: "cuMemImportFromShareableHandle",
                 code: "CUDA_ERROR_INVALID_VALUE".into(),

@@ -55,5 +55,5 @@ pub(super) fn errno() -> i32 {
 /// Whether a transfer that has moved `done` bytes of a buffer at `addr` for file offset
 /// `offset` can continue with `O_DIRECT` from there.
 pub(super) fn can_resume(al: Alignment, addr: usize, offset: u64, done: usize) -> bool {
-    (addr + done) % al.mem == 0 && (offset + done as u64) % al.offset as u64 == 0
+    (addr + done).is_multiple_of(al.mem) && (offset + done as u64).is_multiple_of(al.offset as u64)
 }

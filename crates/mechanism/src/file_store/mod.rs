@@ -424,7 +424,7 @@ impl FileStore {
     }
 
     fn op(&self, call: &'static str, slot: FileSlot, buf: *mut u8) -> Result<Op, FileStoreError> {
-        if buf.is_null() || buf as usize % self.al.mem != 0 {
+        if buf.is_null() || !(buf as usize).is_multiple_of(self.al.mem) {
             return Err(FileStoreError::BadBuffer { call, slot: slot.0, addr: buf as usize, align: self.al.mem });
         }
         Ok(Op { slot: slot.0, offset: slot.0 as u64 * self.slot_size as u64, buf, len: self.slot_size })

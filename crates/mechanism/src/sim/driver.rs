@@ -56,7 +56,7 @@ impl Device for SimDevice {
     fn reserve(&self, size: usize) -> Result<DevicePtr> {
         failpoint!(self, "cuMemAddressReserve");
         let g = self.gran();
-        if size == 0 || size % g != 0 {
+        if size == 0 || !size.is_multiple_of(g) {
             return Err(Self::invalid("cuMemAddressReserve", format!("size={size}")));
         }
         // Over-reserve by one granule, then trim, so the range is granule-aligned as on a GPU.

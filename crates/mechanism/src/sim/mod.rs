@@ -309,7 +309,7 @@ impl SimDevice {
 
     fn check_aligned(&self, call: &'static str, va: DevicePtr, size: usize) -> Result<()> {
         let g = self.gran() as u64;
-        if va % g != 0 || size == 0 || size as u64 % g != 0 {
+        if !va.is_multiple_of(g) || size == 0 || !(size as u64).is_multiple_of(g) {
             return Err(Self::invalid(call, format!("va=0x{va:x} size={size} not granule-aligned")));
         }
         Ok(())

@@ -68,7 +68,7 @@ impl SharedFile {
     /// A handle of this node to the allocation behind `fd`, which must be `size` bytes long.
     pub fn import(fd: BorrowedFd<'_>, size: usize) -> Result<Self> {
         let raw = fd.as_raw_fd();
-        if size == 0 || size % SIM_GRANULARITY != 0 {
+        if size == 0 || !size.is_multiple_of(SIM_GRANULARITY) {
             return Err(invalid(format!("fd {raw}: size={size} is not whole granules of {SIM_GRANULARITY} B")));
         }
         // SAFETY: F_GET_SEALS only reads the seals of a descriptor the caller keeps open.
