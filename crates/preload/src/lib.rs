@@ -185,8 +185,10 @@ fn stats_wanted() -> bool {
     std::env::var_os("TIERMEM_STATS").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
-/// Runs when the library is loaded: registers [`report_stats`] if asked for.
+/// Runs when the library is loaded: finds glibc's `dlsym` for `RTLD_NEXT` lookups and registers
+/// [`report_stats`] if asked for.
 extern "C" fn on_load() {
+    routes::remember_next_dlsym();
     if stats_wanted() || std::env::var_os("TIERMEM_STATS_JSON").is_some() {
         // SAFETY: registers a function with the C signature atexit expects; it touches only
         // tiermem's counters, stderr and one file, all usable until the process ends.

@@ -10,6 +10,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::OnceLock;
 
 use crate::boundary::{enter, guard, inside, to_driver, CuResult, CUDA_SUCCESS};
@@ -79,19 +80,76 @@ fn driver_name(name: &[u8]) -> bool {
     name.len() > 2 && name.starts_with(b"cu") && name[2].is_ascii_uppercase()
 }
 
+/// glibc's `dlsym` once known (set when the library loads, [`remember_next_dlsym`]): where
+/// [`dlsym`] sends a lookup with `RTLD_NEXT`, keeping its caller's return address.
+static NEXT_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Finds glibc's `dlsym` for [`dlsym`]'s `RTLD_NEXT` lookups (run as the library loads, and
+/// again by each routed lookup, in case a lookup comes before).
+pub(crate) fn remember_next_dlsym() {
+    if let Some(real) = driver::real_dlsym() {
+        NEXT_DLSYM.store(real as *mut c_void, Ordering::Release);
+    }
+}
+
 /// `dlsym`: glibc's answer, with a routed driver function swapped for tiermem's wrapper (and
-/// NVML's memory queries for tiermem's, nvml.rs).
+/// NVML's memory queries for tiermem's, nvml.rs) — [`routed_dlsym`] — except for `RTLD_NEXT`.
 ///
-/// Lookups on a thread inside tiermem (cudarc loading the driver for the mechanism crate) get
-/// glibc's answer unchanged. Caveat: glibc resolves `RTLD_NEXT` relative to its caller, which
-/// is now this library, so a program's own `dlsym(RTLD_NEXT, …)` finds the next definition after
-/// libtiermem_preload rather than after the calling object (docs/transparent.md).
+/// glibc resolves `RTLD_NEXT` relative to the object that called `dlsym`, which it finds from
+/// the return address. Called through a Rust function, that object would be this library, and
+/// a program's (or a library's) own `dlsym(RTLD_NEXT, …)` would find the next definition after
+/// libtiermem_preload instead of after itself — an interposer looking up the function it wraps
+/// (UCX's memory hooks, another preload library) could then get its own. So on x86-64 `dlsym`
+/// is a trampoline: `RTLD_NEXT` jumps straight to glibc's `dlsym` with the caller's return
+/// address in place, anything else to [`routed_dlsym`]. A lookup with `RTLD_NEXT` is answered
+/// as glibc answers it, unrouted: from the program, the next definition of a routed driver
+/// function is tiermem's own export anyway (the preload library comes right after the program).
 ///
 /// # Safety
 /// As glibc's `dlsym`.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    // SAFETY: the trampoline touches only rax (caller-saved) and the flags, and jumps with the
+    // stack, the arguments (rdi, rsi) and the return address as the caller left them, so glibc's
+    // `dlsym` or `routed_dlsym` (both `extern "C"` with this signature) returns straight to it.
+    // RTLD_NEXT is `(void *) -1`; `NEXT_DLSYM` is null or glibc's `dlsym`.
+    std::arch::naked_asm!(
+        "cmp rdi, -1",
+        "jne {routed}",
+        "mov rax, qword ptr [rip + {next}]",
+        "test rax, rax",
+        "jz {routed}",
+        "jmp rax",
+        routed = sym routed_dlsym,
+        next = sym NEXT_DLSYM,
+    )
+}
+
+/// `dlsym` (see the x86-64 version): elsewhere every lookup is [`routed_dlsym`]'s, and
+/// `RTLD_NEXT` is resolved relative to this library (docs/transparent.md).
+///
+/// # Safety
+/// As glibc's `dlsym`.
+#[cfg(not(target_arch = "x86_64"))]
+#[no_mangle]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    // SAFETY: the caller's arguments, as glibc's dlsym takes them.
+    unsafe { routed_dlsym(handle, name) }
+}
+
+/// glibc's answer, with a routed driver function swapped for tiermem's wrapper (and NVML's
+/// memory queries for tiermem's, nvml.rs). Lookups on a thread inside tiermem (cudarc loading
+/// the driver for the mechanism crate) get glibc's answer unchanged.
+///
+/// # Safety
+/// As glibc's `dlsym`.
+unsafe extern "C" fn routed_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     let Some(real_dlsym) = driver::real_dlsym() else { return std::ptr::null_mut() };
+    if NEXT_DLSYM.load(Ordering::Relaxed).is_null() {
+        remember_next_dlsym();
+    }
     // SAFETY: the caller's arguments, passed to glibc's dlsym as they came.
     let found = unsafe { real_dlsym(handle, name) };
     if found.is_null() || name.is_null() || inside() {

@@ -239,6 +239,13 @@ fn routing() {
         "dlsym(libcuda, cuMemcpyHtoD_v2): copies hold the gate",
     );
     assert_driver(Cuda::dlsym(cuda.handle, c"cuDeviceGet"), "dlsym(libcuda, cuDeviceGet)");
+    // RTLD_NEXT is resolved relative to the object that calls dlsym, here the program: the next
+    // `dlsym` after it is tiermem's own (the first one RTLD_DEFAULT finds), not glibc's, which
+    // is what a lookup made as if from tiermem's library would give.
+    let next = Cuda::dlsym(libc::RTLD_NEXT, c"dlsym");
+    assert_eq!(next, Cuda::dlsym(libc::RTLD_DEFAULT, c"dlsym"), "dlsym(RTLD_NEXT, dlsym) from the program");
+    assert_tiermem(next, "dlsym(RTLD_NEXT, dlsym) from the program");
+    assert_tiermem(Cuda::dlsym(libc::RTLD_NEXT, c"cuMemAlloc_v2"), "dlsym(RTLD_NEXT, cuMemAlloc_v2) from the program");
 
     let alloc = cuda.proc(c"cuMemAlloc", 12000, 0).2;
     assert_tiermem(alloc, "cuGetProcAddress(cuMemAlloc)");
