@@ -9,6 +9,7 @@ fn the_tenants_benchmark_runs_every_scenario_and_verifies_every_byte() {
     let dir = support::TempDir::new("bench-tenants");
     let output = support::tiermem()
         .args(["bench", "tenants", "--cap", "64MiB", "--buffer-size", "4MiB", "--rounds", "1", "--think-ms", "0"])
+        .args(["--repeats", "2"])
         .arg("--json")
         .arg(&dir.0)
         .env("TIERMEM_BACKEND", "sim")
@@ -26,13 +27,30 @@ fn the_tenants_benchmark_runs_every_scenario_and_verifies_every_byte() {
     for key in ["vs_static", "vs_serial", "working_sets_vs_static", "working_sets_vs_serial"] {
         assert!(report["ratios"][key].as_f64().unwrap() > 0.0, "{key}: {report}");
     }
+    // Each throughput set ran twice; the report's figure is the median (here the mean) of both.
+    for mode in ["static", "tiermemd", "serial", "working_sets"] {
+        let runs: Vec<f64> = report["metrics"][format!("throughput_{mode}_GBps_runs")]
+            .as_array()
+            .unwrap_or_else(|| panic!("{mode}'s runs: {report}"))
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(runs.len(), 2, "{mode}: {runs:?}");
+        let median = report["metrics"][format!("throughput_{mode}_GBps")].as_f64().unwrap();
+        assert!((median - (runs[0] + runs[1]) / 2.0).abs() < 1e-9, "{mode}: {median} of {runs:?}");
+    }
     // Each round's end in the detail: as many values as the columns named, running totals that
     // never fall, and a budget within the cap.
     let detail = json_ending(&dir.0, "-test.detail.json");
     let columns: Vec<&str> = detail["rounds_columns"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
     let column =
         |name: &str| columns.iter().position(|&c| c == name).unwrap_or_else(|| panic!("{name} in {columns:?}"));
-    for job in detail["static"].as_array().unwrap().iter().chain(detail["tiermemd"].as_array().unwrap()) {
+    let jobs = |mode: &str| detail[mode].as_array().unwrap().clone();
+    for mode in ["static", "tiermemd"] {
+        let repeats: Vec<u64> = jobs(mode).iter().map(|j| j["repeat"].as_u64().unwrap()).collect();
+        assert_eq!(repeats, [0, 0, 0, 1, 1, 1], "{mode}: three jobs a repeat, each marked");
+    }
+    for job in jobs("static").iter().chain(&jobs("tiermemd")) {
         let rounds = job["rounds"].as_array().unwrap();
         assert!(!rounds.is_empty(), "{job}");
         for pair in rounds.windows(2) {

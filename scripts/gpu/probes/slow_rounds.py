@@ -27,12 +27,15 @@ def main():
         raise SystemExit(f"{args.detail}: no rounds_columns (written before the thirty-first session)")
     at = {name: i for i, name in enumerate(columns)}
     for scenario in args.scenarios:
-        for job, outcome in enumerate(detail.get(scenario, [])):
+        seen = {}
+        for outcome in detail.get(scenario, []):
+            repeat = outcome.get("repeat", 0)  # the throughput sets run --repeats times
+            job = seen[repeat] = seen.get(repeat, -1) + 1
             rounds = outcome["rounds"]
             ends = [r[at["s"]] for r in rounds]
             times = [ends[0]] + [b - a for a, b in zip(ends, ends[1:])]
             median = statistics.median(times)
-            print(f"{scenario} job {job}: {len(rounds)} rounds, median {median * 1e3:.0f} ms, "
+            print(f"{scenario} repeat {repeat} job {job}: {len(rounds)} rounds, median {median * 1e3:.0f} ms, "
                   f"{outcome['seconds']:.2f} s in all")
             for i, took in enumerate(times):
                 if took < args.factor * median:

@@ -12,7 +12,7 @@ export TIERMEM_PEERS=off
 for run in ${RUNS:-r20-1 r5-1 r20-2}; do
   rounds=${run#r}; rounds=${rounds%-*}
   echo "=== bench tenants --rounds $rounds ($run, $(date +%T))" | tee -a "$log"
-  TIERMEM_COMMIT=$commit-$run timeout 200 dist/tiermem bench tenants --rounds "$rounds" --daemon-logs --json "$out/$run" > "$out/$run.log" 2>&1
+  TIERMEM_COMMIT=$commit-$run timeout 330 dist/tiermem bench tenants --rounds "$rounds" --daemon-logs --json "$out/$run" > "$out/$run.log" 2>&1
   grep -E "GB/s|vs_|hog|fair|overhead|pairs|leak|reclaim|idle" "$out/$run.log" | tail -14 | tee -a "$log"
 done
 if [ -n "$programs" ]; then

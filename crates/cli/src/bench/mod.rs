@@ -89,6 +89,9 @@ pub enum Suite {
         /// Keep the daemons' logs, as tenants-daemon-<sharing>.log in the --json folder.
         #[arg(long)]
         daemon_logs: bool,
+        /// Runs of each throughput set, the modes alternating; the report gives their medians.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
     },
     /// One tenant of `bench tenants` (a process of its own).
     #[command(hide = true)]
@@ -234,6 +237,7 @@ pub fn run(suite: Suite) -> Result<(), String> {
             ramp_ms,
             throughput_only,
             daemon_logs,
+            repeats,
         } => {
             let (rounds, think_ms) = (rounds.max(1), think_ms.max(0.0));
             let logs = daemon_logs.then(|| json.clone());
@@ -246,6 +250,7 @@ pub fn run(suite: Suite) -> Result<(), String> {
                 ramp_ms,
                 throughput_only,
                 logs,
+                repeats: repeats.max(1),
             };
             tenants::run(&json, &commit(given), setup)
         }

@@ -8,7 +8,8 @@
 //!   one after another with the whole cap each (`throughput_serial`), and under tiermemd
 //!   sharing whole working sets in turns (`hbm_sharing = "working-sets"`, opt-in:
 //!   `throughput_working_sets`). Bytes worked on ÷ the
-//!   wall time of the whole set (process start included, the same for every mode). With static
+//!   wall time of the whole set (process start included, the same for every mode); each mode
+//!   runs `--repeats` times (3), alternating, and counts by its median (tenants_throughput.rs). With static
 //!   caps the memory of a job that has finished stays idle; with tiermemd the jobs still
 //!   running take it. Each job spends `think_ms` of host time before each buffer's kernels, as
 //!   real jobs do between kernels, so one job alone leaves the GPU partly idle.
@@ -28,6 +29,9 @@
 //!   `pairs_finished`: GDM's test, pairs of jobs that together need more than the cap, run
 //!   together under tiermemd. `reclaim_ms_per_GiB`: an engine meeting a halved budget, its room
 //!   to evict into pinned ahead as a linked tenant's is (`…_pinning`: pinned as the cut needs it).
+
+#[path = "tenants_throughput.rs"]
+mod throughput;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -49,6 +53,8 @@ pub struct Setup {
     pub throughput_only: bool,
     /// A folder to keep the daemons' logs in.
     pub logs: Option<PathBuf>,
+    /// Runs of each throughput set (tenants_throughput.rs).
+    pub repeats: usize,
 }
 
 /// A job: its working set, rounds (0: until stopped), leak limit, and the rounds after which
@@ -322,39 +328,29 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     println!("tenants on {} under a node cap of {} MiB, buffers of {} MiB", info.name, cap >> 20, setup.buffer >> 20);
     let job = |share: usize, rounds: u64| Job { working_set: cap * share / 10, rounds, ..Job::default() };
     let set = [job(6, r), job(6, 2 * r), job(6, 3 * r)];
-    let total = |o: &[Outcome]| o.iter().map(|o| o.bytes).sum::<f64>();
     let all_ok = |o: &[Outcome]| o.iter().all(|o| o.ok);
     let mut verified = true;
 
-    let (stat, wall_static) = run_set(setup, scratch, &set, &Mode::Static(cap / 3))?;
-    let throughput_static = total(&stat) / wall_static / 1e9;
-    println!("static thirds: {throughput_static:.2} GB/s over {wall_static:.1} s");
-    // The same set under the daemon sharing whole working sets in turns (opt-in).
-    let in_turns = spawn_daemon(scratch, cap, setup, "working-sets")?;
-    let (turns, wall_turns) = run_set(setup, scratch, &set, &Mode::Daemon(in_turns.socket.clone()))?;
-    drop(in_turns);
-    let throughput_working_sets = total(&turns) / wall_turns / 1e9;
-    println!("tiermemd, working sets in turns: {throughput_working_sets:.2} GB/s over {wall_turns:.1} s");
-    let daemon = spawn_daemon(scratch, cap, setup, "fair")?;
-    let shared = Mode::Daemon(daemon.socket.clone());
-    let (tmd, wall_tmd) = run_set(setup, scratch, &set, &shared)?;
-    let throughput_tiermemd = total(&tmd) / wall_tmd / 1e9;
-    println!("tiermemd: {throughput_tiermemd:.2} GB/s over {wall_tmd:.1} s");
-    let (mut serial, mut wall_serial) = (Vec::new(), 0.0);
-    for j in &set {
-        let (outcomes, wall) = run_set(setup, scratch, std::slice::from_ref(j), &Mode::Static(cap))?;
-        serial.extend(outcomes);
-        wall_serial += wall;
-    }
-    let throughput_serial = total(&serial) / wall_serial / 1e9;
-    println!("serial, whole cap each: {throughput_serial:.2} GB/s");
-    verified &= all_ok(&stat) && all_ok(&tmd) && all_ok(&turns) && all_ok(&serial);
+    let sets = throughput::measure(setup, scratch, &set)?;
+    let (stat, turns, fair, serial) = (&sets.static_thirds, &sets.working_sets, &sets.fair, &sets.serial);
+    let (throughput_static, throughput_tiermemd) = (stat.throughput(), fair.throughput());
+    let (throughput_serial, throughput_working_sets) = (serial.throughput(), turns.throughput());
+    println!(
+        "medians of {} repeats: static thirds {throughput_static:.2} GB/s, tiermemd {throughput_tiermemd:.2}, \
+         working sets in turns {throughput_working_sets:.2}, serial {throughput_serial:.2}",
+        setup.repeats
+    );
+    verified &= sets.all_ok();
     let mut metrics = serde_json::json!({
         "node_cap_bytes": cap, "working_set_bytes": cap * 6 / 10, "buffer_bytes": setup.buffer, "rounds_unit": r,
-        "think_ms_per_buffer": setup.think_ms, "wall_static_s": wall_static, "wall_tiermemd_s": wall_tmd,
-        "wall_serial_s": wall_serial, "wall_working_sets_s": wall_turns,
+        "think_ms_per_buffer": setup.think_ms, "repeats": setup.repeats,
+        "wall_static_s": stat.wall(), "wall_tiermemd_s": fair.wall(),
+        "wall_serial_s": serial.wall(), "wall_working_sets_s": turns.wall(),
         "throughput_static_GBps": throughput_static, "throughput_tiermemd_GBps": throughput_tiermemd,
         "throughput_serial_GBps": throughput_serial, "throughput_working_sets_GBps": throughput_working_sets,
+        "throughput_static_GBps_runs": stat.throughputs(), "throughput_tiermemd_GBps_runs": fair.throughputs(),
+        "throughput_serial_GBps_runs": serial.throughputs(),
+        "throughput_working_sets_GBps_runs": turns.throughputs(),
         "idle_after_ms": setup.idle_after_ms, "ramp_ms": setup.ramp_ms,
     });
     let ratios = serde_json::json!({
@@ -364,12 +360,14 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
         "working_sets_vs_serial": throughput_working_sets / throughput_serial,
     });
     let mut detail = serde_json::json!({
-        "static": speeds(&stat), "tiermemd": speeds(&tmd), "working_sets": speeds(&turns), "serial": speeds(&serial),
+        "static": stat.detail(), "tiermemd": fair.detail(), "working_sets": turns.detail(), "serial": serial.detail(),
         "rounds_columns": super::tenant_worker::ROUND_COLUMNS,
     });
     if setup.throughput_only {
         return finish(dir, commit, &info, metrics, ratios, detail, verified);
     }
+    let daemon = spawn_daemon(scratch, cap, setup, "fair")?;
+    let shared = Mode::Daemon(daemon.socket.clone());
 
     // Two tenants that each fit in a third of the cap, beside one asking for 3× the cap.
     // Runs of 6R rounds. With the hog already running (holding the GPU) when they start
