@@ -7,6 +7,7 @@
 //! 60.3 (BENCHMARKS.md, thirtieth and thirty-first sessions) — a spread as wide as the margin
 //! `vs_static` is judged by. Alternating the modes spreads any drift of the machine over all.
 
+use super::super::median;
 use super::{run_set, spawn_daemon, speeds, Job, Mode, Outcome, Setup};
 use std::path::Path;
 
@@ -45,16 +46,6 @@ impl Runs {
             }
         }
         all
-    }
-}
-
-/// The middle value (the mean of the two middle ones for an even count); NaN for none.
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
     }
 }
 
@@ -102,17 +93,4 @@ pub(super) fn measure(setup: &Setup, scratch: &Path, set: &[Job]) -> Result<Sets
         say("serial, whole cap each", &sets.serial, repeat);
     }
     Ok(sets)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::median;
-
-    #[test]
-    fn the_median_is_the_middle_value_or_the_mean_of_the_two_middle_ones() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert_eq!(median(vec![7.0]), 7.0);
-        assert!(median(Vec::new()).is_nan());
-    }
 }
