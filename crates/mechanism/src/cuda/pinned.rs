@@ -24,7 +24,9 @@
 //! 0.29 s with two other tenants pinning too (H200, `bench tenants`' hog victims, thirtieth
 //! session): the CPUs the faulting takes from the programs, most likely, besides the driver's
 //! ~20 ms a GiB registering. Such memory is faulted in by two threads at CPU priority nice 10
-//! instead: slower, but paced as it is, nobody waits for it.
+//! instead: slower, but paced as it is, nobody should wait for it. The next runs (thirty-first
+//! session) still showed two slow rounds a tenant at the same moments, ~65 ms each beside two
+//! others pinning: the driver's registering, which no pace changes, is now the likelier cause.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
