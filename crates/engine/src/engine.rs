@@ -81,8 +81,10 @@ pub struct Engine {
     pub(crate) budget_wait: crate::budget_wait::BudgetWait,
     /// The HBM cap the engine started with (its own limit), which no budget exceeds.
     own_cap: usize,
-    /// The window paged ahead along loops learned from acquires (`TIERMEM_LEARN_LOOPS`); `None`: off.
-    pub(crate) learn_loops: Option<usize>,
+    /// The window paged ahead along loops learned from acquires (`TIERMEM_LEARN_LOOPS`,
+    /// `TIERMEM_TUNE_WINDOW`; learned_window.rs); `None`: not learning. Taken after the
+    /// recorder's lock, never with the engine's held.
+    pub(crate) learned_window: Option<Mutex<crate::learned_window::LearnedWindow>>,
     fallback: Option<String>,
     /// Why some GPUs do not lend to the peer tier (lenders.rs).
     pub(crate) peer_notes: Vec<String>,
@@ -224,7 +226,9 @@ impl Engine {
             recorder: Mutex::new(Recorder::default()),
             budget_wait: Default::default(),
             own_cap: caps.hbm / chunk * chunk,
-            learn_loops: config.learn_loops,
+            learned_window: config
+                .learn_loops
+                .map(|bytes| Mutex::new(crate::learned_window::LearnedWindow::new(bytes, config.tune_window))),
             fallback: None,
             peer_notes: notes,
         })
