@@ -39,6 +39,20 @@ fn the_tenants_benchmark_runs_every_scenario_and_verifies_every_byte() {
         let median = report["metrics"][format!("throughput_{mode}_GBps")].as_f64().unwrap();
         assert!((median - (runs[0] + runs[1]) / 2.0).abs() < 1e-9, "{mode}: {median} of {runs:?}");
     }
+    // So did the hog's victims, alone and beside it, and the job under the daemon and
+    // standalone: ratios, the median of two counted.
+    for key in ["hog_victim_speed", "overhead_alone"] {
+        let runs: Vec<f64> = report["metrics"][format!("{key}_runs")]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key}'s runs: {report}"))
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(runs.len(), 2, "{key}: {runs:?}");
+        assert!(runs.iter().all(|&r| r > 0.0), "{key}: {runs:?}");
+        let median = report["metrics"][key].as_f64().unwrap();
+        assert!((median - (runs[0] + runs[1]) / 2.0).abs() < 1e-9, "{key}: {median} of {runs:?}");
+    }
     // Each round's end in the detail: as many values as the columns named, running totals that
     // never fall, and a budget within the cap.
     let detail = json_ending(&dir.0, "-test.detail.json");

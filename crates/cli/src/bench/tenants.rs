@@ -15,7 +15,8 @@
 //!   real jobs do between kernels, so one job alone leaves the GPU partly idle.
 //! * **Hog**: two jobs that each fit in a third of the cap, with and without a third asking for
 //!   3× the cap (`hog_victim_speed`: their speed with it ÷ without, over runs of 6R rounds,
-//!   the hog already holding the GPU when they start; `…_costart`: the hog started with them;
+//!   the hog already holding the GPU when they start; alone and beside it in turn, `--repeats`
+//!   times, the median counted, every ratio in `…_runs`; `…_costart`: the hog started with them;
 //!   `hog_victim_round_speed`: their median rounds then, once the budgets settled).
 //!   **Leak**: two jobs beside one that allocates without freeing (`leak_victims_finished`).
 //!   **Idle**: a job beside one that works a round over 0.6× the cap and then acquires nothing
@@ -25,7 +26,8 @@
 //! * **Fair share**: two equal tenants; `settle_ms` from the daemon's first sight of the second
 //!   until both budgets are, and stay, within 5% of half the cap; `fair_share_error` the
 //!   largest deviation over the last of three seconds.
-//! * `overhead_alone`: one job under tiermemd ÷ the same job standalone with the whole cap.
+//! * `overhead_alone`: one job under tiermemd ÷ the same job standalone with the whole cap (in
+//!   turn, `--repeats` times, the median counted; every ratio in `…_runs`).
 //!   `pairs_finished`: GDM's test, pairs of jobs that together need more than the cap, run
 //!   together under tiermemd. `reclaim_ms_per_GiB`: an engine meeting a halved budget, its room
 //!   to evict into pinned ahead as a linked tenant's is (`…_pinning`: pinned as the cut needs it).
@@ -373,13 +375,22 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     // Runs of 6R rounds. With the hog already running (holding the GPU) when they start
     // (`hog_victim_speed`), and started with them (`…_costart`: the first round, in which the
     // budgets settle and the victims page in what the hog's start pushed out, costs them).
+    // Alone and beside the hog in turn, `--repeats` times: the median of the ratios counts.
     let victims = [job(3, 6 * r), job(3, 6 * r)];
-    let (alone, _) = run_set(setup, scratch, &victims, &shared)?;
     let hog = Job { working_set: 3 * cap, ..Job::default() };
-    let with_hog = run_beside(setup, scratch, &hog, &victims, &daemon.socket)?;
+    let speed_ratio = |alone: &[Outcome], with: &[Outcome]| {
+        (with[0].speed() / alone[0].speed()).min(with[1].speed() / alone[1].speed())
+    };
+    let (mut alone, mut with_hog, mut hog_runs) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..setup.repeats.max(1) {
+        alone = run_set(setup, scratch, &victims, &shared)?.0;
+        with_hog = run_beside(setup, scratch, &hog, &victims, &daemon.socket)?;
+        verified &= all_ok(&alone) && all_ok(&with_hog);
+        hog_runs.push(speed_ratio(&alone, &with_hog));
+    }
+    let hog_victim_speed = super::median(hog_runs.clone());
     let (costart, _) = run_set(setup, scratch, &[victims[0].clone(), victims[1].clone(), hog], &shared)?;
-    let speed_ratio = |with: &[Outcome]| (with[0].speed() / alone[0].speed()).min(with[1].speed() / alone[1].speed());
-    let (hog_victim_speed, hog_victim_speed_costart) = (speed_ratio(&with_hog), speed_ratio(&costart));
+    let hog_victim_speed_costart = speed_ratio(&alone, &costart);
     let round_ratio = |i: usize| alone[i].median_round_s(2) / costart[i].median_round_s(2);
     let hog_victim_round_speed = round_ratio(0).min(round_ratio(1));
     println!(
@@ -390,12 +401,18 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     let (with_leak, _) = run_set(setup, scratch, &[victims[0].clone(), victims[1].clone(), leaker], &shared)?;
     let leak_victims_finished = with_leak[0].ok && with_leak[1].ok;
     println!("leak: the others finished with every byte: {leak_victims_finished}");
-    verified &= all_ok(&alone) && all_ok(&with_hog) && all_ok(&costart) && all_ok(&with_leak);
+    verified &= all_ok(&costart) && all_ok(&with_leak);
 
+    // One job under the daemon and standalone in turn, `--repeats` times, by the median.
     let one = [job(6, 2 * r)];
-    let (under_daemon, _) = run_set(setup, scratch, &one, &shared)?;
-    let (standalone, _) = run_set(setup, scratch, &one, &Mode::Static(cap))?;
-    let overhead_alone = under_daemon[0].seconds / standalone[0].seconds.max(1e-9);
+    let mut overhead_runs = Vec::new();
+    for _ in 0..setup.repeats.max(1) {
+        let (under_daemon, _) = run_set(setup, scratch, &one, &shared)?;
+        let (standalone, _) = run_set(setup, scratch, &one, &Mode::Static(cap))?;
+        verified &= all_ok(&under_daemon) && all_ok(&standalone);
+        overhead_runs.push(under_daemon[0].seconds / standalone[0].seconds.max(1e-9));
+    }
+    let overhead_alone = super::median(overhead_runs.clone());
     // Beside a tenant gone idle after one round: the job's later rounds against its rounds alone.
     let idler = Job { working_set: cap * 6 / 10, idle_after: Some(1), ..Job::default() };
     let busy = job(6, 6 * r);
@@ -412,7 +429,6 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
         pairs_finished += usize::from(all_ok(&pair));
     }
     println!("overhead alone {overhead_alone:.3}; pairs finished {pairs_finished} of {}", pair_shares.len());
-    verified &= all_ok(&under_daemon) && all_ok(&standalone);
     drop(daemon);
 
     let (settle_ms, fair_share_error) = fair_share(setup, scratch)?;
@@ -422,7 +438,8 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
     println!("reclaim: {reclaim:.1} ms per GiB with its room pinned ahead, {reclaim_pinning:.1} pinning it");
 
     let more = serde_json::json!({
-        "hog_victim_speed": hog_victim_speed,
+        "hog_victim_speed": hog_victim_speed, "hog_victim_speed_runs": hog_runs,
+        "overhead_alone_runs": overhead_runs,
         "hog_victim_round_speed": hog_victim_round_speed, "hog_victim_speed_costart": hog_victim_speed_costart,
         "leak_victims_finished": leak_victims_finished, "fair_share_error": fair_share_error,
         "settle_ms": settle_ms, "reclaim_ms_per_GiB": reclaim, "reclaim_ms_per_GiB_pinning": reclaim_pinning, "overhead_alone": overhead_alone,
