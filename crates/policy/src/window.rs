@@ -15,9 +15,10 @@
 //! * A pass in which the program waited for page-ins and evictions for more than
 //!   [`WAITING_SHARE`] of its time starts a **trial**: the window doubles, up to `cap` (the
 //!   engine's: a quarter of the budget).
-//! * The trial's pass **keeps** the larger window if it was at least [`GAIN`] faster than
-//!   the pass before it; otherwise the window goes back and no trial starts for
-//!   [`HOLD_PASSES`] passes (a loop bound by the link stays where it was).
+//! * The trial's second pass (its first moves what the deeper window gives up, once) **keeps**
+//!   the larger window if it was at least [`GAIN`] faster than the pass before the trial;
+//!   otherwise the window goes back and no trial starts for [`HOLD_PASSES`] passes (a loop
+//!   bound by the link stays where it was).
 //! * A kept window that still waits tries again, so the window climbs while that pays.
 //! * A **new budget** (a new fixed window or cap: the loop's balance changed) starts over from
 //!   the fixed window: passes under different budgets are not compared.
@@ -28,7 +29,8 @@
 /// A pass that waited longer than this share of its time tries a deeper window.
 pub const WAITING_SHARE: f64 = 0.05;
 
-/// A trial's pass must be this much faster than the pass before it to keep its window.
+/// A trial's measured pass must be this much faster than the pass before the trial to keep
+/// its window.
 pub const GAIN: f64 = 0.03;
 
 /// Passes without a trial after a trial that did not pay.
@@ -50,8 +52,9 @@ pub struct WindowTuner {
     doublings: u32,
     /// The (fixed window, cap) the passes were measured under.
     under: Option<(usize, usize)>,
-    /// A trial in progress: the doublings it grew from and the pass before it.
-    trial: Option<(u32, f64)>,
+    /// A trial in progress: the doublings it grew from, the pass before it (seconds), and
+    /// whether its first pass (the change's own) is still to end.
+    trial: Option<(u32, f64, bool)>,
     /// Passes left before the next trial may start.
     hold: u32,
 }
@@ -74,7 +77,11 @@ impl WindowTuner {
             *self = Self { under: Some((fixed, cap)), ..Self::new() };
             return;
         }
-        if let Some((from, before)) = self.trial.take() {
+        if let Some((from, before, settling)) = self.trial.take() {
+            if settling {
+                self.trial = Some((from, before, false));
+                return;
+            }
             if pass.seconds > before * (1.0 - GAIN) {
                 self.doublings = from;
                 self.hold = HOLD_PASSES;
@@ -87,7 +94,7 @@ impl WindowTuner {
         }
         let deeper = Self { doublings: self.doublings + 1, ..self.clone() };
         if pass.waited > WAITING_SHARE * pass.seconds && deeper.window(fixed, cap) > self.window(fixed, cap) {
-            self.trial = Some((self.doublings, pass.seconds));
+            self.trial = Some((self.doublings, pass.seconds, true));
             self.doublings += 1;
         }
     }
@@ -113,8 +120,11 @@ mod tests {
         assert_eq!(t.window(FIXED, cap), FIXED);
         t.pass_ended(pass(1.0, 0.3), FIXED, cap);
         assert_eq!(t.window(FIXED, cap), 512 * MIB, "waited 30%: a trial");
+        t.pass_ended(pass(1.5, 0.1), FIXED, cap);
+        assert_eq!(t.window(FIXED, cap), 512 * MIB, "the trial's first pass is not measured");
         t.pass_ended(pass(0.8, 0.1), FIXED, cap);
         assert_eq!(t.window(FIXED, cap), 1024 * MIB, "20% faster and still waiting: kept, and deeper");
+        t.pass_ended(pass(0.7, 0.0), FIXED, cap);
         t.pass_ended(pass(0.7, 0.0), FIXED, cap);
         assert_eq!(t.window(FIXED, cap), 1024 * MIB, "at the cap");
         t.pass_ended(pass(0.7, 0.2), FIXED, cap);
@@ -128,6 +138,7 @@ mod tests {
         t.pass_ended(pass(1.0, 0.5), FIXED, cap);
         t.pass_ended(pass(1.0, 0.5), FIXED, cap);
         assert_eq!(t.window(FIXED, cap), 512 * MIB);
+        t.pass_ended(pass(0.5, 0.5), FIXED, cap);
         t.pass_ended(pass(1.05, 0.5), FIXED, cap);
         assert_eq!(t.window(FIXED, cap), FIXED, "slower with more traffic: back");
         for _ in 0..HOLD_PASSES {
@@ -143,6 +154,7 @@ mod tests {
         let mut t = WindowTuner::new();
         t.pass_ended(pass(1.0, 0.5), FIXED, 1024 * MIB);
         t.pass_ended(pass(1.0, 0.5), FIXED, 1024 * MIB);
+        t.pass_ended(pass(0.9, 0.0), FIXED, 1024 * MIB);
         t.pass_ended(pass(0.5, 0.0), FIXED, 1024 * MIB);
         assert_eq!(t.window(FIXED, 1024 * MIB), 512 * MIB);
         t.pass_ended(pass(0.5, 0.0), FIXED, 4096 * MIB);
@@ -178,7 +190,7 @@ mod tests {
                 if before.under != Some((fixed, cap)) {
                     prop_assert_eq!(window, fixed.min(cap));
                 }
-                if let (Some((from, faster_than)), true) = (before.trial, before.under == Some((fixed, cap))) {
+                if let (Some((from, faster_than, false)), true) = (before.trial, before.under == Some((fixed, cap))) {
                     if t.doublings > from {
                         prop_assert!(seconds <= faster_than * (1.0 - GAIN));
                     }
