@@ -22,6 +22,9 @@
 //! * A kept window that still waits tries again, so the window climbs while that pays.
 //! * A **new budget** (a new fixed window or cap: the loop's balance changed) starts over from
 //!   the fixed window: passes under different budgets are not compared.
+//!   Under one budget a kept window is never given back: a loop that becomes bound by the link
+//!   later (another process started paging beside it) pays at most the cap's bytes of traffic a
+//!   pass for it.
 //!
 //! Pure and deterministic: the engine says when a pass ended, how long it took and how long
 //! it waited; the tuner answers with the window.
