@@ -2,7 +2,8 @@
 # The twenty-seventh session's A/B: bench tenants with linked tenants pinning room to evict
 # into ahead of a cut (TIERMEM_EVICT_ROOM=on, the default) and without (off), alternating.
 # Rerun since the thirty-first session with jobs of 20 rounds (the default since the twenty-ninth)
-# and each throughput set three times, medians counted (~3.3 min a run, so one run each way by
+# and each throughput set three times, medians counted (~3.3 min a run, ~4 with the hog and the
+# overhead repeated too since the thirty-second session, so one run each way by
 # default fits a call of 10 min): the linked tenants' rounds still stalled twice in the three-job phase with room
 # pinned gently, and each round's end now says where its time went (the detail's
 # `rounds_columns`: evict waits, the driver's map and pin milliseconds, pinned bytes;
