@@ -198,23 +198,20 @@ impl Engine {
             },
             Learned::Step(step) => step,
         };
-        let (budget, waited_ms) = self.budget_and_waits();
-        let window = lock_learned(learned).at_step(step, budget, waited_ms);
-        let _ = self.unlocked_waits(|inner| inner.advance(step, window));
-    }
-
-    /// The HBM budget in bytes, and the engine's running total of page-in and eviction waits
-    /// (ms): what a learned window is sized by (learned_window.rs).
-    fn budget_and_waits(&self) -> (usize, f64) {
-        let g = self.lock();
-        let counters = &g.tiers.counters;
-        (g.tiers.pool.cap() * g.tiers.chunk, counters.stall_ms + counters.evict_wait_ms)
+        // Sized once, on the first run of the call (it runs again after a wait).
+        let mut window = None;
+        let _ = self.unlocked_waits(|inner| {
+            let (budget, waited_ms) = budget_and_waits(inner);
+            let bytes = *window.get_or_insert_with(|| lock_learned(learned).at_step(step, budget, waited_ms));
+            inner.advance(step, bytes)
+        });
     }
 
     /// The window a loop learned from acquires pages ahead now (`None`: not learning loops).
     pub fn learned_window(&self) -> Option<usize> {
         let learned = self.learned_window.as_ref()?;
-        let (budget, _) = self.budget_and_waits();
+        let inner = self.lock();
+        let (budget, _) = budget_and_waits(&inner);
         let window = lock_learned(learned).now(budget);
         Some(window)
     }
@@ -294,4 +291,11 @@ impl Engine {
 /// as it is.
 fn lock_learned(learned: &Mutex<LearnedWindow>) -> MutexGuard<'_, LearnedWindow> {
     learned.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The HBM budget in bytes, and the engine's running total of page-in and eviction waits (ms):
+/// what a learned window is sized by (learned_window.rs).
+fn budget_and_waits(inner: &Inner) -> (usize, f64) {
+    let counters = &inner.tiers.counters;
+    (inner.tiers.pool.cap() * inner.tiers.chunk, counters.stall_ms + counters.evict_wait_ms)
 }

@@ -15,7 +15,8 @@
 //! waits: what a shrunk budget would send down but cannot without waiting stays for a later
 //! call. So an acquire of resident memory never waits for another thread's transfers or
 //! spills (tests/unlocked_waits.rs, tests/spill_unlocked.rs). The schedule recorder
-//! (recorder.rs) has its own lock, always taken before the engine's, never after. Only the
+//! (recorder.rs) has its own lock, always taken before the engine's, never after; a learned
+//! loop's window (learned_window.rs) one taken after both, holding no other. Only the
 //! peer tier's reclaim and cleaning still wait while holding the lock (a lender asking for its
 //! memory comes first); ARCHITECTURE.md ("Locking") lists every wait. The engine's own threads
 //! (the file reader, file writers) never take the lock.
@@ -82,8 +83,8 @@ pub struct Engine {
     /// The HBM cap the engine started with (its own limit), which no budget exceeds.
     own_cap: usize,
     /// The window paged ahead along loops learned from acquires (`TIERMEM_LEARN_LOOPS`,
-    /// `TIERMEM_TUNE_WINDOW`; learned_window.rs); `None`: not learning. Taken after the
-    /// recorder's lock, never with the engine's held.
+    /// `TIERMEM_TUNE_WINDOW`; learned_window.rs); `None`: not learning. Taken last: after the
+    /// recorder's lock and the engine's.
     pub(crate) learned_window: Option<Mutex<crate::learned_window::LearnedWindow>>,
     fallback: Option<String>,
     /// Why some GPUs do not lend to the peer tier (lenders.rs).
