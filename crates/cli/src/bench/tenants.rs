@@ -446,6 +446,7 @@ fn measure(dir: &Path, commit: &str, setup: &Setup, scratch: &Path) -> Result<()
         "pairs_finished": pairs_finished, "pairs": pair_shares.len(),
         "idle_lender_others_speed": idle_lender_others_speed,
     });
+    // The victims' runs alone and beside the hog: the last repeat's.
     let more_detail = serde_json::json!({
         "victims_alone": speeds(&alone),
         "victims_with_hog": speeds(&with_hog), "victims_started_with_hog": speeds(&costart),
