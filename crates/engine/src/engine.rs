@@ -30,6 +30,7 @@ use crate::file_tier::FileTier;
 use crate::file_writes::{BackgroundWrites, Owner};
 use crate::host_tier::HostTier;
 use crate::in_flight::InFlight;
+use crate::learned_window::LearnedWindow;
 use crate::multipath::Multipath;
 use crate::recorder::Recorder;
 use crate::schedule::Schedule;
@@ -82,10 +83,9 @@ pub struct Engine {
     pub(crate) budget_wait: crate::budget_wait::BudgetWait,
     /// The HBM cap the engine started with (its own limit), which no budget exceeds.
     own_cap: usize,
-    /// The window paged ahead along loops learned from acquires (`TIERMEM_LEARN_LOOPS`,
-    /// `TIERMEM_TUNE_WINDOW`; learned_window.rs); `None`: not learning. Taken last: after the
-    /// recorder's lock and the engine's.
-    pub(crate) learned_window: Option<Mutex<crate::learned_window::LearnedWindow>>,
+    /// The window paged ahead along loops learned from acquires (learned_window.rs); `None`:
+    /// not learning. Locked last: after the recorder's lock and the engine's.
+    pub(crate) learned_window: Option<Mutex<LearnedWindow>>,
     fallback: Option<String>,
     /// Why some GPUs do not lend to the peer tier (lenders.rs).
     pub(crate) peer_notes: Vec<String>,
@@ -227,9 +227,7 @@ impl Engine {
             recorder: Mutex::new(Recorder::default()),
             budget_wait: Default::default(),
             own_cap: caps.hbm / chunk * chunk,
-            learned_window: config
-                .learn_loops
-                .map(|bytes| Mutex::new(crate::learned_window::LearnedWindow::new(bytes, config.tune_window))),
+            learned_window: config.learn_loops.map(|b| Mutex::new(LearnedWindow::new(b, config.tune_window))),
             fallback: None,
             peer_notes: notes,
         })

@@ -1,8 +1,8 @@
 //! The window a loop learned from acquires pages ahead (`TIERMEM_LEARN_LOOPS`): a fixed number
 //! of bytes, or, with `TIERMEM_TUNE_WINDOW=on`, tuned pass by pass by the policy's
 //! [`WindowTuner`] from how long each pass took and how long its acquires waited
-//! (`tiermem_policy::window` says why and how). Either way at most a share of the HBM budget,
-//! which the caller passes in as `cap`.
+//! (`tiermem_policy::window` says why and how). Either way at most a share of the HBM budget
+//! the caller passes in.
 //!
 //! This is the mechanism's half: it notes when a pass begins (the loop's first step) and the
 //! engine's running total of waits then, and hands the tuner each pass that ended.

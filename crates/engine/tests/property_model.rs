@@ -528,10 +528,8 @@ proptest! {
     fn every_byte_survives_moves_across_three_tiers(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4, fault_seed in any::<u64>()) {
         let policy = tiermem::policy::PolicyKind::ALL[policy];
         let path = support::file_tier_path("property");
-        // Half the cases learn a loop from the acquires (control.rs), paging one chunk ahead,
-        // half of those with the window tuned (learned_window.rs).
-        let learn_loops = (fault_seed & 1 == 0).then_some(CHUNK);
-        let tune_window = fault_seed & 2 == 0;
+        // Half the cases learn a loop from the acquires (control.rs), paging one chunk ahead, half of those tuned.
+        let (learn_loops, tune_window) = ((fault_seed & 1 == 0).then_some(CHUNK), fault_seed & 2 == 0);
         let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, learn_loops, tune_window, ..support::config() };
         let (engine, sim) = support::engine(HBM_CHUNKS, SMALL_HOST_CHUNKS, config);
         set_conditions(&engine, &sim, timing, faults, fault_seed);
@@ -579,7 +577,6 @@ fn four_tiers(
     let pre_evict = ((fault_seed >> 1) & 1) as usize * 2 * chunk;
     // And loops learned from the acquires in half of all, half of those with the window tuned.
     let learn_loops = ((fault_seed >> 2) & 1 == 0).then_some(chunk);
-    let tune_window = (fault_seed >> 3) & 1 == 0;
     let config = EngineConfig {
         policy,
         batch_chunks: 3,
@@ -589,7 +586,7 @@ fn four_tiers(
         peer_in_place,
         pre_evict,
         learn_loops,
-        tune_window,
+        tune_window: (fault_seed >> 3) & 1 == 0,
         ..support::config()
     };
     let (engine, sim) = support::engine_with_peers(k * HBM_CHUNKS, k * SMALL_HOST_CHUNKS, k * PEER_CHUNKS, config);
