@@ -7,8 +7,7 @@ cargo test --workspace --all-features
 # (--all-features includes `shuttle`: the model checks of the engine's threads,
 # crates/engine/src/model_checks.rs, run among the engine's unit tests.)
 # A short soak on the simulated device: threads, streams, kernels, every tier, every byte verified.
-# With the learned windows tuned pass by pass (TIERMEM_TUNE_WINDOW, off by default).
-TIERMEM_TUNE_WINDOW=on cargo run --release --bin tiermem -- soak --seconds 20 --threads 3
+cargo run --release --bin tiermem -- soak --seconds 20 --threads 3
 # Again on a simulated node of three GPUs: the peer tier (neighbours' HBM) as a fourth tier,
 # with reads where the chunks lie in a neighbour's HBM (in place).
 TIERMEM_SIM_GPUS=3 TIERMEM_PEER_IN_PLACE=on cargo run --release --bin tiermem -- soak --seconds 20 --threads 3 --seed 2

@@ -86,11 +86,6 @@ pub struct EngineConfig {
     /// three tenants cycling through 1.8× their node's HBM ran 1.9–2.2× faster with it
     /// (`bench tenants`, BENCHMARKS.md, eleventh session).
     pub learn_loops: Option<usize>,
-    /// `TIERMEM_TUNE_WINDOW=on|off` (default off until measured on the GPU): a learned loop's
-    /// window deepens, pass by pass, while its acquires wait for page-ins and evictions and a
-    /// deeper window makes its passes faster, up to a quarter of the HBM budget
-    /// (`tiermem_policy::WindowTuner`, learned_window.rs).
-    pub tune_window: bool,
     /// `TIERMEM_PRE_EVICT`: HBM kept free ahead of demand by starting evictions early, after
     /// each acquire (pre_evict.rs); 0 (the default, until measured) turns it off.
     pub pre_evict: usize,
@@ -177,7 +172,6 @@ impl Default for EngineConfig {
             ahead_waits: false,
             evict_room: true,
             learn_loops: Some(LEARNED_WINDOW),
-            tune_window: false,
             sim_gpus: 1,
         }
     }
@@ -249,9 +243,6 @@ impl EngineConfig {
                     Error::Config(format!("TIERMEM_LEARN_LOOPS: {e}: on, off, or the bytes to page ahead"))
                 })?),
             };
-        }
-        if let Some(v) = var("TIERMEM_TUNE_WINDOW") {
-            c.tune_window = on_or_off("TIERMEM_TUNE_WINDOW", &v)?;
         }
         if let Some(v) = var("TIERMEM_LOOK_PAST") {
             c.look_past = on_or_off("TIERMEM_LOOK_PAST", &v)?;

@@ -7,11 +7,13 @@
 
 use crate::engine::{Inner, Ticket};
 use crate::error::retag;
-use crate::learned_window::LearnedWindow;
 use crate::recorder::{Learned, Located, Recorder};
 use crate::schedule::Schedule;
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::MutexGuard;
 use crate::{BufferId, Engine, Error, Region, Result};
+
+/// A loop learned from acquires pages ahead at most this share of the HBM budget (`learn_from`).
+const LEARNED_WINDOW_SHARE: usize = 8;
 
 impl Engine {
     /// Gives the HBM of idle physical chunks back to the driver (for other users of the GPU)
@@ -177,7 +179,7 @@ impl Engine {
     /// `TIERMEM_LEARN_LOOPS` is off. Never fails the acquire: a schedule that cannot be set is
     /// recorded again, a page-ahead that fails leaves the acquire to bring in what it needs.
     pub(crate) fn learn_from(&self, regions: &[Region]) {
-        let Some(learned) = self.learned_window.as_ref() else { return };
+        let Some(window) = self.learn_loops else { return };
         let mut buffers: Vec<BufferId> = regions.iter().map(|r| r.buffer).collect();
         buffers.sort_unstable_by_key(|b| b.0);
         buffers.dedup();
@@ -190,30 +192,18 @@ impl Engine {
                 return;
             }
             Learned::Schedule(steps, step) => match self.install_recorded("acquire", steps) {
-                Ok(()) => {
-                    lock_learned(learned).forget_passes();
-                    step
-                }
+                Ok(()) => step,
                 Err(_) => return recorder.forget(),
             },
             Learned::Step(step) => step,
         };
-        // Sized once, on the first run of the call (it runs again after a wait).
-        let mut window = None;
         let _ = self.unlocked_waits(|inner| {
-            let (budget, waited_ms) = budget_and_waits(inner);
-            let bytes = *window.get_or_insert_with(|| lock_learned(learned).at_step(step, budget, waited_ms));
-            inner.advance(step, bytes)
+            // Every byte of window is a byte of HBM the loop's kept set gives up: at most an
+            // eighth of the budget (as tiermem.torch), so a window larger than the budget (a
+            // tenant whose share shrank) does not turn Belady into streaming everything.
+            let budget = inner.tiers.pool.cap() * inner.tiers.chunk;
+            inner.advance(step, window.min(budget / LEARNED_WINDOW_SHARE))
         });
-    }
-
-    /// The window a loop learned from acquires pages ahead now (`None`: not learning loops).
-    pub fn learned_window(&self) -> Option<usize> {
-        let learned = self.learned_window.as_ref()?;
-        let inner = self.lock();
-        let (budget, _) = budget_and_waits(&inner);
-        let window = lock_learned(learned).now(budget);
-        Some(window)
     }
 
     /// The neighbour GPUs lending to the peer tier: (GPU, bytes lent now, bytes borrowed now).
@@ -285,17 +275,4 @@ impl Engine {
         }
         inner.reclaim_peer("set_peer_budget")
     }
-}
-
-/// The learned window's lock; it stays consistent across a panic, so a poisoned lock is taken
-/// as it is.
-fn lock_learned(learned: &Mutex<LearnedWindow>) -> MutexGuard<'_, LearnedWindow> {
-    learned.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// The HBM budget in bytes, and the engine's running total of page-in and eviction waits (ms):
-/// what a learned window is sized by (learned_window.rs).
-fn budget_and_waits(inner: &Inner) -> (usize, f64) {
-    let counters = &inner.tiers.counters;
-    (inner.tiers.pool.cap() * inner.tiers.chunk, counters.stall_ms + counters.evict_wait_ms)
 }

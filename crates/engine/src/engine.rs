@@ -15,8 +15,7 @@
 //! waits: what a shrunk budget would send down but cannot without waiting stays for a later
 //! call. So an acquire of resident memory never waits for another thread's transfers or
 //! spills (tests/unlocked_waits.rs, tests/spill_unlocked.rs). The schedule recorder
-//! (recorder.rs) has its own lock, always taken before the engine's, never after; a learned
-//! loop's window (learned_window.rs) one taken after both, holding no other. Only the
+//! (recorder.rs) has its own lock, always taken before the engine's, never after. Only the
 //! peer tier's reclaim and cleaning still wait while holding the lock (a lender asking for its
 //! memory comes first); ARCHITECTURE.md ("Locking") lists every wait. The engine's own threads
 //! (the file reader, file writers) never take the lock.
@@ -30,7 +29,6 @@ use crate::file_tier::FileTier;
 use crate::file_writes::{BackgroundWrites, Owner};
 use crate::host_tier::HostTier;
 use crate::in_flight::InFlight;
-use crate::learned_window::LearnedWindow;
 use crate::multipath::Multipath;
 use crate::recorder::Recorder;
 use crate::schedule::Schedule;
@@ -83,9 +81,8 @@ pub struct Engine {
     pub(crate) budget_wait: crate::budget_wait::BudgetWait,
     /// The HBM cap the engine started with (its own limit), which no budget exceeds.
     own_cap: usize,
-    /// The window paged ahead along loops learned from acquires (learned_window.rs); `None`:
-    /// not learning. Locked last: after the recorder's lock and the engine's.
-    pub(crate) learned_window: Option<Mutex<LearnedWindow>>,
+    /// The window paged ahead along loops learned from acquires (`TIERMEM_LEARN_LOOPS`); `None`: off.
+    pub(crate) learn_loops: Option<usize>,
     fallback: Option<String>,
     /// Why some GPUs do not lend to the peer tier (lenders.rs).
     pub(crate) peer_notes: Vec<String>,
@@ -227,7 +224,7 @@ impl Engine {
             recorder: Mutex::new(Recorder::default()),
             budget_wait: Default::default(),
             own_cap: caps.hbm / chunk * chunk,
-            learned_window: config.learn_loops.map(|b| Mutex::new(LearnedWindow::new(b, config.tune_window))),
+            learn_loops: config.learn_loops,
             fallback: None,
             peer_notes: notes,
         })

@@ -42,7 +42,6 @@ mod homes;
 mod host_budget;
 mod host_tier;
 mod in_flight;
-mod learned_window;
 mod lender_watch;
 mod lenders;
 mod lending_back;

@@ -140,32 +140,3 @@ fn a_program_that_names_its_passes_is_not_second_guessed() {
     assert!(engine.recorded_steps().is_empty());
     support::assert_no_leaks(engine, sim);
 }
-
-/// `TIERMEM_TUNE_WINDOW`: however the passes go, a tuned window stays within a quarter of the
-/// HBM budget (a fixed one is its bytes within an eighth), and the loop loses nothing. Whether
-/// it deepens depends on how long the passes wait (the policy's tests, `WindowTuner`).
-#[test]
-fn a_learned_window_stays_within_its_share_of_the_budget_and_loses_nothing() {
-    let budget = CAP * CHUNK;
-    for tune_window in [false, true] {
-        let config = EngineConfig { learn_loops: Some(CHUNK), tune_window, stride_prefetch: 0, ..support::config() };
-        let (engine, sim) = support::engine(CAP, 2 * BUFFERS, config);
-        let buffers = buffers(&engine);
-        let in_order: Vec<usize> = (0..BUFFERS).collect();
-        for _ in 0..24 {
-            pass(&engine, &buffers, &in_order);
-            let window = engine.learned_window().expect("learning loops");
-            match tune_window {
-                true => assert!((CHUNK.min(budget / 8)..=budget / 4).contains(&window), "tuned: {window}"),
-                false => assert_eq!(window, CHUNK.min(budget / 8)),
-            }
-        }
-        assert_eq!(engine.recorded_steps().len(), BUFFERS);
-        for (id, data) in &buffers {
-            assert_contents(&engine, *id, data);
-        }
-        support::assert_no_leaks(engine, sim);
-    }
-    let (off, _) = engine(false);
-    assert_eq!(off.learned_window(), None, "not learning loops");
-}

@@ -528,9 +528,9 @@ proptest! {
     fn every_byte_survives_moves_across_three_tiers(ops in prop::collection::vec(op(), 100), policy in 0usize..4, timing in 0usize..3, faults in 0u64..4, fault_seed in any::<u64>()) {
         let policy = tiermem::policy::PolicyKind::ALL[policy];
         let path = support::file_tier_path("property");
-        // Half the cases learn a loop from the acquires (control.rs), paging one chunk ahead, half of those tuned.
-        let (learn_loops, tune_window) = ((fault_seed & 1 == 0).then_some(CHUNK), fault_seed & 2 == 0);
-        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, learn_loops, tune_window, ..support::config() };
+        // Half the cases learn a loop from the acquires (control.rs), paging one chunk ahead.
+        let learn_loops = (fault_seed & 1 == 0).then_some(CHUNK);
+        let config = EngineConfig { policy, batch_chunks: 3, file: Some(path.clone()), file_limit: FILE_CHUNKS * CHUNK, learn_loops, ..support::config() };
         let (engine, sim) = support::engine(HBM_CHUNKS, SMALL_HOST_CHUNKS, config);
         set_conditions(&engine, &sim, timing, faults, fault_seed);
         run(&engine, &sim, &ops, SMALL_HOST_CHUNKS, Some(FILE_CHUNKS))?;
@@ -575,7 +575,7 @@ fn four_tiers(
     let peer_in_place = fault_seed.is_multiple_of(2);
     // And in half of them, pre-eviction (pre_evict.rs) of two chunks.
     let pre_evict = ((fault_seed >> 1) & 1) as usize * 2 * chunk;
-    // And loops learned from the acquires in half of all, half of those with the window tuned.
+    // And loops learned from the acquires in half of all.
     let learn_loops = ((fault_seed >> 2) & 1 == 0).then_some(chunk);
     let config = EngineConfig {
         policy,
@@ -586,7 +586,6 @@ fn four_tiers(
         peer_in_place,
         pre_evict,
         learn_loops,
-        tune_window: (fault_seed >> 3) & 1 == 0,
         ..support::config()
     };
     let (engine, sim) = support::engine_with_peers(k * HBM_CHUNKS, k * SMALL_HOST_CHUNKS, k * PEER_CHUNKS, config);

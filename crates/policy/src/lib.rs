@@ -35,8 +35,7 @@
 //! Beside eviction, [`leave_hbm`] decides where a victim goes (the tiers below HBM, in order),
 //! [`read_in_place`] whether an acquire reads a chunk in a neighbour's HBM where it lies,
 //! [`split_between_paths`] how a page-in from host memory divides between PCIe links,
-//! [`Stride`] what a walk through a buffer will want next, [`WindowTuner`] how far a learned loop
-//! pages ahead, [`LinkBudget`] how much traffic a busy
+//! [`Stride`] what a walk through a buffer will want next, [`LinkBudget`] how much traffic a busy
 //! lender takes, and [`share`] divides a tier among tenants (the node daemon's weighted fair
 //! share, GPrioSwap §4), or [`admission`] admits whole working sets first (its opt-in
 //! `working-sets` sharing).
@@ -58,7 +57,6 @@ mod spread;
 mod stride;
 mod throttle;
 mod tier;
-mod window;
 
 pub use destination::{leave_hbm, Leave};
 pub use in_place::{read_in_place, PeerRead};
@@ -67,7 +65,6 @@ pub use spread::{spread_resident, Scheduled};
 pub use stride::Stride;
 pub use throttle::LinkBudget;
 pub use tier::Tier;
-pub use window::{Pass, WindowTuner};
 
 /// Fraction of the LRU stack (its least recently used end) that LRU-COST re-sorts by cost.
 pub const LRU_COST_SELECTION_FACTOR: f64 = 0.2;

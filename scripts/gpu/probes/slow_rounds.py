@@ -46,8 +46,7 @@ def main():
                       f" budget {now[at['hbm_budget']] / GIB:.2f} GiB, paged in {delta['paged_in'] / GIB:.2f} GiB,"
                       f" waits: page-ins {delta['stall_ms']:.0f} ms, evictions {delta['evict_wait_ms']:.0f} ms;"
                       f" driver: map {delta['map_ms']:.0f} ms, unmap {delta['unmap_ms']:.0f} ms,"
-                      f" pin {delta['pin_ms']:.0f} ms; pinned {now[at['host_pinned']] / GIB:.2f} GiB"
-                      + (f"; window {now[at['window']] >> 20} MiB" if "window" in at else ""))
+                      f" pin {delta['pin_ms']:.0f} ms; pinned {now[at['host_pinned']] / GIB:.2f} GiB")
 
 
 if __name__ == "__main__":

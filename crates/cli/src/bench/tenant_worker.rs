@@ -43,25 +43,14 @@ pub struct WorkerArgs {
 }
 
 /// The columns of a round's end in the trace ([`round_end`]).
-pub(super) const ROUND_COLUMNS: [&str; 10] = [
-    "s",
-    "hbm_budget",
-    "paged_in",
-    "stall_ms",
-    "evict_wait_ms",
-    "map_ms",
-    "unmap_ms",
-    "pin_ms",
-    "host_pinned",
-    "window",
-];
+pub(super) const ROUND_COLUMNS: [&str; 9] =
+    ["s", "hbm_budget", "paged_in", "stall_ms", "evict_wait_ms", "map_ms", "unmap_ms", "pin_ms", "host_pinned"];
 
 /// What a round's end saw, as [`ROUND_COLUMNS`] name it: the seconds since the work began, the
 /// HBM budget, and the running totals of bytes paged in, of the milliseconds acquires waited for
 /// page-ins (`stall`) and for evictions, of the driver's milliseconds making and mapping HBM
 /// chunks (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`), unmapping and releasing them, and
-/// pinning host memory, then the pinned host bytes held and the window its learned loop pages
-/// ahead (`Engine::learned_window`, 0 when it learns none). The differences between two rounds
+/// pinning host memory, then the pinned host bytes held. The differences between two rounds
 /// say where a slow one's time went.
 fn round_end(engine: &Engine, since: Instant) -> serde_json::Value {
     let (stats, driver) = (engine.stats(), engine.driver_times());
@@ -75,7 +64,6 @@ fn round_end(engine: &Engine, since: Instant) -> serde_json::Value {
         driver.unmap.ms + driver.release_chunk.ms,
         driver.alloc_pinned.ms,
         stats.host_pinned_bytes,
-        engine.learned_window().unwrap_or(0),
     ])
 }
 
