@@ -9,7 +9,7 @@
 //!   sharing whole working sets in turns (`hbm_sharing = "working-sets"`, opt-in:
 //!   `throughput_working_sets`). Bytes worked on ÷ the
 //!   wall time of the whole set (process start included, the same for every mode); each mode
-//!   runs `--repeats` times (3), alternating, and counts by its median (tenants_throughput.rs). With static
+//!   runs `--repeats` times (5), alternating, and counts by its median (tenants_throughput.rs). With static
 //!   caps the memory of a job that has finished stays idle; with tiermemd the jobs still
 //!   running take it. Each job spends `think_ms` of host time before each buffer's kernels, as
 //!   real jobs do between kernels, so one job alone leaves the GPU partly idle.
