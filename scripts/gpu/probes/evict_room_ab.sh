@@ -2,7 +2,8 @@
 # The twenty-seventh session's A/B: bench tenants with linked tenants pinning room to evict
 # into ahead of a cut (TIERMEM_EVICT_ROOM=on, the default) and without (off), alternating.
 # Rerun since the thirty-first session with jobs of 20 rounds (the default since the twenty-ninth)
-# and each throughput set three times, medians counted (~3.3 min a run, ~4 with the hog and the
+# and each throughput set three times (`--repeats 3`: five became the default in the
+# thirty-third session, ~6 min a run), medians counted (~3.3 min a run, ~4 with the hog and the
 # overhead repeated too since the thirty-second session, so one run each way by
 # default fits a call of 10 min): the linked tenants' rounds still stalled twice in the three-job phase with room
 # pinned gently, and each round's end now says where its time went (the detail's
@@ -17,7 +18,7 @@ for i in $(seq "$runs"); do
   for room in on off; do
     echo "=== bench tenants, TIERMEM_EVICT_ROOM=$room, run $i ($(date +%T))" | tee -a "$log"
     TIERMEM_EVICT_ROOM=$room TIERMEM_COMMIT=$commit-room-$room-$i timeout 330 dist/tiermem bench tenants \
-      --json "$out/room-$room-$i" > "$out/room-$room-$i.log" 2>&1
+      --repeats 3 --json "$out/room-$room-$i" > "$out/room-$room-$i.log" 2>&1
     grep -E "GB/s|vs_|hog|fair|overhead|pairs|leak|reclaim|idle" "$out/room-$room-$i.log" | tail -14 | tee -a "$log"
   done
 done
