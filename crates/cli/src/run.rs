@@ -1,6 +1,7 @@
-//! `tiermem run [--hbm-limit SIZE] [--stats] [--label NAME | --no-daemon] -- CMD ARGS…`: runs an
+//! `tiermem run [--hbm-limit SIZE] [--peers auto|LIST] [--stats] [--label NAME | --no-daemon] -- CMD ARGS…`: runs an
 //! unmodified CUDA program with `libtiermem_preload.so` preloaded (docs/transparent.md), so that
-//! its device allocations beyond the budget land in host memory instead of failing. With the node
+//! its device allocations beyond the budget land in host memory (or, with `--peers`, in neighbour
+//! GPUs' spare HBM first) instead of failing. With the node
 //! daemon running, the budget is the daemon's grant, at most `--hbm-limit` (`TIERMEM_DAEMON`).
 //!
 //! The library is found next to the `tiermem` executable (where `cargo build --release` and
@@ -24,6 +25,13 @@ pub struct RunArgs {
     /// With the node daemon running (`tiermem daemon`), the budget is its grant, at most this.
     #[arg(long, value_name = "SIZE")]
     hbm_limit: Option<String>,
+    /// Neighbour GPUs whose spare HBM holds what is beyond the budget before host memory:
+    /// `auto` (those this GPU reaches over NVLink or PCIe peer access, with no other process on
+    /// them) or ordinals like `1,2` (`TIERMEM_PEERS`; each keeps `TIERMEM_PEER_RESERVE` free,
+    /// 4 GiB by default). Off unless asked: memory lent to the program returns only as the
+    /// program frees it or tiermem moves it back up.
+    #[arg(long, value_name = "auto|LIST")]
+    peers: Option<String>,
     /// The name the node daemon's configuration knows this program by (`TIERMEM_LABEL`).
     #[arg(long, value_name = "NAME", conflicts_with = "no_daemon")]
     label: Option<String>,
@@ -89,6 +97,12 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     interpose(&mut command, limit.map_err(|e| format!("run: --hbm-limit: {e}"))?)?;
     if args.stats {
         command.env("TIERMEM_STATS", "1");
+    }
+    if let Some(peers) = &args.peers {
+        peers
+            .parse::<tiermem::PeerChoice>()
+            .map_err(|e| format!("run: --peers: {e} (auto, off, or GPU ordinals like 1,2)"))?;
+        command.env("TIERMEM_PEERS", peers);
     }
     if let Some(label) = &args.label {
         command.env("TIERMEM_LABEL", label);

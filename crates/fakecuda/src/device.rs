@@ -1,6 +1,7 @@
 //! The fake's driver, devices and contexts: `cuInit` (which reads the settings), versions,
-//! error names, one GPU, its primary context (current per thread), and synchronizations, which
-//! only count (work is never in flight).
+//! error names, the GPUs (one, or two with `TIERMEM_FAKE_GPUS=2`: peers of each other), their
+//! primary contexts (current per thread), and synchronizations, which only count (work is
+//! never in flight).
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -18,8 +19,45 @@ pub extern "C" fn cuInit(flags: c_uint) -> Code {
     if guard.is_none() {
         let total = std::env::var("TIERMEM_FAKE_HBM").ok().and_then(|t| parse_bytes(&t)).unwrap_or(1 << 30);
         let host_chunks = std::env::var("TIERMEM_FAKE_HOST_CHUNKS").map_or(true, |v| v != "0");
-        *guard = Some(Fake { memory: Memory::new(total), settings: Settings { host_chunks } });
+        let memory = Memory::new(total, gpus_setting());
+        *guard = Some(Fake { memory, settings: Settings { host_chunks } });
     }
+    CUDA_SUCCESS
+}
+
+/// How many GPUs `TIERMEM_FAKE_GPUS` asks for: 2, or 1 for anything else (and by default).
+fn gpus_setting() -> usize {
+    match std::env::var("TIERMEM_FAKE_GPUS").as_deref().map(str::trim) {
+        Ok("2") => 2,
+        _ => 1,
+    }
+}
+
+/// GPU `device`'s ordinal, if the fake has that GPU (device handles are ordinals).
+fn gpu(fake: &Fake, device: c_int) -> Option<usize> {
+    usize::try_from(device).ok().filter(|&gpu| gpu < fake.memory.gpus())
+}
+
+/// Runs `f` on the fake's state and GPU `device`'s ordinal; `CUDA_ERROR_INVALID_DEVICE` for a
+/// GPU the fake does not have.
+fn with_gpu(device: c_int, f: impl FnOnce(&mut Fake, usize) -> Code) -> Code {
+    with(|fake| match gpu(fake, device) {
+        Some(gpu) => f(fake, gpu),
+        None => CUDA_ERROR_INVALID_DEVICE,
+    })
+}
+
+/// Copies `text` (NUL-terminated) into the caller's buffer of `len` characters.
+///
+/// # Safety
+/// `out` null or valid for `len` characters.
+unsafe fn put_text(out: *mut c_char, len: c_int, text: &std::ffi::CStr) -> Code {
+    let bytes = text.to_bytes_with_nul();
+    if out.is_null() || usize::try_from(len).unwrap_or(0) < bytes.len() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: `out` holds at least `bytes.len()` characters (checked against `len`).
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), out, bytes.len()) };
     CUDA_SUCCESS
 }
 
@@ -55,33 +93,29 @@ pub unsafe extern "C" fn cuGetErrorName(code: Code, name: *mut *const c_char) ->
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> Code {
     // SAFETY: the caller's out-pointer.
-    with(|_| unsafe { put(count, 1) })
+    with(|fake| unsafe { put(count, fake.memory.gpus() as c_int) })
 }
 
-/// The one GPU's PCI address, `0000:01:00.0` (the fake NVML says the same).
+/// A GPU's PCI address: `0000:01:00.0` for GPU 0, `0000:02:00.0` for GPU 1 (the fake NVML says
+/// the same).
 ///
 /// # Safety
 /// As the driver's: `out` valid for `len` characters.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetPCIBusId(out: *mut c_char, len: c_int, device: c_int) -> Code {
-    let text = b"0000:01:00.0\0";
-    if out.is_null() || device != 0 || (len as usize) < text.len() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    // SAFETY: checked: `out` holds at least `text.len()` characters.
-    unsafe { std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), out, text.len()) };
-    CUDA_SUCCESS
+    with_gpu(device, |_, gpu| {
+        let text = if gpu == 0 { c"0000:01:00.0" } else { c"0000:02:00.0" };
+        // SAFETY: the caller's buffer of `len` characters.
+        unsafe { put_text(out, len, text) }
+    })
 }
 
 /// # Safety
 /// As the driver's.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut c_int, ordinal: c_int) -> Code {
-    if ordinal != 0 {
-        return CUDA_ERROR_INVALID_DEVICE;
-    }
-    // SAFETY: the caller's out-pointer.
-    with(|_| unsafe { put(device, 0) })
+    // SAFETY: the caller's out-pointer; the handle of a GPU is its ordinal.
+    with_gpu(ordinal, |_, _| unsafe { put(device, ordinal) })
 }
 
 /// # Safety
@@ -91,10 +125,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_in
     const VMM_SUPPORTED: c_int = 102;
     const HOST_NUMA_ID: c_int = 134;
     const HOST_NUMA_VMM_SUPPORTED: c_int = 141;
-    if device != 0 {
-        return CUDA_ERROR_INVALID_DEVICE;
-    }
-    with(|fake| {
+    with_gpu(device, |fake, _| {
         let v = match attribute {
             VMM_SUPPORTED => 1,
             HOST_NUMA_ID => 0,
@@ -110,51 +141,47 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_in
 /// As the driver's: `name` holds `len` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, device: c_int) -> Code {
-    let text = b"tiermem fake GPU\0";
-    if name.is_null() || device != 0 || usize::try_from(len).unwrap_or(0) < text.len() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    // SAFETY: `name` holds at least `text.len()` bytes (checked against `len`).
-    unsafe { std::ptr::copy_nonoverlapping(text.as_ptr().cast(), name, text.len()) };
-    CUDA_SUCCESS
+    // SAFETY: the caller's buffer of `len` bytes. The GPUs are of one model, as on a node.
+    with_gpu(device, |_, _| unsafe { put_text(name, len, c"tiermem fake GPU") })
 }
 
 /// # Safety
 /// As the driver's.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: c_int) -> Code {
-    if device != 0 {
-        return CUDA_ERROR_INVALID_DEVICE;
-    }
     // SAFETY: the caller's out-pointer.
-    with(|fake| unsafe { put(bytes, fake.memory.total) })
+    with_gpu(device, |fake, _| unsafe { put(bytes, fake.memory.total) })
 }
 
+/// 1 for two different GPUs the fake has (with two, each is the other's peer), else 0.
+///
 /// # Safety
 /// As the driver's.
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceCanAccessPeer(can: *mut c_int, _device: c_int, _peer: c_int) -> Code {
-    // SAFETY: the caller's out-pointer.
-    with(|_| unsafe { put(can, 0) })
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(can: *mut c_int, device: c_int, peer: c_int) -> Code {
+    with(|fake| {
+        let peers = matches!((gpu(fake, device), gpu(fake, peer)), (Some(a), Some(b)) if a != b);
+        // SAFETY: the caller's out-pointer.
+        unsafe { put(can, c_int::from(peers)) }
+    })
+}
+
+/// GPU `gpu`'s primary context's handle.
+fn primary(gpu: usize) -> usize {
+    PRIMARY + gpu * PRIMARY_STRIDE
 }
 
 /// # Safety
 /// As the driver's.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, device: c_int) -> Code {
-    if device != 0 {
-        return CUDA_ERROR_INVALID_DEVICE;
-    }
     // SAFETY: the caller's out-pointer.
-    with(|_| unsafe { put(ctx, PRIMARY as *mut c_void) })
+    with_gpu(device, |_, gpu| unsafe { put(ctx, primary(gpu) as *mut c_void) })
 }
 
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(device: c_int) -> Code {
-    if device != 0 {
-        return CUDA_ERROR_INVALID_DEVICE;
-    }
-    with(|_| CUDA_SUCCESS)
+    with_gpu(device, |_, _| CUDA_SUCCESS)
 }
 
 /// # Safety
@@ -165,9 +192,23 @@ pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut *mut c_void) -> Code {
     with(|_| unsafe { put(ctx, CURRENT.with(Cell::get) as *mut c_void) })
 }
 
+/// Whether `ctx` is the primary context of a GPU the fake has. GPU 0's is known even before
+/// `cuInit`, as it always was.
+fn known_context(ctx: usize) -> bool {
+    if ctx == PRIMARY {
+        return true;
+    }
+    let mut known = false;
+    with(|fake| {
+        known = (1..fake.memory.gpus()).any(|gpu| primary(gpu) == ctx);
+        CUDA_SUCCESS
+    });
+    known
+}
+
 #[no_mangle]
 pub extern "C" fn cuCtxSetCurrent(ctx: *mut c_void) -> Code {
-    if !ctx.is_null() && ctx as usize != PRIMARY {
+    if !ctx.is_null() && !known_context(ctx as usize) {
         return CUDA_ERROR_INVALID_CONTEXT;
     }
     CURRENT.with(|c| c.set(ctx as usize));
@@ -178,11 +219,11 @@ pub extern "C" fn cuCtxSetCurrent(ctx: *mut c_void) -> Code {
 /// As the driver's.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetDevice(device: *mut c_int) -> Code {
-    if let Err(code) = current_context() {
-        return code;
+    match current_context() {
+        // SAFETY: the caller's out-pointer; the handle of a GPU is its ordinal.
+        Ok(gpu) => unsafe { put(device, gpu as c_int) },
+        Err(code) => code,
     }
-    // SAFETY: the caller's out-pointer.
-    unsafe { put(device, 0) }
 }
 
 /// # Safety

@@ -1,11 +1,17 @@
-//! A fake `libcuda.so.1` for CI: one GPU whose memory is host memory (memory.rs), enough of
-//! the driver API for the mechanism crate's `CudaDevice::open` and chunk operations, for the
-//! memory calls libtiermem_preload.so routes, and for `cuGetProcAddress` with versions and
-//! per-thread-stream variants. Tests put a `libcuda.so.1` link to it on `LD_LIBRARY_PATH`.
+//! A fake `libcuda.so.1` for CI: one GPU, or two, whose memory is host memory (memory.rs),
+//! enough of the driver API for the mechanism crate's `CudaDevice::open` and chunk operations,
+//! for the memory calls libtiermem_preload.so routes, and for `cuGetProcAddress` with versions
+//! and per-thread-stream variants. Tests put a `libcuda.so.1` link to it on `LD_LIBRARY_PATH`.
 //!
-//! Settings (environment, read at `cuInit`): `TIERMEM_FAKE_HBM` — bytes of the fake GPU's
+//! Settings (environment, read at `cuInit`): `TIERMEM_FAKE_HBM` — bytes of each fake GPU's
 //! memory (default 1 GiB); `TIERMEM_FAKE_HOST_CHUNKS=0` — the driver says it cannot put VMM
-//! chunks in host memory (an older driver).
+//! chunks in host memory (an older driver); `TIERMEM_FAKE_GPUS=2` — a second GPU (anything
+//! else: one), a peer of the first, on PCI bus 2 (GPU 0 is on bus 1).
+//!
+//! With two GPUs, chunks made on GPU 1 (`cuMemCreate` at device 1) take GPU 1's memory and are
+//! mapped, given access, copied and shared like GPU 0's; `tiermem_fake_census` counts them as
+//! the neighbour's. Each GPU has a primary context; memory calls answer for the GPU of the
+//! calling thread's current context (GPU 0's when none is current).
 //!
 //! Kernels are handles a test registers, which touch the memory their pointer arguments name
 //! when launched (kernel.rs); tests can make one call of a few chunk operations fail.
@@ -25,6 +31,8 @@ mod nvml;
 mod pointers;
 mod pools;
 mod proc_address;
+#[cfg(test)]
+mod tests;
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
@@ -32,7 +40,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
 pub use memory::Census;
-use memory::{Memory, GRANULARITY};
+use memory::{Memory, Place, GRANULARITY};
 
 /// A `CUresult`.
 pub type Code = u32;
@@ -46,8 +54,10 @@ pub const CUDA_ERROR_INVALID_CONTEXT: Code = 201;
 pub const CUDA_ERROR_NOT_FOUND: Code = 500;
 pub const CUDA_ERROR_NOT_SUPPORTED: Code = 801;
 
-/// The one (primary) context's handle: any non-null value the program cannot mistake.
+/// GPU 0's primary context's handle: any non-null value the program cannot mistake. GPU `g`'s
+/// is `PRIMARY + g * PRIMARY_STRIDE` (device.rs).
 const PRIMARY: usize = 0x7e57_c000;
+const PRIMARY_STRIDE: usize = 0x100;
 
 /// `CUmemLocation`: its type (1 device, 2 host, 3 host NUMA, 4 host NUMA current) and id.
 #[repr(C)]
@@ -139,11 +149,18 @@ unsafe fn answer<T>(out: *mut T, result: Result<T, Code>) -> Code {
     }
 }
 
-pub(crate) fn current_context() -> Result<(), Code> {
+/// The GPU of the calling thread's current context; `CUDA_ERROR_INVALID_CONTEXT` if none is.
+pub(crate) fn current_context() -> Result<usize, Code> {
     match CURRENT.with(Cell::get) {
         0 => Err(CUDA_ERROR_INVALID_CONTEXT),
-        _ => Ok(()),
+        // Only primary contexts are ever current (cuCtxSetCurrent checks).
+        ctx => Ok((ctx - PRIMARY) / PRIMARY_STRIDE),
     }
+}
+
+/// The GPU memory calls answer for: the current context's, GPU 0 if none is current.
+fn current_gpu() -> usize {
+    current_context().unwrap_or(0)
 }
 
 /// # Safety
@@ -153,9 +170,11 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     if free.is_null() || total.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    let gpu = current_gpu();
     with(|fake| {
+        let (size, used) = (fake.memory.total, fake.memory.used(gpu));
         // SAFETY: the caller's out-pointers, checked non-null.
-        unsafe { (*free, *total) = (fake.memory.total - fake.memory.used, fake.memory.total) };
+        unsafe { (*free, *total) = (size - used, size) };
         CUDA_SUCCESS
     })
 }
@@ -204,20 +223,22 @@ pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const
     // SAFETY: checked non-null; the caller's allocation description.
     let location = unsafe { &(*prop).location };
     with(|fake| {
-        let on_gpu = match location.kind {
-            1 if location.id == 0 => true,
-            1 => return CUDA_ERROR_INVALID_DEVICE,
+        let place = match location.kind {
+            1 => match usize::try_from(location.id) {
+                Ok(gpu) if gpu < fake.memory.gpus() => Place::Gpu(gpu),
+                _ => return CUDA_ERROR_INVALID_DEVICE,
+            },
             // As the H200's driver: host chunks cannot ask to be GPUDirect RDMA capable.
             // SAFETY: checked non-null above.
             3 | 4 if unsafe { (*prop).gpu_direct_rdma } != 0 => return CUDA_ERROR_NOT_SUPPORTED,
-            3 | 4 if fake.settings.host_chunks => false,
+            3 | 4 if fake.settings.host_chunks => Place::Host,
             3 | 4 => return CUDA_ERROR_NOT_SUPPORTED,
             _ => return CUDA_ERROR_INVALID_VALUE,
         };
         // SAFETY: checked non-null above.
         let shareable = unsafe { (*prop).handle_types } & ipc::POSIX_FD != 0;
         // SAFETY: the caller's out-pointer.
-        unsafe { answer(handle, fake.memory.create(size, on_gpu, shareable)) }
+        unsafe { answer(handle, fake.memory.create(size, place, shareable)) }
     })
 }
 
@@ -255,22 +276,23 @@ pub unsafe extern "C" fn cuMemSetAccess(ptr: u64, size: usize, desc: *const c_vo
     with(|fake| fake.memory.set_access(ptr, size).err().unwrap_or(CUDA_SUCCESS))
 }
 
-/// A plain allocation. The exported functions call this, never each other: a preloaded
-/// library that exports the same names would get those calls (the real driver does not make
-/// them either).
+/// A plain allocation, of the current context's GPU. The exported functions call this, never
+/// each other: a preloaded library that exports the same names would get those calls (the real
+/// driver does not make them either).
 ///
 /// # Safety
 /// `ptr` null or valid for a write.
 unsafe fn alloc_plain(ptr: *mut u64, size: usize) -> Code {
-    if let Err(code) = current_context() {
-        return code;
-    }
+    let gpu = match current_context() {
+        Ok(gpu) => gpu,
+        Err(code) => return code,
+    };
     // The driver checks its arguments before it allocates anything.
     if ptr.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
     // SAFETY: the caller's out-pointer.
-    with(|fake| unsafe { answer(ptr, fake.memory.alloc_plain(size)) })
+    with(|fake| unsafe { answer(ptr, fake.memory.alloc_plain(size, gpu)) })
 }
 
 fn free_plain(ptr: u64) -> Code {
@@ -428,15 +450,17 @@ pub unsafe extern "C" fn tiermem_fake_census(out: *mut Census) -> Code {
     })
 }
 
-/// Where the chunk mapped at `va` lives: 1 the GPU, 2 the host, 0 nothing mapped there. Not a
-/// driver function. (A chunk released while mapped reads as the host's.)
+/// Where the chunk mapped at `va` lives: 1 GPU 0, 2 the host, 3 GPU 1 (the neighbour), 0
+/// nothing mapped there. Not a driver function. (A chunk released while mapped reads as the
+/// host's.)
 #[no_mangle]
 pub extern "C" fn tiermem_fake_location(va: u64) -> c_int {
     let mut location = 0;
     with(|fake| {
         location = match fake.memory.location(va) {
-            Some(true) => 1,
-            Some(false) => 2,
+            Some(Place::Gpu(0)) => 1,
+            Some(Place::Host) => 2,
+            Some(Place::Gpu(_)) => 3,
             None => 0,
         };
         CUDA_SUCCESS

@@ -135,6 +135,7 @@ mod rounds;
 mod routes;
 mod segments;
 mod shadows;
+mod spill;
 mod stats;
 mod trace;
 mod verify;
@@ -164,13 +165,14 @@ extern "C" fn report_stats() {
                 .chain(ipc::report())
                 .chain(deferred::report())
                 .chain(vmm::report())
+                .chain(spill::report())
                 .chain(verify::report())
             {
                 eprintln!("{line}");
             }
         }
         if let Some(path) = std::env::var_os("TIERMEM_STATS_JSON").filter(|p| !p.is_empty()) {
-            if let Err(why) = std::fs::write(&path, migration.json(&stats)) {
+            if let Err(why) = std::fs::write(&path, migration.json(&stats, spill::peak_bytes())) {
                 boundary::log(
                     "TIERMEM_STATS_JSON",
                     &format!("{} could not be written ({why})", path.to_string_lossy()),

@@ -140,6 +140,7 @@ impl Process {
             self.gpus.insert(ordinal, gpu);
             if let Some(device) = opened {
                 crate::peers::opened(self, call, ordinal, device.as_ref());
+                crate::spill::opened(call, ordinal, device.as_ref());
             }
         }
         self.gpus.get_mut(&ordinal).expect("inserted above")
@@ -314,18 +315,18 @@ fn build(device: &dyn Device, shape: Allocation, placement: Placement) -> Result
         let mut gpu_full = false;
         for index in 0..count {
             let len = allocation.chunk_len(index);
-            let create = |location| crate::ipc::create_chunk(device, location, len / granularity);
+            let beyond = || crate::spill::create_beyond(device, ordinal, len);
             let tier = if gpu_full { Tier::Host } else { placement.tier(index) };
             let created = match tier {
-                Tier::Hbm => create(ChunkLocation::Gpu(ordinal)),
-                Tier::Host => create(ChunkLocation::Host),
+                Tier::Hbm => crate::ipc::create_chunk(device, ChunkLocation::Gpu(ordinal), len / granularity),
+                Tier::Host => beyond(),
             };
             let (handle, tier) = match created {
                 Ok(handle) => (handle, tier),
-                // Other programs hold the HBM the budget counted on: the host takes the rest.
+                // Other programs hold the HBM the budget counted on: beyond it takes the rest.
                 Err(DeviceError::OutOfMemory { .. }) if tier == Tier::Hbm => {
                     gpu_full = true;
-                    (create(ChunkLocation::Host)?, Tier::Host)
+                    (beyond()?, Tier::Host)
                 }
                 Err(other) => return Err(other),
             };
@@ -342,7 +343,7 @@ fn build(device: &dyn Device, shape: Allocation, placement: Placement) -> Result
                 let _ = device.unmap(allocation.chunk_va(index), allocation.chunk_len(index));
             }
             for &(handle, _) in &allocation.chunks {
-                let _ = device.release_chunk(handle);
+                let _ = crate::spill::release(device, handle);
             }
             let _ = device.unreserve(va, allocation.reserved);
             Err(first)
@@ -446,7 +447,9 @@ pub fn teardown(call: &str, freed: Freed) -> Result<(), CuResult> {
     // (crates/mechanism/src/cuda/mod.rs).
     let torn_down = (0..allocation.chunks.len())
         .try_for_each(|index| device.unmap(allocation.chunk_va(index), allocation.chunk_len(index)))
-        .and_then(|()| allocation.chunks.iter().try_for_each(|&(handle, _)| device.release_chunk(handle)))
+        .and_then(|()| {
+            allocation.chunks.iter().try_for_each(|&(handle, _)| crate::spill::release(device.as_ref(), handle))
+        })
         .and_then(|()| device.unreserve(allocation.va, allocation.reserved));
     let mut p = process();
     p.give_back_hbm(allocation.ordinal, allocation.bytes_on(Tier::Hbm));

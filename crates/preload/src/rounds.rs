@@ -62,7 +62,7 @@ impl Tools {
     pub fn release(self, device: &dyn Device, p: &mut Process) {
         for (_, spare) in self.spares {
             p.shadows.forget(device, spare);
-            let _ = device.release_chunk(spare);
+            let _ = crate::spill::release(device, spare);
         }
         for (down, up) in self.streams.into_iter().flatten() {
             let _ = (device.destroy_stream(down), device.destroy_stream(up));
@@ -89,7 +89,12 @@ impl Tools {
 
 /// Takes a chunk of `len` bytes out of `pool` (`(bytes, handle)` pairs), if one is there.
 fn take(pool: &mut Vec<(usize, PhysHandle)>, len: usize) -> Option<PhysHandle> {
-    let at = pool.iter().rposition(|&(bytes, _)| bytes == len)?;
+    take_if(pool, len, |_| true)
+}
+
+/// Takes a chunk of `len` bytes out of `pool` for which `wanted` holds, if one is there.
+fn take_if(pool: &mut Vec<(usize, PhysHandle)>, len: usize, wanted: impl Fn(PhysHandle) -> bool) -> Option<PhysHandle> {
+    let at = pool.iter().rposition(|&(bytes, handle)| bytes == len && wanted(handle))?;
     Some(pool.swap_remove(at).1)
 }
 
@@ -123,7 +128,7 @@ pub fn execute(
         // This round's copies go at once: down, and up into HBM that finished rounds freed.
         let mut round = Round::new();
         let (down, up) = streams[parity];
-        let going_down = take_downs(call, device, p, &mut downs, &mut tools.spares, batch);
+        let going_down = take_downs(call, (device, ordinal), p, &mut downs, &mut tools.spares, batch);
         remap::start(device, &mut round, going_down, down);
         let in_flight = pending.as_ref().map_or(0, Round::bytes_up);
         let coming_up = take_ups(call, device, p, (ordinal, in_flight), &mut ups, &mut freed_hbm, batch);
@@ -158,7 +163,7 @@ pub fn execute(
 fn release(device: &dyn Device, p: &mut Process, handle: PhysHandle) {
     remap::timed(Phase::Release, || {
         p.shadows.forget(device, handle);
-        let _ = device.release_chunk(handle);
+        let _ = crate::spill::release(device, handle);
     });
 }
 
@@ -187,10 +192,11 @@ fn create(device: &dyn Device, location: ChunkLocation, len: usize) -> Option<Ph
     remap::timed(phase, || crate::ipc::create_chunk(device, location, granules).ok())
 }
 
-/// Up to `batch` moves down, into spare host chunks or new ones.
+/// Up to `batch` moves down from GPU `ordinal`'s HBM, into a neighbour's HBM where one lends
+/// room (spill.rs), else into spare host chunks or new ones.
 fn take_downs(
     call: &str,
-    device: &dyn Device,
+    (device, ordinal): (&dyn Device, usize),
     p: &mut Process,
     downs: &mut impl Iterator<Item = ChunkId>,
     spares: &mut Vec<(usize, PhysHandle)>,
@@ -200,7 +206,12 @@ fn take_downs(
     while moves.len() < batch {
         let Some(id) = downs.next() else { break };
         let Some((address, len, old)) = find(p, id) else { continue };
-        let Some(new) = take(spares, len).or_else(|| create(device, ChunkLocation::Host, len)) else { break };
+        let lent = || remap::timed(Phase::CreateHbm, || crate::spill::create_lent(device, ordinal, len));
+        let new = take_if(spares, len, crate::spill::is_lent)
+            .or_else(lent)
+            .or_else(|| take(spares, len))
+            .or_else(|| create(device, ChunkLocation::Host, len));
+        let Some(new) = new else { break };
         let Some(shadow) = shadow(call, device, p, new, len) else {
             spares.push((len, new));
             break;

@@ -198,12 +198,14 @@ impl Migration {
         )
     }
 
-    /// The counters as one JSON object (`TIERMEM_STATS_JSON`), with the allocation counters.
-    pub fn json(&self, stats: &Stats) -> String {
+    /// The counters as one JSON object (`TIERMEM_STATS_JSON`), with the allocation counters
+    /// and the most bytes neighbours lent at once (spill.rs).
+    pub fn json(&self, stats: &Stats, neighbours_peak_bytes: usize) -> String {
         let share = self.all_in_hbm_share().map_or("null".to_string(), |s| format!("{s:.6}"));
         format!(
             concat!(
                 "{{\"allocations\": {}, \"refused\": {}, \"hbm_peak_bytes\": {}, \"host_peak_bytes\": {}, ",
+                "\"neighbours_peak_bytes\": {}, ",
                 "\"migration\": {{\"enabled\": {}, \"chunks_up\": {}, \"chunks_down\": {}, \"bytes_moved\": {}, ",
                 "\"failed\": {}, \"quiesce_taken\": {}, \"quiesce_skipped\": {}, \"quiesce_ms\": {:.3}, \"unsynced_pauses\": {}}}, ",
                 "\"segments\": {{\"enabled\": {}, \"pauses\": {}, \"pause_ms\": {:.3}, \"pause_chunks\": {}, ",
@@ -215,6 +217,7 @@ impl Migration {
             stats.refused,
             stats.hbm.peak,
             stats.host.peak,
+            neighbours_peak_bytes,
             self.enabled,
             self.up,
             self.down,
@@ -290,7 +293,7 @@ mod tests {
             ),
             "{report}"
         );
-        let json = m.json(&s);
+        let json = m.json(&s, 0);
         assert!(json.contains("\"chunks_up\": 3") && json.contains("\"all_in_hbm_share\": null}}"), "{json}");
         assert!(json.contains("\"segments\": {\"enabled\": false, \"pauses\": 0, \"pause_ms\": 0.000"), "{json}");
         let mut phases = m;
@@ -299,7 +302,7 @@ mod tests {
         let report = phases.report();
         assert!(report.contains("moves: waiting for the GPU 0.0 ms, creating host chunks 0.7 ms (1),"), "{report}");
         assert!(report.contains("copying 2.5 ms, remapping 0.0 ms"), "{report}");
-        let json = phases.json(&s);
+        let json = phases.json(&s, 0);
         assert!(
             json.contains("\"move_phases_ms\": {\"waiting for the GPU\": 0.000,")
                 && json.contains("\"copying\": 2.500"),

@@ -193,6 +193,7 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "segments_0_7": at_0_7["tiermem"]["segments"],
         "segments_0_5": at_0_5["tiermem"]["segments"],
         "peak_reserved_bytes": peak,
+        "neighbours_peak_bytes": { "0_7": at_0_7["tiermem"]["neighbours_peak_bytes"], "0_5": at_0_5["tiermem"]["neighbours_peak_bytes"] },
         "budgets_bytes": { "fits": budget(2.0), "0_7": budget(0.7), "0_5": budget(0.5) },
         "small": setup.small,
         "matrix_skipped": coverage["skipped"],
@@ -205,8 +206,12 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "speed_async_0_7": ratio(s_uncapped, steady_step_s(&ordered_0_7)),
     });
     let date = super::today();
+    // Neighbours' HBM beyond the budget (TIERMEM_PEERS, inherited by every `tiermem run`): a
+    // measurement of its own, named apart from the host-only one.
+    let peers = std::env::var("TIERMEM_PEERS").ok().filter(|p| !p.trim().is_empty() && p.trim() != "off");
+    let suite = if peers.is_some() { "transparent-peers" } else { "transparent" };
     let report = json!({
-        "suite": "transparent", "commit": commit, "date": date,
+        "suite": suite, "commit": commit, "date": date, "peers": peers,
         "device": { "name": uncapped["device"], "torch": uncapped["torch"] },
         "metrics": metrics, "ratios": ratios, "checks": checks, "verified": verified,
         "notes": "stage 2: chunks placed at allocation (HBM up to the budget, host-located VMM chunks beyond), \
@@ -225,5 +230,5 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         serde_json::to_string_pretty(&json!({ "ratios": report["ratios"], "checks": report["checks"] }))
             .unwrap_or_default()
     );
-    super::write_report(dir, "transparent", &date, commit, &report, &detail)
+    super::write_report(dir, suite, &date, commit, &report, &detail)
 }

@@ -44,6 +44,8 @@ mod ipc;
 mod lease;
 #[path = "probe/migration.rs"]
 mod migration;
+#[path = "probe/neighbours.rs"]
+mod neighbours;
 #[path = "probe/pools.rs"]
 mod pools;
 #[path = "probe/segments.rs"]
@@ -78,6 +80,8 @@ struct Census {
     stream_syncs: usize,
     last_synced_stream: usize,
     peak_used_bytes: usize,
+    neighbour_chunks: usize,
+    neighbour_used_bytes: usize,
 }
 
 impl Census {
@@ -565,6 +569,7 @@ fn main() {
         ["ranges"] => ipc::ranges(),
         ["free-async"] => frees::free_async(),
         ["pools"] => pools::pools(),
+        ["neighbours"] => neighbours::neighbours(),
         ["vmm"] => vmm::vmm(true),
         ["vmm-no-host"] => vmm::vmm(false),
         ["vmm-off"] => vmm::off(),
@@ -576,7 +581,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | pools | vmm | vmm-no-host | vmm-off"
+                 | migrate-capture | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | pools | neighbours | vmm | vmm-no-host | vmm-off"
             );
             std::process::exit(2);
         }

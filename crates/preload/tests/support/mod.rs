@@ -62,6 +62,10 @@ pub fn probe_command(test: &str, args: &[&str], env: &[(&str, &str)]) -> (Comman
         "TIERMEM_FAKE_EVENT_POLLS",
         "TIERMEM_DAEMON",
         "TIERMEM_VERIFY_MOVES",
+        "TIERMEM_FAKE_GPUS",
+        "TIERMEM_PEERS",
+        "TIERMEM_PEER_RESERVE",
+        "TIERMEM_PEER_LIMIT",
     ] {
         command.env_remove(var);
     }
