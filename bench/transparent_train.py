@@ -66,8 +66,12 @@ def main():
         result["oom"], result["error"] = True, str(e).splitlines()[0]
     result["step_s_median"] = statistics.median(times[1:]) if len(times) > 1 else None
     result["step_s"] = times
-    result["max_memory_allocated"] = torch.cuda.max_memory_allocated()
-    result["max_memory_reserved"] = torch.cuda.max_memory_reserved()
+    try:
+        result["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+        result["max_memory_reserved"] = torch.cuda.max_memory_reserved()
+    except RuntimeError as e:  # a pluggable allocator (tiermem run --torch-allocator) keeps no statistics
+        result["max_memory_allocated"] = result["max_memory_reserved"] = None
+        result["memory_stats_error"] = str(e).splitlines()[0]
     with open(args.out, "w") as f:
         json.dump(result, f)
 

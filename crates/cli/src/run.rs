@@ -1,4 +1,4 @@
-//! `tiermem run [--hbm-limit SIZE] [--peers auto|LIST] [--stats] [--label NAME | --no-daemon] -- CMD ARGS…`: runs an
+//! `tiermem run [--hbm-limit SIZE] [--peers auto|LIST] [--torch-allocator] [--stats] [--label NAME | --no-daemon] -- CMD ARGS…`: runs an
 //! unmodified CUDA program with `libtiermem_preload.so` preloaded (docs/transparent.md), so that
 //! its device allocations beyond the budget land in host memory (or, with `--peers`, in neighbour
 //! GPUs' spare HBM first) instead of failing. With the node
@@ -7,10 +7,13 @@
 //! The library is found next to the `tiermem` executable (where `cargo build --release` and
 //! `cargo install` put both), or at `TIERMEM_PRELOAD`. It goes first in `LD_PRELOAD`, before
 //! whatever the caller preloads already; the budget and `--stats` travel as `TIERMEM_HBM_LIMIT`
-//! (bytes) and `TIERMEM_STATS`. Then tiermem execs the command, so the command's exit status
+//! (bytes) and `TIERMEM_STATS`. `--torch-allocator` also puts a `sitecustomize` hook
+//! (torch_hook.py) first on PYTHONPATH, which makes tiermem's `CUDAPluggableAllocator`
+//! PyTorch's allocator once `torch` is imported. Then tiermem execs the command, so the command's exit status
 //! (or signal) is tiermem's, and its children inherit the environment, hence the preload too.
 
 use std::ffi::{OsStr, OsString};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
@@ -32,6 +35,11 @@ pub struct RunArgs {
     /// program frees it or tiermem moves it back up.
     #[arg(long, value_name = "auto|LIST")]
     peers: Option<String>,
+    /// PyTorch programs: make tiermem's `CUDAPluggableAllocator` PyTorch's allocator once
+    /// `torch` is imported, so that every tensor is an allocation of tiermem's (a
+    /// `sitecustomize` hook on PYTHONPATH; docs/transparent.md, "The PyTorch route").
+    #[arg(long)]
+    torch_allocator: bool,
     /// The name the node daemon's configuration knows this program by (`TIERMEM_LABEL`).
     #[arg(long, value_name = "NAME", conflicts_with = "no_daemon")]
     label: Option<String>,
@@ -78,13 +86,36 @@ fn preload_with(library: &OsStr, existing: Option<&OsStr>) -> OsString {
     value
 }
 
-/// Makes `command` run under tiermem: the library preloaded, the budget (bytes) if given.
-pub(crate) fn interpose(command: &mut Command, hbm_limit: Option<usize>) -> Result<(), String> {
+/// Makes `command` run under tiermem: the library preloaded, the budget (bytes) if given. The
+/// library's path.
+pub(crate) fn interpose_library(command: &mut Command, hbm_limit: Option<usize>) -> Result<PathBuf, String> {
     let library = preload_library()?;
     command.env("LD_PRELOAD", preload_with(library.as_os_str(), std::env::var_os("LD_PRELOAD").as_deref()));
     if let Some(bytes) = hbm_limit {
         command.env("TIERMEM_HBM_LIMIT", bytes.to_string());
     }
+    Ok(library)
+}
+
+/// Puts the PyTorch hook (torch_hook.py, as `sitecustomize.py` in a folder of this user's)
+/// first on the command's PYTHONPATH, naming `library` as the allocator's.
+pub(crate) fn install_torch_hook(command: &mut Command, library: &std::path::Path) -> Result<(), String> {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let dir = std::env::temp_dir().join(format!("tiermem-{uid}-torch-hook"));
+    let failed = |what: &str, e: std::io::Error| format!("run: --torch-allocator: {what} {}: {e}", dir.display());
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir).map_err(|e| failed("creating", e))?;
+    // Written whole under another name, then renamed: a program starting meanwhile reads the
+    // old file or the new one, never half of one.
+    let partial = dir.join(format!("sitecustomize.py.{}", std::process::id()));
+    std::fs::write(&partial, include_str!("torch_hook.py")).map_err(|e| failed("writing into", e))?;
+    std::fs::rename(&partial, dir.join("sitecustomize.py")).map_err(|e| failed("writing into", e))?;
+    let mut path = dir.into_os_string();
+    if let Some(rest) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(rest);
+    }
+    command.env("PYTHONPATH", path).env("TIERMEM_TORCH_ALLOCATOR", library);
     Ok(())
 }
 
@@ -94,7 +125,10 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     let mut command = Command::new(program);
     command.args(rest);
     let limit = args.hbm_limit.as_deref().map(tiermem::parse_size).transpose();
-    interpose(&mut command, limit.map_err(|e| format!("run: --hbm-limit: {e}"))?)?;
+    let library = interpose_library(&mut command, limit.map_err(|e| format!("run: --hbm-limit: {e}"))?)?;
+    if args.torch_allocator {
+        install_torch_hook(&mut command, &library)?;
+    }
     if args.stats {
         command.env("TIERMEM_STATS", "1");
     }

@@ -88,3 +88,76 @@ fn the_label_and_the_daemon_setting_reach_the_program() {
     assert_eq!(run(&["--no-daemon"]), (true, "|off\n".to_string()));
     assert!(!run(&["--label", "x", "--no-daemon"]).0, "a label for a daemon it will not use is refused");
 }
+
+/// A stand-in `torch` package (torch.cuda.memory records what it is asked) and a
+/// `sitecustomize` of the program's own, in `dir`; PYTHONPATH naming both.
+fn fake_torch(dir: &std::path::Path, refuse: bool) -> String {
+    let memory = dir.join("pkgs/torch/cuda");
+    std::fs::create_dir_all(&memory).unwrap();
+    std::fs::write(dir.join("pkgs/torch/__init__.py"), "from . import cuda\n").unwrap();
+    std::fs::write(memory.join("__init__.py"), "from . import memory\n").unwrap();
+    let install =
+        if refuse { "raise RuntimeError('CUDA is initialized already')" } else { "calls.append('installed')" };
+    let module = format!(
+        "calls = []\nclass CUDAPluggableAllocator:\n    def __init__(self, path, malloc, free):\n        \
+         calls.append((path, malloc, free))\ndef change_current_allocator(allocator):\n    {install}\n"
+    );
+    std::fs::write(memory.join("memory.py"), module).unwrap();
+    std::fs::create_dir_all(dir.join("site")).unwrap();
+    std::fs::write(dir.join("site/sitecustomize.py"), "import os\nos.environ['PROGRAM_SITE_RAN'] = 'yes'\n").unwrap();
+    format!("{}:{}", dir.join("site").display(), dir.join("pkgs").display())
+}
+
+fn run_python(args: &[&str], pythonpath: &str, code: &str) -> std::process::Output {
+    support::tiermem()
+        .args(["run"])
+        .args(args)
+        .args(["--", "python3", "-c", code])
+        .env("TIERMEM_PRELOAD", preload_library())
+        .env("PYTHONPATH", pythonpath)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn torch_allocator_installs_tiermems_allocator_once_torch_is_imported() {
+    let dir = support::TempDir::new("torch-hook-installs");
+    let pythonpath = fake_torch(&dir.0, false);
+    let code = "import os, sys; before = 'torch' in sys.modules; import torch; \
+                print(before, torch.cuda.memory.calls, os.environ.get('PROGRAM_SITE_RAN'))";
+    let output = run_python(&["--torch-allocator"], &pythonpath, code);
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let library = preload_library().canonicalize().unwrap();
+    let expected =
+        format!("False [('{}', 'tiermem_torch_malloc', 'tiermem_torch_free'), 'installed'] yes\n", library.display());
+    assert_eq!(stdout, expected, "installed after `import torch`, the program's sitecustomize run too: {stderr}");
+    // Without the flag, PyTorch's allocator stays (and the program's sitecustomize runs as ever).
+    let output = run_python(
+        &[],
+        &pythonpath,
+        "import os, torch; print(torch.cuda.memory.calls, os.environ.get('PROGRAM_SITE_RAN'))",
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "[] yes\n");
+}
+
+#[test]
+fn torch_allocator_refused_is_said_and_the_program_goes_on() {
+    let dir = support::TempDir::new("torch-hook-refused");
+    let pythonpath = fake_torch(&dir.0, true);
+    let output = run_python(&["--torch-allocator"], &pythonpath, "import torch; print('went on')");
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success() && stdout == "went on\n", "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("--torch-allocator: PyTorch's allocator could not be replaced (CUDA is initialized already)"),
+        "{stderr}"
+    );
+    // A program that never imports torch pays nothing and hears nothing.
+    let output = run_python(&["--torch-allocator"], &pythonpath, "import sys; print('torch' in sys.modules)");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "False\n");
+    assert!(
+        !String::from_utf8_lossy(&output.stderr).contains("tiermem"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

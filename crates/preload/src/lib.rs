@@ -137,6 +137,7 @@ mod segments;
 mod shadows;
 mod spill;
 mod stats;
+mod torch_alloc;
 mod trace;
 mod verify;
 mod vmm;

@@ -100,3 +100,13 @@ fn an_async_free_is_ordered_on_its_stream_not_waited_for() {
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("free-async: ok"), "{stdout}\n{stderr}");
 }
+
+#[test]
+fn pytorchs_pluggable_allocator_gets_tiermems_allocations_in_stream_order() {
+    let env = [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_EVENT_POLLS", "10")];
+    let output = support::probe("torch-allocator", &["torch-allocator"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("torch-allocator: ok"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("tiermem_torch_malloc: asked for GPU 1 while the current context is GPU 0"), "{stderr}");
+    assert!(stderr.contains("tiermem_torch_malloc: a size of -1 B; refused (NULL)"), "{stderr}");
+}

@@ -66,21 +66,33 @@ fn matrix(setup: &Setup) -> Value {
 /// Steps of the stream-ordered backend's run at least (its warm-up takes four).
 const ASYNC_STEPS: usize = 12;
 
-/// One run of the script: its report, or why it gave none. `stream_ordered`: with PyTorch's
-/// `cudaMallocAsync` backend, for at least [`ASYNC_STEPS`] steps.
+/// PyTorch's allocator in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Allocator {
+    /// Its caching allocator (the default): segments of many tensors.
+    Caching,
+    /// Its `cudaMallocAsync` backend: each tensor a stream-ordered allocation.
+    StreamOrdered,
+    /// tiermem's `CUDAPluggableAllocator` (`tiermem run --torch-allocator`): each tensor an
+    /// allocation of tiermem's, ordered on its stream.
+    Tiermem,
+}
+
+/// One run of the script: its report, or why it gave none. With an allocator that makes each
+/// tensor an allocation, at least [`ASYNC_STEPS`] steps.
 fn train(
     setup: &Setup,
     label: &str,
     budget: Option<usize>,
     memory_fraction: Option<f64>,
-    stream_ordered: bool,
+    allocator: Allocator,
 ) -> Result<Value, String> {
     let out = std::env::temp_dir().join(format!("tiermem-transparent-{}-{label}.json", std::process::id()));
     let counters = out.with_extension("tiermem.json");
     let mut command = Command::new("python3");
-    let steps = if stream_ordered { setup.steps.max(ASYNC_STEPS) } else { setup.steps };
+    let steps = if allocator == Allocator::Caching { setup.steps } else { setup.steps.max(ASYNC_STEPS) };
     command.arg(&setup.script).arg("--out").arg(&out).args(["--steps", &steps.to_string()]);
-    if stream_ordered {
+    if allocator == Allocator::StreamOrdered {
         command.env("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync");
     }
     command.args(setup.small.then_some("--small"));
@@ -88,7 +100,10 @@ fn train(
         command.args(["--memory-fraction", &format!("{fraction:.4}")]);
     }
     if let Some(bytes) = budget {
-        crate::run::interpose(&mut command, Some(bytes))?;
+        let library = crate::run::interpose_library(&mut command, Some(bytes))?;
+        if allocator == Allocator::Tiermem {
+            crate::run::install_torch_hook(&mut command, &library)?;
+        }
         command.env("TIERMEM_STATS", "1").env("TIERMEM_STATS_JSON", &counters);
     }
     println!("bench transparent: {label}{}", budget.map_or(String::new(), |b| format!(", budget {b} bytes")));
@@ -106,8 +121,14 @@ fn train(
 }
 
 /// As [`train`], a failure recorded in the report (`failed`) instead of ending the suite.
-fn train_or_record(setup: &Setup, label: &str, budget: Option<usize>, fraction: Option<f64>, ordered: bool) -> Value {
-    train(setup, label, budget, fraction, ordered).unwrap_or_else(|e| {
+fn train_or_record(
+    setup: &Setup,
+    label: &str,
+    budget: Option<usize>,
+    fraction: Option<f64>,
+    allocator: Allocator,
+) -> Value {
+    train(setup, label, budget, fraction, allocator).unwrap_or_else(|e| {
         eprintln!("{e}");
         json!({ "failed": e, "oom": null, "losses": null })
     })
@@ -136,18 +157,38 @@ fn steady_step_s(report: &Value) -> Option<f64> {
 }
 
 pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
-    let uncapped = train(&setup, "uncapped", None, None, false)?;
+    let uncapped = train(&setup, "uncapped", None, None, Allocator::Caching)?;
     let peak =
         uncapped["max_memory_reserved"].as_u64().filter(|&p| p > 0).ok_or("bench transparent: no peak reported")?;
     let total = uncapped["mem_get_info_total"].as_f64().ok_or("bench transparent: no GPU memory reported")?;
     let budget = |share: f64| (peak as f64 * share) as usize;
-    let fits = train_or_record(&setup, "fits", Some(budget(2.0)), None, false);
-    let at_0_7 = train_or_record(&setup, "budget 0.7", Some(budget(0.7)), None, false);
-    let at_0_5 = train_or_record(&setup, "budget 0.5", Some(budget(0.5)), None, false);
-    let stock = train_or_record(&setup, "stock allocator capped at 0.7", None, Some(0.7 * peak as f64 / total), false);
-    let ordered_0_7 = train_or_record(&setup, "cudaMallocAsync backend, budget 0.7", Some(budget(0.7)), None, true);
+    let caching = Allocator::Caching;
+    let fits = train_or_record(&setup, "fits", Some(budget(2.0)), None, caching);
+    let at_0_7 = train_or_record(&setup, "budget 0.7", Some(budget(0.7)), None, caching);
+    let at_0_5 = train_or_record(&setup, "budget 0.5", Some(budget(0.5)), None, caching);
+    let stock =
+        train_or_record(&setup, "stock allocator capped at 0.7", None, Some(0.7 * peak as f64 / total), caching);
+    let ordered_0_7 = train_or_record(
+        &setup,
+        "cudaMallocAsync backend, budget 0.7",
+        Some(budget(0.7)),
+        None,
+        Allocator::StreamOrdered,
+    );
+    let pluggable_0_7 = train_or_record(
+        &setup,
+        "tiermem's pluggable allocator, budget 0.7",
+        Some(budget(0.7)),
+        None,
+        Allocator::Tiermem,
+    );
 
     let same = |run: &Value| run["oom"] == false && run["losses"] == uncapped["losses"];
+    // A longer run's first losses are the plain run's.
+    let starts_with_plain = |run: &Value| {
+        run["oom"] == false
+            && run["losses"].as_array().zip(uncapped["losses"].as_array()).is_some_and(|(a, u)| a.starts_with(u))
+    };
     let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
     let (s_uncapped, s_fits, s_07, s_05) = (step_s(&uncapped), step_s(&fits), step_s(&at_0_7), step_s(&at_0_5));
     // Time at quiesce points over the steps run (the first, which warms up, included).
@@ -163,8 +204,8 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "pytorch_training_fits": same(&fits),
         "pytorch_training_budget_0_7": same(&at_0_7),
         "pytorch_training_budget_0_5": same(&at_0_5),
-        "pytorch_async_backend_budget_0_7": ordered_0_7["oom"] == false
-            && ordered_0_7["losses"].as_array().zip(uncapped["losses"].as_array()).is_some_and(|(a, u)| a.starts_with(u)),
+        "pytorch_async_backend_budget_0_7": starts_with_plain(&ordered_0_7),
+        "pytorch_torch_allocator_budget_0_7": starts_with_plain(&pluggable_0_7),
     });
     if let (Some(all), Some(matrix)) = (checks.as_object_mut(), coverage["checks"].as_object()) {
         all.extend(matrix.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -180,6 +221,8 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "step_s_budget_0_5": s_05,
         "step_s_async_budget_0_7": steady_step_s(&ordered_0_7),
         "step_s_async_budget_0_7_all": ordered_0_7["step_s"],
+        "step_s_torch_allocator_budget_0_7": steady_step_s(&pluggable_0_7),
+        "step_s_torch_allocator_budget_0_7_all": pluggable_0_7["step_s"],
         "stock_oom_at_0_7": stock["oom"] == true,
         "stock_error": stock["error"],
         "quiesce_ms_per_step": quiesce_ms_per_step(&at_0_7),
@@ -204,6 +247,7 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
         "speed_0_7": ratio(s_uncapped, s_07),
         "speed_0_5": ratio(s_uncapped, s_05),
         "speed_async_0_7": ratio(s_uncapped, steady_step_s(&ordered_0_7)),
+        "speed_torch_allocator_0_7": ratio(s_uncapped, steady_step_s(&pluggable_0_7)),
     });
     let date = super::today();
     // Neighbours' HBM beyond the budget (TIERMEM_PEERS, inherited by every `tiermem run`): a
@@ -223,6 +267,7 @@ pub fn run(dir: &Path, commit: &str, setup: Setup) -> Result<(), String> {
     let detail = json!({
         "uncapped": uncapped, "fits": fits, "budget_0_7": at_0_7, "budget_0_5": at_0_5, "stock_0_7": stock,
         "async_budget_0_7": ordered_0_7,
+        "torch_allocator_budget_0_7": pluggable_0_7,
         "matrix": coverage,
     });
     println!(

@@ -568,6 +568,7 @@ fn main() {
         ["ipc"] => ipc::ipc(),
         ["ranges"] => ipc::ranges(),
         ["free-async"] => frees::free_async(),
+        ["torch-allocator"] => frees::torch_allocator(),
         ["pools"] => pools::pools(),
         ["neighbours"] => neighbours::neighbours(),
         ["vmm"] => vmm::vmm(true),
@@ -581,7 +582,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | pools | neighbours | vmm | vmm-no-host | vmm-off"
+                 | migrate-capture | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | vmm | vmm-no-host | vmm-off"
             );
             std::process::exit(2);
         }

@@ -57,3 +57,59 @@ pub fn free_async() {
     assert_eq!(cuda.census().held(), before.held(), "leak");
     println!("free-async: ok");
 }
+
+type TorchMalloc = unsafe extern "C" fn(isize, std::ffi::c_int, *mut c_void) -> *mut c_void;
+type TorchFree = unsafe extern "C" fn(*mut c_void, isize, std::ffi::c_int, *mut c_void);
+
+/// The functions of tiermem's `CUDAPluggableAllocator` (torch_alloc.rs), as PyTorch calls them,
+/// under a budget of 16 MiB: a tensor is an allocation of tiermem's ordered on its stream (a free
+/// taken back by the next of its size there), one beyond the budget lives on the host, every
+/// byte intact; another GPU than the current one, or a negative size, is refused with NULL; a
+/// NULL free is nothing; nothing leaks.
+pub fn torch_allocator() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let before = cuda.census();
+    let find = |name: &std::ffi::CStr| {
+        // SAFETY: dlsym over everything loaded (the preload library among it), a NUL-terminated name.
+        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        assert!(!f.is_null(), "{name:?} is not exported");
+        f
+    };
+    // SAFETY: the preload library's functions, of these signatures (torch_alloc.rs).
+    let (malloc, free) = unsafe {
+        (
+            std::mem::transmute::<*mut c_void, TorchMalloc>(find(c"tiermem_torch_malloc")),
+            std::mem::transmute::<*mut c_void, TorchFree>(find(c"tiermem_torch_free")),
+        )
+    };
+    let stream = std::ptr::null_mut();
+    // SAFETY: as PyTorch calls them: sizes, the current GPU (0), its legacy stream.
+    unsafe {
+        let x = malloc(4 * MIB as isize, 0, stream);
+        assert!(!x.is_null(), "a tensor of 4 MiB");
+        cuda.write_and_verify(x as u64, 4 * MIB, 5);
+        free(x, 4 * MIB as isize, 0, stream);
+        let y = malloc(4 * MIB as isize, 0, stream);
+        assert_eq!(y, x, "the same size on the same stream takes the free back, in stream order");
+        free(y, 4 * MIB as isize, 0, stream);
+        let big = malloc(24 * MIB as isize, 0, stream);
+        assert!(!big.is_null(), "beyond the budget: always mapped");
+        assert!(cuda.census().host_chunks >= 4, "the rest on the host");
+        cuda.write_and_verify(big as u64, 24 * MIB, 6);
+        free(big, 24 * MIB as isize, 0, stream);
+        assert!(malloc(MIB as isize, 1, stream).is_null(), "another GPU than the current one");
+        assert!(malloc(-1, 0, stream).is_null(), "a negative size");
+        assert!(malloc(0, 0, stream).is_null(), "no bytes");
+        free(std::ptr::null_mut(), 0, 0, stream);
+        // A plain allocation of the whole budget waits for the frees to be done: nothing held after.
+        let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
+        let whole: Free = cuda.get(c"cuMemFree", 0);
+        let mut z = 0u64;
+        assert_eq!(alloc(&mut z, 16 * MIB), 0);
+        assert_eq!(cuda.census().host_chunks, 0, "the whole budget in HBM: the freed tensors were given back");
+        assert_eq!(whole(z), 0);
+    }
+    assert_eq!(cuda.census().held(), before.held(), "leak");
+    println!("torch-allocator: ok");
+}

@@ -1,0 +1,86 @@
+//! PyTorch's route (issue 16): the two functions of a `torch.cuda.memory.CUDAPluggableAllocator`,
+//! which `tiermem run --torch-allocator` installs before the program's first CUDA allocation
+//! (crates/cli/src/torch_hook.py): every tensor becomes an allocation of tiermem's, ordered on
+//! the stream PyTorch names, exactly as `cuMemAllocAsync` and `cuMemFreeAsync` serve them
+//! (entry.rs, deferred.rs): always mapped, in HBM up to the budget and beyond it in a lending
+//! neighbour's HBM or on the host, a free taken back by the next allocation of its size on its
+//! stream, the books and the migration those of the driver route.
+//!
+//! What it gives the policy over the driver route: tiermem sees each tensor and each free, where
+//! it otherwise sees PyTorch's segments of many tensors and none of their frees.
+//! What it costs: PyTorch's caching allocator is gone, so each tensor is a mapping of its own
+//! and moving many small ones costs more driver calls (docs/transparent.md, "The PyTorch route").
+//!
+//! The signatures are PyTorch's (`CUDAPluggableAllocator`): `void* malloc(ssize_t size, int
+//! device, cudaStream_t stream)` and `void free(void* ptr, ssize_t size, int device,
+//! cudaStream_t stream)`; a `cudaStream_t` is the driver's `CUstream`. Neither may unwind or
+//! fail silently: a refusal is `NULL` (PyTorch reports it as CUDA out of memory) with one line
+//! on stderr saying why.
+
+use std::ffi::{c_int, c_void};
+
+use crate::boundary::{log, CUDA_SUCCESS};
+use crate::driver::Stream;
+
+/// The GPU of the calling thread's current context, if the driver says.
+fn current_gpu() -> Option<usize> {
+    crate::process::current_gpu().and_then(Result::ok)
+}
+
+/// Whether an allocation for `device` may be made in the calling thread's current context: PyTorch
+/// sets the tensor's device current before it allocates; a mismatch is said and refused.
+fn on_current_gpu(call: &str, device: c_int) -> bool {
+    let current = current_gpu();
+    let same = usize::try_from(device).ok().is_some_and(|d| Some(d) == current);
+    if !same {
+        let now = current.map_or("none".to_string(), |gpu| format!("GPU {gpu}"));
+        log(call, &format!("asked for GPU {device} while the current context is {now}"), "refused (NULL)");
+    }
+    same
+}
+
+/// `CUDAPluggableAllocator`'s malloc: `size` bytes on GPU `device`, ordered on `stream`; `NULL`
+/// when refused (PyTorch's out-of-memory error follows).
+///
+/// # Safety
+/// As PyTorch calls it: `stream` a stream of `device`'s current context (or null).
+#[no_mangle]
+pub unsafe extern "C" fn tiermem_torch_malloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    const CALL: &str = "tiermem_torch_malloc";
+    let Ok(bytes) = usize::try_from(size) else {
+        log(CALL, &format!("a size of {size} B"), "refused (NULL)");
+        return std::ptr::null_mut();
+    };
+    if bytes == 0 || !on_current_gpu(CALL, device) {
+        return std::ptr::null_mut();
+    }
+    let mut ptr = 0u64;
+    // SAFETY: a valid out-pointer; the stream is the caller's (as cuMemAllocAsync takes it).
+    let code = unsafe { crate::entry::cuMemAllocAsync(&mut ptr, bytes, stream as Stream) };
+    if code != CUDA_SUCCESS {
+        log(CALL, &format!("{bytes} B on GPU {device}: CUDA error {code}"), "refused (NULL)");
+        return std::ptr::null_mut();
+    }
+    ptr as *mut c_void
+}
+
+/// `CUDAPluggableAllocator`'s free: `ptr` (from [`tiermem_torch_malloc`]) given back once
+/// `stream`'s work before it is done.
+///
+/// # Safety
+/// As PyTorch calls it: `ptr` an allocation of [`tiermem_torch_malloc`] not freed since.
+#[no_mangle]
+pub unsafe extern "C" fn tiermem_torch_free(ptr: *mut c_void, _size: isize, device: c_int, stream: *mut c_void) {
+    if ptr.is_null() {
+        return;
+    }
+    // SAFETY: the caller's pointer and stream, as cuMemFreeAsync takes them.
+    let code = unsafe { crate::entry::cuMemFreeAsync(ptr as u64, stream as Stream) };
+    if code != CUDA_SUCCESS {
+        log(
+            "tiermem_torch_free",
+            &format!("{ptr:p} on GPU {device}: CUDA error {code}"),
+            "its memory stays held (a pointer freed twice, or not tiermem's?)",
+        );
+    }
+}
