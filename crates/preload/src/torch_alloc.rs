@@ -20,23 +20,32 @@
 use std::ffi::{c_int, c_void};
 
 use crate::boundary::{log, CUDA_SUCCESS};
-use crate::driver::Stream;
+use crate::driver::{PrimaryContext, Stream};
 
-/// The GPU of the calling thread's current context, if the driver says.
-fn current_gpu() -> Option<usize> {
-    crate::process::current_gpu().and_then(Result::ok)
-}
-
-/// Whether an allocation for `device` may be made in the calling thread's current context: PyTorch
-/// sets the tensor's device current before it allocates; a mismatch is said and refused.
-fn on_current_gpu(call: &str, device: c_int) -> bool {
-    let current = current_gpu();
-    let same = usize::try_from(device).ok().is_some_and(|d| Some(d) == current);
-    if !same {
-        let now = current.map_or("none".to_string(), |gpu| format!("GPU {gpu}"));
-        log(call, &format!("asked for GPU {device} while the current context is {now}"), "refused (NULL)");
+/// Runs `body` in GPU `device`'s context: the calling thread's current one when it is that
+/// GPU's; the GPU's primary context (the runtime's), bound for the call, when the thread has
+/// none yet (PyTorch's autograd threads allocate before the runtime made a context current
+/// there, as it does lazily at its next call); `None`, said, when another GPU's is current
+/// (PyTorch makes the tensor's device current before it allocates).
+fn in_context<T>(call: &str, device: c_int, body: impl FnOnce() -> T) -> Option<T> {
+    let Ok(ordinal) = usize::try_from(device) else {
+        log(call, &format!("GPU {device}"), "refused");
+        return None;
+    };
+    match crate::process::current_gpu() {
+        Some(Ok(current)) if current != ordinal => {
+            log(call, &format!("asked for GPU {device} while GPU {current}'s context is current"), "refused");
+            None
+        }
+        Some(Err(_)) => match PrimaryContext::bind(ordinal) {
+            Ok(_bound) => Some(body()),
+            Err(why) => {
+                log(call, &format!("no context is current and {why}"), "refused");
+                None
+            }
+        },
+        _ => Some(body()),
     }
-    same
 }
 
 /// `CUDAPluggableAllocator`'s malloc: `size` bytes on GPU `device`, ordered on `stream`; `NULL`
@@ -51,12 +60,13 @@ pub unsafe extern "C" fn tiermem_torch_malloc(size: isize, device: c_int, stream
         log(CALL, &format!("a size of {size} B"), "refused (NULL)");
         return std::ptr::null_mut();
     };
-    if bytes == 0 || !on_current_gpu(CALL, device) {
+    if bytes == 0 {
         return std::ptr::null_mut();
     }
     let mut ptr = 0u64;
     // SAFETY: a valid out-pointer; the stream is the caller's (as cuMemAllocAsync takes it).
-    let code = unsafe { crate::entry::cuMemAllocAsync(&mut ptr, bytes, stream as Stream) };
+    let allocate = || unsafe { crate::entry::cuMemAllocAsync(&mut ptr, bytes, stream as Stream) };
+    let Some(code) = in_context(CALL, device, allocate) else { return std::ptr::null_mut() };
     if code != CUDA_SUCCESS {
         log(CALL, &format!("{bytes} B on GPU {device}: CUDA error {code}"), "refused (NULL)");
         return std::ptr::null_mut();
@@ -75,7 +85,8 @@ pub unsafe extern "C" fn tiermem_torch_free(ptr: *mut c_void, _size: isize, devi
         return;
     }
     // SAFETY: the caller's pointer and stream, as cuMemFreeAsync takes them.
-    let code = unsafe { crate::entry::cuMemFreeAsync(ptr as u64, stream as Stream) };
+    let release = || unsafe { crate::entry::cuMemFreeAsync(ptr as u64, stream as Stream) };
+    let Some(code) = in_context("tiermem_torch_free", device, release) else { return };
     if code != CUDA_SUCCESS {
         log(
             "tiermem_torch_free",

@@ -107,6 +107,10 @@ fn pytorchs_pluggable_allocator_gets_tiermems_allocations_in_stream_order() {
     let output = support::probe("torch-allocator", &["torch-allocator"], &env);
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("torch-allocator: ok"), "{stdout}\n{stderr}");
-    assert!(stderr.contains("tiermem_torch_malloc: asked for GPU 1 while the current context is GPU 0"), "{stderr}");
+    assert!(
+        stderr.contains("tiermem_torch_malloc: asked for GPU 1 while GPU 0's context is current; refused"),
+        "{stderr}"
+    );
     assert!(stderr.contains("tiermem_torch_malloc: a size of -1 B; refused (NULL)"), "{stderr}");
+    assert!(!stderr.contains("tiermem_torch_free"), "every free went through: {stderr}");
 }

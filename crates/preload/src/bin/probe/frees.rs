@@ -99,6 +99,20 @@ pub fn torch_allocator() {
         cuda.write_and_verify(big as u64, 24 * MIB, 6);
         free(big, 24 * MIB as isize, 0, stream);
         assert!(malloc(MIB as isize, 1, stream).is_null(), "another GPU than the current one");
+        // A thread without a current context (PyTorch's autograd threads): served in the GPU's
+        // primary context, and left without one again.
+        let (malloc_at, free_at) = (malloc as usize, free as usize);
+        let t = std::thread::spawn(move || {
+            let malloc = std::mem::transmute::<usize, TorchMalloc>(malloc_at);
+            let p = malloc(2 * MIB as isize, 0, std::ptr::null_mut()) as u64;
+            (p, std::mem::transmute::<usize, TorchFree>(free_at))
+        });
+        let (p, free_there) = t.join().expect("the thread");
+        assert_ne!(p, 0, "a thread without a context gets its tensor");
+        cuda.write_and_verify(p, 2 * MIB, 8);
+        std::thread::spawn(move || free_there(p as *mut c_void, 2 * MIB as isize, 0, std::ptr::null_mut()))
+            .join()
+            .expect("the thread");
         assert!(malloc(-1, 0, stream).is_null(), "a negative size");
         assert!(malloc(0, 0, stream).is_null(), "no bytes");
         free(std::ptr::null_mut(), 0, 0, stream);
