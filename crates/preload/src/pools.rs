@@ -19,7 +19,7 @@
 //! that HBM tiermem keeps across synchronizations (deferred.rs).
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
@@ -162,10 +162,24 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: MemPool, keep: usize) -> CuResult
     to_driver(|| unsafe { real(pool, keep) })
 }
 
+/// Set once tiermem serves PyTorch as its allocator (torch_alloc.rs): frees are kept across
+/// synchronizations, as PyTorch's `cudaMallocAsync` backend asks of its pool.
+static KEEP_ALL_FREES: AtomicBool = AtomicBool::new(false);
+
+/// Frees are kept across synchronizations from now on, whatever the pools' thresholds say
+/// (given back when an allocation needs their room, or by `cuMemPoolTrimTo`).
+pub fn keep_all_frees() {
+    KEEP_ALL_FREES.store(true, Relaxed);
+}
+
 /// The release threshold the program set on GPU `ordinal`'s default pool
 /// (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`): how many bytes of freed memory the pool keeps at a
-/// synchronization; 0 (the driver's default) where the driver cannot say.
+/// synchronization; 0 (the driver's default) where the driver cannot say; all of them once
+/// [`keep_all_frees`] was called.
 pub fn release_threshold(ordinal: usize) -> usize {
+    if KEEP_ALL_FREES.load(Relaxed) {
+        return usize::MAX;
+    }
     const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
     static GET: OnceLock<Option<GetAttributeFn>> = OnceLock::new();
     let (Some(get), Some(pool)) = (cached_entry(&GET, "cuMemPoolGetAttribute\0"), default_pool(ordinal)) else {

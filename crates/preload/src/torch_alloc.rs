@@ -63,6 +63,10 @@ pub unsafe extern "C" fn tiermem_torch_malloc(size: isize, device: c_int, stream
     if bytes == 0 {
         return std::ptr::null_mut();
     }
+    // PyTorch's own stream-ordered backend keeps every free in its pool across synchronizations
+    // (a release threshold of all): so does tiermem for it, or each step would make its tensors'
+    // chunks anew.
+    crate::pools::keep_all_frees();
     let mut ptr = 0u64;
     // SAFETY: a valid out-pointer; the stream is the caller's (as cuMemAllocAsync takes it).
     let allocate = || unsafe { crate::entry::cuMemAllocAsync(&mut ptr, bytes, stream as Stream) };
