@@ -13,7 +13,7 @@
 //! (or signal) is tiermem's, and its children inherit the environment, hence the preload too.
 
 use std::ffi::{OsStr, OsString};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
@@ -105,6 +105,15 @@ pub(crate) fn install_torch_hook(command: &mut Command, library: &std::path::Pat
     let dir = std::env::temp_dir().join(format!("tiermem-{uid}-torch-hook"));
     let failed = |what: &str, e: std::io::Error| format!("run: --torch-allocator: {what} {}: {e}", dir.display());
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir).map_err(|e| failed("creating", e))?;
+    // Python runs what lies there: a folder someone else owns, or may write into, is refused.
+    let meta = std::fs::symlink_metadata(&dir).map_err(|e| failed("reading", e))?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "run: --torch-allocator: {} is not a folder of this user's that only it may write into; \
+             remove it, or set TMPDIR to another folder",
+            dir.display()
+        ));
+    }
     // Written whole under another name, then renamed: a program starting meanwhile reads the
     // old file or the new one, never half of one.
     let partial = dir.join(format!("sitecustomize.py.{}", std::process::id()));

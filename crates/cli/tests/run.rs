@@ -161,3 +161,22 @@ fn torch_allocator_refused_is_said_and_the_program_goes_on() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[test]
+fn torch_allocator_refuses_a_hook_folder_others_may_write_into() {
+    let tmp = support::TempDir::new("torch-hook-unsafe");
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let hook = tmp.0.join(format!("tiermem-{uid}-torch-hook"));
+    std::fs::create_dir_all(&hook).unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let output = support::tiermem()
+        .args(["run", "--torch-allocator", "--", "sh", "-c", "echo ran"])
+        .env("TIERMEM_PRELOAD", preload_library())
+        .env("TMPDIR", &tmp.0)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && !String::from_utf8_lossy(&output.stdout).contains("ran"), "{stderr}");
+    assert!(stderr.contains("is not a folder of this user's that only it may write into"), "{stderr}");
+}

@@ -25,15 +25,16 @@ use crate::driver::{PrimaryContext, Stream};
 /// Runs `body` in GPU `device`'s context: the calling thread's current one when it is that
 /// GPU's; the GPU's primary context (the runtime's), bound for the call, when the thread has
 /// none yet (PyTorch's autograd threads allocate before the runtime made a context current
-/// there, as it does lazily at its next call); `None`, said, when another GPU's is current
-/// (PyTorch makes the tensor's device current before it allocates).
-fn in_context<T>(call: &str, device: c_int, body: impl FnOnce() -> T) -> Option<T> {
+/// there, as it does lazily at its next call). When another GPU's is current, `strict` (an
+/// allocation, which lands on the current GPU) refuses it, said: PyTorch makes the tensor's
+/// device current before it allocates; a free goes on (it finds its allocation by address).
+fn in_context<T>(call: &str, device: c_int, strict: bool, body: impl FnOnce() -> T) -> Option<T> {
     let Ok(ordinal) = usize::try_from(device) else {
         log(call, &format!("GPU {device}"), "refused");
         return None;
     };
     match crate::process::current_gpu() {
-        Some(Ok(current)) if current != ordinal => {
+        Some(Ok(current)) if current != ordinal && strict => {
             log(call, &format!("asked for GPU {device} while GPU {current}'s context is current"), "refused");
             None
         }
@@ -70,7 +71,7 @@ pub unsafe extern "C" fn tiermem_torch_malloc(size: isize, device: c_int, stream
     let mut ptr = 0u64;
     // SAFETY: a valid out-pointer; the stream is the caller's (as cuMemAllocAsync takes it).
     let allocate = || unsafe { crate::entry::cuMemAllocAsync(&mut ptr, bytes, stream as Stream) };
-    let Some(code) = in_context(CALL, device, allocate) else { return std::ptr::null_mut() };
+    let Some(code) = in_context(CALL, device, true, allocate) else { return std::ptr::null_mut() };
     if code != CUDA_SUCCESS {
         log(CALL, &format!("{bytes} B on GPU {device}: CUDA error {code}"), "refused (NULL)");
         return std::ptr::null_mut();
@@ -90,7 +91,7 @@ pub unsafe extern "C" fn tiermem_torch_free(ptr: *mut c_void, _size: isize, devi
     }
     // SAFETY: the caller's pointer and stream, as cuMemFreeAsync takes them.
     let release = || unsafe { crate::entry::cuMemFreeAsync(ptr as u64, stream as Stream) };
-    let Some(code) = in_context("tiermem_torch_free", device, release) else { return };
+    let Some(code) = in_context("tiermem_torch_free", device, false, release) else { return };
     if code != CUDA_SUCCESS {
         log(
             "tiermem_torch_free",
