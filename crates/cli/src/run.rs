@@ -31,8 +31,8 @@ pub struct RunArgs {
     /// Neighbour GPUs whose spare HBM holds what is beyond the budget before host memory:
     /// `auto` (those this GPU reaches over NVLink or PCIe peer access, with no other process on
     /// them) or ordinals like `1,2` (`TIERMEM_PEERS`; each keeps `TIERMEM_PEER_RESERVE` free,
-    /// 4 GiB by default). Off unless asked: memory lent to the program returns only as the
-    /// program frees it or tiermem moves it back up.
+    /// 4 GiB by default; a lender that runs short gets memory back at the program's next
+    /// synchronization). Off unless asked: lent memory returns only at the program's pace.
     #[arg(long, value_name = "auto|LIST")]
     peers: Option<String>,
     /// PyTorch programs: make tiermem's `CUDAPluggableAllocator` PyTorch's allocator once

@@ -468,6 +468,14 @@ pub extern "C" fn tiermem_fake_location(va: u64) -> c_int {
     location
 }
 
+/// Another program takes `bytes` of GPU `gpu`'s memory, or gives them back (negative): what
+/// NVML and the driver then say that GPU has free. Not a driver function.
+#[no_mangle]
+pub extern "C" fn tiermem_fake_hold(gpu: c_int, bytes: isize) -> Code {
+    let Ok(gpu) = usize::try_from(gpu) else { return CUDA_ERROR_INVALID_DEVICE };
+    with(|fake| fake.memory.hold(gpu, bytes).err().unwrap_or(CUDA_SUCCESS))
+}
+
 /// Entry points the mechanism crate requires at open but the fake does not implement.
 macro_rules! not_supported {
     ($($name:ident),* $(,)?) => {$(

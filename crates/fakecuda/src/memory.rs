@@ -134,6 +134,22 @@ impl Memory {
         Ok(())
     }
 
+    /// Another program takes `bytes` of GPU `gpu`'s memory (negative: gives them back): for
+    /// tests of a lender running short (`tiermem_fake_hold`).
+    pub fn hold(&mut self, gpu: usize, bytes: isize) -> Result<(), Code> {
+        if bytes >= 0 {
+            return self.take_gpu_memory(gpu, bytes.unsigned_abs());
+        }
+        match self.used.get(gpu) {
+            Some(&used) if used >= bytes.unsigned_abs() => {
+                self.give_gpu_memory(gpu, bytes.unsigned_abs());
+                Ok(())
+            }
+            Some(_) => Err(CUDA_ERROR_INVALID_VALUE),
+            None => Err(CUDA_ERROR_INVALID_DEVICE),
+        }
+    }
+
     /// Gives `size` bytes back to GPU `gpu`, which took them.
     fn give_gpu_memory(&mut self, gpu: usize, size: usize) {
         if let Some(used) = self.used.get_mut(gpu) {

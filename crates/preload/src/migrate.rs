@@ -178,6 +178,7 @@ pub fn quiesce_point(call: &str) {
     }
     LAST_QUIESCE_MS.store(now_ms(), Relaxed);
     crate::trace::event("sync", || format!("\"call\": {}", crate::trace::quoted(call)));
+    give_back_lent(call);
     // Stage 3 (cycle.rs): the cycle ends; with a plan for the next, its first segment's moves
     // are made here instead of the hotness plan's.
     let first = crate::cycle::cycle_ends();
@@ -238,7 +239,39 @@ pub fn pause_point(call: &str) {
     // A program that never synchronizes: its pauses end its cycles (deferred.rs ages its frees).
     crate::deferred::cycle_ends(None, None);
     crate::trace::event("pause", || format!("\"call\": {}", crate::trace::quoted(call)));
+    give_back_lent(call);
     hotness_moves(call, config());
+}
+
+/// Neighbours that ran short of their reserve since they lent (spill.rs) get it back here: the
+/// gate held exclusively and the context waited for, as for any move. If that cannot be now
+/// (another migration, a capture), the next quiesce point finds them short again.
+fn give_back_lent(call: &str) {
+    if !crate::spill::ever_lent() {
+        return;
+    }
+    let Some(Ok(ordinal)) = process::current_gpu() else { return };
+    let Some(device) = process::lock().gpus.get(&ordinal).and_then(|gpu| gpu.device.clone()) else { return };
+    let owed = crate::spill::shortfalls(ordinal, device.as_ref());
+    if owed.is_empty() {
+        return;
+    }
+    let Some(mut state) = try_state() else { return };
+    let state = state.get_or_insert_with(State::default);
+    let _gate = gate::exclusive();
+    if gate::forbidden().is_some() || !remap::timed(Phase::Wait, synchronize) {
+        return;
+    }
+    let mut p = process::lock();
+    let Some(batch) = p.gpus.get(&ordinal).map(|gpu| config().batch(gpu.chunk)) else { return };
+    let tools = state.gpus.entry(ordinal).or_default();
+    for (lender, bytes) in owed {
+        let given = rounds::return_lent(call, &mut p, ordinal, (lender, bytes), tools, batch);
+        crate::spill::returned(given);
+        crate::trace::event("given_back_to_lender", || {
+            format!("\"gpu\": {lender}, \"owed\": {bytes}, \"given\": {given}")
+        });
+    }
 }
 
 /// Stage 2 at a quiesce point: the epoch's heat planned into moves (moves.rs) and made, unless

@@ -159,6 +159,70 @@ pub fn execute(
     moved
 }
 
+/// Gives `lender` (a neighbour that ran short of its reserve: spill.rs) up to `bytes` of what it
+/// lent GPU `ordinal`: its chunks among the spares released, then chunks in use moved to the
+/// host at their addresses (copied and remapped as a move down is, in rounds of `batch`; the
+/// books' HBM untouched). Called at a quiesce point, like every move. The bytes given back.
+pub fn return_lent(
+    call: &str,
+    p: &mut Process,
+    ordinal: usize,
+    (lender, bytes): (usize, usize),
+    tools: &mut Tools,
+    batch: usize,
+) -> usize {
+    let Some(device) = p.gpus.get(&ordinal).and_then(|gpu| gpu.device.clone()) else { return 0 };
+    let device = device.as_ref();
+    let mut returned = 0;
+    while returned < bytes {
+        let Some(at) = tools.spares.iter().position(|&(_, h)| crate::spill::lender_of(h) == Some(lender)) else {
+            break;
+        };
+        let (len, handle) = tools.spares.swap_remove(at);
+        release(device, p, handle);
+        returned += len;
+    }
+    let Ok(streams) = tools.streams(device) else { return returned };
+    let mut owed: Vec<ChunkId> = Vec::new();
+    let mut covered = returned;
+    for allocation in p.books.iter().chain(p.books.kept()) {
+        for (index, &(handle, _)) in allocation.chunks.iter().enumerate() {
+            if covered < bytes && crate::spill::lender_of(handle) == Some(lender) {
+                owed.push((allocation.va, index));
+                covered += allocation.chunk_len(index);
+            }
+        }
+    }
+    for ids in owed.chunks(batch.max(1)) {
+        let mut moves = Vec::new();
+        for &id in ids {
+            let Some((address, len, old)) = find(p, id) else { continue };
+            let host = take_if(&mut tools.spares, len, |h| !crate::spill::is_lent(h));
+            let Some(new) = host.or_else(|| create(device, ChunkLocation::Host, len)) else { break };
+            let Some(shadow) = shadow(call, device, p, new, len) else {
+                tools.spares.push((len, new));
+                break;
+            };
+            moves.push(Move { id, address, len, old, new, shadow, up: false });
+        }
+        let mut round = Round::new();
+        remap::start(device, &mut round, moves, streams[0].0);
+        for (m, made) in round.moves.iter().zip(remap::finish(call, device, &round)) {
+            FAILED.fetch_add(u64::from(!made), Relaxed);
+            if !made {
+                tools.spares.push((m.len, m.new));
+                continue;
+            }
+            if let Some(slot) = p.books.movable_mut(m.id.0).and_then(|(a, _)| a.chunks.get_mut(m.id.1)) {
+                slot.0 = m.new;
+            }
+            release(device, p, m.old);
+            returned += m.len;
+        }
+    }
+    returned
+}
+
 /// Gives physical chunk `handle` back to the driver, its shadow first.
 fn release(device: &dyn Device, p: &mut Process, handle: PhysHandle) {
     remap::timed(Phase::Release, || {

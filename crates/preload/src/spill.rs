@@ -32,9 +32,13 @@ use crate::boundary::log;
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Lender {
     gpu: usize,
-    /// The most it lends: what it could spare when the borrower opened, or what was lent when
-    /// it turned out to be full.
+    /// The most it lends now: what it could spare when the borrower opened, less what it asked
+    /// back since, or what was lent when it turned out to be full.
     most: usize,
+    /// What it could spare when the borrower opened: the most it lends again once it has room.
+    offered: usize,
+    /// The HBM it keeps free (`TIERMEM_PEER_RESERVE`).
+    reserve: usize,
     lent: usize,
     peak: usize,
     /// The program opened this GPU itself: it lends nothing more.
@@ -74,6 +78,23 @@ impl Books {
         }
     }
 
+    /// `borrower`'s lender `gpu` has `free` bytes free now: what it lends from now on follows
+    /// (the engine's `recap`: less, down to nothing, below its reserve; back up to what it
+    /// offered once it has room). The bytes lent beyond that, to be given back.
+    fn recap(&mut self, borrower: usize, gpu: usize, free: usize) -> usize {
+        let lenders = self.lenders.get_mut(&borrower).into_iter().flatten();
+        let Some(lender) = lenders.into_iter().find(|l| l.gpu == gpu) else { return 0 };
+        let most = tiermem::lending_recap(lender.lent, free, lender.reserve, lender.offered);
+        lender.most = if lender.withdrawn { lender.most.min(most) } else { most };
+        lender.lent.saturating_sub(most)
+    }
+
+    /// The lenders of `borrower` that lend or have lent: their GPUs.
+    fn lending_to(&self, borrower: usize) -> Vec<usize> {
+        let lenders = self.lenders.get(&borrower).into_iter().flatten();
+        lenders.filter(|l| l.lent > 0 || l.most < l.offered).map(|l| l.gpu).collect()
+    }
+
     /// GPU `gpu` is the program's own from now on: it lends nothing more.
     fn withdraw(&mut self, gpu: usize) {
         for lender in self.lenders.values_mut().flatten().filter(|l| l.gpu == gpu) {
@@ -83,6 +104,14 @@ impl Books {
 }
 
 static BOOKS: Mutex<Option<Books>> = Mutex::new(None);
+
+/// Whether a neighbour ever lent (a check without the lock, at every quiesce point).
+static EVER_LENT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether a neighbour ever lent a chunk in this process.
+pub fn ever_lent() -> bool {
+    EVER_LENT.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 fn books() -> MutexGuard<'static, Option<Books>> {
     // Each change under the lock is a few counter updates: consistent after a panic.
@@ -124,8 +153,17 @@ pub fn opened(call: &str, ordinal: usize, device: &dyn Device) {
     };
     let own: Vec<usize> = books.lenders.keys().copied().collect();
     let lenders = lending.lenders.iter().filter(|(gpu, _)| !own.contains(gpu));
-    let lenders: Vec<Lender> =
-        lenders.map(|&(gpu, most)| Lender { gpu, most, lent: 0, peak: 0, withdrawn: false }).collect();
+    let reserve = config.peer_reserve(device.info().backend);
+    let lender = |&(gpu, most): &(usize, usize)| Lender {
+        gpu,
+        most,
+        offered: most,
+        reserve,
+        lent: 0,
+        peak: 0,
+        withdrawn: false,
+    };
+    let lenders: Vec<Lender> = lenders.map(lender).collect();
     if lenders.is_empty() && crate::boundary::switch("TIERMEM_STATS", false) {
         log(call, &format!("GPU {ordinal}: no neighbour lends HBM ({})", lending.notes.join("; ")), "host memory only");
     }
@@ -139,6 +177,7 @@ pub fn create_lent(device: &dyn Device, ordinal: usize, len: usize) -> Option<Ph
         let gpu = books().as_mut()?.take(ordinal, len)?;
         match crate::ipc::create_chunk(device, ChunkLocation::Gpu(gpu), granules) {
             Ok(handle) => {
+                EVER_LENT.store(true, std::sync::atomic::Ordering::Relaxed);
                 books().as_mut()?.chunks.insert(handle, (ordinal, gpu, len));
                 return Some(handle);
             }
@@ -170,7 +209,57 @@ pub fn create_beyond(device: &dyn Device, ordinal: usize, len: usize) -> Result<
 
 /// Whether physical chunk `handle` lies in a neighbour's HBM.
 pub fn is_lent(handle: PhysHandle) -> bool {
-    books().as_ref().is_some_and(|books| books.chunks.contains_key(&handle))
+    lender_of(handle).is_some()
+}
+
+/// The GPU whose HBM physical chunk `handle` lies in, if a neighbour lent it.
+pub fn lender_of(handle: PhysHandle) -> Option<usize> {
+    books().as_ref()?.chunks.get(&handle).map(|&(_, gpu, _)| gpu)
+}
+
+/// How often the lenders' free memory is looked at (`TIERMEM_PEER_CHECK_MS`, 100 ms: the
+/// engine's lenders get memory back within that).
+fn check_every_ms() -> u64 {
+    static EVERY: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *EVERY.get_or_init(|| std::env::var("TIERMEM_PEER_CHECK_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(100))
+}
+
+/// Per lender of GPU `ordinal` (`device`) that ran short of its reserve since it lent (another
+/// program took memory there), the bytes to give it back now; what each lends from now on
+/// follows its free memory. Looks (NVML) at most every `TIERMEM_PEER_CHECK_MS`; nothing to do,
+/// and no look, while nobody lends.
+pub fn shortfalls(ordinal: usize, device: &dyn Device) -> Vec<(usize, usize)> {
+    static LAST_MS: [std::sync::atomic::AtomicU64; 64] = [const { std::sync::atomic::AtomicU64::new(0) }; 64];
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let lending = books().as_ref().map(|books| books.lending_to(ordinal)).unwrap_or_default();
+    if lending.is_empty() {
+        return Vec::new();
+    }
+    let Some(last_ms) = LAST_MS.get(ordinal) else { return Vec::new() };
+    let now = EPOCH.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64 + 1;
+    let last = last_ms.load(std::sync::atomic::Ordering::Relaxed);
+    if last != 0 && now.saturating_sub(last) < check_every_ms() {
+        return Vec::new();
+    }
+    last_ms.store(now, std::sync::atomic::Ordering::Relaxed);
+    let mut short = Vec::new();
+    for gpu in lending {
+        // Unknown free memory: as it was.
+        let Ok(memory) = device.gpu_memory(gpu) else { continue };
+        let owed = books().as_mut().map_or(0, |books| books.recap(ordinal, gpu, memory.free));
+        if owed > 0 {
+            short.push((gpu, owed));
+        }
+    }
+    short
+}
+
+/// Bytes given back to lenders that ran short, so far.
+static RETURNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// `bytes` were given back to a lender that ran short (moved to the host or released).
+pub fn returned(bytes: usize) {
+    RETURNED.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Gives physical chunk `handle` back to the driver, and to its lender if it was lent.
@@ -205,7 +294,14 @@ pub fn report() -> Option<String> {
             ));
         }
     }
-    (!parts.is_empty()).then(|| format!("tiermem: stats: neighbours' HBM lent: {}", parts.join("; ")))
+    let returned = RETURNED.load(std::sync::atomic::Ordering::Relaxed);
+    (!parts.is_empty()).then(|| {
+        format!(
+            "tiermem: stats: neighbours' HBM lent: {}; {} given back to lenders short of their reserve",
+            parts.join("; "),
+            format_size(returned)
+        )
+    })
 }
 
 #[cfg(test)]
@@ -213,8 +309,10 @@ mod tests {
     use super::*;
 
     fn books(lenders: &[(usize, usize)]) -> Books {
-        let lenders =
-            lenders.iter().map(|&(gpu, most)| Lender { gpu, most, lent: 0, peak: 0, withdrawn: false }).collect();
+        let lenders = lenders
+            .iter()
+            .map(|&(gpu, most)| Lender { gpu, most, offered: most, reserve: 0, lent: 0, peak: 0, withdrawn: false })
+            .collect();
         Books { lenders: HashMap::from([(0, lenders)]), chunks: HashMap::new() }
     }
 

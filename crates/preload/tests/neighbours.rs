@@ -62,3 +62,17 @@ fn a_bad_setting_is_said_and_the_host_takes_the_rest() {
         assert!(stderr.contains(said) && stderr.contains("no neighbour lends HBM"), "{value}: {stderr}");
     }
 }
+
+#[test]
+fn a_lender_short_of_its_reserve_gets_its_memory_back_at_a_synchronization() {
+    let env = with(&[
+        ("TIERMEM_PEERS", "1"),
+        ("TIERMEM_PEER_RESERVE", "200MiB"),
+        ("TIERMEM_PEER_CHECK_MS", "0"),
+        ("TIERMEM_STATS", "1"),
+    ]);
+    let output = support::probe("neighbours-reclaim", &["neighbours-reclaim"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("neighbours-reclaim: ok"), "{stdout}");
+    assert!(stderr.contains("6.00 MiB given back to lenders short of their reserve"), "{stderr}");
+}

@@ -571,6 +571,7 @@ fn main() {
         ["torch-allocator"] => frees::torch_allocator(),
         ["pools"] => pools::pools(),
         ["neighbours"] => neighbours::neighbours(),
+        ["neighbours-reclaim"] => neighbours::neighbours_reclaim(),
         ["vmm"] => vmm::vmm(true),
         ["vmm-no-host"] => vmm::vmm(false),
         ["vmm-off"] => vmm::off(),
@@ -582,7 +583,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | vmm | vmm-no-host | vmm-off"
+                 | migrate-capture | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | neighbours-reclaim | vmm | vmm-no-host | vmm-off"
             );
             std::process::exit(2);
         }

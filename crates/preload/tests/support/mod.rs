@@ -66,6 +66,7 @@ pub fn probe_command(test: &str, args: &[&str], env: &[(&str, &str)]) -> (Comman
         "TIERMEM_PEERS",
         "TIERMEM_PEER_RESERVE",
         "TIERMEM_PEER_LIMIT",
+        "TIERMEM_PEER_CHECK_MS",
     ] {
         command.env_remove(var);
     }

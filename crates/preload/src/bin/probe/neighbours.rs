@@ -78,3 +78,53 @@ pub fn neighbours() {
     assert_eq!((census.neighbour_chunks, census.neighbour_used_bytes), (0, 0), "GPU 1 got everything back");
     println!("neighbours: ok");
 }
+
+type Hold = extern "C" fn(i32, isize) -> super::Code;
+
+/// A lender that runs short gets its memory back (spill.rs, rounds.rs): GPU 1 (256 MiB) keeps
+/// 200 MiB free (`TIERMEM_PEER_RESERVE=200MiB`, so it lends 56 MiB); B (8 MiB) and C (4 MiB)
+/// land there. Another program then takes 40 MiB of GPU 1 (still 204 MiB free: nothing moves),
+/// then 10 MiB more (194 MiB free, 6 MiB short): at the next synchronization 6 MiB of what it
+/// lent move to the host, every byte intact, and it lends no more; once the other program
+/// leaves, it lends again.
+pub fn neighbours_reclaim() {
+    let (cuda, before, _kernels, sync, alloc) = begin();
+    let hold: Hold = cuda.fake(c"tiermem_fake_hold");
+    let alloc_at = |len: usize| {
+        let mut ptr = 0u64;
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { alloc(&mut ptr, len) }, 0);
+        ptr
+    };
+    let (a, b, c) = (alloc_at(16 * MIB), alloc_at(8 * MIB), alloc_at(4 * MIB));
+    assert_eq!(locations(&cuda, b, 8 * MIB), [NEIGHBOUR; 4]);
+    assert_eq!(locations(&cuda, c, 4 * MIB), [NEIGHBOUR; 2]);
+    for (ptr, len, seed) in [(a, 16 * MIB, 11), (b, 8 * MIB, 22), (c, 4 * MIB, 33)] {
+        cuda.write(ptr, len, seed);
+    }
+    let synchronize = || {
+        // SAFETY: the driver's synchronization.
+        assert_eq!(unsafe { sync() }, 0);
+    };
+    assert_eq!(hold(1, 40 * MIB as isize), 0);
+    synchronize();
+    assert_eq!(locations(&cuda, b, 8 * MIB), [NEIGHBOUR; 4], "204 MiB free, above the reserve: nothing moves");
+    assert_eq!(hold(1, 10 * MIB as isize), 0);
+    synchronize();
+    let lent_where = [locations(&cuda, b, 8 * MIB), locations(&cuda, c, 4 * MIB)].concat();
+    let count = |place| lent_where.iter().filter(|&&l| l == place).count();
+    assert_eq!((count(HOST), count(NEIGHBOUR)), (3, 3), "6 MiB back to GPU 1: {lent_where:?}");
+    assert_eq!(cuda.census().neighbour_used_bytes, 50 * MIB + 6 * MIB, "the other program's and what is still lent");
+    for (ptr, len, seed) in [(a, 16 * MIB, 11), (b, 8 * MIB, 22), (c, 4 * MIB, 33)] {
+        cuda.verify(ptr, len, seed);
+    }
+    let d = alloc_at(2 * MIB);
+    assert_eq!(locations(&cuda, d, 2 * MIB), [HOST], "GPU 1 is at its reserve: it lends no more");
+    assert_eq!(hold(1, -50 * MIB as isize), 0);
+    synchronize();
+    let e = alloc_at(4 * MIB);
+    assert_eq!(locations(&cuda, e, 4 * MIB), [NEIGHBOUR; 2], "the other program left: GPU 1 lends again");
+    free_all(&cuda, &[a, b, c, d, e], &before);
+    assert_eq!(cuda.census().neighbour_used_bytes, 0, "GPU 1 got everything back");
+    println!("neighbours-reclaim: ok");
+}
