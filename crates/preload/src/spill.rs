@@ -10,13 +10,17 @@
 //!
 //! **Who lends, and how much**: the engine's peer tier decides (crates/engine/src/lenders.rs),
 //! over `TIERMEM_PEERS`, `TIERMEM_PEER_RESERVE` and `TIERMEM_PEER_LIMIT`, once, when the
-//! borrowing GPU opens: a lender lends its free memory then, less the reserve. Unlike the
-//! engine, a transparent program borrows only when asked (`TIERMEM_PEERS` set, `tiermem run
-//! --peers`): it gives a neighbour's memory back only when it frees the allocation or a move
-//! brings the chunk up, not within 100 ms of the lender running short as the engine does, so it
-//! must not take by default what another job on that GPU may need. A GPU the program itself
-//! opens stops lending from then on (what it lent stays until freed): its own allocations come
-//! first.
+//! borrowing GPU opens: a lender lends its free memory then, less the reserve.
+//!
+//! **Given back when a lender runs short**: at the program's quiesce points (no more often than
+//! `TIERMEM_PEER_CHECK_MS`), [`shortfalls`] reads each lender's free memory; one below its
+//! reserve (another program took memory there) is owed the difference, which migrate.rs gives
+//! back at once (rounds.rs: spares released, chunks in use moved to the host), and it lends what
+//! the engine's `recap` says from then on (nothing while short, up to what it offered once it
+//! has room). That is at the program's pace, not within 100 ms as the engine's lenders, so a
+//! transparent program borrows only when asked (`TIERMEM_PEERS` set, `tiermem run --peers`). A
+//! GPU the program itself opens stops lending from then on (what it lent stays until freed):
+//! its own allocations come first.
 //!
 //! The books here are a leaf lock: nothing is called under it but arithmetic.
 
@@ -139,9 +143,7 @@ fn settings() -> Result<Option<EngineConfig>, String> {
 /// GPU `ordinal` opened in this process (`device`): it borrows from the neighbours the peer
 /// tier's settings name, and stops lending to the process's other GPUs.
 pub fn opened(call: &str, ordinal: usize, device: &dyn Device) {
-    let mut guard = books();
-    let books = guard.get_or_insert_with(Books::default);
-    books.withdraw(ordinal);
+    books().get_or_insert_with(Books::default).withdraw(ordinal);
     let config = match settings() {
         Ok(Some(config)) => config,
         Ok(None) => return,
@@ -151,6 +153,8 @@ pub fn opened(call: &str, ordinal: usize, device: &dyn Device) {
         Ok(lending) => lending,
         Err(why) => return log(call, &why.to_string(), "no neighbour lends HBM"),
     };
+    let mut guard = books();
+    let books = guard.get_or_insert_with(Books::default);
     let own: Vec<usize> = books.lenders.keys().copied().collect();
     let lenders = lending.lenders.iter().filter(|(gpu, _)| !own.contains(gpu));
     let reserve = config.peer_reserve(device.info().backend);
@@ -164,10 +168,12 @@ pub fn opened(call: &str, ordinal: usize, device: &dyn Device) {
         withdrawn: false,
     };
     let lenders: Vec<Lender> = lenders.map(lender).collect();
-    if lenders.is_empty() && crate::boundary::switch("TIERMEM_STATS", false) {
+    let none = lenders.is_empty();
+    books.lenders.insert(ordinal, lenders);
+    drop(guard);
+    if none && crate::boundary::switch("TIERMEM_STATS", false) {
         log(call, &format!("GPU {ordinal}: no neighbour lends HBM ({})", lending.notes.join("; ")), "host memory only");
     }
-    books.lenders.insert(ordinal, lenders);
 }
 
 /// A chunk of `len` bytes for GPU `ordinal` in a neighbour's HBM, if one lends room for it.
