@@ -20,6 +20,9 @@
 use std::ffi::{c_int, c_void};
 
 use crate::boundary::{log, CUDA_SUCCESS};
+
+/// `CUDA_ERROR_DEINITIALIZED`: the driver is shutting down.
+const CUDA_ERROR_DEINITIALIZED: crate::boundary::CuResult = 4;
 use crate::driver::{PrimaryContext, Stream};
 
 /// Runs `body` in GPU `device`'s context: the calling thread's current one when it is that
@@ -38,6 +41,8 @@ fn in_context<T>(call: &str, device: c_int, strict: bool, body: impl FnOnce() ->
             log(call, &format!("asked for GPU {device} while GPU {current}'s context is current"), "refused");
             None
         }
+        // The driver shut down (a program exiting): nothing to serve, nothing to say.
+        Some(Err(CUDA_ERROR_DEINITIALIZED)) => None,
         Some(Err(_)) => match PrimaryContext::bind(ordinal) {
             Ok(_bound) => Some(body()),
             Err(why) => {
