@@ -247,7 +247,7 @@ pub fn pause_point(call: &str) {
 /// gate held exclusively and the context waited for, as for any move. If that cannot be now
 /// (another migration, a capture), the next quiesce point finds them short again.
 fn give_back_lent(call: &str) {
-    if !crate::spill::ever_lent() {
+    if !crate::spill::lending() {
         return;
     }
     let Some(Ok(ordinal)) = process::current_gpu() else { return };

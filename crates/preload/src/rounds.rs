@@ -270,9 +270,14 @@ fn take_downs(
     while moves.len() < batch {
         let Some(id) = downs.next() else { break };
         let Some((address, len, old)) = find(p, id) else { continue };
-        let lent = || remap::timed(Phase::CreateHbm, || crate::spill::create_lent(device, ordinal, len));
-        let new = take_if(spares, len, crate::spill::is_lent)
-            .or_else(lent)
+        // A neighbour's room first, where one lends (asked only then: this runs per chunk).
+        let lent = |spares: &mut Vec<(usize, PhysHandle)>| {
+            take_if(spares, len, crate::spill::is_lent)
+                .or_else(|| remap::timed(Phase::CreateHbm, || crate::spill::create_lent(device, ordinal, len)))
+        };
+        let new = crate::spill::lending()
+            .then(|| lent(spares))
+            .flatten()
             .or_else(|| take(spares, len))
             .or_else(|| create(device, ChunkLocation::Host, len));
         let Some(new) = new else { break };

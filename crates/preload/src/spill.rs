@@ -109,12 +109,13 @@ impl Books {
 
 static BOOKS: Mutex<Option<Books>> = Mutex::new(None);
 
-/// Whether a neighbour ever lent (a check without the lock, at every quiesce point).
-static EVER_LENT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Whether a neighbour lends to a GPU of this process: without one, nothing here is asked
+/// (moves down and quiesce points check it without the lock).
+static LENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Whether a neighbour ever lent a chunk in this process.
-pub fn ever_lent() -> bool {
-    EVER_LENT.load(std::sync::atomic::Ordering::Relaxed)
+/// Whether a neighbour lends to a GPU of this process (`TIERMEM_PEERS` named one that could).
+pub fn lending() -> bool {
+    LENDING.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn books() -> MutexGuard<'static, Option<Books>> {
@@ -170,6 +171,9 @@ pub fn opened(call: &str, ordinal: usize, device: &dyn Device) {
     let lenders: Vec<Lender> = lenders.map(lender).collect();
     let none = lenders.is_empty();
     books.lenders.insert(ordinal, lenders);
+    if !none {
+        LENDING.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     drop(guard);
     if none && crate::boundary::switch("TIERMEM_STATS", false) {
         log(call, &format!("GPU {ordinal}: no neighbour lends HBM ({})", lending.notes.join("; ")), "host memory only");
@@ -183,7 +187,6 @@ pub fn create_lent(device: &dyn Device, ordinal: usize, len: usize) -> Option<Ph
         let gpu = books().as_mut()?.take(ordinal, len)?;
         match crate::ipc::create_chunk(device, ChunkLocation::Gpu(gpu), granules) {
             Ok(handle) => {
-                EVER_LENT.store(true, std::sync::atomic::Ordering::Relaxed);
                 books().as_mut()?.chunks.insert(handle, (ordinal, gpu, len));
                 return Some(handle);
             }
@@ -220,6 +223,9 @@ pub fn is_lent(handle: PhysHandle) -> bool {
 
 /// The GPU whose HBM physical chunk `handle` lies in, if a neighbour lent it.
 pub fn lender_of(handle: PhysHandle) -> Option<usize> {
+    if !lending() {
+        return None;
+    }
     books().as_ref()?.chunks.get(&handle).map(|&(_, gpu, _)| gpu)
 }
 
