@@ -178,6 +178,22 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// These settings with the peer tier's overridden by `TIERMEM_PEERS`, `TIERMEM_PEER_RESERVE`
+    /// and `TIERMEM_PEER_LIMIT` where set (also what `tiermem run --peers` reads).
+    pub fn peer_tier_from_env(mut self) -> Result<Self> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        if let Some(v) = var("TIERMEM_PEERS") {
+            self.peers = v.parse().map_err(|e| Error::Config(format!("TIERMEM_PEERS: {e}")))?;
+        }
+        if let Some(v) = var("TIERMEM_PEER_RESERVE") {
+            self.peer_reserve = Some(parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PEER_RESERVE: {e}")))?);
+        }
+        if let Some(v) = var("TIERMEM_PEER_LIMIT") {
+            self.peer_limit = Some(parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PEER_LIMIT: {e}")))?);
+        }
+        Ok(self)
+    }
+
     /// Defaults overridden by any `TIERMEM_*` variable that is set.
     pub fn from_env() -> Result<Self> {
         let mut c = Self::default();
@@ -217,15 +233,7 @@ impl EngineConfig {
             c.file_queue_depth =
                 v.trim().parse().map_err(|_| Error::Config(format!("TIERMEM_FILE_QD={v:?} is not a queue depth")))?;
         }
-        if let Some(v) = var("TIERMEM_PEERS") {
-            c.peers = v.parse().map_err(|e| Error::Config(format!("TIERMEM_PEERS: {e}")))?;
-        }
-        if let Some(v) = var("TIERMEM_PEER_RESERVE") {
-            c.peer_reserve = Some(parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PEER_RESERVE: {e}")))?);
-        }
-        if let Some(v) = var("TIERMEM_PEER_LIMIT") {
-            c.peer_limit = Some(parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_PEER_LIMIT: {e}")))?);
-        }
+        c = c.peer_tier_from_env()?;
         if let Some(v) = var("TIERMEM_PEER_IN_PLACE") {
             c.peer_in_place = on_or_off("TIERMEM_PEER_IN_PLACE", &v)?;
         }

@@ -108,7 +108,8 @@ pub fn create_chunk(device: &dyn Device, location: ChunkLocation, granules: usiz
     device.create_chunks_at(location, granules)
 }
 
-fn out_of_memory(why: &DeviceError) -> bool {
+/// Whether the driver's answer `why` means memory ran out.
+pub fn out_of_memory(why: &DeviceError) -> bool {
     match why {
         DeviceError::OutOfMemory { .. } => true,
         DeviceError::Driver { code, .. } => code.contains("OUT_OF_MEMORY"),

@@ -82,6 +82,8 @@ struct Config {
     pause_after: Option<u64>,
     /// How long a lowered budget waits for the program's own quiesce point ([`meet`]).
     shed_grace: Duration,
+    /// Least time between two looks at the lenders' free memory (`TIERMEM_PEER_CHECK_MS`, ms).
+    peer_check: u64,
 }
 
 impl Config {
@@ -106,7 +108,9 @@ fn config() -> &'static Config {
         let batch = std::env::var("TIERMEM_MIGRATE_BATCH").is_ok().then(|| number("TIERMEM_MIGRATE_BATCH", 1) as usize);
         let pause_after = Some(number("TIERMEM_PAUSE_MS", 1000)).filter(|&ms| ms > 0);
         let shed_grace = Duration::from_millis(number("TIERMEM_SHED_GRACE_MS", 500));
-        Config { enabled, interval, batch, pause_after, shed_grace }
+        // The engine's lenders get memory back within 100 ms.
+        let peer_check = number("TIERMEM_PEER_CHECK_MS", 100);
+        Config { enabled, interval, batch, pause_after, shed_grace, peer_check }
     })
 }
 
@@ -244,13 +248,23 @@ pub fn pause_point(call: &str) {
 }
 
 /// Neighbours that ran short of their reserve since they lent (spill.rs) get it back here: the
-/// gate held exclusively and the context waited for, as for any move. If that cannot be now
-/// (another migration, a capture), the next quiesce point finds them short again.
+/// gate held exclusively and the context waited for, as for any move. Looked at no more often
+/// than `TIERMEM_PEER_CHECK_MS` per GPU; if it cannot be now (another migration, a capture), the
+/// next look finds them short again.
 fn give_back_lent(call: &str) {
+    static LAST_LOOK_MS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
     if !crate::spill::lending() {
         return;
     }
     let Some(Ok(ordinal)) = process::current_gpu() else { return };
+    let Some(last) = LAST_LOOK_MS.get(ordinal) else { return };
+    // +1: the first look (at 0 ms) is not taken for "never".
+    let now = now_ms() + 1;
+    let before = last.load(Relaxed);
+    if before != 0 && now - before < config().peer_check {
+        return;
+    }
+    last.store(now, Relaxed);
     let Some(device) = process::lock().gpus.get(&ordinal).and_then(|gpu| gpu.device.clone()) else { return };
     let owed = crate::spill::shortfalls(ordinal, device.as_ref());
     if owed.is_empty() {

@@ -123,22 +123,14 @@ fn books() -> MutexGuard<'static, Option<Books>> {
     BOOKS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The peer tier's settings from the environment, if `TIERMEM_PEERS` asks for lenders; the
-/// error names the variable.
+/// The peer tier's settings from the environment (the engine's reading of them), if
+/// `TIERMEM_PEERS` is set and not `off`; the error names the variable.
 fn settings() -> Result<Option<EngineConfig>, String> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-    let Some(peers) = var("TIERMEM_PEERS") else { return Ok(None) };
-    let peers: PeerChoice = peers.parse().map_err(|e| format!("TIERMEM_PEERS: {e}"))?;
-    if peers == PeerChoice::Off {
+    if std::env::var("TIERMEM_PEERS").map_or(true, |v| v.trim().is_empty()) {
         return Ok(None);
     }
-    let size = |name: &str| var(name).map(|v| tiermem::parse_size(&v).map_err(|e| format!("{name}: {e}"))).transpose();
-    Ok(Some(EngineConfig {
-        peers,
-        peer_reserve: size("TIERMEM_PEER_RESERVE")?,
-        peer_limit: size("TIERMEM_PEER_LIMIT")?,
-        ..EngineConfig::default()
-    }))
+    let config = EngineConfig::default().peer_tier_from_env().map_err(|e| e.to_string())?;
+    Ok((config.peers != PeerChoice::Off).then_some(config))
 }
 
 /// GPU `ordinal` opened in this process (`device`): it borrows from the neighbours the peer
@@ -192,8 +184,7 @@ pub fn create_lent(device: &dyn Device, ordinal: usize, len: usize) -> Option<Ph
             }
             // Its memory went to someone else since it offered it: it lends no more; the next may.
             Err(why) => {
-                let full = matches!(why, DeviceError::OutOfMemory { .. })
-                    || matches!(&why, DeviceError::Driver { code, .. } if code.contains("OUT_OF_MEMORY"));
+                let full = crate::ipc::out_of_memory(&why);
                 if !full {
                     log(
                         "cuMemCreate",
@@ -229,31 +220,11 @@ pub fn lender_of(handle: PhysHandle) -> Option<usize> {
     books().as_ref()?.chunks.get(&handle).map(|&(_, gpu, _)| gpu)
 }
 
-/// How often the lenders' free memory is looked at (`TIERMEM_PEER_CHECK_MS`, 100 ms: the
-/// engine's lenders get memory back within that).
-fn check_every_ms() -> u64 {
-    static EVERY: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *EVERY.get_or_init(|| std::env::var("TIERMEM_PEER_CHECK_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(100))
-}
-
 /// Per lender of GPU `ordinal` (`device`) that ran short of its reserve since it lent (another
 /// program took memory there), the bytes to give it back now; what each lends from now on
-/// follows its free memory. Looks (NVML) at most every `TIERMEM_PEER_CHECK_MS`; nothing to do,
-/// and no look, while nobody lends.
+/// follows its free memory (NVML). Nothing to do, and no look, while nobody lends.
 pub fn shortfalls(ordinal: usize, device: &dyn Device) -> Vec<(usize, usize)> {
-    static LAST_MS: [std::sync::atomic::AtomicU64; 64] = [const { std::sync::atomic::AtomicU64::new(0) }; 64];
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let lending = books().as_ref().map(|books| books.lending_to(ordinal)).unwrap_or_default();
-    if lending.is_empty() {
-        return Vec::new();
-    }
-    let Some(last_ms) = LAST_MS.get(ordinal) else { return Vec::new() };
-    let now = EPOCH.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64 + 1;
-    let last = last_ms.load(std::sync::atomic::Ordering::Relaxed);
-    if last != 0 && now.saturating_sub(last) < check_every_ms() {
-        return Vec::new();
-    }
-    last_ms.store(now, std::sync::atomic::Ordering::Relaxed);
     let mut short = Vec::new();
     for gpu in lending {
         // Unknown free memory: as it was.
