@@ -17,6 +17,11 @@
 //! serves, a stream capture under way, a context of the program's own) leaves it unmet, said
 //! on stderr, and the daemon's deadline marks the tenant late.
 //!
+//! With `tiermem run --peers` (spill.rs), neighbours' HBM is the tenant's peer tier: it asks
+//! for what its lenders offered, reports what they lend it (and the host only what lies there),
+//! and a `peer` budget, where the daemon shares that tier, bounds what they lend it together;
+//! a cut is given back like a lender's shortfall (`migrate::meet_lent`).
+//!
 //! What the daemon sees: HBM held and allocated, host memory holding the chunks that do not
 //! fit, the bytes moved up and down, the time spent at tiermem's pauses and quiesce points as
 //! stall, and kernel launches as the tenant's acquires (a program that launches nothing is idle,
@@ -95,6 +100,14 @@ impl Tenant for GpuTenant {
         let gpu = p.gpus.get(&self.ordinal);
         let info = gpu.and_then(|gpu| gpu.device.as_ref()).map(|device| device.info().clone());
         let (limit, used, chunk) = gpu.map_or((0, 0, 0), |gpu| (gpu.limit, gpu.hbm_used, gpu.chunk));
+        drop(p);
+        let (lent, offered) = crate::spill::borrowed(self.ordinal);
+        let mut wants = vec![TierBytes { tier: Tier::Hbm, bytes: limit as u64 }];
+        let mut held = vec![TierBytes { tier: Tier::Hbm, bytes: used as u64 }];
+        if offered > 0 {
+            wants.push(TierBytes { tier: Tier::Peer, bytes: offered as u64 });
+            held.push(TierBytes { tier: Tier::Peer, bytes: lent as u64 });
+        }
         Registration {
             gpu: GpuId {
                 index: self.ordinal as u32,
@@ -103,22 +116,29 @@ impl Tenant for GpuTenant {
                 simulated: false,
             },
             chunk_bytes: chunk as u64,
-            wants: vec![TierBytes { tier: Tier::Hbm, bytes: limit as u64 }],
-            held: vec![TierBytes { tier: Tier::Hbm, bytes: used as u64 }],
+            wants,
+            held,
             lent_slab_bytes: None,
         }
     }
 
     fn usage(&self) -> Usage {
-        let (hbm_used, allocated, on_host) = {
+        let (hbm_used, budget, allocated, beyond) = {
             let p = process::lock();
-            let used = p.gpus.get(&self.ordinal).map_or(0, |gpu| gpu.hbm_used);
+            let (used, budget) = p.gpus.get(&self.ordinal).map_or((0, 0), |gpu| (gpu.hbm_used, gpu.budget));
             let mine = || p.books.iter().filter(|a| a.ordinal == self.ordinal);
-            let on_host: usize = mine().map(|a| a.bytes_on(placement::Tier::Host)).sum();
-            let allocated: usize = mine().map(|a| a.bytes_on(placement::Tier::Hbm)).sum::<usize>() + on_host;
-            (used as u64, allocated as u64, on_host as u64)
+            let beyond: usize = mine().map(|a| a.bytes_on(placement::Tier::Host)).sum();
+            let allocated: usize = mine().map(|a| a.bytes_on(placement::Tier::Hbm)).sum::<usize>() + beyond;
+            (used as u64, budget as u64, allocated as u64, beyond as u64)
         };
+        // Beyond the budget is the host's, less what neighbours lend (spares included); what
+        // the tenant would borrow: all that does not fit its HBM, up to what they offered.
+        let (lent, offered) = crate::spill::borrowed(self.ordinal);
+        let (lent, offered) = (lent as u64, offered as u64);
+        let on_host = beyond.saturating_sub(lent);
         let hbm = TierUsage { used: hbm_used, acquired: 0, demand: allocated.max(hbm_used), reserved: 0 };
+        let borrowable = allocated.saturating_sub(budget).min(offered);
+        let peer = TierUsage { used: lent, acquired: 0, demand: borrowable.max(lent), reserved: 0 };
         let host = TierUsage { used: on_host, acquired: 0, demand: on_host, reserved: 0 };
         let migration = crate::migrate::counters();
         let (bytes_in, bytes_out) = crate::rounds::bytes_moved();
@@ -132,12 +152,20 @@ impl Tenant for GpuTenant {
             launches: migration.launches_scanned,
             launches_all_in_hbm: migration.launches_all_in_hbm,
         };
-        ([hbm, TierUsage::default(), host, TierUsage::default()], transfers)
+        ([hbm, peer, host, TierUsage::default()], transfers)
     }
 
     fn meet_budget(&self, tier: Tier, bytes: u64) -> Result<(), String> {
-        if tier != Tier::Hbm {
-            return Ok(()); // peer and host budgets: tiermem run borrows no neighbours, pins per chunk
+        match tier {
+            Tier::Hbm => {}
+            Tier::Peer => {
+                let _inside = crate::boundary::enter();
+                crate::spill::set_budget(self.ordinal, usize::try_from(bytes).unwrap_or(usize::MAX));
+                crate::trace::event("peer_budget", || format!("\"gpu\": {}, \"bytes\": {bytes}", self.ordinal));
+                return crate::migrate::meet_lent("tiermemd peer budget", self.ordinal);
+            }
+            // Host chunks are pinned one by one as they are made: no pool to cap.
+            _ => return Ok(()),
         }
         // This thread is tiermem's own: its driver calls reach the driver, not the wrappers
         // (whose gate the shedding holds).

@@ -22,6 +22,13 @@
 //! GPU the program itself opens stops lending from then on (what it lent stays until freed):
 //! its own allocations come first.
 //!
+//! **Shared out by the node daemon**: with `tiermemd` running and sharing the peer tier
+//! (`[tiers] peer`), a GPU's tenant (lease.rs) reports what its lenders offered and what it
+//! borrows, and the daemon's `peer` budget bounds what all its lenders lend it together
+//! ([`set_budget`]): beyond it, chunks are made on the host, and what a cut leaves over is
+//! given back like a shortfall ([`over_budget`]; migrate.rs, from the program's quiesce points
+//! or, past a grace, a pause of tiermem's own).
+//!
 //! The books here are a leaf lock: nothing is called under it but arithmetic.
 
 use std::collections::HashMap;
@@ -55,11 +62,18 @@ struct Books {
     lenders: HashMap<usize, Vec<Lender>>,
     /// Each chunk made on a lender: (borrowing GPU, lender's GPU, bytes).
     chunks: HashMap<PhysHandle, (usize, usize, usize)>,
+    /// Per borrowing GPU, the most all its lenders lend it together (the node daemon's `peer`
+    /// budget); none: what they offer.
+    budgets: HashMap<usize, usize>,
 }
 
 impl Books {
     /// Takes `len` bytes of the first lender of `borrower` with room for them: its GPU.
     fn take(&mut self, borrower: usize, len: usize) -> Option<usize> {
+        let budget = self.budgets.get(&borrower).copied().unwrap_or(usize::MAX);
+        if self.lent_to(borrower) + len > budget {
+            return None;
+        }
         let lender = self
             .lenders
             .get_mut(&borrower)?
@@ -97,6 +111,34 @@ impl Books {
     fn lending_to(&self, borrower: usize) -> Vec<usize> {
         let lenders = self.lenders.get(&borrower).into_iter().flatten();
         lenders.filter(|l| l.lent > 0 || l.most < l.offered).map(|l| l.gpu).collect()
+    }
+
+    /// Bytes all lenders of `borrower` lend it now.
+    fn lent_to(&self, borrower: usize) -> usize {
+        self.lenders.get(&borrower).into_iter().flatten().map(|l| l.lent).sum()
+    }
+
+    /// Bytes the lenders of `borrower` offered when it opened, all together.
+    fn offered_to(&self, borrower: usize) -> usize {
+        self.lenders.get(&borrower).into_iter().flatten().filter(|l| !l.withdrawn).map(|l| l.offered).sum()
+    }
+
+    /// What `borrower` holds beyond its budget, per lender (`(GPU, bytes)`), taken from those
+    /// that lend most first.
+    fn over_budget(&self, borrower: usize) -> Vec<(usize, usize)> {
+        let Some(&budget) = self.budgets.get(&borrower) else { return Vec::new() };
+        let mut over = self.lent_to(borrower).saturating_sub(budget);
+        let mut lenders: Vec<&Lender> = self.lenders.get(&borrower).into_iter().flatten().collect();
+        lenders.sort_by_key(|l| std::cmp::Reverse(l.lent));
+        let mut owed = Vec::new();
+        for l in lenders {
+            let bytes = over.min(l.lent);
+            if bytes > 0 {
+                owed.push((l.gpu, bytes));
+                over -= bytes;
+            }
+        }
+        owed
     }
 
     /// GPU `gpu` is the program's own from now on: it lends nothing more.
@@ -237,6 +279,24 @@ pub fn shortfalls(ordinal: usize, device: &dyn Device) -> Vec<(usize, usize)> {
     short
 }
 
+/// The node daemon's `peer` budget for GPU `ordinal`: the most its lenders lend it together
+/// from now on; what it holds beyond is [`over_budget`].
+pub fn set_budget(ordinal: usize, bytes: usize) {
+    books().get_or_insert_with(Books::default).budgets.insert(ordinal, bytes);
+}
+
+/// What GPU `ordinal` holds in its lenders' HBM beyond its budget, per lender (`(GPU, bytes)`):
+/// to give back.
+pub fn over_budget(ordinal: usize) -> Vec<(usize, usize)> {
+    books().as_ref().map(|books| books.over_budget(ordinal)).unwrap_or_default()
+}
+
+/// What GPU `ordinal`'s lenders lend it now and what they offered when it opened (all
+/// lenders together), as the node daemon counts the peer tier.
+pub fn borrowed(ordinal: usize) -> (usize, usize) {
+    books().as_ref().map_or((0, 0), |books| (books.lent_to(ordinal), books.offered_to(ordinal)))
+}
+
 /// Bytes given back to lenders that ran short, so far.
 static RETURNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -296,7 +356,7 @@ mod tests {
             .iter()
             .map(|&(gpu, most)| Lender { gpu, most, offered: most, reserve: 0, lent: 0, peak: 0, withdrawn: false })
             .collect();
-        Books { lenders: HashMap::from([(0, lenders)]), chunks: HashMap::new() }
+        Books { lenders: HashMap::from([(0, lenders)]), ..Books::default() }
     }
 
     #[test]
@@ -323,5 +383,24 @@ mod tests {
         assert_eq!(b.take(0, 1), None, "a withdrawn lender takes nothing back");
         let peaks: Vec<usize> = b.lenders[&0].iter().map(|l| l.peak).collect();
         assert_eq!(peaks, [16, 16]);
+    }
+
+    #[test]
+    fn the_daemons_budget_bounds_all_lenders_together_and_a_cut_is_owed_by_the_largest_first() {
+        let mut b = books(&[(1, 64), (2, 64)]);
+        assert_eq!(b.over_budget(0), [], "no budget: nothing is owed");
+        b.budgets.insert(0, 48);
+        assert_eq!((b.take(0, 32), b.take(0, 16)), (Some(1), Some(1)));
+        assert_eq!(b.take(0, 1), None, "48 lent: the budget is reached though GPU 2 has room");
+        assert_eq!(b.offered_to(0), 128);
+        b.budgets.insert(0, 80);
+        assert_eq!(b.take(0, 32), Some(2));
+        b.budgets.insert(0, 20);
+        // 80 lent (48 by GPU 1, 32 by GPU 2) against 20: 60 owed, GPU 1 first.
+        assert_eq!(b.over_budget(0), [(1, 48), (2, 12)]);
+        b.give_back(0, 1, 48, false);
+        assert_eq!(b.over_budget(0), [(2, 12)]);
+        b.give_back(0, 2, 12, false);
+        assert_eq!((b.over_budget(0), b.lent_to(0)), (vec![], 20));
     }
 }

@@ -71,6 +71,15 @@ fn standing(socket: &std::path::Path, pid: u32) -> (u64, u64, bool) {
     (share.used, share.budget, tenant.late)
 }
 
+/// The probe's share of the node's neighbour HBM (the peer pool): (used, budget).
+fn peer_standing(socket: &std::path::Path, pid: u32) -> (u64, u64) {
+    let report = tiermem_tenant::query_status(socket).expect("the daemon's status");
+    let tenant = report.tenants.iter().find(|t| t.pid == pid).expect("the probe is a tenant");
+    let pool = report.pools.iter().find(|p| p.tier == tiermem_protocol::Tier::Peer).expect("a peer pool");
+    let share = pool.shares.iter().find(|s| s.tenant == tenant.tenant).map_or((0, 0), |s| (s.used, s.budget));
+    share
+}
+
 /// Waits until `condition` holds of the probe's standing, or panics showing the last one.
 fn wait_for_standing(socket: &std::path::Path, pid: u32, condition: impl Fn((u64, u64, bool)) -> bool) {
     let deadline = Instant::now() + SETTLE;
@@ -110,6 +119,12 @@ fn daemon(name: &str) -> (tiermem_daemon::Spawned, std::path::PathBuf) {
     let config =
         tiermem_daemon::Config::parse("idle_after_ms = 0\n[[gpu]]\nindex = 0\nhbm = \"64MiB\"", "test").unwrap();
     (tiermem_daemon::spawn(&dir.join("d.sock"), config).unwrap(), dir)
+}
+
+/// `where-all`'s answer as numbers: chunks in HBM, on GPU 1, on the host.
+fn places(answer: &str) -> [u64; 3] {
+    let n: Vec<u64> = answer.split(' ').skip(1).step_by(2).map(|n| n.parse().expect(answer)).collect();
+    [n[0], n[1], n[2]]
 }
 
 /// The probe in `lease` mode linked to the daemon at `socket`, once it is ready; the child (its
@@ -268,6 +283,75 @@ fn a_cut_met_at_the_programs_synchronization_sends_down_what_its_cycle_does_not_
     assert_eq!(probe.ask("verify"), "verified");
     link.end();
     finish(probe, child, links);
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_daemon_shares_out_neighbours_hbm_and_a_cut_is_given_back_to_the_host() {
+    let dir = std::env::temp_dir().join(format!("tiermem-preload-lease-peer-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("d.sock");
+    // 16 MiB of GPU 0's HBM and 24 MiB of neighbours' HBM shared out; each program's GPU 1
+    // offers 64 MiB.
+    let config = "idle_after_ms = 0\n[tiers]\npeer = \"24MiB\"\n[[gpu]]\nindex = 0\nhbm = \"16MiB\"";
+    let daemon = tiermem_daemon::spawn(&socket, tiermem_daemon::Config::parse(config, "test").unwrap()).unwrap();
+    let env = [
+        ("TIERMEM_FAKE_GPUS", "2"),
+        ("TIERMEM_FAKE_HBM", "256M"),
+        ("TIERMEM_PEERS", "1"),
+        ("TIERMEM_PEER_RESERVE", "0"),
+        ("TIERMEM_PEER_LIMIT", "64MiB"),
+        ("TIERMEM_STATS", "1"),
+    ];
+    let (mut a, a_child, a_links) = start_probe("lease-peer-a", &socket, &env);
+    let a_pid = a_child.id();
+    // Alone: 8 chunks in HBM; of the 32 MiB beyond, 24 on GPU 1 (its peer budget), 8 on the host.
+    let wait_peer = |pid: u32, wanted: u64| {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let (used, budget) = peer_standing(&socket, pid);
+            if budget == wanted && used <= budget {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "peer (used, budget): ({used}, {budget}), waited for a budget of {wanted}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_peer(a_pid, 24 * MIB);
+    a.ask_until("where-all", "hbm 8 neighbour 12 host 4", |_| {});
+    assert_eq!(a.ask("verify"), "verified");
+
+    // A second program: each gets half of both pools; A gives 12 MiB of GPU 1 back (to the host)
+    // while it waits on stdin, launching nothing.
+    let (mut b, b_child, b_links) = start_probe("lease-peer-b", &socket, &env);
+    wait_peer(a_pid, 12 * MIB);
+    wait_peer(b_child.id(), 12 * MIB);
+    wait_for_standing(&socket, a_pid, |(used, budget, late)| budget == 8 * MIB && used <= budget && !late);
+    for probe in [&mut a, &mut b] {
+        probe.ask_until_that(
+            "where-all",
+            "at most 4 chunks in HBM and 6 on GPU 1",
+            |answer| matches!(places(answer), [hbm, neighbour, _] if hbm <= 4 && neighbour <= 6),
+            |_| {},
+        );
+        assert_eq!(probe.ask("verify"), "verified");
+    }
+    // Kernels touch everything: what comes up and goes down keeps within both budgets.
+    assert_eq!(a.ask("touch"), "touched");
+    let [hbm, neighbour, host] = places(&a.ask("where-all"));
+    assert!(hbm <= 4 && neighbour <= 6 && hbm + neighbour + host == 24, "{hbm} {neighbour} {host}");
+    assert_eq!(a.ask("verify"), "verified");
+
+    let b_stderr = finish(b, b_child, b_links);
+    assert!(b_stderr.contains("neighbours' HBM lent: GPU 1 to GPU 0"), "{b_stderr}");
+    let a_stderr = finish(a, a_child, a_links);
+    assert!(a_stderr.contains("given back to lenders"), "{a_stderr}");
+    assert!(!a_stderr.contains("still lent over the budget"), "{a_stderr}");
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,6 +1,7 @@
 //! The probe as a tenant of the node daemon (tests/daemon_lease.rs drives it over stdin): three
 //! allocations of 16 MiB with patterns, then one command per line, one answer per line:
-//! `where` → `hbm N host M` (chunks of 2 MiB by tier, from the fake driver), `budget` → the
+//! `where` → `hbm N host M` (chunks of 2 MiB by tier, from the fake driver; `where-all` →
+//! `hbm N neighbour K host M`, K on GPU 1), `budget` → the
 //! total `cuMemGetInfo_v2` reports, `touch` → kernels read every chunk and the context is
 //! synchronized (a quiesce point; `touch-only I,J`: the chunks of those buffers only),
 //! `where-each` → `hbm A B C` (chunks in HBM per buffer), `by-address` → the buffers' indices
@@ -44,6 +45,11 @@ pub fn lease() {
                 let all: Vec<i32> = buffers.iter().flat_map(|&b| locations(&cuda, b, LEN)).collect();
                 let hbm = all.iter().filter(|&&l| l == 1).count();
                 format!("hbm {hbm} host {}", all.len() - hbm)
+            }
+            "where-all" => {
+                let all: Vec<i32> = buffers.iter().flat_map(|&b| locations(&cuda, b, LEN)).collect();
+                let count = |code: i32| all.iter().filter(|&&l| l == code).count();
+                format!("hbm {} neighbour {} host {}", count(1), count(3), count(2))
             }
             "budget" => format!("{}", cuda.mem_info().1),
             "where-each" => {
