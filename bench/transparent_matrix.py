@@ -13,6 +13,7 @@ joined by events. A program whose requirements are missing (nvcc, CuPy) is liste
 `skipped` with the reason.
 
 Usage: python3 bench/transparent_matrix.py --tiermem dist/tiermem --out FILE [--programs a,b|extended|all]
+       [--run-args="--torch-allocator"]   (more arguments for `tiermem run`, e.g. the PyTorch route)
 Writes {"programs": {name: {run: {...}}}, "checks": {"matrix_<name>_<budget>": bool}, "skipped": {...}}.
 """
 
@@ -103,6 +104,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--programs", default=",".join(PROGRAMS),
                         help="comma-separated names, `extended` or `all`; of " + ",".join({**PROGRAMS, **EXTENDED}))
+    parser.add_argument("--run-args", default="", help="more arguments for `tiermem run`, split at spaces")
     args = parser.parse_args()
     known = {**PROGRAMS, **EXTENDED}
     groups = {"all": list(known), "extended": list(EXTENDED)}
@@ -110,7 +112,7 @@ def main():
     for name in names:
         if name not in known:
             parser.error(f"--programs: unknown {name!r}; choose among {list(known)}, `extended` or `all`")
-    results = {"programs": {}, "checks": {}, "skipped": {}}
+    results = {"programs": {}, "checks": {}, "skipped": {}, "run_args": args.run_args.split()}
     for name in names:
         command, why = known[name]()
         if command is None:
@@ -132,7 +134,7 @@ def main():
             continue
         for label, share in BUDGETS.items():
             budget = max(int(report["peak_bytes"] * share), 2 << 20)
-            capped = run([args.tiermem, "run", "--hbm-limit", str(budget), "--", *command])
+            capped = run([args.tiermem, "run", "--hbm-limit", str(budget), *args.run_args.split(), "--", *command])
             capped["budget_bytes"] = budget
             runs[label] = capped
             same = capped["exit"] == 0 and (capped["report"] or {}).get("digest") == report["digest"]
