@@ -11,11 +11,17 @@ It does two things:
   allocation: the library named by TIERMEM_TORCH_ALLOCATOR (tiermem's preload library) serves
   `tiermem_torch_malloc` / `tiermem_torch_free`.
 
+A pluggable allocator has no memory statistics in PyTorch (`torch.cuda.memory_stats()`,
+`max_memory_allocated()`, `reset_peak_memory_stats()` raise): once it is installed, the hook
+answers them from tiermem's counters of the tensors it serves (torch_stats.rs), in the shape
+PyTorch's caching allocator gives them.
+
 If PyTorch's allocator cannot be replaced (CUDA already initialised, a PyTorch without pluggable
 allocators), one line on stderr says so and the program runs on PyTorch's own allocator, over
 tiermem's driver route.
 """
 
+import ctypes
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -40,7 +46,7 @@ def _run_hidden_sitecustomize():
 
 
 def _install(torch):
-    """Makes tiermem's pluggable allocator PyTorch's current one."""
+    """Makes tiermem's pluggable allocator PyTorch's current one, and its statistics PyTorch's."""
     try:
         allocator = torch.cuda.memory.CUDAPluggableAllocator(_LIBRARY, "tiermem_torch_malloc", "tiermem_torch_free")
         torch.cuda.memory.change_current_allocator(allocator)
@@ -49,6 +55,57 @@ def _install(torch):
             f"tiermem: --torch-allocator: PyTorch's allocator could not be replaced ({e}); "
             "the program runs on PyTorch's own allocator over tiermem's driver route\n"
         )
+        return
+    try:
+        _answer_memory_stats(torch, ctypes.CDLL(_LIBRARY))
+    except (OSError, AttributeError) as e:
+        sys.stderr.write(f"tiermem: --torch-allocator: no memory statistics ({e}); torch.cuda.memory_stats() raises\n")
+
+
+# What tiermem_torch_memory_stats writes, in order (torch_stats.rs).
+_FIELDS = ("allocated", "allocated_peak", "allocated_total", "freed_total", "allocations", "frees",
+           "reserved", "reserved_peak", "kept_for_graphs")
+
+
+def _answer_memory_stats(torch, library):
+    """Answers PyTorch's memory statistics (`torch._C._cuda_memoryStats` and the resets, which
+    torch.cuda.memory calls at each use) from tiermem's counters."""
+    read = library.tiermem_torch_memory_stats
+    read.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)
+    read.restype = ctypes.c_int
+    for name in ("tiermem_torch_reset_peak", "tiermem_torch_reset_accumulated"):
+        getattr(library, name).argtypes = (ctypes.c_int,)
+        getattr(library, name).restype = ctypes.c_int
+
+    def counters(device):
+        values = (ctypes.c_uint64 * len(_FIELDS))()
+        if read(int(device), values, len(_FIELDS)) != len(_FIELDS):
+            raise RuntimeError(f"tiermem: memory statistics of GPU {device}: no such GPU")
+        return dict(zip(_FIELDS, values))
+
+    def memory_stats(device):
+        c = counters(device)
+        none = {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
+        # Every tensor is an allocation of its own: PyTorch's "large pool", blocks and segments alike.
+        pools = lambda stat: {"all": stat, "large_pool": stat, "small_pool": none}  # noqa: E731
+        live = {"current": c["allocated"], "peak": c["allocated_peak"], "allocated": c["allocated_total"],
+                "freed": c["freed_total"]}
+        held = {"current": c["reserved"], "peak": c["reserved_peak"], "allocated": c["allocated_total"],
+                "freed": c["freed_total"] - c["kept_for_graphs"]}
+        count = {"current": c["allocations"] - c["frees"], "peak": c["allocations"] - c["frees"],
+                 "allocated": c["allocations"], "freed": c["frees"]}
+        return {
+            "allocated_bytes": pools(live), "active_bytes": pools(live), "requested_bytes": pools(live),
+            "reserved_bytes": pools(held), "inactive_split_bytes": pools(none),
+            "allocation": pools(count), "active": pools(count), "segment": pools(count),
+            "inactive_split": pools(none), "oversize_allocations": none, "oversize_segments": none,
+            "num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": 0,
+            "num_device_alloc": c["allocations"], "num_device_free": c["frees"], "max_split_size": -1,
+        }
+
+    torch._C._cuda_memoryStats = memory_stats
+    torch._C._cuda_resetPeakMemoryStats = lambda device: library.tiermem_torch_reset_peak(int(device))
+    torch._C._cuda_resetAccumulatedMemoryStats = lambda device: library.tiermem_torch_reset_accumulated(int(device))
 
 
 class _Loader(importlib.abc.Loader):

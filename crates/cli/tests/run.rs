@@ -94,7 +94,13 @@ fn the_label_and_the_daemon_setting_reach_the_program() {
 fn fake_torch(dir: &std::path::Path, refuse: bool) -> String {
     let memory = dir.join("pkgs/torch/cuda");
     std::fs::create_dir_all(&memory).unwrap();
-    std::fs::write(dir.join("pkgs/torch/__init__.py"), "from . import cuda\n").unwrap();
+    std::fs::write(dir.join("pkgs/torch/__init__.py"), "from . import _C, cuda\n").unwrap();
+    // As PyTorch's own with a pluggable allocator: no statistics.
+    std::fs::write(
+        dir.join("pkgs/torch/_C.py"),
+        "def _cuda_memoryStats(device):\n    raise RuntimeError('does not yet support getDeviceStats')\n",
+    )
+    .unwrap();
     std::fs::write(memory.join("__init__.py"), "from . import memory\n").unwrap();
     let install =
         if refuse { "raise RuntimeError('CUDA is initialized already')" } else { "calls.append('installed')" };
@@ -139,6 +145,20 @@ fn torch_allocator_installs_tiermems_allocator_once_torch_is_imported() {
         "import os, torch; print(torch.cuda.memory.calls, os.environ.get('PROGRAM_SITE_RAN'))",
     );
     assert_eq!(String::from_utf8_lossy(&output.stdout), "[] yes\n");
+}
+
+#[test]
+fn torch_allocator_answers_pytorchs_memory_statistics_from_tiermems_counters() {
+    let dir = support::TempDir::new("torch-hook-stats");
+    let pythonpath = fake_torch(&dir.0, false);
+    let code = "import torch; s = torch._C._cuda_memoryStats(0); \
+                print(s['allocated_bytes']['all'], s['reserved_bytes']['all']['current'], s['num_ooms'], \
+                torch._C._cuda_resetPeakMemoryStats(0), torch._C._cuda_resetAccumulatedMemoryStats(0)); \
+                torch._C._cuda_memoryStats(64)";
+    let output = run_python(&["--torch-allocator"], &pythonpath, code);
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert_eq!(stdout, "{'current': 0, 'peak': 0, 'allocated': 0, 'freed': 0} 0 0 0 0\n", "{stderr}");
+    assert!(stderr.contains("memory statistics of GPU 64: no such GPU"), "a GPU out of range raises: {stderr}");
 }
 
 #[test]

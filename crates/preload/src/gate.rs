@@ -40,6 +40,11 @@ pub fn capture(delta: isize) {
     CAPTURES.fetch_add(delta, SeqCst);
 }
 
+/// Whether a stream capture is under way anywhere in the process.
+pub fn capturing() -> bool {
+    CAPTURES.load(SeqCst) > 0
+}
+
 /// The program created a context of its own.
 pub fn own_context() {
     OWN_CONTEXT.store(true, SeqCst);

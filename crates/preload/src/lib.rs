@@ -138,6 +138,7 @@ mod shadows;
 mod spill;
 mod stats;
 mod torch_alloc;
+mod torch_stats;
 mod trace;
 mod verify;
 mod vmm;

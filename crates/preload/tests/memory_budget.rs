@@ -102,6 +102,15 @@ fn an_async_free_is_ordered_on_its_stream_not_waited_for() {
 }
 
 #[test]
+fn pytorchs_pluggable_allocator_keeps_what_a_cuda_graph_captured() {
+    let env = [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_EVENT_POLLS", "10")];
+    let output = support::probe("torch-graphs", &["torch-graphs"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("torch-graphs: ok"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("tiermem_torch"), "nothing refused: {stderr}");
+}
+
+#[test]
 fn pytorchs_pluggable_allocator_gets_tiermems_allocations_in_stream_order() {
     let env = [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_EVENT_POLLS", "10")];
     let output = support::probe("torch-allocator", &["torch-allocator"], &env);

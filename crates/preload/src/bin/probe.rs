@@ -569,6 +569,7 @@ fn main() {
         ["ranges"] => ipc::ranges(),
         ["free-async"] => frees::free_async(),
         ["torch-allocator"] => frees::torch_allocator(),
+        ["torch-graphs"] => frees::torch_graphs(),
         ["pools"] => pools::pools(),
         ["neighbours"] => neighbours::neighbours(),
         ["neighbours-reclaim"] => neighbours::neighbours_reclaim(),

@@ -127,3 +127,63 @@ pub fn torch_allocator() {
     assert_eq!(cuda.census().held(), before.held(), "leak");
     println!("torch-allocator: ok");
 }
+
+type TorchStats = unsafe extern "C" fn(std::ffi::c_int, *mut u64, usize) -> std::ffi::c_int;
+type BeginCapture = unsafe extern "C" fn(*mut c_void, std::ffi::c_int) -> Code;
+type EndCapture = unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> Code;
+
+/// The PyTorch route through a CUDA-graph capture: tensors made or freed while it is under way
+/// stay the graph's (never freed, never reused, bytes intact), and PyTorch's memory statistics
+/// count them (torch_alloc.rs, torch_stats.rs).
+pub fn torch_graphs() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let find = |name: &std::ffi::CStr| {
+        // SAFETY: dlsym over everything loaded (the preload library among it), a NUL-terminated name.
+        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        assert!(!f.is_null(), "{name:?} is not exported");
+        f
+    };
+    // SAFETY: the preload library's functions, of these signatures (torch_alloc.rs, torch_stats.rs).
+    let (malloc, free, stats) = unsafe {
+        (
+            std::mem::transmute::<*mut c_void, TorchMalloc>(find(c"tiermem_torch_malloc")),
+            std::mem::transmute::<*mut c_void, TorchFree>(find(c"tiermem_torch_free")),
+            std::mem::transmute::<*mut c_void, TorchStats>(find(c"tiermem_torch_memory_stats")),
+        )
+    };
+    let (begin, end): (BeginCapture, EndCapture) =
+        (cuda.get(c"cuStreamBeginCapture", 0), cuda.get(c"cuStreamEndCapture", 0));
+    let read = || {
+        let mut out = [0u64; 9];
+        // SAFETY: a buffer of nine.
+        assert_eq!(unsafe { stats(0, out.as_mut_ptr(), 9) }, 9);
+        out
+    };
+    let (stream, len) = (std::ptr::null_mut(), 4 * MIB);
+    // SAFETY: as PyTorch calls them, and the driver's capture calls on the legacy stream.
+    unsafe {
+        let before = malloc(len as isize, 0, stream);
+        cuda.write_and_verify(before as u64, len, 1);
+        assert_eq!(begin(stream, 0), 0, "cuStreamBeginCapture");
+        let during = malloc(len as isize, 0, stream);
+        assert!(!during.is_null(), "a tensor during the capture");
+        cuda.write_and_verify(during as u64, len, 2);
+        free(during, len as isize, 0, stream);
+        free(before, len as isize, 0, stream);
+        let again = malloc(len as isize, 0, stream);
+        assert!(again != during && again != before, "nothing freed during the capture is reused in it");
+        let mut graph = std::ptr::null_mut();
+        assert_eq!(end(stream, &mut graph), 0, "cuStreamEndCapture");
+        let after = malloc(len as isize, 0, stream);
+        assert!(![during, before, again].contains(&after), "nor after it: the graph's replays use them");
+        assert_eq!(read()[..2], [2 * len as u64, 2 * len as u64], "live now (again, after) and at the peak");
+        assert_eq!(read()[6..], [4 * len as u64, 4 * len as u64, 2 * len as u64], "held: live and kept");
+        free(again, len as isize, 0, stream);
+        free(after, len as isize, 0, stream);
+        assert_eq!(read()[8], 3 * len as u64, "made in the capture, freed after it: kept too");
+        cuda.verify(during as u64, len, 2);
+        cuda.verify(before as u64, len, 1);
+    }
+    println!("torch-graphs: ok");
+}
