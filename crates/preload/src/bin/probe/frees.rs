@@ -58,6 +58,14 @@ pub fn free_async() {
     println!("free-async: ok");
 }
 
+/// The preload library's exported function `name` (found among everything loaded).
+fn exported(name: &std::ffi::CStr) -> *mut c_void {
+    // SAFETY: dlsym over everything loaded (the preload library among it), a NUL-terminated name.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    assert!(!f.is_null(), "{name:?} is not exported");
+    f
+}
+
 type TorchMalloc = unsafe extern "C" fn(isize, std::ffi::c_int, *mut c_void) -> *mut c_void;
 type TorchFree = unsafe extern "C" fn(*mut c_void, isize, std::ffi::c_int, *mut c_void);
 
@@ -70,17 +78,11 @@ pub fn torch_allocator() {
     let cuda = Cuda::load();
     cuda.start();
     let before = cuda.census();
-    let find = |name: &std::ffi::CStr| {
-        // SAFETY: dlsym over everything loaded (the preload library among it), a NUL-terminated name.
-        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-        assert!(!f.is_null(), "{name:?} is not exported");
-        f
-    };
     // SAFETY: the preload library's functions, of these signatures (torch_alloc.rs).
     let (malloc, free) = unsafe {
         (
-            std::mem::transmute::<*mut c_void, TorchMalloc>(find(c"tiermem_torch_malloc")),
-            std::mem::transmute::<*mut c_void, TorchFree>(find(c"tiermem_torch_free")),
+            std::mem::transmute::<*mut c_void, TorchMalloc>(exported(c"tiermem_torch_malloc")),
+            std::mem::transmute::<*mut c_void, TorchFree>(exported(c"tiermem_torch_free")),
         )
     };
     let stream = std::ptr::null_mut();
@@ -138,18 +140,12 @@ type EndCapture = unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> Code;
 pub fn torch_graphs() {
     let cuda = Cuda::load();
     cuda.start();
-    let find = |name: &std::ffi::CStr| {
-        // SAFETY: dlsym over everything loaded (the preload library among it), a NUL-terminated name.
-        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-        assert!(!f.is_null(), "{name:?} is not exported");
-        f
-    };
     // SAFETY: the preload library's functions, of these signatures (torch_alloc.rs, torch_stats.rs).
     let (malloc, free, stats) = unsafe {
         (
-            std::mem::transmute::<*mut c_void, TorchMalloc>(find(c"tiermem_torch_malloc")),
-            std::mem::transmute::<*mut c_void, TorchFree>(find(c"tiermem_torch_free")),
-            std::mem::transmute::<*mut c_void, TorchStats>(find(c"tiermem_torch_memory_stats")),
+            std::mem::transmute::<*mut c_void, TorchMalloc>(exported(c"tiermem_torch_malloc")),
+            std::mem::transmute::<*mut c_void, TorchFree>(exported(c"tiermem_torch_free")),
+            std::mem::transmute::<*mut c_void, TorchStats>(exported(c"tiermem_torch_memory_stats")),
         )
     };
     let (begin, end): (BeginCapture, EndCapture) =
