@@ -40,6 +40,10 @@ pub(crate) unsafe fn alloc_or(
     if inside() || dptr.is_null() || size == 0 {
         return to_driver(fallback);
     }
+    if stream.is_some() && crate::captures::capturing() {
+        // SAFETY: checked non-null; the caller's out-pointer.
+        return unsafe { crate::captures::alloc(call, dptr, size) };
+    }
     // SAFETY: checked non-null; the caller's out-pointer.
     unsafe { serve(call, (size, stream), dptr, fallback, |ptr| *dptr = ptr) }
 }
@@ -78,6 +82,9 @@ unsafe fn serve(
 fn free_or(call: &str, ptr: u64, drain: Drain, fallback: impl FnOnce() -> CuResult) -> CuResult {
     if inside() {
         return to_driver(fallback);
+    }
+    if crate::captures::keeps(ptr) {
+        return CUDA_SUCCESS; // a CUDA graph's (captures.rs)
     }
     guard(call, || match process::free(call, ptr, drain) {
         Some(code) => code,

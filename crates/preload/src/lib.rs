@@ -109,6 +109,7 @@
 
 mod allocations;
 mod boundary;
+mod captures;
 mod cycle;
 mod deferred;
 mod driver;
@@ -168,6 +169,7 @@ extern "C" fn report_stats() {
                 .chain(deferred::report())
                 .chain(vmm::report())
                 .chain(spill::report())
+                .chain(captures::report())
                 .chain(verify::report())
             {
                 eprintln!("{line}");

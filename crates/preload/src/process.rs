@@ -413,6 +413,11 @@ pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
     Some(teardown(call, freed).map_or_else(|code| code, |()| drained))
 }
 
+/// The bytes asked for by tiermem's allocation starting at `ptr`, if it is one.
+pub fn allocation_bytes(ptr: u64) -> Option<usize> {
+    process().books.containing(ptr).filter(|a| a.va == ptr).map(|a| a.requested)
+}
+
 /// Keeps `freed` mapped in the books (deferred.rs): its chunks stay in the hotness index and
 /// may move with the cycle's plan (cycle.rs) until it is reused ([`Process::rebook`]) or given
 /// back ([`unkeep`]).

@@ -11,16 +11,8 @@
 //! What it costs: PyTorch's caching allocator is gone, so each tensor is a mapping of its own
 //! and moving many small ones costs more driver calls (docs/transparent.md, "The PyTorch route").
 //!
-//! **CUDA graphs.** PyTorch gives a pluggable allocator no say in a capture's memory (its
-//! caching allocator keeps a private pool per graph; a pluggable one gets plain mallocs and
-//! frees on the capturing stream). A graph's replays reuse every address its capture touched,
-//! so while a capture is under way anywhere in the process, a tensor is served without stream
-//! ordering (no event may be recorded or queried on a capturing stream; the thread's capture
-//! mode relaxed for the call, as PyTorch's own allocator does around `cudaMalloc`), and a tensor
-//! made during a capture, or freed during one, is never freed nor reused: its memory stays the
-//! graph's for the process's life (PyTorch would give it back when the graph is destroyed,
-//! which a pluggable allocator is not told). It stays tiermem's, mapped at its address, moved
-//! at quiesce points like any other.
+//! **CUDA graphs**: PyTorch gives a pluggable allocator no private graph pool; what a capture
+//! makes or frees stays the graph's (captures.rs, as for any stream-ordered allocation).
 //!
 //! **Memory statistics**: counted per GPU (torch_stats.rs) for the hook to answer
 //! `torch.cuda.memory_stats()` and the calls built on it.
@@ -31,9 +23,7 @@
 //! fail silently: a refusal is `NULL` (PyTorch reports it as CUDA out of memory) with one line
 //! on stderr saying why.
 
-use std::collections::HashSet;
 use std::ffi::{c_int, c_void};
-use std::sync::Mutex;
 
 use crate::boundary::{log, CUDA_SUCCESS};
 
@@ -70,47 +60,6 @@ fn in_context<T>(call: &str, device: c_int, strict: bool, body: impl FnOnce() ->
     }
 }
 
-/// Tensors made while a capture was under way and not freed yet: kept when freed.
-static CAPTURED: Mutex<Option<HashSet<u64>>> = Mutex::new(None);
-
-fn captured() -> std::sync::MutexGuard<'static, Option<HashSet<u64>>> {
-    // A set of addresses: consistent after any panic.
-    CAPTURED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
-const CAPTURE_MODE_RELAXED: c_int = 2;
-type ExchangeModeFn = unsafe extern "C" fn(*mut c_int) -> crate::boundary::CuResult;
-
-/// The calling thread's stream-capture mode made relaxed until dropped, then put back: while
-/// another thread captures in global mode, the driver calls an allocation makes (creating and
-/// mapping chunks, querying events) would otherwise end that capture.
-struct RelaxedCapture(Option<(ExchangeModeFn, c_int)>);
-
-impl RelaxedCapture {
-    fn new() -> RelaxedCapture {
-        let found = crate::driver::driver().map(|d| d.symbol(c"cuThreadExchangeStreamCaptureMode"));
-        let Some(exchange) = found.filter(|f| !f.is_null()) else { return RelaxedCapture(None) };
-        // SAFETY: the driver's cuThreadExchangeStreamCaptureMode, of this signature.
-        let exchange: ExchangeModeFn = unsafe { std::mem::transmute(exchange) };
-        let mut mode = CAPTURE_MODE_RELAXED;
-        // SAFETY: a valid pointer to the mode to set; the previous one is written back there.
-        match unsafe { exchange(&mut mode) } {
-            CUDA_SUCCESS => RelaxedCapture(Some((exchange, mode))),
-            _ => RelaxedCapture(None),
-        }
-    }
-}
-
-impl Drop for RelaxedCapture {
-    fn drop(&mut self) {
-        if let Some((exchange, mut before)) = self.0 {
-            // SAFETY: as in new(): the mode the thread had is put back.
-            unsafe { exchange(&mut before) };
-        }
-    }
-}
-
 /// `CUDAPluggableAllocator`'s malloc: `size` bytes on GPU `device`, ordered on `stream`; `NULL`
 /// when refused (PyTorch's out-of-memory error follows).
 ///
@@ -131,23 +80,12 @@ pub unsafe extern "C" fn tiermem_torch_malloc(size: isize, device: c_int, stream
     // chunks anew.
     crate::pools::keep_all_frees();
     let mut ptr = 0u64;
-    let in_capture = crate::gate::capturing();
-    let allocate = || match in_capture {
-        true => {
-            let _relaxed = RelaxedCapture::new();
-            // SAFETY: a valid out-pointer.
-            unsafe { crate::entry::cuMemAlloc_v2(&mut ptr, bytes) }
-        }
-        // SAFETY: a valid out-pointer; the stream is the caller's (as cuMemAllocAsync takes it).
-        false => unsafe { crate::entry::cuMemAllocAsync(&mut ptr, bytes, stream as Stream) },
-    };
+    // SAFETY: a valid out-pointer; the stream is the caller's (as cuMemAllocAsync takes it).
+    let allocate = || unsafe { crate::entry::cuMemAllocAsync(&mut ptr, bytes, stream as Stream) };
     let Some(code) = in_context(CALL, device, true, allocate) else { return std::ptr::null_mut() };
     if code != CUDA_SUCCESS {
         log(CALL, &format!("{bytes} B on GPU {device}: CUDA error {code}"), "refused (NULL)");
         return std::ptr::null_mut();
-    }
-    if in_capture {
-        captured().get_or_insert_with(HashSet::new).insert(ptr);
     }
     crate::torch_stats::allocated(device, bytes as u64);
     ptr as *mut c_void
@@ -164,8 +102,7 @@ pub unsafe extern "C" fn tiermem_torch_free(ptr: *mut c_void, size: isize, devic
         return;
     }
     // A capture's tensor, or one freed while a capture is under way: the graph's for good.
-    let made_in_capture = captured().as_mut().is_some_and(|set| set.remove(&(ptr as u64)));
-    let kept = made_in_capture || crate::gate::capturing();
+    let kept = crate::captures::keeps(ptr as u64);
     crate::torch_stats::freed(device, u64::try_from(size).unwrap_or(0), kept);
     if kept {
         return;

@@ -102,12 +102,17 @@ fn an_async_free_is_ordered_on_its_stream_not_waited_for() {
 }
 
 #[test]
-fn pytorchs_pluggable_allocator_keeps_what_a_cuda_graph_captured() {
-    let env = [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_EVENT_POLLS", "10")];
+fn what_a_cuda_graph_captured_is_kept_through_pytorchs_allocator_and_cumemallocasync() {
+    let env = [("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_FAKE_EVENT_POLLS", "10"), ("TIERMEM_STATS", "1")];
     let output = support::probe("torch-graphs", &["torch-graphs"], &env);
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("torch-graphs: ok"), "{stdout}\n{stderr}");
     assert!(!stderr.contains("tiermem_torch"), "nothing refused: {stderr}");
+    // The torch route's three, then cuMemFreeAsync's two (a during the capture, b after it).
+    assert!(
+        stderr.contains("5 allocation(s) made or freed during CUDA-graph captures kept for the graphs (20.00 MiB"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -136,7 +136,8 @@ type EndCapture = unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> Code;
 
 /// The PyTorch route through a CUDA-graph capture: tensors made or freed while it is under way
 /// stay the graph's (never freed, never reused, bytes intact), and PyTorch's memory statistics
-/// count them (torch_alloc.rs, torch_stats.rs).
+/// count them (torch_alloc.rs, torch_stats.rs); then the same through `cuMemAllocAsync` and
+/// `cuMemFreeAsync` (captures.rs).
 pub fn torch_graphs() {
     let cuda = Cuda::load();
     cuda.start();
@@ -180,6 +181,24 @@ pub fn torch_graphs() {
         assert_eq!(read()[8], 3 * len as u64, "made in the capture, freed after it: kept too");
         cuda.verify(during as u64, len, 2);
         cuda.verify(before as u64, len, 1);
+
+        let (alloc_async, free_async): (AllocAsync, FreeAsync) =
+            (cuda.get(c"cuMemAllocAsync", 0), cuda.get(c"cuMemFreeAsync", 0));
+        let (mut a, mut b) = (0u64, 0u64);
+        assert_eq!(begin(stream, 0), 0, "cuStreamBeginCapture");
+        assert_eq!(alloc_async(&mut a, len, stream), 0, "cuMemAllocAsync during a capture");
+        cuda.write_and_verify(a, len, 3);
+        assert_eq!(free_async(a, stream), 0, "cuMemFreeAsync during a capture");
+        assert_eq!(alloc_async(&mut b, len, stream), 0);
+        assert_ne!(a, b, "not reused in the capture");
+        let mut graph = std::ptr::null_mut();
+        assert_eq!(end(stream, &mut graph), 0, "cuStreamEndCapture");
+        assert_eq!(free_async(b, stream), 0, "made in the capture: kept");
+        let mut c = 0u64;
+        assert_eq!(alloc_async(&mut c, len, stream), 0);
+        assert!(c != a && c != b, "nor after it");
+        assert_eq!(free_async(c, stream), 0);
+        cuda.verify(a, len, 3);
     }
     println!("torch-graphs: ok");
 }
