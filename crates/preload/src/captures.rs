@@ -15,8 +15,9 @@
 //!   node, whose replays would need the program to free it first), with the thread's capture
 //!   mode relaxed for the call, as PyTorch's own allocator does around `cudaMalloc`, so that
 //!   creating and mapping chunks does not end another thread's capture in global mode;
-//! * a pointer made during a capture, or one of tiermem's freed during one, is never freed nor
-//!   reused ([`keeps`]): it stays the graph's for the process's life — nobody tells tiermem when
+//! * a pointer made during a capture, or freed during one (tiermem's or the driver's: a free
+//!   captured into the graph would free it again at every replay), is never freed nor reused
+//!   ([`keeps`]): it stays the graph's for the process's life — nobody tells tiermem when
 //!   a graph is destroyed — mapped at its address, moved at quiesce points like any chunk.
 //!
 //! A program that captures graph after graph grows by each one's allocations; the `--stats`
@@ -69,14 +70,14 @@ pub unsafe fn alloc(call: &str, dptr: *mut u64, size: usize) -> CuResult {
 }
 
 /// Whether the free of `ptr` must be skipped, its memory kept for a graph: it was made during
-/// a capture, or it is tiermem's and a capture is under way.
+/// a capture, or a capture is under way.
 pub fn keeps(ptr: u64) -> bool {
     let made_in_capture = captured().as_mut().is_some_and(|set| set.remove(&ptr));
-    let bytes = crate::process::allocation_bytes(ptr);
-    let kept = made_in_capture || (capturing() && bytes.is_some());
+    let kept = made_in_capture || capturing();
     if kept {
         KEPT.fetch_add(1, Relaxed);
-        KEPT_BYTES.fetch_add(bytes.unwrap_or(0) as u64, Relaxed);
+        let bytes = crate::process::allocation_bytes(ptr).unwrap_or(0);
+        KEPT_BYTES.fetch_add(bytes as u64, Relaxed);
         crate::trace::event("kept_for_graph", || format!("\"ptr\": {ptr}"));
     }
     kept
