@@ -8,8 +8,9 @@ Programs (the issue's list, run by default): a CUDA C program built by nvcc with
 torch.multiprocessing sharing a CUDA tensor, and 100,000 small buffers (PyTorch with its caching
 allocator off). Beyond it (`--programs extended`, or by name): Hugging Face training (GPT-2
 medium's shape, bf16 autocast) and greedy decoding (a 2B Llama-style model, the KV cache
-growing), a CNN with cuDNN, torch.compile (Inductor's Triton kernels) and two CUDA streams
-joined by events. A program whose requirements are missing (nvcc, CuPy) is listed under
+growing), a CNN with cuDNN, torch.compile (Inductor's Triton kernels), two CUDA streams
+joined by events, and the CUDA-graph replay on PyTorch's cudaMallocAsync backend (the capture's
+allocations stream-ordered). A program whose requirements are missing (nvcc, CuPy) is listed under
 `skipped` with the reason.
 
 Usage: python3 bench/transparent_matrix.py --tiermem dist/tiermem --out FILE [--programs a,b|extended|all]
@@ -62,6 +63,7 @@ EXTENDED = {
     "cnn_train": python_program("cnn_train.py"),
     "torch_compile": python_program("compiled.py"),
     "two_streams": python_program("two_streams.py"),
+    "cuda_graph_async": python_program("cuda_graph_async.py"),
 }
 
 
