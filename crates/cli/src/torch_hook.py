@@ -14,7 +14,8 @@ It does two things:
 A pluggable allocator has no memory statistics in PyTorch (`torch.cuda.memory_stats()`,
 `max_memory_allocated()`, `reset_peak_memory_stats()` raise): once it is installed, the hook
 answers them from tiermem's counters of the tensors it serves (torch_stats.rs), in the shape
-PyTorch's caching allocator gives them.
+PyTorch's caching allocator gives them; and `torch.cuda.empty_cache()` gives back the memory
+tiermem keeps for freed tensors (torch_alloc.rs).
 
 If PyTorch's allocator cannot be replaced (CUDA already initialised, a PyTorch without pluggable
 allocators), one line on stderr says so and the program runs on PyTorch's own allocator, over
@@ -73,8 +74,8 @@ def _answer_memory_stats(torch, library):
     read = library.tiermem_torch_memory_stats
     read.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)
     read.restype = ctypes.c_int
-    for name in ("tiermem_torch_reset_peak", "tiermem_torch_reset_accumulated"):
-        getattr(library, name).argtypes = (ctypes.c_int,)
+    for name in ("tiermem_torch_reset_peak", "tiermem_torch_reset_accumulated", "tiermem_torch_empty_cache"):
+        getattr(library, name).argtypes = () if name.endswith("empty_cache") else (ctypes.c_int,)
         getattr(library, name).restype = ctypes.c_int
 
     def counters(device):
@@ -106,6 +107,11 @@ def _answer_memory_stats(torch, library):
     torch._C._cuda_memoryStats = memory_stats
     torch._C._cuda_resetPeakMemoryStats = lambda device: library.tiermem_torch_reset_peak(int(device))
     torch._C._cuda_resetAccumulatedMemoryStats = lambda device: library.tiermem_torch_reset_accumulated(int(device))
+    def empty_cache():
+        # torch.cuda.empty_cache(): the freed tensors' memory tiermem keeps goes back to the driver.
+        library.tiermem_torch_empty_cache()
+
+    torch._C._cuda_emptyCache = empty_cache
 
 
 class _Loader(importlib.abc.Loader):

@@ -153,11 +153,12 @@ fn torch_allocator_answers_pytorchs_memory_statistics_from_tiermems_counters() {
     let pythonpath = fake_torch(&dir.0, false);
     let code = "import torch; s = torch._C._cuda_memoryStats(0); \
                 print(s['allocated_bytes']['all'], s['reserved_bytes']['all']['current'], s['num_ooms'], \
-                torch._C._cuda_resetPeakMemoryStats(0), torch._C._cuda_resetAccumulatedMemoryStats(0)); \
+                torch._C._cuda_resetPeakMemoryStats(0), torch._C._cuda_resetAccumulatedMemoryStats(0), \
+                torch._C._cuda_emptyCache()); \
                 torch._C._cuda_memoryStats(64)";
     let output = run_python(&["--torch-allocator"], &pythonpath, code);
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert_eq!(stdout, "{'current': 0, 'peak': 0, 'allocated': 0, 'freed': 0} 0 0 0 0\n", "{stderr}");
+    assert_eq!(stdout, "{'current': 0, 'peak': 0, 'allocated': 0, 'freed': 0} 0 0 0 0 None\n", "{stderr}");
     assert!(stderr.contains("memory statistics of GPU 64: no such GPU"), "a GPU out of range raises: {stderr}");
 }
 

@@ -118,3 +118,22 @@ pub unsafe extern "C" fn tiermem_torch_free(ptr: *mut c_void, size: isize, devic
         );
     }
 }
+
+/// `torch.cuda.empty_cache()` (the hook routes it here; a pluggable allocator has no cache of
+/// PyTorch's to empty): the memory of freed tensors that tiermem keeps for reuse (deferred.rs)
+/// goes back to the driver, after their streams' work is done — as PyTorch's own allocator
+/// waits for its events — so that other programs, and the node daemon's other tenants, get it.
+/// Nothing while a capture is under way (the graph's memory stays, captures.rs). 0, or the CUDA
+/// error of a failure (said on stderr; the memory stays held).
+#[no_mangle]
+pub extern "C" fn tiermem_torch_empty_cache() -> c_int {
+    const CALL: &str = "torch.cuda.empty_cache";
+    if crate::captures::capturing() {
+        return 0;
+    }
+    crate::boundary::guard(CALL, || {
+        crate::deferred::reap(true);
+        crate::deferred::trim(CALL, |_| 0);
+        CUDA_SUCCESS
+    }) as c_int
+}

@@ -118,6 +118,13 @@ pub fn torch_allocator() {
         assert!(malloc(-1, 0, stream).is_null(), "a negative size");
         assert!(malloc(0, 0, stream).is_null(), "no bytes");
         free(std::ptr::null_mut(), 0, 0, stream);
+        // torch.cuda.empty_cache(): what tiermem kept of the freed tensors goes back.
+        assert!(cuda.census().held() > before.held(), "frees are kept for reuse");
+        // SAFETY: the preload library's function of this signature (torch_alloc.rs).
+        let empty: unsafe extern "C" fn() -> std::ffi::c_int =
+            std::mem::transmute(exported(c"tiermem_torch_empty_cache"));
+        assert_eq!(empty(), 0);
+        assert_eq!(cuda.census().held(), before.held(), "empty_cache gave every kept free back");
         // A plain allocation of the whole budget waits for the frees to be done: nothing held after.
         let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
         let whole: Free = cuda.get(c"cuMemFree", 0);
