@@ -6,6 +6,11 @@
 # its share while B runs (its steps slow, its losses do not change) and grow back after.
 # Writes to OUT: plain.json / leased.json (A's losses and step times), newcomer.log,
 # train.log, status.jsonl (`tiermem status --json` every 0.5 s), daemon.log, summary.json.
+# With PEER_POOL set (e.g. PEER_POOL=6GiB HBM_POOL=12GiB A_FULL_GIB=11, on two GPUs): the daemon
+# also shares neighbours' HBM, A and B run with `--peers 1` (what does not fit GPU 0's share goes
+# to GPU 1 within their peer budgets), and after B leaves a plain process takes all but 2 GiB of
+# GPU 1 for 10 s (SQUEEZE_S), below the lenders' reserve: A gives GPU 1 back at its next
+# synchronizations. summary.json then has the peer budgets too.
 # Usage: daemon_transparent.sh TIERMEM_BIN OUT
 set -uo pipefail
 BIN=${1:?tiermem binary}; OUT=${2:?output dir}
@@ -15,12 +20,11 @@ STEPS=${STEPS:-60}
 INPUTS=$(mktemp -d)  # the config, the newcomer and the socket stay out of OUT
 trap 'rm -rf "$INPUTS"' EXIT
 export TIERMEM_SOCKET="$INPUTS/tiermemd.sock"
-cat > "$INPUTS/tiermemd.toml" <<EOF
-idle_after_ms = 0
-[[gpu]]
-index = 0
-hbm = "20GiB"
-EOF
+HBM_POOL=${HBM_POOL:-20GiB}; PEER_POOL=${PEER_POOL:-}
+PEERS_ARGS=(); [ -n "$PEER_POOL" ] && PEERS_ARGS=(--peers 1)
+{ echo "idle_after_ms = 0"
+  [ -n "$PEER_POOL" ] && printf '[tiers]\npeer = "%s"\n' "$PEER_POOL"
+  printf '[[gpu]]\nindex = 0\nhbm = "%s"\n' "$HBM_POOL"; } > "$INPUTS/tiermemd.toml"
 cat > "$INPUTS/newcomer.py" <<'EOF'
 import hashlib, sys, time, torch
 t = [torch.full((256 << 20,), float(i), device="cuda") for i in range(8)]  # 8 x 1 GiB
@@ -52,22 +56,31 @@ POLL=$!
 echo "== A under tiermem run with the daemon, B arriving mid-run"
 START=$(date +%s.%N)
 # A_ENV: more environment for A alone (TIERMEM_TRACE=FILE for its timeline).
-env ${A_ENV:-} "$BIN" run --label train --hbm-limit 20GiB --stats -- \
+env ${A_ENV:-} "$BIN" run --label train --hbm-limit "$HBM_POOL" "${PEERS_ARGS[@]}" --stats -- \
   python3 "$HERE/bench/transparent_train.py" --steps "$STEPS" --out "$OUT/leased.json" 2> "$OUT/train.log" &
 TRAIN=$!
-# B arrives once A is training at full size (its HBM in use past 15 GiB), B_AFTER s later.
+# B arrives once A is training at full size (its HBM in use past A_FULL_GIB), B_AFTER s later.
 for _ in $(seq 600); do
   "$BIN" status --json --socket "$TIERMEM_SOCKET" 2>/dev/null | python3 -c '
 import json, sys
 pools = json.load(sys.stdin).get("pools", [])
-sys.exit(0 if any(s["used"] > 15 << 30 for p in pools if p["tier"] == "hbm" for s in p["shares"]) else 1)' && break
+sys.exit(0 if any(s["used"] > '"${A_FULL_GIB:-15}"' << 30 for p in pools if p["tier"] == "hbm" for s in p["shares"]) else 1)' && break
   sleep 0.2
 done
 sleep "${B_AFTER:-3}"
 B_START=$(date +%s.%N)
-"$BIN" run --label newcomer --hbm-limit 12GiB --stats -- python3 "$INPUTS/newcomer.py" "${B_SECONDS:-15}" > "$OUT/newcomer.log" 2>&1
+"$BIN" run --label newcomer --hbm-limit 12GiB "${PEERS_ARGS[@]}" --stats -- python3 "$INPUTS/newcomer.py" "${B_SECONDS:-15}" > "$OUT/newcomer.log" 2>&1
 B_RC=$?
 B_END=$(date +%s.%N)
+if [ -n "$PEER_POOL" ] && kill -0 $TRAIN 2>/dev/null; then
+  echo "== GPU 1 squeezed below the lenders' reserve for ${SQUEEZE_S:-10} s"
+  TIERMEM_DAEMON=off python3 -c '
+import sys, time, torch
+free = torch.cuda.mem_get_info(1)[0]
+x = torch.empty(free - (2 << 30), dtype=torch.uint8, device="cuda:1")
+print(f"squeeze: took {x.numel() >> 20} MiB of GPU 1", flush=True)
+time.sleep(float(sys.argv[1]))' "${SQUEEZE_S:-10}" > "$OUT/squeeze.log" 2>&1
+fi
 wait $TRAIN; A_RC=$?
 kill $DAEMON; wait $DAEMON 2>/dev/null; kill $POLL 2>/dev/null
 tail -5 "$OUT/train.log"; cat "$OUT/newcomer.log"
@@ -82,9 +95,9 @@ for line in open(f"{out}/status.jsonl"):
     status = row["status"] or {}
     labels = {t["tenant"]: t.get("label") or t["name"] for t in status.get("tenants", [])}
     for pool in status.get("pools", []):
-        if pool["tier"] == "hbm":
+        if pool["tier"] in ("hbm", "peer"):
             for s in pool["shares"]:
-                budgets.append((round(row["t"] - start, 2), labels.get(s["tenant"]), s["budget"] >> 20, s["used"] >> 20))
+                budgets.append((round(row["t"] - start, 2), pool["tier"], labels.get(s["tenant"]), s["budget"] >> 20, s["used"] >> 20))
 summary = {
     "losses_identical": plain["losses"] == leased["losses"],
     "a_exit": a_rc, "b_exit": b_rc,
