@@ -65,6 +65,9 @@ use crate::remap::{self, Phase};
 use crate::rounds;
 use crate::{gate, stats};
 
+mod lent;
+pub use lent::meet_lent;
+
 /// Quiesce points a chunk that moved stays where it is, whatever its heat.
 const COOLDOWN: u64 = 2;
 
@@ -182,7 +185,7 @@ pub fn quiesce_point(call: &str) {
     }
     LAST_QUIESCE_MS.store(now_ms(), Relaxed);
     crate::trace::event("sync", || format!("\"call\": {}", crate::trace::quoted(call)));
-    give_back_lent(call);
+    lent::give_back_lent(call);
     // Stage 3 (cycle.rs): the cycle ends; with a plan for the next, its first segment's moves
     // are made here instead of the hotness plan's.
     let first = crate::cycle::cycle_ends();
@@ -243,102 +246,8 @@ pub fn pause_point(call: &str) {
     // A program that never synchronizes: its pauses end its cycles (deferred.rs ages its frees).
     crate::deferred::cycle_ends(None, None);
     crate::trace::event("pause", || format!("\"call\": {}", crate::trace::quoted(call)));
-    give_back_lent(call);
+    lent::give_back_lent(call);
     hotness_moves(call, config());
-}
-
-/// Neighbours that ran short of their reserve since they lent (spill.rs) get it back here, and
-/// what exceeds the node daemon's budget of their HBM: the gate held exclusively and the
-/// context waited for, as for any move. Looked at no more often than `TIERMEM_PEER_CHECK_MS`
-/// per GPU; if it cannot be now (another migration, a capture), the next look finds them owed
-/// again.
-fn give_back_lent(call: &str) {
-    static LAST_LOOK_MS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
-    if !crate::spill::lending() {
-        return;
-    }
-    let Some(Ok(ordinal)) = process::current_gpu() else { return };
-    let Some(last) = LAST_LOOK_MS.get(ordinal) else { return };
-    // +1: the first look (at 0 ms) is not taken for "never".
-    let now = now_ms() + 1;
-    let before = last.load(Relaxed);
-    if before != 0 && now - before < config().peer_check {
-        return;
-    }
-    last.store(now, Relaxed);
-    let Some(device) = process::lock().gpus.get(&ordinal).and_then(|gpu| gpu.device.clone()) else { return };
-    let owed = crate::spill::shortfalls(ordinal, device.as_ref());
-    if owed.is_empty() && crate::spill::over_budget(ordinal).is_empty() {
-        return;
-    }
-    let Some(mut state) = try_state() else { return };
-    let state = state.get_or_insert_with(State::default);
-    let _gate = gate::exclusive();
-    if gate::forbidden().is_some() || !remap::timed(Phase::Wait, synchronize) {
-        return;
-    }
-    return_lent(call, ordinal, owed, state);
-}
-
-/// Gives GPU `ordinal`'s lenders back what is `owed` (`(lender, bytes)`), then what exceeds
-/// the daemon's budget (rounds.rs: spares released, chunks in use moved to the host). The gate
-/// held exclusively and the GPU waited for.
-fn return_lent(call: &str, ordinal: usize, owed: Vec<(usize, usize)>, state: &mut State) {
-    let mut p = process::lock();
-    let Some(batch) = p.gpus.get(&ordinal).map(|gpu| config().batch(gpu.chunk)) else { return };
-    let tools = state.gpus.entry(ordinal).or_default();
-    let mut give = |p: &mut process::Process, (lender, bytes): (usize, usize), why: &str| {
-        let given = rounds::return_lent(call, p, ordinal, (lender, bytes), tools, batch);
-        crate::spill::returned(given);
-        crate::trace::event("given_back_to_lender", || {
-            format!("\"gpu\": {lender}, \"owed\": {bytes}, \"given\": {given}, \"why\": \"{why}\"")
-        });
-    };
-    for owed in owed {
-        give(&mut p, owed, "reserve");
-    }
-    for owed in crate::spill::over_budget(ordinal) {
-        give(&mut p, owed, "budget");
-    }
-}
-
-/// Meets GPU `ordinal`'s budget of neighbours' HBM, which the node daemon just lowered
-/// (lease.rs): as [`meet`] does for HBM, the program's own quiesce points get
-/// `TIERMEM_SHED_GRACE_MS` to give the excess back, then a pause of tiermem's own does (from
-/// this thread: an idle program gives it back too). Whether it is met, or why not.
-pub fn meet_lent(call: &str, ordinal: usize) -> Result<(), String> {
-    let met = || crate::spill::over_budget(ordinal).is_empty();
-    if met() {
-        return Ok(());
-    }
-    if !config().enabled {
-        return Err("migration is off (TIERMEM_MIGRATE=off): chunks stay where they are".into());
-    }
-    let until = Instant::now() + config().shed_grace;
-    while !met() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    if met() {
-        return Ok(());
-    }
-    let mut state = STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let state = state.get_or_insert_with(State::default);
-    let _context = crate::driver::PrimaryContext::bind(ordinal)?;
-    let _gate = gate::exclusive();
-    if let Some(why) = gate::forbidden() {
-        return Err(format!("nothing may move now ({why}): the program's next synchronization gives it back"));
-    }
-    if !remap::timed(Phase::Wait, synchronize) {
-        return Err(format!("cuCtxSynchronize on GPU {ordinal} failed: nothing moved"));
-    }
-    return_lent(call, ordinal, Vec::new(), state);
-    match crate::spill::over_budget(ordinal).iter().map(|&(_, bytes)| bytes).sum::<usize>() {
-        0 => Ok(()),
-        left => Err(format!(
-            "{} of neighbours' HBM still lent over the budget: the rest is in chunks that failed to move (said above)",
-            tiermem::format_size(left)
-        )),
-    }
 }
 
 /// Stage 2 at a quiesce point: the epoch's heat planned into moves (moves.rs) and made, unless
@@ -425,12 +334,38 @@ pub fn meet(call: &str, ordinal: usize) -> Result<(), String> {
     if config().enabled {
         // The program's next quiesce point evaluates even with nothing on the host.
         OVER_BUDGET.store(true, Relaxed);
-        let until = Instant::now() + config().shed_grace;
-        while !met() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        grace(met);
     }
     shed(call, ordinal)
+}
+
+/// Waits up to `TIERMEM_SHED_GRACE_MS` for the program's own quiesce points to meet a cut
+/// (`met`); whether they did.
+fn grace(met: impl Fn() -> bool) -> bool {
+    let until = Instant::now() + config().shed_grace;
+    while !met() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    met()
+}
+
+/// Runs `body` in a pause of tiermem's own on GPU `ordinal`, from a thread of its own, like
+/// [`pause_point`]'s — after any migration under way, the GPU's primary context (the
+/// program's) made current on this thread, the gate held exclusively, the context waited for
+/// — so that a program that is idle, or never synchronizes, still moves; why not, if nothing
+/// may move now.
+fn own_pause<T>(ordinal: usize, body: impl FnOnce(&mut State) -> T) -> Result<T, String> {
+    let mut state = STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let state = state.get_or_insert_with(State::default);
+    let _context = crate::driver::PrimaryContext::bind(ordinal)?;
+    let _gate = gate::exclusive();
+    if let Some(why) = gate::forbidden() {
+        return Err(format!("nothing may move now ({why}): the program's next synchronization moves it"));
+    }
+    if !remap::timed(Phase::Wait, synchronize) {
+        return Err(format!("cuCtxSynchronize on GPU {ordinal} failed: nothing moved"));
+    }
+    Ok(body(state))
 }
 
 /// Sends GPU `ordinal`'s coldest chunks down until its HBM fits its budget, which the node
@@ -446,35 +381,27 @@ pub fn shed(call: &str, ordinal: usize) -> Result<(), String> {
     if !config().enabled {
         return Err("migration is off (TIERMEM_MIGRATE=off): chunks stay where they are".into());
     }
-    let mut state = STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let state = state.get_or_insert_with(State::default);
     // Until it is met, the program's own quiesce points try too.
     OVER_BUDGET.store(true, Relaxed);
-    let _context = crate::driver::PrimaryContext::bind(ordinal)?;
-    let _gate = gate::exclusive();
-    if let Some(why) = gate::forbidden() {
-        return Err(format!("nothing may move now ({why}): the program's next synchronization sheds it"));
-    }
     let started = Instant::now();
-    if !remap::timed(Phase::Wait, synchronize) {
-        return Err(format!("cuCtxSynchronize on GPU {ordinal} failed: nothing moved"));
-    }
-    let (heats, mut p, mut went_down) = (hotness::take_epoch(), process::lock(), 0);
-    // Again while short chunks (an allocation's last) left it over and the last round moved some.
-    let still_over = loop {
-        state.evaluations += 1;
-        let (plan, ids) = plan_for(&p, ordinal, &heats, state);
-        let before = rounds::counts().1;
-        execute(call, &mut p, ordinal, &plan, &ids, state);
-        let moved = rounds::counts().1 - before;
-        went_down += moved;
-        let over = p.gpus.get(&ordinal).filter(|gpu| gpu.room_chunks() < 0).map(|gpu| (gpu.hbm_used, gpu.budget));
-        if moved == 0 || over.is_none() {
-            break over;
-        }
-    };
-    OVER_BUDGET.store(any_over(&p), Relaxed);
-    drop(p);
+    let (still_over, went_down) = own_pause(ordinal, |state| {
+        let (heats, mut p, mut went_down) = (hotness::take_epoch(), process::lock(), 0);
+        // Again while short chunks (an allocation's last) left it over and the last round moved some.
+        let still_over = loop {
+            state.evaluations += 1;
+            let (plan, ids) = plan_for(&p, ordinal, &heats, state);
+            let before = rounds::counts().1;
+            execute(call, &mut p, ordinal, &plan, &ids, state);
+            let moved = rounds::counts().1 - before;
+            went_down += moved;
+            let over = p.gpus.get(&ordinal).filter(|gpu| gpu.room_chunks() < 0).map(|gpu| (gpu.hbm_used, gpu.budget));
+            if moved == 0 || over.is_none() {
+                break over;
+            }
+        };
+        OVER_BUDGET.store(any_over(&p), Relaxed);
+        (still_over, went_down)
+    })?;
     TAKEN.fetch_add(1, Relaxed);
     NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
     let ms = started.elapsed().as_secs_f64() * 1e3;
