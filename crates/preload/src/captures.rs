@@ -25,13 +25,15 @@
 
 use std::collections::HashSet;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use crate::boundary::{CuResult, CUDA_SUCCESS};
 
-/// Pointers made while a capture was under way and not freed yet.
+/// Pointers made while a capture was under way and not freed yet, and how many (every free
+/// asks [`keeps`]: outside captures, with one atomic read).
 static CAPTURED: Mutex<Option<HashSet<u64>>> = Mutex::new(None);
+static CAPTURED_LIVE: AtomicUsize = AtomicUsize::new(0);
 /// Allocations kept for graphs, and their bytes where known (tiermem's).
 static KEPT: AtomicU64 = AtomicU64::new(0);
 static KEPT_BYTES: AtomicU64 = AtomicU64::new(0);
@@ -39,11 +41,6 @@ static KEPT_BYTES: AtomicU64 = AtomicU64::new(0);
 fn captured() -> std::sync::MutexGuard<'static, Option<HashSet<u64>>> {
     // A set of addresses: consistent after any panic.
     CAPTURED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Whether a capture is under way anywhere in the process.
-pub fn capturing() -> bool {
-    crate::gate::capturing()
 }
 
 /// Serves a stream-ordered allocation of `size` bytes into `*dptr` during a capture: tiermem's
@@ -64,7 +61,9 @@ pub unsafe fn alloc(call: &str, dptr: *mut u64, size: usize) -> CuResult {
     if code == CUDA_SUCCESS && !dptr.is_null() {
         // SAFETY: written on success.
         let ptr = unsafe { *dptr };
-        captured().get_or_insert_with(HashSet::new).insert(ptr);
+        if captured().get_or_insert_with(HashSet::new).insert(ptr) {
+            CAPTURED_LIVE.fetch_add(1, Relaxed);
+        }
     }
     code
 }
@@ -72,8 +71,11 @@ pub unsafe fn alloc(call: &str, dptr: *mut u64, size: usize) -> CuResult {
 /// Whether the free of `ptr` must be skipped, its memory kept for a graph: it was made during
 /// a capture, or a capture is under way.
 pub fn keeps(ptr: u64) -> bool {
-    let made_in_capture = captured().as_mut().is_some_and(|set| set.remove(&ptr));
-    let kept = made_in_capture || capturing();
+    let made_in_capture = CAPTURED_LIVE.load(Relaxed) > 0 && captured().as_mut().is_some_and(|set| set.remove(&ptr));
+    if made_in_capture {
+        CAPTURED_LIVE.fetch_sub(1, Relaxed);
+    }
+    let kept = made_in_capture || crate::gate::capturing();
     if kept {
         KEPT.fetch_add(1, Relaxed);
         let bytes = crate::process::allocation_bytes(ptr).unwrap_or(0);

@@ -40,7 +40,7 @@ pub(crate) unsafe fn alloc_or(
     if inside() || dptr.is_null() || size == 0 {
         return to_driver(fallback);
     }
-    if stream.is_some() && crate::captures::capturing() {
+    if stream.is_some() && crate::gate::capturing() {
         // SAFETY: checked non-null; the caller's out-pointer.
         return unsafe { crate::captures::alloc(call, dptr, size) };
     }

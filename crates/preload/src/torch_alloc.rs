@@ -128,7 +128,7 @@ pub unsafe extern "C" fn tiermem_torch_free(ptr: *mut c_void, size: isize, devic
 #[no_mangle]
 pub extern "C" fn tiermem_torch_empty_cache() -> c_int {
     const CALL: &str = "torch.cuda.empty_cache";
-    if crate::captures::capturing() {
+    if crate::gate::capturing() {
         return 0;
     }
     crate::boundary::guard(CALL, || {
