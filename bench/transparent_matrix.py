@@ -9,8 +9,12 @@ torch.multiprocessing sharing a CUDA tensor, and 100,000 small buffers (PyTorch 
 allocator off). Beyond it (`--programs extended`, or by name): Hugging Face training (GPT-2
 medium's shape, bf16 autocast) and greedy decoding (a 2B Llama-style model, the KV cache
 growing), a CNN with cuDNN, torch.compile (Inductor's Triton kernels), two CUDA streams
-joined by events, and the CUDA-graph replay on PyTorch's cudaMallocAsync backend (the capture's
-allocations stream-ordered). A program whose requirements are missing (nvcc, CuPy) is listed under
+joined by events, the CUDA-graph replay on PyTorch's cudaMallocAsync backend (the capture's
+allocations stream-ordered), and a tour of the CUDA runtime API in C (pitched 2D buffers, a texture,
+interior pointers, pointer attributes, event-ordered streams, host functions, stream-ordered and
+managed allocations, four threads allocating at once, the errors of bad frees), and Numba's
+CUDA target (kernels compiled from Python, launched through the driver API Numba loads itself).
+A program whose requirements are missing (nvcc, CuPy, Numba) is listed under
 `skipped` with the reason.
 
 Usage: python3 bench/transparent_matrix.py --tiermem dist/tiermem --out FILE [--programs a,b|extended|all]
@@ -33,16 +37,19 @@ BUDGETS = {"fits": 2.0, "0_7": 0.7, "0_5": 0.5}
 TIMEOUT_S = 300
 
 
-def nvcc_program():
-    """Builds vecadd.cu with nvcc's defaults; the command, or the reason it cannot be."""
-    nvcc = shutil.which("nvcc") or next((p for p in ["/usr/local/cuda/bin/nvcc"] if os.path.exists(p)), None)
-    if nvcc is None:
-        return None, "nvcc not found"
-    binary = Path(tempfile.mkdtemp(prefix="tiermem-matrix-")) / "vecadd"
-    built = subprocess.run([nvcc, "-O2", "-o", str(binary), str(HERE / "vecadd.cu")], capture_output=True, text=True)
-    if built.returncode != 0:
-        return None, f"nvcc failed: {built.stderr.strip()[-400:]}"
-    return [str(binary)], None
+def nvcc_program(source):
+    """Builds `source` with nvcc's defaults (the runtime linked statically): a maker of the
+    command, or of the reason it cannot be."""
+    def make():
+        nvcc = shutil.which("nvcc") or next((p for p in ["/usr/local/cuda/bin/nvcc"] if os.path.exists(p)), None)
+        if nvcc is None:
+            return None, "nvcc not found"
+        binary = Path(tempfile.mkdtemp(prefix="tiermem-matrix-")) / Path(source).stem
+        built = subprocess.run([nvcc, "-O2", "-o", str(binary), str(HERE / source)], capture_output=True, text=True)
+        if built.returncode != 0:
+            return None, f"nvcc failed: {built.stderr.strip()[-400:]}"
+        return [str(binary)], None
+    return make
 
 
 def python_program(name):
@@ -50,7 +57,7 @@ def python_program(name):
 
 
 PROGRAMS = {
-    "cuda_c_static_runtime": nvcc_program,
+    "cuda_c_static_runtime": nvcc_program("vecadd.cu"),
     "cublas_gemm_loop": python_program("gemm_loop.py"),
     "cuda_graph_replay": python_program("cuda_graph.py"),
     "cupy": python_program("cupy_prog.py"),
@@ -64,6 +71,8 @@ EXTENDED = {
     "torch_compile": python_program("compiled.py"),
     "two_streams": python_program("two_streams.py"),
     "cuda_graph_async": python_program("cuda_graph_async.py"),
+    "cuda_api_tour": nvcc_program("api_tour.cu"),
+    "numba": python_program("numba_prog.py"),
 }
 
 
