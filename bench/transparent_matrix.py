@@ -73,6 +73,7 @@ EXTENDED = {
     "cuda_graph_async": python_program("cuda_graph_async.py"),
     "cuda_api_tour": nvcc_program("api_tour.cu"),
     "numba": python_program("numba_prog.py"),
+    "jax_train": python_program("jax_train.py"),
 }
 
 

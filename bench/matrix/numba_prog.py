@@ -3,8 +3,11 @@ driver API that Numba loads itself (not through PyTorch or the CUDA runtime). Si
 32 MiB, eight rounds of y = y * 0.5 + x over them, then a reduction on the device."""
 import sys
 
+import numpy as np
+
+if not hasattr(np, "row_stack"):  # numba-cuda refers to it when compiling; NumPy 2.4 removed it
+    np.row_stack = np.vstack
 try:
-    import numpy as np
     from numba import cuda
 except ImportError:
     print('{"skipped": "Numba is not installed"}')
