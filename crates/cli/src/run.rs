@@ -1,4 +1,4 @@
-//! `tiermem run [--hbm-limit SIZE] [--peers auto|LIST] [--torch-allocator] [--stats] [--label NAME | --no-daemon] -- CMD ARGS…`: runs an
+//! `tiermem run [--hbm-limit SIZE] [--peers auto|LIST] [--torch-allocator] [--stats] [--keep-allocators] [--label NAME | --no-daemon] -- CMD ARGS…`: runs an
 //! unmodified CUDA program with `libtiermem_preload.so` preloaded (docs/transparent.md), so that
 //! its device allocations beyond the budget land in host memory (or, with `--peers`, in neighbour
 //! GPUs' spare HBM first) instead of failing. With the node
@@ -11,6 +11,8 @@
 //! (torch_hook.py) first on PYTHONPATH, which makes tiermem's `CUDAPluggableAllocator`
 //! PyTorch's allocator once `torch` is imported. Then tiermem execs the command, so the command's exit status
 //! (or signal) is tiermem's, and its children inherit the environment, hence the preload too.
+//! JAX and TensorFlow are pointed at the GPU's default memory pool, tiermem's, unless the
+//! environment chose their allocators (`POOL_ALLOCATORS`; `--keep-allocators`).
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
@@ -49,6 +51,12 @@ pub struct RunArgs {
     /// At exit, print what the program allocated where (HBM, host, peaks) on stderr.
     #[arg(long)]
     stats: bool,
+    /// Leave JAX's and TensorFlow's allocators as they are. By default, where the program's
+    /// environment does not choose them, tiermem sets `XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async` and
+    /// `TF_GPU_ALLOCATOR=cuda_malloc_async`: their default allocators take their whole memory
+    /// sized by the budget and can never exceed it, while the CUDA pool these select is tiermem's.
+    #[arg(long)]
+    keep_allocators: bool,
     /// The program to run and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -128,6 +136,22 @@ pub(crate) fn install_torch_hook(command: &mut Command, library: &std::path::Pat
     Ok(())
 }
 
+/// Frameworks whose default allocator takes all the memory it will ever use up front, sized by
+/// `cuMemGetInfo` (under tiermem the budget), and fails beyond it: XLA's BFC allocator (JAX) and
+/// TensorFlow's. Each variable selects the framework's allocator over the GPU's default memory
+/// pool instead, which tiermem serves (`cuMemAllocFromPoolAsync`: docs/transparent.md, "Memory
+/// pools"), so the program's memory can outgrow the budget. On the H200, JAX at half its peak
+/// ran out of memory in its BFC allocator and ran to the plain run's bytes with `cuda_async`
+/// (BENCHMARKS.md, thirty-sixth session).
+const POOL_ALLOCATORS: [(&str, &str); 2] =
+    [("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async"), ("TF_GPU_ALLOCATOR", "cuda_malloc_async")];
+
+/// The allocator settings of [`POOL_ALLOCATORS`] that the environment leaves to choose
+/// (`chosen(name)`: whether the environment sets `name`).
+fn pool_allocators_to_set(chosen: impl Fn(&str) -> bool) -> Vec<(&'static str, &'static str)> {
+    POOL_ALLOCATORS.into_iter().filter(|(name, _)| !chosen(name)).collect()
+}
+
 /// Execs the command; returns only if it could not be started.
 pub fn run(args: RunArgs) -> Result<(), String> {
     let (program, rest) = args.command.split_first().ok_or("run: no command given (tiermem run -- CMD ARGS…)")?;
@@ -140,6 +164,9 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     }
     if args.stats {
         command.env("TIERMEM_STATS", "1");
+    }
+    if !args.keep_allocators {
+        command.envs(pool_allocators_to_set(|name| std::env::var_os(name).is_some()));
     }
     if let Some(peers) = &args.peers {
         peers
@@ -159,8 +186,17 @@ pub fn run(args: RunArgs) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::preload_with;
+    use super::{pool_allocators_to_set, preload_with};
     use std::ffi::OsStr;
+
+    #[test]
+    fn frameworks_get_the_pool_allocator_unless_the_environment_chose_one() {
+        let all = pool_allocators_to_set(|_| false);
+        assert_eq!(all, [("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async"), ("TF_GPU_ALLOCATOR", "cuda_malloc_async")]);
+        let jax_chose = pool_allocators_to_set(|name| name == "XLA_PYTHON_CLIENT_ALLOCATOR");
+        assert_eq!(jax_chose, [("TF_GPU_ALLOCATOR", "cuda_malloc_async")]);
+        assert!(pool_allocators_to_set(|_| true).is_empty());
+    }
 
     #[test]
     fn the_library_goes_first_and_only_once() {
