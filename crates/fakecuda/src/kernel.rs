@@ -224,3 +224,46 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(dst: u64, src: u64, len: usize, _stream: 
     }
     copied
 }
+
+/// `cuStreamWriteValue32_v2`: writes `value` at `address` at once (work is never in flight).
+#[no_mangle]
+pub extern "C" fn cuStreamWriteValue32_v2(_stream: *mut c_void, address: u64, value: u32, _flags: c_uint) -> Code {
+    with(|fake| {
+        if !fake.memory.accessible(address, 4) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: 4 bytes of fake device memory mapped read-write (checked), under the fake's lock.
+        unsafe { (address as *mut u32).write_unaligned(value) };
+        CUDA_SUCCESS
+    })
+}
+
+/// `cuMemcpyBatchAsync_v2` (CUDA 13), between ranges of fake device memory only: each copy at
+/// once, the attributes ignored.
+///
+/// # Safety
+/// As the driver's: `dsts`, `srcs` and `sizes` hold `count` entries each.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyBatchAsync_v2(
+    dsts: *const u64,
+    srcs: *const u64,
+    sizes: *const usize,
+    count: usize,
+    _attrs: *const c_void,
+    _attr_indices: *const usize,
+    _attr_count: usize,
+    _stream: *mut c_void,
+) -> Code {
+    if count == 0 || dsts.is_null() || srcs.is_null() || sizes.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for i in 0..count {
+        // SAFETY: `count` entries each (the caller's contract).
+        let (dst, src, len) = unsafe { (*dsts.add(i), *srcs.add(i), *sizes.add(i)) };
+        let copied = copy_device(dst, src, len);
+        if copied != CUDA_SUCCESS {
+            return copied;
+        }
+    }
+    CUDA_SUCCESS
+}

@@ -64,6 +64,8 @@ fn rows() -> Vec<Row> {
         row(c"cuMemUnmap", 10020, cuMemUnmap as *mut c_void),
         row(c"cuMemSetAccess", 10020, cuMemSetAccess as *mut c_void),
         row(c"cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2 as *mut c_void),
+        row(c"cuStreamWriteValue32", 12000, cuStreamWriteValue32_v2 as *mut c_void),
+        row(c"cuMemcpyBatchAsync", 13000, cuMemcpyBatchAsync_v2 as *mut c_void),
         row(c"cuEventSynchronize", 2000, cuEventSynchronize as *mut c_void),
         row(c"cuMemGetAddressRange", 3020, pointers::cuMemGetAddressRange_v2 as *mut c_void),
         row(c"cuPointerGetAttribute", 4000, pointers::cuPointerGetAttribute as *mut c_void),

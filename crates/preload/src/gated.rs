@@ -8,10 +8,12 @@
 //! asynchronous ones). PyTorch's copies come through `cuMemcpyAsync` (most of `copy_`),
 //! `cuMemcpyHtoDAsync_v2`/`cuMemcpyDtoHAsync_v2`/`cuMemcpyDtoDAsync_v2` (explicit directions),
 //! `cuMemcpy2DAsync_v2` (strided copies), `cuMemcpyPeerAsync` (between GPUs) and
-//! `cuMemsetD8Async`/`cuMemsetD32Async` (`zero_`, `fill_` of bytes); all are here. Not routed
-//! (docs/transparent.md lists them): copies to and from CUDA arrays (`cuMemcpyAtoD_v2`…),
-//! `cuMemcpyBatchAsync` and `cuMemcpy3DBatchAsync` (CUDA 12.8), stream memory operations
-//! (`cuStreamWriteValue32`…), and anything reached without the driver's exported entry points.
+//! `cuMemsetD8Async`/`cuMemsetD32Async` (`zero_`, `fill_` of bytes); all are here. So are the
+//! copies between linear memory and CUDA arrays (`cuMemcpyAtoD_v2`, `cuMemcpyDtoA_v2`), the
+//! batched copies (`cuMemcpyBatchAsync`, `cuMemcpy3DBatchAsync`: CUDA 12.8's and CUDA 13's
+//! `_v2`) and the stream memory operations (`cuStreamWriteValue32`…, `cuStreamBatchMemOp`, v1
+//! and v2), which read or write device addresses from a stream. Not routed: anything reached
+//! without the driver's exported entry points.
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -22,6 +24,7 @@ use crate::wrappers::wrappers;
 
 type Ctx = *mut c_void;
 type Desc = *const c_void;
+type Array = *mut c_void;
 
 /// Holds the gate while the driver enqueues the call.
 pub fn enqueue(_name: &'static str, call: impl FnOnce() -> CuResult) -> CuResult {
@@ -116,6 +119,54 @@ wrappers! { copy_routes:
     cuMemcpy3DPeer_ptds(copy: Desc) => enqueue;
     cuMemcpy3DPeerAsync(copy: Desc, stream: Stream) => enqueue;
     cuMemcpy3DPeerAsync_ptsz(copy: Desc, stream: Stream) => enqueue;
+    cuMemcpyAtoD_v2(dst: u64, src: Array, offset: usize, bytes: usize) => enqueue;
+    cuMemcpyAtoD_v2_ptds(dst: u64, src: Array, offset: usize, bytes: usize) => enqueue;
+    cuMemcpyDtoA_v2(dst: Array, offset: usize, src: u64, bytes: usize) => enqueue;
+    cuMemcpyDtoA_v2_ptds(dst: Array, offset: usize, src: u64, bytes: usize) => enqueue;
+    // CUDA 12.8's batches (with `failIdx`), then CUDA 13's (`_v2`, without).
+    cuMemcpyBatchAsync(
+        dsts: *mut u64, srcs: *mut u64, sizes: *mut usize, count: usize, attrs: Desc, attr_indices: *mut usize,
+        attr_count: usize, fail_index: *mut usize, stream: Stream
+    ) => enqueue;
+    cuMemcpyBatchAsync_ptsz(
+        dsts: *mut u64, srcs: *mut u64, sizes: *mut usize, count: usize, attrs: Desc, attr_indices: *mut usize,
+        attr_count: usize, fail_index: *mut usize, stream: Stream
+    ) => enqueue;
+    cuMemcpyBatchAsync_v2(
+        dsts: *mut u64, srcs: *mut u64, sizes: *mut usize, count: usize, attrs: Desc, attr_indices: *mut usize,
+        attr_count: usize, stream: Stream
+    ) => enqueue;
+    cuMemcpyBatchAsync_v2_ptsz(
+        dsts: *mut u64, srcs: *mut u64, sizes: *mut usize, count: usize, attrs: Desc, attr_indices: *mut usize,
+        attr_count: usize, stream: Stream
+    ) => enqueue;
+    cuMemcpy3DBatchAsync(ops: usize, list: Desc, fail_index: *mut usize, flags: u64, stream: Stream) => enqueue;
+    cuMemcpy3DBatchAsync_ptsz(ops: usize, list: Desc, fail_index: *mut usize, flags: u64, stream: Stream) => enqueue;
+    cuMemcpy3DBatchAsync_v2(ops: usize, list: Desc, flags: u64, stream: Stream) => enqueue;
+    cuMemcpy3DBatchAsync_v2_ptsz(ops: usize, list: Desc, flags: u64, stream: Stream) => enqueue;
+}
+
+wrappers! { stream_memory_routes:
+    cuStreamWriteValue32(stream: Stream, address: u64, value: u32, flags: c_uint) => enqueue;
+    cuStreamWriteValue32_ptsz(stream: Stream, address: u64, value: u32, flags: c_uint) => enqueue;
+    cuStreamWriteValue32_v2(stream: Stream, address: u64, value: u32, flags: c_uint) => enqueue;
+    cuStreamWriteValue32_v2_ptsz(stream: Stream, address: u64, value: u32, flags: c_uint) => enqueue;
+    cuStreamWriteValue64(stream: Stream, address: u64, value: u64, flags: c_uint) => enqueue;
+    cuStreamWriteValue64_ptsz(stream: Stream, address: u64, value: u64, flags: c_uint) => enqueue;
+    cuStreamWriteValue64_v2(stream: Stream, address: u64, value: u64, flags: c_uint) => enqueue;
+    cuStreamWriteValue64_v2_ptsz(stream: Stream, address: u64, value: u64, flags: c_uint) => enqueue;
+    cuStreamWaitValue32(stream: Stream, address: u64, value: u32, flags: c_uint) => enqueue;
+    cuStreamWaitValue32_ptsz(stream: Stream, address: u64, value: u32, flags: c_uint) => enqueue;
+    cuStreamWaitValue32_v2(stream: Stream, address: u64, value: u32, flags: c_uint) => enqueue;
+    cuStreamWaitValue32_v2_ptsz(stream: Stream, address: u64, value: u32, flags: c_uint) => enqueue;
+    cuStreamWaitValue64(stream: Stream, address: u64, value: u64, flags: c_uint) => enqueue;
+    cuStreamWaitValue64_ptsz(stream: Stream, address: u64, value: u64, flags: c_uint) => enqueue;
+    cuStreamWaitValue64_v2(stream: Stream, address: u64, value: u64, flags: c_uint) => enqueue;
+    cuStreamWaitValue64_v2_ptsz(stream: Stream, address: u64, value: u64, flags: c_uint) => enqueue;
+    cuStreamBatchMemOp(stream: Stream, count: c_uint, ops: Desc, flags: c_uint) => enqueue;
+    cuStreamBatchMemOp_ptsz(stream: Stream, count: c_uint, ops: Desc, flags: c_uint) => enqueue;
+    cuStreamBatchMemOp_v2(stream: Stream, count: c_uint, ops: Desc, flags: c_uint) => enqueue;
+    cuStreamBatchMemOp_v2_ptsz(stream: Stream, count: c_uint, ops: Desc, flags: c_uint) => enqueue;
 }
 
 wrappers! { memset_routes:

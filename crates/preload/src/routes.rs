@@ -42,10 +42,11 @@ fn routed() -> Vec<Route> {
         (c"cuMemGetAddressRange_v2", pointers::cuMemGetAddressRange_v2 as *mut c_void),
         (c"cuPointerGetAttribute", pointers::cuPointerGetAttribute as *mut c_void),
     ];
-    let tables: [fn() -> Vec<Route>; 7] = [
+    let tables: [fn() -> Vec<Route>; 8] = [
         pools::pool_routes,
         vmm::vmm_routes,
         gated::copy_routes,
+        gated::stream_memory_routes,
         gated::memset_routes,
         gated::sync_routes,
         gated::capture_routes,

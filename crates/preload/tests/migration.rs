@@ -141,6 +141,15 @@ fn launches_on_other_threads_never_reach_a_chunk_mid_move() {
 }
 
 #[test]
+fn stream_memory_operations_and_batched_copies_on_other_threads_are_never_lost_to_a_move() {
+    let output = support::probe("stream-writes", &["stream-writes"], &with(&[("TIERMEM_STATS", "1")]));
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("stream-writes: ok"), "{stdout}");
+    let moved = stderr.lines().find(|l| l.contains("migration on:")).unwrap_or_default().to_string();
+    assert!(!moved.contains(": 0 chunks up"), "the test is void unless chunks moved while threads wrote: {moved}");
+}
+
+#[test]
 fn nothing_moves_while_a_stream_capture_is_under_way() {
     let output = support::probe("migrate-capture", &["migrate-capture"], &with(&[("TIERMEM_STATS", "1")]));
     let (stdout, stderr) = support::assert_passed(&output);

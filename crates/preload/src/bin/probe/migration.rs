@@ -264,7 +264,7 @@ pub fn migrate_fail(call: &str, nth: usize, moved: usize) {
 }
 
 /// Counts a thread as done when dropped.
-struct Done<'a>(&'a AtomicUsize);
+pub struct Done<'a>(pub &'a AtomicUsize);
 
 impl Drop for Done<'_> {
     fn drop(&mut self) {
