@@ -3,7 +3,8 @@
 // cudaMemset2D), a texture object over a linear buffer, interior pointers, pointer attributes,
 // streams ordered by events, host functions in a stream, stream-ordered allocations, managed
 // memory beside device memory, four host threads allocating and freeing on streams of their own,
-// and the errors bad calls get (a double free, a foreign pointer, zero bytes, an impossible size).
+// the errors bad calls get (a double free, a foreign pointer, zero bytes, an impossible size), and
+// a device reset with a buffer still allocated, then work again.
 // Everything it computes and every error code it is given go into one FNV-1a digest, printed as
 // JSON: under `tiermem run` at any budget it must be the plain run's, bit for bit.
 #include <cstdio>
@@ -178,10 +179,31 @@ int main() {
         CHECK(cudaMemcpy(back.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
         d.bytes(back.data(), n * sizeof(float));
     }
-    for (float* p : {image, a, b, c}) CHECK(cudaFree(p));
+    for (float* p : {image, a, b}) CHECK(cudaFree(p));
     CHECK(cudaStreamDestroy(s1));
     CHECK(cudaStreamDestroy(s2));
     CHECK(cudaEventDestroy(ready));
+
+    // A device reset, as CUDA's samples end and some programs do between phases, with one buffer
+    // (c) never freed: the driver frees everything. Then the program starts again: four buffers
+    // (1 GiB: beyond half the peak, so some start on the host and move), each made from the one
+    // before, three rounds, a synchronization each; and a reset at the end.
+    CHECK(cudaDeviceReset());
+    float* ring[4];
+    for (int i = 0; i < 4; ++i) {
+        CHECK(cudaMalloc(&ring[i], n * sizeof(float)));
+        iota<<<blocks(n), 256>>>(ring[i], 5.0f + i, n);
+    }
+    for (int round = 0; round < 3; ++round) {
+        for (int i = 0; i < 4; ++i) axpy<<<blocks(n), 256>>>(ring[i], ring[(i + 1) % 4], 0.5f, n);
+        CHECK(cudaDeviceSynchronize());
+    }
+    for (float* p : ring) {
+        CHECK(cudaMemcpy(back.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
+        d.bytes(back.data(), n * sizeof(float));
+        CHECK(cudaFree(p));
+    }
+    CHECK(cudaDeviceReset());
     // The most held at once: the image and the three buffers, with the scratch or the threads'.
     const size_t peak = pitch * height + 3 * n * sizeof(float) + 4 * 2 * (64u << 20);
     printf("{\"program\": \"cuda_api_tour\", \"digest\": \"%016llx\", \"peak_bytes\": %zu}\n",

@@ -179,6 +179,21 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, device:
     with_gpu(device, |_, gpu| unsafe { put(ctx, primary(gpu) as *mut c_void) })
 }
 
+/// `cuDevicePrimaryCtxReset_v2`: the context's plain allocations freed and every event
+/// destroyed (the fake's events are all the primary contexts'); VMM memory outlives it, as the
+/// driver's does.
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxReset_v2(device: c_int) -> Code {
+    let code = with_gpu(device, |fake, gpu| {
+        fake.memory.free_plain_of(gpu);
+        CUDA_SUCCESS
+    });
+    if code == CUDA_SUCCESS {
+        crate::events::destroy_all();
+    }
+    code
+}
+
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(device: c_int) -> Code {
     with_gpu(device, |_, _| CUDA_SUCCESS)

@@ -76,3 +76,8 @@ pub extern "C" fn cuEventSynchronize(event: *mut c_void) -> Code {
 pub extern "C" fn cuEventDestroy_v2(event: *mut c_void) -> Code {
     events().remove(&(event as u64)).map_or(CUDA_ERROR_INVALID_VALUE, |_| CUDA_SUCCESS)
 }
+
+/// Destroys every event (a primary context's reset).
+pub fn destroy_all() {
+    events().clear();
+}

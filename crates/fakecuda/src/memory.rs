@@ -331,6 +331,12 @@ impl Memory {
         Ok(())
     }
 
+    /// Frees every plain allocation of GPU `gpu`, as a reset of its primary context does; how many.
+    pub fn free_plain_of(&mut self, gpu: usize) -> usize {
+        let ptrs: Vec<u64> = self.plain.iter().filter(|(_, p)| p.gpu == gpu).map(|(&ptr, _)| ptr).collect();
+        ptrs.iter().filter(|&&ptr| self.free_plain(ptr).is_ok()).count()
+    }
+
     /// Whether `len` bytes at `ptr` are device memory a copy may touch: inside one plain
     /// allocation, or in consecutive mappings with access.
     pub fn accessible(&self, ptr: u64, len: usize) -> bool {

@@ -39,6 +39,7 @@ fn rows() -> Vec<Row> {
         row(c"cuDeviceGet", 2000, cuDeviceGet as *mut c_void),
         row(c"cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain as *mut c_void),
         row(c"cuCtxSetCurrent", 4000, cuCtxSetCurrent as *mut c_void),
+        row(c"cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2 as *mut c_void),
         row(c"cuCtxGetDevice", 2000, cuCtxGetDevice as *mut c_void),
         row(c"cuCtxSynchronize", 2000, cuCtxSynchronize as *mut c_void),
         threaded(

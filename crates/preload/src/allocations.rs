@@ -136,6 +136,18 @@ impl Allocations {
         self.small.remove(&ptr)
     }
 
+    /// Takes every small allocation of GPU `ordinal` out of the books (a reset freed them);
+    /// the bytes they counted.
+    pub fn take_small_of(&mut self, ordinal: usize) -> usize {
+        let mut bytes = 0;
+        self.small.retain(|_, &mut (gpu, counted)| {
+            let theirs = gpu == ordinal;
+            bytes += if theirs { counted } else { 0 };
+            !theirs
+        });
+        bytes
+    }
+
     pub fn insert_managed(&mut self, ptr: u64, size: usize) {
         self.managed.insert(ptr, size);
     }

@@ -94,6 +94,7 @@
 //!        │
 //!  process.rs                      GPUs, budget, allocations.rs (books), stats.rs, peers.rs (two GPUs)
 //!  ipc.rs · pointers.rs            legacy IPC handles, what a pointer says of its allocation
+//!  reset.rs                        cudaDeviceReset: frees tiermem's memory of the GPU, closes it
 //!  deferred.rs                     async frees: stream-ordered, kept mapped for reuse (reuse_order.rs: where)
 //!        │                 └──── placement.rs (pure: HBM or host at allocation)
 //!  migrate.rs                      at a quiesce point: moves.rs (pure: what moves), then maps, copies, remaps;
@@ -131,6 +132,7 @@ mod pointers;
 mod pools;
 mod process;
 mod remap;
+mod reset;
 mod reuse_order;
 mod rounds;
 mod routes;

@@ -183,9 +183,14 @@ impl Process {
         });
         match opened {
             Ok((granularity, free, device)) => {
-                let limit = budget(call, free);
                 let chunk = chunk_size(granularity);
-                Gpu { device: Some(Arc::new(device)), granularity, chunk, budget: limit, limit, hbm_used: 0 }
+                let device = Some(Arc::new(device) as Arc<dyn Device>);
+                if let Some(kept) = crate::reset::kept_through_reset(ordinal) {
+                    let crate::reset::Kept { budget, limit, hbm_used } = kept;
+                    return Gpu { device, granularity, chunk, budget, limit, hbm_used };
+                }
+                let limit = budget(call, free);
+                Gpu { device, granularity, chunk, budget: limit, limit, hbm_used: 0 }
             }
             Err(why) => {
                 log(

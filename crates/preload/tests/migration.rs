@@ -150,6 +150,14 @@ fn stream_memory_operations_and_batched_copies_on_other_threads_are_never_lost_t
 }
 
 #[test]
+fn a_device_reset_frees_every_allocation_and_the_program_starts_again_with_the_whole_budget() {
+    let output = support::probe("reset", &["reset"], &with(&[("TIERMEM_STATS", "1")]));
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("reset: ok"), "{stdout}");
+    assert!(stderr.contains(", 0 failed;"), "no move fails after the reset: {stderr}");
+}
+
+#[test]
 fn nothing_moves_while_a_stream_capture_is_under_way() {
     let output = support::probe("migrate-capture", &["migrate-capture"], &with(&[("TIERMEM_STATS", "1")]));
     let (stdout, stderr) = support::assert_passed(&output);

@@ -17,7 +17,8 @@
 //! the same with the Nth call of CALL failing mid-migration. `migrate-threads`: threads launch
 //! kernels that write while another synchronizes, and migrates; `migrate-capture`: nothing moves
 //! while a stream capture is under way (src/bin/probe/migration.rs); `stream-writes`: stream
-//! memory operations and batched copies from other threads meanwhile (src/bin/probe/stream_ops.rs).
+//! memory operations and batched copies from other threads meanwhile (src/bin/probe/stream_ops.rs);
+//! `reset`: a device reset frees tiermem's memory and the program starts again (probe/reset.rs).
 //! `tiermem-preload-probe segments` — stage 3: a loop over more buffers than the budget, one
 //! synchronization per cycle, finds each buffer in HBM when its kernel runs once the cycle is
 //! recorded; diverging cycles run correctly; every byte stays; `segments-alternate`: two
@@ -49,6 +50,8 @@ mod migration;
 mod neighbours;
 #[path = "probe/pools.rs"]
 mod pools;
+#[path = "probe/reset.rs"]
+mod reset;
 #[path = "probe/segments.rs"]
 mod segments;
 #[path = "probe/stream_ops.rs"]
@@ -565,6 +568,7 @@ fn main() {
         ["migrate-threads"] => migration::threads(),
         ["migrate-capture"] => migration::capture(),
         ["stream-writes"] => stream_ops::stream_writes(),
+        ["reset"] => reset::reset(),
         ["segments"] => segments::segments(false),
         ["segments-alternate"] => segments::segments(true),
         ["segments-async"] => segments::segments_async(),
@@ -588,7 +592,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | stream-writes | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | neighbours-reclaim | vmm | vmm-no-host | vmm-off"
+                 | migrate-capture | stream-writes | reset | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | neighbours-reclaim | vmm | vmm-no-host | vmm-off"
             );
             std::process::exit(2);
         }
