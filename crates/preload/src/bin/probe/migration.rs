@@ -263,6 +263,29 @@ pub fn migrate_fail(call: &str, nth: usize, moved: usize) {
     println!("migrate-fail: ok");
 }
 
+/// A and B, 16 MiB each (A fills the budget, B lands on the host), zeroed.
+pub fn zeroed_pair(cuda: &Cuda, alloc: Alloc) -> (u64, u64) {
+    let (mut a, mut b) = (0u64, 0u64);
+    // SAFETY: valid out-pointers.
+    unsafe {
+        assert_eq!(alloc(&mut a, 16 * MIB), 0);
+        assert_eq!(alloc(&mut b, 16 * MIB), 0);
+    }
+    cuda.write(a, 16 * MIB, 0);
+    cuda.write(b, 16 * MIB, 0);
+    (a, b)
+}
+
+/// Synchronizes over and over (each a quiesce point), counting each in `syncs`, until `threads`
+/// threads are `done`.
+pub fn synchronize_until(sync: Sync, done: &AtomicUsize, threads: usize, syncs: &AtomicUsize) {
+    while done.load(SeqCst) < threads {
+        // SAFETY: the driver's synchronization.
+        assert_eq!(unsafe { sync() }, 0);
+        syncs.fetch_add(1, SeqCst);
+    }
+}
+
 /// Counts a thread as done when dropped.
 pub struct Done<'a>(pub &'a AtomicUsize);
 
@@ -278,14 +301,7 @@ impl Drop for Done<'_> {
 pub fn threads() {
     const LAUNCHES: u64 = 8000;
     let (cuda, before, kernels, sync, alloc) = begin();
-    let (mut a, mut b) = (0u64, 0u64);
-    // SAFETY: valid out-pointers.
-    unsafe {
-        assert_eq!(alloc(&mut a, 16 * MIB), 0);
-        assert_eq!(alloc(&mut b, 16 * MIB), 0);
-    }
-    cuda.write(a, 16 * MIB, 0);
-    cuda.write(b, 16 * MIB, 0);
+    let (a, b) = zeroed_pair(&cuda, alloc);
     let word = |base: u64, t: u64| base + t * 5 * MIB as u64 + 64;
     let start = |base: u64, t: u64| u64::from_le_bytes(cuda.read(word(base, t), 8).try_into().expect("8 bytes"));
     let starts: Vec<(u64, u64)> = (0..3).map(|t| (start(a, t), start(b, t))).collect();
@@ -314,11 +330,7 @@ pub fn threads() {
                 }
             });
         }
-        while done.load(SeqCst) < 3 {
-            // SAFETY: the driver's synchronization.
-            assert_eq!(unsafe { sync() }, 0);
-            syncs.fetch_add(1, SeqCst);
-        }
+        synchronize_until(sync, &done, 3, &syncs);
     });
     for (t, &(from_a, from_b)) in starts.iter().enumerate() {
         let t = t as u64;
@@ -326,12 +338,6 @@ pub fn threads() {
         assert_eq!(start(a, t) - from_a, LAUNCHES / 2, "thread {t}'s increments in A");
     }
     assert_eq!(hbm_in_use(&cuda), 16 * MIB);
-    let free: Free = cuda.get(c"cuMemFree", 0);
-    // SAFETY: pointers the allocation gave.
-    unsafe {
-        assert_eq!(free(a), 0);
-        assert_eq!(free(b), 0);
-    }
-    assert_eq!(cuda.census().held(), before.held(), "leak");
+    free_all(&cuda, &[a, b], &before);
     println!("migrate-threads: ok");
 }

@@ -7,8 +7,8 @@
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
-use super::migration::{begin, hbm_in_use, locations, WRITES};
-use super::{Code, Cuda, Free, MIB};
+use super::migration::{begin, free_all, hbm_in_use, locations, synchronize_until, zeroed_pair, WRITES};
+use super::{Code, Cuda, MIB};
 
 type WriteValue32 = unsafe extern "C" fn(*mut c_void, u64, u32, c_uint) -> Code;
 type BatchCopy = unsafe extern "C" fn(
@@ -45,14 +45,7 @@ pub fn stream_writes() {
     super::assert_tiermem(batch, "cuMemcpyBatchAsync for CUDA 13");
     // SAFETY: cuMemcpyBatchAsync_v2's C signature.
     let batch: BatchCopy = unsafe { std::mem::transmute::<*mut c_void, BatchCopy>(batch) };
-    let (mut a, mut b) = (0u64, 0u64);
-    // SAFETY: valid out-pointers.
-    unsafe {
-        assert_eq!(alloc(&mut a, 16 * MIB), 0);
-        assert_eq!(alloc(&mut b, 16 * MIB), 0);
-    }
-    cuda.write(a, 16 * MIB, 0);
-    cuda.write(b, 16 * MIB, 0);
+    let (a, b) = zeroed_pair(&cuda, alloc);
     let at = |base: u64, t: u64| base + t * 5 * MIB as u64 + 4096;
     let (done, syncs, moves) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0));
     std::thread::scope(|scope| {
@@ -134,20 +127,10 @@ pub fn stream_writes() {
                 }
             });
         }
-        while done.load(SeqCst) < 2 {
-            // SAFETY: the driver's synchronization.
-            assert_eq!(unsafe { sync() }, 0);
-            syncs.fetch_add(1, SeqCst);
-        }
+        synchronize_until(sync, done, 2, syncs);
     });
     assert!(moves.load(SeqCst) >= MOVES, "void: B moved {} times while threads wrote", moves.load(SeqCst));
     assert_eq!(hbm_in_use(&cuda), 16 * MIB);
-    let free: Free = cuda.get(c"cuMemFree", 0);
-    // SAFETY: pointers the allocation gave.
-    unsafe {
-        assert_eq!(free(a), 0);
-        assert_eq!(free(b), 0);
-    }
-    assert_eq!(cuda.census().held(), before.held(), "leak");
+    free_all(&cuda, &[a, b], &before);
     println!("stream-writes: ok");
 }
