@@ -1,5 +1,6 @@
 //! `tiermem run`: the preload library first in `LD_PRELOAD`, the budget in bytes, `--stats`,
-//! `--label` and `--no-daemon` passed by environment, the command's exit status kept, a clear error without the library.
+//! `--label` and `--no-daemon` passed by environment, JAX's and TensorFlow's allocators pointed at the
+//! pool unless chosen, the command's exit status kept, a clear error without the library.
 
 mod support;
 
@@ -28,6 +29,22 @@ fn the_command_runs_preloaded_with_the_budget_and_keeps_its_status() {
     assert_eq!(output.status.code(), Some(7), "the command's status:\n{stdout}\n{stderr}");
     let expected = format!("{}:libfoo-not-there.so|67108864|1\n", library.canonicalize().unwrap().display());
     assert_eq!(stdout, expected);
+}
+
+#[test]
+fn jax_and_tensorflow_are_pointed_at_the_pool_unless_the_environment_or_keep_allocators_says_otherwise() {
+    let script = r#"printf '%s|%s\n' "${XLA_PYTHON_CLIENT_ALLOCATOR-unset}" "${TF_GPU_ALLOCATOR-unset}""#;
+    let run = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut command = support::tiermem();
+        command.arg("run").args(extra).args(["--", "sh", "-c", script]).env("TIERMEM_PRELOAD", preload_library());
+        command.env_remove("XLA_PYTHON_CLIENT_ALLOCATOR").env_remove("TF_GPU_ALLOCATOR").envs(env.iter().copied());
+        let output = command.output().unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    assert_eq!(run(&[], &[]), "cuda_async|cuda_malloc_async\n");
+    assert_eq!(run(&[], &[("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")]), "platform|cuda_malloc_async\n");
+    assert_eq!(run(&["--keep-allocators"], &[]), "unset|unset\n");
 }
 
 #[test]
