@@ -85,6 +85,13 @@ pub fn keeps(ptr: u64) -> bool {
     kept
 }
 
+/// Forgets `ptr` as made during a capture: a device reset freed it, and the graphs with it.
+pub fn forget(ptr: u64) {
+    if CAPTURED_LIVE.load(Relaxed) > 0 && captured().as_mut().is_some_and(|set| set.remove(&ptr)) {
+        CAPTURED_LIVE.fetch_sub(1, Relaxed);
+    }
+}
+
 /// The `--stats` line, if anything was kept for graphs.
 pub fn report() -> Option<String> {
     let kept = KEPT.load(Relaxed);

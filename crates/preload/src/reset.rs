@@ -5,10 +5,11 @@
 //! events tiermem made in the context do not outlive it.
 //!
 //! So before passing a reset on, tiermem does what the reset does to the driver's memory: it
-//! frees every allocation of that GPU (the program's live ones and those kept mapped for reuse,
-//! deferred.rs), forgets the small ones the driver made and tiermem counted (the reset frees
-//! those itself), and closes the GPU — its streams, its events, its retain of the context. The
-//! next allocation or memory query opens it again, in the new context, with the budget it had.
+//! frees every allocation of that GPU (the program's live ones, those kept for CUDA graphs —
+//! the reset destroys the graphs — and those kept mapped for reuse, deferred.rs), forgets the
+//! small ones the driver made and tiermem counted (the reset frees those itself), and closes
+//! the GPU — its streams, its events, its retain of the context. The next allocation or memory
+//! query opens it again, in the new context, with the budget it had.
 //! CUDA's samples end with a reset, and some programs reset between phases: after one, the
 //! program finds the whole budget free, as it would find the GPU.
 
@@ -67,6 +68,8 @@ fn let_go(call: &str, ordinal: usize) {
     for ptr in live {
         // Not an error the program would see: the reset frees its memory whatever happens.
         let _ = process::free(call, ptr, Drain::Context);
+        // Kept for a graph (captures.rs): the reset destroys the graphs too.
+        crate::captures::forget(ptr);
     }
     let closed = {
         let mut p = process::lock();
