@@ -55,6 +55,7 @@ pub struct RunArgs {
     /// environment does not choose them, tiermem sets `XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async` and
     /// `TF_GPU_ALLOCATOR=cuda_malloc_async`: their default allocators take their whole memory
     /// sized by the budget and can never exceed it, while the CUDA pool these select is tiermem's.
+    /// Older JAX releases refuse `cuda_async`: run them with this flag.
     #[arg(long)]
     keep_allocators: bool,
     /// The program to run and its arguments (after `--`).
