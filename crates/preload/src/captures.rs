@@ -26,7 +26,7 @@
 use std::collections::HashSet;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use crate::boundary::{CuResult, CUDA_SUCCESS};
 
@@ -71,11 +71,7 @@ pub unsafe fn alloc(call: &str, dptr: *mut u64, size: usize) -> CuResult {
 /// Whether the free of `ptr` must be skipped, its memory kept for a graph: it was made during
 /// a capture, or a capture is under way.
 pub fn keeps(ptr: u64) -> bool {
-    let made_in_capture = CAPTURED_LIVE.load(Relaxed) > 0 && captured().as_mut().is_some_and(|set| set.remove(&ptr));
-    if made_in_capture {
-        CAPTURED_LIVE.fetch_sub(1, Relaxed);
-    }
-    let kept = made_in_capture || crate::gate::capturing();
+    let kept = forget(ptr) || crate::gate::capturing();
     if kept {
         KEPT.fetch_add(1, Relaxed);
         let bytes = crate::process::allocation_bytes(ptr).unwrap_or(0);
@@ -85,11 +81,14 @@ pub fn keeps(ptr: u64) -> bool {
     kept
 }
 
-/// Forgets `ptr` as made during a capture: a device reset freed it, and the graphs with it.
-pub fn forget(ptr: u64) {
-    if CAPTURED_LIVE.load(Relaxed) > 0 && captured().as_mut().is_some_and(|set| set.remove(&ptr)) {
+/// Forgets `ptr` as made during a capture (freed, or a device reset freed it and the graphs
+/// with it); whether it was.
+pub fn forget(ptr: u64) -> bool {
+    let was = CAPTURED_LIVE.load(Relaxed) > 0 && captured().as_mut().is_some_and(|set| set.remove(&ptr));
+    if was {
         CAPTURED_LIVE.fetch_sub(1, Relaxed);
     }
+    was
 }
 
 /// The `--stats` line, if anything was kept for graphs.
@@ -112,10 +111,9 @@ struct RelaxedCapture(Option<(ExchangeModeFn, c_int)>);
 
 impl RelaxedCapture {
     fn new() -> RelaxedCapture {
-        let found = crate::driver::driver().map(|d| d.symbol(c"cuThreadExchangeStreamCaptureMode"));
-        let Some(exchange) = found.filter(|f| !f.is_null()) else { return RelaxedCapture(None) };
-        // SAFETY: the driver's cuThreadExchangeStreamCaptureMode, of this signature.
-        let exchange: ExchangeModeFn = unsafe { std::mem::transmute(exchange) };
+        static EXCHANGE: OnceLock<Option<ExchangeModeFn>> = OnceLock::new();
+        let found = crate::wrappers::cached_entry(&EXCHANGE, "cuThreadExchangeStreamCaptureMode\0");
+        let Some(exchange) = found else { return RelaxedCapture(None) };
         let mut mode = CAPTURE_MODE_RELAXED;
         // SAFETY: a valid pointer to the mode to set; the previous one is written back there.
         match unsafe { exchange(&mut mode) } {

@@ -69,7 +69,7 @@ fn let_go(call: &str, ordinal: usize) {
         // Not an error the program would see: the reset frees its memory whatever happens.
         let _ = process::free(call, ptr, Drain::Context);
         // Kept for a graph (captures.rs): the reset destroys the graphs too.
-        crate::captures::forget(ptr);
+        let _ = crate::captures::forget(ptr);
     }
     let closed = {
         let mut p = process::lock();
