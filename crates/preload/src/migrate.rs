@@ -68,6 +68,9 @@ use crate::{gate, stats};
 mod lent;
 pub use lent::meet_lent;
 
+/// Why a budget cut cannot be met with migration off.
+const OFF: &str = "migration is off (TIERMEM_MIGRATE=off): chunks stay where they are";
+
 /// Quiesce points a chunk that moved stays where it is, whatever its heat.
 const COOLDOWN: u64 = 2;
 
@@ -379,7 +382,7 @@ pub fn shed(call: &str, ordinal: usize) -> Result<(), String> {
         return Ok(());
     }
     if !config().enabled {
-        return Err("migration is off (TIERMEM_MIGRATE=off): chunks stay where they are".into());
+        return Err(OFF.into());
     }
     // Until it is met, the program's own quiesce points try too.
     OVER_BUDGET.store(true, Relaxed);

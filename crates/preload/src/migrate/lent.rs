@@ -4,7 +4,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use super::{config, gate, grace, now_ms, own_pause, process, remap, rounds, synchronize, try_state, Phase, State};
+use super::{
+    config, gate, grace, now_ms, own_pause, process, remap, rounds, synchronize, try_state, Phase, State, OFF,
+};
 
 /// Neighbours that ran short of their reserve since they lent (spill.rs) get it back here, and
 /// what exceeds the node daemon's budget of their HBM: the gate held exclusively and the
@@ -71,7 +73,7 @@ pub fn meet_lent(call: &str, ordinal: usize) -> Result<(), String> {
         return Ok(());
     }
     if !config().enabled {
-        return Err("migration is off (TIERMEM_MIGRATE=off): chunks stay where they are".into());
+        return Err(OFF.into());
     }
     if grace(met) {
         return Ok(());
