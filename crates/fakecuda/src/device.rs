@@ -40,7 +40,7 @@ fn gpu(fake: &Fake, device: c_int) -> Option<usize> {
 
 /// Runs `f` on the fake's state and GPU `device`'s ordinal; `CUDA_ERROR_INVALID_DEVICE` for a
 /// GPU the fake does not have.
-fn with_gpu(device: c_int, f: impl FnOnce(&mut Fake, usize) -> Code) -> Code {
+pub(crate) fn with_gpu(device: c_int, f: impl FnOnce(&mut Fake, usize) -> Code) -> Code {
     with(|fake| match gpu(fake, device) {
         Some(gpu) => f(fake, gpu),
         None => CUDA_ERROR_INVALID_DEVICE,
@@ -185,7 +185,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, device:
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxReset_v2(device: c_int) -> Code {
     let code = with_gpu(device, |fake, gpu| {
-        fake.memory.free_plain_of(gpu);
+        fake.memory.free_plain_of(primary(gpu));
         CUDA_SUCCESS
     });
     if code == CUDA_SUCCESS {
@@ -207,10 +207,10 @@ pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut *mut c_void) -> Code {
     with(|_| unsafe { put(ctx, CURRENT.with(Cell::get) as *mut c_void) })
 }
 
-/// Whether `ctx` is the primary context of a GPU the fake has. GPU 0's is known even before
-/// `cuInit`, as it always was.
-fn known_context(ctx: usize) -> bool {
-    if ctx == PRIMARY {
+/// Whether `ctx` is the primary context of a GPU the fake has, or a live one of the program's
+/// (contexts.rs). GPU 0's primary is known even before `cuInit`, as it always was.
+pub(crate) fn known_context(ctx: usize) -> bool {
+    if ctx == PRIMARY || crate::contexts::gpu_of(ctx).is_some() {
         return true;
     }
     let mut known = false;
@@ -256,6 +256,7 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(least: *mut c_int, greatest
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> Code {
     CONTEXT_SYNCS.fetch_add(1, Relaxed);
+    crate::contexts::synchronized(CURRENT.with(Cell::get));
     current_context().err().unwrap_or(CUDA_SUCCESS)
 }
 

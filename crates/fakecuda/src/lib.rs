@@ -22,6 +22,7 @@
 //! points the mechanism checks for at open exist, and answer `CUDA_ERROR_NOT_SUPPORTED`. Work
 //! is never in flight (launches and copies run at once), so synchronizing returns at once.
 
+mod contexts;
 mod device;
 mod events;
 mod ipc;
@@ -153,7 +154,8 @@ unsafe fn answer<T>(out: *mut T, result: Result<T, Code>) -> Code {
 pub(crate) fn current_context() -> Result<usize, Code> {
     match CURRENT.with(Cell::get) {
         0 => Err(CUDA_ERROR_INVALID_CONTEXT),
-        // Only primary contexts are ever current (cuCtxSetCurrent checks).
+        ctx if ctx >= contexts::OWN_FIRST => contexts::gpu_of(ctx).ok_or(CUDA_ERROR_INVALID_CONTEXT),
+        // Only known contexts are ever current (cuCtxSetCurrent checks).
         ctx => Ok((ctx - PRIMARY) / PRIMARY_STRIDE),
     }
 }
@@ -291,8 +293,9 @@ unsafe fn alloc_plain(ptr: *mut u64, size: usize) -> Code {
     if ptr.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    let ctx = CURRENT.with(Cell::get);
     // SAFETY: the caller's out-pointer.
-    with(|fake| unsafe { answer(ptr, fake.memory.alloc_plain(size, gpu)) })
+    with(|fake| unsafe { answer(ptr, fake.memory.alloc_plain(size, gpu, ctx)) })
 }
 
 fn free_plain(ptr: u64) -> Code {
@@ -501,6 +504,7 @@ not_supported!(
     cuModuleUnload,
 );
 
+pub use contexts::*;
 pub use device::*;
 pub use events::*;
 pub use kernel::*;

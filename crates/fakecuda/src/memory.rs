@@ -39,10 +39,11 @@ struct Mapping {
     handle: u64,
 }
 
-/// A plain allocation: its bytes and the GPU whose memory it takes.
+/// A plain allocation: its bytes, the GPU whose memory it takes and the context it was made in.
 struct Plain {
     size: usize,
     gpu: usize,
+    ctx: usize,
 }
 
 /// Everything the fake driver holds. Not thread-safe by itself (lib.rs locks it).
@@ -309,8 +310,8 @@ impl Memory {
         Ok(())
     }
 
-    /// A plain allocation of `size` bytes of GPU `gpu`'s memory.
-    pub fn alloc_plain(&mut self, size: usize, gpu: usize) -> Result<u64, Code> {
+    /// A plain allocation of `size` bytes of GPU `gpu`'s memory, made in context `ctx`.
+    pub fn alloc_plain(&mut self, size: usize, gpu: usize, ctx: usize) -> Result<u64, Code> {
         if size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -319,21 +320,22 @@ impl Memory {
             anonymous(std::ptr::null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, false).inspect_err(|_| {
                 self.give_gpu_memory(gpu, size);
             })?;
-        self.plain.insert(ptr, Plain { size, gpu });
+        self.plain.insert(ptr, Plain { size, gpu, ctx });
         Ok(ptr)
     }
 
     pub fn free_plain(&mut self, ptr: u64) -> Result<(), Code> {
-        let Plain { size, gpu } = self.plain.remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let Plain { size, gpu, .. } = self.plain.remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         self.give_gpu_memory(gpu, size);
         // SAFETY: a whole anonymous mapping this fake made for the allocation just removed.
         unsafe { libc::munmap(ptr as *mut libc::c_void, size) };
         Ok(())
     }
 
-    /// Frees every plain allocation of GPU `gpu`, as a reset of its primary context does; how many.
-    pub fn free_plain_of(&mut self, gpu: usize) -> usize {
-        let ptrs: Vec<u64> = self.plain.iter().filter(|(_, p)| p.gpu == gpu).map(|(&ptr, _)| ptr).collect();
+    /// Frees every plain allocation made in context `ctx`, as destroying or resetting it does;
+    /// how many.
+    pub fn free_plain_of(&mut self, ctx: usize) -> usize {
+        let ptrs: Vec<u64> = self.plain.iter().filter(|(_, p)| p.ctx == ctx).map(|(&ptr, _)| ptr).collect();
         ptrs.iter().filter(|&&ptr| self.free_plain(ptr).is_ok()).count()
     }
 
@@ -448,7 +450,7 @@ mod tests {
         let mut memory = Memory::new(2 * G, 1);
         assert_eq!(memory.gpus(), 1);
         assert_eq!(memory.create(G, Place::Gpu(1), false).err(), Some(CUDA_ERROR_INVALID_DEVICE));
-        assert_eq!(memory.alloc_plain(G, 1).err(), Some(CUDA_ERROR_INVALID_DEVICE));
+        assert_eq!(memory.alloc_plain(G, 1, 0).err(), Some(CUDA_ERROR_INVALID_DEVICE));
         assert_eq!(memory.census(), Census::default());
     }
 
@@ -476,7 +478,7 @@ mod tests {
     #[test]
     fn plain_memory_is_its_gpus() {
         let mut memory = Memory::new(2 * G, 2);
-        let p = memory.alloc_plain(G, 1).unwrap();
+        let p = memory.alloc_plain(G, 1, 0).unwrap();
         assert_eq!((memory.used(0), memory.used(1)), (0, G));
         memory.free_plain(p).unwrap();
         assert_eq!(memory.used(1), 0);

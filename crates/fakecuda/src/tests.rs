@@ -187,3 +187,37 @@ fn gpu_1s_context_answers_for_gpu_1() {
     let c = census();
     assert_eq!((c.plain, c.used_bytes, c.neighbour_used_bytes), (0, 0, 0), "GPU 1 has its memory back");
 }
+
+#[test]
+fn a_context_of_the_programs_own_is_current_until_destroyed_and_frees_its_memory_then() {
+    let _serial = install(2);
+    let (mut ctx, mut popped) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let (mut device, mut theirs, mut primarys) = (-1, 0, 0);
+    // SAFETY: valid out-pointers; the contexts the fake handed out.
+    unsafe {
+        assert_eq!(cuCtxCreate_v2(&mut ctx, 0, 1), CUDA_SUCCESS);
+        assert_eq!(cuCtxGetDevice(&mut device), CUDA_SUCCESS);
+        assert_eq!(device, 1, "current on the thread that created it");
+        assert_eq!(cuMemAlloc_v2(&mut theirs, G), CUDA_SUCCESS);
+        assert_eq!(cuCtxSynchronize(), CUDA_SUCCESS);
+        assert_eq!(tiermem_fake_context_syncs(ctx), 1);
+        assert_eq!(cuCtxPopCurrent_v2(&mut popped), CUDA_SUCCESS);
+        assert_eq!(popped, ctx);
+        assert_eq!(cuCtxGetDevice(&mut device), CUDA_SUCCESS);
+        assert_eq!(device, 0, "the primary context below it is current again");
+        assert_eq!(cuMemAlloc_v2(&mut primarys, G), CUDA_SUCCESS);
+        assert_eq!(cuCtxPushCurrent_v2(ctx), CUDA_SUCCESS);
+    }
+    assert_eq!(census().plain, 2);
+    assert_eq!(cuCtxDestroy_v2(ctx), CUDA_SUCCESS);
+    assert_eq!(census().plain, 1, "the destroyed context's allocation is freed, the primary's stays");
+    assert_eq!(cuMemFree_v2(theirs), CUDA_ERROR_INVALID_VALUE, "freed with its context");
+    assert_eq!(cuCtxDestroy_v2(ctx), CUDA_ERROR_INVALID_CONTEXT, "a context destroyed already");
+    assert_eq!(tiermem_fake_context_syncs(ctx), -1);
+    assert_eq!(cuCtxSetCurrent(ctx), CUDA_ERROR_INVALID_CONTEXT);
+    let mut now = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { cuCtxGetCurrent(&mut now) }, CUDA_SUCCESS);
+    assert_eq!(now as usize, PRIMARY, "destroying the current context pops it");
+    assert_eq!(cuMemFree_v2(primarys), CUDA_SUCCESS);
+}

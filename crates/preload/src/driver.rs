@@ -29,6 +29,7 @@ pub type Context = *mut c_void;
 pub type PrimaryCtxRetainFn = unsafe extern "C" fn(*mut Context, DeviceHandle) -> CuResult;
 pub type PrimaryCtxReleaseFn = unsafe extern "C" fn(DeviceHandle) -> CuResult;
 pub type CtxSetCurrentFn = unsafe extern "C" fn(Context) -> CuResult;
+pub type CtxGetCurrentFn = unsafe extern "C" fn(*mut Context) -> CuResult;
 /// `cuFuncGetParamInfo` and `cuKernelGetParamInfo` (CUDA 12.4): a kernel, a parameter's index,
 /// its offset and size.
 pub type ParamInfoFn = unsafe extern "C" fn(*mut c_void, usize, *mut usize, *mut usize) -> CuResult;
@@ -84,6 +85,7 @@ pub struct Driver {
     pub primary_ctx_retain: Option<PrimaryCtxRetainFn>,
     pub primary_ctx_release: Option<PrimaryCtxReleaseFn>,
     pub ctx_set_current: Option<CtxSetCurrentFn>,
+    pub ctx_get_current: Option<CtxGetCurrentFn>,
     pub func_get_param_info: Option<ParamInfoFn>,
     pub kernel_get_param_info: Option<ParamInfoFn>,
     pub func_get_name: Option<NameFn>,
@@ -146,6 +148,7 @@ impl Driver {
             primary_ctx_retain: entry!(handle, c"cuDevicePrimaryCtxRetain", PrimaryCtxRetainFn),
             primary_ctx_release: entry!(handle, c"cuDevicePrimaryCtxRelease_v2", PrimaryCtxReleaseFn),
             ctx_set_current: entry!(handle, c"cuCtxSetCurrent", CtxSetCurrentFn),
+            ctx_get_current: entry!(handle, c"cuCtxGetCurrent", CtxGetCurrentFn),
             func_get_param_info: entry!(handle, c"cuFuncGetParamInfo", ParamInfoFn),
             kernel_get_param_info: entry!(handle, c"cuKernelGetParamInfo", ParamInfoFn),
             func_get_name: entry!(handle, c"cuFuncGetName", NameFn),

@@ -61,7 +61,7 @@ unsafe fn serve(
     driver: impl FnOnce() -> CuResult,
     hand_over: impl FnOnce(u64),
 ) -> CuResult {
-    guard(call, || match process::alloc(call, size, stream) {
+    let code = guard(call, || match process::alloc(call, size, stream) {
         Ok(Served::Tiermem(ptr)) => {
             hand_over(ptr);
             CUDA_SUCCESS
@@ -75,7 +75,13 @@ unsafe fn serve(
             code
         }
         Err(code) => code,
-    })
+    });
+    if code == CUDA_SUCCESS && stream.is_none() {
+        // SAFETY: non-null (the caller's contract), written on success. (Stream-ordered memory
+        // is its pool's, not the context's.)
+        crate::contexts::allocated(unsafe { *dptr });
+    }
+    code
 }
 
 /// Frees through tiermem, or passes the pointer to `fallback` (the driver).
@@ -83,6 +89,7 @@ fn free_or(call: &str, ptr: u64, drain: Drain, fallback: impl FnOnce() -> CuResu
     if inside() {
         return to_driver(fallback);
     }
+    crate::contexts::freed(ptr);
     if crate::captures::keeps(ptr) {
         return CUDA_SUCCESS; // a CUDA graph's (captures.rs)
     }
@@ -241,6 +248,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: c
     if code == CUDA_SUCCESS && !inside() && !dptr.is_null() {
         // SAFETY: the driver wrote the pointer it succeeded with.
         let ptr = unsafe { *dptr };
+        crate::contexts::allocated(ptr);
         guard("cuMemAllocManaged", || {
             process::managed_allocated(ptr, size);
             CUDA_SUCCESS

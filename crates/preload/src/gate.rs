@@ -13,16 +13,16 @@
 //! * a stream capture in progress (`cuStreamBeginCapture`…`cuStreamEndCapture`): the context
 //!   synchronization a migration needs is illegal while a capture in the global mode is under
 //!   way (PyTorch's default), and would invalidate the program's graph;
-//! * a context the program created itself (`cuCtxCreate`, green contexts): a migration waits
-//!   for the primary context only (the CUDA runtime's, hence PyTorch's, JAX's, CuPy's), so work
-//!   in another context could still touch a chunk being moved. Migration stops for good, said once.
+//! * a green context the program created (`cuGreenCtxCreate`): a migration waits for the
+//!   program's contexts (contexts.rs), not for green ones, so work in one could still touch a
+//!   chunk being moved. Migration stops for good, said once.
 
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering::SeqCst};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 static GATE: RwLock<()> = RwLock::new(());
 static CAPTURES: AtomicIsize = AtomicIsize::new(0);
-static OWN_CONTEXT: AtomicBool = AtomicBool::new(false);
+static GREEN_CONTEXT: AtomicBool = AtomicBool::new(false);
 
 /// Held while the program's work is enqueued (see the module documentation).
 pub fn shared() -> RwLockReadGuard<'static, ()> {
@@ -45,15 +45,15 @@ pub fn capturing() -> bool {
     CAPTURES.load(SeqCst) > 0
 }
 
-/// The program created a context of its own.
-pub fn own_context() {
-    OWN_CONTEXT.store(true, SeqCst);
+/// The program created a green context.
+pub fn green_context() {
+    GREEN_CONTEXT.store(true, SeqCst);
 }
 
 /// Why no migration may happen now, if one may not.
 pub fn forbidden() -> Option<&'static str> {
-    if OWN_CONTEXT.load(SeqCst) {
-        Some("the program created a CUDA context of its own")
+    if GREEN_CONTEXT.load(SeqCst) {
+        Some("the program created a green context")
     } else if CAPTURES.load(SeqCst) > 0 {
         Some("a stream capture is under way")
     } else {

@@ -1,6 +1,6 @@
 //! The routed calls around migration, other than launches (launch.rs): copies and memsets hold
 //! the gate while they enqueue (gate.rs), synchronizations are quiesce points (migrate.rs), and
-//! stream captures and the program's own contexts forbid migration while they matter.
+//! stream captures forbid migration while they last (the program's contexts: contexts.rs).
 //!
 //! Copies and memsets are routed because another thread may enqueue one that touches a chunk
 //! while it is being moved. The family routed is the one a CUDA program uses on linear device
@@ -68,20 +68,6 @@ fn capture_ends(_name: &'static str, call: impl FnOnce() -> CuResult) -> CuResul
         gate::capture(-1);
     }
     code
-}
-
-/// A context of the program's own: migration stops (gate.rs says why).
-fn context_created(name: &'static str, call: impl FnOnce() -> CuResult) -> CuResult {
-    {
-        // As for a capture: a migration under way finishes first, a later one sees the mark.
-        let _gate = (!inside()).then(gate::shared);
-        gate::own_context();
-    }
-    crate::migrate::stop(
-        name,
-        "the program creates a CUDA context of its own; migration waits only for primary contexts",
-    );
-    to_driver(call)
 }
 
 wrappers! { copy_routes:
@@ -216,8 +202,4 @@ wrappers! { capture_routes:
     ) => capture_begins;
     cuStreamEndCapture(stream: Stream, graph: *mut *mut c_void) => capture_ends;
     cuStreamEndCapture_ptsz(stream: Stream, graph: *mut *mut c_void) => capture_ends;
-    cuCtxCreate_v2(ctx: *mut Ctx, flags: c_uint, device: c_int) => context_created;
-    cuCtxCreate_v3(ctx: *mut Ctx, params: *mut c_void, count: c_int, flags: c_uint, device: c_int) => context_created;
-    cuCtxCreate_v4(ctx: *mut Ctx, params: *mut c_void, flags: c_uint, device: c_int) => context_created;
-    cuGreenCtxCreate(ctx: *mut Ctx, desc: *mut c_void, device: c_int, flags: c_uint) => context_created;
 }

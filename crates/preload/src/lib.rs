@@ -95,6 +95,7 @@
 //!  process.rs                      GPUs, budget, allocations.rs (books), stats.rs, peers.rs (two GPUs)
 //!  ipc.rs · pointers.rs            legacy IPC handles, what a pointer says of its allocation
 //!  reset.rs                        cudaDeviceReset: frees tiermem's memory of the GPU, closes it
+//!  contexts.rs                     the program's own contexts: waited for by migrations, their memory freed with them
 //!  deferred.rs                     async frees: stream-ordered, kept mapped for reuse (reuse_order.rs: where)
 //!        │                 └──── placement.rs (pure: HBM or host at allocation)
 //!  migrate.rs                      at a quiesce point: moves.rs (pure: what moves), then maps, copies, remaps;
@@ -111,6 +112,7 @@
 mod allocations;
 mod boundary;
 mod captures;
+mod contexts;
 mod cycle;
 mod deferred;
 mod driver;

@@ -54,9 +54,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
-use crate::boundary::{log, CUDA_SUCCESS};
+use crate::boundary::log;
 use crate::cycle::Boundary;
-use crate::driver::driver;
 use crate::hotness::{self, ChunkId, Heats};
 use crate::moves::{self, Candidate, Plan};
 use crate::placement::Tier;
@@ -290,10 +289,9 @@ fn hotness_moves(call: &str, config: &Config) {
     NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
 }
 
-/// Waits for the context (`cuCtxSynchronize`): whether it succeeded.
+/// Waits for the program's contexts (contexts.rs): whether it succeeded.
 fn synchronize() -> bool {
-    // SAFETY: the driver's cuCtxSynchronize, on this thread's current context.
-    driver().and_then(|d| d.ctx_synchronize).is_some_and(|sync| unsafe { sync() } == CUDA_SUCCESS)
+    crate::contexts::synchronize()
 }
 
 /// The plan for GPU `ordinal`'s chunks, and the chunk each id of it names.

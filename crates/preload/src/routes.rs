@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 use crate::boundary::{enter, guard, inside, to_driver, CuResult, CUDA_SUCCESS};
 use crate::driver::{self, driver};
 use crate::wrappers::Route;
-use crate::{entry, gated, ipc, launch, pointers, pools, reset, vmm};
+use crate::{contexts, entry, gated, ipc, launch, pointers, pools, reset, vmm};
 
 /// `CUDA_ERROR_NOT_FOUND`: what the driver answers for a symbol it does not have.
 const CUDA_ERROR_NOT_FOUND: CuResult = 500;
@@ -42,7 +42,7 @@ fn routed() -> Vec<Route> {
         (c"cuMemGetAddressRange_v2", pointers::cuMemGetAddressRange_v2 as *mut c_void),
         (c"cuPointerGetAttribute", pointers::cuPointerGetAttribute as *mut c_void),
     ];
-    let tables: [fn() -> Vec<Route>; 9] = [
+    let tables: [fn() -> Vec<Route>; 10] = [
         pools::pool_routes,
         vmm::vmm_routes,
         gated::copy_routes,
@@ -52,6 +52,7 @@ fn routed() -> Vec<Route> {
         gated::capture_routes,
         launch::launch_routes,
         reset::reset_routes,
+        contexts::context_routes,
     ];
     memory.into_iter().chain(tables.iter().flat_map(|table| table())).collect()
 }

@@ -164,3 +164,12 @@ fn nothing_moves_while_a_stream_capture_is_under_way() {
     assert!(stdout.contains("migrate-capture: ok"), "{stdout}");
     assert!(stderr.contains("1 quiesce points taken"), "{stderr}");
 }
+
+#[test]
+fn a_context_of_the_programs_own_is_waited_for_by_migrations_and_frees_what_was_made_in_it() {
+    let output = support::probe("contexts", &["contexts"], &with(&[("TIERMEM_STATS", "1")]));
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("contexts: ok"), "{stdout}");
+    assert!(stderr.contains(", 0 failed;"), "no move fails: {stderr}");
+    assert!(!stderr.contains("chunks stay where they are"), "migration goes on: {stderr}");
+}

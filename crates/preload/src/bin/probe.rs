@@ -18,13 +18,12 @@
 //! kernels that write while another synchronizes, and migrates; `migrate-capture`: nothing moves
 //! while a stream capture is under way (src/bin/probe/migration.rs); `stream-writes`: stream
 //! memory operations and batched copies from other threads meanwhile (src/bin/probe/stream_ops.rs);
-//! `reset`: a device reset frees tiermem's memory and the program starts again (probe/reset.rs).
+//! `reset`, `contexts`: a device reset, a context of the program's own (probe/reset.rs).
 //! `tiermem-preload-probe segments` — stage 3: a loop over more buffers than the budget, one
 //! synchronization per cycle, finds each buffer in HBM when its kernel runs once the cycle is
 //! recorded; diverging cycles run correctly; every byte stays; `segments-alternate`: two
 //! different cycles a step, told apart (src/bin/probe/segments.rs).
-//! `tiermem-preload-probe lease` — a tenant of the node daemon, driven over stdin
-//! (src/bin/probe/lease.rs).
+//! `tiermem-preload-probe lease` — a tenant of the node daemon, over stdin (probe/lease.rs).
 //! `tiermem-preload-probe ipc` — a tiermem allocation shared with a child process by legacy
 //! IPC handles, written on both sides; shared, it never moves (src/bin/probe/ipc.rs).
 //! `tiermem-preload-probe ranges` — `cuMemGetAddressRange` and `cuPointerGetAttribute` answer
@@ -569,6 +568,7 @@ fn main() {
         ["migrate-capture"] => migration::capture(),
         ["stream-writes"] => stream_ops::stream_writes(),
         ["reset"] => reset::reset(),
+        ["contexts"] => reset::contexts(),
         ["segments"] => segments::segments(false),
         ["segments-alternate"] => segments::segments(true),
         ["segments-async"] => segments::segments_async(),
@@ -592,7 +592,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | stream-writes | reset | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | neighbours-reclaim | vmm | vmm-no-host | vmm-off"
+                 | migrate-capture | stream-writes | reset | contexts | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | neighbours-reclaim | vmm | vmm-no-host | vmm-off"
             );
             std::process::exit(2);
         }
