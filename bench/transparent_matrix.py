@@ -12,8 +12,10 @@ growing), a CNN with cuDNN, torch.compile (Inductor's Triton kernels), two CUDA 
 joined by events, the CUDA-graph replay on PyTorch's cudaMallocAsync backend (the capture's
 allocations stream-ordered), and a tour of the CUDA runtime API in C (pitched 2D buffers, a texture,
 interior pointers, pointer attributes, event-ordered streams, host functions, stream-ordered and
-managed allocations, four threads allocating at once, the errors of bad frees), and Numba's
-CUDA target (kernels compiled from Python, launched through the driver API Numba loads itself).
+managed allocations, four threads allocating at once, the errors of bad frees), Numba's
+CUDA target (kernels compiled from Python, launched through the driver API Numba loads itself),
+and a C program that makes contexts of its own as PyCUDA does (cuCtxCreate; one destroyed with
+memory never freed, two alive at once, one synchronized while the other's kernels run).
 A program whose requirements are missing (nvcc, CuPy, Numba) is listed under
 `skipped` with the reason.
 
@@ -37,15 +39,15 @@ BUDGETS = {"fits": 2.0, "0_7": 0.7, "0_5": 0.5}
 TIMEOUT_S = 300
 
 
-def nvcc_program(source):
-    """Builds `source` with nvcc's defaults (the runtime linked statically): a maker of the
-    command, or of the reason it cannot be."""
+def nvcc_program(source, *flags):
+    """Builds `source` with nvcc's defaults (the runtime linked statically) and `flags`: a maker
+    of the command, or of the reason it cannot be."""
     def make():
         nvcc = shutil.which("nvcc") or next((p for p in ["/usr/local/cuda/bin/nvcc"] if os.path.exists(p)), None)
         if nvcc is None:
             return None, "nvcc not found"
         binary = Path(tempfile.mkdtemp(prefix="tiermem-matrix-")) / Path(source).stem
-        built = subprocess.run([nvcc, "-O2", "-o", str(binary), str(HERE / source)], capture_output=True, text=True)
+        built = subprocess.run([nvcc, "-O2", "-o", str(binary), str(HERE / source), *flags], capture_output=True, text=True)
         if built.returncode != 0:
             return None, f"nvcc failed: {built.stderr.strip()[-400:]}"
         return [str(binary)], None
@@ -73,6 +75,7 @@ EXTENDED = {
     "cuda_graph_async": python_program("cuda_graph_async.py"),
     "cuda_api_tour": nvcc_program("api_tour.cu"),
     "numba": python_program("numba_prog.py"),
+    "own_contexts": nvcc_program("own_context.cu", "-lcuda"),
     "jax_train": python_program("jax_train.py"),
 }
 
