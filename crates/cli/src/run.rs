@@ -12,7 +12,9 @@
 //! PyTorch's allocator once `torch` is imported. Then tiermem execs the command, so the command's exit status
 //! (or signal) is tiermem's, and its children inherit the environment, hence the preload too.
 //! JAX and TensorFlow are pointed at the GPU's default memory pool, tiermem's, unless the
-//! environment chose their allocators (`POOL_ALLOCATORS`; `--keep-allocators`).
+//! environment chose their allocators (`POOL_ALLOCATORS`), and PyTorch's `expandable_segments`
+//! is turned off where the environment turns it on ([`without_expandable_segments`]); both
+//! unless `--keep-allocators`.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
@@ -51,11 +53,15 @@ pub struct RunArgs {
     /// At exit, print what the program allocated where (HBM, host, peaks) on stderr.
     #[arg(long)]
     stats: bool,
-    /// Leave JAX's and TensorFlow's allocators as they are. By default, where the program's
-    /// environment does not choose them, tiermem sets `XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async` and
-    /// `TF_GPU_ALLOCATOR=cuda_malloc_async`: their default allocators take their whole memory
-    /// sized by the budget and can never exceed it, while the CUDA pool these select is tiermem's.
-    /// Older JAX releases refuse `cuda_async`: run them with this flag.
+    /// Leave JAX's, TensorFlow's and PyTorch's allocator settings as they are. By default, where
+    /// the program's environment does not choose them, tiermem sets
+    /// `XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async` and `TF_GPU_ALLOCATOR=cuda_malloc_async`: their
+    /// default allocators take their whole memory sized by the budget and can never exceed it,
+    /// while the CUDA pool these select is tiermem's. Older JAX releases refuse `cuda_async`:
+    /// run them with this flag. And it turns PyTorch's `expandable_segments:True` off (in
+    /// `PYTORCH_CUDA_ALLOC_CONF` / `PYTORCH_ALLOC_CONF`): its memory is mapped by PyTorch itself,
+    /// which tiermem counts but never moves, so what lands beyond the budget would stay in host
+    /// memory.
     #[arg(long)]
     keep_allocators: bool,
     /// The program to run and its arguments (after `--`).
@@ -153,6 +159,27 @@ fn pool_allocators_to_set(chosen: impl Fn(&str) -> bool) -> Vec<(&'static str, &
     POOL_ALLOCATORS.into_iter().filter(|(name, _)| !chosen(name)).collect()
 }
 
+/// PyTorch's allocator settings (the second name is the first's since PyTorch 2.9).
+const TORCH_ALLOC_CONF: [&str; 2] = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"];
+
+/// A PyTorch allocator setting (`key:value,key:value`) with `expandable_segments:True` turned
+/// off, if it turns it on; the other options as they were. With expandable segments PyTorch
+/// maps the memory itself (`cuMemCreate`, `cuMemMap`): tiermem counts those chunks and makes
+/// them on the host beyond the budget, but does not move the program's own chunks, so the
+/// tensors that land there — a training step's last activations — would stay in host memory
+/// (docs/transparent.md). Without them PyTorch's segments are `cudaMalloc`s, which move.
+fn without_expandable_segments(conf: &str) -> Option<String> {
+    let is_on = |option: &str| {
+        let (key, value) = option.split_once(':').unwrap_or((option, ""));
+        key.trim() == "expandable_segments" && value.trim().eq_ignore_ascii_case("true")
+    };
+    let options: Vec<&str> = conf.split(',').collect();
+    options.iter().any(|o| is_on(o)).then(|| {
+        let kept = options.iter().map(|&o| if is_on(o) { "expandable_segments:False" } else { o });
+        kept.collect::<Vec<_>>().join(",")
+    })
+}
+
 /// Execs the command; returns only if it could not be started.
 pub fn run(args: RunArgs) -> Result<(), String> {
     let (program, rest) = args.command.split_first().ok_or("run: no command given (tiermem run -- CMD ARGS…)")?;
@@ -168,6 +195,15 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     }
     if !args.keep_allocators {
         command.envs(pool_allocators_to_set(|name| std::env::var_os(name).is_some()));
+        for name in TORCH_ALLOC_CONF {
+            let Some(off) = std::env::var(name).ok().as_deref().and_then(without_expandable_segments) else { continue };
+            eprintln!(
+                "tiermem: run: {name}: expandable_segments turned off: PyTorch would map that memory itself, \
+                 which tiermem cannot move, so what lands beyond the budget would stay in host memory \
+                 (--keep-allocators keeps it)"
+            );
+            command.env(name, off);
+        }
     }
     if let Some(peers) = &args.peers {
         peers
@@ -187,7 +223,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{pool_allocators_to_set, preload_with};
+    use super::{pool_allocators_to_set, preload_with, without_expandable_segments};
     use std::ffi::OsStr;
 
     #[test]
@@ -197,6 +233,19 @@ mod tests {
         let jax_chose = pool_allocators_to_set(|name| name == "XLA_PYTHON_CLIENT_ALLOCATOR");
         assert_eq!(jax_chose, [("TF_GPU_ALLOCATOR", "cuda_malloc_async")]);
         assert!(pool_allocators_to_set(|_| true).is_empty());
+    }
+
+    #[test]
+    fn expandable_segments_are_turned_off_and_the_other_options_kept() {
+        let on = "max_split_size_mb:128, expandable_segments:True,garbage_collection_threshold:0.8";
+        assert_eq!(
+            without_expandable_segments(on).as_deref(),
+            Some("max_split_size_mb:128,expandable_segments:False,garbage_collection_threshold:0.8")
+        );
+        assert_eq!(without_expandable_segments("expandable_segments:true").as_deref(), Some("expandable_segments:False"));
+        for left in ["expandable_segments:False", "backend:cudaMallocAsync", "", "max_split_size_mb:64"] {
+            assert_eq!(without_expandable_segments(left), None, "{left}");
+        }
     }
 
     #[test]

@@ -32,19 +32,26 @@ fn the_command_runs_preloaded_with_the_budget_and_keeps_its_status() {
 }
 
 #[test]
-fn jax_and_tensorflow_are_pointed_at_the_pool_unless_the_environment_or_keep_allocators_says_otherwise() {
-    let script = r#"printf '%s|%s\n' "${XLA_PYTHON_CLIENT_ALLOCATOR-unset}" "${TF_GPU_ALLOCATOR-unset}""#;
+fn frameworks_allocators_are_pointed_at_what_moves_unless_the_environment_or_keep_allocators_says_otherwise() {
+    let script =
+        r#"printf '%s|%s|%s\n' "${XLA_PYTHON_CLIENT_ALLOCATOR-unset}" "${TF_GPU_ALLOCATOR-unset}" "${PYTORCH_CUDA_ALLOC_CONF-unset}""#;
     let run = |extra: &[&str], env: &[(&str, &str)]| {
         let mut command = support::tiermem();
         command.arg("run").args(extra).args(["--", "sh", "-c", script]).env("TIERMEM_PRELOAD", preload_library());
-        command.env_remove("XLA_PYTHON_CLIENT_ALLOCATOR").env_remove("TF_GPU_ALLOCATOR").envs(env.iter().copied());
+        for name in ["XLA_PYTHON_CLIENT_ALLOCATOR", "TF_GPU_ALLOCATOR", "PYTORCH_CUDA_ALLOC_CONF"] {
+            command.env_remove(name);
+        }
+        command.envs(env.iter().copied());
         let output = command.output().unwrap();
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
         String::from_utf8_lossy(&output.stdout).into_owned()
     };
-    assert_eq!(run(&[], &[]), "cuda_async|cuda_malloc_async\n");
-    assert_eq!(run(&[], &[("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")]), "platform|cuda_malloc_async\n");
-    assert_eq!(run(&["--keep-allocators"], &[]), "unset|unset\n");
+    assert_eq!(run(&[], &[]), "cuda_async|cuda_malloc_async|unset\n");
+    assert_eq!(run(&[], &[("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")]), "platform|cuda_malloc_async|unset\n");
+    assert_eq!(run(&["--keep-allocators"], &[]), "unset|unset|unset\n");
+    let segments = [("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:64")];
+    assert_eq!(run(&[], &segments), "cuda_async|cuda_malloc_async|expandable_segments:False,max_split_size_mb:64\n");
+    assert_eq!(run(&["--keep-allocators"], &segments), "unset|unset|expandable_segments:True,max_split_size_mb:64\n");
 }
 
 #[test]
