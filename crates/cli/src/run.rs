@@ -242,7 +242,10 @@ mod tests {
             without_expandable_segments(on).as_deref(),
             Some("max_split_size_mb:128,expandable_segments:False,garbage_collection_threshold:0.8")
         );
-        assert_eq!(without_expandable_segments("expandable_segments:true").as_deref(), Some("expandable_segments:False"));
+        assert_eq!(
+            without_expandable_segments("expandable_segments:true").as_deref(),
+            Some("expandable_segments:False")
+        );
         for left in ["expandable_segments:False", "backend:cudaMallocAsync", "", "max_split_size_mb:64"] {
             assert_eq!(without_expandable_segments(left), None, "{left}");
         }

@@ -33,8 +33,7 @@ fn the_command_runs_preloaded_with_the_budget_and_keeps_its_status() {
 
 #[test]
 fn frameworks_allocators_are_pointed_at_what_moves_unless_the_environment_or_keep_allocators_says_otherwise() {
-    let script =
-        r#"printf '%s|%s|%s\n' "${XLA_PYTHON_CLIENT_ALLOCATOR-unset}" "${TF_GPU_ALLOCATOR-unset}" "${PYTORCH_CUDA_ALLOC_CONF-unset}""#;
+    let script = r#"printf '%s|%s|%s\n' "${XLA_PYTHON_CLIENT_ALLOCATOR-unset}" "${TF_GPU_ALLOCATOR-unset}" "${PYTORCH_CUDA_ALLOC_CONF-unset}""#;
     let run = |extra: &[&str], env: &[(&str, &str)]| {
         let mut command = support::tiermem();
         command.arg("run").args(extra).args(["--", "sh", "-c", script]).env("TIERMEM_PRELOAD", preload_library());

@@ -9,18 +9,23 @@
 //! freed by `cuMemFreeAsync` like any), so tiermem serves its allocations as it serves
 //! `cuMemAllocAsync`'s: under the budget, always mapped, freed in stream order (deferred.rs).
 //!
-//! A pool the program created is the driver's: its properties (a host location, shareable
-//! handles for `cuMemPoolExportPointer`, access from other GPUs) are what the program asked
-//! for, and tiermem's memory would not have them. Its allocations pass through, and so does
+//! A pool the program creates (`cuMemPoolCreate`; RAPIDS' `cuda_async_memory_resource` makes
+//! one) is served the same way when it asks for nothing tiermem's memory lacks: pinned memory
+//! of a GPU tiermem manages, no shareable handles (`cuMemPoolExportPointer` needs them), no
+//! size limit, no special usage ([`served_properties`]). Access from other GPUs needs nothing:
+//! tiermem opens its allocations to every GPU of the process that can reach them (peers.rs).
+//! Any other created pool is the driver's: its allocations pass through, and so does
 //! `cuMemAllocAsync` while such a pool is current; they are not counted against the budget.
-//! `cuMemPoolTrimTo` on a default pool also gives back the HBM of tiermem's frees that are
-//! done with, as the driver's pool gives back its own, and the release threshold set on it
-//! (`cuMemPoolSetAttribute`, read from the driver at each quiesce point) says how much of
-//! that HBM tiermem keeps across synchronizations (deferred.rs).
+//! `cuMemPoolTrimTo` on a served pool also gives back the HBM of tiermem's frees that are
+//! done with, as the driver's pool gives back its own, and the release thresholds set on the
+//! served pools of a GPU (`cuMemPoolSetAttribute`, read from the driver at each quiesce point;
+//! the largest counts) say how much of that HBM tiermem keeps across synchronizations
+//! (deferred.rs: tiermem's kept frees are the GPU's, not one pool's).
 
+use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
 use crate::driver::{DeviceHandle, Stream};
@@ -63,21 +68,62 @@ fn default_pool(ordinal: usize) -> Option<MemPool> {
     Some(pool)
 }
 
-/// Whether `pool` is the default pool of the calling thread's GPU (allocations from it are
-/// tiermem's to serve on that GPU).
-fn is_current_gpus_default(pool: MemPool) -> bool {
-    let Some(Ok(ordinal)) = process::current_gpu() else { return false };
-    default_pool(ordinal) == Some(pool)
+/// `CUmemPoolProps`: 88 bytes in every CUDA release since 11.2 (`maxSize` and `usage` were
+/// reserved bytes, zero, before 12.2).
+#[repr(C)]
+pub struct PoolProps {
+    alloc_type: c_int,
+    handle_types: c_int,
+    location_type: c_int,
+    location_id: c_int,
+    win32_security_attributes: *mut c_void,
+    max_size: usize,
+    usage: u16,
+    reserved: [u8; 54],
 }
 
-/// Whether `cuMemAllocAsync` on the calling thread's GPU allocates from its default pool, which
-/// tiermem serves; a driver that cannot say (no pools, no context) leaves that to `alloc_or`.
+/// The GPU a pool with `props` holds memory of, if tiermem serves such a pool (module
+/// documentation): pinned, on a GPU, no shareable handles, no size limit, no special usage.
+fn served_properties(props: &PoolProps) -> Option<usize> {
+    const PINNED: c_int = 1;
+    const DEVICE: c_int = 1;
+    let plain = props.alloc_type == PINNED && props.location_type == DEVICE && props.handle_types == 0;
+    (plain && props.max_size == 0 && props.usage == 0).then(|| usize::try_from(props.location_id).ok()).flatten()
+}
+
+/// The pools the program created that tiermem serves, and their GPUs.
+static CREATED: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+
+fn created() -> MutexGuard<'static, BTreeMap<usize, usize>> {
+    // A map of addresses: consistent after any panic.
+    CREATED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Whether tiermem serves `pool`'s allocations on GPU `ordinal`: its default pool, or one the
+/// program created that tiermem serves there.
+fn serves(pool: MemPool, ordinal: usize) -> bool {
+    default_pool(ordinal) == Some(pool) || created().get(&(pool as usize)) == Some(&ordinal)
+}
+
+/// The pools tiermem serves on GPU `ordinal`: its default one and those the program created.
+fn served_pools(ordinal: usize) -> Vec<MemPool> {
+    let mut pools: Vec<MemPool> = default_pool(ordinal).into_iter().collect();
+    pools.extend(created().iter().filter(|&(_, &gpu)| gpu == ordinal).map(|(&pool, _)| pool as MemPool));
+    pools
+}
+
+/// Whether `pool` is served on the calling thread's GPU (allocations from it are tiermem's).
+fn is_served_here(pool: MemPool) -> bool {
+    let Some(Ok(ordinal)) = process::current_gpu() else { return false };
+    serves(pool, ordinal)
+}
+
+/// Whether `cuMemAllocAsync` on the calling thread's GPU allocates from a pool tiermem serves
+/// (its default pool, unless the program made another current); a driver that cannot say (no
+/// pools, no context) leaves that to `alloc_or`.
 pub fn async_allocations_served() -> bool {
     let Some(Ok(ordinal)) = process::current_gpu() else { return true };
-    match (ask_pool(ordinal, false), default_pool(ordinal)) {
-        (Some(current), Some(default)) => current == default,
-        _ => true,
-    }
+    ask_pool(ordinal, false).is_none_or(|current| serves(current, ordinal))
 }
 
 /// Allocates from `pool`: tiermem's memory if it is the GPU's default pool, else the driver's.
@@ -92,14 +138,14 @@ unsafe fn alloc_from_pool(
 ) -> CuResult {
     // SAFETY: the driver's own function with the caller's arguments.
     let driver = || unsafe { real(dptr, size, pool, stream) };
-    if inside() || !is_current_gpus_default(pool) {
+    if inside() || !is_served_here(pool) {
         return to_driver(driver);
     }
     // SAFETY: the caller's out-pointer.
     unsafe { alloc_or(call, dptr, (size, Some(ordered)), driver) }
 }
 
-/// `cuMemAllocFromPoolAsync`: from the GPU's default pool, tiermem's memory (as
+/// `cuMemAllocFromPoolAsync`: from a pool tiermem serves, tiermem's memory (as
 /// `cuMemAllocAsync`'s); from any other pool, the driver's.
 ///
 /// # Safety
@@ -135,7 +181,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     unsafe { alloc_from_pool("cuMemAllocFromPoolAsync_ptsz", real, (dptr, size, pool), (stream, ordered)) }
 }
 
-/// `cuMemPoolTrimTo`: on a GPU's default pool, tiermem's frees that are done with are given
+/// `cuMemPoolTrimTo`: on a pool tiermem serves, tiermem's frees that are done with are given
 /// back too; then the driver's.
 ///
 /// # Safety
@@ -147,7 +193,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: MemPool, keep: usize) -> CuResult
     if !inside() && crate::deferred::any() {
         guard("cuMemPoolTrimTo", || {
             let gpus: Vec<usize> =
-                process::managed_gpus().into_iter().filter(|&ordinal| default_pool(ordinal) == Some(pool)).collect();
+                process::managed_gpus().into_iter().filter(|&ordinal| serves(pool, ordinal)).collect();
             if !gpus.is_empty() {
                 crate::deferred::reap(false);
                 crate::deferred::trim(
@@ -172,27 +218,69 @@ pub fn keep_all_frees() {
     KEEP_ALL_FREES.store(true, Relaxed);
 }
 
-/// The release threshold the program set on GPU `ordinal`'s default pool
-/// (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`): how many bytes of freed memory the pool keeps at a
-/// synchronization; 0 (the driver's default) where the driver cannot say; all of them once
-/// [`keep_all_frees`] was called.
+/// The release threshold the program set on the pools tiermem serves on GPU `ordinal`
+/// (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`), the largest: how many bytes of freed memory the pools
+/// keep at a synchronization; 0 (the driver's default) where the driver cannot say; all of
+/// them once [`keep_all_frees`] was called.
 pub fn release_threshold(ordinal: usize) -> usize {
     if KEEP_ALL_FREES.load(Relaxed) {
         return usize::MAX;
     }
     const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
     static GET: OnceLock<Option<GetAttributeFn>> = OnceLock::new();
-    let (Some(get), Some(pool)) = (cached_entry(&GET, "cuMemPoolGetAttribute\0"), default_pool(ordinal)) else {
-        return 0;
+    let Some(get) = cached_entry(&GET, "cuMemPoolGetAttribute\0") else { return 0 };
+    let threshold = |pool: MemPool| {
+        let mut value: u64 = 0;
+        // SAFETY: the driver's function; this attribute's value is a cuuint64_t, written to `value`.
+        let code = unsafe { get(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&raw mut value).cast()) };
+        if code == CUDA_SUCCESS {
+            usize::try_from(value).unwrap_or(usize::MAX)
+        } else {
+            0
+        }
     };
-    let mut value: u64 = 0;
-    // SAFETY: the driver's function; this attribute's value is a cuuint64_t, written to `value`.
-    let code = unsafe { get(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&raw mut value).cast()) };
-    if code == CUDA_SUCCESS {
-        usize::try_from(value).unwrap_or(usize::MAX)
-    } else {
-        0
+    served_pools(ordinal).into_iter().map(threshold).max().unwrap_or(0)
+}
+
+type PoolCreateFn = unsafe extern "C" fn(*mut MemPool, *const PoolProps) -> CuResult;
+type PoolDestroyFn = unsafe extern "C" fn(MemPool) -> CuResult;
+
+/// `cuMemPoolCreate`: the driver's pool; served by tiermem if its properties allow (module
+/// documentation).
+///
+/// # Safety
+/// As the driver's: `pool` null or valid for a write, `props` null or a `CUmemPoolProps`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut MemPool, props: *const PoolProps) -> CuResult {
+    static REAL: OnceLock<Option<PoolCreateFn>> = OnceLock::new();
+    let Some(real) = cached_entry(&REAL, "cuMemPoolCreate\0") else { return CUDA_ERROR_NOT_INITIALIZED };
+    // SAFETY: the driver's own function with the caller's arguments.
+    let code = to_driver(|| unsafe { real(pool, props) });
+    if code == CUDA_SUCCESS && !inside() && !pool.is_null() && !props.is_null() {
+        // SAFETY: the driver read the properties and wrote the pool's handle: both valid.
+        let (made, ordinal) = unsafe { (*pool, served_properties(&*props)) };
+        if let Some(ordinal) = ordinal {
+            created().insert(made as usize, ordinal);
+        }
     }
+    code
+}
+
+/// `cuMemPoolDestroy`: served no more. (Its allocations not yet freed stay tiermem's until they
+/// are, as the driver keeps a destroyed pool's until theirs are.)
+///
+/// # Safety
+/// As the driver's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: MemPool) -> CuResult {
+    static REAL: OnceLock<Option<PoolDestroyFn>> = OnceLock::new();
+    let Some(real) = cached_entry(&REAL, "cuMemPoolDestroy\0") else { return CUDA_ERROR_NOT_INITIALIZED };
+    // SAFETY: the driver's own function with the caller's argument.
+    let code = to_driver(|| unsafe { real(pool) });
+    if code == CUDA_SUCCESS && !inside() {
+        created().remove(&(pool as usize));
+    }
+    code
 }
 
 /// The routed pool functions.
@@ -201,5 +289,7 @@ pub fn pool_routes() -> Vec<crate::wrappers::Route> {
         (c"cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync as *mut c_void),
         (c"cuMemAllocFromPoolAsync_ptsz", cuMemAllocFromPoolAsync_ptsz as *mut c_void),
         (c"cuMemPoolTrimTo", cuMemPoolTrimTo as *mut c_void),
+        (c"cuMemPoolCreate", cuMemPoolCreate as *mut c_void),
+        (c"cuMemPoolDestroy", cuMemPoolDestroy as *mut c_void),
     ]
 }

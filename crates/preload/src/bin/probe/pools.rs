@@ -1,8 +1,11 @@
 //! The probe's check of memory pools (`pools`), under a budget of 16 MiB: allocations from the
 //! GPU's default pool are tiermem's (in chunks, under the budget, beyond it on the host, freed in
 //! stream order, kept across synchronizations up to the release threshold set on the pool, the
-//! oldest given back first when an allocation does not fit, and all by `cuMemPoolTrimTo`); a pool the program created is the
-//! driver's, and so is `cuMemAllocAsync` while such a pool is current to the GPU.
+//! oldest given back first when an allocation does not fit, and all by `cuMemPoolTrimTo`); so
+//! are a pool's the program created with plain properties (pinned memory of the GPU, nothing
+//! shareable), with its own release threshold and trims, and `cuMemAllocAsync`'s while it is
+//! current; a pool created with other properties (shareable handles) is the driver's, and so is
+//! `cuMemAllocAsync` while such a pool is current to the GPU.
 
 use std::ffi::{c_int, c_void};
 
@@ -18,6 +21,15 @@ type SetAttribute = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> Cod
 
 /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
 const RELEASE_THRESHOLD: c_int = 4;
+
+/// A `CUmemPoolProps` of pinned memory on GPU `device` with `handle_types` (88 bytes).
+fn pool_props(handle_types: i32, device: i32) -> [u8; 88] {
+    let mut props = [0u8; 88];
+    for (at, value) in [(0, 1), (4, handle_types), (8, 1), (12, device)] {
+        props[at..at + 4].copy_from_slice(&i32::to_ne_bytes(value));
+    }
+    props
+}
 
 /// (GPU chunks, host chunks, the driver's own allocations).
 fn held(cuda: &Cuda) -> (usize, usize, usize) {
@@ -44,7 +56,6 @@ pub fn pools() {
     let (stream, other) = (std::ptr::null_mut(), 0x5eed as *mut c_void);
     let (mut default, mut own) = (std::ptr::null_mut(), std::ptr::null_mut());
     let (mut a, mut b, mut c, mut d, mut e) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    let props = [0u8; 88];
     // SAFETY: valid out-pointers, handles the driver gave, and pointers the allocations gave.
     unsafe {
         assert_eq!(default_pool(&mut default, 0), 0, "cuDeviceGetDefaultMemPool");
@@ -106,9 +117,37 @@ pub fn pools() {
         assert_eq!(sync(), 0);
         assert_eq!(held(&cuda), (0, 0, 0));
 
-        assert_eq!(create(&mut own, props.as_ptr().cast()), 0, "cuMemPoolCreate");
+        // A pool the program creates with plain properties (RAPIDS' async resource makes one).
+        let mut plain_pool = std::ptr::null_mut();
+        assert_eq!(create(&mut plain_pool, pool_props(0, 0).as_ptr().cast()), 0, "cuMemPoolCreate");
+        assert_eq!(from_pool(&mut c, 4 * MIB, plain_pool, stream), 0);
+        assert_eq!(held(&cuda), (2, 0, 0), "a plain pool of the program's is served by tiermem: two chunks");
+        assert_eq!(cuda.mem_info().0, 12 * MIB, "counted against the budget");
+        cuda.write_and_verify(c, 4 * MIB, 7);
+        threshold = 8 * MIB as u64;
+        assert_eq!(set_attribute(plain_pool, RELEASE_THRESHOLD, (&raw mut threshold).cast()), 0);
+        assert_eq!(free_async(c, stream), 0);
+        assert_eq!(sync(), 0);
+        assert_eq!(held(&cuda).0, 2, "kept across the synchronization: its own release threshold");
+        assert_eq!(trim(plain_pool, 0), 0);
+        assert_eq!(held(&cuda), (0, 0, 0), "given back by its trim");
+        assert_eq!(set_pool(0, plain_pool), 0, "cuDeviceSetMemPool");
+        assert_eq!(alloc_async(&mut d, 20 * MIB, stream), 0);
+        assert_eq!(
+            held(&cuda),
+            (8, 2, 0),
+            "cuMemAllocAsync while it is current: tiermem's, beyond the budget on the host"
+        );
+        cuda.write_and_verify(d, 20 * MIB, 8);
+        assert_eq!(free_async(d, stream), 0);
+        assert_eq!(set_pool(0, default), 0);
+        assert_eq!(trim(plain_pool, 0), 0);
+        assert_eq!(destroy(plain_pool), 0, "cuMemPoolDestroy");
+        assert_eq!(held(&cuda), (0, 0, 0));
+
+        assert_eq!(create(&mut own, pool_props(1, 0).as_ptr().cast()), 0, "cuMemPoolCreate, shareable");
         assert_eq!(from_pool(&mut c, 4 * MIB, own, stream), 0);
-        assert_eq!(held(&cuda), (0, 0, 1), "a pool of the program's own is the driver's");
+        assert_eq!(held(&cuda), (0, 0, 1), "a pool with shareable handles is the driver's");
         assert_eq!(cuda.mem_info(), (16 * MIB, 16 * MIB), "not counted against the budget");
         cuda.write_and_verify(c, 4 * MIB, 5);
         assert_eq!(set_pool(0, own), 0, "cuDeviceSetMemPool");
