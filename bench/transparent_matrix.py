@@ -14,8 +14,9 @@ allocations stream-ordered), and a tour of the CUDA runtime API in C (pitched 2D
 interior pointers, pointer attributes, event-ordered streams, host functions, stream-ordered and
 managed allocations, four threads allocating at once, the errors of bad frees), Numba's
 CUDA target (kernels compiled from Python, launched through the driver API Numba loads itself),
-and a C program that makes contexts of its own as PyCUDA does (cuCtxCreate; one destroyed with
-memory never freed, two alive at once, one synchronized while the other's kernels run).
+a C program that makes contexts of its own as PyCUDA does (cuCtxCreate; one destroyed with
+memory never freed, two alive at once, one synchronized while the other's kernels run), and one
+that allocates in stream order from a memory pool of its own, as RAPIDS' async resource does.
 A program whose requirements are missing (nvcc, CuPy, Numba) is listed under
 `skipped` with the reason.
 
@@ -76,6 +77,7 @@ EXTENDED = {
     "cuda_api_tour": nvcc_program("api_tour.cu"),
     "numba": python_program("numba_prog.py"),
     "own_contexts": nvcc_program("own_context.cu", "-lcuda"),
+    "created_pool": nvcc_program("created_pool.cu"),
     "jax_train": python_program("jax_train.py"),
 }
 
