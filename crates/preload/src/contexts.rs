@@ -185,8 +185,8 @@ fn let_go(call: &str, ctx: Context) {
         own.made_in = others;
         made.into_keys().collect()
     };
-    with_current(ctx, || {
-        for ptr in made {
+    let free_all = || {
+        for &ptr in &made {
             // Not an error the program would see: the driver frees its memory whatever happens.
             if process::free(call, ptr, Drain::Context).is_none() {
                 // The driver's own (small or managed), which it frees with the context.
@@ -195,7 +195,12 @@ fn let_go(call: &str, ctx: Context) {
             // Kept for a graph (captures.rs): the graphs of the context go with it.
             let _ = crate::captures::forget(ptr);
         }
-    });
+    };
+    // With the context current, so that each free waits for its work; freed all the same if
+    // it cannot be made current.
+    if with_current(ctx, free_all).is_none() {
+        free_all();
+    }
 }
 
 wrappers! { context_routes:
