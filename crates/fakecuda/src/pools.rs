@@ -129,17 +129,27 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 
 /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, the one attribute the fake keeps (per pool).
 const RELEASE_THRESHOLD: c_int = 4;
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` … `USED_MEM_HIGH`: the fake's pools hold no memory of
+/// their own (their allocations are plain ones), so these read 0; the high-water marks may be
+/// reset (set to 0) as the driver's.
+const STATISTICS: std::ops::RangeInclusive<c_int> = 5..=8;
 static THRESHOLDS: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
 
 /// # Safety
 /// As the driver's: `value` valid for the attribute's type (a `cuuint64_t` for the threshold).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolSetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void) -> Code {
-    if !known(pool) || value.is_null() || attribute != RELEASE_THRESHOLD {
+    if !known(pool) || value.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    // SAFETY: checked non-null; the threshold's value is a cuuint64_t.
-    let threshold = unsafe { value.cast::<u64>().read() };
+    // SAFETY: checked non-null; the threshold's and the marks' values are cuuint64_t.
+    let given = unsafe { value.cast::<u64>().read() };
+    match attribute {
+        RELEASE_THRESHOLD => {}
+        6 | 8 if given == 0 => return CUDA_SUCCESS,
+        _ => return CUDA_ERROR_INVALID_VALUE,
+    }
+    let threshold = given;
     THRESHOLDS.lock().unwrap_or_else(|p| p.into_inner()).insert(pool as u64, threshold);
     CUDA_SUCCESS
 }
@@ -148,8 +158,12 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(pool: *mut c_void, attribute: c_i
 /// As the driver's: `value` valid for a write of the attribute's type.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolGetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void) -> Code {
-    if !known(pool) || attribute != RELEASE_THRESHOLD {
+    if !known(pool) || (attribute != RELEASE_THRESHOLD && !STATISTICS.contains(&attribute)) {
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    if attribute != RELEASE_THRESHOLD {
+        // SAFETY: the caller's out-pointer, for a cuuint64_t.
+        return unsafe { put(value.cast::<u64>(), 0) };
     }
     let threshold = THRESHOLDS.lock().unwrap_or_else(|p| p.into_inner()).get(&(pool as u64)).copied().unwrap_or(0);
     // SAFETY: the caller's out-pointer, for a cuuint64_t.

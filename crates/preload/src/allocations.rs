@@ -60,11 +60,19 @@ pub struct Allocations {
     managed: BTreeMap<u64, usize>,
     /// Small allocations left to the driver (placement.rs): pointer → (GPU, bytes counted).
     small: BTreeMap<u64, (usize, usize)>,
+    /// Bytes reserved by the kept allocations, per GPU (pool_stats.rs).
+    kept_bytes: BTreeMap<usize, usize>,
 }
 
 impl Allocations {
     pub const fn new() -> Self {
-        Self { by_va: BTreeMap::new(), kept: BTreeMap::new(), managed: BTreeMap::new(), small: BTreeMap::new() }
+        Self {
+            by_va: BTreeMap::new(),
+            kept: BTreeMap::new(),
+            managed: BTreeMap::new(),
+            small: BTreeMap::new(),
+            kept_bytes: BTreeMap::new(),
+        }
     }
 
     pub fn insert(&mut self, allocation: Allocation) {
@@ -101,12 +109,22 @@ impl Allocations {
 
     /// Keeps a freed allocation mapped (deferred.rs) until [`Allocations::take_kept`].
     pub fn keep(&mut self, allocation: Allocation) {
+        *self.kept_bytes.entry(allocation.ordinal).or_default() += allocation.reserved;
         self.kept.insert(allocation.va, allocation);
     }
 
     /// The kept allocation starting at `va`, taken out: reused, or to be torn down.
     pub fn take_kept(&mut self, va: u64) -> Option<Allocation> {
-        self.kept.remove(&va)
+        let taken = self.kept.remove(&va)?;
+        if let Some(bytes) = self.kept_bytes.get_mut(&taken.ordinal) {
+            *bytes = bytes.saturating_sub(taken.reserved);
+        }
+        Some(taken)
+    }
+
+    /// Bytes the kept allocations of GPU `ordinal` reserve.
+    pub fn kept_bytes(&self, ordinal: usize) -> usize {
+        self.kept_bytes.get(&ordinal).copied().unwrap_or(0)
     }
 
     /// Every kept allocation, by address.

@@ -76,10 +76,19 @@ unsafe fn serve(
         }
         Err(code) => code,
     });
-    if code == CUDA_SUCCESS && stream.is_none() {
-        // SAFETY: non-null (the caller's contract), written on success. (Stream-ordered memory
-        // is its pool's, not the context's.)
-        crate::contexts::allocated(unsafe { *dptr });
+    if code == CUDA_SUCCESS {
+        // SAFETY: non-null (the caller's contract), written on success.
+        let ptr = unsafe { *dptr };
+        match stream {
+            // Stream-ordered memory is its pool's (counted in the pool's statistics), the rest
+            // the context's.
+            Some(_) => {
+                if let Some((ordinal, bytes)) = process::allocation_shape(ptr) {
+                    crate::pool_stats::allocated(ptr, ordinal, bytes);
+                }
+            }
+            None => crate::contexts::allocated(ptr),
+        }
     }
     code
 }
@@ -94,7 +103,12 @@ fn free_or(call: &str, ptr: u64, drain: Drain, fallback: impl FnOnce() -> CuResu
         return CUDA_SUCCESS; // a CUDA graph's (captures.rs)
     }
     guard(call, || match process::free(call, ptr, drain) {
-        Some(code) => code,
+        Some(code) => {
+            if code == CUDA_SUCCESS {
+                crate::pool_stats::freed(ptr);
+            }
+            code
+        }
         None => {
             // Out of the books before the driver frees it: the driver may hand the address
             // to another thread's allocation the moment it is free.

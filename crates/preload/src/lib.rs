@@ -131,6 +131,7 @@ mod nvml;
 mod peers;
 mod placement;
 mod pointers;
+mod pool_stats;
 mod pools;
 mod process;
 mod remap;

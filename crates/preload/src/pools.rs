@@ -112,6 +112,14 @@ fn served_pools(ordinal: usize) -> Vec<MemPool> {
     pools
 }
 
+/// The GPU on which tiermem serves `pool`, if it does.
+fn served_gpu(pool: MemPool) -> Option<usize> {
+    if let Some(&ordinal) = created().get(&(pool as usize)) {
+        return Some(ordinal);
+    }
+    process::managed_gpus().into_iter().find(|&ordinal| default_pool(ordinal) == Some(pool))
+}
+
 /// Whether `pool` is served on the calling thread's GPU (allocations from it are tiermem's).
 fn is_served_here(pool: MemPool) -> bool {
     let Some(Ok(ordinal)) = process::current_gpu() else { return false };
@@ -242,6 +250,53 @@ pub fn release_threshold(ordinal: usize) -> usize {
     served_pools(ordinal).into_iter().map(threshold).max().unwrap_or(0)
 }
 
+type SetAttributeFn = unsafe extern "C" fn(MemPool, c_int, *mut c_void) -> CuResult;
+
+/// `cuMemPoolGetAttribute`: the driver's answer, and for a pool tiermem serves, tiermem's memory
+/// added to its statistics (pool_stats.rs).
+///
+/// # Safety
+/// As the driver's: `value` valid for the attribute's type.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(pool: MemPool, attribute: c_int, value: *mut c_void) -> CuResult {
+    static REAL: OnceLock<Option<GetAttributeFn>> = OnceLock::new();
+    let Some(real) = cached_entry(&REAL, "cuMemPoolGetAttribute\0") else { return CUDA_ERROR_NOT_INITIALIZED };
+    // SAFETY: the driver's own function with the caller's arguments.
+    let code = to_driver(|| unsafe { real(pool, attribute, value) });
+    if code == CUDA_SUCCESS && !inside() {
+        guard("cuMemPoolGetAttribute", || {
+            if let Some(ordinal) = served_gpu(pool) {
+                // SAFETY: the driver accepted `value` for this attribute and wrote it.
+                unsafe { crate::pool_stats::add_ours(ordinal, attribute, value) };
+            }
+            CUDA_SUCCESS
+        });
+    }
+    code
+}
+
+/// `cuMemPoolSetAttribute`: the driver's; resetting a high-water mark of a pool tiermem serves
+/// resets tiermem's too (pool_stats.rs).
+///
+/// # Safety
+/// As the driver's: `value` valid for the attribute's type.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(pool: MemPool, attribute: c_int, value: *mut c_void) -> CuResult {
+    static REAL: OnceLock<Option<SetAttributeFn>> = OnceLock::new();
+    let Some(real) = cached_entry(&REAL, "cuMemPoolSetAttribute\0") else { return CUDA_ERROR_NOT_INITIALIZED };
+    // SAFETY: the driver's own function with the caller's arguments.
+    let code = to_driver(|| unsafe { real(pool, attribute, value) });
+    if code == CUDA_SUCCESS && !inside() {
+        guard("cuMemPoolSetAttribute", || {
+            if let Some(ordinal) = served_gpu(pool) {
+                crate::pool_stats::reset(ordinal, attribute);
+            }
+            CUDA_SUCCESS
+        });
+    }
+    code
+}
+
 type PoolCreateFn = unsafe extern "C" fn(*mut MemPool, *const PoolProps) -> CuResult;
 type PoolDestroyFn = unsafe extern "C" fn(MemPool) -> CuResult;
 
@@ -291,5 +346,7 @@ pub fn pool_routes() -> Vec<crate::wrappers::Route> {
         (c"cuMemPoolTrimTo", cuMemPoolTrimTo as *mut c_void),
         (c"cuMemPoolCreate", cuMemPoolCreate as *mut c_void),
         (c"cuMemPoolDestroy", cuMemPoolDestroy as *mut c_void),
+        (c"cuMemPoolGetAttribute", cuMemPoolGetAttribute as *mut c_void),
+        (c"cuMemPoolSetAttribute", cuMemPoolSetAttribute as *mut c_void),
     ]
 }

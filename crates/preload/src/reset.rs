@@ -64,6 +64,7 @@ fn let_go(call: &str, ordinal: usize) {
     }
     crate::deferred::reap(true);
     crate::deferred::trim(call, |gpu| if gpu == ordinal { 0 } else { usize::MAX });
+    crate::pool_stats::forget_gpu(ordinal);
     let live: Vec<u64> = process::lock().books.iter().filter(|a| a.ordinal == ordinal).map(|a| a.va).collect();
     for ptr in live {
         // Not an error the program would see: the reset frees its memory whatever happens.

@@ -18,9 +18,21 @@ type PoolCreate = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> Code;
 type PoolDestroy = unsafe extern "C" fn(*mut c_void) -> Code;
 type TrimTo = unsafe extern "C" fn(*mut c_void, usize) -> Code;
 type SetAttribute = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> Code;
+type GetAttribute = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> Code;
 
-/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, then `RESERVED_MEM_CURRENT`, `…_HIGH`, `USED_MEM_CURRENT`, `…_HIGH`.
 const RELEASE_THRESHOLD: c_int = 4;
+const STATISTICS: [c_int; 4] = [5, 6, 7, 8];
+
+/// A pool's four statistics: (reserved, its peak, used, its peak), in MiB.
+fn statistics(get: GetAttribute, pool: *mut c_void) -> [u64; 4] {
+    STATISTICS.map(|attribute| {
+        let mut value = 0u64;
+        // SAFETY: a valid out-pointer for a cuuint64_t.
+        assert_eq!(unsafe { get(pool, attribute, (&raw mut value).cast()) }, 0, "cuMemPoolGetAttribute({attribute})");
+        value / MIB as u64
+    })
+}
 
 /// A `CUmemPoolProps` of pinned memory on GPU `device` with `handle_types` (88 bytes).
 fn pool_props(handle_types: i32, device: i32) -> [u8; 88] {
@@ -49,6 +61,7 @@ pub fn pools() {
     let destroy: PoolDestroy = cuda.get(c"cuMemPoolDestroy", 0);
     let trim: TrimTo = cuda.get(c"cuMemPoolTrimTo", 0);
     let set_attribute: SetAttribute = cuda.get(c"cuMemPoolSetAttribute", 0);
+    let get_attribute: GetAttribute = cuda.get(c"cuMemPoolGetAttribute", 0);
     let sync: unsafe extern "C" fn() -> Code = cuda.get(c"cuCtxSynchronize", 0);
     let alloc_async: AllocAsync = cuda.get(c"cuMemAllocAsync", 0);
     let free_async: FreeAsync = cuda.get(c"cuMemFreeAsync", 0);
@@ -66,13 +79,19 @@ pub fn pools() {
         assert_eq!(held(&cuda), (8, 2, 0), "under the budget: what does not fit lives on the host");
         cuda.write_and_verify(b, 16 * MIB, 4);
         cuda.verify(a, 4 * MIB, 3);
+        assert_eq!(statistics(get_attribute, default), [20, 20, 20, 20], "the pool's statistics count tiermem's");
         assert_eq!(free_async(b, stream), 0);
         assert_eq!(free_async(a, stream), 0);
         assert_eq!(held(&cuda).0, 8, "freed in stream order, kept until done with");
+        assert_eq!(statistics(get_attribute, default), [20, 20, 0, 20], "kept frees: reserved, not used");
         let driver_trims = trims();
         assert_eq!(trim(default, 0), 0, "cuMemPoolTrimTo");
         assert_eq!(held(&cuda), (0, 0, 0), "trimming the default pool gives tiermem's kept frees back");
         assert_eq!(trims(), driver_trims + 1, "and the driver's pool is trimmed too");
+        let mut zero = 0u64;
+        assert_eq!(set_attribute(default, STATISTICS[1], (&raw mut zero).cast()), 0, "the reserved peak reset");
+        assert_eq!(set_attribute(default, STATISTICS[3], (&raw mut zero).cast()), 0, "the used peak reset");
+        assert_eq!(statistics(get_attribute, default), [0, 0, 0, 0], "the peaks start again from now");
 
         // A release threshold keeps freed memory across synchronizations, as the driver's pool.
         let mut threshold: u64 = 8 * MIB as u64;
