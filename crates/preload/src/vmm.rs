@@ -10,7 +10,15 @@
 //! and opens it to the GPU as it would have, and its kernels read it over PCIe — slower, never
 //! a fault, as with tiermem's own chunks beyond the budget. These chunks never move (the
 //! program owns the handle and the mappings), so one made on the host stays there; `cuMemRelease`
-//! gives its HBM back to the budget. Where host chunks cannot be made (a driver without host
+//! gives its HBM back to the budget.
+//!
+//! So before making one on the host, tiermem makes room for it in HBM when its own allocations
+//! hold enough there: their coldest chunks go to the host in a pause of tiermem's own
+//! (migrate.rs, `shed`), as for a budget the node daemon cut. The program's own chunks are
+//! typically made as it runs — PyTorch's segments growing, llama.cpp's compute pool — where
+//! the memory tiermem serves was allocated first (weights by `cudaMalloc`), and tiermem's chunks
+//! can come back at the next quiesce point while the program's cannot. Not with
+//! `TIERMEM_MIGRATE=off`, nor while nothing may move (a stream capture under way). Where host chunks cannot be made (a driver without host
 //! VMM, a property host memory cannot have), the chunk is made in HBM as asked and counted
 //! beyond the budget. Compressible chunks and chunks of GPUs tiermem does not manage pass
 //! through uncounted.
@@ -138,7 +146,11 @@ pub unsafe extern "C" fn cuMemCreate(
     let counted = asked.kind == PINNED && asked.location_type == LOCATION_DEVICE && asked.compression == 0;
     let Some(ordinal) = ordinal.filter(|_| counted) else { return to_driver(|| driver(prop)) };
     guard("cuMemCreate", || {
-        let Some(tier) = process::place_program_chunk("cuMemCreate", ordinal, size) else {
+        let placed = match mode() == Mode::Host && make_room("cuMemCreate", ordinal, size) {
+            true => Some(Tier::Hbm),
+            false => process::place_program_chunk("cuMemCreate", ordinal, size),
+        };
+        let Some(tier) = placed else {
             return to_driver(|| driver(prop));
         };
         let on_host = (tier == Tier::Host && mode() == Mode::Host).then(|| host_numa(asked.location_id)).flatten();
@@ -163,6 +175,39 @@ pub unsafe extern "C" fn cuMemCreate(
         };
         CUDA_SUCCESS
     })
+}
+
+/// Makes room in GPU `ordinal`'s budget for a chunk of the program's of `size` bytes that does
+/// not fit, by sending tiermem's own coldest chunks to the host (module documentation): whether
+/// the chunk is counted in HBM now. Nothing is sent down unless tiermem holds enough there.
+fn make_room(call: &str, ordinal: usize, size: usize) -> bool {
+    let Some((budget, used)) = process::budget_and_use(ordinal) else { return false };
+    if used.saturating_add(size) <= budget || movable_hbm(ordinal) < size {
+        return false;
+    }
+    process::count_hbm(ordinal, size);
+    // From a thread of tiermem's own, marked inside tiermem (its driver calls go straight to
+    // the driver): the pause makes the GPU's primary context current on it.
+    let shed = std::thread::scope(|scope| {
+        let inside_tiermem = || {
+            let _inside = crate::boundary::enter();
+            crate::migrate::shed(call, ordinal)
+        };
+        scope.spawn(inside_tiermem).join()
+    });
+    match shed {
+        Ok(Ok(())) => true,
+        _ => {
+            process::uncount_hbm(ordinal, size);
+            false
+        }
+    }
+}
+
+/// Bytes tiermem's own allocations hold in GPU `ordinal`'s HBM that may move (not shared).
+fn movable_hbm(ordinal: usize) -> usize {
+    let p = process::lock();
+    p.books.iter().filter(|a| a.ordinal == ordinal && !a.shared).map(|a| a.bytes_on(Tier::Hbm)).sum()
 }
 
 /// Makes the chunk the program asked for on host NUMA node `numa` instead of its GPU. Host

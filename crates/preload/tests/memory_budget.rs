@@ -68,6 +68,13 @@ fn the_default_pool_is_tiermems_other_pools_the_drivers() {
 }
 
 #[test]
+fn a_chunk_of_the_programs_gets_hbm_by_sending_tiermems_coldest_chunks_to_the_host() {
+    let output = support::probe("vmm-room", &["vmm-room"], &[("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_STATS", "1")]);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("vmm-room: ok"), "{stdout}\n{stderr}");
+}
+
+#[test]
 fn the_programs_own_vmm_chunks_count_against_the_budget_and_beyond_it_live_on_the_host() {
     let output = support::probe("vmm", &["vmm"], &[("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_STATS", "1")]);
     let (stdout, stderr) = support::assert_passed(&output);

@@ -26,14 +26,13 @@
 //! `tiermem-preload-probe lease` — a tenant of the node daemon, over stdin (probe/lease.rs).
 //! `tiermem-preload-probe ipc` — a tiermem allocation shared with a child process by legacy
 //! IPC handles, written on both sides; shared, it never moves (src/bin/probe/ipc.rs).
-//! `tiermem-preload-probe ranges` — `cuMemGetAddressRange` and `cuPointerGetAttribute` answer
-//! for the allocation the program made (src/bin/probe/ipc.rs).
-//! `tiermem-preload-probe free-async` — `cuMemFreeAsync` ordered on its stream, not waited for
-//! (src/bin/probe/frees.rs).
+//! `tiermem-preload-probe ranges` — `cuMemGetAddressRange`, `cuPointerGetAttribute` answer for
+//! the program's allocation (probe/ipc.rs).
+//! `tiermem-preload-probe free-async` — `cuMemFreeAsync` ordered on its stream (probe/frees.rs).
 //! `tiermem-preload-probe pools` — the default pool's allocations are tiermem's, other pools'
 //! the driver's (src/bin/probe/pools.rs).
-//! `tiermem-preload-probe vmm` — the program's own `cuMemCreate` chunks are counted against
-//! the budget, made on the host beyond it (src/bin/probe/vmm.rs).
+//! `tiermem-preload-probe vmm`, `vmm-room` — the program's own `cuMemCreate` chunks are counted
+//! against the budget, made on the host beyond it unless tiermem's can make room (probe/vmm.rs).
 //! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
 //! once under a budget of 16 MiB; every byte reads back, the budget is whole again, nothing leaks.
 
@@ -583,6 +582,7 @@ fn main() {
         ["neighbours-reclaim"] => neighbours::neighbours_reclaim(),
         ["vmm"] => vmm::vmm(true),
         ["vmm-no-host"] => vmm::vmm(false),
+        ["vmm-room"] => vmm::room(),
         ["vmm-off"] => vmm::off(),
         ["ipc-open", handle, len, expect] => ipc::open(handle, len.parse().expect("LEN"), expect, None),
         ["ipc-open", handle, len, expect, write] => {
@@ -592,7 +592,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | stream-writes | reset | contexts | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | neighbours-reclaim | vmm | vmm-no-host | vmm-off"
+                 | migrate-capture | stream-writes | reset | contexts | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | neighbours-reclaim | vmm | vmm-no-host | vmm-room | vmm-off"
             );
             std::process::exit(2);
         }

@@ -4,7 +4,8 @@
 //! budget back — also when it asks for a GPUDirect RDMA capable chunk, which host memory cannot
 //! be made as (the fake refuses it, as the H200's driver does). With `TIERMEM_FAKE_HOST_CHUNKS=0` (`vmm-no-host`), the one beyond the budget is
 //! made in HBM as asked (so with `TIERMEM_PROGRAM_VMM=hbm`); with `off` (`vmm-off`) chunks
-//! pass through uncounted.
+//! pass through uncounted. `vmm-room`: with tiermem's own allocation filling the budget, a
+//! chunk of the program's gets HBM, tiermem's coldest chunks going to the host for it.
 
 use std::ffi::{c_int, c_void};
 
@@ -106,6 +107,44 @@ pub fn vmm(host_chunks: bool) {
     assert_eq!(cuda.mem_info(), (16 * MIB, 16 * MIB), "the whole budget is free again");
     assert_eq!(cuda.census().held(), before.held(), "leak");
     println!("vmm: ok");
+}
+
+/// `vmm-room`: A, tiermem's (`cuMemAlloc`), fills the 16 MiB budget; a 4 MiB chunk of the
+/// program's is then made in HBM, two of A's chunks going to the host, every byte of A intact;
+/// one that A cannot make room for (20 MiB) is made on the host.
+pub fn room() {
+    let cuda = Cuda::load();
+    cuda.start();
+    let before = cuda.census();
+    let create: Create = cuda.get(c"cuMemCreate", 0);
+    let release: Release = cuda.get(c"cuMemRelease", 0);
+    let alloc: super::Alloc = cuda.get(c"cuMemAlloc", 0);
+    let free: super::Free = cuda.get(c"cuMemFree", 0);
+    let prop =
+        Prop { kind: 1, handle_types: 0, location_type: 1, location_id: 0, win32: std::ptr::null_mut(), flags: [0; 8] };
+    let held = |cuda: &Cuda| {
+        let Census { gpu_chunks, host_chunks, .. } = cuda.census();
+        (gpu_chunks, host_chunks)
+    };
+    let (mut a, mut handle, mut big) = (0u64, 0u64, 0u64);
+    // SAFETY: valid out-pointers and description, the pointer and handles the driver gave.
+    unsafe {
+        assert_eq!(alloc(&mut a, 16 * MIB), 0);
+        cuda.write(a, 16 * MIB, 51);
+        assert_eq!(held(&cuda), (8, 0), "A fills the budget");
+        assert_eq!(create(&mut handle, 4 * MIB, &prop, 0), 0, "cuMemCreate");
+        assert_eq!(held(&cuda), (7, 2), "the program's chunk in HBM, two of A's chunks on the host for it");
+        assert_eq!(cuda.mem_info(), (0, 16 * MIB), "the budget is full, not over");
+        cuda.verify(a, 16 * MIB, 51);
+        assert_eq!(create(&mut big, 20 * MIB, &prop, 0), 0, "more than A holds in HBM");
+        assert_eq!(held(&cuda), (7, 3), "made on the host: A's chunks stay");
+        assert_eq!(release(big), 0);
+        assert_eq!(release(handle), 0);
+        assert_eq!(free(a), 0);
+    }
+    assert_eq!(cuda.mem_info(), (16 * MIB, 16 * MIB), "the whole budget is free again");
+    assert_eq!(cuda.census().held(), before.held(), "leak");
+    println!("vmm-room: ok");
 }
 
 /// `vmm-off`: with `TIERMEM_PROGRAM_VMM=off` the program's chunks leave the budget alone.
