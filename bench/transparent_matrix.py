@@ -16,7 +16,9 @@ managed allocations, four threads allocating at once, the errors of bad frees), 
 CUDA target (kernels compiled from Python, launched through the driver API Numba loads itself),
 a C program that makes contexts of its own as PyCUDA does (cuCtxCreate; one destroyed with
 memory never freed, two alive at once, one synchronized while the other's kernels run), and one
-that allocates in stream order from a memory pool of its own, as RAPIDS' async resource does.
+that allocates in stream order from a memory pool of its own, as RAPIDS' async resource does,
+and one whose compute buffers are VMM chunks it maps itself beside cudaMalloc'd weights, as
+llama.cpp's CUDA backend does.
 A program whose requirements are missing (nvcc, CuPy, Numba) is listed under
 `skipped` with the reason.
 
@@ -78,6 +80,7 @@ EXTENDED = {
     "numba": python_program("numba_prog.py"),
     "own_contexts": nvcc_program("own_context.cu", "-lcuda"),
     "created_pool": nvcc_program("created_pool.cu"),
+    "vmm_pool": nvcc_program("vmm_pool.cu", "-lcuda"),
     "jax_train": python_program("jax_train.py"),
 }
 
