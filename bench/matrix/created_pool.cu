@@ -6,34 +6,9 @@
 // between rounds; then a pool with shareable handles (POSIX file descriptors), whose memory is
 // the driver's under tiermem. Every result goes into one FNV-1a digest, printed as JSON: under
 // `tiermem run` at any budget it must be the plain run's, bit for bit.
-#include <cstdio>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
-#include <cuda_runtime.h>
-
-#define RT(call) do { cudaError_t e = (call); if (e != cudaSuccess) { \
-    fprintf(stderr, "%s (line %d): %s\n", #call, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
-
-struct Digest {
-    uint64_t h = 1469598103934665603ull;
-    void word(uint64_t w) { h ^= w; h *= 1099511628211ull; }
-    void bytes(const void* p, size_t n) {
-        const uint64_t* w = (const uint64_t*)p;
-        for (size_t i = 0; i < n / 8; ++i) word(w[i]);
-    }
-};
-
-__global__ void iota(float* p, float base, size_t n) {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n) p[i] = base + (float)(i % 4096);
-}
-__global__ void axpy(const float* a, float* b, float k, size_t n) {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n) b[i] = a[i] * k + b[i];
-}
-static unsigned blocks(size_t n) { return (unsigned)((n + 255) / 256); }
+#include <cstring>
+#include "common.cuh"
 
 static const size_t N = 64u << 20;  // floats per buffer: 256 MiB
 static const size_t BYTES = N * sizeof(float);

@@ -8,41 +8,14 @@
 // Every result and whether the destroyed context's memory came back (the free
 // memory cuMemGetInfo reports in a new context, against the first's) go into one FNV-1a digest,
 // printed as JSON: under `tiermem run` at any budget it must be the plain run's, bit for bit.
-#include <cstdio>
-#include <cstdint>
-#include <cstdlib>
 #include <vector>
-#include <cuda.h>
-#include <cuda_runtime.h>
+#include "common.cuh"
 
-#define CU(call) do { CUresult r = (call); if (r != CUDA_SUCCESS) { \
-    fprintf(stderr, "%s (line %d): CUDA error %d\n", #call, __LINE__, (int)r); exit(1); } } while (0)
-#define RT(call) do { cudaError_t e = (call); if (e != cudaSuccess) { \
-    fprintf(stderr, "%s (line %d): %s\n", #call, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
-
-struct Digest {
-    uint64_t h = 1469598103934665603ull;
-    void word(uint64_t w) { h ^= w; h *= 1099511628211ull; }
-    void bytes(const void* p, size_t n) {  // by 8-byte words (n a multiple of 8)
-        const uint64_t* w = (const uint64_t*)p;
-        for (size_t i = 0; i < n / 8; ++i) word(w[i]);
-    }
-};
-
-__global__ void iota(float* p, float base, size_t n) {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n) p[i] = base + (float)(i % 4096);
-}
-__global__ void axpy(const float* a, float* b, float k, size_t n) {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n) b[i] = a[i] * k + b[i];
-}
 // Many passes over its buffer: a kernel that is still running when another context synchronizes.
 __global__ void slow(float* p, int passes, size_t n) {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n) { float v = p[i]; for (int k = 0; k < passes; ++k) v = v * 0.999f + 0.5f; p[i] = v; }
 }
-static unsigned blocks(size_t n) { return (unsigned)((n + 255) / 256); }
 
 static const size_t N = 64u << 20;  // floats per buffer: 256 MiB
 static const size_t BYTES = N * sizeof(float);

@@ -8,27 +8,13 @@
 // `tiermem run` at any budget the digest must be the plain run's, bit for bit.
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdint>
-#include <cstdlib>
 #include <vector>
-#include <cuda.h>
-#include <cuda_runtime.h>
+#include "common.cuh"
 
-#define CU(call) do { CUresult r = (call); if (r != CUDA_SUCCESS) { \
-    fprintf(stderr, "%s (line %d): CUDA error %d\n", #call, __LINE__, (int)r); exit(1); } } while (0)
-#define RT(call) do { cudaError_t e = (call); if (e != cudaSuccess) { \
-    fprintf(stderr, "%s (line %d): %s\n", #call, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
-
-__global__ void iota(float* p, float base, size_t n) {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n) p[i] = base + (float)(i % 4096) * 0.001f;
-}
 __global__ void layer(float* act, const float* w, size_t n, size_t wn) {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n) act[i] = act[i] * 0.5f + w[i % wn] * 0.25f;
 }
-static unsigned blocks(size_t n) { return (unsigned)((n + 255) / 256); }
 
 int main() {
     const size_t W = 64u << 20, WBYTES = W * sizeof(float);  // 4 weight buffers of 256 MiB

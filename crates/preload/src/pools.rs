@@ -31,7 +31,7 @@ use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIAL
 use crate::driver::{DeviceHandle, Stream};
 use crate::entry::{alloc_or, CU_STREAM_PER_THREAD};
 use crate::process;
-use crate::wrappers::cached_entry;
+use crate::wrappers::{cached_entry, wrappers};
 
 type MemPool = *mut c_void;
 type GetPoolFn = unsafe extern "C" fn(*mut MemPool, DeviceHandle) -> CuResult;
@@ -250,21 +250,18 @@ pub fn release_threshold(ordinal: usize) -> usize {
     served_pools(ordinal).into_iter().map(threshold).max().unwrap_or(0)
 }
 
-type SetAttributeFn = unsafe extern "C" fn(MemPool, c_int, *mut c_void) -> CuResult;
-
-/// `cuMemPoolGetAttribute`: the driver's answer, and for a pool tiermem serves, tiermem's memory
-/// added to its statistics (pool_stats.rs).
-///
-/// # Safety
-/// As the driver's: `value` valid for the attribute's type.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolGetAttribute(pool: MemPool, attribute: c_int, value: *mut c_void) -> CuResult {
-    static REAL: OnceLock<Option<GetAttributeFn>> = OnceLock::new();
-    let Some(real) = cached_entry(&REAL, "cuMemPoolGetAttribute\0") else { return CUDA_ERROR_NOT_INITIALIZED };
-    // SAFETY: the driver's own function with the caller's arguments.
-    let code = to_driver(|| unsafe { real(pool, attribute, value) });
+/// `cuMemPoolGetAttribute` answered: for a pool tiermem serves, tiermem's memory added to its
+/// statistics (pool_stats.rs).
+fn attribute_read(
+    name: &'static str,
+    call: impl FnOnce() -> CuResult,
+    pool: MemPool,
+    attribute: c_int,
+    value: *mut c_void,
+) -> CuResult {
+    let code = to_driver(call);
     if code == CUDA_SUCCESS && !inside() {
-        guard("cuMemPoolGetAttribute", || {
+        guard(name, || {
             if let Some(ordinal) = served_gpu(pool) {
                 // SAFETY: the driver accepted `value` for this attribute and wrote it.
                 unsafe { crate::pool_stats::add_ours(ordinal, attribute, value) };
@@ -275,19 +272,12 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(pool: MemPool, attribute: c_int, 
     code
 }
 
-/// `cuMemPoolSetAttribute`: the driver's; resetting a high-water mark of a pool tiermem serves
-/// resets tiermem's too (pool_stats.rs).
-///
-/// # Safety
-/// As the driver's: `value` valid for the attribute's type.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolSetAttribute(pool: MemPool, attribute: c_int, value: *mut c_void) -> CuResult {
-    static REAL: OnceLock<Option<SetAttributeFn>> = OnceLock::new();
-    let Some(real) = cached_entry(&REAL, "cuMemPoolSetAttribute\0") else { return CUDA_ERROR_NOT_INITIALIZED };
-    // SAFETY: the driver's own function with the caller's arguments.
-    let code = to_driver(|| unsafe { real(pool, attribute, value) });
+/// `cuMemPoolSetAttribute` done: resetting a high-water mark of a pool tiermem serves resets
+/// tiermem's too (pool_stats.rs).
+fn attribute_written(name: &'static str, call: impl FnOnce() -> CuResult, pool: MemPool, attribute: c_int) -> CuResult {
+    let code = to_driver(call);
     if code == CUDA_SUCCESS && !inside() {
-        guard("cuMemPoolSetAttribute", || {
+        guard(name, || {
             if let Some(ordinal) = served_gpu(pool) {
                 crate::pool_stats::reset(ordinal, attribute);
             }
@@ -295,6 +285,11 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(pool: MemPool, attribute: c_int, 
         });
     }
     code
+}
+
+wrappers! { attribute_routes:
+    cuMemPoolGetAttribute(pool: MemPool, attribute: c_int, value: *mut c_void) => attribute_read(pool, attribute, value);
+    cuMemPoolSetAttribute(pool: MemPool, attribute: c_int, value: *mut c_void) => attribute_written(pool, attribute);
 }
 
 type PoolCreateFn = unsafe extern "C" fn(*mut MemPool, *const PoolProps) -> CuResult;
@@ -346,7 +341,5 @@ pub fn pool_routes() -> Vec<crate::wrappers::Route> {
         (c"cuMemPoolTrimTo", cuMemPoolTrimTo as *mut c_void),
         (c"cuMemPoolCreate", cuMemPoolCreate as *mut c_void),
         (c"cuMemPoolDestroy", cuMemPoolDestroy as *mut c_void),
-        (c"cuMemPoolGetAttribute", cuMemPoolGetAttribute as *mut c_void),
-        (c"cuMemPoolSetAttribute", cuMemPoolSetAttribute as *mut c_void),
     ]
 }

@@ -42,8 +42,9 @@ fn routed() -> Vec<Route> {
         (c"cuMemGetAddressRange_v2", pointers::cuMemGetAddressRange_v2 as *mut c_void),
         (c"cuPointerGetAttribute", pointers::cuPointerGetAttribute as *mut c_void),
     ];
-    let tables: [fn() -> Vec<Route>; 10] = [
+    let tables: [fn() -> Vec<Route>; 11] = [
         pools::pool_routes,
+        pools::attribute_routes,
         vmm::vmm_routes,
         gated::copy_routes,
         gated::stream_memory_routes,
