@@ -17,8 +17,9 @@ CUDA target (kernels compiled from Python, launched through the driver API Numba
 a C program that makes contexts of its own as PyCUDA does (cuCtxCreate; one destroyed with
 memory never freed, two alive at once, one synchronized while the other's kernels run), and one
 that allocates in stream order from a memory pool of its own, as RAPIDS' async resource does,
-and one whose compute buffers are VMM chunks it maps itself beside cudaMalloc'd weights, as
-llama.cpp's CUDA backend does.
+one whose compute buffers are VMM chunks it maps itself beside cudaMalloc'd weights, as
+llama.cpp's CUDA backend does, a training loop fed by a DataLoader's forked workers with pinned
+batches, and a torchrun script run as one process (NCCL, DistributedDataParallel).
 A program whose requirements are missing (nvcc, CuPy, Numba) is listed under
 `skipped` with the reason.
 
@@ -81,6 +82,8 @@ EXTENDED = {
     "own_contexts": nvcc_program("own_context.cu", "-lcuda"),
     "created_pool": nvcc_program("created_pool.cu"),
     "vmm_pool": nvcc_program("vmm_pool.cu", "-lcuda"),
+    "dataloader": python_program("dataloader.py"),
+    "ddp_one": python_program("ddp_one.py"),
     "jax_train": python_program("jax_train.py"),
 }
 
