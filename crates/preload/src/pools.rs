@@ -343,3 +343,32 @@ pub fn pool_routes() -> Vec<crate::wrappers::Route> {
         (c"cuMemPoolDestroy", cuMemPoolDestroy as *mut c_void),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props(handle_types: c_int, location_type: c_int, max_size: usize) -> PoolProps {
+        PoolProps {
+            alloc_type: 1,
+            handle_types,
+            location_type,
+            location_id: 3,
+            win32_security_attributes: std::ptr::null_mut(),
+            max_size,
+            usage: 0,
+            reserved: [0; 54],
+        }
+    }
+
+    #[test]
+    fn only_plain_pools_of_a_gpu_are_served() {
+        assert_eq!(std::mem::size_of::<PoolProps>(), 88, "CUmemPoolProps");
+        assert_eq!(served_properties(&props(0, 1, 0)), Some(3), "pinned memory of GPU 3, nothing else asked");
+        assert_eq!(served_properties(&props(1, 1, 0)), None, "shareable handles (POSIX fds)");
+        assert_eq!(served_properties(&props(0, 1, 1 << 30)), None, "a size limit");
+        assert_eq!(served_properties(&props(0, 3, 0)), None, "host NUMA memory");
+        assert_eq!(served_properties(&PoolProps { usage: 2, ..props(0, 1, 0) }), None, "hardware decompression");
+        assert_eq!(served_properties(&PoolProps { alloc_type: 0, ..props(0, 1, 0) }), None, "an invalid type");
+    }
+}

@@ -18,10 +18,11 @@
 //! typically made as it runs — PyTorch's segments growing, llama.cpp's compute pool — where
 //! the memory tiermem serves was allocated first (weights by `cudaMalloc`), and tiermem's chunks
 //! can come back at the next quiesce point while the program's cannot. Not with
-//! `TIERMEM_MIGRATE=off`, nor while nothing may move (a stream capture under way). Where host chunks cannot be made (a driver without host
-//! VMM, a property host memory cannot have), the chunk is made in HBM as asked and counted
-//! beyond the budget. Compressible chunks and chunks of GPUs tiermem does not manage pass
-//! through uncounted.
+//! `TIERMEM_MIGRATE=off`, nor while nothing may move (a stream capture under way).
+//!
+//! Where host chunks cannot be made (a driver without host VMM, a property host memory cannot
+//! have), the chunk is made in HBM as asked and counted beyond the budget. Compressible chunks
+//! and chunks of GPUs tiermem does not manage pass through uncounted.
 //!
 //! `TIERMEM_PROGRAM_VMM` chooses: `host` (the default, as above), `hbm` (counted, but always
 //! made in HBM as asked: for chunks that must stay GPU memory, such as NCCL's buffers
