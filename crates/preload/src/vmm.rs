@@ -68,6 +68,8 @@ static CHUNKS: Mutex<BTreeMap<u64, (usize, usize, Tier)>> = Mutex::new(BTreeMap:
 /// Bytes made in HBM and on the host so far, for `--stats`.
 static MADE_HBM: AtomicUsize = AtomicUsize::new(0);
 static MADE_HOST: AtomicUsize = AtomicUsize::new(0);
+/// Bytes of those made in HBM for which tiermem sent its own chunks to the host ([`make_room`]).
+static ROOM_MADE: AtomicUsize = AtomicUsize::new(0);
 
 fn chunks() -> std::sync::MutexGuard<'static, BTreeMap<u64, (usize, usize, Tier)>> {
     CHUNKS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -76,10 +78,13 @@ fn chunks() -> std::sync::MutexGuard<'static, BTreeMap<u64, (usize, usize, Tier)
 /// The `--stats` line, if the program made VMM chunks of its own.
 pub fn report() -> Option<String> {
     let (hbm, host) = (MADE_HBM.load(Relaxed), MADE_HOST.load(Relaxed));
+    let room = ROOM_MADE.load(Relaxed);
     (hbm + host > 0).then(|| {
         format!(
-            "tiermem: stats: the program's own VMM chunks (cuMemCreate): {} made in HBM, {} on the host beyond the budget",
+            "tiermem: stats: the program's own VMM chunks (cuMemCreate): {} made in HBM ({} of it where tiermem \
+             sent chunks of its own to the host to make room), {} on the host beyond the budget",
             tiermem::format_size(hbm),
+            tiermem::format_size(room),
             tiermem::format_size(host)
         )
     })
@@ -197,7 +202,10 @@ fn make_room(call: &str, ordinal: usize, size: usize) -> bool {
         scope.spawn(inside_tiermem).join()
     });
     match shed {
-        Ok(Ok(())) => true,
+        Ok(Ok(())) => {
+            ROOM_MADE.fetch_add(size, Relaxed);
+            true
+        }
         _ => {
             process::uncount_hbm(ordinal, size);
             false

@@ -72,6 +72,8 @@ fn a_chunk_of_the_programs_gets_hbm_by_sending_tiermems_coldest_chunks_to_the_ho
     let output = support::probe("vmm-room", &["vmm-room"], &[("TIERMEM_HBM_LIMIT", "16MiB"), ("TIERMEM_STATS", "1")]);
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("vmm-room: ok"), "{stdout}\n{stderr}");
+    let said = "own VMM chunks (cuMemCreate): 4.00 MiB made in HBM (4.00 MiB of it where tiermem sent chunks";
+    assert!(stderr.contains(said), "--stats says so: {stderr}");
 }
 
 #[test]
@@ -81,7 +83,8 @@ fn the_programs_own_vmm_chunks_count_against_the_budget_and_beyond_it_live_on_th
     assert!(stdout.contains("vmm: ok"), "{stdout}\n{stderr}");
     assert!(
         stderr.contains(
-            "the program's own VMM chunks (cuMemCreate): 16.00 MiB made in HBM, 4.00 MiB on the host beyond the budget"
+            "the program's own VMM chunks (cuMemCreate): 16.00 MiB made in HBM (0 B of it where tiermem sent chunks of \
+             its own to the host to make room), 4.00 MiB on the host beyond the budget"
         ),
         "{stderr}"
     );
