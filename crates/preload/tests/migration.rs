@@ -173,3 +173,15 @@ fn a_context_of_the_programs_own_is_waited_for_by_migrations_and_frees_what_was_
     assert!(stderr.contains(", 0 failed;"), "no move fails: {stderr}");
     assert!(!stderr.contains("chunks stay where they are"), "migration goes on: {stderr}");
 }
+
+#[test]
+fn contexts_made_and_destroyed_on_other_threads_while_chunks_move_lose_nothing() {
+    let output = support::probe("contexts-threads", &["contexts-threads"], &with(&[("TIERMEM_STATS", "1")]));
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("contexts-threads: ok"), "{stdout}");
+    let moved = stderr.lines().find(|l| l.contains("migration on:")).unwrap_or_default().to_string();
+    assert!(
+        !moved.contains(": 0 chunks up"),
+        "the test is void unless chunks moved while contexts came and went: {moved}"
+    );
+}

@@ -18,19 +18,18 @@
 //! kernels that write while another synchronizes, and migrates; `migrate-capture`: nothing moves
 //! while a stream capture is under way (src/bin/probe/migration.rs); `stream-writes`: stream
 //! memory operations and batched copies from other threads meanwhile (src/bin/probe/stream_ops.rs);
-//! `reset`, `contexts`: a device reset, a context of the program's own (probe/reset.rs).
+//! `reset`, `contexts`, `contexts-threads`: a device reset, contexts of the program's own
+//! (probe/reset.rs).
 //! `tiermem-preload-probe segments` — stage 3: a loop over more buffers than the budget, one
 //! synchronization per cycle, finds each buffer in HBM when its kernel runs once the cycle is
 //! recorded; diverging cycles run correctly; every byte stays; `segments-alternate`: two
 //! different cycles a step, told apart (src/bin/probe/segments.rs).
 //! `tiermem-preload-probe lease` — a tenant of the node daemon, over stdin (probe/lease.rs).
-//! `tiermem-preload-probe ipc` — a tiermem allocation shared with a child process by legacy
-//! IPC handles, written on both sides; shared, it never moves (src/bin/probe/ipc.rs).
-//! `tiermem-preload-probe ranges` — `cuMemGetAddressRange`, `cuPointerGetAttribute` answer for
-//! the program's allocation (probe/ipc.rs).
+//! `tiermem-preload-probe ipc` — an allocation shared with a child by legacy IPC handles,
+//! written on both sides, never moved (probe/ipc.rs).
+//! `tiermem-preload-probe ranges` — address ranges and pointer attributes (probe/ipc.rs).
 //! `tiermem-preload-probe free-async` — `cuMemFreeAsync` ordered on its stream (probe/frees.rs).
-//! `tiermem-preload-probe pools` — the default pool's allocations are tiermem's, other pools'
-//! the driver's (src/bin/probe/pools.rs).
+//! `tiermem-preload-probe pools` — which pools' allocations are tiermem's (probe/pools.rs).
 //! `tiermem-preload-probe vmm`, `vmm-room` — the program's own `cuMemCreate` chunks are counted
 //! against the budget, made on the host beyond it unless tiermem's can make room (probe/vmm.rs).
 //! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
@@ -568,6 +567,7 @@ fn main() {
         ["stream-writes"] => stream_ops::stream_writes(),
         ["reset"] => reset::reset(),
         ["contexts"] => reset::contexts(),
+        ["contexts-threads"] => reset::contexts_threads(),
         ["segments"] => segments::segments(false),
         ["segments-alternate"] => segments::segments(true),
         ["segments-async"] => segments::segments_async(),
@@ -592,7 +592,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | stream-writes | reset | contexts | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | neighbours-reclaim | vmm | vmm-no-host | vmm-room | vmm-off"
+                 | migrate-capture | stream-writes | reset | contexts | contexts-threads | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | neighbours-reclaim | vmm | vmm-no-host | vmm-room | vmm-off"
             );
             std::process::exit(2);
         }

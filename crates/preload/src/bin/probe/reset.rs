@@ -10,11 +10,15 @@
 //! allocated in it move at its synchronizations, the migration waiting for it — also when the
 //! primary context is the one synchronized; destroying it frees what was made in it and never
 //! freed, tiermem's and the driver's, and the program goes on in the primary context with the
-//! whole budget (contexts.rs).
+//! whole budget (contexts.rs). `contexts-threads`: two threads make, use and destroy contexts
+//! over and over while the main thread synchronizes in a loop, each synchronization a migration
+//! that waits for the contexts alive: nothing faults, no byte is lost, nothing is left.
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use super::migration::{begin, free_all, hot_b, locations, READS};
+use std::sync::atomic::AtomicUsize;
+
+use super::migration::{begin, free_all, hbm_in_use, hot_b, locations, synchronize_until, Done, READS};
 use super::{Code, Free, MIB, PER_THREAD};
 
 type AllocAsync = unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> Code;
@@ -134,4 +138,51 @@ pub fn contexts() {
     cuda.write_and_verify(d, 8 * MIB, 44);
     free_all(&cuda, &[c, d], &before);
     println!("contexts: ok");
+}
+
+pub fn contexts_threads() {
+    const ROUNDS: usize = 40;
+    let (cuda, before, kernels, sync, alloc) = begin();
+    let (a, b) = hot_b(&cuda, &kernels);
+    let (create, destroy): (Create, Destroy) = (cuda.get(c"cuCtxCreate", 0), cuda.get(c"cuCtxDestroy", 0));
+    let free: Free = cuda.get(c"cuMemFree", 0);
+    let (done, syncs) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    std::thread::scope(|scope| {
+        for t in 0..2 {
+            let (cuda, kernels, done) = (&cuda, &kernels, &done);
+            scope.spawn(move || {
+                // Counted even if an assertion fails, so that the main thread stops waiting.
+                let _done = Done(done);
+                cuda.start();
+                for round in 0..ROUNDS {
+                    let (mut ctx, mut p) = (std::ptr::null_mut(), 0u64);
+                    let seed = (100 + t * ROUNDS + round) as u8;
+                    // SAFETY: valid out-pointers, and the context and pointer the driver gave.
+                    unsafe {
+                        assert_eq!(create(&mut ctx, 0, 0), 0, "thread {t} round {round}: cuCtxCreate_v2");
+                        assert_eq!(alloc(&mut p, 2 * MIB), 0);
+                        cuda.write(p, 2 * MIB, seed);
+                        for _ in 0..4 {
+                            let mut args = [p as *mut c_void, (p + MIB as u64) as *mut c_void, std::ptr::null_mut()];
+                            assert_eq!(kernels.launch(READS, &mut args), 0, "thread {t} round {round}: a launch");
+                        }
+                        assert_eq!(sync(), 0, "thread {t} round {round}: its context's synchronization");
+                        cuda.verify(p, 2 * MIB, seed);
+                        if round % 2 == 0 {
+                            assert_eq!(free(p), 0);
+                        }
+                        // Every other round's allocation goes with its context.
+                        assert_eq!(destroy(ctx), 0, "thread {t} round {round}: cuCtxDestroy_v2");
+                    }
+                }
+            });
+        }
+        synchronize_until(sync, &done, 2, &syncs);
+    });
+    cuda.verify(a, 16 * MIB, 11);
+    cuda.verify(b, 8 * MIB, 22);
+    assert!(hbm_in_use(&cuda) <= 16 * MIB, "within the budget");
+    // The whole budget free once A and B are, and nothing held: the contexts' allocations went.
+    free_all(&cuda, &[a, b], &before);
+    println!("contexts-threads: ok");
 }
