@@ -14,7 +14,7 @@
 //! the step is planned again for it), else from the link's thread: the coldest chunks go down
 //! in a pause of tiermem's own (`migrate::meet`), so an idle program, or one that never
 //! synchronizes, gives memory back too; only then is the grant acknowledged. What cannot move (small allocations the driver
-//! serves, a stream capture under way, a context of the program's own) leaves it unmet, said
+//! serves, a stream capture under way, a green context of the program's) leaves it unmet, said
 //! on stderr, and the daemon's deadline marks the tenant late.
 //!
 //! With `tiermem run --peers` (spill.rs), neighbours' HBM is the tenant's peer tier: it asks

@@ -7,7 +7,7 @@
 //! quiesce point: the program waits anyway (PyTorch's `loss.item()` every step). One is *taken*
 //! only if all of these hold, else it is *skipped* at the cost of a few atomic reads:
 //! migration is on (`TIERMEM_MIGRATE`); some chunk is on the host; no other thread is
-//! migrating; no stream capture is under way and the program made no context of its own
+//! migrating; no stream capture is under way and the program made no green context
 //! (gate.rs); the last evaluation was at least `TIERMEM_MIGRATE_INTERVAL_MS` ago (100 ms: a
 //! program that synchronizes after every kernel pays the evaluation, ~1 ms for thousands of
 //! chunks, at most ten times a second); and the plan for the epoch's heats (moves.rs) is not
@@ -418,7 +418,7 @@ pub fn shed(call: &str, ordinal: usize) -> Result<(), String> {
 
 /// Makes the moves of a segment boundary (cycle.rs), at a pause or at a quiesce point: as a
 /// quiesce point does, under the same guards (another migration under way, a stream capture, a
-/// context of the program's own: nothing moves), the gate held exclusively and the context
+/// green context of the program's: nothing moves), the gate held exclusively and the context
 /// waited for; in batches. Moves that no longer apply (a chunk freed, or already where it would
 /// go) are dropped. The chunks moved, or `None` if nothing could be done.
 pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
