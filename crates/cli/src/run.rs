@@ -195,7 +195,8 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     }
     if !args.keep_allocators {
         command.envs(pool_allocators_to_set(|name| std::env::var_os(name).is_some()));
-        for name in TORCH_ALLOC_CONF {
+        // The PyTorch route's allocator is tiermem's: PyTorch's settings do not apply to it.
+        for name in TORCH_ALLOC_CONF.into_iter().filter(|_| !args.torch_allocator) {
             let Some(off) = std::env::var(name).ok().as_deref().and_then(without_expandable_segments) else { continue };
             eprintln!(
                 "tiermem: run: {name}: expandable_segments turned off: PyTorch would map that memory itself, \
