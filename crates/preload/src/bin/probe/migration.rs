@@ -118,6 +118,13 @@ pub fn free_all(cuda: &Cuda, ptrs: &[u64], before: &Census) {
     assert_eq!(cuda.census().held(), before.held(), "leak: spare chunks and the scratch range go with the last free");
 }
 
+/// Checks A's and B's patterns as [`hot_b`] wrote them, then frees both as [`free_all`] does.
+pub fn verify_and_free(cuda: &Cuda, (a, b): (u64, u64), before: &Census) {
+    cuda.verify(a, 16 * MIB, 11);
+    cuda.verify(b, 8 * MIB, 22);
+    free_all(cuda, &[a, b], before);
+}
+
 pub fn hbm_in_use(cuda: &Cuda) -> usize {
     let get_info: GetInfo = cuda.get(c"cuMemGetInfo", 0);
     let (mut free, mut total) = (0, 0);
@@ -189,9 +196,7 @@ pub fn migrate_unsynchronized() {
     }
     assert_eq!(locations(&cuda, a, 16 * MIB), [2, 2, 2, 2, 1, 1, 1, 1], "A's cold chunks went down for it");
     assert_eq!(hbm_in_use(&cuda), 16 * MIB, "the budget, exactly");
-    cuda.verify(a, 16 * MIB, 11);
-    cuda.verify(b, 8 * MIB, 22);
-    free_all(&cuda, &[a, b], &before);
+    verify_and_free(&cuda, (a, b), &before);
     println!("migrate-unsynchronized: ok");
 }
 
@@ -208,9 +213,7 @@ pub fn migrate_uneven() {
     assert_eq!(cuda.census().gpu_chunks, 3, "three physical chunks on the GPU: A's last, B's two");
     let peak = cuda.census().peak_used_bytes;
     assert!(peak <= 16 * MIB, "the GPU held {peak} bytes at once mid-move: more than the budget");
-    cuda.verify(a, 16 * MIB, 11);
-    cuda.verify(b, 8 * MIB, 22);
-    free_all(&cuda, &[a, b], &before);
+    verify_and_free(&cuda, (a, b), &before);
     println!("migrate-uneven: ok");
 }
 
@@ -231,9 +234,7 @@ pub fn capture() {
         assert_eq!(sync(), 0);
     }
     assert_eq!(locations(&cuda, b, 8 * MIB), [1; 4], "the capture over, B came up");
-    cuda.verify(a, 16 * MIB, 11);
-    cuda.verify(b, 8 * MIB, 22);
-    free_all(&cuda, &[a, b], &before);
+    verify_and_free(&cuda, (a, b), &before);
     println!("migrate-capture: ok");
 }
 
@@ -257,9 +258,7 @@ pub fn migrate_fail(call: &str, nth: usize, moved: usize) {
     assert_eq!(cuda.census().gpu_chunks * CHUNK, 16 * MIB, "and the GPU holds what the books say");
     let peak = cuda.census().peak_used_bytes;
     assert!(peak <= 16 * MIB, "the GPU held {peak} bytes at once mid-move: more than the budget");
-    cuda.verify(a, 16 * MIB, 11);
-    cuda.verify(b, 8 * MIB, 22);
-    free_all(&cuda, &[a, b], &before);
+    verify_and_free(&cuda, (a, b), &before);
     println!("migrate-fail: ok");
 }
 

@@ -6,7 +6,7 @@
 
 use std::ffi::c_void;
 
-use super::migration::{begin, free_all, hbm_in_use, locations, READS};
+use super::migration::{begin, free_all, hbm_in_use, locations, verify_and_free, READS};
 use super::MIB;
 
 /// Where the fake says a chunk lies (`tiermem_fake_location`).
@@ -71,9 +71,7 @@ pub fn neighbours() {
     let a_where = locations(&cuda, a, 16 * MIB);
     let count = |place| a_where.iter().filter(|&&l| l == place).count();
     assert_eq!((count(HBM), count(NEIGHBOUR), count(HOST)), (4, 1, 3), "GPU 1's room first: {a_where:?}");
-    cuda.verify(a, 16 * MIB, 11);
-    cuda.verify(b, 8 * MIB, 22);
-    free_all(&cuda, &[a, b], &before);
+    verify_and_free(&cuda, (a, b), &before);
     let census = cuda.census();
     assert_eq!((census.neighbour_chunks, census.neighbour_used_bytes), (0, 0), "GPU 1 got everything back");
     println!("neighbours: ok");

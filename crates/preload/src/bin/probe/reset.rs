@@ -18,7 +18,9 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use std::sync::atomic::AtomicUsize;
 
-use super::migration::{begin, free_all, hbm_in_use, hot_b, locations, synchronize_until, Done, READS};
+use super::migration::{
+    begin, free_all, hbm_in_use, hot_b, locations, synchronize_until, verify_and_free, Done, READS,
+};
 use super::{Code, Free, MIB, PER_THREAD};
 
 type AllocAsync = unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> Code;
@@ -73,9 +75,7 @@ pub fn reset() {
     // SAFETY: the driver's synchronization.
     assert_eq!(unsafe { sync() }, 0);
     assert_eq!(locations(&cuda, b, 8 * MIB), [1; 4], "B, hot, came up after the resets too");
-    cuda.verify(a, 16 * MIB, 11);
-    cuda.verify(b, 8 * MIB, 22);
-    free_all(&cuda, &[a, b], &before);
+    verify_and_free(&cuda, (a, b), &before);
     println!("reset: ok");
 }
 
@@ -179,10 +179,8 @@ pub fn contexts_threads() {
         }
         synchronize_until(sync, &done, 2, &syncs);
     });
-    cuda.verify(a, 16 * MIB, 11);
-    cuda.verify(b, 8 * MIB, 22);
     assert!(hbm_in_use(&cuda) <= 16 * MIB, "within the budget");
     // The whole budget free once A and B are, and nothing held: the contexts' allocations went.
-    free_all(&cuda, &[a, b], &before);
+    verify_and_free(&cuda, (a, b), &before);
     println!("contexts-threads: ok");
 }
