@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
-# The thirty-seventh session (issue 16): the benchmark's training loop on PyTorch's
-# cudaMallocAsync backend, plainly and under `tiermem run` at 0.7x its peak (12 steps, the
-# steady step: the median of the last quarter, as `bench transparent` counts it), after
-# pool_stats.rs added bookkeeping to every stream-ordered allocation and free.
-# Results: OUT/async-plain.json, OUT/async-0_7.json, OUT/async-0_7.err.
-# Usage (on the GPU machine, after building dist/ here): scripts/gpu/probes/async_backend.sh OUT
+# Stream-ordered allocators under `tiermem run` (issue 16), on the GPU machine:
+#   scripts/gpu/probes/async_backend.sh OUT_DIR [TIERMEM]
+# 1. scripts/gpu/probes/pools.py plainly and under a 1 GiB budget (CuPy's MemoryAsyncPool on the
+#    default pool, a pool of the program's own);
+# 2. the training loop of `bench transparent` with PyTorch's cudaMallocAsync backend: plainly,
+#    under the default budget (it fits), at 0.7x and 0.5x of its 17.5 GB peak; and with the
+#    stock caching allocator at 0.7x, for comparison in the same run.
+# Each run's JSON and `--stats` go to OUT_DIR.
 set -u
-out=$1 train=bench/transparent_train.py
-export TIERMEM_PEERS=off PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
-python3 $train --out "$out/async-plain.json" --steps 12 2> "$out/async-plain.err"
-peak=17504927744  # the loop's peak on the H200 with PyTorch's default allocator (the benchmark's budgets)
-dist/tiermem run --hbm-limit $((peak * 7 / 10)) --stats -- python3 $train --out "$out/async-0_7.json" --steps 12 2> "$out/async-0_7.err"
-python3 - "$out" <<'PY'
-import json, sys, statistics
-runs = {n: json.load(open(f"{sys.argv[1]}/async-{n}.json")) for n in ("plain", "0_7")}
-for n, r in runs.items():
-    steps = r["step_s"]
-    print(n, "steady", round(statistics.median(steps[-len(steps) // 4:]), 3), "all", [round(x, 3) for x in steps],
-          "losses identical", r["losses"] == runs["plain"]["losses"], "allocated peak", r.get("max_memory_allocated"))
-PY
-grep "tiermem: stats" "$out/async-0_7.err" | head -4
-exit 0
+out=${1:?OUT_DIR}
+tiermem=${2:-$PWD/dist/tiermem}
+mkdir -p "$out"
+peak=17500000000
+python3 scripts/gpu/probes/pools.py > "$out/pools-plain.json" 2> "$out/pools-plain.log"
+echo "pools plain: exit $?"
+"$tiermem" run --hbm-limit 1GiB --stats -- python3 scripts/gpu/probes/pools.py > "$out/pools-tiermem.json" 2> "$out/pools-tiermem.log"
+echo "pools tiermem: exit $?"
+train() {
+    local name=$1; shift
+    "$@" python3 bench/transparent_train.py --out "$out/$name.json" 2> "$out/$name.log"
+    echo "$name: exit $? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['step_s_median'], d['oom'], d['losses'][-1])" "$out/$name.json" 2>&1)"
+}
+export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+train async-plain env
+train async-fits "$tiermem" run --stats --
+train async-0.7 "$tiermem" run --hbm-limit $((peak * 7 / 10)) --stats --
+train async-0.5 "$tiermem" run --hbm-limit $((peak * 5 / 10)) --stats --
+unset PYTORCH_CUDA_ALLOC_CONF
+train native-0.7 "$tiermem" run --hbm-limit $((peak * 7 / 10)) --stats --
