@@ -74,7 +74,7 @@ pub fn keeps(ptr: u64) -> bool {
     let kept = forget(ptr) || crate::gate::capturing();
     if kept {
         KEPT.fetch_add(1, Relaxed);
-        let bytes = crate::process::allocation_shape(ptr).map_or(0, |(_, bytes)| bytes);
+        let bytes = crate::process::allocation_bytes(ptr).unwrap_or(0);
         KEPT_BYTES.fetch_add(bytes as u64, Relaxed);
         crate::trace::event("kept_for_graph", || format!("\"ptr\": {ptr}"));
     }

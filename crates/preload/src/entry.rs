@@ -82,11 +82,7 @@ unsafe fn serve(
         match stream {
             // Stream-ordered memory is its pool's (counted in the pool's statistics), the rest
             // the context's.
-            Some(_) => {
-                if let Some((ordinal, bytes)) = process::allocation_shape(ptr) {
-                    crate::pool_stats::allocated(ptr, ordinal, bytes);
-                }
-            }
+            Some(_) => crate::pool_stats::allocated(ptr),
             None => crate::contexts::allocated(ptr),
         }
     }

@@ -43,13 +43,24 @@ fn kept(ordinal: usize) -> usize {
     crate::process::lock().books.kept_bytes(ordinal)
 }
 
-/// A stream-ordered allocation of `bytes` at `ptr` on GPU `ordinal` was served.
-pub fn allocated(ptr: u64, ordinal: usize, bytes: usize) {
+/// A stream-ordered allocation at `ptr` was served: counted if it is tiermem's (its GPU, the
+/// bytes asked for and the GPU's kept frees read under one lock of the books).
+pub fn allocated(ptr: u64) {
+    let (ordinal, bytes, kept) = {
+        let p = crate::process::lock();
+        let Some(a) = p.books.containing(ptr).filter(|a| a.va == ptr) else { return };
+        (a.ordinal, a.requested, p.books.kept_bytes(a.ordinal))
+    };
+    count(ptr, (ordinal, bytes), kept);
+}
+
+/// Counts `bytes` at `ptr` on GPU `ordinal` as used, beside `kept` bytes of kept frees.
+fn count(ptr: u64, (ordinal, bytes): (usize, usize), kept: usize) {
     let Some(used) = USED.get(ordinal) else { return };
     live().get_or_insert_with(HashMap::new).insert(ptr, (ordinal, bytes));
     let now = used.fetch_add(bytes, Relaxed) + bytes;
     USED_PEAK[ordinal].fetch_max(now, Relaxed);
-    RESERVED_PEAK[ordinal].fetch_max(now + kept(ordinal), Relaxed);
+    RESERVED_PEAK[ordinal].fetch_max(now + kept, Relaxed);
 }
 
 /// The program freed `ptr` (kept for reuse, or not): counted no more if it was a counted one.
@@ -119,8 +130,8 @@ mod tests {
     #[test]
     fn used_and_its_peak_follow_allocations_and_frees_and_reset_to_the_current_value() {
         const GPU: usize = 61;
-        allocated(0xa000, GPU, 10);
-        allocated(0xb000, GPU, 5);
+        count(0xa000, (GPU, 10), 0);
+        count(0xb000, (GPU, 5), 0);
         freed(0xa000);
         assert_eq!((ours(GPU, USED_CURRENT), ours(GPU, USED_HIGH)), (Some(5), Some(15)));
         freed(0xa000);

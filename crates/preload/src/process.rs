@@ -418,9 +418,9 @@ pub fn free(call: &str, ptr: u64, drain: Drain) -> Option<CuResult> {
     Some(teardown(call, freed).map_or_else(|code| code, |()| drained))
 }
 
-/// The GPU and the bytes asked for of tiermem's allocation starting at `ptr`, if it is one.
-pub fn allocation_shape(ptr: u64) -> Option<(usize, usize)> {
-    process().books.containing(ptr).filter(|a| a.va == ptr).map(|a| (a.ordinal, a.requested))
+/// The bytes asked for by tiermem's allocation starting at `ptr`, if it is one.
+pub fn allocation_bytes(ptr: u64) -> Option<usize> {
+    process().books.containing(ptr).filter(|a| a.va == ptr).map(|a| a.requested)
 }
 
 /// Keeps `freed` mapped in the books (deferred.rs): its chunks stay in the hotness index and
