@@ -3,6 +3,14 @@
 # tested with pytest (on the simulated device where there is no GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# cuda.h of CUDA 12.9 and 13.0, for the check that every driver function tiermem exports,
+# calls or fakes has the header's signature (crates/preload/tests/signatures.rs); required
+# once they could be downloaded.
+if [ -z "${TIERMEM_CUDA_H:-}" ]; then
+  TIERMEM_CUDA_H=$(scripts/cuda_headers.sh)
+  export TIERMEM_CUDA_H
+  if [ -n "$TIERMEM_CUDA_H" ]; then export TIERMEM_REQUIRE_CUDA_H=1; fi
+fi
 cargo test --workspace --all-features
 # (--all-features includes `shuttle`: the model checks of the engine's threads,
 # crates/engine/src/model_checks.rs, run among the engine's unit tests.)
