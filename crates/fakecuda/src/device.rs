@@ -299,18 +299,3 @@ pub extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> Code {
 pub extern "C" fn cuStreamSynchronize_ptsz(stream: *mut c_void) -> Code {
     stream_synchronized(stream)
 }
-
-/// Captures record nothing (the fake has no graphs); they exist so that tests can begin and
-/// end one around other calls.
-#[no_mangle]
-pub extern "C" fn cuStreamBeginCapture_v2(_stream: *mut c_void, _mode: c_int) -> Code {
-    current_context().err().unwrap_or(CUDA_SUCCESS)
-}
-
-/// # Safety
-/// As the driver's: `graph` null or valid for a write.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamEndCapture(_stream: *mut c_void, graph: *mut *mut c_void) -> Code {
-    // SAFETY: the caller's out-pointer: no graph.
-    unsafe { put(graph, std::ptr::null_mut()) }
-}

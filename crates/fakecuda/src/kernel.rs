@@ -144,11 +144,16 @@ unsafe fn param_info(f: *mut c_void, library: bool, index: usize, offset: *mut u
     }
 }
 
+/// The sizes of kernel `f`'s parameters, if it is registered.
+pub(crate) fn sizes(f: *mut c_void) -> Option<Vec<usize>> {
+    kernels().as_ref().and_then(|k| k.by_handle.get(&(f as usize))).map(|kernel| kernel.sizes.clone())
+}
+
 /// Runs kernel `f` with `params` (module documentation).
 ///
 /// # Safety
 /// `params` null or one pointer per parameter of `f`, each to a value of that parameter's size.
-unsafe fn run(f: *mut c_void, params: *mut *mut c_void) -> Code {
+pub(crate) unsafe fn run(f: *mut c_void, params: *mut *mut c_void) -> Code {
     if let Err(code) = current_context() {
         return code;
     }
@@ -177,7 +182,8 @@ unsafe fn run(f: *mut c_void, params: *mut *mut c_void) -> Code {
     })
 }
 
-/// `cuLaunchKernel` and its per-thread variant: the same launch (work is never in flight).
+/// `cuLaunchKernel` and its per-thread variant: the same launch (work is never in flight), or
+/// recorded into the graph its stream's capture makes (graphs.rs).
 macro_rules! launches {
     ($($name:ident),*) => {$(
         /// # Safety
@@ -192,12 +198,12 @@ macro_rules! launches {
             _by: c_uint,
             _bz: c_uint,
             _shared: c_uint,
-            _stream: *mut c_void,
+            stream: *mut c_void,
             params: *mut *mut c_void,
             _extra: *mut *mut c_void,
         ) -> Code {
-            // SAFETY: passed on from the caller.
-            unsafe { run(f, params) }
+            // SAFETY: passed on from the caller (a launch on a stream being captured is recorded).
+            unsafe { crate::graphs::captured(stream, f, params).unwrap_or_else(|| run(f, params)) }
         }
     )*};
 }

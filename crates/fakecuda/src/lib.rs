@@ -17,6 +17,7 @@
 //! when launched (kernel.rs); tests can make one call of a few chunk operations fail.
 //!
 //! Memory pools: the default one, created ones, allocations from them and trims (pools.rs).
+//! CUDA graphs made by stream capture, instantiated and launched (graphs.rs).
 //!
 //! What is not here: streams, event timing, pinned host memory, most asynchronous copies. The entry
 //! points the mechanism checks for at open exist, and answer `CUDA_ERROR_NOT_SUPPORTED`. Work
@@ -25,6 +26,7 @@
 mod contexts;
 mod device;
 mod events;
+mod graphs;
 mod ipc;
 mod kernel;
 mod memory;
@@ -507,5 +509,6 @@ not_supported!(
 pub use contexts::*;
 pub use device::*;
 pub use events::*;
+pub use graphs::*;
 pub use kernel::*;
 pub use proc_address::{cuGetProcAddress, cuGetProcAddress_v2};

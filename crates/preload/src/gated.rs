@@ -1,6 +1,7 @@
 //! The routed calls around migration, other than launches (launch.rs): copies and memsets hold
 //! the gate while they enqueue (gate.rs), synchronizations are quiesce points (migrate.rs), and
-//! stream captures forbid migration while they last (the program's contexts: contexts.rs).
+//! stream captures forbid migration while they last (the program's contexts: contexts.rs), and
+//! a capture's graph and its instances keep the pointers its launches passed (graphs.rs).
 //!
 //! Copies and memsets are routed because another thread may enqueue one that touches a chunk
 //! while it is being moved. The family routed is the one a CUDA program uses on linear device
@@ -15,7 +16,7 @@
 //! and v2), which read or write device addresses from a stream. Not routed: anything reached
 //! without the driver's exported entry points.
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_SUCCESS};
 use crate::driver::Stream;
@@ -61,11 +62,57 @@ fn capture_begins(_name: &'static str, call: impl FnOnce() -> CuResult) -> CuRes
 }
 
 /// `cuStreamEndCapture`: the capture is over when it succeeds or reports the capture broken
-/// (`CUDA_ERROR_STREAM_CAPTURE_*`, 900 to 908); other errors (not capturing, a bad handle) end none.
-fn capture_ends(_name: &'static str, call: impl FnOnce() -> CuResult) -> CuResult {
+/// (`CUDA_ERROR_STREAM_CAPTURE_*`, 900 to 908); other errors (not capturing, a bad handle) end
+/// none. The pointers its launches passed become the graph's (graphs.rs).
+fn capture_ends(
+    name: &'static str,
+    call: impl FnOnce() -> CuResult,
+    stream: Stream,
+    graph: *mut *mut c_void,
+) -> CuResult {
+    let capture = (!inside()).then(|| crate::graphs::capture_of(stream, name.ends_with("_ptsz"))).flatten();
     let code = to_driver(call);
-    if code == CUDA_SUCCESS || (900..=908).contains(&code) {
+    let ended = code == CUDA_SUCCESS || (900..=908).contains(&code);
+    if ended {
         gate::capture(-1);
+    }
+    if let Some(id) = capture.filter(|_| ended) {
+        // SAFETY: the driver wrote the graph through the caller's out-pointer on success.
+        let made = (code == CUDA_SUCCESS && !graph.is_null()).then(|| unsafe { *graph });
+        crate::graphs::capture_ended(id, made);
+    }
+    code
+}
+
+/// A graph instantiated (any of the driver's ways): its instance replays the graph's pointers.
+fn instantiate(
+    _name: &'static str,
+    call: impl FnOnce() -> CuResult,
+    exec: *mut *mut c_void,
+    graph: *mut c_void,
+) -> CuResult {
+    let code = to_driver(call);
+    if code == CUDA_SUCCESS && !exec.is_null() {
+        // SAFETY: written by the driver through the caller's out-pointer on success.
+        crate::graphs::instantiated(unsafe { *exec }, graph);
+    }
+    code
+}
+
+/// An executable graph destroyed: its pointers forgotten.
+fn exec_destroyed(_name: &'static str, call: impl FnOnce() -> CuResult, exec: *mut c_void) -> CuResult {
+    let code = to_driver(call);
+    if code == CUDA_SUCCESS {
+        crate::graphs::exec_destroyed(exec);
+    }
+    code
+}
+
+/// A graph destroyed: its pointers forgotten (its instances keep theirs).
+fn graph_destroyed(_name: &'static str, call: impl FnOnce() -> CuResult, graph: *mut c_void) -> CuResult {
+    let code = to_driver(call);
+    if code == CUDA_SUCCESS {
+        crate::graphs::graph_destroyed(graph);
     }
     code
 }
@@ -187,8 +234,6 @@ wrappers! { sync_routes:
     cuStreamSynchronize(stream: Stream) => quiesce;
     cuStreamSynchronize_ptsz(stream: Stream) => quiesce;
     cuEventSynchronize(event: *mut c_void) => quiesce;
-    cuGraphLaunch(graph: *mut c_void, stream: Stream) => enqueue;
-    cuGraphLaunch_ptsz(graph: *mut c_void, stream: Stream) => enqueue;
 }
 
 wrappers! { capture_routes:
@@ -200,6 +245,20 @@ wrappers! { capture_routes:
     cuStreamBeginCaptureToGraph_ptsz(
         stream: Stream, graph: *mut c_void, deps: *const c_void, data: *const c_void, count: usize, mode: c_int
     ) => capture_begins;
-    cuStreamEndCapture(stream: Stream, graph: *mut *mut c_void) => capture_ends;
-    cuStreamEndCapture_ptsz(stream: Stream, graph: *mut *mut c_void) => capture_ends;
+    cuStreamEndCapture(stream: Stream, graph: *mut *mut c_void) => capture_ends(stream, graph);
+    cuStreamEndCapture_ptsz(stream: Stream, graph: *mut *mut c_void) => capture_ends(stream, graph);
+}
+
+wrappers! { graph_routes:
+    cuGraphInstantiateWithFlags(exec: *mut *mut c_void, graph: *mut c_void, flags: u64) => instantiate(exec, graph);
+    cuGraphInstantiate(
+        exec: *mut *mut c_void, graph: *mut c_void, error_node: *mut *mut c_void, log: *mut c_char, log_size: usize
+    ) => instantiate(exec, graph);
+    cuGraphInstantiate_v2(
+        exec: *mut *mut c_void, graph: *mut c_void, error_node: *mut *mut c_void, log: *mut c_char, log_size: usize
+    ) => instantiate(exec, graph);
+    cuGraphInstantiateWithParams(exec: *mut *mut c_void, graph: *mut c_void, params: *mut c_void) => instantiate(exec, graph);
+    cuGraphInstantiateWithParams_ptsz(exec: *mut *mut c_void, graph: *mut c_void, params: *mut c_void) => instantiate(exec, graph);
+    cuGraphExecDestroy(exec: *mut c_void) => exec_destroyed(exec);
+    cuGraphDestroy(graph: *mut c_void) => graph_destroyed(graph);
 }

@@ -51,8 +51,18 @@ thread_local! {
     static FOUND: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Holds the gate, records the launch's pointers if hotness is wanted, enqueues.
-fn launch(name: &'static str, call: impl FnOnce() -> CuResult, f: Function, params: Params, extra: Params) -> CuResult {
+/// Holds the gate while kernel `f` is launched on `stream`, after the pause stage 3's plan or
+/// stage 2 has due before it; records its pointers if hotness is wanted, and for the graph
+/// being captured if `stream` is (`name`, the entry point: a `_ptsz` one names the per-thread
+/// default stream by null).
+fn launch(
+    name: &'static str,
+    call: impl FnOnce() -> CuResult,
+    f: Function,
+    params: Params,
+    extra: Params,
+    stream: Stream,
+) -> CuResult {
     if inside() {
         return to_driver(call);
     }
@@ -66,46 +76,89 @@ fn launch(name: &'static str, call: impl FnOnce() -> CuResult, f: Function, para
             CUDA_SUCCESS
         });
     }
-    // A program that has not synchronized for a while: a pause of tiermem's own (migrate.rs).
-    if crate::migrate::pause_due() {
-        guard(name, || {
-            crate::migrate::pause_point(name);
-            CUDA_SUCCESS
-        });
-    }
+    pause_if_due(name);
     let _gate = gate::shared();
-    if hotness::scanning() {
+    let captured = gate::capturing().then_some(stream);
+    if hotness::scanning() || captured.is_some() {
         let _inside = enter();
         // A bug in scanning must not stop the launch: a panic only loses this launch's hotness.
         // SAFETY: the caller's launch arguments, which the driver is about to read the same way.
-        let _ = std::panic::catch_unwind(|| unsafe { record(f, params, extra) });
+        let _ = std::panic::catch_unwind(|| unsafe { record(name, f, params, extra, captured) });
     } else {
         cycle::record(f as usize, &[]);
     }
     to_driver(call)
 }
 
-/// `launch` for `cuLaunchKernelEx`, whose configuration comes first.
+/// A program that has not synchronized for a while: a pause of tiermem's own before launch
+/// `name` (migrate.rs).
+fn pause_if_due(name: &'static str) {
+    if crate::migrate::pause_due() {
+        guard(name, || {
+            crate::migrate::pause_point(name);
+            CUDA_SUCCESS
+        });
+    }
+}
+
+/// `launch` for `cuLaunchKernelEx`, whose configuration comes first and names the stream.
 fn launch_ex(
     name: &'static str,
     call: impl FnOnce() -> CuResult,
+    config: *const c_void,
     f: Function,
     params: Params,
     extra: Params,
 ) -> CuResult {
-    launch(name, call, f, params, extra)
+    // `CUlaunchConfig`: seven `unsigned int`s (grid, block, shared memory), then `hStream`.
+    const STREAM_OFFSET: usize = 32;
+    let stream = match config.is_null() {
+        true => std::ptr::null_mut(),
+        // SAFETY: a non-null configuration is the caller's `CUlaunchConfig`, which the driver
+        // reads too; its `hStream` is at offset 32 on 64-bit targets.
+        false => unsafe { config.cast::<u8>().add(STREAM_OFFSET).cast::<Stream>().read_unaligned() },
+    };
+    launch(name, call, f, params, extra, stream)
 }
 
 /// `launch` for `cuLaunchCooperativeKernel`, which has no `extra`.
-fn launch_cooperative(name: &'static str, call: impl FnOnce() -> CuResult, f: Function, params: Params) -> CuResult {
-    launch(name, call, f, params, std::ptr::null_mut())
+fn launch_cooperative(
+    name: &'static str,
+    call: impl FnOnce() -> CuResult,
+    f: Function,
+    params: Params,
+    stream: Stream,
+) -> CuResult {
+    launch(name, call, f, params, std::ptr::null_mut(), stream)
 }
 
-/// Scans one launch's arguments and records the words that fall in tiermem's allocations.
+/// A graph's replay (`cuGraphLaunch`): the pause stage 2 has due before it, then, holding the
+/// gate, the pointers its capture's launches passed counted for hotness (graphs.rs). Not a
+/// launch of stage 3's cycles (graphs.rs says why).
+fn graph_launch(name: &'static str, call: impl FnOnce() -> CuResult, exec: *mut c_void) -> CuResult {
+    if inside() {
+        return to_driver(call);
+    }
+    pause_if_due(name);
+    let _gate = gate::shared();
+    if hotness::scanning() {
+        let _inside = enter();
+        let words = crate::graphs::words_of(exec);
+        let count = words.as_ref().map_or("null".to_owned(), |w| w.len().to_string());
+        trace::event("graph_launch", || format!("\"exec\": {}, \"pointers\": {count}", exec as usize));
+        if let Some(words) = words {
+            hotness::record(&words);
+        }
+    }
+    to_driver(call)
+}
+
+/// Scans one launch's arguments and records the words that fall in tiermem's allocations: for
+/// hotness, the trace, stage 3's cycle, and the capture under way on `captured` (a stream).
 ///
 /// # Safety
 /// `params` and `extra` as the driver's launch functions take them for kernel `f`.
-unsafe fn record(f: Function, params: Params, extra: Params) {
+unsafe fn record(name: &str, f: Function, params: Params, extra: Params, captured: Option<Stream>) {
     FOUND.with(|found| {
         let mut found = found.borrow_mut();
         found.clear();
@@ -131,6 +184,9 @@ unsafe fn record(f: Function, params: Params, extra: Params) {
             });
         }
         cycle::record(f as usize, &found);
+        if let Some(stream) = captured {
+            crate::graphs::launched(stream, name.ends_with("_ptsz"), &found);
+        }
     });
 }
 
@@ -228,19 +284,21 @@ wrappers! { launch_routes:
     cuLaunchKernel(
         f: Function, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         shared: c_uint, stream: Stream, params: Params, extra: Params
-    ) => launch(f, params, extra);
+    ) => launch(f, params, extra, stream);
     cuLaunchKernel_ptsz(
         f: Function, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         shared: c_uint, stream: Stream, params: Params, extra: Params
-    ) => launch(f, params, extra);
-    cuLaunchKernelEx(config: *const c_void, f: Function, params: Params, extra: Params) => launch_ex(f, params, extra);
-    cuLaunchKernelEx_ptsz(config: *const c_void, f: Function, params: Params, extra: Params) => launch_ex(f, params, extra);
+    ) => launch(f, params, extra, stream);
+    cuLaunchKernelEx(config: *const c_void, f: Function, params: Params, extra: Params) => launch_ex(config, f, params, extra);
+    cuLaunchKernelEx_ptsz(config: *const c_void, f: Function, params: Params, extra: Params) => launch_ex(config, f, params, extra);
     cuLaunchCooperativeKernel(
         f: Function, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         shared: c_uint, stream: Stream, params: Params
-    ) => launch_cooperative(f, params);
+    ) => launch_cooperative(f, params, stream);
     cuLaunchCooperativeKernel_ptsz(
         f: Function, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         shared: c_uint, stream: Stream, params: Params
-    ) => launch_cooperative(f, params);
+    ) => launch_cooperative(f, params, stream);
+    cuGraphLaunch(exec: *mut c_void, stream: Stream) => graph_launch(exec);
+    cuGraphLaunch_ptsz(exec: *mut c_void, stream: Stream) => graph_launch(exec);
 }

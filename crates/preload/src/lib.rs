@@ -90,6 +90,7 @@
 //!        │
 //!  cuMemAlloc_v2, cuMemFree_v2 …   entry.rs: what tiermem serves, what goes to the driver
 //!  cuLaunchKernel …                launch.rs: pause (cycle.rs) + gate + argument scan → hotness.rs, cycle.rs
+//!  cuGraphLaunch · captures        graphs.rs: a graph's captured pointers, counted at each replay
 //!  cuMemcpy* · cuMemset* · sync    gated.rs (wrappers.rs writes them): gate, quiesce points
 //!        │
 //!  process.rs                      GPUs, budget, allocations.rs (books), stats.rs, peers.rs (two GPUs)
@@ -120,6 +121,7 @@ mod entry;
 mod gate;
 mod gated;
 mod give_back;
+mod graphs;
 mod hotness;
 mod ipc;
 mod ipc_wire;

@@ -42,7 +42,7 @@ fn routed() -> Vec<Route> {
         (c"cuMemGetAddressRange_v2", pointers::cuMemGetAddressRange_v2 as *mut c_void),
         (c"cuPointerGetAttribute", pointers::cuPointerGetAttribute as *mut c_void),
     ];
-    let tables: [fn() -> Vec<Route>; 11] = [
+    let tables: [fn() -> Vec<Route>; 12] = [
         pools::pool_routes,
         pools::attribute_routes,
         vmm::vmm_routes,
@@ -51,6 +51,7 @@ fn routed() -> Vec<Route> {
         gated::memset_routes,
         gated::sync_routes,
         gated::capture_routes,
+        gated::graph_routes,
         launch::launch_routes,
         reset::reset_routes,
         contexts::context_routes,

@@ -49,6 +49,18 @@ fn a_program_that_never_synchronizes_gets_pauses_of_tiermems_own() {
 }
 
 #[test]
+fn a_graphs_replays_heat_what_its_capture_passed() {
+    // Stage 2's hotness, with stage 3 on (replays are no launches of its cycles) and off.
+    for (label, segments) in [("graphs", "on"), ("graphs-stage-2", "off")] {
+        let env = with(&[("TIERMEM_STATS", "1"), ("TIERMEM_SEGMENTS", segments)]);
+        let output = support::probe(label, &["graphs"], &env);
+        let (stdout, stderr) = support::assert_passed(&output);
+        assert!(stdout.contains("graphs: ok"), "{label}: {stdout}");
+        assert!(stderr.contains("migration on: 4 chunks up, 4 down (16.00 MiB moved), 0 failed"), "{label}: {stderr}");
+    }
+}
+
+#[test]
 fn chunks_of_several_granules_move_whole_and_a_short_last_one_by_its_size() {
     let env = with(&[("TIERMEM_STATS", "1"), ("TIERMEM_CHUNK", "6MiB")]);
     let output = support::probe("migrate-uneven", &["migrate-uneven"], &env);

@@ -16,7 +16,8 @@
 //! goes down; every byte stays (with `TIERMEM_MIGRATE=off`, nothing moves). `migrate-fail CALL N [MOVED]`:
 //! the same with the Nth call of CALL failing mid-migration. `migrate-threads`: threads launch
 //! kernels that write while another synchronizes, and migrates; `migrate-capture`: nothing moves
-//! while a stream capture is under way (src/bin/probe/migration.rs); `stream-writes`: stream
+//! while a stream capture is under way (src/bin/probe/migration.rs); `graphs`: a graph's replays
+//! heat what its capture's launches passed (probe/graphs.rs); `stream-writes`: stream
 //! memory operations and batched copies from other threads meanwhile (src/bin/probe/stream_ops.rs);
 //! `reset`, `contexts`, `contexts-threads`: a device reset, contexts of the program's own
 //! (probe/reset.rs).
@@ -24,12 +25,10 @@
 //! synchronization per cycle, finds each buffer in HBM when its kernel runs once the cycle is
 //! recorded; diverging cycles run correctly; every byte stays; `segments-alternate`: two
 //! different cycles a step, told apart (src/bin/probe/segments.rs).
-//! `tiermem-preload-probe lease` — a tenant of the node daemon, over stdin (probe/lease.rs).
-//! `tiermem-preload-probe ipc` — an allocation shared with a child by legacy IPC handles,
-//! written on both sides, never moved (probe/ipc.rs).
-//! `tiermem-preload-probe ranges` — address ranges and pointer attributes (probe/ipc.rs).
-//! `tiermem-preload-probe free-async` — `cuMemFreeAsync` ordered on its stream (probe/frees.rs).
-//! `tiermem-preload-probe pools` — which pools' allocations are tiermem's (probe/pools.rs).
+//! `… lease` — a tenant of the node daemon, over stdin (probe/lease.rs). `… ipc` — an allocation
+//! shared with a child by legacy IPC handles, written on both sides, never moved; `… ranges` —
+//! address ranges and pointer attributes (probe/ipc.rs). `… free-async` — `cuMemFreeAsync`
+//! ordered on its stream (probe/frees.rs). `… pools` — which pools' allocations are tiermem's.
 //! `tiermem-preload-probe vmm`, `vmm-room` — the program's own `cuMemCreate` chunks are counted
 //! against the budget, made on the host beyond it unless tiermem's can make room (probe/vmm.rs).
 //! `tiermem-preload-probe threads` — four threads allocate (two at a time), verify and free at
@@ -37,6 +36,8 @@
 
 #[path = "probe/frees.rs"]
 mod frees;
+#[path = "probe/graphs.rs"]
+mod graphs;
 #[path = "probe/ipc.rs"]
 mod ipc;
 #[path = "probe/lease.rs"]
@@ -564,6 +565,7 @@ fn main() {
         ),
         ["migrate-threads"] => migration::threads(),
         ["migrate-capture"] => migration::capture(),
+        ["graphs"] => graphs::graph_replays(),
         ["stream-writes"] => stream_ops::stream_writes(),
         ["reset"] => reset::reset(),
         ["contexts"] => reset::contexts(),

@@ -56,13 +56,22 @@ impl Kernels {
 
     /// Launches `kernel` with 8-byte parameter values `args` (each passed by address, as CUDA does).
     pub fn launch(&self, kernel: usize, args: &mut [*mut c_void]) -> Code {
+        self.launch_on(kernel, args, std::ptr::null_mut())
+    }
+
+    /// [`Kernels::launch`] on `stream`.
+    pub fn launch_on(&self, kernel: usize, args: &mut [*mut c_void], stream: *mut c_void) -> Code {
         let mut params = args.iter_mut().map(|a| (a as *mut *mut c_void).cast::<c_void>()).collect::<Vec<_>>();
-        self.launch_with(kernel, &mut params)
+        self.launch_full(kernel, &mut params, stream)
     }
 
     /// Launches `kernel` with `params`: one pointer per parameter, to its value.
     fn launch_with(&self, kernel: usize, params: &mut [*mut c_void]) -> Code {
-        let (grid, stream, extra) = (1, std::ptr::null_mut(), std::ptr::null_mut());
+        self.launch_full(kernel, params, std::ptr::null_mut())
+    }
+
+    fn launch_full(&self, kernel: usize, params: &mut [*mut c_void], stream: *mut c_void) -> Code {
+        let (grid, extra) = (1, std::ptr::null_mut());
         // SAFETY: `params` holds one pointer per parameter of `kernel`, each to a value of the
         // size the kernel was registered with (the callers build them so).
         unsafe { (self.launch)(kernel as *mut c_void, grid, 1, 1, 1, 1, 1, 0, stream, params.as_mut_ptr(), extra) }
