@@ -19,7 +19,10 @@ memory never freed, two alive at once, one synchronized while the other's kernel
 that allocates in stream order from a memory pool of its own, as RAPIDS' async resource does,
 one whose compute buffers are VMM chunks it maps itself beside cudaMalloc'd weights, as
 llama.cpp's CUDA backend does, a training loop fed by a DataLoader's forked workers with pinned
-batches, and a torchrun script run as one process (NCCL, DistributedDataParallel).
+batches, a torchrun script run as one process (NCCL, DistributedDataParallel), and a
+serving-like loop mixing a captured decoder's replays with eager kernels and a synchronization
+per step, `torch.compile(mode="reduce-overhead")` (Inductor's kernels replayed as CUDA graph
+trees, two shapes), and fp16 training with a GradScaler, clipping and a schedule.
 A program whose requirements are missing (nvcc, CuPy, Numba) is listed under
 `skipped` with the reason.
 
@@ -85,6 +88,9 @@ EXTENDED = {
     "dataloader": python_program("dataloader.py"),
     "ddp_one": python_program("ddp_one.py"),
     "jax_train": python_program("jax_train.py"),
+    "graph_serving": python_program("graph_serving.py"),
+    "compiled_graphs": python_program("compiled_graphs.py"),
+    "amp_scaler": python_program("amp_scaler.py"),
 }
 
 

@@ -26,3 +26,19 @@ def train(steps, loss_of, optimizer, warm=2):
         seconds.append(time.perf_counter() - started)
     steady = sorted(seconds[warm:])
     return losses, round(steady[len(steady) // 2], 4)
+
+
+def blocks(width, count):
+    """A stack of `count` transformer-like MLP blocks (layer norm, 4x up, GELU, down, residual)
+    on the GPU: the model of the `torch.compile` programs."""
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.up, self.down = nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+        def forward(self, x):
+            return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
+
+    return nn.Sequential(*[Block() for _ in range(count)]).cuda()

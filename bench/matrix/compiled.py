@@ -9,25 +9,13 @@ other kernels now and then the same way. Its results are compared bitwise, so it
 depend on timing."""
 import torch
 import torch._inductor.config
-from torch import nn
 
-from common import report, train
+from common import blocks, report, train
 
 torch._inductor.config.deterministic = True  # kernels chosen by heuristics, not by timing them
 
 torch.manual_seed(0)
-
-
-class Block(nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.norm, self.up, self.down = nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
-
-
-model = nn.Sequential(*[Block(2048) for _ in range(8)]).cuda()
+model = blocks(2048, 8)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 step_fn = torch.compile(lambda x: model(x).square().mean())
 data = torch.Generator(device="cuda").manual_seed(1)
