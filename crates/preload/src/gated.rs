@@ -79,14 +79,23 @@ fn capture_ends(
     if let Some(id) = capture.filter(|_| ended) {
         // SAFETY: the driver wrote the graph through the caller's out-pointer on success.
         let made = (code == CUDA_SUCCESS && !graph.is_null()).then(|| unsafe { *graph });
-        crate::graphs::capture_ended(id, made);
+        books(name, || crate::graphs::capture_ended(id, made));
     }
     code
 }
 
+/// Updates graphs.rs's books after the driver's call `name` succeeded, never unwinding into the
+/// program (the driver's answer stands whatever happens here).
+fn books(name: &'static str, update: impl FnOnce()) {
+    guard(name, || {
+        update();
+        CUDA_SUCCESS
+    });
+}
+
 /// A graph instantiated (any of the driver's ways): its instance replays the graph's pointers.
 fn instantiate(
-    _name: &'static str,
+    name: &'static str,
     call: impl FnOnce() -> CuResult,
     exec: *mut *mut c_void,
     graph: *mut c_void,
@@ -94,25 +103,26 @@ fn instantiate(
     let code = to_driver(call);
     if code == CUDA_SUCCESS && !exec.is_null() {
         // SAFETY: written by the driver through the caller's out-pointer on success.
-        crate::graphs::instantiated(unsafe { *exec }, graph);
+        let exec = unsafe { *exec };
+        books(name, || crate::graphs::instantiated(exec, graph));
     }
     code
 }
 
 /// An executable graph destroyed: its pointers forgotten.
-fn exec_destroyed(_name: &'static str, call: impl FnOnce() -> CuResult, exec: *mut c_void) -> CuResult {
+fn exec_destroyed(name: &'static str, call: impl FnOnce() -> CuResult, exec: *mut c_void) -> CuResult {
     let code = to_driver(call);
     if code == CUDA_SUCCESS {
-        crate::graphs::exec_destroyed(exec);
+        books(name, || crate::graphs::exec_destroyed(exec));
     }
     code
 }
 
 /// A graph destroyed: its pointers forgotten (its instances keep theirs).
-fn graph_destroyed(_name: &'static str, call: impl FnOnce() -> CuResult, graph: *mut c_void) -> CuResult {
+fn graph_destroyed(name: &'static str, call: impl FnOnce() -> CuResult, graph: *mut c_void) -> CuResult {
     let code = to_driver(call);
     if code == CUDA_SUCCESS {
-        crate::graphs::graph_destroyed(graph);
+        books(name, || crate::graphs::graph_destroyed(graph));
     }
     code
 }

@@ -143,12 +143,15 @@ fn graph_launch(name: &'static str, call: impl FnOnce() -> CuResult, exec: *mut 
     let _gate = gate::shared();
     if hotness::scanning() {
         let _inside = enter();
-        let words = crate::graphs::words_of(exec);
-        let count = words.as_ref().map_or("null".to_owned(), |w| w.len().to_string());
-        trace::event("graph_launch", || format!("\"exec\": {}, \"pointers\": {count}", exec as usize));
-        if let Some(words) = words {
-            hotness::record(&words);
-        }
+        // As for a kernel's launch: a panic only loses this replay's hotness.
+        let _ = std::panic::catch_unwind(|| {
+            let words = crate::graphs::words_of(exec);
+            let count = words.as_ref().map_or("null".to_owned(), |w| w.len().to_string());
+            trace::event("graph_launch", || format!("\"exec\": {}, \"pointers\": {count}", exec as usize));
+            if let Some(words) = words {
+                hotness::record(&words);
+            }
+        });
     }
     to_driver(call)
 }
