@@ -21,16 +21,18 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
+use tiermem::HbmLimit;
 
 /// The preload library's file name.
 const LIBRARY: &str = "libtiermem_preload.so";
 
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// HBM the program's allocations may take on each GPU (e.g. 20GiB); beyond it they are
-    /// mapped in host memory. Default: the GPU's free memory when the program starts, less 2 GiB.
-    /// With the node daemon running (`tiermem daemon`), the budget is its grant, at most this.
-    #[arg(long, value_name = "SIZE")]
+    /// HBM the program's allocations may take on each GPU: a size (e.g. 20GiB) or a share of
+    /// each GPU's memory (e.g. 50%); beyond it they are mapped in host memory. Default: the
+    /// GPU's free memory when the program starts, less 2 GiB. With the node daemon running
+    /// (`tiermem daemon`), the budget is its grant, at most this.
+    #[arg(long, value_name = "SIZE|N%")]
     hbm_limit: Option<String>,
     /// Neighbour GPUs whose spare HBM holds what is beyond the budget before host memory:
     /// `auto` (those this GPU reaches over NVLink or PCIe peer access, with no other process on
@@ -101,13 +103,13 @@ fn preload_with(library: &OsStr, existing: Option<&OsStr>) -> OsString {
     value
 }
 
-/// Makes `command` run under tiermem: the library preloaded, the budget (bytes) if given. The
+/// Makes `command` run under tiermem: the library preloaded, the budget if given. The
 /// library's path.
-pub(crate) fn interpose_library(command: &mut Command, hbm_limit: Option<usize>) -> Result<PathBuf, String> {
+pub(crate) fn interpose_library(command: &mut Command, hbm_limit: Option<HbmLimit>) -> Result<PathBuf, String> {
     let library = preload_library()?;
     command.env("LD_PRELOAD", preload_with(library.as_os_str(), std::env::var_os("LD_PRELOAD").as_deref()));
-    if let Some(bytes) = hbm_limit {
-        command.env("TIERMEM_HBM_LIMIT", bytes.to_string());
+    if let Some(limit) = hbm_limit {
+        command.env("TIERMEM_HBM_LIMIT", limit.to_string());
     }
     Ok(library)
 }
@@ -185,7 +187,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     let (program, rest) = args.command.split_first().ok_or("run: no command given (tiermem run -- CMD ARGS…)")?;
     let mut command = Command::new(program);
     command.args(rest);
-    let limit = args.hbm_limit.as_deref().map(tiermem::parse_size).transpose();
+    let limit = args.hbm_limit.as_deref().map(HbmLimit::parse).transpose();
     let library = interpose_library(&mut command, limit.map_err(|e| format!("run: --hbm-limit: {e}"))?)?;
     if args.torch_allocator {
         install_torch_hook(&mut command, &library)?;

@@ -82,14 +82,27 @@ fn a_missing_library_is_a_clear_error() {
 
 #[test]
 fn a_bad_budget_is_refused_before_the_command_runs() {
+    for bad in ["lots", "150%", "0%"] {
+        let output = support::tiermem()
+            .args(["run", "--hbm-limit", bad, "--", "sh", "-c", "echo ran"])
+            .env("TIERMEM_PRELOAD", preload_library())
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{bad}");
+        assert!(!String::from_utf8_lossy(&output.stdout).contains("ran"), "{bad}");
+        assert!(String::from_utf8_lossy(&output.stderr).contains("--hbm-limit"), "{bad}");
+    }
+}
+
+#[test]
+fn a_budget_may_be_a_share_of_each_gpu() {
     let output = support::tiermem()
-        .args(["run", "--hbm-limit", "lots", "--", "sh", "-c", "echo ran"])
+        .args(["run", "--hbm-limit", "50%", "--", "sh", "-c", r#"printf '%s\n' "$TIERMEM_HBM_LIMIT""#])
         .env("TIERMEM_PRELOAD", preload_library())
         .output()
         .unwrap();
-    assert!(!output.status.success());
-    assert!(!String::from_utf8_lossy(&output.stdout).contains("ran"));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("--hbm-limit"));
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "50%\n", "passed on for the library to take of each GPU");
 }
 
 #[test]

@@ -209,6 +209,11 @@ impl EngineConfig {
                 v.trim().parse().map_err(|_| Error::Config(format!("TIERMEM_DEVICE={v:?} is not a GPU ordinal")))?;
         }
         if let Some(v) = var("TIERMEM_HBM_LIMIT") {
+            if v.trim().ends_with('%') {
+                return Err(Error::Config(format!(
+                    "TIERMEM_HBM_LIMIT={v:?}: a share of the GPU is for `tiermem run`; an engine (tiermem.Pool, the C ABI) takes a size such as 16GiB"
+                )));
+            }
             c.hbm_limit = Some(parse_size(&v).map_err(|e| Error::Config(format!("TIERMEM_HBM_LIMIT: {e}")))?);
         }
         if let Some(v) = var("TIERMEM_HOST_LIMIT") {
@@ -331,6 +336,44 @@ pub fn parse_size(text: &str) -> std::result::Result<usize, String> {
     Ok((value * (1u64 << shift) as f64) as usize)
 }
 
+/// An HBM budget as `tiermem run --hbm-limit` and the preload library's `TIERMEM_HBM_LIMIT`
+/// take it: a size (`parse_size`), or a share of each GPU's memory (`50%`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum HbmLimit {
+    Bytes(usize),
+    /// A fraction in (0, 1].
+    Share(f64),
+}
+
+impl HbmLimit {
+    /// Parses `16GiB`, `2097152` or `50%` (more than 0, at most 100).
+    pub fn parse(text: &str) -> std::result::Result<HbmLimit, String> {
+        let Some(percent) = text.trim().strip_suffix('%') else { return parse_size(text).map(HbmLimit::Bytes) };
+        match percent.trim().parse::<f64>() {
+            Ok(p) if p > 0.0 && p <= 100.0 => Ok(HbmLimit::Share(p / 100.0)),
+            _ => Err(format!("{text:?} is not a share of the GPU like 50% (more than 0, at most 100)")),
+        }
+    }
+
+    /// The bytes it gives on a GPU of `total` bytes.
+    pub fn of(self, total: usize) -> usize {
+        match self {
+            HbmLimit::Bytes(bytes) => bytes,
+            HbmLimit::Share(share) => (total as f64 * share) as usize,
+        }
+    }
+}
+
+impl std::fmt::Display for HbmLimit {
+    /// As [`HbmLimit::parse`] reads it back: bytes, or a percentage.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HbmLimit::Bytes(bytes) => write!(f, "{bytes}"),
+            HbmLimit::Share(share) => write!(f, "{}%", share * 100.0),
+        }
+    }
+}
+
 /// Formats bytes for people: `1.50 GiB`.
 pub fn format_size(bytes: usize) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -358,6 +401,21 @@ fn on_or_off(name: &str, v: &str) -> Result<bool> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_hbm_limit_is_a_size_or_a_share_of_the_gpu() {
+        use super::HbmLimit;
+        assert_eq!(HbmLimit::parse("16GiB"), Ok(HbmLimit::Bytes(16 << 30)));
+        assert_eq!(HbmLimit::parse(" 50% "), Ok(HbmLimit::Share(0.5)));
+        assert_eq!(HbmLimit::parse("50%").map(|l| l.of(1 << 30)), Ok(512 << 20));
+        assert_eq!(HbmLimit::parse("100%").map(|l| l.of(1000)), Ok(1000));
+        for bad in ["0%", "150%", "-5%", "half%", "%", "lots"] {
+            assert!(HbmLimit::parse(bad).is_err(), "{bad}");
+        }
+        for limit in [HbmLimit::Bytes(123), HbmLimit::Share(0.25), HbmLimit::Share(0.7)] {
+            assert_eq!(HbmLimit::parse(&limit.to_string()), Ok(limit), "written as it is read");
+        }
+    }
+
     use super::*;
 
     #[test]

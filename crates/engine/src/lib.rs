@@ -67,7 +67,7 @@ mod sync;
 mod tiers;
 
 pub use buffer::{Access, AllocOptions, BufferId, Region};
-pub use config::{format_size, parse_size, EngineConfig, PeerChoice, DEFAULT_CHUNK};
+pub use config::{format_size, parse_size, EngineConfig, HbmLimit, PeerChoice, DEFAULT_CHUNK};
 pub use engine::{Engine, Target, Ticket};
 pub use error::{Error, Result};
 pub use host_budget::HOST_FLOOR;

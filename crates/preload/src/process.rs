@@ -51,7 +51,7 @@ pub struct Gpu {
     pub chunk: usize,
     /// The HBM its allocations may hold: `limit`, or less where the node daemon grants less.
     pub budget: usize,
-    /// The budget standing alone: `TIERMEM_HBM_LIMIT`, or the GPU's free memory less a reserve.
+    /// The budget standing alone: `TIERMEM_HBM_LIMIT` (a size or share), or free memory less a reserve.
     pub limit: usize,
     pub hbm_used: usize,
 }
@@ -118,12 +118,12 @@ pub fn current_gpu() -> Option<Result<usize, CuResult>> {
     }
 }
 
-/// The budget of a GPU with `free` bytes free now: `TIERMEM_HBM_LIMIT` or the default.
-fn budget(call: &str, free: usize) -> usize {
+/// The budget of a GPU with `free` of its `total` bytes free: `TIERMEM_HBM_LIMIT` (`16GiB`, `50%`).
+fn budget(call: &str, free: usize, total: usize) -> usize {
     let default = free.saturating_sub(DEFAULT_RESERVE);
     match std::env::var("TIERMEM_HBM_LIMIT") {
         Err(_) => default,
-        Ok(text) => tiermem::parse_size(&text).unwrap_or_else(|why| {
+        Ok(text) => tiermem::HbmLimit::parse(&text).map(|limit| limit.of(total)).unwrap_or_else(|why| {
             log(call, &format!("TIERMEM_HBM_LIMIT: {why}"), "using the GPU's free memory less 2 GiB instead");
             default
         }),
@@ -178,18 +178,18 @@ impl Process {
     /// left to the driver if it cannot be.
     fn open(&mut self, call: &str, ordinal: usize) -> Gpu {
         let opened = CudaDevice::open(ordinal).and_then(|device| {
-            let (free, _) = device.mem_info()?;
-            Ok((device.info().granularity, free, device))
+            let (free, total) = device.mem_info()?;
+            Ok((device.info().granularity, (free, total), device))
         });
         match opened {
-            Ok((granularity, free, device)) => {
+            Ok((granularity, (free, total), device)) => {
                 let chunk = chunk_size(granularity);
                 let device = Some(Arc::new(device) as Arc<dyn Device>);
                 if let Some(kept) = crate::reset::kept_through_reset(ordinal) {
                     let crate::reset::Kept { budget, limit, hbm_used } = kept;
                     return Gpu { device, granularity, chunk, budget, limit, hbm_used };
                 }
-                let limit = budget(call, free);
+                let limit = budget(call, free, total);
                 Gpu { device, granularity, chunk, budget: limit, limit, hbm_used: 0 }
             }
             Err(why) => {

@@ -35,6 +35,12 @@ fn the_default_budget_is_free_memory_less_the_reserve() {
 }
 
 #[test]
+fn a_budget_may_be_a_share_of_the_gpu() {
+    let env = [("TIERMEM_FAKE_HBM", "3G"), ("TIERMEM_HBM_LIMIT", "25%")];
+    support::assert_passed(&support::probe("budget-share", &["budget", &(768usize << 20).to_string()], &env));
+}
+
+#[test]
 fn a_full_gpu_sends_the_rest_to_the_host_before_the_budget_does() {
     let env = [("TIERMEM_HBM_LIMIT", "64MiB"), ("TIERMEM_FAKE_HBM", "8M")];
     let output = support::probe("gpufull", &["gpu-full"], &env);

@@ -100,7 +100,7 @@ fn train(
         command.args(["--memory-fraction", &format!("{fraction:.4}")]);
     }
     if let Some(bytes) = budget {
-        let library = crate::run::interpose_library(&mut command, Some(bytes))?;
+        let library = crate::run::interpose_library(&mut command, Some(tiermem::HbmLimit::Bytes(bytes)))?;
         if allocator == Allocator::Tiermem {
             crate::run::install_torch_hook(&mut command, &library)?;
         }
