@@ -50,6 +50,15 @@ pub fn inside() -> bool {
     INSIDE.with(|depth| depth.get() > 0)
 }
 
+/// [`guard`] for a step of tiermem's own that answers nothing to the program (books kept, a
+/// pause taken): run inside tiermem, a panic logged as an internal error and not passed on.
+pub fn guard_step(call: &str, step: impl FnOnce()) {
+    guard(call, || {
+        step();
+        CUDA_SUCCESS
+    });
+}
+
 /// Runs an exported function's body inside tiermem, never unwinding into the caller: a panic
 /// (a bug in tiermem) is logged as one line and answered with `CUDA_ERROR_UNKNOWN`.
 pub fn guard(call: &str, body: impl FnOnce() -> CuResult) -> CuResult {

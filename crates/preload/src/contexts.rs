@@ -24,7 +24,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_SUCCESS};
+use crate::boundary::{guard_step, inside, to_driver, CuResult, CUDA_SUCCESS};
 use crate::driver::{driver, Context};
 use crate::process::{self, Drain};
 use crate::wrappers::wrappers;
@@ -135,10 +135,9 @@ fn created(name: &'static str, call: impl FnOnce() -> CuResult, ctx: *mut Contex
     if code == CUDA_SUCCESS && !ctx.is_null() && !inside() {
         // SAFETY: the driver wrote the new context's handle there.
         let ctx = unsafe { *ctx } as usize;
-        guard(name, || {
+        guard_step(name, || {
             own().get_or_insert_with(Own::default).contexts.insert(ctx);
             ANY.store(true, Relaxed);
-            CUDA_SUCCESS
         });
     }
     code
@@ -160,9 +159,8 @@ fn green_created(name: &'static str, call: impl FnOnce() -> CuResult) -> CuResul
 fn destroyed(name: &'static str, call: impl FnOnce() -> CuResult, ctx: Context) -> CuResult {
     let theirs = !inside() && own().as_ref().is_some_and(|own| own.contexts.contains(&(ctx as usize)));
     if theirs {
-        guard(name, || {
+        guard_step(name, || {
             let_go(name, ctx);
-            CUDA_SUCCESS
         });
     }
     to_driver(call)

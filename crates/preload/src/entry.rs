@@ -9,7 +9,7 @@
 
 use std::ffi::c_uint;
 
-use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
+use crate::boundary::{guard, guard_step, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
 use crate::driver::{driver, Driver, Stream};
 use crate::process::{self, Drain, Served};
 
@@ -259,9 +259,8 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: c
         // SAFETY: the driver wrote the pointer it succeeded with.
         let ptr = unsafe { *dptr };
         crate::contexts::allocated(ptr);
-        guard("cuMemAllocManaged", || {
+        guard_step("cuMemAllocManaged", || {
             process::managed_allocated(ptr, size);
-            CUDA_SUCCESS
         });
     }
     code

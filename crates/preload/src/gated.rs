@@ -18,7 +18,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_SUCCESS};
+use crate::boundary::{guard_step, inside, to_driver, CuResult, CUDA_SUCCESS};
 use crate::driver::Stream;
 use crate::gate;
 use crate::wrappers::wrappers;
@@ -40,9 +40,8 @@ pub fn enqueue(_name: &'static str, call: impl FnOnce() -> CuResult) -> CuResult
 fn quiesce(name: &'static str, call: impl FnOnce() -> CuResult) -> CuResult {
     let code = to_driver(call);
     if code == CUDA_SUCCESS && !inside() {
-        guard(name, || {
+        guard_step(name, || {
             crate::migrate::quiesce_point(name);
-            CUDA_SUCCESS
         });
     }
     code
@@ -79,18 +78,9 @@ fn capture_ends(
     if let Some(id) = capture.filter(|_| ended) {
         // SAFETY: the driver wrote the graph through the caller's out-pointer on success.
         let made = (code == CUDA_SUCCESS && !graph.is_null()).then(|| unsafe { *graph });
-        books(name, || crate::graphs::capture_ended(id, made));
+        guard_step(name, || crate::graphs::capture_ended(id, made));
     }
     code
-}
-
-/// Updates graphs.rs's books after the driver's call `name` succeeded, never unwinding into the
-/// program (the driver's answer stands whatever happens here).
-fn books(name: &'static str, update: impl FnOnce()) {
-    guard(name, || {
-        update();
-        CUDA_SUCCESS
-    });
 }
 
 /// A graph instantiated (any of the driver's ways): its instance replays the graph's pointers.
@@ -104,7 +94,7 @@ fn instantiate(
     if code == CUDA_SUCCESS && !exec.is_null() {
         // SAFETY: written by the driver through the caller's out-pointer on success.
         let exec = unsafe { *exec };
-        books(name, || crate::graphs::instantiated(exec, graph));
+        guard_step(name, || crate::graphs::instantiated(exec, graph));
     }
     code
 }
@@ -113,7 +103,7 @@ fn instantiate(
 fn exec_destroyed(name: &'static str, call: impl FnOnce() -> CuResult, exec: *mut c_void) -> CuResult {
     let code = to_driver(call);
     if code == CUDA_SUCCESS {
-        books(name, || crate::graphs::exec_destroyed(exec));
+        guard_step(name, || crate::graphs::exec_destroyed(exec));
     }
     code
 }
@@ -122,7 +112,7 @@ fn exec_destroyed(name: &'static str, call: impl FnOnce() -> CuResult, exec: *mu
 fn graph_destroyed(name: &'static str, call: impl FnOnce() -> CuResult, graph: *mut c_void) -> CuResult {
     let code = to_driver(call);
     if code == CUDA_SUCCESS {
-        books(name, || crate::graphs::graph_destroyed(graph));
+        guard_step(name, || crate::graphs::graph_destroyed(graph));
     }
     code
 }

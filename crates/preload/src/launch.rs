@@ -25,7 +25,7 @@ use std::cell::RefCell;
 use std::ffi::{c_uint, c_void};
 use std::time::Instant;
 
-use crate::boundary::{enter, guard, inside, to_driver, CuResult, CUDA_SUCCESS};
+use crate::boundary::{enter, guard_step, inside, to_driver, CuResult, CUDA_SUCCESS};
 use crate::cycle;
 use crate::driver::{driver, ParamInfoFn, Stream};
 use crate::gate;
@@ -68,12 +68,11 @@ fn launch(
     }
     // Stage 3: the first launch of a planned segment waits for its chunks (cycle.rs).
     if let Some(boundary) = cycle::before_launch(f as usize) {
-        guard(name, || {
+        guard_step(name, || {
             let started = Instant::now();
             if let Some(moved) = crate::migrate::carry(name, &boundary) {
                 cycle::paused(started.elapsed().as_nanos() as u64, moved);
             }
-            CUDA_SUCCESS
         });
     }
     pause_if_due(name);
@@ -94,9 +93,8 @@ fn launch(
 /// `name` (migrate.rs).
 fn pause_if_due(name: &'static str) {
     if crate::migrate::pause_due() {
-        guard(name, || {
+        guard_step(name, || {
             crate::migrate::pause_point(name);
-            CUDA_SUCCESS
         });
     }
 }

@@ -27,7 +27,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
+use crate::boundary::{guard_step, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
 use crate::driver::{DeviceHandle, Stream};
 use crate::entry::{alloc_or, CU_STREAM_PER_THREAD};
 use crate::process;
@@ -199,7 +199,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: MemPool, keep: usize) -> CuResult
     static REAL: OnceLock<Option<TrimToFn>> = OnceLock::new();
     let Some(real) = cached_entry(&REAL, "cuMemPoolTrimTo\0") else { return CUDA_ERROR_NOT_INITIALIZED };
     if !inside() && crate::deferred::any() {
-        guard("cuMemPoolTrimTo", || {
+        guard_step("cuMemPoolTrimTo", || {
             let gpus: Vec<usize> =
                 process::managed_gpus().into_iter().filter(|&ordinal| serves(pool, ordinal)).collect();
             if !gpus.is_empty() {
@@ -209,7 +209,6 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: MemPool, keep: usize) -> CuResult
                     |ordinal| if gpus.contains(&ordinal) { keep } else { usize::MAX },
                 );
             }
-            CUDA_SUCCESS
         });
     }
     // SAFETY: the driver's own function with the caller's arguments.
@@ -261,12 +260,11 @@ fn attribute_read(
 ) -> CuResult {
     let code = to_driver(call);
     if code == CUDA_SUCCESS && !inside() {
-        guard(name, || {
+        guard_step(name, || {
             if let Some(ordinal) = served_gpu(pool) {
                 // SAFETY: the driver accepted `value` for this attribute and wrote it.
                 unsafe { crate::pool_stats::add_ours(ordinal, attribute, value) };
             }
-            CUDA_SUCCESS
         });
     }
     code
@@ -277,11 +275,10 @@ fn attribute_read(
 fn attribute_written(name: &'static str, call: impl FnOnce() -> CuResult, pool: MemPool, attribute: c_int) -> CuResult {
     let code = to_driver(call);
     if code == CUDA_SUCCESS && !inside() {
-        guard(name, || {
+        guard_step(name, || {
             if let Some(ordinal) = served_gpu(pool) {
                 crate::pool_stats::reset(ordinal, attribute);
             }
-            CUDA_SUCCESS
         });
     }
     code

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::ffi::c_int;
 use std::sync::Mutex;
 
-use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_SUCCESS};
+use crate::boundary::{guard_step, inside, to_driver, CuResult};
 use crate::process::{self, Drain};
 use crate::wrappers::wrappers;
 
@@ -47,9 +47,8 @@ pub fn kept_through_reset(ordinal: usize) -> Option<Kept> {
 fn primary_context_reset(name: &'static str, call: impl FnOnce() -> CuResult, device: c_int) -> CuResult {
     if !inside() {
         if let Ok(ordinal) = usize::try_from(device) {
-            guard(name, || {
+            guard_step(name, || {
                 let_go(name, ordinal);
-                CUDA_SUCCESS
             });
         }
     }
