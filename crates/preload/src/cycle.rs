@@ -25,7 +25,7 @@
 //! never while calling the driver or taking another lock; planning reads the hotness index
 //! (for extents), then the process state, each on its own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -316,10 +316,20 @@ pub fn paused(nanos: u64, chunks: u64) {
     PAUSE_CHUNKS.fetch_add(chunks, Relaxed);
 }
 
+/// A plan made at a synchronization for the cycle that comes next.
+pub struct Planned {
+    /// The first segment's moves, to make now (empty: nothing to move, and stage 2's hotness
+    /// plan stays out of the way).
+    pub first: Arc<Boundary>,
+    /// When the whole cycle has no moves, the chunks its launches touch: what stage 2 must
+    /// leave where it is if it places heat the cycle does not show (graph replays, migrate.rs),
+    /// so that the next plan has nothing to undo.
+    pub idle: Option<HashSet<ChunkId>>,
+}
+
 /// The program synchronized (a quiesce point): the cycle ends. Plans the next one from its
-/// recording; the first segment's moves, to make now, if there is a plan (empty: nothing to
-/// move, and stage 2's hotness plan stays out of the way).
-pub fn cycle_ends() -> Option<Arc<Boundary>> {
+/// recording, if there is one to plan.
+pub fn cycle_ends() -> Option<Planned> {
     if !enabled() {
         told(None, None);
         return None;
@@ -366,12 +376,13 @@ pub fn cycle_ends() -> Option<Arc<Boundary>> {
     let planned = plan(ordinal, &touched);
     PLAN_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
     let (first, pauses) = planned?;
+    let idle = (first.is_empty() && pauses.is_empty()).then(|| touched.into_iter().flatten().collect());
     let mut c = cycles();
     // Launches of other threads since the cycle ended would shift the indices: no following.
     c.following = c.count == 0;
     FOLLOWING.store(c.following, Relaxed);
     c.plan = Some(Following { recording, pauses });
-    Some(first)
+    Some(Planned { first, idle })
 }
 
 /// The plan for a cycle whose launches touch `touched` on GPU `ordinal`: the first boundary's

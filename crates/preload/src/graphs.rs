@@ -4,9 +4,12 @@
 //! were fixed when it was captured. So tiermem keeps, per executable graph, the pointers its
 //! captured launches passed (one per launch that passed each), and a replay (`cuGraphLaunch`,
 //! launch.rs) counts them for stage 2's hotness as launches count theirs — the quiesce points
-//! and pauses where no stage-3 cycle is followed then move a graph's chunks by how much its
-//! kernels use them (its activations, passed to many of them, before its weights, each passed
-//! to one). A replay also gets the pause of a program that has not synchronized for a while.
+//! and pauses where no stage-3 cycle is followed, or where the cycle followed has nothing to
+//! move (migrate.rs; the cycle's own chunks then stay where they are), move a graph's chunks by
+//! how much its kernels use them (its activations, passed to many of them, before its weights,
+//! each passed to one). A replay also gets the pause of a program that has not synchronized for
+//! a while. A captured launch itself counts for nothing when it is captured: its kernel runs
+//! only in the replays (nor is it a launch of stage 3's cycle, which would plan for it).
 //!
 //! Stage 3 does not see replays. Tried on the H200 (BENCHMARKS.md, thirty-eighth session): with
 //! a replay as one launch of the cycle, its chunks held by heat where they exceed the budget, a
@@ -84,16 +87,18 @@ pub fn capture_of(stream: Stream, per_thread: bool) -> Option<u64> {
 }
 
 /// A launch on `stream` passed the candidate pointers `words` while a capture was under way:
-/// kept for the graph its capture makes, if the stream is being captured.
-pub fn launched(stream: Stream, per_thread: bool, words: &[u64]) {
+/// kept for the graph its capture makes, if the stream is being captured. Whether it was (the
+/// kernel then runs only when the graph is replayed).
+pub fn launched(stream: Stream, per_thread: bool, words: &[u64]) -> bool {
+    let Some(id) = capture_of(stream, per_thread) else { return false };
     if words.is_empty() {
-        return;
+        return true;
     }
-    let Some(id) = capture_of(stream, per_thread) else { return };
     let mut books = books();
     let kept = books.get_or_insert_with(Books::default).captures.entry(id).or_default();
     let room = MAX_CAPTURED.saturating_sub(kept.len());
     kept.extend(words.iter().take(room));
+    true
 }
 
 /// The capture `id` ended: made `graph` (`Some`), or failed (`None`: its pointers forgotten).

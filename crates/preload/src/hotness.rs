@@ -103,6 +103,24 @@ pub fn may_hold(word: u64) -> bool {
     word >= LOW.load(Relaxed) && word < HIGH.load(Relaxed)
 }
 
+/// Whether a graph's replay was counted this epoch ([`record_replay`]).
+static REPLAYED: AtomicBool = AtomicBool::new(false);
+
+/// Counts one replay of a graph whose captured launches passed `words` (graphs.rs): as
+/// [`record`], and marks the epoch as holding heat that stage 3's cycles do not see.
+pub fn record_replay(words: &[u64]) {
+    if watching() {
+        REPLAYED.store(true, Relaxed);
+    }
+    record(words);
+}
+
+/// Whether this epoch counted a graph's replay while chunks were on the host: heat that
+/// stage 3 cannot place (migrate.rs lets stage 2 place it beside a cycle with nothing to move).
+pub fn replayed() -> bool {
+    REPLAYED.load(Relaxed)
+}
+
 /// Counts one launch that passed the candidate pointers `words`; how many of them point into
 /// chunks on the host.
 pub fn record(words: &[u64]) -> usize {
@@ -187,6 +205,7 @@ pub type Heats = HashMap<u64, Vec<u64>>;
 /// Ends the epoch: the heat of each chunk from the extents of the pointers seen (module docs).
 pub fn take_epoch() -> Heats {
     let mut index = index();
+    REPLAYED.store(false, Relaxed);
     let seen: Vec<(u64, u32)> = std::mem::take(&mut index.seen).into_iter().collect();
     let mut heats = Heats::new();
     let mut at = 0;

@@ -147,7 +147,7 @@ fn graph_launch(name: &'static str, call: impl FnOnce() -> CuResult, exec: *mut 
             let count = words.as_ref().map_or("null".to_owned(), |w| w.len().to_string());
             trace::event("graph_launch", || format!("\"exec\": {}, \"pointers\": {count}", exec as usize));
             if let Some(words) = words {
-                hotness::record(&words);
+                hotness::record_replay(&words);
             }
         });
     }
@@ -170,6 +170,12 @@ unsafe fn record(name: &str, f: Function, params: Params, extra: Params, capture
             // SAFETY: passed on from the caller.
             unsafe { scan_extra(extra, &mut found) };
         }
+        // A captured launch runs only in the graph's replays, which count its pointers then:
+        // neither heat nor a launch of the cycle now (stage 3 would plan for kernels that do
+        // not come).
+        if captured.is_some_and(|stream| crate::graphs::launched(stream, name.ends_with("_ptsz"), &found)) {
+            return;
+        }
         let on_host = hotness::record(&found);
         if on_host > 0 && trace::on() {
             let (launch, _, _) = hotness::launch_counts();
@@ -185,9 +191,6 @@ unsafe fn record(name: &str, f: Function, params: Params, extra: Params, capture
             });
         }
         cycle::record(f as usize, &found);
-        if let Some(stream) = captured {
-            crate::graphs::launched(stream, name.ends_with("_ptsz"), &found);
-        }
     });
 }
 

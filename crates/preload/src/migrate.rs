@@ -21,7 +21,10 @@
 //!
 //! With stage 3 on (cycle.rs), a quiesce point first ends the program's cycle and plans the
 //! next; when there is a plan, its first segment's moves are made here ([`carry`]) instead of
-//! the hotness plan's, whatever the interval. `carry` also makes the moves of the pauses stage 3
+//! the hotness plan's, whatever the interval — unless the whole plan moves nothing and graph
+//! replays heated chunks this epoch (graphs.rs): the cycle cannot see those, so stage 2 places
+//! them, the cycle's own chunks neither moving nor making room (the next plan has nothing to
+//! undo). `carry` also makes the moves of the pauses stage 3
 //! takes before a segment's first launch, under the same guards and the same gate.
 //!
 //! # How
@@ -49,7 +52,7 @@
 //! process state (process.rs), then the hotness index; the process lock is held through the
 //! moves, so no allocation or free of the GPU's memory interleaves with them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
@@ -190,13 +193,18 @@ pub fn quiesce_point(call: &str) {
     lent::give_back_lent(call);
     // Stage 3 (cycle.rs): the cycle ends; with a plan for the next, its first segment's moves
     // are made here instead of the hotness plan's.
-    let first = crate::cycle::cycle_ends();
+    let planned = crate::cycle::cycle_ends();
     let (ended, next) = crate::cycle::told_apart();
     crate::deferred::cycle_ends(ended, next);
     if !due() {
         return;
     }
-    if let Some(first) = first {
+    if let Some(crate::cycle::Planned { first, idle }) = planned {
+        // Graph replays heat chunks that the cycle's launches do not show; with nothing for
+        // stage 3 to move, stage 2 places them, leaving the cycle's chunks where they are.
+        if let Some(cycle_chunks) = idle.filter(|_| hotness::replayed()) {
+            return hotness_moves(call, config, Some(&cycle_chunks));
+        }
         let started = Instant::now();
         // The epoch's heat is not used while segments place the chunks; it is kept for a later
         // quiesce point if they could not (a stream capture under way, another migration).
@@ -212,7 +220,7 @@ pub fn quiesce_point(call: &str) {
         }
         return;
     }
-    hotness_moves(call, config);
+    hotness_moves(call, config, None);
 }
 
 /// Milliseconds since the first call, on a clock that only goes forward.
@@ -249,12 +257,13 @@ pub fn pause_point(call: &str) {
     crate::deferred::cycle_ends(None, None);
     crate::trace::event("pause", || format!("\"call\": {}", crate::trace::quoted(call)));
     lent::give_back_lent(call);
-    hotness_moves(call, config());
+    hotness_moves(call, config(), None);
 }
 
 /// Stage 2 at a quiesce point: the epoch's heat planned into moves (moves.rs) and made, unless
-/// the interval since the last evaluation is too short or nothing would move.
-fn hotness_moves(call: &str, config: &Config) {
+/// the interval since the last evaluation is too short or nothing would move. The chunks in
+/// `stay` (a stage-3 cycle's) neither move nor make room.
+fn hotness_moves(call: &str, config: &Config, stay: Option<&HashSet<ChunkId>>) {
     let Some(mut state) = try_state() else {
         SKIPPED.fetch_add(1, Relaxed);
         return;
@@ -269,7 +278,7 @@ fn hotness_moves(call: &str, config: &Config) {
     state.evaluations += 1;
     let heats = hotness::take_epoch();
     let Some(Ok(ordinal)) = process::current_gpu() else { return };
-    if plan_for(&process::lock(), ordinal, &heats, state).0.is_empty() {
+    if plan_for(&process::lock(), ordinal, &heats, state, stay).0.is_empty() {
         SKIPPED.fetch_add(1, Relaxed);
         return;
     }
@@ -282,7 +291,7 @@ fn hotness_moves(call: &str, config: &Config) {
         return;
     }
     let mut p = process::lock();
-    let (plan, ids) = plan_for(&p, ordinal, &heats, state);
+    let (plan, ids) = plan_for(&p, ordinal, &heats, state, stay);
     execute(call, &mut p, ordinal, &plan, &ids, state);
     OVER_BUDGET.store(any_over(&p), Relaxed);
     TAKEN.fetch_add(1, Relaxed);
@@ -294,14 +303,23 @@ fn synchronize() -> bool {
     crate::contexts::synchronize()
 }
 
-/// The plan for GPU `ordinal`'s chunks, and the chunk each id of it names.
-fn plan_for(p: &Process, ordinal: usize, heats: &Heats, state: &State) -> (Plan, Vec<ChunkId>) {
+/// The plan for GPU `ordinal`'s chunks but those in `stay`, and the chunk each id of it names.
+fn plan_for(
+    p: &Process,
+    ordinal: usize,
+    heats: &Heats,
+    state: &State,
+    stay: Option<&HashSet<ChunkId>>,
+) -> (Plan, Vec<ChunkId>) {
     let Some(gpu) = p.gpus.get(&ordinal).filter(|gpu| gpu.device.is_some()) else { return Default::default() };
     let (mut candidates, mut ids) = (Vec::new(), Vec::new());
     // Shared allocations (ipc.rs) stay where they are: other processes map their chunks.
     for allocation in p.books.iter().filter(|a| a.ordinal == ordinal && !a.shared) {
         let heat = heats.get(&allocation.va);
         for (index, &(_, tier)) in allocation.chunks.iter().enumerate() {
+            if stay.is_some_and(|stay| stay.contains(&(allocation.va, index))) {
+                continue;
+            }
             let address = allocation.chunk_va(index);
             let cooling = state.moved_at.get(&address).is_some_and(|&at| state.evaluations - at <= COOLDOWN);
             let heat = heat.and_then(|h| h.get(index)).copied().unwrap_or(0);
@@ -390,7 +408,7 @@ pub fn shed(call: &str, ordinal: usize) -> Result<(), String> {
         // Again while short chunks (an allocation's last) left it over and the last round moved some.
         let still_over = loop {
             state.evaluations += 1;
-            let (plan, ids) = plan_for(&p, ordinal, &heats, state);
+            let (plan, ids) = plan_for(&p, ordinal, &heats, state, None);
             let before = rounds::counts().1;
             execute(call, &mut p, ordinal, &plan, &ids, state);
             let moved = rounds::counts().1 - before;

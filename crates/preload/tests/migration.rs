@@ -61,6 +61,17 @@ fn a_graphs_replays_heat_what_its_capture_passed() {
 }
 
 #[test]
+fn a_graphs_replays_heat_beside_a_cycle_of_eager_launches_with_nothing_to_move() {
+    // Stage 3 follows the eager launch's cycle, which has nothing to move: the replays' heat is
+    // still placed (before, the cycle's plan took the quiesce points and B stayed on the host).
+    let env = with(&[("TIERMEM_STATS", "1"), ("TIERMEM_HBM_LIMIT", "18MiB")]);
+    let output = support::probe("graphs-eager", &["graphs", "eager"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("graphs: ok"), "{stdout}");
+    assert!(stderr.contains("migration on: 4 chunks up, 4 down (16.00 MiB moved), 0 failed"), "{stderr}");
+}
+
+#[test]
 fn chunks_of_several_granules_move_whole_and_a_short_last_one_by_its_size() {
     let env = with(&[("TIERMEM_STATS", "1"), ("TIERMEM_CHUNK", "6MiB")]);
     let output = support::probe("migrate-uneven", &["migrate-uneven"], &env);

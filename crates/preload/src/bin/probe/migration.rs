@@ -118,12 +118,17 @@ pub fn hot_b(cuda: &Cuda, kernels: &Kernels) -> (u64, u64) {
 
 /// Frees A and B; checks the budget is whole and nothing is held beyond `before`.
 pub fn free_all(cuda: &Cuda, ptrs: &[u64], before: &Census) {
+    free_all_under(cuda, ptrs, before, 16 * MIB);
+}
+
+/// [`free_all`] under a budget of `budget` bytes.
+pub fn free_all_under(cuda: &Cuda, ptrs: &[u64], before: &Census, budget: usize) {
     let free: Free = cuda.get(c"cuMemFree", 0);
     for &p in ptrs {
         // SAFETY: pointers the allocation gave.
         assert_eq!(unsafe { free(p) }, 0);
     }
-    assert_eq!(cuda.mem_info(), (16 * MIB, 16 * MIB), "the budget is whole again");
+    assert_eq!(cuda.mem_info(), (budget, budget), "the budget is whole again");
     assert_eq!(cuda.census().held(), before.held(), "leak: spare chunks and the scratch range go with the last free");
 }
 
