@@ -11,6 +11,13 @@ It does two things:
   allocation: the library named by TIERMEM_TORCH_ALLOCATOR (tiermem's preload library) serves
   `tiermem_torch_malloc` / `tiermem_torch_free`.
 
+`torch.compile(mode="reduce-overhead")`'s CUDA graph trees need the caching allocator's
+checkpoints of its graph pool (`checkPoolLiveAllocations`, `setCheckpointPoolState`), which
+PyTorch refuses for a pluggable allocator ("pluggable does not yet support …"): once the
+allocator is installed, Inductor's configuration, when it is imported, gets
+`triton.cudagraph_trees = False`, so that the mode replays Inductor's plain CUDA graphs (one
+private pool per graph, which the pluggable allocator serves) with the same kernels.
+
 A pluggable allocator has no memory statistics in PyTorch (`torch.cuda.memory_stats()`,
 `max_memory_allocated()`, `reset_peak_memory_stats()` raise): once it is installed, the hook
 answers them from tiermem's counters of the tensors it serves (torch_stats.rs), in the shape
@@ -61,6 +68,13 @@ def _install(torch):
         _answer_memory_stats(torch, ctypes.CDLL(_LIBRARY))
     except (OSError, AttributeError) as e:
         sys.stderr.write(f"tiermem: --torch-allocator: no memory statistics ({e}); torch.cuda.memory_stats() raises\n")
+    _after_import("torch._inductor.config", _plain_cuda_graphs)
+
+
+def _plain_cuda_graphs(config):
+    """Inductor's plain CUDA graphs instead of graph trees, which a pluggable allocator cannot
+    serve (module documentation)."""
+    config.triton.cudagraph_trees = False
 
 
 # What tiermem_torch_memory_stats writes, in order (torch_stats.rs).
@@ -115,10 +129,10 @@ def _answer_memory_stats(torch, library):
 
 
 class _Loader(importlib.abc.Loader):
-    """The `torch` package's own loader, then [`_install`]."""
+    """A module's own loader, then `then(module)`."""
 
-    def __init__(self, inner):
-        self._inner = inner
+    def __init__(self, inner, then):
+        self._inner, self._then = inner, then
 
     def __getattr__(self, name):
         # Everything else (resources, source, is_package) is the package's own loader's.
@@ -129,25 +143,33 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._inner.exec_module(module)
-        _install(module)
+        self._then(module)
 
 
-class _AfterTorch(importlib.abc.MetaPathFinder):
-    """Finds `torch` as the other finders do, with [`_Loader`] around its loader; once."""
+class _After(importlib.abc.MetaPathFinder):
+    """Finds module `name` as the other finders do, with [`_Loader`] around its loader; once."""
+
+    def __init__(self, name, then):
+        self._name, self._then = name, then
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        if name != self._name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader)
+            spec.loader = _Loader(spec.loader, self._then)
         return spec
+
+
+def _after_import(name, then):
+    """Runs `then(module)` once module `name` is imported: now if it is already."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _After(name, then))
 
 
 _run_hidden_sitecustomize()
 if _LIBRARY:
-    if "torch" in sys.modules:
-        _install(sys.modules["torch"])
-    else:
-        sys.meta_path.insert(0, _AfterTorch())
+    _after_import("torch", _install)

@@ -145,6 +145,10 @@ fn fake_torch(dir: &std::path::Path, refuse: bool) -> String {
          calls.append((path, malloc, free))\ndef change_current_allocator(allocator):\n    {install}\n"
     );
     std::fs::write(memory.join("memory.py"), module).unwrap();
+    // Inductor's configuration, as PyTorch's: CUDA graph trees on.
+    std::fs::create_dir_all(dir.join("pkgs/torch/_inductor")).unwrap();
+    std::fs::write(dir.join("pkgs/torch/_inductor/__init__.py"), "").unwrap();
+    std::fs::write(dir.join("pkgs/torch/_inductor/config.py"), "class triton:\n    cudagraph_trees = True\n").unwrap();
     std::fs::create_dir_all(dir.join("site")).unwrap();
     std::fs::write(dir.join("site/sitecustomize.py"), "import os\nos.environ['PROGRAM_SITE_RAN'] = 'yes'\n").unwrap();
     format!("{}:{}", dir.join("site").display(), dir.join("pkgs").display())
@@ -181,6 +185,25 @@ fn torch_allocator_installs_tiermems_allocator_once_torch_is_imported() {
         "import os, torch; print(torch.cuda.memory.calls, os.environ.get('PROGRAM_SITE_RAN'))",
     );
     assert_eq!(String::from_utf8_lossy(&output.stdout), "[] yes\n");
+}
+
+#[test]
+fn torch_allocator_turns_inductors_cuda_graph_trees_off() {
+    // Graph trees need the caching allocator's pool checkpoints, which PyTorch refuses for a
+    // pluggable allocator: with tiermem's installed, torch.compile's reduce-overhead mode gets
+    // Inductor's plain CUDA graphs; without it, or when PyTorch refused it, nothing changes.
+    let dir = support::TempDir::new("torch-hook-graph-trees");
+    let code = "import torch, torch._inductor.config as c; print(c.triton.cudagraph_trees)";
+    for (refuse, args, expected) in [
+        (false, &["--torch-allocator"][..], "False\n"),
+        (false, &[][..], "True\n"),
+        (true, &["--torch-allocator"][..], "True\n"),
+    ] {
+        let pythonpath = fake_torch(&dir.0, refuse);
+        let output = run_python(args, &pythonpath, code);
+        let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert_eq!(stdout, expected, "{args:?}, refused {refuse}: {stderr}");
+    }
 }
 
 #[test]
