@@ -33,6 +33,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::boundary::{to_driver, CuResult, CUDA_SUCCESS};
@@ -113,6 +114,7 @@ pub fn capture_ended(id: u64, graph: Option<*mut c_void>) {
         let count = all.len();
         crate::trace::event("graph", || format!("\"graph\": {}, \"pointers\": {count}", graph as usize));
         books.graphs.insert(graph as usize, all.into());
+        CAPTURED.fetch_add(1, Relaxed);
     }
 }
 
@@ -146,6 +148,38 @@ pub fn graph_destroyed(graph: *mut c_void) {
 /// The pointers a replay of `exec` passes (module documentation), if its capture was followed.
 pub fn words_of(exec: *mut c_void) -> Option<Arc<[u64]>> {
     books().as_ref()?.execs.get(&(exec as usize)).cloned()
+}
+
+/// What `--stats` says of graphs: captures followed (their pointers kept), replays, those
+/// counted for hotness, and those of graphs not followed (built node by node, updated…).
+static CAPTURED: AtomicU64 = AtomicU64::new(0);
+static REPLAYS: AtomicU64 = AtomicU64::new(0);
+static HEATED: AtomicU64 = AtomicU64::new(0);
+static NOT_FOLLOWED: AtomicU64 = AtomicU64::new(0);
+
+/// A replay of `exec` (launch.rs): counted, and, if `scanned` (chunks are on the host), its
+/// pointers for hotness — `None` for a graph whose capture was not followed.
+pub fn replayed(exec: *mut c_void, scanned: bool) -> Option<Arc<[u64]>> {
+    REPLAYS.fetch_add(1, Relaxed);
+    if !scanned {
+        return None;
+    }
+    let words = words_of(exec);
+    (if words.is_some() { &HEATED } else { &NOT_FOLLOWED }).fetch_add(1, Relaxed);
+    words
+}
+
+/// The `--stats` line, if the program made or replayed graphs.
+pub fn report() -> Option<String> {
+    let (captured, replays) = (CAPTURED.load(Relaxed), REPLAYS.load(Relaxed));
+    (captured + replays > 0).then(|| {
+        format!(
+            "tiermem: stats: CUDA graphs: {captured} captured with tiermem's pointers, {replays} replays ({} counted \
+             for hotness while chunks were on the host, {} of graphs not followed: built node by node, updated or cloned)",
+            HEATED.load(Relaxed),
+            NOT_FOLLOWED.load(Relaxed),
+        )
+    })
 }
 
 /// At most [`MAX_WORDS`] of `words`: each distinct pointer once, the most passed first, then

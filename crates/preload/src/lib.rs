@@ -177,6 +177,7 @@ extern "C" fn report_stats() {
                 .chain(vmm::report())
                 .chain(spill::report())
                 .chain(captures::report())
+                .chain(graphs::report())
                 .chain(verify::report())
             {
                 eprintln!("{line}");

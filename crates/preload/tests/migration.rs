@@ -57,6 +57,8 @@ fn a_graphs_replays_heat_what_its_capture_passed() {
         let (stdout, stderr) = support::assert_passed(&output);
         assert!(stdout.contains("graphs: ok"), "{label}: {stdout}");
         assert!(stderr.contains("migration on: 4 chunks up, 4 down (16.00 MiB moved), 0 failed"), "{label}: {stderr}");
+        assert!(stderr.contains("CUDA graphs: 1 captured with tiermem's pointers, "), "{label}: {stderr}");
+        assert!(stderr.contains(", 0 of graphs not followed"), "{label}: {stderr}");
     }
 }
 
@@ -69,6 +71,11 @@ fn a_graphs_replays_heat_beside_a_cycle_of_eager_launches_with_nothing_to_move()
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("graphs: ok"), "{stdout}");
     assert!(stderr.contains("migration on: 4 chunks up, 4 down (16.00 MiB moved), 0 failed"), "{stderr}");
+    // One replay in the loop (B up at its synchronization), one after: both counted.
+    assert!(
+        stderr.contains("CUDA graphs: 1 captured with tiermem's pointers, 2 replays (2 counted for hotness"),
+        "{stderr}"
+    );
 }
 
 #[test]
