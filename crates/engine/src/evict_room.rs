@@ -17,7 +17,7 @@
 //! nice 10 fault its pages in, where sixteen stalled the tenants' rounds once a second).
 //! Room pinned ahead is speculative and pinned memory cannot be swapped, so a slab is pinned
 //! only while the host keeps an eighth of its memory available after it
-//! ([`leaves_enough`]): tenants on a node of eight GPUs could otherwise pin as much host
+//! (`HostMemory::pinning_leaves_an_eighth`): tenants on a node of eight GPUs could otherwise pin as much host
 //! memory as all their HBM together. A standalone engine never pins ahead (no one
 //! shrinks its budget behind its back), nor does one with `TIERMEM_EVICT_ROOM=off`; a host
 //! that refuses to pin more stops it for good (the eviction itself will report the error).
@@ -26,12 +26,6 @@ use crate::engine::Engine;
 use crate::error::Context;
 use crate::Result;
 use tiermem_mechanism::HostMemory;
-
-/// Whether pinning `slab` more bytes leaves the host at least an eighth of its memory
-/// available (module docs); not where `/proc/meminfo` cannot say.
-fn leaves_enough(memory: Option<HostMemory>, slab: usize) -> bool {
-    memory.is_some_and(|m| m.available.saturating_sub(slab) >= m.total / 8)
-}
 
 impl Engine {
     /// Pins one slab of host memory (up to 1 GiB) if the host tier's free slots are fewer than
@@ -51,7 +45,7 @@ impl Engine {
             }
             (inner.tiers.host.slab_bytes(), std::sync::Arc::clone(&inner.tiers.device))
         };
-        if !leaves_enough(HostMemory::read(), bytes) {
+        if !HostMemory::pinning_leaves_an_eighth(HostMemory::read(), bytes) {
             return Ok(0);
         }
         let pinned = match device.alloc_pinned_gently(bytes).during(call) {
@@ -124,16 +118,6 @@ mod tests {
         let mut back = vec![0u8; 48 * MIB];
         engine.read(id, 0, &mut back).unwrap();
         assert!(back.iter().all(|&b| b == 0x5a), "every byte comes back");
-    }
-
-    #[test]
-    fn room_is_pinned_ahead_only_while_the_host_keeps_an_eighth_available() {
-        let host = |available| Some(tiermem_mechanism::HostMemory { total: 64 << 30, available });
-        assert!(super::leaves_enough(host(16 << 30), 1 << 30));
-        assert!(super::leaves_enough(host(9 << 30), 1 << 30), "8 GiB left: an eighth");
-        assert!(!super::leaves_enough(host(8 << 30), 1 << 30));
-        assert!(!super::leaves_enough(host(512 << 20), 1 << 30));
-        assert!(!super::leaves_enough(None, 1 << 30), "unknown: nothing pinned ahead");
     }
 
     #[test]

@@ -155,6 +155,11 @@ impl Tenant for GpuTenant {
         ([hbm, peer, host, TierUsage::default()], transfers)
     }
 
+    /// Host chunks made ahead of a cut, if asked for (spares.rs).
+    fn ready_for_cuts(&self) {
+        let _ = std::panic::catch_unwind(|| crate::spares::make_ahead(self.ordinal));
+    }
+
     fn meet_budget(&self, tier: Tier, bytes: u64) -> Result<(), String> {
         match tier {
             Tier::Hbm => {}

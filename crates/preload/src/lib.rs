@@ -143,6 +143,7 @@ mod rounds;
 mod routes;
 mod segments;
 mod shadows;
+mod spares;
 mod spill;
 mod stats;
 mod torch_alloc;
@@ -178,6 +179,7 @@ extern "C" fn report_stats() {
                 .chain(spill::report())
                 .chain(captures::report())
                 .chain(graphs::report())
+                .chain(spares::report())
                 .chain(verify::report())
             {
                 eprintln!("{line}");

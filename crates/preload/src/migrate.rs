@@ -499,6 +499,19 @@ fn execute(call: &str, p: &mut Process, ordinal: usize, plan: &Plan, ids: &[Chun
     state.moved_at.retain(|_, &mut at| evaluation - at <= COOLDOWN);
 }
 
+/// Runs `f` on GPU `ordinal`'s moving tools (its spare host chunks) and the process state,
+/// unless a migration holds them or the GPU has no allocation left (spares.rs hands over the
+/// chunks it made ahead; [`release_if_idle`] would not see them after the last free).
+pub fn with_tools<T>(ordinal: usize, f: impl FnOnce(&mut rounds::Tools, &mut Process) -> T) -> Option<T> {
+    let mut state = try_state()?;
+    let state = state.get_or_insert_with(State::default);
+    let mut p = process::lock();
+    if !p.books.iter().any(|a| a.ordinal == ordinal) {
+        return None;
+    }
+    Some(f(state.gpus.entry(ordinal).or_default(), &mut p))
+}
+
 /// After a free on GPU `ordinal`: if none of its allocations is left, gives back the spare
 /// chunks and the streams (so a program that frees everything holds nothing).
 pub fn release_if_idle(ordinal: usize) {

@@ -69,6 +69,16 @@ impl Tools {
         }
     }
 
+    /// The bytes of host chunks kept ready to take chunks going down.
+    pub fn spare_bytes(&self) -> usize {
+        self.spares.iter().filter(|&&(_, h)| !crate::spill::is_lent(h)).map(|&(len, _)| len).sum()
+    }
+
+    /// Keeps `handle`, a host chunk of `len` bytes made ahead of need (spares.rs), for moves down.
+    pub fn add_spare(&mut self, len: usize, handle: PhysHandle) {
+        self.spares.push((len, handle));
+    }
+
     fn streams(&mut self, device: &dyn Device) -> Result<Streams, String> {
         if let Some(made) = self.streams {
             return Ok(made);
@@ -250,7 +260,8 @@ fn shadow(call: &str, device: &dyn Device, p: &mut Process, handle: PhysHandle, 
         .ok()
 }
 
-fn create(device: &dyn Device, location: ChunkLocation, len: usize) -> Option<PhysHandle> {
+/// A new chunk of `len` bytes at `location`, its time counted in its phase (`--stats`).
+pub fn create(device: &dyn Device, location: ChunkLocation, len: usize) -> Option<PhysHandle> {
     let phase = if location == ChunkLocation::Host { Phase::CreateHost } else { Phase::CreateHbm };
     let granules = len / device.info().granularity.max(1);
     remap::timed(phase, || crate::ipc::create_chunk(device, location, granules).ok())

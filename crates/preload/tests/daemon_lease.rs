@@ -193,6 +193,32 @@ fn the_daemon_grants_the_budget_takes_back_half_for_a_newcomer_and_gives_it_back
 }
 
 #[test]
+fn spares_made_ahead_take_a_cuts_chunks_and_none_is_made_then() {
+    // TIERMEM_SPARES_AHEAD=on: from two seconds after it registered, the link's thread makes a
+    // host chunk for each chunk in HBM (what a cut to nothing would send down); the newcomer's
+    // cut then sends 8 chunks down into them, making none (without it, none is made ahead).
+    let (daemon, dir) = daemon("spares");
+    let socket = dir.join("d.sock");
+    let env = [("TIERMEM_STATS", "1"), ("TIERMEM_SPARES_AHEAD", "on")];
+    let (mut probe, child, links) = start_probe("lease-spares", &socket, &env);
+    assert_eq!(probe.ask("where"), "hbm 24 host 0");
+    probe.ask_until("host-chunks", "24", |_| {});
+    let (other, link, buffer) = newcomer(&socket);
+    wait_for_standing(&socket, child.id(), |(used, budget, late)| budget == 32 * MIB && used <= budget && !late);
+    probe.ask_until("where", "hbm 16 host 8", |_| {});
+    assert_eq!(probe.ask("host-chunks"), "24", "the cut took spares: no host chunk made, none given back");
+    assert_eq!(probe.ask("verify"), "verified");
+    other.free(buffer).unwrap();
+    link.end();
+    drop(other);
+    let stderr = finish(probe, child, links);
+    assert!(stderr.contains("spares ahead of cuts: 24 host chunks made (48.00 MiB)"), "{stderr}");
+    assert!(stderr.contains("creating host chunks 0.0 ms (0)"), "{stderr}");
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_smaller_budget_that_cannot_be_met_is_not_acknowledged_and_says_why() {
     let (daemon, dir) = daemon("unmet");
     let socket = dir.join("d.sock");

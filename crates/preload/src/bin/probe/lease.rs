@@ -52,6 +52,7 @@ pub fn lease() {
                 format!("hbm {} neighbour {} host {}", count(1), count(3), count(2))
             }
             "budget" => format!("{}", cuda.mem_info().1),
+            "host-chunks" => cuda.census().host_chunks.to_string(),
             "where-each" => {
                 let hbm = |&b: &u64| locations(&cuda, b, LEN).iter().filter(|&&l| l == 1).count().to_string();
                 format!("hbm {}", buffers.iter().map(hbm).collect::<Vec<_>>().join(" "))

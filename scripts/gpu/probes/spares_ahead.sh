@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The thirty-ninth session's question for the next GPU call (issue 16): does making host chunks
+# ahead of a cut (TIERMEM_SPARES_AHEAD=on, crates/preload/src/spares.rs) shorten the steps of a
+# leased transparent program when a newcomer's arrival cuts its budget? daemon_transparent.sh
+# with it off, then on (one GPU: host memory beyond the budget), STEPS steps each.
+# Results: OUT/off/, OUT/on/ (summary.json: A's step times, budgets, losses_identical).
+# Usage (on the GPU machine, after building dist/ here): scripts/gpu/probes/spares_ahead.sh OUT
+set -u
+out=$1
+export TIERMEM_PEERS=off STEPS=${STEPS:-40}
+here=$(cd "$(dirname "$0")" && pwd)
+for mode in off on; do
+  TIERMEM_SPARES_AHEAD=$mode timeout 240 "$here/daemon_transparent.sh" "$PWD/dist/tiermem" "$out/$mode" > "$out/$mode.log" 2>&1
+  python3 -c "
+import json, sys
+s = json.load(open(sys.argv[1]))
+steps = s['step_s_leased']
+print(sys.argv[2], 'losses identical', s['losses_identical'], 'steps around the cut', [round(x, 2) for x in sorted(steps)[-4:]], 'median', round(sorted(steps)[len(steps) // 2], 3))
+" "$out/$mode/summary.json" "$mode"
+  grep -h "spares ahead\|creating host" "$out/$mode/train.log" | tail -2
+done
+exit 0
