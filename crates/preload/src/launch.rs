@@ -144,9 +144,14 @@ fn graph_launch(name: &'static str, call: impl FnOnce() -> CuResult, exec: *mut 
         let _inside = enter();
         // As for a kernel's launch: a panic only loses this replay's hotness.
         let _ = std::panic::catch_unwind(|| {
-            let Some(words) = crate::graphs::replayed(exec, scanned) else { return };
-            trace::event("graph_launch", || format!("\"exec\": {}, \"pointers\": {}", exec as usize, words.len()));
-            hotness::record_replay(&words);
+            let words = crate::graphs::replayed(exec, scanned);
+            if scanned {
+                let count = words.as_ref().map_or("null".to_owned(), |w| w.len().to_string());
+                trace::event("graph_launch", || format!("\"exec\": {}, \"pointers\": {count}", exec as usize));
+            }
+            if let Some(words) = words {
+                hotness::record_replay(&words);
+            }
         });
     }
     to_driver(call)
