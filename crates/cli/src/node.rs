@@ -1,9 +1,10 @@
 //! `tiermem daemon` and `tiermem status`: the node daemon in the foreground (logs on stderr),
-//! and what it says of each GPU, tier and tenant: used, budget and lent memory, with bars.
+//! and what it says of each GPU, tier and tenant: used, budget and lent memory, with bars, and
+//! what each tenant moved.
 
 use std::path::PathBuf;
 use tiermem::format_size;
-use tiermem_protocol::{PoolStatus, ShareStatus, StatusReport, TenantStatus};
+use tiermem_protocol::{PoolStatus, ShareStatus, StatusReport, TenantStatus, TransferCounters};
 
 #[derive(clap::Args)]
 pub struct DaemonArgs {
@@ -83,6 +84,7 @@ fn render(report: &StatusReport) -> String {
     if let Some(line) = host_pinned_line(report) {
         out += &line;
     }
+    out += &traffic_rows(report);
     for lender in &report.lenders {
         out += &lender_line(lender);
     }
@@ -104,6 +106,65 @@ fn host_pinned_line(report: &StatusReport) -> Option<String> {
         })
         .collect();
     (!each.is_empty()).then(|| format!("\npinned host memory: {}\n", each.join("; ")))
+}
+
+/// The columns of the traffic rows: what each tenant moved up and down, the time it stalled
+/// waiting for moves, its kernel launches and the share of them with every pointer in HBM (a
+/// program under `tiermem run`; `-` for an engine, which sees no launches).
+pub const TRAFFIC_COLUMNS: [&str; 7] = ["tenant", "name", "in", "out", "stalled", "launches", "all in HBM"];
+
+/// One tenant's traffic cells: its counters since it started or, given an earlier report's
+/// counters and the seconds since, per second over them (`tiermem top`).
+pub fn traffic_cells(t: &TenantStatus, earlier: Option<(&TransferCounters, f64)>) -> [String; 7] {
+    let now = &t.transfers;
+    let zero = TransferCounters::default();
+    let (before, seconds) = earlier.unwrap_or((&zero, 0.0));
+    let delta = |now: u64, before: u64| now.saturating_sub(before);
+    let (bytes_in, bytes_out) = (delta(now.bytes_in, before.bytes_in), delta(now.bytes_out, before.bytes_out));
+    let stall_ms = delta(now.stall_us, before.stall_us) as f64 / 1e3;
+    let launches = delta(now.launches, before.launches);
+    let all_in_hbm = delta(now.launches_all_in_hbm, before.launches_all_in_hbm);
+    let share =
+        if launches == 0 { "-".to_owned() } else { format!("{:.1}%", all_in_hbm as f64 * 100.0 / launches as f64) };
+    let [bytes_in, bytes_out, stalled, launches] = match earlier {
+        None => [
+            format_size(bytes_in as usize),
+            format_size(bytes_out as usize),
+            format!("{:.1} s", stall_ms / 1e3),
+            launches.to_string(),
+        ],
+        Some(_) => {
+            let per = |x: f64| x / seconds.max(1e-3);
+            [
+                format!("{}/s", format_size(per(bytes_in as f64) as usize)),
+                format!("{}/s", format_size(per(bytes_out as f64) as usize)),
+                format!("{:.0} ms/s", per(stall_ms)),
+                format!("{:.0}/s", per(launches as f64)),
+            ]
+        }
+    };
+    [t.tenant.to_string(), t.name.clone(), bytes_in, bytes_out, stalled, launches, share]
+}
+
+/// Whether any tenant has moved anything or launched a kernel.
+pub fn any_traffic(tenants: &[TenantStatus]) -> bool {
+    tenants.iter().any(|t| t.transfers != TransferCounters::default())
+}
+
+/// The traffic of each tenant since it started, if any moved anything ([`traffic_cells`]).
+fn traffic_rows(report: &StatusReport) -> String {
+    if !any_traffic(&report.tenants) {
+        return String::new();
+    }
+    let row = |c: &[String; 7]| {
+        format!("  {:>6} {:<12} {:>11} {:>11} {:>9} {:>10} {:>10}\n", c[0], c[1], c[2], c[3], c[4], c[5], c[6])
+    };
+    let mut out = String::from("\ntraffic since each tenant started:\n");
+    out += &row(&TRAFFIC_COLUMNS.map(String::from));
+    for tenant in &report.tenants {
+        out += &row(&traffic_cells(tenant, None));
+    }
+    out
 }
 
 /// A lender (`tiermem lend`): what it offers, and what it lends to whom.
@@ -267,6 +328,7 @@ mod tests {
             overhead: None,
             host_pinned: pinned,
             host_ready: ready,
+            transfers: Default::default(),
         };
         let mut report = StatusReport { tenants: vec![tenant(1, 0, 0)], ..StatusReport::default() };
         assert_eq!(host_pinned_line(&report), None, "nothing pinned: no line");
@@ -277,5 +339,22 @@ mod tests {
             Some("\npinned host memory: tenant 2 (job) 3.00 GiB, 1.00 GiB of it ready; tenant 3 (job) 1.00 GiB\n")
         );
         assert!(render(&report).contains("pinned host memory: tenant 2"));
+        assert!(!render(&report).contains("traffic"), "nothing moved: no traffic rows");
+        report.tenants[1].transfers =
+            TransferCounters { bytes_in: 3 << 30, bytes_out: 1 << 30, stall_us: 2_500_000, ..Default::default() };
+        report.tenants[2].transfers =
+            TransferCounters { launches: 200, launches_all_in_hbm: 190, ..Default::default() };
+        let shown = render(&report);
+        assert!(shown.contains("traffic since each tenant started:"), "{shown}");
+        let rows: Vec<&str> = shown.lines().filter(|l| l.contains(" job ")).collect();
+        let row_of = |id: &str| rows.iter().rev().find(|l| l.trim_start().starts_with(id)).copied().unwrap_or("");
+        assert!(
+            row_of("2 ").contains("3.00 GiB") && row_of("2 ").contains("2.5 s") && row_of("2 ").ends_with("-"),
+            "{shown}"
+        );
+        assert!(
+            row_of("3 ").contains("200") && row_of("3 ").ends_with("95.0%"),
+            "launches and their share all in HBM: {shown}"
+        );
     }
 }

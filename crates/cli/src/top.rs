@@ -1,8 +1,11 @@
 //! `tiermem top`: what `tiermem status` shows, refreshed live in the terminal (ratatui over
 //! crossterm). `q`, `Esc` or `Ctrl-C` quits; the terminal is restored on exit and on panic.
-//! While the daemon does not answer, the last report stays on screen with the reason.
+//! While the daemon does not answer, the last report stays on screen with the reason. Each
+//! tenant's traffic is shown per second, from the counters of the report before.
 
-use crate::node::{bar, driver_line, pool_heading, share_cells, SHARE_COLUMNS};
+use crate::node::{
+    any_traffic, bar, driver_line, pool_heading, share_cells, traffic_cells, SHARE_COLUMNS, TRAFFIC_COLUMNS,
+};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
@@ -29,16 +32,17 @@ pub fn run(args: TopArgs) -> Result<(), String> {
         "no tiermemd socket found (TIERMEM_SOCKET, /run/tiermem/tiermemd.sock, $XDG_RUNTIME_DIR/tiermem.sock): is `tiermem daemon` running?",
     )?;
     let mut terminal = ratatui::try_init().map_err(|e| format!("top: the terminal: {e}"))?;
-    let mut last: Option<StatusReport> = None;
+    let (mut last, mut before): (Option<StatusReport>, Option<StatusReport>) = (None, None);
     let outcome = loop {
         let problem = match tiermem_tenant::query_status(&socket) {
             Ok(report) => {
-                last = Some(report);
+                before = last.replace(report);
                 None
             }
             Err(e) => Some(e.to_string()),
         };
-        if let Err(e) = terminal.draw(|frame| draw(frame, last.as_ref(), problem.as_deref())) {
+        let shown = Shown { report: last.as_ref(), before: before.as_ref(), problem: problem.as_deref() };
+        if let Err(e) = terminal.draw(|frame| draw(frame, &shown)) {
             break Err(format!("top: drawing: {e}"));
         }
         match quit_requested(Duration::from_millis(args.interval_ms.max(50))) {
@@ -65,16 +69,27 @@ fn quit_requested(wait: Duration) -> std::io::Result<bool> {
     })
 }
 
-fn draw(frame: &mut Frame, report: Option<&StatusReport>, problem: Option<&str>) {
+/// What a refresh shows: the latest report, the one before it (for rates), and why the daemon
+/// did not answer, if it did not.
+struct Shown<'a> {
+    report: Option<&'a StatusReport>,
+    before: Option<&'a StatusReport>,
+    problem: Option<&'a str>,
+}
+
+fn draw(frame: &mut Frame, shown: &Shown) {
+    let (report, problem) = (shown.report, shown.problem);
     let pools = report.map_or(&[][..], |r| &r.pools[..]);
     let lenders = report.map_or(&[][..], |r| &r.lenders[..]);
+    let tenants = report.map_or(&[][..], |r| &r.tenants[..]);
     let heights = pools.iter().map(|p| Constraint::Length(p.shares.len() as u16 + 3));
     let lenders_height = if lenders.is_empty() { 0 } else { lenders.len() as u16 + 3 };
-    let areas = Layout::vertical(
-        std::iter::once(Constraint::Length(1))
-            .chain(heights)
-            .chain([Constraint::Length(lenders_height), Constraint::Min(0)]),
-    )
+    let traffic_height = if any_traffic(tenants) { tenants.len() as u16 + 3 } else { 0 };
+    let areas = Layout::vertical(std::iter::once(Constraint::Length(1)).chain(heights).chain([
+        Constraint::Length(lenders_height),
+        Constraint::Length(traffic_height),
+        Constraint::Min(0),
+    ]))
     .split(frame.area());
     let header = match (report, problem) {
         (_, Some(problem)) => format!("tiermem top: {problem} (q quits)"),
@@ -94,6 +109,26 @@ fn draw(frame: &mut Frame, report: Option<&StatusReport>, problem: Option<&str>)
     if !lenders.is_empty() {
         frame.render_widget(lender_table(lenders), areas[pools.len() + 1]);
     }
+    if let (Some(report), true) = (report, traffic_height > 0) {
+        frame.render_widget(traffic_table(report, shown.before), areas[pools.len() + 2]);
+    }
+}
+
+/// Each tenant's traffic per second since the report `before` (since it started, on the first
+/// refresh or for a tenant new since then).
+fn traffic_table<'a>(report: &'a StatusReport, before: Option<&'a StatusReport>) -> Table<'a> {
+    let seconds = before.map_or(0.0, |b| report.uptime_ms.saturating_sub(b.uptime_ms) as f64 / 1e3);
+    let rows = report.tenants.iter().map(|t| {
+        let earlier = before
+            .and_then(|b| b.tenants.iter().find(|e| e.tenant == t.tenant))
+            .filter(|_| seconds > 0.0)
+            .map(|e| (&e.transfers, seconds));
+        Row::new(traffic_cells(t, earlier))
+    });
+    let header = Row::new(TRAFFIC_COLUMNS).style(Style::new().add_modifier(Modifier::UNDERLINED));
+    let widths = [6, 12, 14, 14, 10, 10, 10].map(Constraint::Length);
+    let title = if seconds > 0.0 { " traffic per second " } else { " traffic since each tenant started " };
+    Table::new(rows, widths).header(header).block(Block::new().borders(Borders::ALL).title(title))
 }
 
 /// The lenders (`tiermem lend`): each one's offer, what it lends (bar: lent of offered), to whom.
@@ -169,6 +204,14 @@ mod tests {
             overhead: Some(600 << 20),
             host_pinned: 0,
             host_ready: 0,
+            transfers: tiermem_protocol::TransferCounters {
+                bytes_in: 3 << 30,
+                bytes_out: 1 << 30,
+                stall_us: 250_000,
+                launches: 1000,
+                launches_all_in_hbm: 950,
+                ..Default::default()
+            },
         };
         let pool = PoolStatus {
             tier: Tier::Hbm,
@@ -200,8 +243,14 @@ mod tests {
                 returning: 0,
             }],
         };
-        let mut terminal = ratatui::Terminal::new(TestBackend::new(160, 14)).unwrap();
-        terminal.draw(|frame| draw(frame, Some(&report), None)).unwrap();
+        let mut earlier = report.clone();
+        earlier.uptime_ms -= 1000;
+        earlier.tenants[0].transfers.bytes_in -= 1 << 30;
+        earlier.tenants[0].transfers.launches -= 100;
+        earlier.tenants[0].transfers.launches_all_in_hbm -= 50;
+        let mut terminal = ratatui::Terminal::new(TestBackend::new(160, 20)).unwrap();
+        let shown = Shown { report: Some(&report), before: Some(&earlier), problem: None };
+        terminal.draw(|frame| draw(frame, &shown)).unwrap();
         let screen: String = terminal.backend().buffer().content().iter().map(|cell| cell.symbol()).collect();
         let expected = [
             "tiermemd test",
@@ -215,6 +264,10 @@ mod tests {
             "lenders",
             "8.00 GiB",
             "3: 2.00 GiB",
+            "traffic per second",
+            "1.00 GiB/s",
+            "100/s",
+            "50.0%",
         ];
         for expected in expected {
             assert!(screen.contains(expected), "{expected:?} missing from the screen:\n{screen}");

@@ -369,4 +369,8 @@ pub struct TenantStatus {
     /// ([`TierUsage::reserved`] of its host tier).
     #[serde(default)]
     pub host_ready: u64,
+    /// What it moved and waited for since it started, and its kernel launches (a program under
+    /// `tiermem run`), as it last reported them.
+    #[serde(default)]
+    pub transfers: TransferCounters,
 }

@@ -74,6 +74,7 @@ impl Registry {
                 overhead: self.ledgers.get(&t.gpu.index).and_then(|l| l.overhead(t.who.pid)),
                 host_pinned: t.tiers.get(&Tier::Host).map_or(0, |s| s.usage.used.saturating_add(s.usage.reserved)),
                 host_ready: t.tiers.get(&Tier::Host).map_or(0, |s| s.usage.reserved),
+                transfers: t.transfers,
             })
             .collect();
         StatusReport {
