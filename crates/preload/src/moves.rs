@@ -13,8 +13,11 @@
 //!    margin, so nothing ping-pongs on noise, and with heats unchanged a second plan moves
 //!    nothing (a property test checks it; the argument holds for any margin `f(hbm) >= hbm`
 //!    that grows with `hbm`).
-//! 3. **Bounds**: at most `batch` chunks go each way per quiesce point, and chunks that moved
-//!    in the last few quiesce points (`cooling`) stay where they are.
+//! 3. **Bounds**: at most `batch` chunks go down per quiesce point, and up at most `batch` or,
+//!    filling room the budget has free, `fill` (a move up into free room sends nothing down:
+//!    it costs one copy and a remap of cheap HBM, and a budget grown by gigabytes fills at one
+//!    quiesce point instead of at a batch a synchronization); chunks that moved in the last few
+//!    quiesce points (`cooling`) stay where they are.
 //!
 //! The budget is never exceeded: ups − downs ≤ room. Ties break by the chunk's position, so the
 //! plan is deterministic.
@@ -53,8 +56,10 @@ fn worth_swapping(host: u64, hbm: u64) -> bool {
     host > hbm.saturating_add(hbm / 2).saturating_add(1)
 }
 
-/// The plan for `chunks`, with `room` chunks free in the budget and at most `batch` moves each way.
-pub fn plan(chunks: &[Candidate], room: usize, batch: usize) -> Plan {
+/// The plan for `chunks`, with `room` chunks free in the budget, at most `batch` moves down and
+/// at most `batch.max(fill)` up (`fill` bounds what fills free room).
+pub fn plan(chunks: &[Candidate], room: usize, batch: usize, fill: usize) -> Plan {
+    let ups = batch.max(fill);
     let everything_fits = chunks.iter().filter(|c| c.on_host && !c.cooling).count() <= room;
     let mut hot: Vec<&Candidate> =
         chunks.iter().filter(|c| c.on_host && !c.cooling && (c.heat > 0 || everything_fits)).collect();
@@ -63,10 +68,10 @@ pub fn plan(chunks: &[Candidate], room: usize, batch: usize) -> Plan {
     cold.sort_by_key(|c| (c.heat, c.id));
 
     let mut plan = Plan::default();
-    let fill = hot.len().min(room).min(batch);
-    plan.up.extend(hot[..fill].iter().map(|c| c.id));
-    for (host, hbm) in hot[fill..].iter().zip(&cold) {
-        if plan.up.len() >= batch || plan.down.len() >= batch || !worth_swapping(host.heat, hbm.heat) {
+    let filled = hot.len().min(room).min(ups);
+    plan.up.extend(hot[..filled].iter().map(|c| c.id));
+    for (host, hbm) in hot[filled..].iter().zip(&cold) {
+        if plan.up.len() >= ups || plan.down.len() >= batch || !worth_swapping(host.heat, hbm.heat) {
             break;
         }
         plan.up.push(host.id);
@@ -95,21 +100,37 @@ mod tests {
     #[test]
     fn hot_host_chunks_fill_the_room_then_swap_with_cold_hbm_chunks() {
         let chunks = [chunk(0, false, 0), chunk(1, false, 9), chunk(2, true, 50), chunk(3, true, 7), chunk(4, true, 0)];
-        assert_eq!(plan(&chunks, 1, 8), Plan { up: vec![2, 3], down: vec![0] }, "room for 50; 7 > 0 + 0 + 1");
-        assert_eq!(plan(&chunks, 0, 8), Plan { up: vec![2], down: vec![0] }, "no room: 50 for 0; 7 is not > 9 + 4 + 1");
-        assert_eq!(plan(&chunks, 2, 8).up, [2, 3], "never-touched chunks stay where they are");
-        assert_eq!(plan(&chunks, 3, 8).up, [2, 3, 4], "unless every host chunk fits");
-        assert_eq!(plan(&chunks, 0, 1), Plan { up: vec![2], down: vec![0] }, "one each way");
+        assert_eq!(plan(&chunks, 1, 8, 8), Plan { up: vec![2, 3], down: vec![0] }, "room for 50; 7 > 0 + 0 + 1");
+        assert_eq!(
+            plan(&chunks, 0, 8, 8),
+            Plan { up: vec![2], down: vec![0] },
+            "no room: 50 for 0; 7 is not > 9 + 4 + 1"
+        );
+        assert_eq!(plan(&chunks, 2, 8, 8).up, [2, 3], "never-touched chunks stay where they are");
+        assert_eq!(plan(&chunks, 3, 8, 8).up, [2, 3, 4], "unless every host chunk fits");
+        assert_eq!(plan(&chunks, 0, 1, 1), Plan { up: vec![2], down: vec![0] }, "one each way");
+    }
+
+    #[test]
+    fn free_room_fills_beyond_a_batch_and_swaps_stay_within_one() {
+        let mut chunks: Vec<Candidate> = (0..10).map(|id| chunk(id, true, 20 + id as u64)).collect();
+        chunks.extend((10..14).map(|id| chunk(id, false, 1)));
+        let p = plan(&chunks, 6, 2, 6);
+        assert_eq!(p.up, [9, 8, 7, 6, 5, 4], "room for six: the six hottest come up at once");
+        assert!(p.down.is_empty(), "no swap beyond the fill's bound");
+        let p = plan(&chunks, 1, 2, 6);
+        assert_eq!((p.up.len(), p.down.len()), (3, 2), "one into the room, then two swaps: a batch down");
+        assert_eq!(plan(&chunks, 6, 2, 2).up.len(), 2, "a fill of one batch, as before");
     }
 
     #[test]
     fn a_small_margin_is_not_worth_a_swap() {
         let chunks = [chunk(0, false, 10), chunk(1, false, 30), chunk(2, true, 16), chunk(3, true, 17)];
-        assert_eq!(plan(&chunks, 0, 8), Plan { up: vec![3], down: vec![0] }, "17 > 10 + 5 + 1; 16 is not");
-        assert_eq!(plan(&[chunk(0, false, 1), chunk(1, true, 3)], 0, 8), Plan { up: vec![1], down: vec![0] });
-        assert!(plan(&[chunk(0, false, 4), chunk(1, true, 5)], 0, 8).is_empty(), "5 against 4 is noise");
+        assert_eq!(plan(&chunks, 0, 8, 8), Plan { up: vec![3], down: vec![0] }, "17 > 10 + 5 + 1; 16 is not");
+        assert_eq!(plan(&[chunk(0, false, 1), chunk(1, true, 3)], 0, 8, 8), Plan { up: vec![1], down: vec![0] });
+        assert!(plan(&[chunk(0, false, 4), chunk(1, true, 5)], 0, 8, 8).is_empty(), "5 against 4 is noise");
         let cooling = [Candidate { cooling: true, ..chunk(0, false, 0) }, chunk(1, true, 99)];
-        assert!(plan(&cooling, 0, 8).is_empty(), "a chunk that just moved stays");
+        assert!(plan(&cooling, 0, 8, 8).is_empty(), "a chunk that just moved stays");
     }
 
     fn chunks() -> impl Strategy<Value = Vec<Candidate>> {
@@ -134,9 +155,12 @@ mod tests {
 
     proptest! {
         #[test]
-        fn plans_respect_budget_batch_direction_and_cooling(chunks in chunks(), room in 0usize..20, batch in 1usize..20) {
-            let p = plan(&chunks, room, batch);
-            prop_assert!(p.up.len() <= batch && p.down.len() <= batch);
+        fn plans_respect_budget_batch_direction_and_cooling(
+            chunks in chunks(), room in 0usize..20, batch in 1usize..20, fill in 0usize..40,
+        ) {
+            let p = plan(&chunks, room, batch, fill);
+            prop_assert!(p.up.len() <= batch.max(fill) && p.down.len() <= batch);
+            prop_assert!(p.up.len() - p.down.len() <= fill.max(batch).min(room), "into free room, at most the fill");
             prop_assert!(p.up.len() <= p.down.len() + room, "ups − downs ≤ room");
             let mut ids: Vec<usize> = p.up.iter().chain(&p.down).copied().collect();
             ids.sort_unstable();
@@ -182,9 +206,9 @@ mod tests {
         fn with_heats_unchanged_a_second_plan_moves_nothing(chunks in chunks(), room in 0usize..20) {
             let unbounded = chunks.len() + 1;
             let warm: Vec<Candidate> = chunks.iter().map(|c| Candidate { cooling: false, ..*c }).collect();
-            let first = plan(&warm, room, unbounded);
+            let first = plan(&warm, room, unbounded, unbounded);
             let room_after = room + first.down.len() - first.up.len();
-            let second = plan(&apply(&warm, &first), room_after, unbounded);
+            let second = plan(&apply(&warm, &first), room_after, unbounded, unbounded);
             prop_assert!(second.is_empty(), "{:?} then {:?}", first, second);
         }
     }
