@@ -543,6 +543,17 @@ impl Registry {
             true => slot.usage.demand,
             false => want.unwrap_or(u64::MAX),
         };
+        // Neighbours' HBM holds what does not fit a tenant's own. While its HBM grant is staged
+        // (others still giving back), its report counts against the budget it has now and
+        // claims neighbours' memory it will not need once the grant reaches its target — and
+        // the others' peer budgets were cut for it, then grown back (on the H200 pair a
+        // newcomer's arrival took a training loop's from 6 to 3 GiB, then back to 4).
+        let demand = match (tier, tenant.tiers.get(&Tier::Hbm)) {
+            (Tier::Peer, Some(hbm)) if reported && hbm.pooled && hbm.usage.demand > 0 && hbm.target > hbm.budget => {
+                demand.min(hbm.usage.demand.saturating_sub(hbm.target))
+            }
+            _ => demand,
+        };
         let quota = [tenant.rule.quota.get(&tier).map(|s| s.0), want].into_iter().flatten().min();
         // A tenant's word on what it holds acquired cannot pin more than it was allowed to hold.
         let floor = slot.usage.acquired.min(slot.usage.used).min(slot.holding);

@@ -269,6 +269,37 @@ fn neighbours_lent_hbm_is_shared_out_by_weight_when_configured() {
     assert_eq!(tier_budgets(&outbox, Tier::Peer), vec![(a, 200 * MIB), (b, 0)]);
 }
 
+#[test]
+fn a_newcomer_whose_hbm_grant_is_staged_claims_neighbours_hbm_by_its_target() {
+    // GPU 0 shares 600 MiB, neighbours lend 600. A (alone: 600 of HBM, 600 lent) needs more than
+    // both. B arrives wanting 400 MiB: its HBM target is 300, but it holds nothing until A gives
+    // back, so it reports all 400 as what it would borrow. Claimed by its target, B needs 100
+    // of neighbours' HBM, and A keeps 500 (by its report now, both would get 300).
+    let now = Instant::now();
+    let config = Config::parse("[tiers]\npeer = \"600MiB\"\n[[gpu]]\nindex = 0\nhbm = \"600MiB\"", "t").unwrap();
+    let mut r = Registry::new(config, now, 0);
+    let report = |hbm_demand: u64, peer_demand: u64| {
+        [
+            (Tier::Hbm, TierUsage { used: 0, acquired: 0, demand: hbm_demand * MIB, reserved: 0 }),
+            (Tier::Peer, TierUsage { used: 0, acquired: 0, demand: peer_demand * MIB, reserved: 0 }),
+            (Tier::Host, TierUsage::default()),
+            (Tier::File, TierUsage::default()),
+        ]
+    };
+    let wants = [TierBytes { tier: Tier::Peer, bytes: 1 << 40 }];
+    let (a, _, _) = r.register(who(1, None), gpu(), CHUNK, &wants, &[], now);
+    r.usage(a, report(2000, 1400), now);
+    let later = now + Duration::from_secs(10); // past A's ramp-up
+    r.usage(a, report(2000, 1400), later);
+    let (b, _, outbox) = r.register(who(2, None), gpu(), CHUNK, &wants, &[], later);
+    let mut all = outbox;
+    all.extend(r.usage(b, report(400, 400), later));
+    let hbm: Vec<_> = budgets(&all).into_iter().filter(|m| m.0 == b).collect();
+    assert_eq!(hbm.last().map(|m| (m.2, m.3)), Some((0, 300 * MIB)), "B's HBM grant staged: {hbm:?}");
+    let peer = tier_budgets(&all, Tier::Peer);
+    assert_eq!(peer.iter().rev().find(|m| m.0 == a).map(|m| m.1), Some(500 * MIB), "{peer:?}");
+}
+
 /// A registry and a real GPU of `total` bytes with no capacity configured and no reserve: the
 /// census alone decides what is shared out.
 fn census_only(total: u64, now: Instant) -> (Registry, GpuId) {
