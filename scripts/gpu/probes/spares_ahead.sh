@@ -11,12 +11,7 @@ export TIERMEM_PEERS=off STEPS=${STEPS:-40}
 here=$(cd "$(dirname "$0")" && pwd)
 for mode in off on; do
   TIERMEM_SPARES_AHEAD=$mode timeout 240 "$here/daemon_transparent.sh" "$PWD/dist/tiermem" "$out/$mode" > "$out/$mode.log" 2>&1
-  python3 -c "
-import json, sys
-s = json.load(open(sys.argv[1]))
-steps = s['step_s_leased']
-print(sys.argv[2], 'losses identical', s['losses_identical'], 'steps around the cut', [round(x, 2) for x in sorted(steps)[-4:]], 'median', round(sorted(steps)[len(steps) // 2], 3))
-" "$out/$mode/summary.json" "$mode"
+  python3 "$here/lease_summary.py" "$out/$mode/summary.json" "spares-ahead-$mode"
   grep -h "spares ahead\|creating host" "$out/$mode/train.log" | tail -2
 done
 exit 0

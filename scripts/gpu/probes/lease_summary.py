@@ -1,0 +1,34 @@
+"""What a run of daemon_transparent.sh says about a cut and a newcomer, in one line: A's losses,
+its slowest steps (the cut) and median step, how long B took to fill the HBM it was granted
+(from its budget's last rise to 95% of it used), and the least peer budget A had while B ran.
+Usage: python3 lease_summary.py OUT/summary.json [LABEL]"""
+import json
+import sys
+
+summary = json.load(open(sys.argv[1]))
+label = sys.argv[2] if len(sys.argv) > 2 else sys.argv[1]
+steps = summary["step_s_leased"]
+rows = summary["budgets"]  # (t, tier, tenant label, budget MiB, used MiB)
+b_start, b_end = summary["b_window_s"]
+
+
+def series(tier, who):
+    return [(t, budget, used) for t, row_tier, name, budget, used in rows if row_tier == tier and name == who]
+
+
+newcomer = series("hbm", "newcomer")
+fill_s = None
+if newcomer:
+    granted = max(budget for _, budget, _ in newcomer)
+    since = next(t for t, budget, _ in newcomer if budget == granted)
+    full = next((t for t, budget, used in newcomer if t >= since and used >= 0.95 * granted), None)
+    fill_s = None if full is None else round(full - since, 2)
+peer_a = [budget for t, budget, _ in series("peer", "train") if b_start <= t <= b_end]
+print(json.dumps({
+    "run": label,
+    "losses_identical": summary["losses_identical"],
+    "slowest_steps_s": [round(s, 2) for s in sorted(steps)[-3:]],
+    "median_step_s": round(sorted(steps)[len(steps) // 2], 3),
+    "newcomer_fill_s": fill_s,
+    "train_peer_budget_min_mib_while_b_ran": min(peer_a) if peer_a else None,
+}))
