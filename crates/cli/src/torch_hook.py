@@ -143,7 +143,10 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._inner.exec_module(module)
-        self._then(module)
+        try:
+            self._then(module)
+        except Exception as e:  # noqa: BLE001 - tiermem's hook must never break the import
+            sys.stderr.write(f"tiermem: --torch-allocator: after importing {module.__name__}: {e!r}; left as it was\n")
 
 
 class _After(importlib.abc.MetaPathFinder):

@@ -204,6 +204,14 @@ fn torch_allocator_turns_inductors_cuda_graph_trees_off() {
         let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
         assert_eq!(stdout, expected, "{args:?}, refused {refuse}: {stderr}");
     }
+    // An Inductor whose configuration has no such setting imports as it would, and it is said.
+    let pythonpath = fake_torch(&dir.0, false);
+    std::fs::write(dir.0.join("pkgs/torch/_inductor/config.py"), "other = 1\n").unwrap();
+    let output =
+        run_python(&["--torch-allocator"], &pythonpath, "import torch, torch._inductor.config as c; print(c.other)");
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert_eq!(stdout, "1\n", "{stderr}");
+    assert!(stderr.contains("after importing torch._inductor.config: AttributeError"), "{stderr}");
 }
 
 #[test]
