@@ -321,9 +321,9 @@ pub struct Planned {
     /// The first segment's moves, to make now (empty: nothing to move, and stage 2's hotness
     /// plan stays out of the way).
     pub first: Arc<Boundary>,
-    /// When the whole cycle has no moves, the chunks its launches touch: what stage 2 must
-    /// leave where it is if it places heat the cycle does not show (graph replays, migrate.rs),
-    /// so that the next plan has nothing to undo.
+    /// When the whole cycle has no moves and graph replays heated chunks this epoch (heat the
+    /// cycle does not show), the chunks its launches touch: what stage 2 must leave where it
+    /// is as it places that heat (migrate.rs), so that the next plan has nothing to undo.
     pub idle: Option<HashSet<ChunkId>>,
 }
 
@@ -376,7 +376,9 @@ pub fn cycle_ends() -> Option<Planned> {
     let planned = plan(ordinal, &touched);
     PLAN_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
     let (first, pauses) = planned?;
-    let idle = (first.is_empty() && pauses.is_empty()).then(|| touched.into_iter().flatten().collect());
+    // Built only when replays need it: a sync of a program that fits pays nothing for it.
+    let idle =
+        (first.is_empty() && pauses.is_empty() && hotness::replayed()).then(|| touched.into_iter().flatten().collect());
     let mut c = cycles();
     // Launches of other threads since the cycle ended would shift the indices: no following.
     c.following = c.count == 0;

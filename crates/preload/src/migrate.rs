@@ -211,7 +211,7 @@ pub fn quiesce_point(call: &str) {
     if let Some(crate::cycle::Planned { first, idle }) = planned {
         // Graph replays heat chunks that the cycle's launches do not show; with nothing for
         // stage 3 to move, stage 2 places them, leaving the cycle's chunks where they are.
-        if let Some(cycle_chunks) = idle.filter(|_| hotness::replayed()) {
+        if let Some(cycle_chunks) = idle {
             return hotness_moves(call, config, Some(&cycle_chunks));
         }
         let started = Instant::now();

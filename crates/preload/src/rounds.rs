@@ -260,8 +260,7 @@ fn shadow(call: &str, device: &dyn Device, p: &mut Process, handle: PhysHandle, 
         .ok()
 }
 
-/// A new chunk of `len` bytes at `location`, its time counted in its phase (`--stats`).
-pub fn create(device: &dyn Device, location: ChunkLocation, len: usize) -> Option<PhysHandle> {
+fn create(device: &dyn Device, location: ChunkLocation, len: usize) -> Option<PhysHandle> {
     let phase = if location == ChunkLocation::Host { Phase::CreateHost } else { Phase::CreateHbm };
     let granules = len / device.info().granularity.max(1);
     remap::timed(phase, || crate::ipc::create_chunk(device, location, granules).ok())
