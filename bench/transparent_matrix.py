@@ -91,6 +91,8 @@ EXTENDED = {
     "graph_serving": python_program("graph_serving.py"),
     "compiled_graphs": python_program("compiled_graphs.py"),
     "amp_scaler": python_program("amp_scaler.py"),
+    "math_libs": python_program("math_libs.py"),
+    "cupy_libs": python_program("cupy_libs.py"),
 }
 
 
