@@ -48,7 +48,7 @@ def main():
         num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=seq,
         attn_implementation="eager",
     )  # fmt: skip
-    times = []
+    times, ends = [], []  # each step's seconds, and when it ended (Unix time: probes line steps up with events)
     try:
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(config).cuda().train()
@@ -71,6 +71,7 @@ def main():
             if len(pending) == every or step == args.steps - 1:
                 result["losses"] += [p.item() for p in pending] if every == 1 else torch.stack(pending).tolist()
                 times += [(time.perf_counter() - t0) / len(pending)] * len(pending)
+                ends += [time.time()] * len(pending)
                 pending = []
                 t0 = time.perf_counter()
     except torch.OutOfMemoryError as e:
@@ -79,6 +80,7 @@ def main():
     result["step_s_median"] = statistics.median(settled) if settled else None
     result["sync_every"] = args.sync_every
     result["step_s"] = times
+    result["step_end_unix"] = ends
     try:
         result["max_memory_allocated"] = torch.cuda.max_memory_allocated()
         result["max_memory_reserved"] = torch.cuda.max_memory_reserved()

@@ -103,8 +103,9 @@ summary = {
     "a_exit": a_rc, "b_exit": b_rc,
     "b_window_s": [round(b_start - start, 2), round(b_end - start, 2)],
     "step_s_plain": plain["step_s"], "step_s_leased": leased["step_s"],
+    "step_end_s_leased": [round(t - start, 2) for t in leased.get("step_end_unix", [])],
     "budgets": budgets[:: max(1, len(budgets) // 200)],
 }
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
-print(json.dumps({k: v for k, v in summary.items() if k not in ("budgets", "step_s_plain", "step_s_leased")}))
+print(json.dumps({k: v for k, v in summary.items() if k not in ("budgets", "step_s_plain", "step_s_leased", "step_end_s_leased")}))
 EOF

@@ -1,6 +1,9 @@
 """What a run of daemon_transparent.sh says about a cut and a newcomer, in one line: A's losses,
 its slowest steps (the cut) and median step, how long B took to fill the HBM it was granted
-(from its budget's last rise to 95% of it used), and the least peer budget A had while B ran.
+(from its budget's last rise to 95% of what it came to use of it), and the least peer budget A
+had while B ran. Where the run recorded when A's steps ended: A's steps while B ran, the
+median of their second half (A's pace at its share) and the cut's cost (what the first half's
+steps took beyond that pace).
 Usage: python3 lease_summary.py OUT/summary.json [LABEL]"""
 import json
 import sys
@@ -21,8 +24,13 @@ fill_s = None
 if newcomer:
     granted = max(budget for _, budget, _ in newcomer)
     since = next(t for t, budget, _ in newcomer if budget == granted)
-    full = next((t for t, budget, used in newcomer if t >= since and used >= 0.95 * granted), None)
+    wanted = min(granted, max(used for _, _, used in newcomer))
+    full = next((t for t, budget, used in newcomer if t >= since and used >= 0.95 * wanted), None)
     fill_s = None if full is None else round(full - since, 2)
+ends = summary.get("step_end_s_leased") or []
+during = [s for s, end in zip(steps, ends) if b_start < end <= b_end]
+shared = sorted(during[len(during) // 2:])[len(during[len(during) // 2:]) // 2] if len(during) >= 4 else None
+cut_s = round(sum(max(0.0, s - shared) for s in during[: len(during) // 2]), 2) if shared else None
 peer_a = [budget for t, budget, _ in series("peer", "train") if b_start <= t <= b_end]
 print(json.dumps({
     "run": label,
@@ -30,5 +38,8 @@ print(json.dumps({
     "slowest_steps_s": [round(s, 2) for s in sorted(steps)[-3:]],
     "median_step_s": round(sorted(steps)[len(steps) // 2], 3),
     "newcomer_fill_s": fill_s,
+    "steps_while_b_ran_s": [round(s, 2) for s in during],
+    "shared_step_s": None if shared is None else round(shared, 3),
+    "cut_cost_s": cut_s,
     "train_peer_budget_min_mib_while_b_ran": min(peer_a) if peer_a else None,
 }))
