@@ -12,6 +12,6 @@ mkdir -p "$out"
 export TIERMEM_PEERS=off
 TIERMEM_COMMIT=$commit timeout 290 "$PWD/dist/tiermem" bench transparent --json "$out" --matrix none > "$out/transparent.log" 2>&1
 echo "bench transparent: exit $?"; grep -A12 '"ratios"' "$out"/transparent-*.json | head -14
-sed -i 's/timeout 240/timeout 150/' "$here/spares_ahead.sh"
-STEPS=100 "$here/spares_ahead.sh" "$out"
+
+STEPS=100 RUN_TIMEOUT=150 "$here/spares_ahead.sh" "$out"
 exit 0

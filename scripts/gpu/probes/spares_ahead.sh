@@ -10,7 +10,7 @@ out=$1
 export TIERMEM_PEERS=off STEPS=${STEPS:-40}
 here=$(cd "$(dirname "$0")" && pwd)
 for mode in off on; do
-  TIERMEM_SPARES_AHEAD=$mode timeout 240 "$here/daemon_transparent.sh" "$PWD/dist/tiermem" "$out/$mode" > "$out/$mode.log" 2>&1
+  TIERMEM_SPARES_AHEAD=$mode timeout "${RUN_TIMEOUT:-240}" "$here/daemon_transparent.sh" "$PWD/dist/tiermem" "$out/$mode" > "$out/$mode.log" 2>&1
   python3 "$here/lease_summary.py" "$out/$mode/summary.json" "spares-ahead-$mode"
   grep -h "spares ahead\|creating host" "$out/$mode/train.log" | tail -2
 done
