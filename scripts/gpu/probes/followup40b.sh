@@ -10,8 +10,8 @@ out=$1 commit=$2
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 export TIERMEM_PEERS=off
-TIERMEM_COMMIT=$commit timeout 290 "$PWD/dist/tiermem" bench transparent --json "$out" --matrix none > "$out/transparent.log" 2>&1
+TIERMEM_COMMIT=$commit timeout 320 "$PWD/dist/tiermem" bench transparent --json "$out" --matrix none > "$out/transparent.log" 2>&1
 echo "bench transparent: exit $?"; grep -A12 '"ratios"' "$out"/transparent-*.json | head -14
 
-STEPS=100 RUN_TIMEOUT=150 "$here/spares_ahead.sh" "$out"
+STEPS=100 RUN_TIMEOUT=130 "$here/spares_ahead.sh" "$out"
 exit 0
