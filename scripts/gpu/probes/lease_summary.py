@@ -1,9 +1,8 @@
 """What a run of daemon_transparent.sh says about a cut and a newcomer, in one line: A's losses,
 its slowest steps (the cut) and median step, how long B took to fill the HBM it was granted
 (from its budget's last rise to 95% of what it came to use of it), and the least peer budget A
-had while B ran. Where the run recorded when A's steps ended: A's steps while B ran, the
-median of their second half (A's pace at its share) and the cut's cost (what the first half's
-steps took beyond that pace).
+had while B ran. Where the run recorded when A's steps ended: A's steps while B ran, its pace
+at its share and what the cut cost beyond that pace (below).
 Usage: python3 lease_summary.py OUT/summary.json [LABEL]"""
 import json
 import sys
@@ -27,10 +26,22 @@ if newcomer:
     wanted = min(granted, max(used for _, _, used in newcomer))
     full = next((t for t, budget, used in newcomer if t >= since and used >= 0.95 * wanted), None)
     fill_s = None if full is None else round(full - since, 2)
+def median(values):
+    return sorted(values)[len(values) // 2] if values else None
+
+
+# A's steps while B ran, from the first one slower than 1.5x A's pace alone (the cut's effect):
+# its pace at its share is the median of their second half, the cut's cost what the first
+# half took beyond that pace.
 ends = summary.get("step_end_s_leased") or []
+alone = median([s for s, end in zip(steps, ends) if end <= b_start][1:])
 during = [s for s, end in zip(steps, ends) if b_start < end <= b_end]
-shared = sorted(during[len(during) // 2:])[len(during[len(during) // 2:]) // 2] if len(during) >= 4 else None
-cut_s = round(sum(max(0.0, s - shared) for s in during[: len(during) // 2]), 2) if shared else None
+cut = next((i for i, s in enumerate(during) if alone and s > 1.5 * alone), None)
+shared = cut_s = None
+if cut is not None and len(during) - cut >= 4:
+    after = during[cut:]
+    shared = median(after[len(after) // 2:])
+    cut_s = round(sum(max(0.0, s - shared) for s in after[: len(after) // 2]), 2)
 peer_a = [budget for t, budget, _ in series("peer", "train") if b_start <= t <= b_end]
 print(json.dumps({
     "run": label,
@@ -39,6 +50,7 @@ print(json.dumps({
     "median_step_s": round(sorted(steps)[len(steps) // 2], 3),
     "newcomer_fill_s": fill_s,
     "steps_while_b_ran_s": [round(s, 2) for s in during],
+    "alone_step_s": None if alone is None else round(alone, 3),
     "shared_step_s": None if shared is None else round(shared, 3),
     "cut_cost_s": cut_s,
     "train_peer_budget_min_mib_while_b_ran": min(peer_a) if peer_a else None,
