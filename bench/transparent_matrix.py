@@ -61,8 +61,8 @@ def nvcc_program(source, *flags):
     return make
 
 
-def python_program(name):
-    return lambda: ([sys.executable, str(HERE / name)], None)
+def python_program(name, *args):
+    return lambda: ([sys.executable, str(HERE / name), *args], None)
 
 
 PROGRAMS = {
@@ -93,6 +93,8 @@ EXTENDED = {
     "amp_scaler": python_program("amp_scaler.py"),
     "math_libs": python_program("math_libs.py"),
     "cupy_libs": python_program("cupy_libs.py"),
+    "cuda_python": python_program("cuda_python.py"),
+    "cuda_python_ptds": python_program("cuda_python.py", "--ptds"),
 }
 
 
