@@ -1,4 +1,4 @@
-//! `tiermem run [--hbm-limit SIZE] [--peers auto|LIST] [--torch-allocator] [--stats] [--keep-allocators] [--label NAME | --no-daemon] -- CMD ARGS…`: runs an
+//! `tiermem run [--hbm-limit SIZE] [--policy auto|hotness|placement] [--peers auto|LIST] [--torch-allocator] [--stats] [--keep-allocators] [--label NAME | --no-daemon] -- CMD ARGS…`: runs an
 //! unmodified CUDA program with `libtiermem_preload.so` preloaded (docs/transparent.md), so that
 //! its device allocations beyond the budget land in host memory (or, with `--peers`, in neighbour
 //! GPUs' spare HBM first) instead of failing. With the node
@@ -34,6 +34,14 @@ pub struct RunArgs {
     /// (`tiermem daemon`), the budget is its grant, at most this.
     #[arg(long, value_name = "SIZE|N%")]
     hbm_limit: Option<String>,
+    /// What moves chunks between HBM and the host once the program's memory exceeds the budget:
+    /// `auto` (the default: the hottest chunks by launch arguments promoted at the program's
+    /// synchronizations, and the cycles of a program that repeats its steps learned and paged
+    /// ahead), `hotness` (by launch arguments alone, no cycles learned: `TIERMEM_SEGMENTS=off`)
+    /// or `placement` (nothing moves: what allocation put in HBM stays there and the rest is read
+    /// in place over the link, `TIERMEM_MIGRATE=off`; for programs that read their data once).
+    #[arg(long, value_enum, value_name = "POLICY")]
+    policy: Option<Policy>,
     /// Neighbour GPUs whose spare HBM holds what is beyond the budget before host memory:
     /// `auto` (those this GPU reaches over NVLink or PCIe peer access, with no other process on
     /// them) or ordinals like `1,2` (`TIERMEM_PEERS`; each keeps `TIERMEM_PEER_RESERVE` free,
@@ -67,8 +75,30 @@ pub struct RunArgs {
     #[arg(long)]
     keep_allocators: bool,
     /// The program to run and its arguments (after `--`).
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     command: Vec<OsString>,
+}
+
+/// `--policy`: which of the preload's stages run (docs/transparent.md, "Migration").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Policy {
+    /// Hotness at quiesce points, and cycles learned and paged ahead (stages 2 and 3).
+    Auto,
+    /// Hotness at quiesce points only (stage 2).
+    Hotness,
+    /// Nothing moves after allocation placed it (stage 1).
+    Placement,
+}
+
+impl Policy {
+    /// The preload's settings that select it.
+    fn environment(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Policy::Auto => &[("TIERMEM_MIGRATE", "on"), ("TIERMEM_SEGMENTS", "on")],
+            Policy::Hotness => &[("TIERMEM_MIGRATE", "on"), ("TIERMEM_SEGMENTS", "off")],
+            Policy::Placement => &[("TIERMEM_MIGRATE", "off")],
+        }
+    }
 }
 
 /// Finds the library: `TIERMEM_PRELOAD`, else next to the `tiermem` executable.
@@ -195,6 +225,9 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     if args.stats {
         command.env("TIERMEM_STATS", "1");
     }
+    if let Some(policy) = args.policy {
+        command.envs(policy.environment().iter().copied());
+    }
     if !args.keep_allocators {
         command.envs(pool_allocators_to_set(|name| std::env::var_os(name).is_some()));
         // The PyTorch route's allocator is tiermem's: PyTorch's settings do not apply to it.
@@ -220,6 +253,9 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     if args.no_daemon {
         command.env("TIERMEM_DAEMON", "off");
     }
+    // The command keeps this process's pid: the preload reports at exit for it, and for its
+    // descendants only where they used the driver.
+    command.env("TIERMEM_RUN_PID", std::process::id().to_string());
     let failed = command.exec();
     Err(format!("run: starting {}: {failed}", program.to_string_lossy()))
 }

@@ -54,6 +54,28 @@ fn frameworks_allocators_are_pointed_at_what_moves_unless_the_environment_or_kee
 }
 
 #[test]
+fn stats_come_from_the_command_and_from_descendants_that_used_the_driver_only() {
+    // Python, the command, runs `true` twice: neither child loads the driver, so one report.
+    let code = "import subprocess\nfor _ in range(2): subprocess.run(['true'], check=True)";
+    let output = run_python(&["--stats"], "", code);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(stderr.matches("tiermem: stats: 0 allocations").count(), 1, "{stderr}");
+    // A child that loaded the driver (the fake one, as libcuda.so.1) reports too.
+    let dir = support::TempDir::new("stats-descendants");
+    let driver = dir.0.join("libcuda.so.1");
+    std::os::unix::fs::symlink(preload_library().with_file_name("libtiermem_fakecuda.so"), &driver).unwrap();
+    let code = format!(
+        "import ctypes, subprocess\nsubprocess.run(['python3', '-c', 'import ctypes; ctypes.CDLL({:?})'], check=True)",
+        driver.display().to_string()
+    );
+    let output = run_python(&["--stats"], "", &code);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(stderr.matches("tiermem: stats: 0 allocations").count(), 2, "{stderr}");
+}
+
+#[test]
 fn stats_are_printed_when_the_program_exits() {
     // `true` made no CUDA allocation; the library, loaded into it, says so at exit. (A program
     // that ends with _exit, as dash does, skips atexit handlers and prints nothing.)
@@ -123,6 +145,33 @@ fn the_label_and_the_daemon_setting_reach_the_program() {
     assert_eq!(run(&["--label", "training"]), (true, "training|unset\n".to_string()));
     assert_eq!(run(&["--no-daemon"]), (true, "|off\n".to_string()));
     assert!(!run(&["--label", "x", "--no-daemon"]).0, "a label for a daemon it will not use is refused");
+}
+
+#[test]
+fn the_policy_selects_the_preloads_stages_and_unknown_options_are_refused_not_run() {
+    let script = r#"printf '%s|%s\n' "${TIERMEM_MIGRATE-unset}" "${TIERMEM_SEGMENTS-unset}""#;
+    let run = |args: &[&str]| {
+        let output = support::tiermem()
+            .args(["run"])
+            .args(args)
+            .args(["sh", "-c", script])
+            .env("TIERMEM_PRELOAD", preload_library())
+            .env_remove("TIERMEM_MIGRATE")
+            .env_remove("TIERMEM_SEGMENTS")
+            .output()
+            .unwrap();
+        (output.status.success(), String::from_utf8_lossy(&output.stdout).into_owned(), output.stderr)
+    };
+    assert_eq!(run(&["--"]).1, "unset|unset\n", "the preload's own defaults");
+    assert_eq!(run(&["--policy", "auto", "--"]).1, "on|on\n");
+    assert_eq!(run(&["--policy", "hotness", "--"]).1, "on|off\n");
+    assert_eq!(run(&["--policy", "placement", "--"]).1, "off|unset\n");
+    for bad in [&["--policy", "lru", "--"][..], &["--hbm-limt", "8GiB", "--"]] {
+        let (ok, stdout, stderr) = run(bad);
+        assert!(!ok && stdout.is_empty(), "{bad:?} ran the command");
+        let stderr = String::from_utf8_lossy(&stderr);
+        assert!(stderr.contains(bad[0]) && !stderr.contains("starting"), "{bad:?}: {stderr}");
+    }
 }
 
 /// A stand-in `torch` package (torch.cuda.memory records what it is asked) and a

@@ -168,6 +168,9 @@ pub use vmm::{cuMemCreate, cuMemRelease};
 /// writes them as JSON to `TIERMEM_STATS_JSON` when that is set (`tiermem bench transparent`).
 extern "C" fn report_stats() {
     let _ = std::panic::catch_unwind(|| {
+        if !reports() {
+            return;
+        }
         let (stats, migration) = (process::stats(), migrate::counters());
         if stats_wanted() {
             eprintln!("{}\n{}", stats.report(), migration.report());
@@ -195,6 +198,27 @@ extern "C" fn report_stats() {
             }
         }
     });
+}
+
+/// Whether this process reports at exit: the command `tiermem run` started (exec keeps the
+/// pid it names in `TIERMEM_RUN_PID`) or a process that loaded the driver — not every `sed` or
+/// `ls` of a shell script run under it, whose zeros would bury the report that counts and could
+/// overwrite `TIERMEM_STATS_JSON`.
+fn reports() -> bool {
+    let started = std::env::var("TIERMEM_RUN_PID").ok().and_then(|pid| pid.parse::<u32>().ok());
+    if started == Some(std::process::id()) {
+        return true;
+    }
+    // SAFETY: RTLD_NOLOAD only looks a loaded library up by name; a handle it returns is
+    // released at once (the program's own reference keeps the library loaded).
+    unsafe {
+        let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        if handle.is_null() {
+            return false;
+        }
+        libc::dlclose(handle);
+    }
+    true
 }
 
 fn stats_wanted() -> bool {

@@ -1,5 +1,6 @@
 //! Spare host chunks made ahead of a budget cut, for a program the node daemon leases
-//! (`TIERMEM_SPARES_AHEAD=on`; off by default until it is measured on a GPU).
+//! (`TIERMEM_SPARES_AHEAD=on`; off by default: on the H200 the cut's steps were ~0.5 s
+//! shorter and the steps at the smaller budget after it slower, BENCHMARKS.md, fortieth session).
 //!
 //! A cut sends chunks from HBM to the host, each into a host chunk: a spare one (left by an
 //! earlier move up) or one made then — ~7–10 ms per 32 MiB on the H200 machines, pinned by the
