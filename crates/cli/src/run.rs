@@ -37,9 +37,10 @@ pub struct RunArgs {
     /// What moves chunks between HBM and the host once the program's memory exceeds the budget:
     /// `auto` (the default: the hottest chunks by launch arguments promoted at the program's
     /// synchronizations, and the cycles of a program that repeats its steps learned and paged
-    /// ahead), `hotness` (by launch arguments alone, no cycles learned: `TIERMEM_SEGMENTS=off`)
-    /// or `placement` (nothing moves: what allocation put in HBM stays there and the rest is read
-    /// in place over the link, `TIERMEM_MIGRATE=off`; for programs that read their data once).
+    /// ahead: training loops), `hotness` (by launch arguments alone, no cycles learned,
+    /// `TIERMEM_SEGMENTS=off`: decoding, where each token reads every weight once) or
+    /// `placement` (nothing moves and tiermem never pauses the program: what allocation put in
+    /// HBM stays there and the rest is read in place over the link, `TIERMEM_MIGRATE=off`).
     #[arg(long, value_enum, value_name = "POLICY")]
     policy: Option<Policy>,
     /// Neighbour GPUs whose spare HBM holds what is beyond the budget before host memory:
