@@ -35,6 +35,7 @@ use crate::hotness::{self, ChunkId};
 use crate::placement::Tier;
 use crate::process;
 use crate::segments::{self, Cycle};
+use crate::trial::{Mode, Trial};
 
 /// Launches recorded per cycle at most; a longer cycle is not planned.
 pub const MAX_LAUNCHES: usize = 200_000;
@@ -67,6 +68,8 @@ struct Config {
     /// Whether frees kept mapped for a reuse are planned with the program's allocations
     /// (deferred.rs).
     plan_kept: bool,
+    /// Whether stage 3 is on trial (trial.rs; `TIERMEM_STAGE3_TRIAL`).
+    trial: bool,
 }
 
 fn config() -> &'static Config {
@@ -74,6 +77,7 @@ fn config() -> &'static Config {
     CONFIG.get_or_init(|| {
         let enabled = crate::boundary::switch("TIERMEM_SEGMENTS", true);
         let plan_kept = crate::boundary::switch("TIERMEM_PLAN_KEPT", true);
+        let trial = crate::boundary::switch("TIERMEM_STAGE3_TRIAL", true);
         let margin = match std::env::var("TIERMEM_SEGMENT_MARGIN") {
             Err(_) => 0,
             Ok(text) => tiermem::parse_size(&text).unwrap_or_else(|why| {
@@ -93,7 +97,7 @@ fn config() -> &'static Config {
                 DEFAULT_EXTENT_WINDOW
             })),
         };
-        Config { enabled, margin, extent_window, plan_kept }
+        Config { enabled, margin, extent_window, plan_kept, trial }
     })
 }
 
@@ -334,7 +338,7 @@ pub fn cycle_ends() -> Option<Planned> {
         told(None, None);
         return None;
     }
-    let recording = {
+    let (recording, launches) = {
         let mut c = cycles();
         // Two synchronizations in a row: not a cycle; the plan stays for the one under way.
         if c.count == 0 && c.recording.functions.is_empty() {
@@ -350,12 +354,14 @@ pub fn cycle_ends() -> Option<Planned> {
                 crate::trace::event("diverged", || format!("\"launch\": {count}, \"recorded\": {recorded}"));
             }
         }
+        let launches = c.count;
         c.count = 0;
         c.following = false;
         FOLLOWING.store(c.following, Relaxed);
         c.plan = None;
-        std::mem::take(&mut c.recording)
+        (std::mem::take(&mut c.recording), launches)
     };
+    let seconds = since_last_cycle_ended();
     if recording.functions.len() > MAX_LAUNCHES || recording.pointers.is_empty() {
         history().last = None;
         told(None, None);
@@ -369,6 +375,10 @@ pub fn cycle_ends() -> Option<Planned> {
     // so that a cut is planned by it; nothing to plan now.
     let over = process::budget_and_use(ordinal).is_some_and(|(budget, used)| used > budget);
     if !hotness::watching() && !over {
+        return None;
+    }
+    // Stage 3 on trial (trial.rs): a cycle left to stage 2 is recorded, not planned.
+    if trial_ended(seconds, launches) == Mode::Hotness {
         return None;
     }
     let words: Vec<&[u64]> = (0..recording.offsets.len()).map(|i| recording.words(i)).collect();
@@ -385,6 +395,50 @@ pub fn cycle_ends() -> Option<Planned> {
     FOLLOWING.store(c.following, Relaxed);
     c.plan = Some(Following { recording, pauses });
     Some(Planned { first, idle })
+}
+
+/// Stage 3's trial (trial.rs), and when the last cycle ended.
+static TRIAL: Mutex<(Trial, Option<std::time::Instant>)> = Mutex::new((Trial::new(), None));
+
+fn trial() -> MutexGuard<'static, (Trial, Option<std::time::Instant>)> {
+    // Every change under the lock is a few fields: consistent after a panic.
+    TRIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Seconds since the last cycle ended (0 for the first), and now the last.
+fn since_last_cycle_ended() -> f64 {
+    let now = std::time::Instant::now();
+    trial().1.replace(now).map_or(0.0, |last| now.duration_since(last).as_secs_f64())
+}
+
+/// A cycle that mattered ended (the program over its budget): `seconds` long, `launches`
+/// launched. The mode for the next one; stage 3 throughout with `TIERMEM_STAGE3_TRIAL=off`.
+fn trial_ended(seconds: f64, launches: usize) -> Mode {
+    if !config().trial {
+        return Mode::Segments;
+    }
+    let mut guard = trial();
+    let ran = guard.0.mode();
+    let next = guard.0.ended(seconds, launches);
+    if next != ran {
+        let (kept, chose) = (guard.0.kept_segments, guard.0.chose_hotness);
+        crate::trace::event("trial", || {
+            format!("\"next\": \"{next:?}\", \"kept_segments\": {kept}, \"chose_hotness\": {chose}")
+        });
+    }
+    next
+}
+
+/// `--stats`: what stage 3's trials chose, once one has.
+pub fn trial_report() -> Option<String> {
+    let guard = trial();
+    let (kept, chose) = (guard.0.kept_segments, guard.0.chose_hotness);
+    (kept + chose > 0).then(|| {
+        format!(
+            "tiermem: stats: stage 3 on trial: kept {kept} time(s), set aside for stage 2 alone {chose} time(s), {} now",
+            if guard.0.mode() == Mode::Segments { "following cycles" } else { "stage 2 alone" }
+        )
+    })
 }
 
 /// The plan for a cycle whose launches touch `touched` on GPU `ordinal`: the first boundary's

@@ -149,6 +149,7 @@ mod stats;
 mod torch_alloc;
 mod torch_stats;
 mod trace;
+mod trial;
 mod verify;
 mod vmm;
 mod wrappers;
@@ -183,6 +184,7 @@ extern "C" fn report_stats() {
                 .chain(captures::report())
                 .chain(graphs::report())
                 .chain(spares::report())
+                .chain(cycle::trial_report())
                 .chain(verify::report())
             {
                 eprintln!("{line}");

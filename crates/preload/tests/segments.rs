@@ -27,6 +27,22 @@ fn all_in_hbm_share(stderr: &str) -> f64 {
 }
 
 #[test]
+fn stage_3_on_trial_is_timed_against_stage_2_and_every_byte_stays() {
+    // 40 cycles of 24 launches (enough to be samples): the trial follows a few, leaves a few
+    // to stage 2, and chooses by the fake driver's timing, which says nothing: the choice is
+    // not checked, only that one was made and every byte stayed through the changes of mode.
+    let env = [ENV.as_slice(), &[("TIERMEM_STAGE3_TRIAL", "on")]].concat();
+    let output = support::probe("segments-trial", &["segments-trial"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("segments-trial: ok"), "{stdout}");
+    let line = stderr.lines().find(|l| l.contains("stage 3 on trial")).unwrap_or_else(|| panic!("{stderr}"));
+    let kept = support::number_after(line, "kept ");
+    let chose = support::number_after(line, "for stage 2 alone ");
+    assert!(kept + chose >= 1, "{line}");
+    eprintln!("{line}");
+}
+
+#[test]
 fn a_loop_larger_than_the_budget_finds_its_buffers_in_hbm() {
     let output = support::probe("segments", &["segments"], &ENV);
     let (stdout, stderr) = support::assert_passed(&output);

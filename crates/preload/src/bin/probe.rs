@@ -499,6 +499,7 @@ fn main() {
         ["segments"] => segments::segments(false),
         ["segments-alternate"] => segments::segments(true),
         ["segments-async"] => segments::segments_async(),
+        ["segments-trial"] => segments::segments_trial(),
         ["lease"] => lease::lease(),
         ["ipc"] => ipc::ipc(),
         ["ranges"] => ipc::ranges(),
@@ -520,7 +521,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | stream-writes | reset | contexts | contexts-threads | segments | segments-alternate | segments-async | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | neighbours-reclaim | vmm | vmm-no-host | vmm-room | vmm-off"
+                 | migrate-capture | stream-writes | reset | contexts | contexts-threads | segments | segments-alternate | segments-async | segments-trial | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | neighbours-reclaim | vmm | vmm-no-host | vmm-room | vmm-off"
             );
             std::process::exit(2);
         }

@@ -74,6 +74,9 @@ pub fn probe_command(test: &str, args: &[&str], env: &[(&str, &str)]) -> (Comman
     command.env("TIERMEM_DAEMON", "off");
     // The probe counts chunks of one granule unless a test asks for others.
     command.env("TIERMEM_CHUNK", "2MiB");
+    // Stage 3 throughout: its trial chooses by the fake driver's timing, which tests cannot
+    // rely on (tests/segments.rs runs one).
+    command.env("TIERMEM_STAGE3_TRIAL", "off");
     command.envs(env.iter().copied());
     (command, dir)
 }

@@ -113,6 +113,33 @@ pub fn segments(alternate: bool) {
     println!("segments: ok");
 }
 
+/// `segments-trial`: the loop of `segments` with each buffer read three times a cycle (24
+/// launches, enough to be a sample of stage 3's trial, cycle.rs), 40 cycles: whatever the trial
+/// chooses, and as it changes modes, every byte stays.
+pub fn segments_trial() {
+    let (cuda, before, kernels, sync, alloc) = begin();
+    let mut buffers = [0u64; BUFFERS];
+    for (i, b) in buffers.iter_mut().enumerate() {
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { alloc(b, SIZE) }, 0);
+        cuda.write(*b, SIZE, i as u8);
+    }
+    for _ in 0..40 {
+        for &b in &buffers {
+            for times in 1..=3usize {
+                let args = &mut [b as *mut c_void, b as *mut c_void, times as *mut c_void];
+                assert_eq!(kernels.launch(READS, args), 0);
+            }
+            assert_eq!(kernels.launch(WRITES, &mut [(b + WORD as u64) as *mut c_void]), 0);
+        }
+        // SAFETY: the driver's synchronization.
+        assert_eq!(unsafe { sync() }, 0);
+        assert!(hbm_in_use(&cuda) <= 16 * MIB, "the budget holds");
+    }
+    check_and_free(&cuda, &buffers, &[40; BUFFERS], &before);
+    println!("segments-trial: ok");
+}
+
 /// Checks every byte of the buffers, then frees them (and checks nothing is left).
 fn check_and_free(cuda: &Cuda, buffers: &[u64], writes: &[u64], before: &Census) {
     for (i, &b) in buffers.iter().enumerate() {
