@@ -338,7 +338,7 @@ pub fn cycle_ends() -> Option<Planned> {
         told(None, None);
         return None;
     }
-    let (recording, launches) = {
+    let (recording, launches, followed) = {
         let mut c = cycles();
         // Two synchronizations in a row: not a cycle; the plan stays for the one under way.
         if c.count == 0 && c.recording.functions.is_empty() {
@@ -354,12 +354,12 @@ pub fn cycle_ends() -> Option<Planned> {
                 crate::trace::event("diverged", || format!("\"launch\": {count}, \"recorded\": {recorded}"));
             }
         }
-        let launches = c.count;
+        let (launches, followed) = (c.count, c.following && c.count == recorded);
         c.count = 0;
         c.following = false;
         FOLLOWING.store(c.following, Relaxed);
         c.plan = None;
-        (std::mem::take(&mut c.recording), launches)
+        (std::mem::take(&mut c.recording), launches, followed)
     };
     let seconds = since_last_cycle_ended();
     if recording.functions.len() > MAX_LAUNCHES || recording.pointers.is_empty() {
@@ -378,7 +378,7 @@ pub fn cycle_ends() -> Option<Planned> {
         return None;
     }
     // Stage 3 on trial (trial.rs): a cycle left to stage 2 is recorded, not planned.
-    if trial_ended(seconds, launches) == Mode::Hotness {
+    if trial_ended(seconds, launches, followed) == Mode::Hotness {
         return None;
     }
     let words: Vec<&[u64]> = (0..recording.offsets.len()).map(|i| recording.words(i)).collect();
@@ -412,14 +412,15 @@ fn since_last_cycle_ended() -> f64 {
 }
 
 /// A cycle that mattered ended (the program over its budget): `seconds` long, `launches`
-/// launched. The mode for the next one; stage 3 throughout with `TIERMEM_STAGE3_TRIAL=off`.
-fn trial_ended(seconds: f64, launches: usize) -> Mode {
+/// launched, `followed` to its end. The mode for the next one; stage 3 throughout with
+/// `TIERMEM_STAGE3_TRIAL=off`.
+fn trial_ended(seconds: f64, launches: usize, followed: bool) -> Mode {
     if !config().trial {
         return Mode::Segments;
     }
     let mut guard = trial();
     let ran = guard.0.mode();
-    let next = guard.0.ended(seconds, launches);
+    let next = guard.0.ended(seconds, launches, followed);
     if next != ran {
         let (kept, chose) = (guard.0.kept_segments, guard.0.chose_hotness);
         crate::trace::event("trial", || {
