@@ -1,5 +1,5 @@
 """`tiermem run --policy` on the GPU (issue 16): each policy (auto with and without stage 3's
-trial, hotness; placement with POLICIES=all) on a
+trial, hotness; placement with POLICIES=all; auto alone with POLICIES=auto) on a
 decoder whose weights are read once a token (bench/matrix/hf_decode.py, at 0.5x its peak) and on
 the training loop of `bench transparent` (bench/transparent_train.py, at 0.7x its peak): speed
 as a fraction of the plain run's, and whether the results are bitwise the plain run's.
@@ -54,6 +54,8 @@ POLICIES = [("auto", "auto", {}), ("auto without the trial", "auto", {"TIERMEM_S
             ("hotness", "hotness", {})]
 if os.environ.get("POLICIES") == "all":
     POLICIES.append(("placement", "placement", {}))
+elif os.environ.get("POLICIES") == "auto":  # the trial's A/B alone
+    POLICIES = POLICIES[:2]
 results = {}
 for name, job, share, speed_of, same in [
     ("hf_decode", decode, 0.5, lambda r: r.get("tokens_per_s"), lambda a, b: a.get("digest") == b.get("digest")),
