@@ -9,6 +9,27 @@ def report(name, result_bytes, peak_bytes, **extra):
     print(json.dumps({"program": name, "digest": hashlib.sha256(result_bytes).hexdigest(), "peak_bytes": int(peak_bytes), **extra}), flush=True)
 
 
+def reproducible_digest(ops, to_bytes, synchronize, keep):
+    """Runs each of `ops` (name -> a function computing a result) twice: the sha256 over the
+    results computed twice bitwise alike, and the names of those that were not (a library free
+    to pick another algorithm per call would make a capped run differ for reasons of its own,
+    not tiermem's). The first results go into `keep`, so that they stay allocated."""
+    import hashlib
+
+    digest, unstable = hashlib.sha256(), []
+    for name, op in ops.items():
+        first = op()
+        keep.append(first)
+        again = op()
+        synchronize()
+        first_bytes = to_bytes(first)
+        if first_bytes == to_bytes(again):
+            digest.update(name.encode() + first_bytes)
+        else:
+            unstable.append(name)
+    return digest.digest(), unstable
+
+
 def train(steps, loss_of, optimizer, warm=2):
     """Runs `steps` training steps: `loss_of(step)` makes the batch and the loss, then backward,
     the optimizer's step and `loss.item()` (the synchronization a training loop makes). The

@@ -3,7 +3,6 @@ solve, eigh), cuSPARSE (a CSR product with a dense matrix and a CSR-CSR product)
 plan cached) and cuBLAS — each drawing its workspaces from CuPy's memory pool or allocating its
 own through the runtime. The digest covers each result that this run computed twice bitwise
 alike; those that were not are named in the report and left out (see math_libs.py)."""
-import hashlib
 import sys
 
 try:
@@ -13,7 +12,7 @@ except ImportError:
     print('{"skipped": "CuPy is not installed"}')
     sys.exit(0)
 
-from common import report
+from common import report, reproducible_digest
 
 rs = cp.random.RandomState(seed=0)  # cuRAND's XORWOW generator
 n = 2048
@@ -33,15 +32,5 @@ ops = {
     "fft2": lambda: cp.abs(cp.fft.ifft2(cp.fft.fft2(image) * 0.5)).astype(cp.float32),
     "gemm": lambda: image @ image.T,
 }
-digest, unstable = hashlib.sha256(), []
-for name, op in ops.items():
-    first = op()
-    keep.append(first)
-    again = op()
-    cp.cuda.Device().synchronize()
-    first_bytes, again_bytes = cp.asnumpy(first).tobytes(), cp.asnumpy(again).tobytes()
-    if first_bytes == again_bytes:
-        digest.update(name.encode() + first_bytes)
-    else:
-        unstable.append(name)
-report("cupy_libs", digest.digest(), cp.get_default_memory_pool().total_bytes(), unstable=unstable)
+digest, unstable = reproducible_digest(ops, lambda a: cp.asnumpy(a).tobytes(), cp.cuda.Device().synchronize, keep)
+report("cupy_libs", digest, cp.get_default_memory_pool().total_bytes(), unstable=unstable)

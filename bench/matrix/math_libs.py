@@ -6,11 +6,9 @@ library, which the preload routes like any other allocation.
 The digest covers each operation whose result this run computed twice bitwise alike (a library
 free to pick another algorithm per call would make the capped run differ for reasons of its own,
 not tiermem's); those that were not are named in the report, and left out of the digest."""
-import hashlib
-
 import torch
 
-from common import report
+from common import report, reproducible_digest
 
 torch.manual_seed(0)
 g = torch.Generator(device="cuda").manual_seed(1)
@@ -42,15 +40,5 @@ def ops():
     }
 
 
-digest, unstable = hashlib.sha256(), []
-for name, op in ops().items():
-    first = op()
-    keep.append(first)
-    again = op()
-    torch.cuda.synchronize()
-    first_bytes, again_bytes = first.cpu().numpy().tobytes(), again.cpu().numpy().tobytes()
-    if first_bytes == again_bytes:
-        digest.update(name.encode() + first_bytes)
-    else:
-        unstable.append(name)
-report("math_libs", digest.digest(), torch.cuda.max_memory_reserved(), unstable=unstable)
+digest, unstable = reproducible_digest(ops(), lambda t: t.cpu().numpy().tobytes(), torch.cuda.synchronize, keep)
+report("math_libs", digest, torch.cuda.max_memory_reserved(), unstable=unstable)
