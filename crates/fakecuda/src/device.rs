@@ -256,6 +256,7 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(least: *mut c_int, greatest
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> Code {
     CONTEXT_SYNCS.fetch_add(1, Relaxed);
+    std::thread::sleep(crate::sync_delay());
     crate::contexts::synchronized(CURRENT.with(Cell::get));
     current_context().err().unwrap_or(CUDA_SUCCESS)
 }

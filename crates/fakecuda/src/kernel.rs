@@ -164,7 +164,8 @@ pub(crate) unsafe fn run(f: *mut c_void, params: *mut *mut c_void) -> Code {
     if params.is_null() {
         return CUDA_SUCCESS; // arguments packed in `extra`: nothing is dereferenced
     }
-    with(|fake| {
+    let mut on_host = 0u32;
+    let code = with(|fake| {
         for (index, _) in sizes.iter().enumerate().filter(|&(_, &size)| size == 8) {
             // SAFETY: one entry per parameter, each pointing to its 8-byte value.
             let address = unsafe { (*params.add(index)).cast::<u64>().read_unaligned() };
@@ -174,12 +175,16 @@ pub(crate) unsafe fn run(f: *mut c_void, params: *mut *mut c_void) -> Code {
             if !fake.memory.accessible(address, 8) {
                 return CUDA_ERROR_ILLEGAL_ADDRESS;
             }
+            on_host += u32::from(fake.memory.location(address) == Some(crate::memory::Place::Host));
             let word = address as *mut u64;
             // SAFETY: 8 bytes of fake device memory mapped read-write (checked), under the fake's lock.
             unsafe { word.write_unaligned(word.read_unaligned().wrapping_add(u64::from(writes))) };
         }
         CUDA_SUCCESS
-    })
+    });
+    // Reading host memory over the link takes time (TIERMEM_FAKE_HOST_READ_US), the lock released.
+    std::thread::sleep(crate::host_read_delay() * on_host);
+    code
 }
 
 /// `cuLaunchKernel` and its per-thread variant: the same launch (work is never in flight), or

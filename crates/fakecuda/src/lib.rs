@@ -6,7 +6,10 @@
 //! Settings (environment, read at `cuInit`): `TIERMEM_FAKE_HBM` — bytes of each fake GPU's
 //! memory (default 1 GiB); `TIERMEM_FAKE_HOST_CHUNKS=0` — the driver says it cannot put VMM
 //! chunks in host memory (an older driver); `TIERMEM_FAKE_GPUS=2` — a second GPU (anything
-//! else: one), a peer of the first, on PCI bus 2 (GPU 0 is on bus 1).
+//! else: one), a peer of the first, on PCI bus 2 (GPU 0 is on bus 1). Timing, for tests of
+//! what tiermem chooses by time: `TIERMEM_FAKE_SYNC_US` — each `cuCtxSynchronize` takes that
+//! long; `TIERMEM_FAKE_HOST_READ_US` — a kernel takes that long for each pointer argument into
+//! a chunk in host memory (as a kernel reading over PCIe would).
 //!
 //! With two GPUs, chunks made on GPU 1 (`cuMemCreate` at device 1) take GPU 1's memory and are
 //! mapped, given access, copied and shared like GPU 0's; `tiermem_fake_census` counts them as
@@ -119,6 +122,23 @@ fn parse_bytes(text: &str) -> Option<usize> {
 }
 
 /// Runs `f` on the fake's state; `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`.
+/// A delay in microseconds from setting `name` (0 when unset or not a number).
+fn delay(name: &str) -> std::time::Duration {
+    std::time::Duration::from_micros(std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
+/// `TIERMEM_FAKE_SYNC_US` (module documentation).
+pub(crate) fn sync_delay() -> std::time::Duration {
+    static DELAY: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| delay("TIERMEM_FAKE_SYNC_US"))
+}
+
+/// `TIERMEM_FAKE_HOST_READ_US` (module documentation).
+pub(crate) fn host_read_delay() -> std::time::Duration {
+    static DELAY: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| delay("TIERMEM_FAKE_HOST_READ_US"))
+}
+
 fn with(f: impl FnOnce(&mut Fake) -> Code) -> Code {
     let mut guard: MutexGuard<'_, Option<Fake>> = FAKE.lock().unwrap_or_else(|p| p.into_inner());
     match guard.as_mut() {
