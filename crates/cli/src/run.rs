@@ -80,7 +80,7 @@ pub struct RunArgs {
     command: Vec<OsString>,
 }
 
-/// `--policy`: which of the preload's stages run (docs/transparent.md, "Migration").
+/// `--policy`: which of the preload's stages run (docs/transparent.md, "How it works").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Policy {
     /// Hotness at quiesce points, and cycles learned and paged ahead (stages 2 and 3).
