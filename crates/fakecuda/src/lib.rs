@@ -282,6 +282,26 @@ pub extern "C" fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, fl
     with(|fake| fake.memory.map(ptr, size, offset, handle).err().unwrap_or(CUDA_SUCCESS))
 }
 
+/// The handle of the chunk mapped at `addr` (the fake counts no references: the caller must
+/// not release it while its mapping's owner may).
+///
+/// # Safety
+/// As the driver's: `handle` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) -> Code {
+    if handle.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    with(|fake| match fake.memory.mapped_handle(addr as u64) {
+        Some(found) => {
+            // SAFETY: checked non-null; the caller's out-pointer.
+            unsafe { handle.write(found) };
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_VALUE,
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> Code {
     with(|fake| fake.memory.unmap(ptr, size).err().unwrap_or(CUDA_SUCCESS))

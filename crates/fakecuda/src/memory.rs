@@ -378,6 +378,12 @@ impl Memory {
         (va < start + mapping.size as u64).then(|| self.chunks.get(&mapping.handle).map_or(Place::Host, |c| c.place))
     }
 
+    /// The handle of the chunk mapped at `va`, if it is still alive.
+    pub fn mapped_handle(&self, va: u64) -> Option<u64> {
+        let (&start, mapping) = self.mappings.range(..=va).next_back()?;
+        (va < start + mapping.size as u64 && self.chunks.contains_key(&mapping.handle)).then_some(mapping.handle)
+    }
+
     /// How many chunks live at a place `wanted` accepts.
     fn chunks_where(&self, wanted: impl Fn(Place) -> bool) -> usize {
         self.chunks.values().filter(|c| wanted(c.place)).count()

@@ -66,6 +66,7 @@ fn rows() -> Vec<Row> {
         row(c"cuMemCreate", 10020, cuMemCreate as *mut c_void),
         row(c"cuMemRelease", 10020, cuMemRelease as *mut c_void),
         row(c"cuMemMap", 10020, cuMemMap as *mut c_void),
+        row(c"cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle as *mut c_void),
         row(c"cuMemUnmap", 10020, cuMemUnmap as *mut c_void),
         row(c"cuMemSetAccess", 10020, cuMemSetAccess as *mut c_void),
         row(c"cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2 as *mut c_void),

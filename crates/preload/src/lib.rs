@@ -160,7 +160,7 @@ pub use entry::{
 };
 pub use ipc::{cuIpcCloseMemHandle, cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2};
 pub use nvml::{nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2};
-pub use pointers::{cuMemGetAddressRange_v2, cuPointerGetAttribute};
+pub use pointers::{cuMemGetAddressRange_v2, cuMemRetainAllocationHandle, cuPointerGetAttribute};
 pub use pools::{cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz, cuMemPoolTrimTo};
 pub use routes::{cuGetProcAddress, cuGetProcAddress_v2, dlsym};
 pub use vmm::{cuMemCreate, cuMemRelease};

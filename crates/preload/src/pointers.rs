@@ -10,12 +10,24 @@
 //! rounded up to 2 MiB, as the range; and it says VMM memory is not legacy-IPC capable, which
 //! tiermem's is (ipc.rs). Every other attribute, and every pointer tiermem did not allocate,
 //! goes to the driver.
+//!
+//! And `cuMemRetainAllocationHandle`, which the driver answers for VMM memory only (an address
+//! mapped by `cuMemMap`) and refuses for `cuMemAlloc` memory: for tiermem's memory it refuses
+//! too (`CUDA_ERROR_INVALID_VALUE`). Libraries ask it to tell VMM memory from `cudaMalloc`
+//! memory and to take the physical chunk under an address — UCX's and MSCCL++'s registration
+//! export it to other processes, NCCL's user-buffer registration maps it — and a chunk so taken
+//! would be left behind by tiermem's next move of that address (peers writing into memory tiermem
+//! let go, NCCL's graph replays hanging). Refused, they take the path they take for `cudaMalloc`
+//! memory: legacy IPC handles, which tiermem serves and never moves once shared (ipc.rs).
 
 use std::ffi::{c_int, c_void};
+
+use std::sync::OnceLock;
 
 use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
 use crate::driver::driver;
 use crate::process;
+use crate::wrappers::cached_entry;
 
 const LEGACY_IPC_CAPABLE: c_int = 10;
 const RANGE_START_ADDR: c_int = 11;
@@ -82,5 +94,30 @@ pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: c_i
             }
             CUDA_SUCCESS
         }
+    })
+}
+
+type RetainFn = unsafe extern "C" fn(*mut u64, *mut c_void) -> CuResult;
+
+/// The driver's answer for an address `cuMemMap` did not map.
+const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
+
+/// `cuMemRetainAllocationHandle`: refused for tiermem's memory, as the driver refuses it for
+/// `cuMemAlloc` memory (module documentation); the driver's answer for anything else.
+///
+/// # Safety
+/// As the driver's: `handle` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) -> CuResult {
+    static REAL: OnceLock<Option<RetainFn>> = OnceLock::new();
+    let Some(real) = cached_entry(&REAL, "cuMemRetainAllocationHandle\0") else { return CUDA_ERROR_NOT_INITIALIZED };
+    // SAFETY: the caller's arguments, as the driver takes them.
+    let to_real = || to_driver(|| unsafe { real(handle, addr) });
+    if inside() {
+        return to_real();
+    }
+    guard("cuMemRetainAllocationHandle", || match allocation_of(addr as u64) {
+        Some(_) => CUDA_ERROR_INVALID_VALUE,
+        None => to_real(),
     })
 }

@@ -41,6 +41,7 @@ fn routed() -> Vec<Route> {
         (c"cuIpcCloseMemHandle", ipc::cuIpcCloseMemHandle as *mut c_void),
         (c"cuMemGetAddressRange_v2", pointers::cuMemGetAddressRange_v2 as *mut c_void),
         (c"cuPointerGetAttribute", pointers::cuPointerGetAttribute as *mut c_void),
+        (c"cuMemRetainAllocationHandle", pointers::cuMemRetainAllocationHandle as *mut c_void),
     ];
     let tables: [fn() -> Vec<Route>; 12] = [
         pools::pool_routes,

@@ -28,6 +28,19 @@ fn a_tiermem_allocation_is_shared_with_another_process_by_a_legacy_handle() {
 }
 
 #[test]
+fn no_library_takes_the_physical_memory_of_tiermems_allocations() {
+    let env = [
+        ("TIERMEM_HBM_LIMIT", "16MiB"),
+        ("TIERMEM_FAKE_HBM", "256M"),
+        ("TIERMEM_MIGRATE_INTERVAL_MS", "0"),
+        ("TIERMEM_STATS", "1"),
+    ];
+    let output = support::probe("retain", &["retain"], &env);
+    let (stdout, stderr) = support::assert_passed(&output);
+    assert!(stdout.contains("retain: ok"), "{stdout}\n{stderr}");
+}
+
+#[test]
 fn a_pointer_into_tiermem_memory_reports_the_allocation_the_program_made() {
     let output = support::probe("ranges", &["ranges"], &[("TIERMEM_HBM_LIMIT", "16MiB")]);
     let (stdout, stderr) = support::assert_passed(&output);

@@ -502,6 +502,7 @@ fn main() {
         ["segments-trial"] => segments::segments_trial(),
         ["lease"] => lease::lease(),
         ["ipc"] => ipc::ipc(),
+        ["retain"] => ipc::retain(),
         ["ranges"] => ipc::ranges(),
         ["free-async"] => frees::free_async(),
         ["torch-allocator"] => frees::torch_allocator(),
@@ -521,7 +522,7 @@ fn main() {
             eprintln!(
                 "usage: tiermem-preload-probe routing | memory | no-host-chunks | budget BYTES | threads | gpu-full \
                  | migrate | migrate-uneven | migrate-unsynchronized | migrate-fail CALL N [MOVED] | migrate-threads \
-                 | migrate-capture | stream-writes | reset | contexts | contexts-threads | segments | segments-alternate | segments-async | segments-trial | lease | ipc | ranges | free-async | torch-allocator | pools | neighbours | neighbours-reclaim | vmm | vmm-no-host | vmm-room | vmm-off"
+                 | migrate-capture | stream-writes | reset | contexts | contexts-threads | segments | segments-alternate | segments-async | segments-trial | lease | ipc | retain | ranges | free-async | torch-allocator | pools | neighbours | neighbours-reclaim | vmm | vmm-no-host | vmm-room | vmm-off"
             );
             std::process::exit(2);
         }

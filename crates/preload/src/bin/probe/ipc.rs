@@ -95,6 +95,44 @@ pub fn ipc() {
     println!("ipc: ok");
 }
 
+/// `retain`: `cuMemRetainAllocationHandle` on tiermem's memory is refused as the driver refuses
+/// it for `cuMemAlloc` memory, so no library takes a physical chunk tiermem may move (B, hot
+/// on the host, still comes up at the next synchronization); on a VMM mapping of the program's
+/// own it is the driver's answer, the chunk's handle.
+pub fn retain() {
+    type Retain = unsafe extern "C" fn(*mut u64, *mut std::ffi::c_void) -> u32;
+    let cuda = Cuda::load();
+    cuda.start();
+    let kernels = Kernels::register(&cuda);
+    let sync: Sync = cuda.get(c"cuCtxSynchronize", 0);
+    let (a, b) = migration::hot_b(&cuda, &kernels);
+    let retain: Retain = cuda.get(c"cuMemRetainAllocationHandle", 0);
+    let mut handle = 0u64;
+    // SAFETY: valid out-pointers and addresses; the driver's synchronization between.
+    unsafe {
+        assert_eq!(retain(&mut handle, (b + 3 * MIB as u64) as *mut _), INVALID_VALUE, "on B: refused");
+        assert_eq!(retain(&mut handle, a as *mut _), INVALID_VALUE, "on A: refused");
+        assert_eq!(sync(), 0);
+    }
+    assert_eq!(handle, 0, "nothing written");
+    assert!(locations(&cuda, b, 8 * MIB).contains(&1), "B, hot, comes up as ever");
+    cuda.verify(a, 16 * MIB, 11);
+    cuda.verify(b, 8 * MIB, 22);
+    let free: Free = cuda.get(c"cuMemFree", 0);
+    for ptr in [a, b] {
+        // SAFETY: pointers the allocation gave.
+        assert_eq!(unsafe { free(ptr) }, 0);
+    }
+    // The program's own VMM memory: the driver's answer.
+    let own = super::vmm::own_chunk(&cuda, 2 * MIB);
+    // SAFETY: a valid out-pointer; an address the program mapped.
+    assert_eq!(unsafe { retain(&mut handle, own.0 as *mut _) }, 0, "on the program's own mapping: the driver's");
+    assert_eq!(handle, own.1, "its chunk's handle");
+    // The fake counts no references: the retained handle needs no release of its own.
+    super::vmm::drop_own_chunk(&cuda, own, 2 * MIB);
+    println!("retain: ok");
+}
+
 /// The child: opens `handle`, checks the pattern of `expect` over `len` bytes and writes that
 /// of `write`; or, with `expect` = `refused`, checks that the open fails and holds nothing.
 pub fn open(handle: &str, len: usize, expect: &str, write: Option<u8>) {

@@ -38,6 +38,40 @@ type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> Code;
 type Unmap = unsafe extern "C" fn(u64, usize) -> Code;
 type SetAccess = unsafe extern "C" fn(u64, usize, *const Access, usize) -> Code;
 
+/// A chunk of `size` bytes of the program's own in GPU 0's HBM, mapped read-write at an address
+/// it reserved: the address and the chunk's handle.
+pub fn own_chunk(cuda: &Cuda, size: usize) -> (u64, u64) {
+    let create: Create = cuda.get(c"cuMemCreate", 0);
+    let reserve: Reserve = cuda.get(c"cuMemAddressReserve", 0);
+    let map: Map = cuda.get(c"cuMemMap", 0);
+    let set_access: SetAccess = cuda.get(c"cuMemSetAccess", 0);
+    let prop =
+        Prop { kind: 1, handle_types: 0, location_type: 1, location_id: 0, win32: std::ptr::null_mut(), flags: [0; 8] };
+    let access = Access { location_type: 1, location_id: 0, flags: 3 };
+    let (mut va, mut handle) = (0u64, 0u64);
+    // SAFETY: valid out-pointers and descriptions; the handle and address the driver gave.
+    unsafe {
+        assert_eq!(create(&mut handle, size, &prop, 0), 0, "cuMemCreate");
+        assert_eq!(reserve(&mut va, size, 0, 0, 0), 0, "cuMemAddressReserve");
+        assert_eq!(map(va, size, 0, handle, 0), 0, "cuMemMap");
+        assert_eq!(set_access(va, size, &access, 1), 0, "cuMemSetAccess");
+    }
+    (va, handle)
+}
+
+/// Unmaps, releases and frees what [`own_chunk`] made.
+pub fn drop_own_chunk(cuda: &Cuda, (va, handle): (u64, u64), size: usize) {
+    let release: Release = cuda.get(c"cuMemRelease", 0);
+    let address_free: AddressFree = cuda.get(c"cuMemAddressFree", 0);
+    let unmap: Unmap = cuda.get(c"cuMemUnmap", 0);
+    // SAFETY: what own_chunk made, undone once.
+    unsafe {
+        assert_eq!(unmap(va, size), 0);
+        assert_eq!(release(handle), 0);
+        assert_eq!(address_free(va, size), 0);
+    }
+}
+
 pub fn vmm(host_chunks: bool) {
     let cuda = Cuda::load();
     cuda.start();
