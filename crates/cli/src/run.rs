@@ -30,8 +30,9 @@ const LIBRARY: &str = "libtiermem_preload.so";
 pub struct RunArgs {
     /// HBM the program's allocations may take on each GPU: a size (e.g. 20GiB) or a share of
     /// each GPU's memory (e.g. 50%); beyond it they are mapped in host memory. Default: the
-    /// GPU's free memory when the program starts, less 2 GiB. With the node daemon running
-    /// (`tiermem daemon`), the budget is its grant, at most this.
+    /// GPU's free memory when the program starts, less 2 GiB (also taken, and said, for a size
+    /// beyond the GPU's memory). With the node daemon running (`tiermem daemon`), the budget
+    /// is its grant, at most this.
     #[arg(long, value_name = "SIZE|N%")]
     hbm_limit: Option<String>,
     /// What moves chunks between HBM and the host once the program's memory exceeds the budget:

@@ -25,6 +25,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use tiermem::format_size;
 use tiermem_mechanism::cuda::CudaDevice;
 use tiermem_mechanism::{ChunkLocation, Device, DeviceError};
 
@@ -123,10 +124,17 @@ fn budget(call: &str, free: usize, total: usize) -> usize {
     let default = free.saturating_sub(DEFAULT_RESERVE);
     match std::env::var("TIERMEM_HBM_LIMIT") {
         Err(_) => default,
-        Ok(text) => tiermem::HbmLimit::parse(&text).map(|limit| limit.of(total)).unwrap_or_else(|why| {
-            log(call, &format!("TIERMEM_HBM_LIMIT: {why}"), "using the GPU's free memory less 2 GiB instead");
-            default
-        }),
+        // More than the GPU has is refused: `cuMemGetInfo` would report a GPU larger than it is.
+        Ok(text) => tiermem::HbmLimit::parse(&text)
+            .map(|limit| limit.of(total))
+            .and_then(|bytes| {
+                let too_much = || format!("{} is more than the GPU's {}", format_size(bytes), format_size(total));
+                (bytes <= total).then_some(bytes).ok_or_else(too_much)
+            })
+            .unwrap_or_else(|why| {
+                log(call, &format!("TIERMEM_HBM_LIMIT: {why}"), "using the GPU's free memory less 2 GiB instead");
+                default
+            }),
     }
 }
 

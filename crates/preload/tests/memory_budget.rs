@@ -41,8 +41,17 @@ fn a_budget_may_be_a_share_of_the_gpu() {
 }
 
 #[test]
+fn a_budget_beyond_the_gpu_is_said_and_the_default_taken() {
+    // 100 GiB of a 3 GiB GPU: cuMemGetInfo would report a GPU larger than it is.
+    let env = [("TIERMEM_FAKE_HBM", "3G"), ("TIERMEM_HBM_LIMIT", "100GiB")];
+    let output = support::probe("budget-beyond", &["budget", &(1usize << 30).to_string()], &env);
+    let (_, stderr) = support::assert_passed(&output);
+    assert!(stderr.contains("TIERMEM_HBM_LIMIT: 100.00 GiB is more than the GPU's 3.00 GiB"), "{stderr}");
+}
+
+#[test]
 fn a_full_gpu_sends_the_rest_to_the_host_before_the_budget_does() {
-    let env = [("TIERMEM_HBM_LIMIT", "64MiB"), ("TIERMEM_FAKE_HBM", "8M")];
+    let env = [("TIERMEM_HBM_LIMIT", "64MiB"), ("TIERMEM_FAKE_HBM", "64M")];
     let output = support::probe("gpufull", &["gpu-full"], &env);
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("gpu-full: ok"), "{stdout}");

@@ -408,15 +408,19 @@ fn no_host_chunks() {
 }
 
 fn gpu_full() {
+    type Hold = extern "C" fn(std::ffi::c_int, isize) -> Code;
     let cuda = Cuda::load();
     cuda.start();
     let alloc: Alloc = cuda.get(c"cuMemAlloc", 0);
     let free: Free = cuda.get(c"cuMemFree", 0);
+    // Another program holds 56 MiB of the GPU's 64: 8 are left, under a budget of 64.
+    let hold: Hold = cuda.fake(c"tiermem_fake_hold");
+    assert_eq!(hold(0, 56 * MIB as isize), 0);
     let before = cuda.census();
     let mut ptr = 0;
     // SAFETY: as in `memory`.
     unsafe {
-        assert_eq!(alloc(&mut ptr, 20 * MIB), 0, "20 MiB on a GPU of 8 MiB");
+        assert_eq!(alloc(&mut ptr, 20 * MIB), 0, "20 MiB on a GPU with 8 MiB left");
         let census = cuda.census();
         assert_eq!((census.gpu_chunks, census.host_chunks), (4, 6), "the GPU's 8 MiB, then the host");
         cuda.write_and_verify(ptr, 20 * MIB, 8);
@@ -424,6 +428,7 @@ fn gpu_full() {
         assert_eq!(free(ptr), 0);
     }
     assert_eq!(cuda.census().held(), before.held(), "leak");
+    assert_eq!(hold(0, -(56 * MIB as isize)), 0);
     println!("gpu-full: ok");
 }
 
