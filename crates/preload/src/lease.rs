@@ -187,3 +187,32 @@ impl Tenant for GpuTenant {
         crate::migrate::meet("tiermemd budget", self.ordinal)
     }
 }
+
+/// HBM left to others when no budget is given: the default budget is the GPU's free memory,
+/// when tiermem first sees it, less this (as the engine's `hbm_reserve`).
+const DEFAULT_RESERVE: usize = 2 << 30;
+
+/// The budget of a GPU with `free` of its `total` bytes free: `TIERMEM_HBM_LIMIT` (`16GiB`, `50%`).
+pub fn standalone_budget(call: &str, free: usize, total: usize) -> usize {
+    let default = free.saturating_sub(DEFAULT_RESERVE);
+    match std::env::var("TIERMEM_HBM_LIMIT") {
+        Err(_) => default,
+        // More than the GPU has is refused: `cuMemGetInfo` would report a GPU larger than it is.
+        Ok(text) => tiermem::HbmLimit::parse(&text)
+            .map(|limit| limit.of(total))
+            .and_then(|bytes| {
+                let too_much = || {
+                    format!("{} is more than the GPU's {}", tiermem::format_size(bytes), tiermem::format_size(total))
+                };
+                (bytes <= total).then_some(bytes).ok_or_else(too_much)
+            })
+            .unwrap_or_else(|why| {
+                crate::boundary::log(
+                    call,
+                    &format!("TIERMEM_HBM_LIMIT: {why}"),
+                    "using the GPU's free memory less 2 GiB instead",
+                );
+                default
+            }),
+    }
+}

@@ -25,7 +25,6 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use tiermem::format_size;
 use tiermem_mechanism::cuda::CudaDevice;
 use tiermem_mechanism::{ChunkLocation, Device, DeviceError};
 
@@ -37,9 +36,6 @@ use crate::placement::{self, Placement, Tier};
 use crate::shadows::{self, Shadows};
 use crate::stats::Stats;
 
-/// HBM left to others when no budget is given: the default budget is the GPU's free memory,
-/// when tiermem first sees it, less this (as the engine's `hbm_reserve`).
-const DEFAULT_RESERVE: usize = 2 << 30;
 /// Bytes of a chunk unless `TIERMEM_CHUNK` says otherwise (module documentation).
 const DEFAULT_CHUNK: usize = 32 << 20;
 
@@ -119,25 +115,6 @@ pub fn current_gpu() -> Option<Result<usize, CuResult>> {
     }
 }
 
-/// The budget of a GPU with `free` of its `total` bytes free: `TIERMEM_HBM_LIMIT` (`16GiB`, `50%`).
-fn budget(call: &str, free: usize, total: usize) -> usize {
-    let default = free.saturating_sub(DEFAULT_RESERVE);
-    match std::env::var("TIERMEM_HBM_LIMIT") {
-        Err(_) => default,
-        // More than the GPU has is refused: `cuMemGetInfo` would report a GPU larger than it is.
-        Ok(text) => tiermem::HbmLimit::parse(&text)
-            .map(|limit| limit.of(total))
-            .and_then(|bytes| {
-                let too_much = || format!("{} is more than the GPU's {}", format_size(bytes), format_size(total));
-                (bytes <= total).then_some(bytes).ok_or_else(too_much)
-            })
-            .unwrap_or_else(|why| {
-                log(call, &format!("TIERMEM_HBM_LIMIT: {why}"), "using the GPU's free memory less 2 GiB instead");
-                default
-            }),
-    }
-}
-
 impl Process {
     /// GPU `ordinal`, opened at its first use; a second GPU opened makes each GPU's allocations
     /// reachable from the other where the hardware allows (peers.rs).
@@ -197,7 +174,7 @@ impl Process {
                     let crate::reset::Kept { budget, limit, hbm_used } = kept;
                     return Gpu { device, granularity, chunk, budget, limit, hbm_used };
                 }
-                let limit = budget(call, free, total);
+                let limit = crate::lease::standalone_budget(call, free, total);
                 Gpu { device, granularity, chunk, budget: limit, limit, hbm_used: 0 }
             }
             Err(why) => {
