@@ -17,8 +17,8 @@
 //! nice 10 fault its pages in, where sixteen stalled the tenants' rounds once a second).
 //! Room pinned ahead is speculative and pinned memory cannot be swapped, so a slab is pinned
 //! only while the host keeps an eighth of its memory available after it
-//! (`HostMemory::pinning_leaves_an_eighth`): tenants on a node of eight GPUs could otherwise pin as much host
-//! memory as all their HBM together. A standalone engine never pins ahead (no one
+//! (`HostMemory::pinning_leaves_an_eighth`): tenants on a node of eight GPUs could otherwise
+//! pin as much host memory as all their HBM together. A standalone engine never pins ahead (no one
 //! shrinks its budget behind its back), nor does one with `TIERMEM_EVICT_ROOM=off`; a host
 //! that refuses to pin more stops it for good (the eviction itself will report the error).
 

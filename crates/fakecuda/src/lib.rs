@@ -121,7 +121,6 @@ fn parse_bytes(text: &str) -> Option<usize> {
     number.parse::<usize>().ok().map(|n| n << shift)
 }
 
-/// Runs `f` on the fake's state; `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`.
 /// A delay in microseconds from setting `name` (0 when unset or not a number).
 fn delay(name: &str) -> std::time::Duration {
     std::time::Duration::from_micros(std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(0))
@@ -139,6 +138,7 @@ pub(crate) fn host_read_delay() -> std::time::Duration {
     *DELAY.get_or_init(|| delay("TIERMEM_FAKE_HOST_READ_US"))
 }
 
+/// Runs `f` on the fake's state; `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`.
 fn with(f: impl FnOnce(&mut Fake) -> Code) -> Code {
     let mut guard: MutexGuard<'_, Option<Fake>> = FAKE.lock().unwrap_or_else(|p| p.into_inner());
     match guard.as_mut() {

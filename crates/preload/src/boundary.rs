@@ -15,6 +15,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 pub type CuResult = u32;
 
 pub const CUDA_SUCCESS: CuResult = 0;
+/// What the driver answers for a handle or pointer it cannot use.
+pub const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CuResult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CuResult = 3;
 pub const CUDA_ERROR_UNKNOWN: CuResult = 999;

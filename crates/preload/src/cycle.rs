@@ -361,7 +361,8 @@ pub fn cycle_ends() -> Option<Planned> {
         c.plan = None;
         (std::mem::take(&mut c.recording), launches, followed)
     };
-    let seconds = since_last_cycle_ended();
+    // Timed only for the trial: a synchronization takes no lock for it otherwise.
+    let seconds = if config().trial { since_last_cycle_ended() } else { 0.0 };
     if recording.functions.len() > MAX_LAUNCHES || recording.pointers.is_empty() {
         history().last = None;
         told(None, None);

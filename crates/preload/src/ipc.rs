@@ -34,13 +34,12 @@ use std::sync::{Mutex, MutexGuard};
 
 use tiermem_mechanism::{ChunkLocation, Device, DeviceError, PhysHandle};
 
-use crate::boundary::{guard, inside, log, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
+use crate::boundary::{
+    guard, inside, log, to_driver, CuResult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS,
+};
 use crate::driver::{driver, IpcOpenMemHandleFn};
 use crate::ipc_wire::{self, IpcMemHandle, Layout, Name};
 use crate::process;
-
-/// What the driver answers for a handle or pointer it cannot use.
-const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
 
 /// An allocation of this process's that a handle names: its chunks' descriptors, kept to
 /// hand out (the allocation's start is the key).

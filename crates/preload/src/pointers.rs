@@ -21,10 +21,11 @@
 //! memory: legacy IPC handles, which tiermem serves and never moves once shared (ipc.rs).
 
 use std::ffi::{c_int, c_void};
-
 use std::sync::OnceLock;
 
-use crate::boundary::{guard, inside, to_driver, CuResult, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS};
+use crate::boundary::{
+    guard, inside, to_driver, CuResult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS,
+};
 use crate::driver::driver;
 use crate::process;
 use crate::wrappers::cached_entry;
@@ -98,9 +99,6 @@ pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: c_i
 }
 
 type RetainFn = unsafe extern "C" fn(*mut u64, *mut c_void) -> CuResult;
-
-/// The driver's answer for an address `cuMemMap` did not map.
-const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
 
 /// `cuMemRetainAllocationHandle`: refused for tiermem's memory, as the driver refuses it for
 /// `cuMemAlloc` memory (module documentation); the driver's answer for anything else.

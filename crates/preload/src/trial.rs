@@ -279,7 +279,7 @@ mod tests {
 
     #[test]
     fn samples_are_per_launch() {
-        // Stage 2's cycles are twice as long but have twice the launches: as fast.
+        // Stage 2's cycles take 1.5 times as long but launch twice as much: faster per launch.
         let mut trial = Trial::new();
         for _ in 0..20 {
             let (seconds, launches) = if trial.mode() == Mode::Segments { (1.0, 100) } else { (1.5, 200) };

@@ -7,15 +7,17 @@
 
 mod support;
 
+/// A budget of 16 MiB, migration at every synchronization, `--stats`.
+const ENV: [(&str, &str); 4] = [
+    ("TIERMEM_HBM_LIMIT", "16MiB"),
+    ("TIERMEM_FAKE_HBM", "256M"),
+    ("TIERMEM_MIGRATE_INTERVAL_MS", "0"),
+    ("TIERMEM_STATS", "1"),
+];
+
 #[test]
 fn a_tiermem_allocation_is_shared_with_another_process_by_a_legacy_handle() {
-    let env = [
-        ("TIERMEM_HBM_LIMIT", "16MiB"),
-        ("TIERMEM_FAKE_HBM", "256M"),
-        ("TIERMEM_MIGRATE_INTERVAL_MS", "0"),
-        ("TIERMEM_STATS", "1"),
-    ];
-    let output = support::probe("ipc", &["ipc"], &env);
+    let output = support::probe("ipc", &["ipc"], &ENV);
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("ipc: ok"), "{stdout}\n{stderr}");
     assert!(stderr.contains("freed the allocation"), "the refused open says why: {stderr}");
@@ -29,13 +31,7 @@ fn a_tiermem_allocation_is_shared_with_another_process_by_a_legacy_handle() {
 
 #[test]
 fn no_library_takes_the_physical_memory_of_tiermems_allocations() {
-    let env = [
-        ("TIERMEM_HBM_LIMIT", "16MiB"),
-        ("TIERMEM_FAKE_HBM", "256M"),
-        ("TIERMEM_MIGRATE_INTERVAL_MS", "0"),
-        ("TIERMEM_STATS", "1"),
-    ];
-    let output = support::probe("retain", &["retain"], &env);
+    let output = support::probe("retain", &["retain"], &ENV);
     let (stdout, stderr) = support::assert_passed(&output);
     assert!(stdout.contains("retain: ok"), "{stdout}\n{stderr}");
 }
