@@ -19,7 +19,9 @@ memory never freed, two alive at once, one synchronized while the other's kernel
 that allocates in stream order from a memory pool of its own, as RAPIDS' async resource does,
 one whose compute buffers are VMM chunks it maps itself beside cudaMalloc'd weights, as
 llama.cpp's CUDA backend does, a training loop fed by a DataLoader's forked workers with pinned
-batches, a torchrun script run as one process (NCCL, DistributedDataParallel), and a
+batches, a torchrun script run as one process (NCCL, DistributedDataParallel), data parallelism
+over two GPUs in two processes with an all-reduce captured in a CUDA graph and a memory pool
+registered with NCCL (skipped on one GPU), and a
 serving-like loop mixing a captured decoder's replays with eager kernels and a synchronization
 per step, `torch.compile(mode="reduce-overhead")` (Inductor's kernels replayed as CUDA graph
 trees, two shapes), and fp16 training with a GradScaler, clipping and a schedule.
@@ -87,6 +89,7 @@ EXTENDED = {
     "vmm_pool": nvcc_program("vmm_pool.cu", "-lcuda"),
     "dataloader": python_program("dataloader.py"),
     "ddp_one": python_program("ddp_one.py"),
+    "ddp_pair": python_program("ddp_pair.py"),
     "jax_train": python_program("jax_train.py"),
     "graph_serving": python_program("graph_serving.py"),
     "compiled_graphs": python_program("compiled_graphs.py"),

@@ -3,7 +3,7 @@ trial, hotness; placement with POLICIES=all; auto alone with POLICIES=auto) on a
 decoder whose weights are read once a token (bench/matrix/hf_decode.py, at 0.5x its peak) and on
 the training loop of `bench transparent` (bench/transparent_train.py, at 0.7x its peak): speed
 as a fraction of the plain run's, and whether the results are bitwise the plain run's.
-Writes OUT/policies.json and prints one line a run.
+POLICY_JOBS=hf_decode or =train runs that job alone. Writes OUT/policies.json and prints one line a run.
 Usage (on the GPU machine, after building dist/ here): python3 policies.py TIERMEM OUT"""
 import json
 import os
@@ -57,11 +57,14 @@ if os.environ.get("POLICIES") == "all":
 elif os.environ.get("POLICIES") == "auto":  # the trial's A/B alone
     POLICIES = POLICIES[:2]
 results = {}
+only = os.environ.get("POLICY_JOBS")  # e.g. hf_decode: that job alone
 for name, job, share, speed_of, same in [
     ("hf_decode", decode, 0.5, lambda r: r.get("tokens_per_s"), lambda a, b: a.get("digest") == b.get("digest")),
     ("train", train, 0.7, lambda r: r.get("step_s_median") and 1 / r["step_s_median"],
      lambda a, b: a.get("losses") == b.get("losses")),
 ]:
+    if only and name not in only.split(","):
+        continue
     code, plain, err = job([], {})
     if code != 0:
         print(f"{name}: the plain run failed ({code}): {err[-400:]}", flush=True)
