@@ -23,8 +23,8 @@ if [ -n "$peak" ]; then
   echo "nccl log: exit $?"; grep -ci "regist" "$out/ddp-pair-nccl-reg.log"; grep -i "regist\|error\|warn" "$out/ddp-pair-nccl-reg.log" | sort | uniq -c | sort -rn | head -12 | cut -c1-300
   tail -1 "$out/ddp-pair-nccl-reg.log" | cut -c1-300
 fi
-timeout 260 ./dist/tiermem bench transparent --json "$out" --matrix none > "$out/transparent.log" 2>&1
-echo "bench transparent: exit $?"; grep -A6 '"ratios"' "$out"/transparent-*.json | grep -v detail | head -8
 export POLICY_JOBS=hf_decode
 timeout 150 python3 "$here/policies.py" "$PWD/dist/tiermem" "$out" 2>&1 | cut -c1-500
+timeout 300 ./dist/tiermem bench transparent --json "$out" --matrix none > "$out/transparent.log" 2>&1
+echo "bench transparent: exit $?"; grep -A6 '"ratios"' "$out"/transparent-*.json | grep -v detail | head -8
 exit 0
