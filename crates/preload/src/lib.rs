@@ -128,6 +128,7 @@ mod ipc_wire;
 mod launch;
 mod lease;
 mod migrate;
+mod move_price;
 mod moves;
 mod nvml;
 mod peers;
@@ -185,6 +186,7 @@ extern "C" fn report_stats() {
                 .chain(graphs::report())
                 .chain(spares::report())
                 .chain(cycle::trial_report())
+                .chain(move_price::report())
                 .chain(verify::report())
             {
                 eprintln!("{line}");
