@@ -9,9 +9,7 @@
 //! else: one), a peer of the first, on PCI bus 2 (GPU 0 is on bus 1). Timing, for tests of
 //! what tiermem chooses by time: `TIERMEM_FAKE_SYNC_US` — each `cuCtxSynchronize` takes that
 //! long; `TIERMEM_FAKE_HOST_READ_US` — a kernel takes that long for each pointer argument into
-//! a chunk in host memory (as a kernel reading over PCIe would); `TIERMEM_FAKE_BUSY=FROM:TO:US` —
-//! the `cuMemSetAccess` calls numbered FROM to TO (counted from 0) take US microseconds each (as
-//! while another process's kernels read host memory in place).
+//! a chunk in host memory (as a kernel reading over PCIe would).
 //!
 //! With two GPUs, chunks made on GPU 1 (`cuMemCreate` at device 1) take GPU 1's memory and are
 //! mapped, given access, copied and shared like GPU 0's; `tiermem_fake_census` counts them as
@@ -138,25 +136,6 @@ pub(crate) fn sync_delay() -> std::time::Duration {
 pub(crate) fn host_read_delay() -> std::time::Duration {
     static DELAY: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
     *DELAY.get_or_init(|| delay("TIERMEM_FAKE_HOST_READ_US"))
-}
-
-/// `TIERMEM_FAKE_BUSY` (module documentation): the delay of the next `cuMemSetAccess`.
-fn busy_delay() -> std::time::Duration {
-    static WINDOW: std::sync::OnceLock<Option<(usize, usize, u64)>> = std::sync::OnceLock::new();
-    static CALLS: AtomicUsize = AtomicUsize::new(0);
-    let window = WINDOW.get_or_init(|| {
-        let setting = std::env::var("TIERMEM_FAKE_BUSY").ok()?;
-        let parts: Vec<u64> = setting.split(':').map(|p| p.parse().ok()).collect::<Option<_>>()?;
-        match parts[..] {
-            [from, to, us] => Some((from as usize, to as usize, us)),
-            _ => None,
-        }
-    });
-    let call = CALLS.fetch_add(1, Relaxed);
-    match *window {
-        Some((from, to, us)) if (from..=to).contains(&call) => std::time::Duration::from_micros(us),
-        _ => std::time::Duration::ZERO,
-    }
 }
 
 /// Runs `f` on the fake's state; `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`.
@@ -338,7 +317,6 @@ pub unsafe extern "C" fn cuMemSetAccess(ptr: u64, size: usize, desc: *const c_vo
     if kernel::injected("cuMemSetAccess") {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    std::thread::sleep(busy_delay());
     with(|fake| fake.memory.set_access(ptr, size).err().unwrap_or(CUDA_SUCCESS))
 }
 

@@ -66,9 +66,8 @@ fn launch(
     if inside() {
         return to_driver(call);
     }
-    // Stage 3: the first launch of a planned segment waits for its chunks (cycle.rs), unless
-    // the driver charges too much for moves now (move_price.rs).
-    if let Some(boundary) = cycle::before_launch(f as usize).filter(|_| !crate::move_price::skip_pause()) {
+    // Stage 3: the first launch of a planned segment waits for its chunks (cycle.rs).
+    if let Some(boundary) = cycle::before_launch(f as usize) {
         guard_step(name, || {
             let started = Instant::now();
             if let Some(moved) = crate::migrate::carry(name, &boundary) {

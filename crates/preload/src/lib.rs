@@ -128,7 +128,6 @@ mod ipc_wire;
 mod launch;
 mod lease;
 mod migrate;
-mod move_price;
 mod moves;
 mod nvml;
 mod peers;
@@ -186,7 +185,6 @@ extern "C" fn report_stats() {
                 .chain(graphs::report())
                 .chain(spares::report())
                 .chain(cycle::trial_report())
-                .chain(move_price::report())
                 .chain(verify::report())
             {
                 eprintln!("{line}");

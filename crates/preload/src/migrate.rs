@@ -203,7 +203,6 @@ pub fn quiesce_point(call: &str) {
     // Stage 3 (cycle.rs): the cycle ends; with a plan for the next, its first segment's moves
     // are made here instead of the hotness plan's.
     let planned = crate::cycle::cycle_ends();
-    crate::move_price::cycle_ended();
     let (ended, next) = crate::cycle::told_apart();
     crate::deferred::cycle_ends(ended, next);
     if !due() {
@@ -473,14 +472,11 @@ pub fn carry(call: &str, boundary: &Boundary) -> Option<u64> {
     let up: Vec<ChunkId> = boundary.up.iter().copied().filter(|id| applies(&p, id, Tier::Host)).collect();
     let ids: Vec<ChunkId> = down.iter().chain(&up).copied().collect();
     let moves_so_far = || rounds::counts().0 + rounds::counts().1;
-    let (before, bytes_before) = (moves_so_far(), rounds::counts().3);
+    let before = moves_so_far();
     let plan = Plan { down: (0..down.len()).collect(), up: (down.len()..ids.len()).collect() };
     execute(call, &mut p, ordinal, &plan, &ids, state);
     let moved = moves_so_far() - before;
     drop(p);
-    let driver_nanos = |phases: &[(u64, u64)]| phases[Phase::Remap as usize].0 + phases[Phase::Access as usize].0;
-    let spent = driver_nanos(&remap::phases()) - driver_nanos(&phases);
-    crate::move_price::priced(rounds::counts().3 - bytes_before, spent);
     crate::trace::event("moves", || {
         let spent: Vec<String> = (remap::phases().iter().zip(phases))
             .zip(crate::stats::PHASE_NAMES)

@@ -177,32 +177,3 @@ fn the_trace_shows_each_boundarys_moves_and_the_launches_that_read_the_host() {
     let on_host: Vec<_> = off.iter().filter(|e| e["event"] == "launch_on_host").collect();
     assert!(!on_host.is_empty() && on_host.iter().all(|e| e["host_pointers"].as_u64() > Some(0)), "{off:?}");
 }
-
-/// The segments-trial loop (40 cycles) with stage 3 alone and `extra` settings: (pauses taken,
-/// pauses skipped for the driver's price); every byte is checked by the probe.
-fn pauses_with(test: &str, extra: &[(&str, &str)]) -> (u64, u64) {
-    let env = [ENV.as_slice(), &[("TIERMEM_STAGE3_TRIAL", "off")], extra].concat();
-    let output = support::probe(test, &["segments-trial"], &env);
-    let (stdout, stderr) = support::assert_passed(&output);
-    assert!(stdout.contains("segments-trial: ok"), "{stdout}");
-    let skipped = stderr.lines().find(|l| l.contains("moves priced")).map_or(0, |l| {
-        eprintln!("{l}");
-        support::number_after(l, "at the dearest; ")
-    });
-    (support::number_after(&stderr, "segments on: "), skipped)
-}
-
-#[test]
-fn pauses_are_skipped_while_the_driver_charges_too_much_for_moves_and_resume_after() {
-    let (alone, none) = pauses_with("price-alone", &[]);
-    assert_eq!(none, 0, "alone, no pause is skipped");
-    // cuMemSetAccess calls 60 to 140 take 5 ms each (a neighbour reading host memory in place).
-    let (busy, skipped) = pauses_with("price-busy", &[("TIERMEM_FAKE_BUSY", "60:140:5000")]);
-    eprintln!("pauses alone {alone}, beside the neighbour {busy} taken and {skipped} skipped");
-    assert!(skipped > 0, "pauses skipped while moves are dear");
-    assert!(busy + skipped >= alone - 2 && busy < alone, "the skipped pauses are the ones not taken");
-    assert!(skipped < alone / 2, "pauses resume once moves are cheap again (the busy window is a stretch of the run)");
-    let (kept, off) =
-        pauses_with("price-off", &[("TIERMEM_FAKE_BUSY", "60:140:5000"), ("TIERMEM_SKIP_DEAR_PAUSES", "off")]);
-    assert_eq!((kept, off), (alone, 0), "TIERMEM_SKIP_DEAR_PAUSES=off keeps every pause");
-}
