@@ -59,8 +59,14 @@ pub fn run_embedded(own_program: Vec<OsString>, args: Vec<OsString>) -> i32 {
     }
 }
 
+/// `tiermem --version`: the package's version and the commit it was built from (build.rs).
+const VERSION: &str = match env!("TIERMEM_BUILT_FROM").is_empty() {
+    true => env!("CARGO_PKG_VERSION"),
+    false => concat!(env!("CARGO_PKG_VERSION"), " (", env!("TIERMEM_BUILT_FROM"), ")"),
+};
+
 #[derive(Parser)]
-#[command(name = "tiermem", version, about = "Tiered GPU memory: buffers larger than HBM at stable device addresses")]
+#[command(name = "tiermem", version = VERSION, about = "Tiered GPU memory: buffers larger than HBM at stable device addresses")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -244,9 +244,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         }
     }
     if let Some(peers) = &args.peers {
-        peers
-            .parse::<tiermem::PeerChoice>()
-            .map_err(|e| format!("run: --peers: {e} (auto, off, or GPU ordinals like 1,2)"))?;
+        peers.parse::<tiermem::PeerChoice>().map_err(|e| format!("run: --peers: {e}"))?;
         command.env("TIERMEM_PEERS", peers);
     }
     if let Some(label) = &args.label {

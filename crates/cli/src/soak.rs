@@ -56,7 +56,7 @@ pub struct SoakArgs {
     /// Folder to write soak-<yyyymmdd>-<shortsha>.json into.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Commit being tested, for the JSON (default: $TIERMEM_COMMIT, else "unknown").
+    /// Commit being tested, for the JSON (default: $TIERMEM_COMMIT, else the commit this binary was built from).
     #[arg(long)]
     commit: Option<String>,
 }
@@ -197,7 +197,7 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
         leaks.len()
     );
     if let Some(dir) = &args.json {
-        let commit = args.commit.clone().or_else(|| std::env::var("TIERMEM_COMMIT").ok()).unwrap_or("unknown".into());
+        let commit = crate::bench::measured_commit(args.commit.clone());
         let date = bench::today();
         let metrics = serde_json::to_value(&summary).map_err(|e| e.to_string())?;
         let report = bench::report("soak", &commit, &date, device.info(), metrics, serde_json::json!({}), passed);

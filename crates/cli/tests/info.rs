@@ -1,5 +1,6 @@
 //! `tiermem info` on a simulated node of two GPUs: it says it is simulated, names GPU 1 as a
-//! lender with how busy its kernels are and what holds its traffic, and both links for page-ins.
+//! lender with how busy its kernels are and what holds its traffic, and both links for page-ins;
+//! `tiermem --version` names the commit it was built from.
 
 mod support;
 
@@ -18,4 +19,21 @@ fn info_names_the_lender_how_busy_it_is_and_the_links() {
     let lender = lender.unwrap_or_else(|| panic!("no lender line:\n{log}"));
     assert!(lender.contains("busy 0% now") && lender.contains("32.00 GiB/s"), "{lender}");
     assert!(log.contains("this GPU's link and those of GPUs [1]"), "{log}");
+}
+
+/// `tiermem --version` names the commit the binary was built from where it was built in a git
+/// checkout (build.rs), so that results measured where there is no git still name it.
+#[test]
+fn the_version_names_the_commit_it_was_built_from() {
+    let output = support::tiermem().arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    assert!(output.status.success() && version.starts_with("tiermem 0."), "{version}");
+    let head = std::process::Command::new("git").args(["rev-parse", "--short=7", "HEAD"]).output();
+    match head.ok().filter(|o| o.status.success()) {
+        Some(head) => {
+            let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+            assert!(version.ends_with(&format!("({head})")), "{version} against HEAD {head}");
+        }
+        None => eprintln!("not a git checkout: {version}"),
+    }
 }

@@ -25,7 +25,7 @@ pub enum Suite {
         /// Folder to write engine-<yyyymmdd>-<shortsha>.json into.
         #[arg(long)]
         json: PathBuf,
-        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        /// Commit being measured (default: $TIERMEM_COMMIT, else the commit this binary was built from).
         #[arg(long)]
         commit: Option<String>,
         /// Repetitions of each timed operation (the median is reported).
@@ -43,7 +43,7 @@ pub enum Suite {
         /// Folder on the disk to measure (must allow O_DIRECT; about 5× --size of free space).
         #[arg(long, default_value = ".")]
         dir: PathBuf,
-        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        /// Commit being measured (default: $TIERMEM_COMMIT, else the commit this binary was built from).
         #[arg(long)]
         commit: Option<String>,
         /// Repetitions of each timed operation (the median is reported).
@@ -59,7 +59,7 @@ pub enum Suite {
         /// Folder to write tenants-<yyyymmdd>-<shortsha>.json into.
         #[arg(long)]
         json: PathBuf,
-        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        /// Commit being measured (default: $TIERMEM_COMMIT, else the commit this binary was built from).
         #[arg(long)]
         commit: Option<String>,
         /// The node's HBM cap that the tenants share.
@@ -105,7 +105,7 @@ pub enum Suite {
         /// Folder to write vramswap-<yyyymmdd>-<shortsha>.json into.
         #[arg(long)]
         json: PathBuf,
-        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        /// Commit being measured (default: $TIERMEM_COMMIT, else the commit this binary was built from).
         #[arg(long)]
         commit: Option<String>,
         /// Folder on the local disk (not tmpfs) for the disk device's file, the swap file and
@@ -144,7 +144,7 @@ pub enum Suite {
         /// Folder to write vramswap-store-<yyyymmdd>-<shortsha>.json into.
         #[arg(long)]
         json: PathBuf,
-        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        /// Commit being measured (default: $TIERMEM_COMMIT, else the commit this binary was built from).
         #[arg(long)]
         commit: Option<String>,
         /// The device's size, written whole before the timings (all of it in HBM).
@@ -160,7 +160,7 @@ pub enum Suite {
         /// Folder to write peer-<yyyymmdd>-<shortsha>.json into.
         #[arg(long)]
         json: PathBuf,
-        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        /// Commit being measured (default: $TIERMEM_COMMIT, else the commit this binary was built from).
         #[arg(long)]
         commit: Option<String>,
         /// The GPU that borrows.
@@ -195,7 +195,7 @@ pub enum Suite {
         /// Folder to write transparent-<yyyymmdd>-<shortsha>.json into.
         #[arg(long)]
         json: PathBuf,
-        /// Commit being measured (default: $TIERMEM_COMMIT, else "unknown").
+        /// Commit being measured (default: $TIERMEM_COMMIT, else the commit this binary was built from).
         #[arg(long)]
         commit: Option<String>,
         /// The training script.
@@ -218,14 +218,22 @@ pub enum Suite {
     SwapJob(swap_job::JobArgs),
 }
 
+/// The commit a result names: `given`, else `$TIERMEM_COMMIT`, else the commit this binary was
+/// built from (build.rs), else "unknown" (built outside a git checkout).
+pub fn measured_commit(given: Option<String>) -> String {
+    given
+        .or_else(|| std::env::var("TIERMEM_COMMIT").ok())
+        .or_else(|| Some(env!("TIERMEM_BUILT_FROM").to_string()).filter(|c| !c.is_empty()))
+        .unwrap_or_else(|| "unknown".into())
+}
+
 pub fn run(suite: Suite) -> Result<(), String> {
-    let commit = |given: Option<String>| {
-        given.or_else(|| std::env::var("TIERMEM_COMMIT").ok()).unwrap_or_else(|| "unknown".into())
-    };
     match suite {
-        Suite::Engine { json, commit: given, reps, size } => engine::run(&json, &commit(given), reps.max(1), size),
+        Suite::Engine { json, commit: given, reps, size } => {
+            engine::run(&json, &measured_commit(given), reps.max(1), size)
+        }
         Suite::Nvme { json, dir, commit: given, reps, size } => {
-            nvme::run(&json, &dir, &commit(given), reps.max(1), size)
+            nvme::run(&json, &dir, &measured_commit(given), reps.max(1), size)
         }
         Suite::Tenants {
             json,
@@ -253,7 +261,7 @@ pub fn run(suite: Suite) -> Result<(), String> {
                 logs,
                 repeats: repeats.max(1),
             };
-            tenants::run(&json, &commit(given), setup)
+            tenants::run(&json, &measured_commit(given), setup)
         }
         Suite::TenantWorker(args) => tenant_worker::run(args),
         Suite::Swap { json, commit: given, dir, size, passes, quick, fio, swap_args, budget_s, page_cluster } => {
@@ -267,17 +275,19 @@ pub fn run(suite: Suite) -> Result<(), String> {
                 budget_s: budget_s.unwrap_or(if quick { 150.0 } else { 400.0 }),
                 page_cluster,
             };
-            swap::run(&json, &commit(given), setup)
+            swap::run(&json, &measured_commit(given), setup)
         }
         Suite::SwapJob(args) => swap_job::run(args),
-        Suite::SwapStore { json, commit: given, size, ops } => swap_store::run(&json, &commit(given), size, ops),
+        Suite::SwapStore { json, commit: given, size, ops } => {
+            swap_store::run(&json, &measured_commit(given), size, ops)
+        }
         Suite::Transparent { json, commit: given, script, steps, small, matrix } => {
             let setup = transparent::Setup { script, steps: steps.max(2), small, matrix };
-            transparent::run(&json, &commit(given), setup)
+            transparent::run(&json, &measured_commit(given), setup)
         }
         Suite::Peer { json, commit: given, borrower, lender, size, reps, job_bytes, job_seconds, decode } => {
             let setup = peer::Setup { borrower, lender, size, reps: reps.max(1), job_bytes, job_seconds, decode };
-            peer::run(&json, &commit(given), setup)
+            peer::run(&json, &measured_commit(given), setup)
         }
     }
 }
