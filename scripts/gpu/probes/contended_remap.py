@@ -4,7 +4,7 @@ mapping? On the H200 pair (followup41d), a transparent program's pauses took ~10
 This probe times a move's driver steps over 1 GiB of 32 MiB chunks, HBM-located and
 host-located: per chunk (unmap, map, cuMemSetAccess each), and batched (one cuMemUnmap and one
 cuMemSetAccess over each run of 8 neighbouring chunks, cuMemMap per chunk) — alone, then while a
-second process keeps GPU 0 busy with elementwise kernels over 4 GiB (HAMMER), and again with
+second process keeps GPU 0 busy with elementwise kernels over 4 GiB (hammer.py), and again with
 that process under `tiermem run --policy placement --hbm-limit 2GiB` (TIERMEM, its kernels
 reading half their tensors from host memory in place). Prints one JSON line per row. A probe,
 not a benchmark. Usage: python contended_remap.py [TIERMEM]"""
@@ -13,19 +13,10 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from vmm import Access, AllocFlags, Location, Prop, cuda, ok, start
 
-HAMMER = """
-import time, torch
-t = [torch.full((256 << 20,), 1.0, device="cuda") for _ in range(4)]
-print("ready", flush=True)
-end = time.time() + 60
-while time.time() < end:
-    for x in t:
-        x.mul_(1.0).add_(0.0)
-    torch.cuda.synchronize()
-"""
 MiB, SIZE, N, RUN = 1 << 20, 32 << 20, 32, 8
 dev, ctx = start()
 numa = C.c_int()
@@ -104,7 +95,8 @@ if len(sys.argv) > 1:
     loads.append(("another process's kernels reading host memory",
                   [sys.argv[1], "run", "--policy", "placement", "--hbm-limit", "2GiB", "--"]))
 for label, prefix in loads:
-    hammer = subprocess.Popen([*prefix, sys.executable, "-c", HAMMER], stdout=subprocess.PIPE, text=True)
+    hammer = subprocess.Popen([*prefix, sys.executable, str(Path(__file__).parent / "hammer.py"), "60", "4"],
+                              stdout=subprocess.PIPE, text=True)
     assert hammer.stdout.readline().strip() == "ready"
     time.sleep(1)
     rows(label)

@@ -17,7 +17,7 @@ BIN=${1:?tiermem binary}; OUT=${2:?output dir}
 mkdir -p "$OUT"
 HERE=$(cd "$(dirname "$0")/../../.." && pwd)
 STEPS=${STEPS:-60}
-INPUTS=$(mktemp -d)  # the config, the newcomer and the socket stay out of OUT
+INPUTS=$(mktemp -d)  # the config and the socket stay out of OUT
 trap 'rm -rf "$INPUTS"' EXIT
 export TIERMEM_SOCKET="$INPUTS/tiermemd.sock"
 HBM_POOL=${HBM_POOL:-20GiB}; PEER_POOL=${PEER_POOL:-}
@@ -25,21 +25,6 @@ PEERS_ARGS=(); [ -n "$PEER_POOL" ] && PEERS_ARGS=(--peers 1)
 { echo "idle_after_ms = 0"
   [ -n "$PEER_POOL" ] && printf '[tiers]\npeer = "%s"\n' "$PEER_POOL"
   printf '[[gpu]]\nindex = 0\nhbm = "%s"\n' "$HBM_POOL"; } > "$INPUTS/tiermemd.toml"
-cat > "$INPUTS/newcomer.py" <<'EOF'
-import hashlib, sys, time, torch
-t = [torch.full((256 << 20,), float(i), device="cuda") for i in range(8)]  # 8 x 1 GiB
-end = time.time() + float(sys.argv[1])
-rounds = 0
-while time.time() < end:
-    for x in t:
-        x.mul_(1.0).add_(1.0)
-    torch.cuda.synchronize()
-    rounds += 1
-sums = [float(x[:1024].double().sum()) for x in t]
-ok = all(abs(s - 1024 * (i + rounds)) < 1e-3 for i, s in enumerate(sums))
-print(f"newcomer: {rounds} rounds over 8 GiB, values {'right' if ok else 'WRONG'}", flush=True)
-sys.exit(0 if ok else 1)
-EOF
 
 echo "== A plain (no tiermem)"
 TIERMEM_DAEMON=off python3 "$HERE/bench/transparent_train.py" --steps "$STEPS" --out "$OUT/plain.json"
@@ -69,7 +54,8 @@ sys.exit(0 if any(s["used"] > '"${A_FULL_GIB:-15}"' << 30 for p in pools if p["t
 done
 sleep "${B_AFTER:-3}"
 B_START=$(date +%s.%N)
-"$BIN" run --label newcomer --hbm-limit 12GiB "${PEERS_ARGS[@]}" --stats -- python3 "$INPUTS/newcomer.py" "${B_SECONDS:-15}" > "$OUT/newcomer.log" 2>&1
+"$BIN" run --label newcomer --hbm-limit 12GiB "${PEERS_ARGS[@]}" --stats -- \
+  python3 "$HERE/scripts/gpu/probes/hammer.py" "${B_SECONDS:-15}" 8 newcomer > "$OUT/newcomer.log" 2>&1
 B_RC=$?
 B_END=$(date +%s.%N)
 if [ -n "$PEER_POOL" ] && kill -0 $TRAIN 2>/dev/null; then

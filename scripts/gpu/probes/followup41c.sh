@@ -9,20 +9,8 @@ set -u
 out=$1
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
-cat > "$out/hammer.py" <<'PY'
-import sys, time, torch
-t = [torch.full((256 << 20,), float(i), device="cuda") for i in range(8)]  # 8 x 1 GiB, as the newcomer
-end = time.time() + float(sys.argv[1])
-rounds = 0
-while time.time() < end:
-    for x in t:
-        x.mul_(1.0).add_(1.0)
-    torch.cuda.synchronize()
-    rounds += 1
-print(f"hammer: {rounds} rounds", flush=True)
-PY
 for label in peer4 host10; do
-  python3 "$out/hammer.py" 70 > "$out/hammer-$label.log" 2>&1 &
+  python3 "$here/hammer.py" 70 > "$out/hammer-$label.log" 2>&1 &
   hammer=$!
   sleep 3
   if [ "$label" = peer4 ]; then
