@@ -31,7 +31,12 @@ pub fn run(args: TopArgs) -> Result<(), String> {
     let socket = args.socket.or_else(tiermem_protocol::paths::client_socket).ok_or(
         "no tiermemd socket found (TIERMEM_SOCKET, /run/tiermem/tiermemd.sock, $XDG_RUNTIME_DIR/tiermem.sock): is `tiermem daemon` running?",
     )?;
-    let mut terminal = ratatui::try_init().map_err(|e| format!("top: the terminal: {e}"))?;
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return Err("top: needs a terminal to draw in (standard output is not one): `tiermem status` prints once, `tiermem status --json` for scripts".into());
+    }
+    let mut terminal = ratatui::try_init()
+        .map_err(|e| format!("top: the terminal: {e} (`tiermem status` prints once, without one)"))?;
     let (mut last, mut before): (Option<StatusReport>, Option<StatusReport>) = (None, None);
     let outcome = loop {
         let problem = match tiermem_tenant::query_status(&socket) {

@@ -1,6 +1,6 @@
 //! `tiermem info` on a simulated node of two GPUs: it says it is simulated, names GPU 1 as a
 //! lender with how busy its kernels are and what holds its traffic, and both links for page-ins;
-//! `tiermem --version` names the commit it was built from.
+//! `tiermem --version` names the commit it was built from; `tiermem top` needs a terminal.
 
 mod support;
 
@@ -36,4 +36,16 @@ fn the_version_names_the_commit_it_was_built_from() {
         }
         None => eprintln!("not a git checkout: {version}"),
     }
+}
+
+/// `tiermem top` with its output piped (a script, CI) says it needs a terminal and what to use
+/// instead, rather than failing on the terminal's setup.
+#[test]
+fn top_without_a_terminal_says_what_to_use_instead() {
+    let output = support::tiermem().arg("top").env("TIERMEM_SOCKET", "/nonexistent/tiermemd.sock").output().unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && said.contains("needs a terminal") && said.contains("tiermem status --json"),
+        "{said}"
+    );
 }
