@@ -1,12 +1,14 @@
 """Data parallelism over two GPUs, one process each (spawned, as torchrun or mp.spawn would):
 DistributedDataParallel over NCCL for 20 steps (an MLP of 1 GiB, each rank its own batches),
-then what makes NCCL take the physical memory of the program's buffers — a CUDA graph that
-captures an all-reduce (NCCL registers a captured collective's buffers, NCCL_GRAPH_REGISTER)
-and, where this PyTorch has it, a memory pool registered with the communicator
-(ncclCommRegister) and all-reduced from. Under `tiermem run` those buffers are tiermem's: the
-registrations must not keep pages tiermem moves (docs/transparent.md, "Registered buffers").
-The losses of both ranks, rank 0's weights and every all-reduce's bytes are digested; the
-report says which registering paths this PyTorch ran. Skipped with fewer than two GPUs."""
+then what makes NCCL take the memory of the program's buffers — a CUDA graph that captures an
+all-reduce (NCCL may register a captured collective's buffers, NCCL_GRAPH_REGISTER) and, where
+this PyTorch can register pools, a pool of PyTorch's own allocator registered with the
+communicator (ncclCommRegister) and all-reduced from, then one of NCCL's allocator
+(ncclMemAlloc). Under `tiermem run` the first pool's memory is tiermem's: the registration must
+not keep pages tiermem moves (docs/transparent.md, "Registered buffers"); the second is NCCL's
+own chunks, which tiermem counts and never moves. The losses of both ranks, rank 0's weights
+and every all-reduce's bytes are digested; the report says which registering paths ran.
+Skipped with fewer than two GPUs."""
 import os
 import pickle
 import sys
@@ -43,13 +45,17 @@ def graph_all_reduce(rank):
     return b"".join(seen)
 
 
-def pool_all_reduce(rank):
-    """All-reduces from a memory pool registered with NCCL, if this PyTorch can register one:
-    (bytes, whether it registered)."""
+def pool_all_reduce(rank, from_nccl):
+    """All-reduces from a memory pool registered with NCCL (`ncclCommRegister` for each of its
+    segments), if this PyTorch can register one: the pool's memory from PyTorch's own allocator
+    (cudaMalloc: under `tiermem run`, tiermem's memory) or, `from_nccl`, from NCCL's
+    (`ncclMemAlloc`: NCCL's own VMM chunks). (bytes, whether it registered)."""
     backend = dist.group.WORLD._get_backend(torch.device("cuda"))
     if not (hasattr(torch.cuda, "MemPool") and hasattr(backend, "register_mem_pool")):
         return b"", False
-    pool = torch.cuda.MemPool(backend.mem_allocator) if hasattr(backend, "mem_allocator") else torch.cuda.MemPool()
+    if from_nccl and not hasattr(backend, "mem_allocator"):
+        return b"", False
+    pool = torch.cuda.MemPool(backend.mem_allocator) if from_nccl else torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(pool):
         buf = torch.full((32 << 20,), float(rank + 1), device="cuda")  # 128 MiB
     backend.register_mem_pool(pool)
@@ -83,12 +89,13 @@ def worker(rank, out_dir, port):
         graph = graph_all_reduce(rank)
     except Exception as e:  # noqa: BLE001 - a PyTorch or NCCL that cannot capture: the same in every run
         graph = f"graph capture failed: {type(e).__name__}".encode()
-    pooled, registered = pool_all_reduce(rank)
+    pooled, registered = pool_all_reduce(rank, from_nccl=False)
+    pooled_nccl, registered_nccl = pool_all_reduce(rank, from_nccl=True)
     dist.barrier()
     peak = torch.cuda.max_memory_reserved()
     dist.destroy_process_group()
-    mine = {"losses": losses, "weights": weights if rank == 0 else b"", "graph": graph, "pooled": pooled,
-            "registered": registered, "peak": peak, "step_s": step_s}
+    mine = {"losses": losses, "weights": weights if rank == 0 else b"", "graph": graph, "pooled": pooled + pooled_nccl,
+            "registered": registered, "registered_nccl": registered_nccl, "peak": peak, "step_s": step_s}
     with open(os.path.join(out_dir, f"rank{rank}.pickle"), "wb") as f:
         pickle.dump(mine, f)
 
@@ -105,4 +112,5 @@ if __name__ == "__main__":
                 ranks.append(pickle.load(f))
     digested = b"".join(repr(r["losses"]).encode() + r["weights"] + r["graph"] + r["pooled"] for r in ranks)
     report("ddp_pair", digested, max(r["peak"] for r in ranks), step_s=ranks[0]["step_s"],
-           pool_registered=ranks[0]["registered"], graph_captured=not ranks[0]["graph"].startswith(b"graph capture failed"))
+           pool_registered=ranks[0]["registered"], nccl_pool_registered=ranks[0]["registered_nccl"],
+           graph_captured=not ranks[0]["graph"].startswith(b"graph capture failed"))
