@@ -243,7 +243,8 @@ pub fn share_cells(share: &ShareStatus, tenants: &[TenantStatus], pool: &PoolSta
     ]
 }
 
-/// A tenant row's last cell: `LATE`, `IDLE`, `RAMP`, `WAIT` as they apply, and the memory it
+/// A tenant row's last cell: `LATE`, `IDLE`, `RAMP`, `WAIT`, `HOLD` (its launches held for
+/// its turn: a program under `tiermem run`) as they apply, and the memory it
 /// holds ready beyond its use (`+512.00 MiB ready`: host memory pinned ahead for evictions).
 fn marks(share: &ShareStatus, tenant: Option<&TenantStatus>) -> String {
     let flags = [
@@ -251,6 +252,7 @@ fn marks(share: &ShareStatus, tenant: Option<&TenantStatus>) -> String {
         (tenant.is_some_and(|t| t.idle), "IDLE"),
         (tenant.is_some_and(|t| t.ramping), "RAMP"),
         (tenant.is_some_and(|t| t.waiting), "WAIT"),
+        (tenant.is_some_and(|t| t.held), "HOLD"),
     ];
     let mut out: Vec<String> = flags.iter().filter(|(on, _)| *on).map(|(_, mark)| (*mark).to_owned()).collect();
     if share.reserved > 0 {
@@ -325,6 +327,7 @@ mod tests {
             idle: false,
             ramping: false,
             waiting: false,
+            held: false,
             overhead: None,
             host_pinned: pinned,
             host_ready: ready,

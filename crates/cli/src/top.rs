@@ -163,7 +163,7 @@ fn pool_table<'a>(pool: &'a PoolStatus, tenants: &'a [tiermem_protocol::TenantSt
     let title = format!(" {} ", pool_heading(pool));
     let rows = pool.shares.iter().map(|share| Row::new(share_cells(share, tenants, pool)));
     let header = Row::new(SHARE_COLUMNS).style(Style::new().add_modifier(Modifier::UNDERLINED));
-    let widths = [6, 12, 8, 3, 26, 11, 11, 11, 11, 11, 19].map(Constraint::Length);
+    let widths = [6, 12, 8, 3, 26, 11, 11, 11, 11, 11, 24].map(Constraint::Length);
     let mut block = Block::new().borders(Borders::ALL).title(title);
     if let Some(line) = driver_line(pool) {
         block = block.title_bottom(format!(" {line} "));
@@ -206,6 +206,7 @@ mod tests {
             idle: true,
             ramping: true,
             waiting: true,
+            held: true,
             overhead: Some(600 << 20),
             host_pinned: 0,
             host_ready: 0,
@@ -264,7 +265,7 @@ mod tests {
             "training",
             "4242",
             "16.00 MiB",
-            "LATE IDLE RAMP WAIT",
+            "LATE IDLE RAMP WAIT HOLD",
             "other processes 392",
             "lenders",
             "8.00 GiB",

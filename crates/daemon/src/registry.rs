@@ -135,6 +135,23 @@ struct Tenant {
     accrued_at: Instant,
     waiting: bool,
     sticky: bool,
+    /// It can wait for its turn (registered `waits`: a program under `tiermem run`), and whether
+    /// the last budget sent told it to (turns.rs, "Holding the waiting").
+    waits: bool,
+    held: bool,
+}
+
+/// What a tenant asks for when it registers, besides who it is.
+#[derive(Debug, Clone)]
+pub struct Joining<'a> {
+    pub gpu: GpuId,
+    /// Its engine's chunk: budgets are whole chunks.
+    pub chunk_bytes: u64,
+    /// The caps it would use alone, and what it holds already (a reconnecting tenant).
+    pub wants: &'a [TierBytes],
+    pub held: &'a [TierBytes],
+    /// It can wait for its turn ([`tiermem_protocol::ClientMessage::Register`]'s `waits`).
+    pub waits: bool,
 }
 
 /// Which pool: a tier, and the GPU for HBM.
@@ -206,18 +223,11 @@ impl Registry {
         self.tenants.len()
     }
 
-    /// Makes a connection a tenant (`held`: what it holds already, as after a daemon restart);
-    /// returns its id, the name of the rule it matched, and the
-    /// budgets that change (its first among them).
-    pub fn register(
-        &mut self,
-        who: Identity,
-        gpu: GpuId,
-        chunk_bytes: u64,
-        wants: &[TierBytes],
-        held: &[TierBytes],
-        now: Instant,
-    ) -> (TenantId, String, Outbox) {
+    /// Makes a connection a tenant (`joining.held`: what it holds already, as after a daemon
+    /// restart); returns its id, the name of the rule it matched, and the budgets that change
+    /// (its first among them).
+    pub fn register(&mut self, who: Identity, joining: Joining<'_>, now: Instant) -> (TenantId, String, Outbox) {
+        let Joining { gpu, chunk_bytes, wants, held, waits } = joining;
         let id = self.next_id;
         self.next_id += 1;
         let rule = self.config.rule_for(&who).clone();
@@ -253,6 +263,8 @@ impl Registry {
             accrued_at: now,
             waiting: false,
             sticky: false,
+            waits,
+            held: false,
         };
         self.tenants.insert(id, tenant);
         (id, name, self.rebalance(now))
@@ -406,6 +418,10 @@ impl Registry {
     /// Recomputes every pool's shares and stages the budgets; returns the budget messages of
     /// the tenants whose budget or target changed.
     pub fn rebalance(&mut self, now: Instant) -> Outbox {
+        // A tenant held for its turn launches nothing: that is not idleness (turns.rs).
+        for tenant in self.tenants.values_mut().filter(|t| t.held) {
+            tenant.active_at = now;
+        }
         let states: Vec<(TenantId, bool, bool)> =
             self.tenants.iter().map(|(&id, t)| (id, self.is_idle(t, now), self.is_ramping(t, now))).collect();
         for (id, idle, ramping) in states {
@@ -468,13 +484,11 @@ impl Registry {
             }
         }
         let deadline = Duration::from_millis(self.config.deadline_ms);
-        let mut outbox = Vec::new();
-        for id in changed.into_keys() {
+        for &id in changed.keys() {
             let Some(tenant) = self.tenants.get_mut(&id) else { continue };
             tenant.seq += 1;
             let seq = tenant.seq;
-            let mut tiers = Vec::new();
-            for (&tier, slot) in tenant.tiers.iter_mut().filter(|(_, s)| s.pooled) {
+            for slot in tenant.tiers.values_mut().filter(|s| s.pooled) {
                 if slot.budget >= slot.holding {
                     slot.holding = slot.budget;
                     slot.pending = None;
@@ -483,9 +497,27 @@ impl Registry {
                     let bytes = slot.holding - slot.budget;
                     slot.pending = Some(Pending { seq, sent, deadline: now + deadline, bytes });
                 }
-                tiers.push(TierBudget { tier, bytes: slot.budget, target: slot.target });
             }
-            outbox.push((id, DaemonMessage::Budget { seq, tiers, deadline_ms: self.config.deadline_ms }));
+        }
+        // A tenant told to wait, or no longer, is sent its budget again with the word.
+        for (id, held) in self.holds() {
+            let tenant = self.tenants.get_mut(&id).expect("a tenant");
+            if tenant.held != held && changed.insert(id, ()).is_none() {
+                tenant.seq += 1;
+            }
+            tenant.held = held;
+        }
+        let mut outbox = Vec::new();
+        for id in changed.into_keys() {
+            let Some(tenant) = self.tenants.get(&id) else { continue };
+            let tiers = tenant
+                .tiers
+                .iter()
+                .filter(|(_, s)| s.pooled)
+                .map(|(&tier, slot)| TierBudget { tier, bytes: slot.budget, target: slot.target })
+                .collect();
+            let (seq, wait, deadline_ms) = (tenant.seq, tenant.held, self.config.deadline_ms);
+            outbox.push((id, DaemonMessage::Budget { seq, tiers, deadline_ms, wait }));
         }
         outbox
     }

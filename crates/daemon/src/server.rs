@@ -10,7 +10,7 @@
 
 use crate::config::{Config, Identity};
 use crate::lending::{Action, LenderId, Lending, SlabId};
-use crate::registry::{Outbox, Registry, TenantId};
+use crate::registry::{Joining, Outbox, Registry, TenantId};
 use crate::wire::{read_some, write_frame, Outgoing};
 use crate::{log, DaemonError, DAEMON_NAME};
 use std::collections::HashMap;
@@ -390,7 +390,7 @@ fn handle(
         ClientMessage::Hello { .. } => {
             mailbox.post(DaemonMessage::Welcome { version: PROTOCOL_VERSION, daemon: DAEMON_NAME.into() });
         }
-        ClientMessage::Register { pid, label, gpu, chunk_bytes, wants, held, lent_slab_bytes } => {
+        ClientMessage::Register { pid, label, gpu, chunk_bytes, wants, held, lent_slab_bytes, waits } => {
             if !chunk_bytes.is_power_of_two() || !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_bytes) {
                 return Err(refused(format!(
                     "register: a chunk of {chunk_bytes} bytes (a power of two from 4 KiB to 1 GiB)"
@@ -406,7 +406,8 @@ fn handle(
             }
             who.label = label;
             let mut hub = lock(hub);
-            let (id, name, outbox) = hub.registry.register(who.clone(), gpu.clone(), chunk_bytes, &wants, &held, now);
+            let joining = Joining { gpu: gpu.clone(), chunk_bytes, wants: &wants, held: &held, waits };
+            let (id, name, outbox) = hub.registry.register(who.clone(), joining, now);
             role.tenant = Some(id);
             hub.outboxes.insert(id, mailbox.clone());
             mailbox.post(DaemonMessage::Registered { tenant: id, name: name.clone() });

@@ -219,9 +219,9 @@ fn tenants_reconnecting_to_a_restarted_daemon_keep_what_they_hold_until_they_giv
     let now = Instant::now();
     let mut r = Registry::new(config(), now, 0);
     let holding = |mib: u64| [TierBytes { tier: Tier::Hbm, bytes: mib * MIB }];
-    let (a, _, outbox) = r.register(who(1, None), gpu(), CHUNK, &[], &holding(400), now);
+    let (a, _, outbox) = r.register(who(1, None), joining(gpu(), &[], &holding(400)), now);
     assert_eq!(budgets(&outbox), vec![(a, 1, 600 * MIB, 600 * MIB)]);
-    let (b, _, outbox) = r.register(who(2, None), gpu(), CHUNK, &[], &holding(200), now);
+    let (b, _, outbox) = r.register(who(2, None), joining(gpu(), &[], &holding(200)), now);
     // A is cut to its half; B keeps its 200 MiB and grows only once A has given back.
     assert_eq!(budgets(&outbox), vec![(a, 2, 300 * MIB, 300 * MIB), (b, 1, 200 * MIB, 300 * MIB)]);
     assert_eq!(budgets(&r.budget_met(a, 2, now)), vec![(b, 2, 300 * MIB, 300 * MIB)]);
@@ -255,10 +255,10 @@ fn neighbours_lent_hbm_is_shared_out_by_weight_when_configured() {
         ]
     };
     let wants = [TierBytes { tier: Tier::Peer, bytes: 1 << 40 }];
-    let (a, _, outbox) = r.register(who(1, None), gpu(), CHUNK, &wants, &[], now);
+    let (a, _, outbox) = r.register(who(1, None), joining(gpu(), &wants, &[]), now);
     assert_eq!(tier_budgets(&outbox, Tier::Peer), vec![(a, 600 * MIB)], "alone: all that is lent");
     r.usage(a, borrowing(1 << 40), now);
-    let (b, _, outbox) = r.register(who(2, Some("heavy")), gpu(), CHUNK, &wants, &[], now);
+    let (b, _, outbox) = r.register(who(2, Some("heavy")), joining(gpu(), &wants, &[]), now);
     assert_eq!(tier_budgets(&outbox, Tier::Peer), vec![(a, 200 * MIB), (b, 0)], "A gives back first");
     let later = r.usage(b, borrowing(1 << 40), now);
     let seq = budgets(&outbox).into_iter().chain(budgets(&later)).filter(|m| m.0 == a).map(|m| m.1).max().unwrap();
@@ -287,11 +287,11 @@ fn a_newcomer_whose_hbm_grant_is_staged_claims_neighbours_hbm_by_its_target() {
         ]
     };
     let wants = [TierBytes { tier: Tier::Peer, bytes: 1 << 40 }];
-    let (a, _, _) = r.register(who(1, None), gpu(), CHUNK, &wants, &[], now);
+    let (a, _, _) = r.register(who(1, None), joining(gpu(), &wants, &[]), now);
     r.usage(a, report(2000, 1400), now);
     let later = now + Duration::from_secs(10); // past A's ramp-up
     r.usage(a, report(2000, 1400), later);
-    let (b, _, outbox) = r.register(who(2, None), gpu(), CHUNK, &wants, &[], later);
+    let (b, _, outbox) = r.register(who(2, None), joining(gpu(), &wants, &[]), later);
     let mut all = outbox;
     all.extend(r.usage(b, report(400, 400), later));
     let hbm: Vec<_> = budgets(&all).into_iter().filter(|m| m.0 == b).collect();
@@ -315,7 +315,7 @@ fn the_drivers_census_limits_the_capacity_to_what_other_users_leave_and_status_a
     use tiermem_daemon::census::{Census, MARGIN, SAMPLES};
     let now = Instant::now();
     let (mut r, real) = census_only(1 << 30, now);
-    let (a, _, outbox) = r.register(who(1, None), real.clone(), CHUNK, &[], &[], now);
+    let (a, _, outbox) = r.register(who(1, None), joining(real.clone(), &[], &[]), now);
     assert_eq!(budgets(&outbox), vec![(a, 1, 1 << 30, 1 << 30)], "no census yet: the whole GPU");
     assert_eq!(r.census_gpus(), vec![(0, "GPU-test".to_owned())]);
     r.usage(a, using(300), now);
@@ -491,8 +491,8 @@ fn a_tenant_that_has_allocated_nothing_yet_keeps_its_share_from_a_hog() {
 /// ids and the budgets sent meanwhile.
 fn uneven_overheads(r: &mut Registry, real: &GpuId, now: Instant) -> (TenantId, TenantId, Outbox) {
     use tiermem_daemon::census::{Census, SAMPLES};
-    let (a, _, _) = r.register(who(1, None), real.clone(), CHUNK, &[], &[], now);
-    let (b, _, _) = r.register(who(2, None), real.clone(), CHUNK, &[], &[], now);
+    let (a, _, _) = r.register(who(1, None), joining(real.clone(), &[], &[]), now);
+    let (b, _, _) = r.register(who(2, None), joining(real.clone(), &[], &[]), now);
     r.usage(a, using(200), now);
     r.usage(b, using(200), now);
     let census =

@@ -1,6 +1,7 @@
 //! The registry with `hbm_sharing = "working-sets"` (registry/turns.rs):
 //! as many whole working sets as fit run, the others keep a little and wait; turns pass to the
-//! tenant that waited longest; priority goes first; a leaver's turn passes at once.
+//! tenant that waited longest; priority goes first; a leaver's turn passes at once; tenants
+//! that can wait (programs under `tiermem run`) are told to while they wait.
 
 mod registry_support;
 
@@ -8,8 +9,8 @@ use registry_support::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tiermem_daemon::config::Config;
-use tiermem_daemon::registry::{Outbox, Registry, TenantId};
-use tiermem_protocol::TransferCounters;
+use tiermem_daemon::registry::{Joining, Outbox, Registry, TenantId};
+use tiermem_protocol::{DaemonMessage, TransferCounters};
 
 fn config(extra: &str) -> Config {
     let text = format!(
@@ -174,4 +175,91 @@ fn fair_share_stays_the_default() {
     let (r, ids, budgets) = settled(fair, &[360, 360, 360], t0);
     assert!(ids.iter().all(|id| budgets[id] == 200 * MIB), "{budgets:?}");
     assert!(waiting(&r, t0).is_empty());
+}
+
+/// The `wait` each budget in `outbox` carries, by tenant (the last one wins).
+fn waits(outbox: &Outbox) -> BTreeMap<TenantId, bool> {
+    let wait = |m: &DaemonMessage| matches!(m, DaemonMessage::Budget { wait: true, .. });
+    outbox.iter().filter(|(_, m)| matches!(m, DaemonMessage::Budget { .. })).map(|(id, m)| (*id, wait(m))).collect()
+}
+
+fn held(r: &Registry, now: Instant) -> Vec<TenantId> {
+    r.status(0, None, now).tenants.iter().filter(|t| t.held).map(|t| t.tenant).collect()
+}
+
+/// A program under `tiermem run` (it can wait) working over `mib` MiB.
+fn program(r: &mut Registry, uid: u32, mib: u64, now: Instant) -> (TenantId, Outbox) {
+    let joining = Joining { gpu: gpu(), chunk_bytes: CHUNK, wants: &[], held: &[], waits: true };
+    let (id, _, mut outbox) = r.register(who(uid, None), joining, now);
+    acquiring(r, id, 1, now);
+    outbox.extend(r.usage(id, demand(mib * MIB), now));
+    (id, outbox)
+}
+
+#[test]
+fn a_program_that_can_wait_is_held_while_it_waits_and_until_the_memory_of_its_turn_is_given_back() {
+    let t0 = Instant::now();
+    let mut r = Registry::new(config("idle_after_ms = 300"), t0, 0);
+    let (a, mut outbox) = program(&mut r, 1, 360, t0);
+    let (b, sent) = program(&mut r, 2, 360, t0);
+    outbox.extend(sent);
+    // An engine's tenant waiting beside them is never told to: it cannot be held.
+    let (engine, sent) = working(&mut r, 3, None, 250, t0);
+    outbox.extend(sent);
+    let settled = settle(&mut r, outbox, t0);
+    assert_eq!(settled[&a], 360 * MIB, "A has its turn");
+    assert_eq!(waiting(&r, t0), vec![b, engine]);
+    assert_eq!(held(&r, t0), vec![b], "B waits, held; the engine waits, running");
+
+    // Held, B launches nothing, so its acquire count stands still: that is not idleness.
+    let mut t = t0;
+    for _ in 0..9 {
+        t += Duration::from_millis(100);
+        acquiring(&mut r, b, 1, t);
+        acquiring(&mut r, a, (t - t0).as_millis() as u64, t);
+        acquiring(&mut r, engine, (t - t0).as_millis() as u64, t);
+        let (_, outbox) = r.expire_deadlines(t);
+        settle(&mut r, outbox, t);
+    }
+    assert!(r.status(0, None, t).tenants.iter().all(|s| !s.idle), "a held tenant was taken for idle");
+
+    // A's turn (1 s) ends: A is cut and held at once; B's turn has begun, but B stays held while A
+    // still holds the memory B is to get.
+    t += Duration::from_millis(100);
+    acquiring(&mut r, a, 1000, t);
+    let (_, outbox) = r.expire_deadlines(t);
+    let told = waits(&outbox);
+    assert_eq!(told.get(&a), Some(&true), "A, its turn over, is told to wait: {told:?}");
+    assert_ne!(told.get(&b), Some(&false), "B runs before A gave back its memory: {told:?}");
+    assert_eq!(held(&r, t), vec![a, b]);
+    // A meets its cut: B's budget grows to its whole working set and B may run.
+    let cut = budgets(&outbox).into_iter().find(|&(id, ..)| id == a).expect("A's cut");
+    let outbox = r.budget_met(a, cut.1, t);
+    let told = waits(&outbox);
+    assert_eq!(told.get(&b), Some(&false), "B runs once its memory is given back: {told:?}");
+    assert_eq!(budgets(&outbox).iter().find(|&&(id, ..)| id == b).map(|s| s.2), Some(360 * MIB));
+    assert_eq!(held(&r, t), vec![a]);
+
+    // B leaves: the engine, which has waited all along, has its turn; A still waits, held.
+    let outbox = r.disconnect(b, t);
+    settle(&mut r, outbox, t);
+    assert_eq!(waiting(&r, t), vec![a]);
+    assert_eq!(held(&r, t), vec![a]);
+    // The engine leaves too: A runs whole, and nobody is held.
+    let outbox = r.disconnect(engine, t);
+    assert_eq!(waits(&outbox).get(&a), Some(&false));
+    settle(&mut r, outbox, t);
+    assert!(held(&r, t).is_empty());
+}
+
+#[test]
+fn under_fair_share_no_program_is_ever_held() {
+    let t0 = Instant::now();
+    let mut r = Registry::new(Config::parse("[[gpu]]\nindex = 0\nhbm = \"600MiB\"\n", "test").unwrap(), t0, 0);
+    let (_, mut outbox) = program(&mut r, 1, 360, t0);
+    let (_, sent) = program(&mut r, 2, 360, t0);
+    outbox.extend(sent);
+    assert!(waits(&outbox).values().all(|&w| !w));
+    settle(&mut r, outbox, t0);
+    assert!(held(&r, t0).is_empty());
 }

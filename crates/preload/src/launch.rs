@@ -66,6 +66,7 @@ fn launch(
     if inside() {
         return to_driver(call);
     }
+    crate::turns::wait_for_turn(name);
     // Stage 3: the first launch of a planned segment waits for its chunks (cycle.rs).
     if let Some(boundary) = cycle::before_launch(f as usize) {
         guard_step(name, || {
@@ -137,6 +138,7 @@ fn graph_launch(name: &'static str, call: impl FnOnce() -> CuResult, exec: *mut 
     if inside() {
         return to_driver(call);
     }
+    crate::turns::wait_for_turn(name);
     pause_if_due(name);
     let _gate = gate::shared();
     let scanned = hotness::scanning();

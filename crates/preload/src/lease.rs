@@ -83,8 +83,9 @@ pub fn report() -> Vec<String> {
         .map(|(ordinal, (_, link))| {
             let state = link.state();
             let budget = process::budget_and_use(ordinal).map_or(0, |(budget, _)| budget);
+            let (waits, seconds) = crate::turns::waited();
             format!(
-                "tiermem: stats: GPU {ordinal} leased from tiermemd (tenant {}, {} session(s), {} budget(s) applied): budget {} at exit",
+                "tiermem: stats: GPU {ordinal} leased from tiermemd (tenant {}, {} session(s), {} budget(s) applied): budget {} at exit; launches waited for turns {waits} time(s), {seconds:.1} s",
                 state.tenant.map_or("-".into(), |t| t.to_string()),
                 state.sessions,
                 state.budgets_applied,
@@ -119,6 +120,8 @@ impl Tenant for GpuTenant {
             wants,
             held,
             lent_slab_bytes: None,
+            // Its launches can be held (turns.rs).
+            waits: true,
         }
     }
 
@@ -153,6 +156,10 @@ impl Tenant for GpuTenant {
             launches_all_in_hbm: migration.launches_all_in_hbm,
         };
         ([hbm, peer, host, TierUsage::default()], transfers)
+    }
+
+    fn wait_for_turn(&self, wait: bool) {
+        crate::turns::set(self.ordinal, wait);
     }
 
     /// Host chunks made ahead of a cut, if asked for (spares.rs).

@@ -150,6 +150,7 @@ mod torch_alloc;
 mod torch_stats;
 mod trace;
 mod trial;
+mod turns;
 mod verify;
 mod vmm;
 mod wrappers;

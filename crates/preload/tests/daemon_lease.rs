@@ -113,11 +113,16 @@ fn newcomer(socket: &std::path::Path) -> (Arc<Engine>, DaemonLink, tiermem::Buff
 /// A daemon sharing 64 MiB of GPU 0 on a socket in a fresh folder, and the folder. Tenants
 /// are never idle: a budget changes only as tenants come, go and meet their cuts.
 fn daemon(name: &str) -> (tiermem_daemon::Spawned, std::path::PathBuf) {
+    daemon_with(name, "")
+}
+
+/// `daemon`, its configuration beginning with `settings`.
+fn daemon_with(name: &str, settings: &str) -> (tiermem_daemon::Spawned, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("tiermem-preload-lease-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let config =
-        tiermem_daemon::Config::parse("idle_after_ms = 0\n[[gpu]]\nindex = 0\nhbm = \"64MiB\"", "test").unwrap();
+    let text = format!("{settings}\nidle_after_ms = 0\n[[gpu]]\nindex = 0\nhbm = \"64MiB\"");
+    let config = tiermem_daemon::Config::parse(&text, "test").unwrap();
     (tiermem_daemon::spawn(&dir.join("d.sock"), config).unwrap(), dir)
 }
 
@@ -189,6 +194,54 @@ fn the_daemon_grants_the_budget_takes_back_half_for_a_newcomer_and_gives_it_back
     let stderr = finish(probe, child, links);
     assert!(stderr.contains("GPU 0 leased from tiermemd"), "{stderr}");
     drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_program_waiting_for_its_turn_launches_nothing_until_the_other_working_set_leaves() {
+    // Working sets in turns: the program (48 MiB) has the GPU's 64 alone; a newcomer's 48 do not
+    // fit beside it, and the newcomer (an engine, which cannot wait) keeps room for its largest
+    // acquire, its whole buffer, even while it waits — so only the newcomer can be admitted,
+    // and the program waits, held: a kernel it launches does not start until the newcomer
+    // leaves. Its bytes meanwhile go to the host (read with copies, never blocked).
+    let (daemon, dir) = daemon_with("turns", "hbm_sharing = \"working-sets\"\nturn_ms = 0");
+    let socket = dir.join("d.sock");
+    let (mut probe, child, links) = start_probe("lease-turns", &socket, &[("TIERMEM_STATS", "1")]);
+    assert_eq!(probe.ask("where"), "hbm 24 host 0");
+    let (other, link, buffer) = newcomer(&socket);
+    let pid = child.id();
+    let held = |socket: &std::path::Path| {
+        let report = tiermem_tenant::query_status(socket).expect("the daemon's status");
+        report.tenants.iter().any(|t| t.pid == pid && t.held)
+    };
+    let deadline = Instant::now() + SETTLE;
+    while !held(&socket) {
+        assert!(Instant::now() < deadline, "the program was never held: {:?}", standing(&socket, pid));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // It keeps what the newcomer's whole working set leaves: 16 of the 64 MiB.
+    probe.ask_until("where", "hbm 8 host 16", |_| {});
+    assert_eq!(probe.ask("verify"), "verified");
+    let answered = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        writeln!(probe.stdin, "touch").unwrap();
+        let waiter = scope.spawn(|| {
+            let answer = probe.line();
+            answered.store(true, std::sync::atomic::Ordering::SeqCst);
+            answer
+        });
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(!answered.load(std::sync::atomic::Ordering::SeqCst), "a kernel ran while the program waited");
+        other.free(buffer).unwrap();
+        link.end();
+        assert_eq!(waiter.join().unwrap(), "touched");
+    });
+    assert!(!held(&socket));
+    probe.ask_until("where", "hbm 24 host 0", |probe| assert_eq!(probe.ask("touch"), "touched"));
+    assert_eq!(probe.ask("verify"), "verified");
+    let stderr = finish(probe, child, links);
+    assert!(stderr.contains("launches waited for turns 1 time(s)"), "{stderr}");
+    drop((other, daemon));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -111,6 +111,11 @@ pub enum ClientMessage {
         /// in slabs of this many bytes (its peer tier's slab); `None`: it does not.
         #[serde(default)]
         lent_slab_bytes: Option<u64>,
+        /// The tenant can wait for its turn: told to ([`DaemonMessage::Budget`]'s `wait`), it
+        /// starts no GPU work until a budget without it comes (a program under `tiermem run`,
+        /// whose kernel launches tiermem holds). An engine cannot: it never sets this.
+        #[serde(default)]
+        waits: bool,
     },
     /// Makes this connection a lender (`tiermem lend`): a process holding a GPU's spare HBM
     /// that it exports, slab by slab, to tenants on other GPUs.
@@ -199,6 +204,11 @@ pub enum DaemonMessage {
         seq: u64,
         tiers: Vec<TierBudget>,
         deadline_ms: u64,
+        /// To a tenant that registered `waits`, under `hbm_sharing = "working-sets"`: start no
+        /// GPU work until a budget without it (another tenant's whole working set has the GPU,
+        /// or is still making room for this one's). Sent only when true.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        wait: bool,
     },
     Status(StatusReport),
     Error {
@@ -357,6 +367,10 @@ pub struct TenantStatus {
     /// daemon's `hbm_sharing = "working-sets"`): it keeps a little and waits for its turn.
     #[serde(default)]
     pub waiting: bool,
+    /// Told to start no GPU work meanwhile (a tenant that registered `waits`: a program under
+    /// `tiermem run`), while it waits or while the tenant whose turn ended makes room for it.
+    #[serde(default)]
+    pub held: bool,
     /// What its process holds of its GPU beyond its chunks, by the driver's count (see
     /// [`DriverAccounts`]); `None` without a census.
     #[serde(default)]

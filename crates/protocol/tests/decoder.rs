@@ -35,16 +35,11 @@ fn client_message() -> impl Strategy<Value = ClientMessage> {
             any::<u64>(),
             amounts(),
             amounts(),
-            prop::option::of(any::<u64>())
+            prop::option::of(any::<u64>()),
+            any::<bool>()
         )
-            .prop_map(|(pid, label, gpu, chunk_bytes, wants, held, lent_slab_bytes)| ClientMessage::Register {
-                pid,
-                label,
-                gpu,
-                chunk_bytes,
-                wants,
-                held,
-                lent_slab_bytes
+            .prop_map(|(pid, label, gpu, chunk_bytes, wants, held, lent_slab_bytes, waits)| {
+                ClientMessage::Register { pid, label, gpu, chunk_bytes, wants, held, lent_slab_bytes, waits }
             }),
         (any::<u32>(), gpu, any::<u64>()).prop_map(|(pid, gpu, offer_bytes)| ClientMessage::Lend {
             pid,
@@ -91,8 +86,8 @@ fn daemon_message() -> impl Strategy<Value = DaemonMessage> {
     prop_oneof![
         (any::<u32>(), ".{0,30}").prop_map(|(version, daemon)| DaemonMessage::Welcome { version, daemon }),
         (any::<u64>(), ".{0,30}").prop_map(|(tenant, name)| DaemonMessage::Registered { tenant, name }),
-        (any::<u64>(), prop::collection::vec(budget, 0..4), any::<u64>())
-            .prop_map(|(seq, tiers, deadline_ms)| DaemonMessage::Budget { seq, tiers, deadline_ms }),
+        (any::<u64>(), prop::collection::vec(budget, 0..4), any::<u64>(), any::<bool>())
+            .prop_map(|(seq, tiers, deadline_ms, wait)| DaemonMessage::Budget { seq, tiers, deadline_ms, wait }),
         ".{0,60}".prop_map(|message| DaemonMessage::Error { kind: ErrorKind::Malformed, message }),
         (ids(), any::<u64>()).prop_map(|(ids, slab_bytes)| DaemonMessage::MakeSlabs { ids, slab_bytes }),
         (any::<u32>(), any::<u64>(), ids()).prop_map(|(gpu, slab_bytes, ids)| DaemonMessage::Lent {
@@ -209,6 +204,7 @@ fn the_session_enforces_hello_then_register_then_usage() {
         wants: vec![],
         held: vec![],
         lent_slab_bytes: None,
+        waits: false,
     };
     let mut s = ServerSession::new();
     assert!(matches!(s.accept(&usage), Err(ProtocolError::OutOfOrder { expected: "hello", got: "usage" })));

@@ -37,6 +37,8 @@ impl<L: Leaseholder> Tenant for L {
                 bytes: engine.stats().tiers[tiermem::Tier::Hbm].used_bytes as u64,
             }],
             lent_slab_bytes: borrows_lent(engine).then(|| engine.peer_slab_bytes() as u64),
+            // An engine's owner runs the GPU work, not the engine: it cannot be held.
+            waits: false,
         }
     }
 

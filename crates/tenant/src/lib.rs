@@ -121,6 +121,12 @@ pub trait Tenant: Send + Sync + 'static {
     fn lender(&self) -> Option<&Engine> {
         None
     }
+
+    /// Told to wait for its turn (`true`: start no GPU work), or no longer; only a tenant whose
+    /// [`Registration::waits`] is set is told to wait, and every session's end says `false`
+    /// (a tenant never stays held by a daemon it has lost). Called on the link's thread before
+    /// the budget that carries it is met.
+    fn wait_for_turn(&self, _wait: bool) {}
 }
 
 /// A tenant's registration, less who it is (the link adds pid and label).
@@ -132,6 +138,8 @@ pub struct Registration {
     pub held: Vec<tiermem_protocol::TierBytes>,
     /// The size of the slabs it maps when other processes lend (`None`: it takes none).
     pub lent_slab_bytes: Option<u64>,
+    /// It can be told to wait for its turn ([`Tenant::wait_for_turn`]).
+    pub waits: bool,
 }
 
 /// A tenant's use per tier (HBM, peer, host, file) and its transfer counters.
@@ -201,6 +209,8 @@ pub struct LinkState {
     pub budget: Option<u64>,
     pub target: Option<u64>,
     pub budgets_applied: u64,
+    /// Told to wait for its turn by the last budget (reset when a session ends).
+    pub waiting_for_turn: bool,
     /// Attempts to reach the daemon that failed.
     pub failed_attempts: u64,
 }

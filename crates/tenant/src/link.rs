@@ -75,7 +75,7 @@ pub(crate) fn run(tenant: Weak<dyn Tenant>, shared: Arc<Shared>, options: Option
 fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Result<(), LinkError> {
     let mut connection = Connection::open(&options.socket, concat!("tiermem ", env!("CARGO_PKG_VERSION")))?;
     let Some(holder) = weak.upgrade() else { return Ok(()) };
-    let Registration { gpu, chunk_bytes, wants, held, lent_slab_bytes } = holder.registration();
+    let Registration { gpu, chunk_bytes, wants, held, lent_slab_bytes, waits } = holder.registration();
     drop(holder);
     let register = ClientMessage::Register {
         pid: std::process::id(),
@@ -85,6 +85,7 @@ fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Resul
         wants,
         held,
         lent_slab_bytes,
+        waits,
     };
     connection.send(&register)?;
     let DaemonMessage::Registered { tenant, .. } = connection.wait()? else {
@@ -110,6 +111,13 @@ fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Resul
         };
         let served = serve(connection, weak, shared, options.report_every);
         ended.store(true, Ordering::Release);
+        // Whatever ended the session, the tenant waits for no daemon it has lost.
+        if shared.state.lock().map_or(true, |s| s.waiting_for_turn) {
+            if let Some(holder) = weak.upgrade() {
+                holder.wait_for_turn(false);
+            }
+            shared.update(|s| s.waiting_for_turn = false);
+        }
         if let Some(handle) = ready_thread {
             handle.thread().unpark(); // it sleeps until its next turn otherwise
         }
@@ -171,9 +179,14 @@ fn serve(
         }
         drop(holder);
         match connection.poll()? {
-            Some(DaemonMessage::Budget { seq, tiers, .. }) => {
+            Some(DaemonMessage::Budget { seq, tiers, wait, .. }) => {
                 let Some(hbm) = tiers.iter().find(|t| t.tier == Tier::Hbm) else { continue };
                 let Some(holder) = weak.upgrade() else { return Ok(()) };
+                // Held before a cut is met: the pause that meets it then finds no new work.
+                if wait != shared.state.lock().map_or(!wait, |s| s.waiting_for_turn) {
+                    holder.wait_for_turn(wait);
+                    shared.update(|s| s.waiting_for_turn = wait);
+                }
                 // HBM first (what leaves it may go to the other tiers), then peer, then host.
                 let met = [Tier::Hbm, Tier::Peer, Tier::Host]
                     .into_iter()

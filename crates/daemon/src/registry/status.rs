@@ -71,6 +71,7 @@ impl Registry {
                 idle: t.idle,
                 ramping: t.ramping,
                 waiting: t.waiting,
+                held: t.held,
                 overhead: self.ledgers.get(&t.gpu.index).and_then(|l| l.overhead(t.who.pid)),
                 host_pinned: t.tiers.get(&Tier::Host).map_or(0, |s| s.usage.used.saturating_add(s.usage.reserved)),
                 host_ready: t.tiers.get(&Tier::Host).map_or(0, |s| s.usage.reserved),

@@ -13,8 +13,22 @@
 //! longest goes next. A ramping tenant is not held at its whole part here (its demand is what
 //! admission needs). `tiermem status` marks a working tenant not admitted while another is
 //! `WAIT`.
+//!
+//! # Holding the waiting
+//! A tenant kept to a little while it waits still runs, paging what it lacks. An engine pages
+//! its own working set and slows only itself and the link. A program under `tiermem run` reads
+//! what lies beyond its budget in place, over PCIe, in long kernels — and while another
+//! process's kernels do that, the driver's remapping for the admitted tenant's moves costs
+//! ~20× more (4.6–9.1 ms per 32 MiB against 0.1–0.4, measured on the H200: BENCHMARKS.md,
+//! forty-first session), so both crawl. Such a tenant registers `waits`, and is told to `wait`
+//! (its budget's word) while it waits, and while its own turn has begun but the tenant whose
+//! turn ended is still giving back the memory it is to get (its budget below its target while
+//! another tenant of its GPU has a cut pending): it launches nothing meanwhile, and its silence
+//! is not taken for idleness. The hold ends with the wait, or at the latest when the cut it
+//! waits on is met or its deadline passes.
 
 use super::{Registry, Tenant, TenantId};
+use crate::config::Sharing;
 use std::time::{Duration, Instant};
 use tiermem_policy::admission::{admit, with_admitted};
 use tiermem_policy::share::Claim;
@@ -95,6 +109,23 @@ impl Registry {
             self.tenants.get_mut(id).expect("a tenant").sticky = sticky;
         }
         with_admitted(claims, &keep, &admitted)
+    }
+
+    /// Every tenant, and whether it is to be held (module documentation, "Holding the
+    /// waiting").
+    pub(super) fn holds(&self) -> Vec<(TenantId, bool)> {
+        let in_turns = self.config.hbm_sharing == Sharing::WorkingSets;
+        let shedding = |gpu: u32, except: TenantId| {
+            self.tenants
+                .iter()
+                .any(|(&id, t)| id != except && t.gpu.index == gpu && t.tiers[&Tier::Hbm].pending.is_some())
+        };
+        let held = |id: TenantId, t: &Tenant| {
+            let hbm = &t.tiers[&Tier::Hbm];
+            let making_room = t.turn_since.is_some() && hbm.budget < hbm.target && shedding(t.gpu.index, id);
+            in_turns && t.waits && (t.waiting || making_room)
+        };
+        self.tenants.iter().map(|(&id, t)| (id, held(id, t))).collect()
     }
 
     /// In a turn with its whole working set that has not run out (`turn_ms`; 0: turns never

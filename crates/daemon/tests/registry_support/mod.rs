@@ -5,8 +5,8 @@
 
 use std::time::Instant;
 use tiermem_daemon::config::Identity;
-use tiermem_daemon::registry::{Outbox, Registry, TenantId};
-use tiermem_protocol::{DaemonMessage, GpuId, Tier, TierUsage};
+use tiermem_daemon::registry::{Joining, Outbox, Registry, TenantId};
+use tiermem_protocol::{DaemonMessage, GpuId, Tier, TierBytes, TierUsage};
 
 pub const MIB: u64 = 1 << 20;
 pub const CHUNK: u64 = 2 * MIB;
@@ -43,6 +43,11 @@ pub fn demand(bytes: u64) -> [(Tier, TierUsage); 4] {
 }
 
 pub fn register(r: &mut Registry, uid: u32, label: Option<&str>, now: Instant) -> (TenantId, Outbox) {
-    let (id, _, outbox) = r.register(who(uid, label), gpu(), CHUNK, &[], &[], now);
+    let (id, _, outbox) = r.register(who(uid, label), joining(gpu(), &[], &[]), now);
     (id, outbox)
+}
+
+/// A tenant of `gpu` with chunks of `CHUNK`, wanting `wants` and holding `held`, that cannot wait.
+pub fn joining<'a>(gpu: GpuId, wants: &'a [TierBytes], held: &'a [TierBytes]) -> Joining<'a> {
+    Joining { gpu, chunk_bytes: CHUNK, wants, held, waits: false }
 }

@@ -79,6 +79,7 @@ pub fn register(stream: &mut UnixStream, reader: &mut FrameReader<UnixStream>) -
         wants: vec![],
         held: vec![],
         lent_slab_bytes: None,
+        waits: false,
     };
     write_message(stream, &register).unwrap();
     let DaemonMessage::Registered { tenant, .. } = reader.wait(deadline()).unwrap() else { panic!("registered") };

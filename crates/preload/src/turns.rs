@@ -1,0 +1,97 @@
+//! Waiting for the node daemon's turn: with `hbm_sharing = "working-sets"`, a program under
+//! `tiermem run` that is not admitted with its whole working set is told to wait (its budget's
+//! `wait`), and launches nothing until a budget without it comes.
+//!
+//! Why it waits instead of running on a little memory, as an engine's tenant does: a program
+//! kept to a small budget reads the rest of its data in place over PCIe, in long kernels, and
+//! while another process's kernels do that the driver charges the admitted program ~20× more
+//! for each move's remapping (the daemon's turns.rs, "Holding the waiting"). So both would
+//! crawl; waiting, the admitted one runs at its speed alone and the waiting one loses only the
+//! time of the others' turns.
+//!
+//! The hold is at kernel launches and graph replays (launch.rs): the thread that launches
+//! blocks before the launch until the wait ends. Copies, memsets, allocations and
+//! synchronizations go on (a waiting program can still stage its next batch). The hold is the
+//! process's: a program with tenants on several GPUs waits while any of them is told to.
+//! Work already in flight finishes; the pause that then meets the smaller budget (lease.rs)
+//! finds no new work. A link that loses its daemon ends the wait (crate `tiermem-tenant`), so
+//! a program never stays held by a daemon that is gone.
+
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
+
+/// GPUs (ordinals below 64) whose tenant is told to wait.
+static WAITING: AtomicU64 = AtomicU64::new(0);
+
+/// Guards the wake-up: launches blocked on [`WOKEN`] are woken when a wait ends.
+static LOCK: Mutex<()> = Mutex::new(());
+static WOKEN: Condvar = Condvar::new();
+
+/// Waits so far (launches that blocked) and the nanoseconds they blocked, all threads together.
+static WAITS: AtomicU64 = AtomicU64::new(0);
+static WAITED_NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// GPU `ordinal`'s tenant is told to wait (`true`) or no longer.
+pub fn set(ordinal: usize, wait: bool) {
+    let bit = 1u64.checked_shl(ordinal as u32).unwrap_or(0);
+    let _guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    match wait {
+        true => WAITING.fetch_or(bit, SeqCst),
+        false => WAITING.fetch_and(!bit, SeqCst),
+    };
+    crate::trace::event("turn", || format!("\"gpu\": {ordinal}, \"wait\": {wait}"));
+    WOKEN.notify_all();
+}
+
+/// Blocks the launch `name` while the program is told to wait (module documentation). One
+/// atomic read when it is not.
+pub fn wait_for_turn(name: &str) {
+    if WAITING.load(SeqCst) == 0 {
+        return;
+    }
+    let started = Instant::now();
+    let mut guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    while WAITING.load(SeqCst) != 0 {
+        guard = WOKEN.wait(guard).unwrap_or_else(|poisoned| poisoned.into_inner());
+    }
+    drop(guard);
+    let waited = started.elapsed().as_nanos() as u64;
+    WAITS.fetch_add(1, SeqCst);
+    WAITED_NANOS.fetch_add(waited, SeqCst);
+    crate::trace::event("turn_waited", || format!("\"call\": \"{name}\", \"ms\": {:.1}", waited as f64 / 1e6));
+}
+
+/// Launches that waited for a turn, and how long they waited in all (seconds).
+pub fn waited() -> (u64, f64) {
+    (WAITS.load(SeqCst), WAITED_NANOS.load(SeqCst) as f64 / 1e9)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn a_launch_waits_until_the_wait_ends_and_not_otherwise() {
+        wait_for_turn("cuLaunchKernel"); // not told to wait: passes at once
+        set(3, true);
+        let passed = Arc::new(AtomicBool::new(false));
+        let launcher = {
+            let passed = Arc::clone(&passed);
+            std::thread::spawn(move || {
+                wait_for_turn("cuLaunchKernel");
+                passed.store(true, SeqCst);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!passed.load(SeqCst), "a launch went through while its program was told to wait");
+        set(3, false);
+        launcher.join().unwrap();
+        assert!(passed.load(SeqCst));
+        let (waits, seconds) = waited();
+        assert!(waits >= 1 && seconds >= 0.09, "{waits} waits, {seconds} s");
+    }
+}

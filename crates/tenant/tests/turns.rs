@@ -1,0 +1,93 @@
+//! Tenants that can wait for their turn (programs under `tiermem run`) linked to an in-process
+//! daemon sharing whole working sets in turns: the one not admitted is told to wait, told to
+//! go on when the other leaves, and never stays held by a daemon that is gone.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tiermem::{AllocOptions, Engine, EngineConfig};
+use tiermem_tenant::{DaemonLink, Registration, Tenant, Usage};
+
+const SETTLE: Duration = Duration::from_secs(20);
+
+/// An engine's tenant that says it can wait, and records what it is told.
+struct Waiter {
+    engine: Arc<Engine>,
+    told: Mutex<Vec<bool>>,
+}
+
+impl Tenant for Waiter {
+    fn registration(&self) -> Registration {
+        Registration { waits: true, ..Tenant::registration(&*self.engine) }
+    }
+    /// As a program under `tiermem run` reports: no acquires of its own to keep room for.
+    fn usage(&self) -> Usage {
+        let (tiers, transfers) = Tenant::usage(&*self.engine);
+        (tiers, tiermem_protocol::TransferCounters { largest_acquire_bytes: 0, ..transfers })
+    }
+    fn meet_budget(&self, tier: tiermem_protocol::Tier, bytes: u64) -> Result<(), String> {
+        Tenant::meet_budget(&*self.engine, tier, bytes)
+    }
+    fn wait_for_turn(&self, wait: bool) {
+        self.told.lock().unwrap().push(wait);
+    }
+}
+
+/// A waiter whose engine holds `mib` MiB, acquired once (so it is working).
+fn waiter(mib: usize) -> Arc<Waiter> {
+    let config = EngineConfig {
+        backend: "sim".parse().unwrap(),
+        hbm_limit: Some(64 << 20),
+        sim_hbm: 64 << 20,
+        host_limit: Some(256 << 20),
+        ..EngineConfig::default()
+    };
+    let engine = Arc::new(Engine::new(config).unwrap());
+    let (buffer, _) = engine.alloc(mib << 20, AllocOptions::default()).unwrap();
+    engine.write(buffer, 0, &vec![1u8; mib << 20]).unwrap();
+    Arc::new(Waiter { engine, told: Mutex::new(Vec::new()) })
+}
+
+fn start_daemon(path: &std::path::Path) -> tiermem_daemon::Spawned {
+    let text = "hbm_sharing = \"working-sets\"\nturn_ms = 0\nidle_after_ms = 0\n[[gpu]]\nindex = 0\nhbm = \"48MiB\"";
+    tiermem_daemon::spawn(path, tiermem_daemon::Config::parse(text, "test").unwrap()).unwrap()
+}
+
+fn socket(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tiermem-turns-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("d.sock")
+}
+
+#[test]
+fn the_tenant_not_admitted_waits_until_the_other_leaves_or_the_daemon_goes() {
+    let path = socket("leave");
+    let daemon = start_daemon(&path);
+    let a = waiter(32);
+    let link_a = DaemonLink::attach(&a, path.clone(), None).unwrap();
+    link_a.wait_for(SETTLE, |s| s.budget.is_some());
+    let b = waiter(32);
+    let link_b = DaemonLink::attach(&b, path.clone(), None).unwrap();
+    // 32 + 32 MiB do not fit 48: A, the first, has its turn (turns never run out here); B waits.
+    let state = link_b.wait_for(SETTLE, |s| s.waiting_for_turn);
+    assert!(state.waiting_for_turn, "B should be told to wait: {state:?}");
+    assert_eq!(*b.told.lock().unwrap(), [true]);
+    assert!(!link_a.state().waiting_for_turn && a.told.lock().unwrap().is_empty(), "A runs");
+
+    // A leaves: B is admitted and told to go on.
+    link_a.end();
+    let state = link_b.wait_for(SETTLE, |s| !s.waiting_for_turn);
+    assert!(!state.waiting_for_turn, "{state:?}");
+    assert_eq!(*b.told.lock().unwrap(), [true, false]);
+
+    // A comes back and waits in its turn; then the daemon goes away: A is told to go on.
+    let link_a = DaemonLink::attach(&a, path.clone(), None).unwrap();
+    let state = link_a.wait_for(SETTLE, |s| s.waiting_for_turn);
+    assert!(state.waiting_for_turn, "A should wait for B now: {state:?}");
+    drop(daemon);
+    let state = link_a.wait_for(SETTLE, |s| !s.connected && !s.waiting_for_turn);
+    assert!(!state.waiting_for_turn, "{state:?}");
+    assert_eq!(*a.told.lock().unwrap(), [true, false]);
+    drop(link_b);
+}

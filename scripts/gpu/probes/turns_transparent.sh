@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Two programs under `tiermem run` sharing one GPU through the node daemon, each over half of
+# its HBM: bench/transparent_train.py twice (peak ~17.5 GB each; the daemon shares HBM_POOL of
+# GPU 0, host memory beyond). Three ways (MODES):
+#   serial       one after the other, each alone with the daemon (the baseline);
+#   fair         both at once, fair share (each gets half and reads the rest in place);
+#   working-sets both at once, whole working sets in turns (turn_ms TURN_MS), the program
+#                waiting for its turn held (its launches wait: the daemon's turns.rs).
+# Each program's run is capped at CAP_S. Writes OUT/plain.json (the reference losses),
+# OUT/MODE/{a,b}.json and .log, daemon.log, status.jsonl, and OUT/summary.json.
+# Usage: turns_transparent.sh TIERMEM_BIN OUT
+set -uo pipefail
+BIN=${1:?tiermem binary}; OUT=${2:?output dir}
+mkdir -p "$OUT"
+HERE=$(cd "$(dirname "$0")/../../.." && pwd)
+STEPS=${STEPS:-60}; HBM_POOL=${HBM_POOL:-20GiB}; CAP_S=${CAP_S:-200}; TURN_MS=${TURN_MS:-10000}
+MODES=${MODES:-serial working-sets fair}
+INPUTS=$(mktemp -d)
+trap 'rm -rf "$INPUTS"' EXIT
+export TIERMEM_SOCKET="$INPUTS/tiermemd.sock" TIERMEM_PEERS=off
+train() {  # train NAME DIR: one program under tiermem run, its start and end times in DIR/NAME.times
+  local t0; t0=$(date +%s.%N)
+  timeout "$CAP_S" "$BIN" run --label "$1" --hbm-limit "$HBM_POOL" --stats -- \
+    python3 "$HERE/bench/transparent_train.py" --steps "$STEPS" --out "$2/$1.json" 2> "$2/$1.log"
+  echo "$t0 $(date +%s.%N) $?" > "$2/$1.times"
+}
+
+echo "== plain (no tiermem), the reference losses"
+TIERMEM_DAEMON=off python3 "$HERE/bench/transparent_train.py" --steps "$STEPS" --out "$OUT/plain.json"
+for mode in $MODES; do
+  dir="$OUT/$mode"; mkdir -p "$dir"
+  sharing=fair; [ "$mode" = working-sets ] && sharing=working-sets
+  printf 'idle_after_ms = 0\nhbm_sharing = "%s"\nturn_ms = %s\n[[gpu]]\nindex = 0\nhbm = "%s"\n' \
+    "$sharing" "$TURN_MS" "$HBM_POOL" > "$INPUTS/tiermemd.toml"
+  rm -f "$TIERMEM_SOCKET"
+  "$BIN" daemon --config "$INPUTS/tiermemd.toml" --socket "$TIERMEM_SOCKET" 2> "$dir/daemon.log" &
+  daemon=$!
+  sleep 1
+  ( while kill -0 $daemon 2>/dev/null; do
+      printf '{"t": %s, "status": %s}\n' "$(date +%s.%N)" "$("$BIN" status --json --socket "$TIERMEM_SOCKET" 2>/dev/null | tr -d '\n' || echo null)"
+      sleep 0.5
+    done > "$dir/status.jsonl" ) &
+  poll=$!
+  echo "== $mode"
+  start=$(date +%s.%N)
+  if [ "$mode" = serial ]; then
+    train a "$dir"; train b "$dir"
+  else
+    train a "$dir" & pa=$!
+    sleep 2
+    train b "$dir" & pb=$!
+    wait $pa $pb
+  fi
+  echo "$start $(date +%s.%N)" > "$dir/makespan.times"
+  kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; kill $poll 2>/dev/null
+  grep -h "waited for turns\|leased from" "$dir"/a.log "$dir"/b.log | cut -c1-250
+  xz -9 "$dir/status.jsonl"
+done
+
+python3 - "$OUT" $MODES <<'PY'
+import json, os, statistics, sys
+out, modes = sys.argv[1], sys.argv[2:]
+plain = json.load(open(f"{out}/plain.json"))
+summary = {"plain_step_s_median": plain.get("step_s_median"), "steps": len(plain["losses"])}
+for mode in modes:
+    d = f"{out}/{mode}"
+    start, end = map(float, open(f"{d}/makespan.times").read().split())
+    row = {"makespan_s": round(end - start, 2)}
+    for name in ("a", "b"):
+        t0, t1, rc = open(f"{d}/{name}.times").read().split()
+        run = json.load(open(f"{d}/{name}.json")) if os.path.exists(f"{d}/{name}.json") else {}
+        said = [l.strip() for l in open(f"{d}/{name}.log") if "waited for turns" in l]
+        row[name] = {"exit": int(rc), "wall_s": round(float(t1) - float(t0), 2), "steps": len(run.get("losses", [])),
+                     "losses_identical": run.get("losses") == plain["losses"],
+                     "step_s_median": run.get("step_s_median"),
+                     "step_s_max": max(run.get("step_s") or [0]), "turns": said[-1][-60:] if said else None}
+    summary[mode] = row
+json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
+print(json.dumps(summary, indent=1))
+PY
