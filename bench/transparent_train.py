@@ -4,7 +4,8 @@ steps on fixed random tokens, deterministic so that two runs give bitwise identi
 It knows nothing of tiermem: the benchmark runs it plainly, under `tiermem run` with several
 budgets, and with the stock allocator capped by `--memory-fraction` (which should run out of
 memory). Writes one JSON object to --out: losses, the median step time, the allocator's peaks,
-and `oom` (true if a CUDA out-of-memory error stopped it).
+and `oom` (true if a CUDA out-of-memory error stopped it; `stopped`: SIGTERM did, the steps
+before it are written).
 
 Usage: python bench/transparent_train.py --out FILE [--steps 8] [--memory-fraction F] [--small]
        [--batches 8,4,6,2]  (the batch of each step in turn: shapes that change from step to step)
@@ -15,6 +16,7 @@ Usage: python bench/transparent_train.py --out FILE [--steps 8] [--memory-fracti
 import argparse
 import json
 import os
+import signal
 import statistics
 import time
 
@@ -22,6 +24,14 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
+
+
+class Stopped(Exception):
+    """SIGTERM arrived: the loop stops and what it measured is written (`stopped` in the JSON)."""
+
+
+def stop(_signum, _frame):
+    raise Stopped()
 
 
 def main():
@@ -36,6 +46,7 @@ def main():
     parser.add_argument("--batches", default=None,
                         help="comma-separated batch sizes, one per step in turn (default: the model's one batch)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, stop)
     torch.use_deterministic_algorithms(True)
     if args.memory_fraction is not None:
         torch.cuda.set_per_process_memory_fraction(args.memory_fraction)
@@ -76,6 +87,8 @@ def main():
                 t0 = time.perf_counter()
     except torch.OutOfMemoryError as e:
         result["oom"], result["error"] = True, str(e).splitlines()[0]
+    except Stopped:
+        result["stopped"] = True  # SIGTERM (a time limit): the steps so far are written
     settled = times[every:] if len(times) > every else times[1:]  # the first block warms up
     result["step_s_median"] = statistics.median(settled) if settled else None
     result["sync_every"] = args.sync_every

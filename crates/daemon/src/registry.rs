@@ -500,7 +500,7 @@ impl Registry {
             }
         }
         // A tenant told to wait, or no longer, is sent its budget again with the word.
-        for (id, held) in self.holds() {
+        for (id, held) in self.holds(now) {
             let tenant = self.tenants.get_mut(&id).expect("a tenant");
             if tenant.held != held && changed.insert(id, ()).is_none() {
                 tenant.seq += 1;

@@ -210,6 +210,8 @@ fn a_program_that_can_wait_is_held_while_it_waits_and_until_the_memory_of_its_tu
     assert_eq!(settled[&a], 360 * MIB, "A has its turn");
     assert_eq!(waiting(&r, t0), vec![b, engine]);
     assert_eq!(held(&r, t0), vec![b], "B waits, held; the engine waits, running");
+    // Held, B keeps only room for twice its largest acquire; what A leaves goes to the engine.
+    assert_eq!((settled[&b], settled[&engine]), (40 * MIB, 200 * MIB));
 
     // Held, B launches nothing, so its acquire count stands still: that is not idleness.
     let mut t = t0;

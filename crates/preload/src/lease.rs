@@ -120,8 +120,8 @@ impl Tenant for GpuTenant {
             wants,
             held,
             lent_slab_bytes: None,
-            // Its launches can be held (turns.rs).
-            waits: true,
+            // Its launches can be held (turns.rs), unless `TIERMEM_WAIT_FOR_TURNS=off`.
+            waits: crate::turns::enabled(),
         }
     }
 

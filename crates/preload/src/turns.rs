@@ -15,7 +15,8 @@
 //! process's: a program with tenants on several GPUs waits while any of them is told to.
 //! Work already in flight finishes; the pause that then meets the smaller budget (lease.rs)
 //! finds no new work. A link that loses its daemon ends the wait (crate `tiermem-tenant`), so
-//! a program never stays held by a daemon that is gone.
+//! a program never stays held by a daemon that is gone. `TIERMEM_WAIT_FOR_TURNS=off` registers
+//! the program as one that cannot wait: it then runs on what it keeps, as an engine's tenant.
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Condvar, Mutex};
@@ -31,6 +32,11 @@ static WOKEN: Condvar = Condvar::new();
 /// Waits so far (launches that blocked) and the nanoseconds they blocked, all threads together.
 static WAITS: AtomicU64 = AtomicU64::new(0);
 static WAITED_NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the program registers as one that can wait (`TIERMEM_WAIT_FOR_TURNS`, on by default).
+pub fn enabled() -> bool {
+    crate::boundary::switch("TIERMEM_WAIT_FOR_TURNS", true)
+}
 
 /// GPU `ordinal`'s tenant is told to wait (`true`) or no longer.
 pub fn set(ordinal: usize, wait: bool) {

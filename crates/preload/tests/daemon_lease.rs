@@ -219,8 +219,9 @@ fn a_program_waiting_for_its_turn_launches_nothing_until_the_other_working_set_l
         assert!(Instant::now() < deadline, "the program was never held: {:?}", standing(&socket, pid));
         std::thread::sleep(Duration::from_millis(50));
     }
-    // It keeps what the newcomer's whole working set leaves: 16 of the 64 MiB.
-    probe.ask_until("where", "hbm 8 host 16", |_| {});
+    // Held, it keeps only the daemon's least (one of its units, 4 MiB); the rest of what the
+    // newcomer's working set leaves goes to the newcomer, not to a program that cannot use it.
+    probe.ask_until("where", "hbm 2 host 22", |_| {});
     assert_eq!(probe.ask("verify"), "verified");
     let answered = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {

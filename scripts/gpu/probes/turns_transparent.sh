@@ -5,8 +5,10 @@
 #   serial       one after the other, each alone with the daemon (the baseline);
 #   fair         both at once, fair share (each gets half and reads the rest in place);
 #   working-sets both at once, whole working sets in turns (turn_ms TURN_MS), the program
-#                waiting for its turn held (its launches wait: the daemon's turns.rs).
-# Each program's run is capped at CAP_S. Writes OUT/plain.json (the reference losses),
+#                waiting for its turn held (its launches wait: the daemon's turns.rs);
+#   working-sets-nohold  the same with TIERMEM_WAIT_FOR_TURNS=off: the waiting program runs on
+#                what it keeps, reading the rest in place (as before the hold).
+# Each program's run is capped at CAP_S (SIGTERM: the training loop writes the steps it made). Writes OUT/plain.json (the reference losses),
 # OUT/MODE/{a,b}.json and .log, daemon.log, status.jsonl, and OUT/summary.json.
 # Usage: turns_transparent.sh TIERMEM_BIN OUT
 set -uo pipefail
@@ -14,22 +16,24 @@ BIN=${1:?tiermem binary}; OUT=${2:?output dir}
 mkdir -p "$OUT"
 HERE=$(cd "$(dirname "$0")/../../.." && pwd)
 STEPS=${STEPS:-60}; HBM_POOL=${HBM_POOL:-20GiB}; CAP_S=${CAP_S:-200}; TURN_MS=${TURN_MS:-10000}
-MODES=${MODES:-serial working-sets fair}
+MODES=${MODES:-serial working-sets working-sets-nohold fair}
 INPUTS=$(mktemp -d)
 trap 'rm -rf "$INPUTS"' EXIT
 export TIERMEM_SOCKET="$INPUTS/tiermemd.sock" TIERMEM_PEERS=off
 train() {  # train NAME DIR: one program under tiermem run, its start and end times in DIR/NAME.times
-  local t0; t0=$(date +%s.%N)
-  timeout "$CAP_S" "$BIN" run --label "$1" --hbm-limit "$HBM_POOL" --stats -- \
+  local t0 rc; t0=$(date +%s.%N)
+  timeout -k 20 "$CAP_S" "$BIN" run --label "$1" --hbm-limit "$HBM_POOL" --stats -- \
     python3 "$HERE/bench/transparent_train.py" --steps "$STEPS" --out "$2/$1.json" 2> "$2/$1.log"
-  echo "$t0 $(date +%s.%N) $?" > "$2/$1.times"
+  rc=$?
+  echo "$t0 $(date +%s.%N) $rc" > "$2/$1.times"
 }
 
 echo "== plain (no tiermem), the reference losses"
 TIERMEM_DAEMON=off python3 "$HERE/bench/transparent_train.py" --steps "$STEPS" --out "$OUT/plain.json"
 for mode in $MODES; do
   dir="$OUT/$mode"; mkdir -p "$dir"
-  sharing=fair; [ "$mode" = working-sets ] && sharing=working-sets
+  sharing=fair; [ "${mode#working-sets}" != "$mode" ] && sharing=working-sets
+  if [ "$mode" = working-sets-nohold ]; then export TIERMEM_WAIT_FOR_TURNS=off; else unset TIERMEM_WAIT_FOR_TURNS; fi
   printf 'idle_after_ms = 0\nhbm_sharing = "%s"\nturn_ms = %s\n[[gpu]]\nindex = 0\nhbm = "%s"\n' \
     "$sharing" "$TURN_MS" "$HBM_POOL" > "$INPUTS/tiermemd.toml"
   rm -f "$TIERMEM_SOCKET"
@@ -70,10 +74,12 @@ for mode in modes:
         t0, t1, rc = open(f"{d}/{name}.times").read().split()
         run = json.load(open(f"{d}/{name}.json")) if os.path.exists(f"{d}/{name}.json") else {}
         said = [l.strip() for l in open(f"{d}/{name}.log") if "waited for turns" in l]
-        row[name] = {"exit": int(rc), "wall_s": round(float(t1) - float(t0), 2), "steps": len(run.get("losses", [])),
-                     "losses_identical": run.get("losses") == plain["losses"],
+        losses = run.get("losses", [])
+        row[name] = {"exit": int(rc), "wall_s": round(float(t1) - float(t0), 2), "steps": len(losses),
+                     "stopped": run.get("stopped", False),
+                     "losses_identical": bool(losses) and losses == plain["losses"][: len(losses)],
                      "step_s_median": run.get("step_s_median"),
-                     "step_s_max": max(run.get("step_s") or [0]), "turns": said[-1][-60:] if said else None}
+                     "step_s_max": max(run.get("step_s") or [0]), "turns": said[-1].split("; ")[-1] if said else None}
     summary[mode] = row
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print(json.dumps(summary, indent=1))

@@ -23,9 +23,14 @@
 //! forty-first session), so both crawl. Such a tenant registers `waits`, and is told to `wait`
 //! (its budget's word) while it waits, and while its own turn has begun but the tenant whose
 //! turn ended is still giving back the memory it is to get (its budget below its target while
-//! another tenant of its GPU has a cut pending): it launches nothing meanwhile, and its silence
-//! is not taken for idleness. The hold ends with the wait, or at the latest when the cut it
-//! waits on is met or its deadline passes.
+//! another tenant of its GPU holds more than its budget — a cut not yet met, or one whose
+//! deadline passed and whose tenant still reports more in use): it launches nothing meanwhile,
+//! and its silence is not taken for idleness. The hold ends with the wait, or when the memory is
+//! given back (at the latest five of the daemon's `deadline_ms` after the turn began). A held tenant keeps only what it must (its keep: no
+//! headroom, which would go to waste): so it gives back all the rest in one cut, and the
+//! admitted tenant, whose demand grows as it runs (a program allocates as it goes), grows into
+//! it without another cut — each of which would hold it again while it is met (on the H200 a
+//! hand-over took ~12 s that way, forty-second session).
 
 use super::{Registry, Tenant, TenantId};
 use crate::config::Sharing;
@@ -33,6 +38,10 @@ use std::time::{Duration, Instant};
 use tiermem_policy::admission::{admit, with_admitted};
 use tiermem_policy::share::Claim;
 use tiermem_protocol::Tier;
+
+/// A turn's beginning is held while memory is made room for it at most this many of the
+/// daemon's `deadline_ms` (10 s by default).
+const ROOM_WAIT_DEADLINES: u64 = 5;
 
 impl Registry {
     /// Working sets in turns: admits whole working sets among `ids` (a GPU's tenants, with
@@ -85,6 +94,7 @@ impl Registry {
         // admitted has the GPU to itself; so do tenants none of which fits).
         let any_admitted = admitted.iter().any(|&a| a);
         let waiting: Vec<bool> = (0..ids.len()).map(|i| any_admitted && working(tenants[i]) && !admitted[i]).collect();
+        let held: Vec<bool> = (0..ids.len()).map(|i| waiting[i] && tenants[i].waits).collect();
         let contended = waiting.iter().any(|&w| w);
         for (i, id) in ids.iter().enumerate() {
             let tenant = self.tenants.get_mut(id).expect("a tenant");
@@ -108,21 +118,33 @@ impl Registry {
             let sticky = self.is_sticky(&self.tenants[id], now);
             self.tenants.get_mut(id).expect("a tenant").sticky = sticky;
         }
-        with_admitted(claims, &keep, &admitted)
+        // A held tenant runs nothing: what is spare goes to the admitted ones, and the held one
+        // gives everything beyond its keep back in one cut (spread to it, the spare would be
+        // taken back cut by cut as the admitted tenant's demand grows, each cut holding the
+        // admitted one while it is met: "Holding the waiting").
+        let mut claims = with_admitted(claims, &keep, &admitted);
+        for (claim, _) in claims.iter_mut().zip(&held).filter(|(_, &h)| h) {
+            claim.quota = Some(claim.floor);
+        }
+        claims
     }
 
     /// Every tenant, and whether it is to be held (module documentation, "Holding the
     /// waiting").
-    pub(super) fn holds(&self) -> Vec<(TenantId, bool)> {
+    pub(super) fn holds(&self, now: Instant) -> Vec<(TenantId, bool)> {
         let in_turns = self.config.hbm_sharing == Sharing::WorkingSets;
+        // Memory that does not come back (a tenant that cannot give it) holds a turn up no
+        // longer than this.
+        let room_wait = Duration::from_millis(ROOM_WAIT_DEADLINES * self.config.deadline_ms);
         let shedding = |gpu: u32, except: TenantId| {
-            self.tenants
-                .iter()
-                .any(|(&id, t)| id != except && t.gpu.index == gpu && t.tiers[&Tier::Hbm].pending.is_some())
+            self.tenants.iter().any(|(&id, t)| {
+                id != except && t.gpu.index == gpu && t.tiers[&Tier::Hbm].holding > t.tiers[&Tier::Hbm].budget
+            })
         };
         let held = |id: TenantId, t: &Tenant| {
             let hbm = &t.tiers[&Tier::Hbm];
-            let making_room = t.turn_since.is_some() && hbm.budget < hbm.target && shedding(t.gpu.index, id);
+            let begun = t.turn_since.is_some_and(|since| now.saturating_duration_since(since) < room_wait);
+            let making_room = begun && hbm.budget < hbm.target && shedding(t.gpu.index, id);
             in_turns && t.waits && (t.waiting || making_room)
         };
         self.tenants.iter().map(|(&id, t)| (id, held(id, t))).collect()
