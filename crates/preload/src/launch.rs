@@ -66,7 +66,7 @@ fn launch(
     if inside() {
         return to_driver(call);
     }
-    crate::turns::wait_for_turn(name);
+    wait_for_turn(name);
     // Stage 3: the first launch of a planned segment waits for its chunks (cycle.rs).
     if let Some(boundary) = cycle::before_launch(f as usize) {
         guard_step(name, || {
@@ -88,6 +88,16 @@ fn launch(
         cycle::record(f as usize, &[]);
     }
     to_driver(call)
+}
+
+/// The node daemon's turn (turns.rs): a launch waits while the program is told to wait, and
+/// the first after the wait takes a pause, bringing up the chunks the cut sent down.
+fn wait_for_turn(name: &'static str) {
+    if crate::turns::wait_for_turn(name) {
+        guard_step(name, || {
+            crate::migrate::turn_begins(name);
+        });
+    }
 }
 
 /// A program that has not synchronized for a while: a pause of tiermem's own before launch
@@ -138,7 +148,7 @@ fn graph_launch(name: &'static str, call: impl FnOnce() -> CuResult, exec: *mut 
     if inside() {
         return to_driver(call);
     }
-    crate::turns::wait_for_turn(name);
+    wait_for_turn(name);
     pause_if_due(name);
     let _gate = gate::shared();
     let scanned = hotness::scanning();

@@ -124,8 +124,8 @@ pub trait Tenant: Send + Sync + 'static {
 
     /// Told to wait for its turn (`true`: start no GPU work), or no longer; only a tenant whose
     /// [`Registration::waits`] is set is told to wait, and every session's end says `false`
-    /// (a tenant never stays held by a daemon it has lost). Called on the link's thread before
-    /// the budget that carries it is met.
+    /// (a tenant never stays held by a daemon it has lost). Called on the link's thread: told
+    /// to wait before the budget that carries it is met, told no longer after.
     fn wait_for_turn(&self, _wait: bool) {}
 }
 

@@ -182,16 +182,22 @@ fn serve(
             Some(DaemonMessage::Budget { seq, tiers, wait, .. }) => {
                 let Some(hbm) = tiers.iter().find(|t| t.tier == Tier::Hbm) else { continue };
                 let Some(holder) = weak.upgrade() else { return Ok(()) };
-                // Held before a cut is met: the pause that meets it then finds no new work.
-                if wait != shared.state.lock().map_or(!wait, |s| s.waiting_for_turn) {
-                    holder.wait_for_turn(wait);
-                    shared.update(|s| s.waiting_for_turn = wait);
+                // Held before a cut is met (the pause that meets it then finds no new work), let
+                // go after the budget is applied (the program's first pause then uses it).
+                let change = wait != shared.state.lock().map_or(!wait, |s| s.waiting_for_turn);
+                if change && wait {
+                    holder.wait_for_turn(true);
+                    shared.update(|s| s.waiting_for_turn = true);
                 }
                 // HBM first (what leaves it may go to the other tiers), then peer, then host.
                 let met = [Tier::Hbm, Tier::Peer, Tier::Host]
                     .into_iter()
                     .filter_map(|tier| tiers.iter().find(|t| t.tier == tier))
                     .try_for_each(|budget| holder.meet_budget(budget.tier, budget.bytes));
+                if change && !wait {
+                    holder.wait_for_turn(false);
+                    shared.update(|s| s.waiting_for_turn = false);
+                }
                 match met {
                     Ok(()) => connection.send(&ClientMessage::BudgetMet { seq })?,
                     // Not acknowledged: the daemon's deadline marks this tenant late.
