@@ -139,6 +139,8 @@ struct Tenant {
     /// the last budget sent told it to (turns.rs, "Holding the waiting").
     waits: bool,
     held: bool,
+    /// Of its turn so far, the time it was held while room was made for it (not counted).
+    room_held: Duration,
 }
 
 /// What a tenant asks for when it registers, besides who it is.
@@ -265,6 +267,7 @@ impl Registry {
             sticky: false,
             waits,
             held: false,
+            room_held: Duration::ZERO,
         };
         self.tenants.insert(id, tenant);
         (id, name, self.rebalance(now))

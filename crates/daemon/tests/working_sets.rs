@@ -234,6 +234,15 @@ fn a_program_that_can_wait_is_held_while_it_waits_and_until_the_memory_of_its_tu
     assert_eq!(told.get(&a), Some(&true), "A, its turn over, is told to wait: {told:?}");
     assert_ne!(told.get(&b), Some(&false), "B runs before A gave back its memory: {told:?}");
     assert_eq!(held(&r, t), vec![a, b]);
+    // A takes longer than a turn to give its memory back: B's turn is not spent meanwhile.
+    for _ in 0..15 {
+        t += Duration::from_millis(100);
+        acquiring(&mut r, engine, (t - t0).as_millis() as u64, t);
+        let (_, outbox) = r.expire_deadlines(t);
+        assert_ne!(waits(&outbox).get(&b), Some(&false), "B ran before A gave its memory back");
+    }
+    assert_eq!(waiting(&r, t), vec![a, engine], "B's turn ran out while it waited for its memory");
+    assert_eq!(held(&r, t), vec![a, b]);
     // A meets its cut: B's budget grows to its whole working set and B may run.
     let cut = budgets(&outbox).into_iter().find(|&(id, ..)| id == a).expect("A's cut");
     let outbox = r.budget_met(a, cut.1, t);

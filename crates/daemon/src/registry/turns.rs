@@ -26,7 +26,10 @@
 //! another tenant of its GPU holds more than its budget — a cut not yet met, or one whose
 //! deadline passed and whose tenant still reports more in use): it launches nothing meanwhile,
 //! and its silence is not taken for idleness. The hold ends with the wait, or when the memory is
-//! given back (at the latest five of the daemon's `deadline_ms` after the turn began). A held tenant keeps only what it must (its keep: no
+//! given back (at the latest five of the daemon's `deadline_ms` after the turn began); that
+//! time is not counted as its turn (a turn spent waiting for the memory ran out before its
+//! tenant launched a kernel on the H200: 10 s of host chunks made for the shed, forty-second
+//! session). A held tenant keeps only what it must (its keep: no
 //! headroom, which would go to waste): so it gives back all the rest in one cut, and the
 //! admitted tenant, whose demand grows as it runs (a program allocates as it goes), grows into
 //! it without another cut — each of which would hold it again while it is met (on the H200 a
@@ -59,12 +62,16 @@ impl Registry {
         // Time in a turn counts only while others wait: a tenant alone, or among tenants that
         // all fit, is served nothing and its turn starts when others come.
         let contended = ids.iter().any(|id| self.tenants[id].waiting);
+        // A turn held while room is made for it has not begun for its tenant: that time is
+        // neither served nor counted against the turn ("Holding the waiting").
         for id in ids {
             let tenant = self.tenants.get_mut(id).expect("a tenant");
             if tenant.turn_since.is_some() {
-                match contended {
-                    true => tenant.served += now.saturating_duration_since(tenant.accrued_at),
-                    false => tenant.turn_since = Some(now),
+                let elapsed = now.saturating_duration_since(tenant.accrued_at);
+                match (tenant.held && !tenant.waiting, contended) {
+                    (true, _) => tenant.room_held += elapsed,
+                    (false, true) => tenant.served += elapsed,
+                    (false, false) => (tenant.turn_since, tenant.room_held) = (Some(now), Duration::ZERO),
                 }
             }
             tenant.accrued_at = now;
@@ -100,7 +107,7 @@ impl Registry {
             let tenant = self.tenants.get_mut(id).expect("a tenant");
             match (admitted[i], tenant.turn_since.is_some()) {
                 (true, false) => {
-                    tenant.turn_since = Some(now);
+                    (tenant.turn_since, tenant.room_held) = (Some(now), Duration::ZERO);
                     // Logged when others wait (while everything fits, every tenant is admitted).
                     if contended {
                         self.turns.push((*id, true));
@@ -150,10 +157,11 @@ impl Registry {
         self.tenants.iter().map(|(&id, t)| (id, held(id, t))).collect()
     }
 
-    /// In a turn with its whole working set that has not run out (`turn_ms`; 0: turns never
-    /// run out).
+    /// In a turn with its whole working set that has not run out (`turn_ms`, less the time it
+    /// was held while room was made for it; 0: turns never run out).
     pub(super) fn is_sticky(&self, tenant: &Tenant, now: Instant) -> bool {
         let turn = Duration::from_millis(self.config.turn_ms);
-        tenant.turn_since.is_some_and(|since| self.config.turn_ms == 0 || now.saturating_duration_since(since) < turn)
+        let ran = |since: Instant| now.saturating_duration_since(since).saturating_sub(tenant.room_held);
+        tenant.turn_since.is_some_and(|since| self.config.turn_ms == 0 || ran(since) < turn)
     }
 }
