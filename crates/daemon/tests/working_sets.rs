@@ -206,6 +206,10 @@ fn a_program_that_can_wait_is_held_while_it_waits_and_until_the_memory_of_its_tu
     // An engine's tenant waiting beside them is never told to: it cannot be held.
     let (engine, sent) = working(&mut r, 3, None, 250, t0);
     outbox.extend(sent);
+    // A, whose working set fits what it has, runs on while the others give back what they got
+    // before their reports came.
+    assert_ne!(waits(&outbox).get(&a), Some(&true), "A was held while its working set fit its budget");
+    assert!(!held(&r, t0).contains(&a));
     let settled = settle(&mut r, outbox, t0);
     assert_eq!(settled[&a], 360 * MIB, "A has its turn");
     assert_eq!(waiting(&r, t0), vec![b, engine]);

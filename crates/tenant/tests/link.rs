@@ -2,12 +2,15 @@
 //! and converge to fair shares, a tenant that leaves gives its share back, and a link survives
 //! the daemon's restart (keeping its budget while the daemon is away).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tiermem::Tier;
 use tiermem::{AllocOptions, Engine, EngineConfig};
 use tiermem_tenant::{DaemonLink, LinkState};
+
+mod support;
+
+use support::{engine, socket};
 
 const MIB: u64 = 1 << 20;
 const SETTLE: Duration = Duration::from_secs(20);
@@ -17,24 +20,6 @@ const SETTLE: Duration = Duration::from_secs(20);
 fn start_daemon(path: &std::path::Path, hbm: &str) -> tiermem_daemon::Spawned {
     let config = tiermem_daemon::Config::parse(&format!("[[gpu]]\nindex = 0\nhbm = \"{hbm}\""), "test").unwrap();
     tiermem_daemon::spawn(path, config).unwrap()
-}
-
-fn socket(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tiermem-link-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("d.sock")
-}
-
-fn engine() -> Arc<Engine> {
-    let config = EngineConfig {
-        backend: "sim".parse().unwrap(),
-        hbm_limit: Some(64 << 20),
-        sim_hbm: 64 << 20,
-        host_limit: Some(256 << 20),
-        ..EngineConfig::default()
-    };
-    Arc::new(Engine::new(config).unwrap())
 }
 
 fn settled_at(bytes: u64) -> impl Fn(&LinkState) -> bool {

@@ -2,10 +2,12 @@
 //! daemon sharing whole working sets in turns: the one not admitted is told to wait, told to
 //! go on when the other leaves, and never stays held by a daemon that is gone.
 
-use std::path::PathBuf;
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tiermem::{AllocOptions, Engine, EngineConfig};
+use support::{engine, socket};
+use tiermem::{AllocOptions, Engine};
 use tiermem_tenant::{DaemonLink, Registration, Tenant, Usage};
 
 const SETTLE: Duration = Duration::from_secs(20);
@@ -35,14 +37,7 @@ impl Tenant for Waiter {
 
 /// A waiter whose engine holds `mib` MiB, acquired once (so it is working).
 fn waiter(mib: usize) -> Arc<Waiter> {
-    let config = EngineConfig {
-        backend: "sim".parse().unwrap(),
-        hbm_limit: Some(64 << 20),
-        sim_hbm: 64 << 20,
-        host_limit: Some(256 << 20),
-        ..EngineConfig::default()
-    };
-    let engine = Arc::new(Engine::new(config).unwrap());
+    let engine = engine();
     let (buffer, _) = engine.alloc(mib << 20, AllocOptions::default()).unwrap();
     engine.write(buffer, 0, &vec![1u8; mib << 20]).unwrap();
     Arc::new(Waiter { engine, told: Mutex::new(Vec::new()) })
@@ -53,16 +48,9 @@ fn start_daemon(path: &std::path::Path) -> tiermem_daemon::Spawned {
     tiermem_daemon::spawn(path, tiermem_daemon::Config::parse(text, "test").unwrap()).unwrap()
 }
 
-fn socket(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tiermem-turns-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("d.sock")
-}
-
 #[test]
 fn the_tenant_not_admitted_waits_until_the_other_leaves_or_the_daemon_goes() {
-    let path = socket("leave");
+    let path = socket("turns");
     let daemon = start_daemon(&path);
     let a = waiter(32);
     let link_a = DaemonLink::attach(&a, path.clone(), None).unwrap();

@@ -22,8 +22,9 @@
 //! ~20× more (4.6–9.1 ms per 32 MiB against 0.1–0.4, measured on the H200: BENCHMARKS.md,
 //! forty-first session), so both crawl. Such a tenant registers `waits`, and is told to `wait`
 //! (its budget's word) while it waits, and while its own turn has begun but the tenant whose
-//! turn ended is still giving back the memory it is to get (its budget below its target while
-//! another tenant of its GPU holds more than its budget — a cut not yet met, or one whose
+//! turn ended is still giving back the memory it is to get (its budget below its target and
+//! below its demand — a program whose working set fits what it has runs on — while another
+//! tenant of its GPU holds more than its budget — a cut not yet met, or one whose
 //! deadline passed and whose tenant still reports more in use): it launches nothing meanwhile,
 //! and its silence is not taken for idleness. The hold ends with the wait, or when the memory is
 //! given back (at the latest five of the daemon's `deadline_ms` after the turn began); that
@@ -151,7 +152,8 @@ impl Registry {
         let held = |id: TenantId, t: &Tenant| {
             let hbm = &t.tiers[&Tier::Hbm];
             let begun = t.turn_since.is_some_and(|since| now.saturating_duration_since(since) < room_wait);
-            let making_room = begun && hbm.budget < hbm.target && shedding(t.gpu.index, id);
+            let lacking = hbm.budget < hbm.target.min(hbm.usage.demand);
+            let making_room = begun && lacking && shedding(t.gpu.index, id);
             in_turns && t.waits && (t.waiting || making_room)
         };
         self.tenants.iter().map(|(&id, t)| (id, held(id, t))).collect()
