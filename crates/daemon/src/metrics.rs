@@ -66,11 +66,11 @@ impl Metrics {
         let state = gauges(
             &mut out,
             "tenant_state",
-            "1 while a tenant is late (a cut not met in time), idle (lending its HBM), ramping up (keeping its whole part) or waiting (for its working set's turn)",
+            "1 while a tenant is late (a cut not met in time), idle (lending its HBM), ramping up (keeping its whole part), waiting (for its working set's turn) or held (launching nothing until its turn)",
         );
         for t in &status.tenants {
             tenants.get_or_create(&vec![("name", t.name.clone())]).inc();
-            for (name, on) in [("late", t.late), ("idle", t.idle), ("ramping", t.ramping), ("waiting", t.waiting)] {
+            for (name, on) in [("late", t.late), ("idle", t.idle), ("ramping", t.ramping), ("waiting", t.waiting), ("held", t.held)] {
                 let labels =
                     vec![("tenant", t.tenant.to_string()), ("name", t.name.clone()), ("state", name.to_owned())];
                 set(&state, labels, u64::from(on));

@@ -68,6 +68,7 @@ fn metrics_show_budgets_use_transfers_and_reclaims() {
         r#"tiermem_tenant_state{tenant="2",name="default",state="ramping"} 1"#,
         r#"tiermem_tenant_state{tenant="1",name="default",state="late"} 0"#,
         r#"tiermem_tenant_state{tenant="1",name="default",state="idle"} 0"#,
+        r#"tiermem_tenant_state{tenant="1",name="default",state="held"} 0"#,
         "tiermem_reclaim_seconds_count 1",
         "tiermem_reclaimed_bytes_total 33554432",
     ] {
