@@ -70,7 +70,9 @@ impl Metrics {
         );
         for t in &status.tenants {
             tenants.get_or_create(&vec![("name", t.name.clone())]).inc();
-            for (name, on) in [("late", t.late), ("idle", t.idle), ("ramping", t.ramping), ("waiting", t.waiting), ("held", t.held)] {
+            for (name, on) in
+                [("late", t.late), ("idle", t.idle), ("ramping", t.ramping), ("waiting", t.waiting), ("held", t.held)]
+            {
                 let labels =
                     vec![("tenant", t.tenant.to_string()), ("name", t.name.clone()), ("state", name.to_owned())];
                 set(&state, labels, u64::from(on));

@@ -278,3 +278,32 @@ fn under_fair_share_no_program_is_ever_held() {
     settle(&mut r, outbox, t0);
     assert!(held(&r, t0).is_empty());
 }
+
+#[test]
+fn programs_larger_than_the_gpu_take_it_in_turns_when_the_others_can_wait() {
+    let t0 = Instant::now();
+    let mut r = Registry::new(config(""), t0, 0);
+    let (a, mut outbox) = program(&mut r, 1, 800, t0);
+    let (b, sent) = program(&mut r, 2, 700, t0);
+    outbox.extend(sent);
+    let settled = settle(&mut r, outbox, t0);
+    // Neither fits the 600 MiB; both can wait: A (the older) has all B's keep leaves, B is held.
+    assert_eq!((settled[&a], settled[&b]), (560 * MIB, 40 * MIB));
+    assert_eq!((waiting(&r, t0), held(&r, t0)), (vec![b], vec![b]));
+    // A's turn runs out: B has the GPU beyond its fit, A is held.
+    let t1 = t0 + Duration::from_millis(1000);
+    acquiring(&mut r, a, 2, t1);
+    let (_, outbox) = r.expire_deadlines(t1);
+    let settled = settle(&mut r, outbox, t1);
+    assert_eq!((settled[&a], settled[&b]), (40 * MIB, 560 * MIB));
+    assert_eq!((waiting(&r, t1), held(&r, t1)), (vec![a], vec![a]));
+
+    // Beside an engine, which cannot wait, nobody runs beyond its fit: fair share, nobody held.
+    let mut r = Registry::new(config(""), t0, 0);
+    let (a, mut outbox) = program(&mut r, 1, 800, t0);
+    let (engine, sent) = working(&mut r, 2, None, 700, t0);
+    outbox.extend(sent);
+    let settled = settle(&mut r, outbox, t0);
+    assert_eq!((settled[&a], settled[&engine]), (300 * MIB, 300 * MIB));
+    assert!(waiting(&r, t0).is_empty() && held(&r, t0).is_empty());
+}

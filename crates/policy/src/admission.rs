@@ -19,7 +19,9 @@
 //! capacity. A tenant that is not admitted keeps at least `keep` (its acquired memory and room
 //! for its next acquire, so it still makes progress) and shares what is left with the others
 //! not admitted, by weight, as in fair share. When every working set fits, every tenant is
-//! admitted and the result is fair share's. Nothing here knows about time: turns and their
+//! admitted and the result is fair share's. When none fits, no tenant is admitted — unless all
+//! but the first can wait without running ([`admit_beyond`]): the first then has all the
+//! others' keeps leave, in its turn. Nothing here knows about time: turns and their
 //! order are the caller's.
 //!
 //! Everything here is pure: no clock, no I/O, no randomness.
@@ -48,6 +50,32 @@ pub fn admit(capacity: u64, claims: &[Claim], keep: &[u64], order: &[usize]) -> 
         }
     }
     admitted
+}
+
+/// When no working set fits (`admitted` has none) and every tenant listed in `order` after the
+/// first can wait (`can_wait`: it launches nothing while it waits, a program under `tiermem
+/// run`), the first is admitted all the same, with what the others' keeps leave: turns of the
+/// whole GPU rather than everyone paging through one link at once (the others, held, lose only
+/// time). Returns that tenant and its claim's demand to admit it with (its whole demand at
+/// most), or `None` when the rule does not apply or nothing would be left for it.
+pub fn admit_beyond(
+    capacity: u64,
+    claims: &[Claim],
+    keep: &[u64],
+    order: &[usize],
+    can_wait: &[bool],
+    admitted: &[bool],
+) -> Option<(usize, u64)> {
+    let (&first, rest) = order.split_first()?;
+    let others_wait = !rest.is_empty() && rest.iter().all(|&i| can_wait.get(i).copied().unwrap_or(false));
+    if admitted.iter().any(|&a| a) || !others_wait || first >= claims.len() {
+        return None;
+    }
+    let keep = kept(claims, keep);
+    let others: u128 = (0..claims.len()).filter(|&i| i != first).map(|i| u128::from(keep[i])).sum();
+    let left = u64::try_from(u128::from(capacity).saturating_sub(others)).unwrap_or(u64::MAX);
+    let demand = claims[first].high().min(left);
+    (demand > keep[first]).then_some((first, demand))
 }
 
 /// What each tenant keeps when it is not admitted: `keep`, but at least its floor (acquired

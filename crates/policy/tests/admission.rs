@@ -2,7 +2,7 @@
 //! with fair share's.
 
 use proptest::prelude::*;
-use tiermem_policy::admission::{admit, kept, with_admitted};
+use tiermem_policy::admission::{admit, admit_beyond, kept, with_admitted};
 use tiermem_policy::share::{fair_shares, Claim};
 
 fn claim(weight: u32, demand: u64) -> Claim {
@@ -63,6 +63,22 @@ fn quotas_bound_the_whole_working_set_and_unlisted_tenants_wait() {
     assert_eq!(kept(&claims, &[5, 200, 0]), vec![5, 50, 0], "keep within the demand");
 }
 
+#[test]
+fn when_none_fits_the_first_runs_beyond_if_the_others_can_wait_and_never_otherwise() {
+    // Two programs of 150 and 120 on a GPU of 100, each keeping 2 while it waits.
+    let claims = [claim(1, 150), claim(1, 120)];
+    let none = admit(100, &claims, &[2, 2], &[0, 1]);
+    assert_eq!(none, vec![false, false]);
+    assert_eq!(admit_beyond(100, &claims, &[2, 2], &[0, 1], &[true, true], &none), Some((0, 98)));
+    assert_eq!(admit_beyond(100, &claims, &[2, 2], &[1, 0], &[true, true], &none), Some((1, 98)));
+    // The second cannot wait (an engine): it would crawl on its keep, so fair share it is.
+    assert_eq!(admit_beyond(100, &claims, &[2, 2], &[0, 1], &[true, false], &none), None);
+    // Alone, or when a working set fits, the rule does not apply.
+    assert_eq!(admit_beyond(100, &claims[..1], &[2], &[0], &[true], &[false]), None);
+    let one = admit(100, &[claim(1, 60), claim(1, 150)], &[2, 2], &[0, 1]);
+    assert_eq!(admit_beyond(100, &[claim(1, 60), claim(1, 150)], &[2, 2], &[0, 1], &[true, true], &one), None);
+}
+
 fn arb_claims() -> impl Strategy<Value = (u64, Vec<(Claim, u64)>, Vec<usize>)> {
     let one = (1u32..5, 0u64..400, 0u64..60, prop::option::of(0u64..300), -2i32..3, 0u64..40);
     (1u64..500, prop::collection::vec(one, 1..7)).prop_flat_map(|(capacity, raw)| {
@@ -90,6 +106,13 @@ proptest! {
         let keeps: u64 = held.iter().sum();
         if keeps <= capacity {
             prop_assert!(asked <= capacity, "admitted {admitted:?} ask {asked} of {capacity}");
+            // Admitted beyond its fit, a tenant gets no more than the others' keeps leave.
+            let can_wait = vec![true; claims.len()];
+            if let Some((i, demand)) = admit_beyond(capacity, &claims, &keep, &order, &can_wait, &admitted) {
+                let others: u64 = (0..claims.len()).filter(|&j| j != i).map(|j| held[j]).sum();
+                prop_assert!(demand + others <= capacity && demand > held[i], "{i}: {demand} beside {others} of {capacity}");
+                prop_assert!(demand <= whole(&claims[i]));
+            }
         } else {
             prop_assert!(admitted.iter().all(|a| !a), "nothing is admitted when the keeps do not fit");
         }

@@ -10,7 +10,10 @@
 //! that began later); then least time admitted while others waited, per unit of weight (time
 //! alone, or while everything fits, does not count, and a turn starts when others come); then
 //! the oldest. So a turn ends after `turn_ms` when another tenant waits, and the one that waited
-//! longest goes next. A ramping tenant is not held at its whole part here (its demand is what
+//! longest goes next. When no working set fits and every other working tenant can wait (below),
+//! the first in that order is admitted all the same with what the others' keeps leave: the
+//! GPU in turns, each program beyond its budget alone on it in its turn, rather than all of
+//! them reading their data in place at once. A ramping tenant is not held at its whole part here (its demand is what
 //! admission needs). `tiermem status` marks a working tenant not admitted while another is
 //! `WAIT`.
 //!
@@ -39,7 +42,7 @@
 use super::{Registry, Tenant, TenantId};
 use crate::config::Sharing;
 use std::time::{Duration, Instant};
-use tiermem_policy::admission::{admit, with_admitted};
+use tiermem_policy::admission::{admit, admit_beyond, with_admitted};
 use tiermem_policy::share::Claim;
 use tiermem_protocol::Tier;
 
@@ -97,7 +100,13 @@ impl Registry {
             let turn = t.turn_since.filter(|_| self.is_sticky(t, now));
             (std::cmp::Reverse(t.rule.priority), turn.is_none(), turn, served(t), ids[i])
         });
-        let admitted = admit(capacity, claims, &keep, &order);
+        let mut admitted = admit(capacity, claims, &keep, &order);
+        // None fits, and all but the first can wait: the first runs beyond its fit, in turns.
+        let can_wait: Vec<bool> = tenants.iter().map(|t| t.waits).collect();
+        let mut claims = claims.to_vec();
+        if let Some((i, demand)) = admit_beyond(capacity, &claims, &keep, &order, &can_wait, &admitted) {
+            (claims[i].demand, admitted[i]) = (demand, true);
+        }
         // Waiting: working, not admitted, while another is (a lone tenant too large to be
         // admitted has the GPU to itself; so do tenants none of which fits).
         let any_admitted = admitted.iter().any(|&a| a);
@@ -130,7 +139,7 @@ impl Registry {
         // gives everything beyond its keep back in one cut (spread to it, the spare would be
         // taken back cut by cut as the admitted tenant's demand grows, each cut holding the
         // admitted one while it is met: "Holding the waiting").
-        let mut claims = with_admitted(claims, &keep, &admitted);
+        let mut claims = with_admitted(&claims, &keep, &admitted);
         for (claim, _) in claims.iter_mut().zip(&held).filter(|(_, &h)| h) {
             claim.quota = Some(claim.floor);
         }
