@@ -13,9 +13,9 @@
 //! longest goes next. When no working set fits and every other working tenant can wait (below),
 //! the first in that order is admitted all the same with what the others' keeps leave: the
 //! GPU in turns, each program beyond its budget alone on it in its turn, rather than all of
-//! them reading their data in place at once. A ramping tenant is not held at its whole part here (its demand is what
-//! admission needs). `tiermem status` marks a working tenant not admitted while another is
-//! `WAIT`.
+//! them reading their data in place at once. A ramping tenant is not held at its whole part
+//! here (its demand is what admission needs). `tiermem status` marks a working tenant not
+//! admitted while another is `WAIT`.
 //!
 //! # Holding the waiting
 //! A tenant kept to a little while it waits still runs, paging what it lacks. An engine pages
@@ -25,19 +25,19 @@
 //! ~20× more (4.6–9.1 ms per 32 MiB against 0.1–0.4, measured on the H200: BENCHMARKS.md,
 //! forty-first session), so both crawl. Such a tenant registers `waits`, and is told to `wait`
 //! (its budget's word) while it waits, and while its own turn has begun but the tenant whose
-//! turn ended is still giving back the memory it is to get (its budget below its target and
-//! below its demand — a program whose working set fits what it has runs on — while another
-//! tenant of its GPU holds more than its budget — a cut not yet met, or one whose
-//! deadline passed and whose tenant still reports more in use): it launches nothing meanwhile,
-//! and its silence is not taken for idleness. The hold ends with the wait, or when the memory is
-//! given back (at the latest five of the daemon's `deadline_ms` after the turn began); that
-//! time is not counted as its turn (a turn spent waiting for the memory ran out before its
-//! tenant launched a kernel on the H200: 10 s of host chunks made for the shed, forty-second
-//! session). A held tenant keeps only what it must (its keep: no
-//! headroom, which would go to waste): so it gives back all the rest in one cut, and the
-//! admitted tenant, whose demand grows as it runs (a program allocates as it goes), grows into
-//! it without another cut — each of which would hold it again while it is met (on the H200 a
-//! hand-over took ~12 s that way, forty-second session).
+//! turn ended is still giving back the memory it is to get: its budget below its target and
+//! below its demand (a program whose working set fits what it has runs on), while another
+//! tenant of its GPU holds more than its budget (a cut not yet met, or one whose deadline
+//! passed and whose tenant still reports more in use). It launches nothing meanwhile, and its
+//! silence is not taken for idleness. The hold ends with the wait, or when the memory is given
+//! back (at the latest five of the daemon's `deadline_ms` after the turn began); that time is
+//! not counted as its turn (on the H200 a turn ran out while its program waited for the
+//! other's 10 s of host chunks made for the shed, forty-second session).
+//!
+//! A held tenant keeps only what it must (its keep; headroom would go to waste), so it gives
+//! back all the rest in one cut, and the admitted tenant, whose demand grows as it runs (a
+//! program allocates as it goes), grows into it without another cut — each of which would hold
+//! it again while it is met (on the H200 a hand-over took ~12 s that way).
 
 use super::{Registry, Tenant, TenantId};
 use crate::config::Sharing;
