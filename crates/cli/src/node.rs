@@ -308,12 +308,15 @@ mod tests {
         assert_eq!(marks(&share, None), "");
         share.reserved = 512 << 20;
         assert_eq!(marks(&share, None), "+512.00 MiB ready");
+        // A program waiting for its turn, its launches held.
+        let held = TenantStatus { waiting: true, held: true, ..a_tenant() };
+        assert_eq!(marks(&share, Some(&held)), "WAIT HOLD +512.00 MiB ready");
     }
 
-    #[test]
-    fn pinned_host_memory_is_shown_per_tenant_with_what_is_ready() {
-        let tenant = |id: u64, pinned: u64, ready: u64| TenantStatus {
-            tenant: id,
+    /// A tenant in no particular state.
+    fn a_tenant() -> TenantStatus {
+        TenantStatus {
+            tenant: 1,
             name: "job".into(),
             pid: 1,
             uid: 0,
@@ -329,9 +332,19 @@ mod tests {
             waiting: false,
             held: false,
             overhead: None,
+            host_pinned: 0,
+            host_ready: 0,
+            transfers: Default::default(),
+        }
+    }
+
+    #[test]
+    fn pinned_host_memory_is_shown_per_tenant_with_what_is_ready() {
+        let tenant = |id: u64, pinned: u64, ready: u64| TenantStatus {
+            tenant: id,
             host_pinned: pinned,
             host_ready: ready,
-            transfers: Default::default(),
+            ..a_tenant()
         };
         let mut report = StatusReport { tenants: vec![tenant(1, 0, 0)], ..StatusReport::default() };
         assert_eq!(host_pinned_line(&report), None, "nothing pinned: no line");
