@@ -91,7 +91,7 @@ fn launch(
 }
 
 /// The node daemon's turn (turns.rs): a launch waits while the program is told to wait, and
-/// the first after the wait takes a pause, bringing up the chunks the cut sent down.
+/// the first after a wait takes a pause, bringing up the chunks the cut sent down.
 fn wait_for_turn(name: &'static str) {
     if crate::turns::wait_for_turn(name) {
         guard_step(name, || {

@@ -10,8 +10,8 @@
 //! time of the others' turns.
 //!
 //! The hold is at kernel launches and graph replays (launch.rs): the thread that launches
-//! blocks before the launch until the wait ends, and then takes a pause (migrate.rs) before
-//! the launch. While it waited its chunks went to the host (its budget cut to its keep); its
+//! blocks before the launch until the wait ends, and the first launch after it (waited or not:
+//! a program may launch nothing while it is held) takes a pause (migrate.rs) before it runs. While it waited its chunks went to the host (its budget cut to its keep); its
 //! turn's budget is used from a quiesce point on, and released mid-step without one, the rest
 //! of the step's kernels would read them all in place: on the H200 such a step took 10–24 s
 //! against 0.23 (forty-second session). Copies, memsets, allocations and
@@ -22,7 +22,7 @@
 //! a program never stays held by a daemon that is gone. `TIERMEM_WAIT_FOR_TURNS=off` registers
 //! the program as one that cannot wait: it then runs on what it keeps, as an engine's tenant.
 
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
@@ -32,6 +32,9 @@ static WAITING: AtomicU64 = AtomicU64::new(0);
 /// Guards the wake-up: launches blocked on [`WOKEN`] are woken when a wait ends.
 static LOCK: Mutex<()> = Mutex::new(());
 static WOKEN: Condvar = Condvar::new();
+
+/// A wait ended and no launch has begun the turn yet ([`wait_for_turn`]).
+static BEGUN: AtomicBool = AtomicBool::new(false);
 
 /// Waits so far (launches that blocked) and the nanoseconds they blocked, all threads together.
 static WAITS: AtomicU64 = AtomicU64::new(0);
@@ -46,19 +49,23 @@ pub fn enabled() -> bool {
 pub fn set(ordinal: usize, wait: bool) {
     let bit = 1u64.checked_shl(ordinal as u32).unwrap_or(0);
     let _guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    match wait {
+    let before = match wait {
         true => WAITING.fetch_or(bit, SeqCst),
         false => WAITING.fetch_and(!bit, SeqCst),
     };
+    if !wait && before & bit != 0 {
+        BEGUN.store(true, SeqCst);
+    }
     crate::trace::event("turn", || format!("\"gpu\": {ordinal}, \"wait\": {wait}"));
     WOKEN.notify_all();
 }
 
 /// Blocks the launch `name` while the program is told to wait (module documentation); whether
-/// it waited. One atomic read when it is not.
+/// this launch is the first since a wait ended, whether it waited or the program launched
+/// nothing meanwhile (it then takes the turn's pause). Two atomic reads when not waiting.
 pub fn wait_for_turn(name: &str) -> bool {
     if WAITING.load(SeqCst) == 0 {
-        return false;
+        return BEGUN.load(SeqCst) && BEGUN.swap(false, SeqCst);
     }
     let started = Instant::now();
     let mut guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -70,7 +77,8 @@ pub fn wait_for_turn(name: &str) -> bool {
     WAITS.fetch_add(1, SeqCst);
     WAITED_NANOS.fetch_add(waited, SeqCst);
     crate::trace::event("turn_waited", || format!("\"call\": \"{name}\", \"ms\": {:.1}", waited as f64 / 1e6));
-    true
+    // Of the launches that waited, one begins the turn.
+    BEGUN.swap(false, SeqCst)
 }
 
 /// Launches that waited for a turn, and how long they waited in all (seconds).
@@ -104,5 +112,12 @@ mod tests {
         assert!(passed.load(SeqCst));
         let (waits, seconds) = waited();
         assert!(waits >= 1 && seconds >= 0.09, "{waits} waits, {seconds} s");
+        // A wait that ends while the program launches nothing: its next launch begins the turn,
+        // once.
+        assert!(!wait_for_turn("cuLaunchKernel"));
+        set(3, true);
+        set(3, false);
+        assert!(wait_for_turn("cuLaunchKernel"), "the first launch after the wait begins the turn");
+        assert!(!wait_for_turn("cuLaunchKernel"), "and only the first");
     }
 }

@@ -197,38 +197,76 @@ fn the_daemon_grants_the_budget_takes_back_half_for_a_newcomer_and_gives_it_back
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The probe under working sets in turns, held for a newcomer's turn (below), and what to end
+/// it with.
+struct HeldProbe {
+    daemon: tiermem_daemon::Spawned,
+    dir: std::path::PathBuf,
+    probe: Probe,
+    child: Child,
+    links: std::path::PathBuf,
+    newcomer: Option<(Arc<Engine>, DaemonLink, tiermem::BufferId)>,
+}
+
+impl HeldProbe {
+    /// Working sets in turns: the program (48 MiB) has the GPU's 64 alone; a newcomer's 48 do
+    /// not fit beside it, and the newcomer (an engine, which cannot wait) keeps room for its
+    /// largest acquire, its whole buffer, even while it waits — so only the newcomer can be
+    /// admitted, and the program waits, held. Its bytes go to the host meanwhile (read with
+    /// copies, never blocked): it keeps only the daemon's least (one of its units, 4 MiB), the
+    /// rest of what the newcomer's working set leaves going to the newcomer. Two chunks a
+    /// quiesce point (`TIERMEM_MIGRATE_BATCH`), so that a turn's pause is seen to bring up
+    /// everything that fits all the same.
+    fn start(name: &str) -> Self {
+        let (daemon, dir) = daemon_with(name, "hbm_sharing = \"working-sets\"\nturn_ms = 0");
+        let socket = dir.join("d.sock");
+        let env = [("TIERMEM_STATS", "1"), ("TIERMEM_MIGRATE_BATCH", "2")];
+        let (mut probe, child, links) = start_probe(&format!("lease-{name}"), &socket, &env);
+        assert_eq!(probe.ask("where"), "hbm 24 host 0");
+        let newcomer = Some(newcomer(&socket));
+        let held = Self { daemon, dir, probe, child, links, newcomer };
+        let deadline = Instant::now() + SETTLE;
+        while !held.held() {
+            assert!(Instant::now() < deadline, "never held: {:?}", standing(&socket, held.child.id()));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut held = held;
+        held.probe.ask_until("where", "hbm 2 host 22", |_| {});
+        assert_eq!(held.probe.ask("verify"), "verified");
+        held
+    }
+
+    fn held(&self) -> bool {
+        let report = tiermem_tenant::query_status(&self.dir.join("d.sock")).expect("the daemon's status");
+        report.tenants.iter().any(|t| t.pid == self.child.id() && t.held)
+    }
+
+    /// Everything back in HBM and intact; its stderr at exit.
+    fn finish(mut self) -> String {
+        assert!(!self.held());
+        assert_eq!(self.probe.ask("where"), "hbm 24 host 0");
+        assert_eq!(self.probe.ask("verify"), "verified");
+        let stderr = finish(self.probe, self.child, self.links);
+        drop(self.daemon);
+        let _ = std::fs::remove_dir_all(&self.dir);
+        stderr
+    }
+}
+
+/// The newcomer of a [`HeldProbe`] leaves: the program's turn.
+fn leaves(newcomer: &mut Option<(Arc<Engine>, DaemonLink, tiermem::BufferId)>) {
+    let (engine, link, buffer) = newcomer.take().expect("a newcomer");
+    engine.free(buffer).unwrap();
+    link.end();
+}
+
 #[test]
 fn a_program_waiting_for_its_turn_launches_nothing_until_the_other_working_set_leaves() {
-    // Working sets in turns: the program (48 MiB) has the GPU's 64 alone; a newcomer's 48 do not
-    // fit beside it, and the newcomer (an engine, which cannot wait) keeps room for its largest
-    // acquire, its whole buffer, even while it waits — so only the newcomer can be admitted,
-    // and the program waits, held: a kernel it launches does not start until the newcomer
-    // leaves. Its bytes meanwhile go to the host (read with copies, never blocked).
-    let (daemon, dir) = daemon_with("turns", "hbm_sharing = \"working-sets\"\nturn_ms = 0");
-    let socket = dir.join("d.sock");
-    // Two chunks a quiesce point (TIERMEM_MIGRATE_BATCH): the pause after the wait brings up
-    // everything that fits all the same.
-    let env = [("TIERMEM_STATS", "1"), ("TIERMEM_MIGRATE_BATCH", "2")];
-    let (mut probe, child, links) = start_probe("lease-turns", &socket, &env);
-    assert_eq!(probe.ask("where"), "hbm 24 host 0");
-    let (other, link, buffer) = newcomer(&socket);
-    let pid = child.id();
-    let held = |socket: &std::path::Path| {
-        let report = tiermem_tenant::query_status(socket).expect("the daemon's status");
-        report.tenants.iter().any(|t| t.pid == pid && t.held)
-    };
-    let deadline = Instant::now() + SETTLE;
-    while !held(&socket) {
-        assert!(Instant::now() < deadline, "the program was never held: {:?}", standing(&socket, pid));
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // Held, it keeps only the daemon's least (one of its units, 4 MiB); the rest of what the
-    // newcomer's working set leaves goes to the newcomer, not to a program that cannot use it.
-    probe.ask_until("where", "hbm 2 host 22", |_| {});
-    assert_eq!(probe.ask("verify"), "verified");
+    let mut held = HeldProbe::start("turns");
     let answered = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
-        writeln!(probe.stdin, "touch").unwrap();
+        writeln!(held.probe.stdin, "touch").unwrap();
+        let probe = &mut held.probe;
         let waiter = scope.spawn(|| {
             let answer = probe.line();
             answered.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -236,21 +274,31 @@ fn a_program_waiting_for_its_turn_launches_nothing_until_the_other_working_set_l
         });
         std::thread::sleep(Duration::from_millis(600));
         assert!(!answered.load(std::sync::atomic::Ordering::SeqCst), "a kernel ran while the program waited");
-        other.free(buffer).unwrap();
-        link.end();
+        leaves(&mut held.newcomer);
         assert_eq!(waiter.join().unwrap(), "touched");
     });
-    assert!(!held(&socket));
-    // The first launch after the wait took a pause with the budget grown back: everything fits
-    // again, so everything came up before the kernels ran.
-    assert_eq!(probe.ask("where"), "hbm 24 host 0");
-    assert_eq!(probe.ask("verify"), "verified");
-    let stderr = finish(probe, child, links);
+    // The launch it waited in took a pause with the budget grown back first: everything came up
+    // before its kernels ran.
+    let stderr = held.finish();
     assert!(stderr.contains("launches waited for turns 1 time(s)"), "{stderr}");
-    // Its only kernels (the touch it waited in) ran with every chunk in HBM.
     assert!(stderr.contains("24 with tiermem pointers, 100.0% of those all in HBM"), "{stderr}");
-    drop((other, daemon));
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_program_that_launched_nothing_while_it_waited_begins_its_turn_with_its_first_launch() {
+    let mut held = HeldProbe::start("turns-idle");
+    leaves(&mut held.newcomer);
+    held.probe.ask_until("budget", &(64 * MIB).to_string(), |_| {});
+    let deadline = Instant::now() + SETTLE;
+    while held.held() {
+        assert!(Instant::now() < deadline, "still held after the newcomer left");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // It never waited in a launch, but its first launch since takes the turn's pause.
+    assert_eq!(held.probe.ask("touch"), "touched");
+    let stderr = held.finish();
+    assert!(stderr.contains("launches waited for turns 0 time(s)"), "{stderr}");
+    assert!(stderr.contains("24 with tiermem pointers, 100.0% of those all in HBM"), "{stderr}");
 }
 
 #[test]
