@@ -64,6 +64,7 @@ mod status;
 mod turns;
 
 use claims::charged;
+use turns::Words;
 
 pub type TenantId = u64;
 
@@ -133,10 +134,12 @@ struct Tenant {
     accrued_at: Instant,
     waiting: bool,
     sticky: bool,
-    /// It can wait for its turn (registered `waits`: a program under `tiermem run`), and whether
-    /// the last budget sent told it to (turns.rs, "Holding the waiting").
+    /// It can wait for its turn (registered `waits`: a program under `tiermem run`), and what
+    /// the last budget sent told it: to wait (turns.rs, "Holding the waiting"), that others
+    /// wait for its turn to end ("Handing over").
     waits: bool,
     held: bool,
+    others_wait: bool,
     /// Of its turn so far, the time it was held while room was made for it (not counted).
     room_held: Duration,
 }
@@ -254,6 +257,7 @@ impl Registry {
             sticky: false,
             waits,
             held: false,
+            others_wait: false,
             room_held: Duration::ZERO,
         };
         self.tenants.insert(id, tenant);
@@ -489,13 +493,14 @@ impl Registry {
                 }
             }
         }
-        // A tenant told to wait, or no longer, is sent its budget again with the word.
-        for (id, held) in self.holds(now) {
+        // A tenant told to wait or that others wait, or no longer, is sent its budget again
+        // with the words.
+        for (id, Words { held, others_wait }) in self.words(now) {
             let tenant = self.tenants.get_mut(&id).expect("a tenant");
-            if tenant.held != held && changed.insert(id, ()).is_none() {
+            if (tenant.held, tenant.others_wait) != (held, others_wait) && changed.insert(id, ()).is_none() {
                 tenant.seq += 1;
             }
-            tenant.held = held;
+            (tenant.held, tenant.others_wait) = (held, others_wait);
         }
         let mut outbox = Vec::new();
         for id in changed.into_keys() {
@@ -506,8 +511,9 @@ impl Registry {
                 .filter(|(_, s)| s.pooled)
                 .map(|(&tier, slot)| TierBudget { tier, bytes: slot.budget, target: slot.target })
                 .collect();
-            let (seq, wait, deadline_ms) = (tenant.seq, tenant.held, self.config.deadline_ms);
-            outbox.push((id, DaemonMessage::Budget { seq, tiers, deadline_ms, wait }));
+            let (seq, wait, others_wait, deadline_ms) =
+                (tenant.seq, tenant.held, tenant.others_wait, self.config.deadline_ms);
+            outbox.push((id, DaemonMessage::Budget { seq, tiers, deadline_ms, wait, others_wait }));
         }
         outbox
     }

@@ -22,9 +22,20 @@ fn config(extra: &str) -> Config {
 
 /// Meets every cut in `outbox` and whatever follows, until no budget changes; returns each
 /// tenant's last budget (bytes).
-fn settle(r: &mut Registry, mut outbox: Outbox, now: Instant) -> BTreeMap<TenantId, u64> {
+fn settle(r: &mut Registry, outbox: Outbox, now: Instant) -> BTreeMap<TenantId, u64> {
+    settle_seeing(r, outbox, now, |_| {})
+}
+
+/// [`settle`], showing `seen` each outbox on the way.
+fn settle_seeing(
+    r: &mut Registry,
+    mut outbox: Outbox,
+    now: Instant,
+    mut seen: impl FnMut(&Outbox),
+) -> BTreeMap<TenantId, u64> {
     let mut last = BTreeMap::new();
     for _ in 0..32 {
+        seen(&outbox);
         let sent = budgets(&outbox);
         if sent.is_empty() {
             return last;
@@ -179,8 +190,16 @@ fn fair_share_stays_the_default() {
 
 /// The `wait` each budget in `outbox` carries, by tenant (the last one wins).
 fn waits(outbox: &Outbox) -> BTreeMap<TenantId, bool> {
-    let wait = |m: &DaemonMessage| matches!(m, DaemonMessage::Budget { wait: true, .. });
-    outbox.iter().filter(|(_, m)| matches!(m, DaemonMessage::Budget { .. })).map(|(id, m)| (*id, wait(m))).collect()
+    said(outbox, |m| matches!(m, DaemonMessage::Budget { wait: true, .. }))
+}
+
+/// The `others_wait` each budget in `outbox` carries, by tenant (the last one wins).
+fn others_wait(outbox: &Outbox) -> BTreeMap<TenantId, bool> {
+    said(outbox, |m| matches!(m, DaemonMessage::Budget { others_wait: true, .. }))
+}
+
+fn said(outbox: &Outbox, word: impl Fn(&DaemonMessage) -> bool) -> BTreeMap<TenantId, bool> {
+    outbox.iter().filter(|(_, m)| matches!(m, DaemonMessage::Budget { .. })).map(|(id, m)| (*id, word(m))).collect()
 }
 
 fn held(r: &Registry, now: Instant) -> Vec<TenantId> {
@@ -306,4 +325,38 @@ fn programs_larger_than_the_gpu_take_it_in_turns_when_the_others_can_wait() {
     let settled = settle(&mut r, outbox, t0);
     assert_eq!((settled[&a], settled[&engine]), (300 * MIB, 300 * MIB));
     assert!(waiting(&r, t0).is_empty() && held(&r, t0).is_empty());
+}
+
+#[test]
+fn a_program_in_a_turn_that_runs_out_is_told_that_others_wait_for_it() {
+    let t0 = Instant::now();
+    let mut r = Registry::new(config(""), t0, 0);
+    let (a, mut outbox) = program(&mut r, 1, 500, t0);
+    let (b, sent) = program(&mut r, 2, 500, t0);
+    outbox.extend(sent);
+    // Met cut by cut, the last word each tenant was sent stands.
+    let mut told = BTreeMap::new();
+    settle_seeing(&mut r, outbox, t0, |outbox| told.extend(others_wait(outbox)));
+    assert_eq!((told[&a], told[&b]), (true, false), "A has its turn while B waits: A is to make ready");
+
+    // A's turn runs out: B's begins, and the words change sides.
+    let t1 = t0 + Duration::from_millis(1000);
+    acquiring(&mut r, a, 2, t1);
+    let (_, outbox) = r.expire_deadlines(t1);
+    let mut told = others_wait(&outbox);
+    let cut = budgets(&outbox).into_iter().find(|&(id, ..)| id == a).expect("A's cut");
+    told.extend(others_wait(&r.budget_met(a, cut.1, t1)));
+    assert_eq!((told[&a], told[&b]), (false, true), "{told:?}");
+
+    // B alone: nobody waits for it any more.
+    let outbox = r.disconnect(a, t1);
+    assert_eq!(others_wait(&outbox).get(&b), Some(&false));
+
+    // Turns that never run out (turn_ms = 0): nothing to make ready for.
+    let endless = "hbm_sharing = \"working-sets\"\nturn_ms = 0\n[[gpu]]\nindex = 0\nhbm = \"600MiB\"\n";
+    let mut r = Registry::new(Config::parse(endless, "test").unwrap(), t0, 0);
+    let (_, mut outbox) = program(&mut r, 1, 500, t0);
+    outbox.extend(program(&mut r, 2, 500, t0).1);
+    assert!(others_wait(&outbox).values().all(|&w| !w));
+    settle(&mut r, outbox, t0);
 }

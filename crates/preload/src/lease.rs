@@ -162,6 +162,10 @@ impl Tenant for GpuTenant {
         crate::turns::set(self.ordinal, wait);
     }
 
+    fn others_wait(&self, others_wait: bool) {
+        crate::spares::others_wait(self.ordinal, others_wait);
+    }
+
     /// Host chunks made ahead of a cut, if asked for (spares.rs).
     fn ready_for_cuts(&self) {
         let _ = std::panic::catch_unwind(|| crate::spares::make_ahead(self.ordinal));

@@ -1,18 +1,28 @@
-//! Spare host chunks made ahead of a budget cut, for a program the node daemon leases
-//! (`TIERMEM_SPARES_AHEAD=on`; off by default: on the H200 the cut's steps were ~0.5 s
-//! shorter and the steps at the smaller budget after it slower, BENCHMARKS.md, fortieth session).
+//! Spare host chunks made ahead of a budget cut, for a program the node daemon leases:
+//! by default ahead of a turn's end (`TIERMEM_SPARES_AHEAD=turns`), or ahead of any cut (`on`),
+//! or never (`off`).
 //!
 //! A cut sends chunks from HBM to the host, each into a host chunk: a spare one (left by an
-//! earlier move up) or one made then — ~7–10 ms per 32 MiB on the H200 machines, pinned by the
+//! earlier move up) or one made then — ~7–21 ms per 32 MiB on the H200 machines, pinned by the
 //! driver, and its shadow opened, ~0.4 ms (shadows.rs) — after the program's kernels have
 //! drained. A program that fit its budget until the cut has no spares, so it pays that for
 //! every chunk it sends down, while its steps wait (BENCHMARKS.md, thirty-fifth and
 //! thirty-ninth sessions: a leased training loop cut by 6 GiB took steps of 5–13 s).
 //!
-//! With this on, the daemon link's own thread (`Tenant::ready_for_cuts`: from two seconds
-//! after registering, once a second) makes up to [`SLAB`] of host chunks at a time, each with
-//! its shadow, while the spares fall short of what HBM holds (what a cut to nothing would send
-//! down), and only while the host keeps an eighth of its memory available after them: pinned
+//! Ahead of any cut (`on`), from two seconds after registering and once a second, the daemon
+//! link's own thread (`Tenant::ready_for_cuts`) makes up to [`SLAB`] of host chunks at a time,
+//! each with its shadow, while the spares fall short of what HBM holds (what a cut to nothing
+//! would send down). A cut may never come, and measured on the H200 the steps at the smaller
+//! budget after one were slower with them (BENCHMARKS.md, fortieth session): not the default.
+//!
+//! Ahead of a turn's end (`turns`, the default): with the daemon's working sets in turns, a
+//! program in a turn that runs out is told that another waits for the GPU (`others_wait`,
+//! the daemon's turns.rs, "Handing over"): its turn will end in a cut to its keep, its whole
+//! working set sent down while neither program runs — ~10 s for 16 GiB made then on the H200
+//! (forty-second session). So while it is told that, the link's thread makes slab after slab
+//! until the spares match what HBM holds, during the turn.
+//!
+//! Either way only while the host keeps an eighth of its memory available after them: pinned
 //! memory cannot be swapped out (the engine's room to evict into follows the same rule). The
 //! chunks are made with no lock held and handed to the moves' spares (rounds.rs) afterwards;
 //! spares are given back as before — those beyond the HBM in use after a round of moves, all
@@ -28,21 +38,78 @@ use crate::process;
 /// The most made at each turn.
 pub const SLAB: usize = 1 << 30;
 
-/// Whether spares are made ahead (`TIERMEM_SPARES_AHEAD`, off by default).
-fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| crate::boundary::switch("TIERMEM_SPARES_AHEAD", false) && crate::migrate::enabled())
+/// When spares are made ahead (`TIERMEM_SPARES_AHEAD`; module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ahead {
+    Never,
+    OfTurnsEnd,
+    OfAnyCut,
+}
+
+fn ahead() -> Ahead {
+    static MODE: std::sync::OnceLock<Ahead> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| {
+        const NAME: &str = "TIERMEM_SPARES_AHEAD";
+        let mode = match std::env::var(NAME).as_deref() {
+            Err(_) | Ok("turns") => Ahead::OfTurnsEnd,
+            Ok("on" | "1" | "true") => Ahead::OfAnyCut,
+            Ok("off" | "0" | "false") => Ahead::Never,
+            Ok(other) => {
+                crate::boundary::log(NAME, &format!("{other:?} is none of turns, on, off"), "taken as turns");
+                Ahead::OfTurnsEnd
+            }
+        };
+        if crate::migrate::enabled() {
+            mode
+        } else {
+            Ahead::Never
+        }
+    })
+}
+
+/// GPUs (ordinals below 64) whose tenant is told that others wait for its turn to end.
+static OTHERS_WAIT: AtomicU64 = AtomicU64::new(0);
+
+/// GPU `ordinal`'s tenant is told that others wait for its turn (`true`), or no longer.
+pub fn others_wait(ordinal: usize, others_wait: bool) {
+    let bit = 1u64.checked_shl(ordinal as u32).unwrap_or(0);
+    match others_wait {
+        true => OTHERS_WAIT.fetch_or(bit, Relaxed),
+        false => OTHERS_WAIT.fetch_and(!bit, Relaxed),
+    };
+    crate::trace::event("others_wait", || format!("\"gpu\": {ordinal}, \"others_wait\": {others_wait}"));
+}
+
+fn others_wait_on(ordinal: usize) -> bool {
+    OTHERS_WAIT.load(Relaxed) & 1u64.checked_shl(ordinal as u32).unwrap_or(0) != 0
 }
 
 static MADE: AtomicU64 = AtomicU64::new(0);
 static MADE_BYTES: AtomicU64 = AtomicU64::new(0);
 static NANOS: AtomicU64 = AtomicU64::new(0);
 
-/// One turn for GPU `ordinal` (module documentation): the bytes of host chunks made.
+/// One turn of the link's readying thread for GPU `ordinal` (module documentation): the bytes
+/// of host chunks made.
 pub fn make_ahead(ordinal: usize) -> usize {
-    if !enabled() {
-        return 0;
+    let mut made = 0;
+    loop {
+        let slab = match ahead() {
+            Ahead::Never => 0,
+            Ahead::OfTurnsEnd if !others_wait_on(ordinal) => 0,
+            // Slab after slab while the turn's end is coming, looking again between slabs.
+            Ahead::OfTurnsEnd => make_slab(ordinal),
+            Ahead::OfAnyCut => return make_slab(ordinal),
+        };
+        if slab == 0 {
+            return made;
+        }
+        made += slab;
     }
+}
+
+/// Up to [`SLAB`] of host chunks for GPU `ordinal`, while its spares fall short of what HBM
+/// holds and the host keeps an eighth available: the bytes made.
+fn make_slab(ordinal: usize) -> usize {
     // This thread is tiermem's own: its driver calls reach the driver, not the wrappers.
     let _inside = crate::boundary::enter();
     let Some((device, chunk, hbm_used)) = ({

@@ -328,6 +328,38 @@ fn spares_made_ahead_take_a_cuts_chunks_and_none_is_made_then() {
 }
 
 #[test]
+fn a_program_makes_spares_ahead_while_another_waits_for_its_turn_and_not_before() {
+    // Working sets in turns that run out (after ten minutes here), spares ahead by default
+    // (TIERMEM_SPARES_AHEAD=turns): alone, the program makes no host chunk ahead; once a
+    // second program's 48 MiB wait for its turn (48 + 48 do not fit 64), the daemon says
+    // `others_wait` and the first makes a host chunk for each of its chunks in HBM, while its
+    // turn runs on; the waiting one makes none (without the word: none is made).
+    let (daemon, dir) = daemon_with("turn-spares", "hbm_sharing = \"working-sets\"\nturn_ms = 600000");
+    let socket = dir.join("d.sock");
+    let env = [("TIERMEM_STATS", "1")];
+    let (mut first, first_child, first_links) = start_probe("lease-turn-spares-a", &socket, &env);
+    assert_eq!(first.ask("where"), "hbm 24 host 0");
+    // Past the link's first readying (two seconds after registering) and one more.
+    std::thread::sleep(tiermem_tenant::READY_AFTER + tiermem_tenant::READY_EVERY + Duration::from_millis(500));
+    assert_eq!(first.ask("host-chunks"), "0", "spares made ahead with nobody waiting");
+    let (mut second, second_child, second_links) = start_probe("lease-turn-spares-b", &socket, &env);
+    first.ask_until("host-chunks", "24", |_| {});
+    assert_eq!(first.ask("where"), "hbm 24 host 0", "its turn runs on");
+    assert_eq!(first.ask("verify"), "verified");
+    let (_, _, late) = standing(&socket, second_child.id());
+    assert!(!late);
+    let first_stderr = finish(first, first_child, first_links);
+    assert!(first_stderr.contains("spares ahead of cuts: 24 host chunks made (48.00 MiB)"), "{first_stderr}");
+    // The first gone, the second has the GPU: its turn, all in HBM, and nothing made ahead.
+    second.ask_until("where", "hbm 24 host 0", |p| drop(p.ask("touch")));
+    assert_eq!(second.ask("verify"), "verified");
+    let second_stderr = finish(second, second_child, second_links);
+    assert!(!second_stderr.contains("spares ahead of cuts"), "{second_stderr}");
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_smaller_budget_that_cannot_be_met_is_not_acknowledged_and_says_why() {
     let (daemon, dir) = daemon("unmet");
     let socket = dir.join("d.sock");

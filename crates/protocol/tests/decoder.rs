@@ -86,8 +86,15 @@ fn daemon_message() -> impl Strategy<Value = DaemonMessage> {
     prop_oneof![
         (any::<u32>(), ".{0,30}").prop_map(|(version, daemon)| DaemonMessage::Welcome { version, daemon }),
         (any::<u64>(), ".{0,30}").prop_map(|(tenant, name)| DaemonMessage::Registered { tenant, name }),
-        (any::<u64>(), prop::collection::vec(budget, 0..4), any::<u64>(), any::<bool>())
-            .prop_map(|(seq, tiers, deadline_ms, wait)| DaemonMessage::Budget { seq, tiers, deadline_ms, wait }),
+        (any::<u64>(), prop::collection::vec(budget, 0..4), any::<u64>(), any::<bool>(), any::<bool>()).prop_map(
+            |(seq, tiers, deadline_ms, wait, others_wait)| DaemonMessage::Budget {
+                seq,
+                tiers,
+                deadline_ms,
+                wait,
+                others_wait
+            }
+        ),
         ".{0,60}".prop_map(|message| DaemonMessage::Error { kind: ErrorKind::Malformed, message }),
         (ids(), any::<u64>()).prop_map(|(ids, slab_bytes)| DaemonMessage::MakeSlabs { ids, slab_bytes }),
         (any::<u32>(), any::<u64>(), ids()).prop_map(|(gpu, slab_bytes, ids)| DaemonMessage::Lent {

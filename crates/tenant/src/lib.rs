@@ -127,6 +127,12 @@ pub trait Tenant: Send + Sync + 'static {
     /// (a tenant never stays held by a daemon it has lost). Called on the link's thread: told
     /// to wait before the budget that carries it is met, told no longer after.
     fn wait_for_turn(&self, _wait: bool) {}
+
+    /// Told that another tenant waits for the GPU, so that this one's turn will end in a cut
+    /// to what it keeps (`true`), or no longer; every session's end says `false`. It may make
+    /// ready to give its memory back (a program under `tiermem run` makes host chunks to send
+    /// its chunks into). Called on the link's thread, before the budget that says it is met.
+    fn others_wait(&self, _others_wait: bool) {}
 }
 
 /// A tenant's registration, less who it is (the link adds pid and label).
@@ -209,8 +215,10 @@ pub struct LinkState {
     pub budget: Option<u64>,
     pub target: Option<u64>,
     pub budgets_applied: u64,
-    /// Told to wait for its turn by the last budget (reset when a session ends).
+    /// Told to wait for its turn by the last budget, and told that others wait for its turn
+    /// (both reset when a session ends).
     pub waiting_for_turn: bool,
+    pub others_wait: bool,
     /// Attempts to reach the daemon that failed.
     pub failed_attempts: u64,
 }

@@ -111,13 +111,18 @@ fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Resul
         };
         let served = serve(connection, weak, shared, options.report_every);
         ended.store(true, Ordering::Release);
-        // Whatever ended the session, the tenant waits for no daemon it has lost.
-        if shared.state.lock().map_or(true, |s| s.waiting_for_turn) {
-            if let Some(holder) = weak.upgrade() {
+        // Whatever ended the session, the tenant waits for no daemon it has lost, nor makes
+        // ready for its turns.
+        let (waiting, others_wait) = shared.state.lock().map_or((true, true), |s| (s.waiting_for_turn, s.others_wait));
+        if let Some(holder) = weak.upgrade() {
+            if waiting {
                 holder.wait_for_turn(false);
             }
-            shared.update(|s| s.waiting_for_turn = false);
+            if others_wait {
+                holder.others_wait(false);
+            }
         }
+        shared.update(|s| (s.waiting_for_turn, s.others_wait) = (false, false));
         if let Some(handle) = ready_thread {
             handle.thread().unpark(); // it sleeps until its next turn otherwise
         }
@@ -179,9 +184,13 @@ fn serve(
         }
         drop(holder);
         match connection.poll()? {
-            Some(DaemonMessage::Budget { seq, tiers, wait, .. }) => {
+            Some(DaemonMessage::Budget { seq, tiers, wait, others_wait, .. }) => {
                 let Some(hbm) = tiers.iter().find(|t| t.tier == Tier::Hbm) else { continue };
                 let Some(holder) = weak.upgrade() else { return Ok(()) };
+                if others_wait != shared.state.lock().map_or(!others_wait, |s| s.others_wait) {
+                    holder.others_wait(others_wait);
+                    shared.update(|s| s.others_wait = others_wait);
+                }
                 // Held before a cut is met (the pause that meets it then finds no new work), let
                 // go after the budget is applied (the program's first pause then uses it).
                 let change = wait != shared.state.lock().map_or(!wait, |s| s.waiting_for_turn);

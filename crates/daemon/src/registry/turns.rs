@@ -38,6 +38,13 @@
 //! back all the rest in one cut, and the admitted tenant, whose demand grows as it runs (a
 //! program allocates as it goes), grows into it without another cut — each of which would hold
 //! it again while it is met (on the H200 a hand-over took ~12 s that way).
+//!
+//! # Handing over
+//! A turn that runs out ends in a cut to the tenant's keep, met by sending its working set
+//! down. A program that fit until then has no host memory to send it into, and the driver
+//! makes it then, while neither program runs: ~10 s for 16 GiB on the H200 (forty-second
+//! session). So a `waits` tenant in a turn that runs out is told that `others_wait` while
+//! another of its GPU waits for the GPU, and makes that room ahead, during its turn.
 
 use super::{Registry, Tenant, TenantId};
 use crate::config::Sharing;
@@ -49,6 +56,13 @@ use tiermem_protocol::Tier;
 /// A turn's beginning is held while memory is made room for it at most this many of the
 /// daemon's `deadline_ms` (10 s by default).
 const ROOM_WAIT_DEADLINES: u64 = 5;
+
+/// What a tenant's budget says beyond its bytes (protocol: `budget`'s `wait` and `others_wait`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Words {
+    pub held: bool,
+    pub others_wait: bool,
+}
 
 impl Registry {
     /// Working sets in turns: admits whole working sets among `ids` (a GPU's tenants, with
@@ -146,26 +160,33 @@ impl Registry {
         claims
     }
 
-    /// Every tenant, and whether it is to be held (module documentation, "Holding the
-    /// waiting").
-    pub(super) fn holds(&self, now: Instant) -> Vec<(TenantId, bool)> {
+    /// Every tenant, and what its budget is to say (module documentation, "Holding the
+    /// waiting" and "Handing over").
+    pub(super) fn words(&self, now: Instant) -> Vec<(TenantId, Words)> {
         let in_turns = self.config.hbm_sharing == Sharing::WorkingSets;
         // Memory that does not come back (a tenant that cannot give it) holds a turn up no
         // longer than this.
         let room_wait = Duration::from_millis(ROOM_WAIT_DEADLINES * self.config.deadline_ms);
-        let shedding = |gpu: u32, except: TenantId| {
-            self.tenants.iter().any(|(&id, t)| {
-                id != except && t.gpu.index == gpu && t.tiers[&Tier::Hbm].holding > t.tiers[&Tier::Hbm].budget
-            })
+        let others = |gpu: u32, except: TenantId, what: &dyn Fn(&Tenant) -> bool| {
+            self.tenants.iter().any(|(&id, t)| id != except && t.gpu.index == gpu && what(t))
         };
+        let shedding = |t: &Tenant| t.tiers[&Tier::Hbm].holding > t.tiers[&Tier::Hbm].budget;
         let held = |id: TenantId, t: &Tenant| {
             let hbm = &t.tiers[&Tier::Hbm];
             let begun = t.turn_since.is_some_and(|since| now.saturating_duration_since(since) < room_wait);
             let lacking = hbm.budget < hbm.target.min(hbm.usage.demand);
-            let making_room = begun && lacking && shedding(t.gpu.index, id);
+            let making_room = begun && lacking && others(t.gpu.index, id, &shedding);
             in_turns && t.waits && (t.waiting || making_room)
         };
-        self.tenants.iter().map(|(&id, t)| (id, held(id, t))).collect()
+        // In a turn that runs out, with another waiting for the GPU.
+        let others_wait = |id: TenantId, t: &Tenant| {
+            in_turns
+                && t.waits
+                && self.config.turn_ms > 0
+                && t.turn_since.is_some()
+                && others(t.gpu.index, id, &|o| o.waiting)
+        };
+        self.tenants.iter().map(|(&id, t)| (id, Words { held: held(id, t), others_wait: others_wait(id, t) })).collect()
     }
 
     /// In a turn with its whole working set that has not run out (`turn_ms`, less the time it
