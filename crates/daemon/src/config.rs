@@ -56,7 +56,10 @@ pub struct Config {
     #[serde(default)]
     pub hbm_sharing: Sharing,
     /// With `working-sets`: how long a tenant's turn with its whole working set lasts while
-    /// others wait for theirs (ms).
+    /// others wait for theirs (ms). 30 s by default: each hand-over sends one working set down
+    /// and the next up (~2–3 s for 12–16 GiB on the H200), and two programs larger than a
+    /// 12 GiB share finished in 0.97× their serial time in 30 s turns, 1.23× in 10 s turns
+    /// (BENCHMARKS.md, forty-third session).
     #[serde(default = "default_turn_ms")]
     pub turn_ms: u64,
     /// HBM left out of a GPU's capacity when `[[gpu]]` does not give it (not on the simulated
@@ -169,7 +172,7 @@ fn default_ramp_ms() -> u64 {
     3000
 }
 fn default_turn_ms() -> u64 {
-    10_000
+    30_000
 }
 fn default_reserve() -> Size {
     Size(2 << 30)
