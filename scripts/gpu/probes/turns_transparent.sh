@@ -8,8 +8,9 @@
 #                waiting for its turn held (its launches wait: the daemon's turns.rs);
 #   working-sets-nohold  the same with TIERMEM_WAIT_FOR_TURNS=off: the waiting program runs on
 #                what it keeps, reading the rest in place (as before the hold).
-# Each program's run is capped at CAP_S (SIGTERM: the training loop writes the steps it made). Writes OUT/plain.json (the reference losses),
-# OUT/MODE/{a,b}.json and .log, daemon.log, status.jsonl, and OUT/summary.json.
+# PROGRAMS names the programs (default "a b"; "a b c" for three). Each program's run is capped
+# at CAP_S (SIGTERM: the training loop writes the steps it made). Writes OUT/plain.json (the
+# reference losses), OUT/MODE/NAME.json and .log, daemon.log, status.jsonl, and OUT/summary.json.
 # Usage: turns_transparent.sh TIERMEM_BIN OUT
 set -uo pipefail
 BIN=${1:?tiermem binary}; OUT=${2:?output dir}
@@ -17,6 +18,7 @@ mkdir -p "$OUT"
 HERE=$(cd "$(dirname "$0")/../../.." && pwd)
 STEPS=${STEPS:-60}; HBM_POOL=${HBM_POOL:-20GiB}; CAP_S=${CAP_S:-200}; TURN_MS=${TURN_MS:-10000}
 MODES=${MODES:-serial working-sets working-sets-nohold fair}
+PROGRAMS=${PROGRAMS:-a b}
 INPUTS=$(mktemp -d)
 trap 'rm -rf "$INPUTS"' EXIT
 export TIERMEM_SOCKET="$INPUTS/tiermemd.sock" TIERMEM_PEERS=off
@@ -48,29 +50,31 @@ for mode in $MODES; do
   echo "== $mode"
   start=$(date +%s.%N)
   if [ "$mode" = serial ]; then
-    train a "$dir"; train b "$dir"
+    for name in $PROGRAMS; do train "$name" "$dir"; done
   else
-    train a "$dir" & pa=$!
-    sleep 2
-    train b "$dir" & pb=$!
-    wait $pa $pb
+    pids=()
+    for name in $PROGRAMS; do
+      [ ${#pids[@]} -gt 0 ] && sleep 2
+      train "$name" "$dir" & pids+=($!)
+    done
+    wait "${pids[@]}"
   fi
   echo "$start $(date +%s.%N)" > "$dir/makespan.times"
   kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; kill $poll 2>/dev/null
-  grep -h "waited for turns\|leased from" "$dir"/a.log "$dir"/b.log | cut -c1-250
+  for name in $PROGRAMS; do grep -h "waited for turns\|leased from" "$dir/$name.log" | cut -c1-250; done
   xz -9 "$dir/status.jsonl"
 done
 
-python3 - "$OUT" $MODES <<'PY'
+python3 - "$OUT" "$PROGRAMS" $MODES <<'PY'
 import json, os, statistics, sys
-out, modes = sys.argv[1], sys.argv[2:]
+out, programs, modes = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 plain = json.load(open(f"{out}/plain.json"))
 summary = {"plain_step_s_median": plain.get("step_s_median"), "steps": len(plain["losses"])}
 for mode in modes:
     d = f"{out}/{mode}"
     start, end = map(float, open(f"{d}/makespan.times").read().split())
     row = {"makespan_s": round(end - start, 2)}
-    for name in ("a", "b"):
+    for name in programs:
         t0, t1, rc = open(f"{d}/{name}.times").read().split()
         run = json.load(open(f"{d}/{name}.json")) if os.path.exists(f"{d}/{name}.json") else {}
         said = [l.strip() for l in open(f"{d}/{name}.log") if "waited for turns" in l]
