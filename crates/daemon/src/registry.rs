@@ -362,6 +362,14 @@ impl Registry {
         let turned = self.tenants.values().any(|t| {
             t.idle != self.is_idle(t, now) || t.ramping != self.is_ramping(t, now) || t.sticky != self.is_sticky(t, now)
         });
+        // A word a budget says changes with time too (half a turn run, a hold for room timed out).
+        let reworded = || {
+            self.words(now).into_iter().any(|(id, w)| {
+                let t = &self.tenants[&id];
+                (t.held, t.others_wait) != (w.held, w.others_wait)
+            })
+        };
+        let turned = turned || reworded();
         let outbox = if late.is_empty() && !turned { Vec::new() } else { self.rebalance(now) };
         (late, outbox)
     }

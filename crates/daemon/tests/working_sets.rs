@@ -328,28 +328,38 @@ fn programs_larger_than_the_gpu_take_it_in_turns_when_the_others_can_wait() {
 }
 
 #[test]
-fn a_program_in_a_turn_that_runs_out_is_told_that_others_wait_for_it() {
+fn a_program_in_the_second_half_of_a_turn_that_runs_out_is_told_that_others_wait_for_it() {
     let t0 = Instant::now();
     let mut r = Registry::new(config(""), t0, 0);
     let (a, mut outbox) = program(&mut r, 1, 500, t0);
     let (b, sent) = program(&mut r, 2, 500, t0);
     outbox.extend(sent);
-    // Met cut by cut, the last word each tenant was sent stands.
+    // Met cut by cut, the last word each tenant was sent stands: A has its turn (1 s) while B
+    // waits, but in its first half A is told nothing.
     let mut told = BTreeMap::new();
     settle_seeing(&mut r, outbox, t0, |outbox| told.extend(others_wait(outbox)));
-    assert_eq!((told[&a], told[&b]), (true, false), "A has its turn while B waits: A is to make ready");
+    assert!(told.values().all(|&w| !w), "told in the first half of a turn: {told:?}");
+    // Half the turn run: A is to make ready (the daemon's tick says it, nothing else changing).
+    let half = t0 + Duration::from_millis(500);
+    let (_, outbox) = r.expire_deadlines(half);
+    assert_eq!(others_wait(&outbox), BTreeMap::from([(a, true)]), "A has run half its turn while B waits");
+    settle(&mut r, outbox, half);
+    assert!(r.expire_deadlines(half + Duration::from_millis(100)).1.is_empty(), "said once");
 
-    // A's turn runs out: B's begins, and the words change sides.
+    // A's turn runs out: B's begins, A is no longer told; half of B's turn later, B is.
     let t1 = t0 + Duration::from_millis(1000);
     acquiring(&mut r, a, 2, t1);
     let (_, outbox) = r.expire_deadlines(t1);
     let mut told = others_wait(&outbox);
     let cut = budgets(&outbox).into_iter().find(|&(id, ..)| id == a).expect("A's cut");
-    told.extend(others_wait(&r.budget_met(a, cut.1, t1)));
-    assert_eq!((told[&a], told[&b]), (false, true), "{told:?}");
+    let met = r.budget_met(a, cut.1, t1);
+    settle_seeing(&mut r, met, t1, |outbox| told.extend(others_wait(outbox)));
+    assert_eq!((told[&a], told.get(&b)), (false, Some(&false)), "{told:?}");
+    let (_, outbox) = r.expire_deadlines(t1 + Duration::from_millis(500));
+    assert_eq!(others_wait(&outbox), BTreeMap::from([(b, true)]));
 
     // B alone: nobody waits for it any more.
-    let outbox = r.disconnect(a, t1);
+    let outbox = r.disconnect(a, t1 + Duration::from_millis(500));
     assert_eq!(others_wait(&outbox).get(&b), Some(&false));
 
     // Turns that never run out (turn_ms = 0): nothing to make ready for.
@@ -357,6 +367,9 @@ fn a_program_in_a_turn_that_runs_out_is_told_that_others_wait_for_it() {
     let mut r = Registry::new(Config::parse(endless, "test").unwrap(), t0, 0);
     let (_, mut outbox) = program(&mut r, 1, 500, t0);
     outbox.extend(program(&mut r, 2, 500, t0).1);
-    assert!(others_wait(&outbox).values().all(|&w| !w));
-    settle(&mut r, outbox, t0);
+    let mut told = others_wait(&outbox);
+    settle_seeing(&mut r, outbox, t0, |outbox| told.extend(others_wait(outbox)));
+    let (_, outbox) = r.expire_deadlines(t0 + Duration::from_secs(3600));
+    told.extend(others_wait(&outbox));
+    assert!(told.values().all(|&w| !w), "{told:?}");
 }

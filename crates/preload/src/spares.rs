@@ -19,8 +19,8 @@
 //! program in a turn that runs out is told that another waits for the GPU (`others_wait`,
 //! the daemon's turns.rs, "Handing over"): its turn will end in a cut to its keep, its whole
 //! working set sent down while neither program runs — ~10 s for 16 GiB made then on the H200
-//! (forty-second session). So while it is told that, the link's thread makes slab after slab
-//! until the spares match what HBM holds, during the turn.
+//! (forty-second session). So while it is told that (from half its turn on), the link's
+//! thread makes slab after slab until the spares match what HBM holds, during the turn.
 //!
 //! Either way only while the host keeps an eighth of its memory available after them: pinned
 //! memory cannot be swapped out (the engine's room to evict into follows the same rule). The

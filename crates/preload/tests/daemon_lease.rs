@@ -329,12 +329,13 @@ fn spares_made_ahead_take_a_cuts_chunks_and_none_is_made_then() {
 
 #[test]
 fn a_program_makes_spares_ahead_while_another_waits_for_its_turn_and_not_before() {
-    // Working sets in turns that run out (after ten minutes here), spares ahead by default
+    // Working sets in turns that run out (after 16 s here), spares ahead by default
     // (TIERMEM_SPARES_AHEAD=turns): alone, the program makes no host chunk ahead; once a
-    // second program's 48 MiB wait for its turn (48 + 48 do not fit 64), the daemon says
-    // `others_wait` and the first makes a host chunk for each of its chunks in HBM, while its
-    // turn runs on; the waiting one makes none (without the word: none is made).
-    let (daemon, dir) = daemon_with("turn-spares", "hbm_sharing = \"working-sets\"\nturn_ms = 600000");
+    // second program's 48 MiB wait for its turn (48 + 48 do not fit 64) and half the first's
+    // turn has run, the daemon says `others_wait` and the first makes a host chunk for each of
+    // its chunks in HBM, while its turn runs on; the waiting one makes none (without the word:
+    // none is made).
+    let (daemon, dir) = daemon_with("turn-spares", "hbm_sharing = \"working-sets\"\nturn_ms = 16000");
     let socket = dir.join("d.sock");
     let env = [("TIERMEM_STATS", "1")];
     let (mut first, first_child, first_links) = start_probe("lease-turn-spares-a", &socket, &env);

@@ -209,11 +209,11 @@ pub enum DaemonMessage {
         /// or is still making room for this one's). Sent only when true.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         wait: bool,
-        /// To a tenant that registered `waits`, in a turn of its whole working set that runs
-        /// out (`turn_ms` above zero): another tenant waits for the GPU, so this one will be cut
-        /// to its keep when its turn ends; it may make ready to give its memory back (a
-        /// program under `tiermem run` makes host chunks to send its chunks into). Sent only
-        /// when true.
+        /// To a tenant that registered `waits`, in the second half of a turn of its whole
+        /// working set that runs out (`turn_ms` above zero): another tenant waits for the GPU,
+        /// so this one will be cut to its keep when its turn ends; it may make ready to give
+        /// its memory back (a program under `tiermem run` makes host chunks to send its chunks
+        /// into). Sent only when true.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         others_wait: bool,
     },

@@ -92,7 +92,8 @@ fn the_tenant_not_admitted_waits_until_the_other_leaves_or_the_daemon_goes() {
 #[test]
 fn the_tenant_in_a_turn_that_runs_out_is_told_that_the_other_waits_until_the_daemon_goes() {
     let path = socket("others-wait");
-    let daemon = start_daemon(&path, 600_000);
+    // Turns of 6 s: A is told once half its turn has run.
+    let daemon = start_daemon(&path, 6_000);
     let a = waiter(32);
     let link_a = DaemonLink::attach(&a, path.clone(), None).unwrap();
     link_a.wait_for(SETTLE, |s| s.budget.is_some());

@@ -44,7 +44,12 @@
 //! down. A program that fit until then has no host memory to send it into, and the driver
 //! makes it then, while neither program runs: ~10 s for 16 GiB on the H200 (forty-second
 //! session). So a `waits` tenant in a turn that runs out is told that `others_wait` while
-//! another of its GPU waits for the GPU, and makes that room ahead, during its turn.
+//! another of its GPU waits for the GPU, and makes that room ahead, during its turn. Not
+//! before half its turn has run: making host memory slows the program's own launches about
+//! as long as it takes (~4 s for 10 GiB on the H200, forty-third session), which the first
+//! half of a turn, where the program brings its working set back up, can least afford; and a
+//! program that ends within its turn then makes none for nothing. Half of a 30 s turn leaves
+//! 15 s, twice what 16 GiB took.
 
 use super::{Registry, Tenant, TenantId};
 use crate::config::Sharing;
@@ -178,12 +183,13 @@ impl Registry {
             let making_room = begun && lacking && others(t.gpu.index, id, &shedding);
             in_turns && t.waits && (t.waiting || making_room)
         };
-        // In a turn that runs out, with another waiting for the GPU.
+        // In the second half of a turn that runs out, with another waiting for the GPU.
+        let half_turn = Duration::from_millis(self.config.turn_ms) / 2;
         let others_wait = |id: TenantId, t: &Tenant| {
             in_turns
                 && t.waits
                 && self.config.turn_ms > 0
-                && t.turn_since.is_some()
+                && self.turn_ran(t, now).is_some_and(|ran| ran >= half_turn)
                 && others(t.gpu.index, id, &|o| o.waiting)
         };
         self.tenants.iter().map(|(&id, t)| (id, Words { held: held(id, t), others_wait: others_wait(id, t) })).collect()
@@ -193,7 +199,12 @@ impl Registry {
     /// was held while room was made for it; 0: turns never run out).
     pub(super) fn is_sticky(&self, tenant: &Tenant, now: Instant) -> bool {
         let turn = Duration::from_millis(self.config.turn_ms);
-        let ran = |since: Instant| now.saturating_duration_since(since).saturating_sub(tenant.room_held);
-        tenant.turn_since.is_some_and(|since| self.config.turn_ms == 0 || ran(since) < turn)
+        self.turn_ran(tenant, now).is_some_and(|ran| self.config.turn_ms == 0 || ran < turn)
+    }
+
+    /// How long the tenant's turn has run, less the time it was held while room was made for
+    /// it; none if it has no turn.
+    fn turn_ran(&self, tenant: &Tenant, now: Instant) -> Option<Duration> {
+        tenant.turn_since.map(|since| now.saturating_duration_since(since).saturating_sub(tenant.room_held))
     }
 }
