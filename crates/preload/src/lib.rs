@@ -121,6 +121,7 @@ mod entry;
 mod gate;
 mod gated;
 mod give_back;
+mod gpu_flags;
 mod graphs;
 mod hotness;
 mod ipc;

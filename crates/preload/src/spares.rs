@@ -33,6 +33,7 @@ use std::sync::Arc;
 
 use tiermem_mechanism::{ChunkLocation, Device, HostMemory, PhysHandle};
 
+use crate::gpu_flags::GpuFlags;
 use crate::process;
 
 /// The most made at each turn.
@@ -68,20 +69,12 @@ fn ahead() -> Ahead {
 }
 
 /// GPUs (ordinals below 64) whose tenant is told that others wait for its turn to end.
-static OTHERS_WAIT: AtomicU64 = AtomicU64::new(0);
+static OTHERS_WAIT: GpuFlags = GpuFlags::new();
 
 /// GPU `ordinal`'s tenant is told that others wait for its turn (`true`), or no longer.
 pub fn others_wait(ordinal: usize, others_wait: bool) {
-    let bit = 1u64.checked_shl(ordinal as u32).unwrap_or(0);
-    match others_wait {
-        true => OTHERS_WAIT.fetch_or(bit, Relaxed),
-        false => OTHERS_WAIT.fetch_and(!bit, Relaxed),
-    };
+    OTHERS_WAIT.set(ordinal, others_wait);
     crate::trace::event("others_wait", || format!("\"gpu\": {ordinal}, \"others_wait\": {others_wait}"));
-}
-
-fn others_wait_on(ordinal: usize) -> bool {
-    OTHERS_WAIT.load(Relaxed) & 1u64.checked_shl(ordinal as u32).unwrap_or(0) != 0
 }
 
 static MADE: AtomicU64 = AtomicU64::new(0);
@@ -95,7 +88,7 @@ pub fn make_ahead(ordinal: usize) -> usize {
     loop {
         let slab = match ahead() {
             Ahead::Never => 0,
-            Ahead::OfTurnsEnd if !others_wait_on(ordinal) => 0,
+            Ahead::OfTurnsEnd if !OTHERS_WAIT.is_set(ordinal) => 0,
             // Slab after slab while the turn's end is coming, looking again between slabs.
             Ahead::OfTurnsEnd => make_slab(ordinal),
             Ahead::OfAnyCut => return make_slab(ordinal),

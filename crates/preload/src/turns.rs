@@ -26,8 +26,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
+use crate::gpu_flags::GpuFlags;
+
 /// GPUs (ordinals below 64) whose tenant is told to wait.
-static WAITING: AtomicU64 = AtomicU64::new(0);
+static WAITING: GpuFlags = GpuFlags::new();
 
 /// Guards the wake-up: launches blocked on [`WOKEN`] are woken when a wait ends.
 static LOCK: Mutex<()> = Mutex::new(());
@@ -47,13 +49,8 @@ pub fn enabled() -> bool {
 
 /// GPU `ordinal`'s tenant is told to wait (`true`) or no longer.
 pub fn set(ordinal: usize, wait: bool) {
-    let bit = 1u64.checked_shl(ordinal as u32).unwrap_or(0);
     let _guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let before = match wait {
-        true => WAITING.fetch_or(bit, SeqCst),
-        false => WAITING.fetch_and(!bit, SeqCst),
-    };
-    if !wait && before & bit != 0 {
+    if WAITING.set(ordinal, wait) && !wait {
         BEGUN.store(true, SeqCst);
     }
     crate::trace::event("turn", || format!("\"gpu\": {ordinal}, \"wait\": {wait}"));
@@ -64,12 +61,12 @@ pub fn set(ordinal: usize, wait: bool) {
 /// this launch is the first since a wait ended, whether it waited or the program launched
 /// nothing meanwhile (it then takes the turn's pause). Two atomic reads when not waiting.
 pub fn wait_for_turn(name: &str) -> bool {
-    if WAITING.load(SeqCst) == 0 {
+    if !WAITING.any() {
         return BEGUN.load(SeqCst) && BEGUN.swap(false, SeqCst);
     }
     let started = Instant::now();
     let mut guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    while WAITING.load(SeqCst) != 0 {
+    while WAITING.any() {
         guard = WOKEN.wait(guard).unwrap_or_else(|poisoned| poisoned.into_inner());
     }
     drop(guard);
