@@ -244,8 +244,9 @@ pub fn share_cells(share: &ShareStatus, tenants: &[TenantStatus], pool: &PoolSta
 }
 
 /// A tenant row's last cell: `LATE`, `IDLE`, `RAMP`, `WAIT`, `HOLD` (its launches held for
-/// its turn: a program under `tiermem run`) as they apply, and the memory it
-/// holds ready beyond its use (`+512.00 MiB ready`: host memory pinned ahead for evictions).
+/// its turn: a program under `tiermem run`), `TURN 12s` (what is left of its turn while
+/// another waits) as they apply, and the memory it holds ready beyond its use
+/// (`+512.00 MiB ready`: host memory pinned ahead for evictions).
 fn marks(share: &ShareStatus, tenant: Option<&TenantStatus>) -> String {
     let flags = [
         (tenant.is_some_and(|t| t.late), "LATE"),
@@ -255,6 +256,9 @@ fn marks(share: &ShareStatus, tenant: Option<&TenantStatus>) -> String {
         (tenant.is_some_and(|t| t.held), "HOLD"),
     ];
     let mut out: Vec<String> = flags.iter().filter(|(on, _)| *on).map(|(_, mark)| (*mark).to_owned()).collect();
+    if let Some(left) = tenant.and_then(|t| t.turn_left_ms) {
+        out.push(format!("TURN {}s", left.div_ceil(1000)));
+    }
     if share.reserved > 0 {
         out.push(format!("+{} ready", format_size(share.reserved as usize)));
     }
@@ -311,6 +315,9 @@ mod tests {
         // A program waiting for its turn, its launches held.
         let held = TenantStatus { waiting: true, held: true, ..a_tenant() };
         assert_eq!(marks(&share, Some(&held)), "WAIT HOLD +512.00 MiB ready");
+        // The one whose turn it is, while another waits: what is left of it, rounded up.
+        let in_turn = TenantStatus { turn_left_ms: Some(11_200), ..a_tenant() };
+        assert_eq!(marks(&share, Some(&in_turn)), "TURN 12s +512.00 MiB ready");
     }
 
     /// A tenant in no particular state.
@@ -331,6 +338,7 @@ mod tests {
             ramping: false,
             waiting: false,
             held: false,
+            turn_left_ms: None,
             overhead: None,
             host_pinned: 0,
             host_ready: 0,

@@ -207,6 +207,7 @@ mod tests {
             ramping: true,
             waiting: true,
             held: true,
+            turn_left_ms: None,
             overhead: Some(600 << 20),
             host_pinned: 0,
             host_ready: 0,

@@ -339,6 +339,12 @@ fn a_program_in_the_second_half_of_a_turn_that_runs_out_is_told_that_others_wait
     let mut told = BTreeMap::new();
     settle_seeing(&mut r, outbox, t0, |outbox| told.extend(others_wait(outbox)));
     assert!(told.values().all(|&w| !w), "told in the first half of a turn: {told:?}");
+    // `tiermem status` shows what is left of A's turn; B has none.
+    let left = |r: &Registry, id: TenantId, now: Instant| {
+        r.status(0, None, now).tenants.iter().find(|t| t.tenant == id).and_then(|t| t.turn_left_ms)
+    };
+    assert_eq!((left(&r, a, t0), left(&r, b, t0)), (Some(1000), None));
+    assert_eq!(left(&r, a, t0 + Duration::from_millis(300)), Some(700));
     // Half the turn run: A is to make ready (the daemon's tick says it, nothing else changing).
     let half = t0 + Duration::from_millis(500);
     let (_, outbox) = r.expire_deadlines(half);
@@ -357,10 +363,12 @@ fn a_program_in_the_second_half_of_a_turn_that_runs_out_is_told_that_others_wait
     assert_eq!((told[&a], told.get(&b)), (false, Some(&false)), "{told:?}");
     let (_, outbox) = r.expire_deadlines(t1 + Duration::from_millis(500));
     assert_eq!(others_wait(&outbox), BTreeMap::from([(b, true)]));
+    assert_eq!((left(&r, a, t1), left(&r, b, t1 + Duration::from_millis(600))), (None, Some(400)));
 
-    // B alone: nobody waits for it any more.
+    // B alone: nobody waits for it any more, and its turn does not run out.
     let outbox = r.disconnect(a, t1 + Duration::from_millis(500));
     assert_eq!(others_wait(&outbox).get(&b), Some(&false));
+    assert_eq!(left(&r, b, t1 + Duration::from_millis(600)), None);
 
     // Turns that never run out (turn_ms = 0): nothing to make ready for.
     let endless = "hbm_sharing = \"working-sets\"\nturn_ms = 0\n[[gpu]]\nindex = 0\nhbm = \"600MiB\"\n";

@@ -378,6 +378,10 @@ pub struct TenantStatus {
     /// `tiermem run`), while it waits or while the tenant whose turn ended makes room for it.
     #[serde(default)]
     pub held: bool,
+    /// In a turn of its whole working set that runs out while another tenant waits: the
+    /// milliseconds left of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_left_ms: Option<u64>,
     /// What its process holds of its GPU beyond its chunks, by the driver's count (see
     /// [`DriverAccounts`]); `None` without a census.
     #[serde(default)]

@@ -72,6 +72,7 @@ impl Registry {
                 ramping: t.ramping,
                 waiting: t.waiting,
                 held: t.held,
+                turn_left_ms: self.turn_left(t, now).map(|left| left.as_millis() as u64),
                 overhead: self.ledgers.get(&t.gpu.index).and_then(|l| l.overhead(t.who.pid)),
                 host_pinned: t.tiers.get(&Tier::Host).map_or(0, |s| s.usage.used.saturating_add(s.usage.reserved)),
                 host_ready: t.tiers.get(&Tier::Host).map_or(0, |s| s.usage.reserved),

@@ -185,14 +185,8 @@ impl Registry {
         };
         // In the second half of a turn that runs out, with another waiting for the GPU.
         let half_turn = Duration::from_millis(self.config.turn_ms) / 2;
-        let others_wait = |id: TenantId, t: &Tenant| {
-            in_turns
-                && t.waits
-                && self.config.turn_ms > 0
-                && self.turn_ran(t, now).is_some_and(|ran| ran >= half_turn)
-                && others(t.gpu.index, id, &|o| o.waiting)
-        };
-        self.tenants.iter().map(|(&id, t)| (id, Words { held: held(id, t), others_wait: others_wait(id, t) })).collect()
+        let others_wait = |t: &Tenant| t.waits && self.turn_left(t, now).is_some_and(|left| left <= half_turn);
+        self.tenants.iter().map(|(&id, t)| (id, Words { held: held(id, t), others_wait: others_wait(t) })).collect()
     }
 
     /// In a turn with its whole working set that has not run out (`turn_ms`, less the time it
@@ -200,6 +194,16 @@ impl Registry {
     pub(super) fn is_sticky(&self, tenant: &Tenant, now: Instant) -> bool {
         let turn = Duration::from_millis(self.config.turn_ms);
         self.turn_ran(tenant, now).is_some_and(|ran| self.config.turn_ms == 0 || ran < turn)
+    }
+
+    /// Of a turn that runs out while another tenant of its GPU waits, the time left (none:
+    /// no such turn).
+    pub(super) fn turn_left(&self, tenant: &Tenant, now: Instant) -> Option<Duration> {
+        let in_turns = self.config.hbm_sharing == Sharing::WorkingSets && self.config.turn_ms > 0;
+        let contended = self.tenants.values().any(|t| t.gpu.index == tenant.gpu.index && t.waiting);
+        let turn = Duration::from_millis(self.config.turn_ms);
+        let ran = self.turn_ran(tenant, now).filter(|_| in_turns && contended)?;
+        Some(turn.saturating_sub(ran))
     }
 
     /// How long the tenant's turn has run, less the time it was held while room was made for
