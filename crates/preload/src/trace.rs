@@ -1,6 +1,8 @@
 //! `TIERMEM_TRACE=FILE`: a timeline of what transparent mode did, one JSON object a line, for
 //! finding where a step's time goes (docs/transparent.md). Each line has `t_ms` (since the
 //! trace opened) and `event`:
+//! - `opened`, first: the process (`pid`) and the wall-clock time it opened (`unix_s`), so
+//!   that the traces of programs sharing a GPU can be laid side by side;
 //! - `sync`: the program synchronized (`call`); `pause`: tiermem paused before launch `call`
 //!   because the program had not synchronized for a while (migrate.rs);
 //! - `plan`: a cycle planned (cycle.rs): the budget in bytes, which chunks were in HBM and their
@@ -16,7 +18,10 @@
 //! - `diverged`: the cycle being followed stopped matching its recording at `launch` (of
 //!   `recorded`), or ended at another count (cycle.rs);
 //! - `budget`: the node daemon granted GPU `gpu` a budget of `bytes` (lease.rs); `shed`: tiermem's
-//!   own pause sent `down` chunks to the host to meet it, in `ms` (migrate.rs).
+//!   own pause sent `down` chunks to the host to meet it, in `ms` (migrate.rs);
+//! - `turn`: the daemon told GPU `gpu`'s program to `wait` for its turn, or no longer, and
+//!   `turn_waited`: a launch (`call`) waited `ms` for it (turns.rs); `others_wait`: told that
+//!   another program waits for its turn's end, or no longer (spares.rs).
 //!
 //! Off unless asked for; writing a line takes a lock and a write, so it is meant for
 //! diagnosis, not for production runs. A trace that cannot be opened is said once, on stderr.
@@ -39,7 +44,18 @@ fn trace() -> Option<&'static Trace> {
         .get_or_init(|| {
             let path = std::env::var_os("TIERMEM_TRACE").filter(|p| !p.is_empty())?;
             match File::create(&path) {
-                Ok(file) => Some(Trace { started: Instant::now(), out: Mutex::new(LineWriter::new(file)) }),
+                Ok(file) => {
+                    let mut out = LineWriter::new(file);
+                    let unix_s = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0.0, |since| since.as_secs_f64());
+                    let pid = std::process::id();
+                    let opened = format!(
+                        "{{\"t_ms\": 0.000, \"event\": \"opened\", \"pid\": {pid}, \"unix_s\": {unix_s:.3}}}\n"
+                    );
+                    let _ = out.write_all(opened.as_bytes());
+                    Some(Trace { started: Instant::now(), out: Mutex::new(out) })
+                }
                 Err(e) => {
                     log("TIERMEM_TRACE", &format!("cannot create {}: {e}", path.to_string_lossy()), "no trace");
                     None

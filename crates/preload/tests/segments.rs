@@ -157,6 +157,9 @@ fn trace_of(test: &str, segments: &str) -> Vec<serde_json::Value> {
 #[test]
 fn the_trace_shows_each_boundarys_moves_and_the_launches_that_read_the_host() {
     let events = trace_of("trace-on", "on");
+    let opened = &events[0];
+    assert_eq!(opened["event"], "opened", "{opened}");
+    assert!(opened["pid"].as_u64() > Some(0) && opened["unix_s"].as_f64() > Some(1.7e9), "{opened}");
     let named = |name: &'static str| events.iter().filter(move |e| e["event"] == name);
     assert!(named("sync").count() >= 10, "a sync a cycle: {events:?}");
     let moves: Vec<_> = named("moves").collect();

@@ -8,7 +8,8 @@
 #                waiting for its turn held (its launches wait: the daemon's turns.rs);
 #   working-sets-nohold  the same with TIERMEM_WAIT_FOR_TURNS=off: the waiting program runs on
 #                what it keeps, reading the rest in place (as before the hold).
-# PROGRAMS names the programs (default "a b"; "a b c" for three). Each program's run is capped
+# PROGRAMS names the programs (default "a b"; "a b c" for three); TRACE=1 writes each program's
+# TIERMEM_TRACE to MODE/NAME.trace.jsonl.xz (its first line's unix_s lines them up). Each program's run is capped
 # at CAP_S (SIGTERM: the training loop writes the steps it made). Writes OUT/plain.json (the
 # reference losses), OUT/MODE/NAME.json and .log, daemon.log, status.jsonl, and OUT/summary.json.
 # Usage: turns_transparent.sh TIERMEM_BIN OUT
@@ -23,8 +24,9 @@ INPUTS=$(mktemp -d)
 trap 'rm -rf "$INPUTS"' EXIT
 export TIERMEM_SOCKET="$INPUTS/tiermemd.sock" TIERMEM_PEERS=off
 train() {  # train NAME DIR: one program under tiermem run, its start and end times in DIR/NAME.times
-  local t0 rc; t0=$(date +%s.%N)
-  timeout -k 20 "$CAP_S" "$BIN" run --label "$1" --hbm-limit "$HBM_POOL" --stats -- \
+  local t0 rc trace=(); t0=$(date +%s.%N)
+  [ -n "${TRACE:-}" ] && trace=(env "TIERMEM_TRACE=$2/$1.trace.jsonl")
+  timeout -k 20 "$CAP_S" "${trace[@]}" "$BIN" run --label "$1" --hbm-limit "$HBM_POOL" --stats -- \
     python3 "$HERE/bench/transparent_train.py" --steps "$STEPS" --out "$2/$1.json" 2> "$2/$1.log"
   rc=$?
   echo "$t0 $(date +%s.%N) $rc" > "$2/$1.times"
@@ -63,6 +65,7 @@ for mode in $MODES; do
   kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; kill $poll 2>/dev/null
   for name in $PROGRAMS; do grep -h "waited for turns\|leased from" "$dir/$name.log" | cut -c1-250; done
   xz -9 "$dir/status.jsonl"
+  for trace in "$dir"/*.trace.jsonl; do [ -e "$trace" ] && xz -9 "$trace"; done
 done
 
 python3 - "$OUT" "$PROGRAMS" $MODES <<'PY'
