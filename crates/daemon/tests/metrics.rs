@@ -1,5 +1,6 @@
 //! Prometheus metrics: `GET /metrics` shows pools, budgets, tenants' use and transfers, and
-//! how long cuts took to be met; other paths are 404.
+//! how long cuts took to be met, every metric the Grafana dashboard queries among them; other
+//! paths are 404.
 
 mod support;
 use std::io::{Read, Write};
@@ -73,6 +74,25 @@ fn metrics_show_budgets_use_transfers_and_reclaims() {
         "tiermem_reclaimed_bytes_total 33554432",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    // Every metric the Grafana dashboard (deploy/) queries is one the daemon registers (those
+    // of lenders and of the driver's census appear once there are some).
+    let dashboard = include_str!("../../../deploy/grafana-dashboard.json");
+    let registered = include_str!("../src/metrics.rs");
+    let queried: Vec<&str> = dashboard
+        .match_indices("tiermem_")
+        .map(|(at, _)| {
+            let name = &dashboard[at + "tiermem_".len()..];
+            &name[..name.find(|c: char| !(c.is_ascii_lowercase() || c == '_')).unwrap_or(name.len())]
+        })
+        .collect();
+    assert!(queried.len() >= 15 && queried.contains(&"tenant_state"), "{queried:?}");
+    for name in queried {
+        let family = ["_total", "_bucket"].iter().fold(name, |n, suffix| n.strip_suffix(suffix).unwrap_or(n));
+        assert!(
+            registered.contains(&format!("\"{family}\"")),
+            "the dashboard queries tiermem_{name}, which the daemon does not register"
+        );
     }
     assert!(get(address, "/").starts_with("HTTP/1.1 404"));
 }
