@@ -11,11 +11,12 @@
 //!
 //! The hold is at kernel launches and graph replays (launch.rs): the thread that launches
 //! blocks before the launch until the wait ends, and the first launch after it (waited or not:
-//! a program may launch nothing while it is held) takes a pause (migrate.rs) before it runs. While it waited its chunks went to the host (its budget cut to its keep); its
-//! turn's budget is used from a quiesce point on, and released mid-step without one, the rest
-//! of the step's kernels would read them all in place: on the H200 such a step took 10–24 s
-//! against 0.23 (forty-second session). Copies, memsets, allocations and
-//! synchronizations go on (a waiting program can still stage its next batch). The hold is the
+//! a program may launch nothing while it is held) takes a pause (migrate.rs) before it runs.
+//! While it waited its chunks went to the host (its budget cut to its keep); its turn's budget
+//! is used from a quiesce point on, and released mid-step without one, the rest of the step's
+//! kernels would read them all in place: on the H200 such a step took 10–24 s against 0.23
+//! (forty-second session). Copies, memsets, allocations and synchronizations go on (a waiting
+//! program can still stage its next batch). The hold is the
 //! process's: a program with tenants on several GPUs waits while any of them is told to.
 //! Work already in flight finishes; the pause that then meets the smaller budget (lease.rs)
 //! finds no new work. A link that loses its daemon ends the wait (crate `tiermem-tenant`), so
