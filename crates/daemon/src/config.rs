@@ -51,11 +51,12 @@ pub struct Config {
     #[serde(default = "default_ramp_ms")]
     pub ramp_ms: u64,
     /// How a GPU's HBM is shared among working tenants whose working sets do not all fit:
-    /// `fair` (weighted fair share, the default) or `working-sets` (as many whole working sets
-    /// as fit, in turns; registry/turns.rs).
+    /// `auto` (the default: in turns while every tenant of the GPU is a program that can wait
+    /// for its turn, each of another job; fair share otherwise), `fair` (weighted fair share)
+    /// or `working-sets` (as many whole working sets as fit, in turns; registry/turns.rs).
     #[serde(default)]
     pub hbm_sharing: Sharing,
-    /// With `working-sets`: how long a tenant's turn with its whole working set lasts while
+    /// In turns: how long a tenant's turn with its whole working set lasts while
     /// others wait for theirs (ms). 30 s by default: each hand-over sends one working set down
     /// and the next up (~2–3 s for 12–16 GiB on the H200), and two programs larger than a
     /// 12 GiB share finished in 0.97× their serial time in 30 s turns, 1.23× in 10 s turns
@@ -91,8 +92,16 @@ pub struct Config {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Sharing {
-    /// Weighted max-min fair share (`tiermem_policy::share`): every busy tenant gets its part.
+    /// `working-sets` on a GPU while every tenant of it registered `waits` (a program under
+    /// `tiermem run`, which is held while it waits) and no two of them belong to one job
+    /// (protocol: `register`'s `job`; processes of one job may wait on each other); `fair`
+    /// otherwise. Programs held in turns finish together in about the time they take one after
+    /// the other, where under fair share each reads what it lacks in place and the driver's
+    /// remapping crawls for the other (≥ 4.5× slower on the H200: BENCHMARKS.md, forty-second
+    /// session); engines, which cannot be held, keep fair share.
     #[default]
+    Auto,
+    /// Weighted max-min fair share (`tiermem_policy::share`): every busy tenant gets its part.
     Fair,
     /// Whole working sets first, in turns (`tiermem_policy::admission`): for batch jobs, whose
     /// throughput matters more than each one's share at every instant.

@@ -44,8 +44,8 @@
 //! bytes would cut the borrower for nothing). An idle tenant lends whatever it demands.
 //!
 //! # Working sets in turns
-//! With `hbm_sharing = "working-sets"` (opt-in) whole working sets are admitted first, in
-//! turns: turns.rs.
+//! In turns (`hbm_sharing = "working-sets"`, or by default among programs that can wait:
+//! `auto`) whole working sets are admitted first: turns.rs.
 //!
 //! What tenants report is believed only as far as it cannot hurt the others: a floor (acquired
 //! memory) counts only up to what the tenant was allowed to hold, and a late tenant is never
@@ -53,8 +53,8 @@
 //! to (reclaim is cooperative), but it cannot take more than its budget either.
 
 use crate::census::{Census, Ledger, MARGIN};
-use crate::config::{Config, Identity, Sharing, TenantRule};
-use std::collections::BTreeMap;
+use crate::config::{Config, Identity, TenantRule};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use tiermem_policy::share::{fair_shares, spread_spare, stage_grants, Claim};
 use tiermem_protocol::{DaemonMessage, GpuId, Tier, TierBudget, TierBytes, TierUsage, TransferCounters};
@@ -140,6 +140,8 @@ struct Tenant {
     waits: bool,
     held: bool,
     others_wait: bool,
+    /// The `tiermem run` its process runs under, if any (`register`'s `job`).
+    job: Option<u32>,
     /// Of its turn so far, the time it was held while room was made for it (not counted).
     room_held: Duration,
 }
@@ -155,6 +157,8 @@ pub struct Joining<'a> {
     pub held: &'a [TierBytes],
     /// It can wait for its turn ([`tiermem_protocol::ClientMessage::Register`]'s `waits`).
     pub waits: bool,
+    /// The `tiermem run` its process runs under (`Register`'s `job`).
+    pub job: Option<u32>,
 }
 
 /// Which pool: a tier, and the GPU for HBM.
@@ -180,6 +184,10 @@ pub struct Registry {
     turns: Vec<(TenantId, bool)>,
     /// Tenants gone idle (true) or working again (false) since [`Registry::take_idles`].
     idles: Vec<(TenantId, bool)>,
+    /// GPUs whose tenants share HBM in turns, and under `hbm_sharing = "auto"` those that went
+    /// into turns (true) or out of them (false) since [`Registry::take_sharing_changes`].
+    gpus_in_turns: BTreeSet<u32>,
+    sharing_changes: Vec<(u32, bool)>,
 }
 
 /// Messages to deliver, each to one tenant.
@@ -198,6 +206,8 @@ impl Registry {
             ledgers,
             turns: Vec::new(),
             idles: Vec::new(),
+            gpus_in_turns: BTreeSet::new(),
+            sharing_changes: Vec::new(),
         }
     }
 
@@ -219,7 +229,7 @@ impl Registry {
     /// restart); returns its id, the name of the rule it matched, and the budgets that change
     /// (its first among them).
     pub fn register(&mut self, who: Identity, joining: Joining<'_>, now: Instant) -> (TenantId, String, Outbox) {
-        let Joining { gpu, chunk_bytes, wants, held, waits } = joining;
+        let Joining { gpu, chunk_bytes, wants, held, waits, job } = joining;
         let id = self.next_id;
         self.next_id += 1;
         let rule = self.config.rule_for(&who).clone();
@@ -258,6 +268,7 @@ impl Registry {
             waits,
             held: false,
             others_wait: false,
+            job,
             room_held: Duration::ZERO,
         };
         self.tenants.insert(id, tenant);
@@ -303,6 +314,12 @@ impl Registry {
     /// the log.
     pub fn take_turns(&mut self) -> Vec<(TenantId, bool)> {
         std::mem::take(&mut self.turns)
+    }
+
+    /// Under `hbm_sharing = "auto"`, GPUs gone into turns (true) or out of them (false) since
+    /// the last call, for the log.
+    pub fn take_sharing_changes(&mut self) -> Vec<(u32, bool)> {
+        std::mem::take(&mut self.sharing_changes)
     }
 
     /// Tenants gone idle (true) or working again (false) since the last call, for the log.
@@ -448,8 +465,13 @@ impl Registry {
                 .zip(&charges)
                 .map(|(id, &charge)| charged(self.claim(&self.tenants[id], pool.tier, unit), charge))
                 .collect();
-            if pool.tier == Tier::Hbm && self.config.hbm_sharing == Sharing::WorkingSets {
-                claims = self.admit_working_sets(capacity / unit, &ids, &claims, &charges, unit, now);
+            match (pool.tier, pool.gpu) {
+                (Tier::Hbm, Some(gpu)) if self.in_turns(gpu) => {
+                    self.note_sharing(gpu, true);
+                    claims = self.admit_working_sets(capacity / unit, &ids, &claims, &charges, unit, now);
+                }
+                (Tier::Hbm, Some(gpu)) => self.out_of_turns(gpu, &ids),
+                _ => {}
             }
             let shares = fair_shares(capacity / unit, &claims);
             // A tenant's own part (what it lends or borrows against) is by its configured

@@ -86,6 +86,16 @@ impl Hub {
                 false => format!("tenant {id}: waits for its turn with a little of its working set"),
             });
         }
+        for (gpu, in_turns) in self.registry.take_sharing_changes() {
+            log(&match in_turns {
+                true => format!(
+                    "GPU {gpu}: working sets in turns (hbm_sharing auto: every tenant can wait, each of its own job)"
+                ),
+                false => {
+                    format!("GPU {gpu}: fair share (hbm_sharing auto: a tenant that cannot wait, or two of one job)")
+                }
+            });
+        }
         for (id, idle) in self.registry.take_idles() {
             log(&match idle {
                 true => format!(
@@ -390,7 +400,7 @@ fn handle(
         ClientMessage::Hello { .. } => {
             mailbox.post(DaemonMessage::Welcome { version: PROTOCOL_VERSION, daemon: DAEMON_NAME.into() });
         }
-        ClientMessage::Register { pid, label, gpu, chunk_bytes, wants, held, lent_slab_bytes, waits } => {
+        ClientMessage::Register { pid, label, gpu, chunk_bytes, wants, held, lent_slab_bytes, waits, job } => {
             if !chunk_bytes.is_power_of_two() || !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_bytes) {
                 return Err(refused(format!(
                     "register: a chunk of {chunk_bytes} bytes (a power of two from 4 KiB to 1 GiB)"
@@ -406,7 +416,7 @@ fn handle(
             }
             who.label = label;
             let mut hub = lock(hub);
-            let joining = Joining { gpu: gpu.clone(), chunk_bytes, wants: &wants, held: &held, waits };
+            let joining = Joining { gpu: gpu.clone(), chunk_bytes, wants: &wants, held: &held, waits, job };
             let (id, name, outbox) = hub.registry.register(who.clone(), joining, now);
             role.tenant = Some(id);
             hub.outboxes.insert(id, mailbox.clone());

@@ -54,6 +54,7 @@ fn bad_clients_are_refused_and_the_daemon_survives() {
         held: vec![],
         lent_slab_bytes: None,
         waits: false,
+        job: None,
     };
     write_message(&mut s, &odd).unwrap();
     assert_eq!(expect_error_and_close(&mut r), ErrorKind::Refused);

@@ -208,7 +208,12 @@ fn held(r: &Registry, now: Instant) -> Vec<TenantId> {
 
 /// A program under `tiermem run` (it can wait) working over `mib` MiB.
 fn program(r: &mut Registry, uid: u32, mib: u64, now: Instant) -> (TenantId, Outbox) {
-    let joining = Joining { gpu: gpu(), chunk_bytes: CHUNK, wants: &[], held: &[], waits: true };
+    program_of_job(r, uid, mib, None, now)
+}
+
+/// [`program`], of the `tiermem run` whose pid is `job`.
+fn program_of_job(r: &mut Registry, uid: u32, mib: u64, job: Option<u32>, now: Instant) -> (TenantId, Outbox) {
+    let joining = Joining { gpu: gpu(), chunk_bytes: CHUNK, wants: &[], held: &[], waits: true, job };
     let (id, _, mut outbox) = r.register(who(uid, None), joining, now);
     acquiring(r, id, 1, now);
     outbox.extend(r.usage(id, demand(mib * MIB), now));
@@ -289,13 +294,66 @@ fn a_program_that_can_wait_is_held_while_it_waits_and_until_the_memory_of_its_tu
 #[test]
 fn under_fair_share_no_program_is_ever_held() {
     let t0 = Instant::now();
-    let mut r = Registry::new(Config::parse("[[gpu]]\nindex = 0\nhbm = \"600MiB\"\n", "test").unwrap(), t0, 0);
+    let text = "hbm_sharing = \"fair\"\n[[gpu]]\nindex = 0\nhbm = \"600MiB\"\n";
+    let mut r = Registry::new(Config::parse(text, "test").unwrap(), t0, 0);
     let (_, mut outbox) = program(&mut r, 1, 360, t0);
     let (_, sent) = program(&mut r, 2, 360, t0);
     outbox.extend(sent);
     assert!(waits(&outbox).values().all(|&w| !w));
     settle(&mut r, outbox, t0);
     assert!(held(&r, t0).is_empty());
+}
+
+/// The default, `hbm_sharing = "auto"`, on 600 MiB.
+fn auto() -> Registry {
+    Registry::new(Config::parse("[[gpu]]\nindex = 0\nhbm = \"600MiB\"\n", "test").unwrap(), Instant::now(), 0)
+}
+
+#[test]
+fn by_default_programs_of_different_jobs_take_turns_and_fair_share_returns_with_an_engine() {
+    let mut r = auto();
+    let t0 = Instant::now();
+    let (a, mut outbox) = program_of_job(&mut r, 1, 360, Some(100), t0);
+    let (b, sent) = program_of_job(&mut r, 2, 360, Some(200), t0);
+    outbox.extend(sent);
+    let settled = settle(&mut r, outbox, t0);
+    assert_eq!((settled[&a], settled[&b]), (560 * MIB, 40 * MIB), "A has its turn, B keeps room for two acquires");
+    assert_eq!((waiting(&r, t0), held(&r, t0)), (vec![b], vec![b]), "B waits for its turn, held");
+    assert_eq!(r.take_sharing_changes(), vec![(0, true)]);
+
+    // An engine comes, which cannot be held: the GPU is shared fairly, B runs again.
+    let (engine, outbox) = working(&mut r, 3, None, 250, t0);
+    assert_eq!(waits(&outbox).get(&b), Some(&false), "B was not let go: {:?}", waits(&outbox));
+    let settled = settle(&mut r, outbox, t0);
+    assert_eq!((settled[&a], settled[&b], settled[&engine]), (200 * MIB, 200 * MIB, 200 * MIB));
+    assert!(waiting(&r, t0).is_empty() && held(&r, t0).is_empty());
+    assert_eq!(r.take_sharing_changes(), vec![(0, false)]);
+
+    // It leaves: turns again.
+    let outbox = r.disconnect(engine, t0);
+    settle(&mut r, outbox, t0);
+    assert_eq!(held(&r, t0).len(), 1, "neither program waits for its turn");
+    assert_eq!(r.take_sharing_changes(), vec![(0, true)]);
+}
+
+#[test]
+fn by_default_processes_of_one_job_share_fairly() {
+    let mut r = auto();
+    let t0 = Instant::now();
+    let (a, mut outbox) = program_of_job(&mut r, 1, 360, Some(100), t0);
+    let (b, sent) = program_of_job(&mut r, 1, 360, Some(100), t0);
+    outbox.extend(sent);
+    assert!(waits(&outbox).values().all(|&w| !w));
+    let settled = settle(&mut r, outbox, t0);
+    assert_eq!((settled[&a], settled[&b]), (300 * MIB, 300 * MIB));
+    assert!(held(&r, t0).is_empty());
+    // Programs run without `tiermem run` (no job) are each a job of their own.
+    let mut r = auto();
+    let (_, mut outbox) = program(&mut r, 1, 360, t0);
+    let (_, sent) = program(&mut r, 2, 360, t0);
+    outbox.extend(sent);
+    settle(&mut r, outbox, t0);
+    assert_eq!(held(&r, t0).len(), 1);
 }
 
 #[test]

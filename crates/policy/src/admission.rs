@@ -1,4 +1,5 @@
-//! Working sets admitted whole: the node daemon's `hbm_sharing = "working-sets"` (opt-in).
+//! Working sets admitted whole: the node daemon's turns (`hbm_sharing = "working-sets"`, and
+//! by default among programs under `tiermem run`).
 //!
 //! # Why
 //! Fair share ([`crate::share`]) gives every busy tenant `weight × L` of a GPU. When the

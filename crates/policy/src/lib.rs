@@ -37,8 +37,8 @@
 //! [`split_between_paths`] how a page-in from host memory divides between PCIe links,
 //! [`Stride`] what a walk through a buffer will want next, [`LinkBudget`] how much traffic a busy
 //! lender takes, and [`share`] divides a tier among tenants (the node daemon's weighted fair
-//! share, GPrioSwap §4), or [`admission`] admits whole working sets first (its opt-in
-//! `working-sets` sharing).
+//! share, GPrioSwap §4), or [`admission`] admits whole working sets first (its turns:
+//! `working-sets` sharing, and by default among programs under `tiermem run`).
 
 use std::fmt;
 use std::str::FromStr;

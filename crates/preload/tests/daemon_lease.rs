@@ -361,6 +361,37 @@ fn a_program_makes_spares_ahead_while_another_waits_for_its_turn_and_not_before(
 }
 
 #[test]
+fn by_default_programs_of_two_jobs_take_turns_and_two_of_one_job_share_fairly() {
+    // `hbm_sharing = "auto"` (the default): two programs of 48 MiB do not fit 64 together.
+    // Of one `tiermem run` (the same TIERMEM_RUN_PID, which its children inherit) they may wait
+    // on each other, so they share fairly; of two, one waits for its turn, held.
+    for (jobs, in_turns) in [(["7", "7"], false), (["7", "8"], true)] {
+        let name = if in_turns { "auto-two-jobs" } else { "auto-one-job" };
+        let (daemon, dir) = daemon(name);
+        let socket = dir.join("d.sock");
+        let (a, a_child, a_links) = start_probe(&format!("lease-{name}-a"), &socket, &[("TIERMEM_RUN_PID", jobs[0])]);
+        let (b, b_child, b_links) = start_probe(&format!("lease-{name}-b"), &socket, &[("TIERMEM_RUN_PID", jobs[1])]);
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let report = tiermem_tenant::query_status(&socket).expect("the daemon's status");
+            let held = report.tenants.iter().filter(|t| t.held).count();
+            let budgets: Vec<u64> = report.pools.iter().flat_map(|p| &p.shares).map(|s| s.budget).collect();
+            let fair = budgets == [32 * MIB, 32 * MIB];
+            if (in_turns && held == 1) || (!in_turns && fair) {
+                assert!(in_turns || held == 0, "a program of the job held: {held}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "jobs {jobs:?}: {held} held, budgets {budgets:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        finish(b, b_child, b_links);
+        finish(a, a_child, a_links);
+        drop(daemon);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
 fn a_smaller_budget_that_cannot_be_met_is_not_acknowledged_and_says_why() {
     let (daemon, dir) = daemon("unmet");
     let socket = dir.join("d.sock");
@@ -462,8 +493,9 @@ fn the_daemon_shares_out_neighbours_hbm_and_a_cut_is_given_back_to_the_host() {
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("d.sock");
     // 16 MiB of GPU 0's HBM and 24 MiB of neighbours' HBM shared out; each program's GPU 1
-    // offers 64 MiB.
-    let config = "idle_after_ms = 0\n[tiers]\npeer = \"24MiB\"\n[[gpu]]\nindex = 0\nhbm = \"16MiB\"";
+    // offers 64 MiB. Fair share: two programs would otherwise take turns.
+    let config =
+        "hbm_sharing = \"fair\"\nidle_after_ms = 0\n[tiers]\npeer = \"24MiB\"\n[[gpu]]\nindex = 0\nhbm = \"16MiB\"";
     let daemon = tiermem_daemon::spawn(&socket, tiermem_daemon::Config::parse(config, "test").unwrap()).unwrap();
     let env = [
         ("TIERMEM_FAKE_GPUS", "2"),

@@ -116,6 +116,11 @@ pub enum ClientMessage {
         /// whose kernel launches tiermem holds). An engine cannot: it never sets this.
         #[serde(default)]
         waits: bool,
+        /// The `tiermem run` the tenant's process runs under (the pid it hands its programs in
+        /// `TIERMEM_RUN_PID`), if any: processes of one job may wait on each other, so the
+        /// daemon's automatic turns (`hbm_sharing = "auto"`) never set them against each other.
+        #[serde(default)]
+        job: Option<u32>,
     },
     /// Makes this connection a lender (`tiermem lend`): a process holding a GPU's spare HBM
     /// that it exports, slab by slab, to tenants on other GPUs.
@@ -204,7 +209,7 @@ pub enum DaemonMessage {
         seq: u64,
         tiers: Vec<TierBudget>,
         deadline_ms: u64,
-        /// To a tenant that registered `waits`, under `hbm_sharing = "working-sets"`: start no
+        /// To a tenant that registered `waits`, while its GPU's tenants take turns: start no
         /// GPU work until a budget without it (another tenant's whole working set has the GPU,
         /// or is still making room for this one's). Sent only when true.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -371,7 +376,7 @@ pub struct TenantStatus {
     #[serde(default)]
     pub ramping: bool,
     /// Working but not admitted with its whole working set while another tenant is (the
-    /// daemon's `hbm_sharing = "working-sets"`): it keeps a little and waits for its turn.
+    /// daemon's turns): it keeps a little and waits for its turn.
     #[serde(default)]
     pub waiting: bool,
     /// Told to start no GPU work meanwhile (a tenant that registered `waits`: a program under

@@ -36,10 +36,11 @@ fn client_message() -> impl Strategy<Value = ClientMessage> {
             amounts(),
             amounts(),
             prop::option::of(any::<u64>()),
-            any::<bool>()
+            any::<bool>(),
+            prop::option::of(any::<u32>())
         )
-            .prop_map(|(pid, label, gpu, chunk_bytes, wants, held, lent_slab_bytes, waits)| {
-                ClientMessage::Register { pid, label, gpu, chunk_bytes, wants, held, lent_slab_bytes, waits }
+            .prop_map(|(pid, label, gpu, chunk_bytes, wants, held, lent_slab_bytes, waits, job)| {
+                ClientMessage::Register { pid, label, gpu, chunk_bytes, wants, held, lent_slab_bytes, waits, job }
             }),
         (any::<u32>(), gpu, any::<u64>()).prop_map(|(pid, gpu, offer_bytes)| ClientMessage::Lend {
             pid,
@@ -212,6 +213,7 @@ fn the_session_enforces_hello_then_register_then_usage() {
         held: vec![],
         lent_slab_bytes: None,
         waits: false,
+        job: None,
     };
     let mut s = ServerSession::new();
     assert!(matches!(s.accept(&usage), Err(ProtocolError::OutOfOrder { expected: "hello", got: "usage" })));

@@ -71,6 +71,12 @@ pub(crate) fn run(tenant: Weak<dyn Tenant>, shared: Arc<Shared>, options: Option
     }
 }
 
+/// The `tiermem run` this process runs under: the pid it names in `TIERMEM_RUN_PID`, which its
+/// programs' children inherit (protocol: `register`'s `job`).
+fn job_of_process() -> Option<u32> {
+    std::env::var("TIERMEM_RUN_PID").ok()?.parse().ok()
+}
+
 /// One connection's life: `Ok` when the link should end (stopped, tenant gone).
 fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Result<(), LinkError> {
     let mut connection = Connection::open(&options.socket, concat!("tiermem ", env!("CARGO_PKG_VERSION")))?;
@@ -86,6 +92,7 @@ fn session(weak: &Weak<dyn Tenant>, shared: &Shared, options: &Options) -> Resul
         held,
         lent_slab_bytes,
         waits,
+        job: job_of_process(),
     };
     connection.send(&register)?;
     let DaemonMessage::Registered { tenant, .. } = connection.wait()? else {

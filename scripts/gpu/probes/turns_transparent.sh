@@ -8,6 +8,8 @@
 #                waiting for its turn held (its launches wait: the daemon's turns.rs);
 #   working-sets-nohold  the same with TIERMEM_WAIT_FOR_TURNS=off: the waiting program runs on
 #                what it keeps, reading the rest in place (as before the hold).
+#   auto         the daemon's default sharing (hbm_sharing left out): programs under tiermem
+#                run, each of its own job, take turns as with working-sets.
 # PROGRAMS names the programs (default "a b"; "a b c" for three); TRACE=1 writes each program's
 # TIERMEM_TRACE to MODE/NAME.trace.jsonl.xz (its first line's unix_s lines them up). Each program's run is capped
 # at CAP_S (SIGTERM: the training loop writes the steps it made). Writes OUT/plain.json (the
@@ -36,9 +38,10 @@ echo "== plain (no tiermem), the reference losses"
 TIERMEM_DAEMON=off python3 "$HERE/bench/transparent_train.py" --steps "$STEPS" --out "$OUT/plain.json"
 for mode in $MODES; do
   dir="$OUT/$mode"; mkdir -p "$dir"
-  sharing=fair; [ "${mode#working-sets}" != "$mode" ] && sharing=working-sets
+  sharing='hbm_sharing = "fair"'; [ "${mode#working-sets}" != "$mode" ] && sharing='hbm_sharing = "working-sets"'
+  [ "$mode" = auto ] && sharing="# hbm_sharing: the default (auto)"
   if [ "$mode" = working-sets-nohold ]; then export TIERMEM_WAIT_FOR_TURNS=off; else unset TIERMEM_WAIT_FOR_TURNS; fi
-  printf 'idle_after_ms = 0\nhbm_sharing = "%s"\nturn_ms = %s\n[[gpu]]\nindex = 0\nhbm = "%s"\n' \
+  printf 'idle_after_ms = 0\n%s\nturn_ms = %s\n[[gpu]]\nindex = 0\nhbm = "%s"\n' \
     "$sharing" "$TURN_MS" "$HBM_POOL" > "$INPUTS/tiermemd.toml"
   rm -f "$TIERMEM_SOCKET"
   "$BIN" daemon --config "$INPUTS/tiermemd.toml" --socket "$TIERMEM_SOCKET" 2> "$dir/daemon.log" &

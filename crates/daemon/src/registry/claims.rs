@@ -4,7 +4,6 @@
 
 use super::{PoolKey, Registry, Tenant, TenantId};
 use crate::census::MARGIN;
-use crate::config::Sharing;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tiermem_policy::share::Claim;
@@ -71,7 +70,7 @@ impl Registry {
         // up, rather than give it to a hog and wait for it back chunk by chunk as it allocates
         // (a tenant that never allocates goes idle and lends it, see "Idle tenants").
         // A working tenant ramping up keeps its part too (see "Tenants ramping up").
-        let in_turns = self.config.hbm_sharing == Sharing::WorkingSets;
+        let in_turns = self.in_turns(tenant.gpu.index);
         let ramping = tier == Tier::Hbm && tenant.ramping && !tenant.idle && !in_turns;
         let reported = tenant.reported && (tier != Tier::Hbm || slot.usage.demand > 0) && !ramping;
         let demand = match reported {

@@ -1,4 +1,5 @@
-//! Working sets in turns (`hbm_sharing = "working-sets"`, opt-in), the registry's part.
+//! Working sets in turns (`hbm_sharing = "working-sets"`; by default, `auto`, on a GPU whose
+//! tenants can all wait, each of a job of its own: `in_turns`), the registry's part.
 //!
 //! When the working sets of a GPU's working tenants do not all fit, fair share has every one of
 //! them page the part it lacks through the same link, so all run at the link's pace. With
@@ -53,6 +54,7 @@
 
 use super::{Registry, Tenant, TenantId};
 use crate::config::Sharing;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use tiermem_policy::admission::{admit, admit_beyond, with_admitted};
 use tiermem_policy::share::Claim;
@@ -70,6 +72,44 @@ pub(super) struct Words {
 }
 
 impl Registry {
+    /// Whether GPU `gpu`'s tenants share its HBM in turns (`hbm_sharing`): always with
+    /// `working-sets`, never with `fair`; with `auto` while every tenant of the GPU can wait for
+    /// its turn and no two of them belong to one job — the same `tiermem run` (its pid) in the
+    /// same cgroup — since processes of one job may wait on each other ("In turns by default").
+    pub(super) fn in_turns(&self, gpu: u32) -> bool {
+        match self.config.hbm_sharing {
+            Sharing::Fair => false,
+            Sharing::WorkingSets => true,
+            Sharing::Auto => {
+                let mut jobs = BTreeSet::new();
+                let mut of_gpu = self.tenants.values().filter(|t| t.gpu.index == gpu);
+                of_gpu.all(|t| t.waits && t.job.is_none_or(|job| jobs.insert((t.who.cgroup.as_deref(), job))))
+            }
+        }
+    }
+
+    /// `ids`, a GPU's tenants, share its HBM fairly (`in_turns` no longer holds: a tenant that
+    /// cannot wait came): no turn, no one waiting. Said once in the daemon's log.
+    pub(super) fn out_of_turns(&mut self, gpu: u32, ids: &[TenantId]) {
+        for id in ids {
+            let tenant = self.tenants.get_mut(id).expect("a tenant");
+            (tenant.turn_since, tenant.waiting, tenant.sticky) = (None, false, false);
+        }
+        self.note_sharing(gpu, false);
+    }
+
+    /// Records whether `gpu` is in turns, for the log when that changes under `auto`.
+    pub(super) fn note_sharing(&mut self, gpu: u32, in_turns: bool) {
+        let was = self.gpus_in_turns.contains(&gpu);
+        if self.config.hbm_sharing == Sharing::Auto && was != in_turns {
+            self.sharing_changes.push((gpu, in_turns));
+        }
+        match in_turns {
+            true => self.gpus_in_turns.insert(gpu),
+            false => self.gpus_in_turns.remove(&gpu),
+        };
+    }
+
     /// Working sets in turns: admits whole working sets among `ids` (a GPU's tenants, with
     /// their `claims` in units and overhead `charges`), records who is in a turn, and returns
     /// the claims that fair share then divides the GPU by (module documentation).
@@ -168,7 +208,6 @@ impl Registry {
     /// Every tenant, and what its budget is to say (module documentation, "Holding the
     /// waiting" and "Handing over").
     pub(super) fn words(&self, now: Instant) -> Vec<(TenantId, Words)> {
-        let in_turns = self.config.hbm_sharing == Sharing::WorkingSets;
         // Memory that does not come back (a tenant that cannot give it) holds a turn up no
         // longer than this.
         let room_wait = Duration::from_millis(ROOM_WAIT_DEADLINES * self.config.deadline_ms);
@@ -181,7 +220,7 @@ impl Registry {
             let begun = t.turn_since.is_some_and(|since| now.saturating_duration_since(since) < room_wait);
             let lacking = hbm.budget < hbm.target.min(hbm.usage.demand);
             let making_room = begun && lacking && others(t.gpu.index, id, &shedding);
-            in_turns && t.waits && (t.waiting || making_room)
+            self.in_turns(t.gpu.index) && t.waits && (t.waiting || making_room)
         };
         // In the second half of a turn that runs out, with another waiting for the GPU.
         let half_turn = Duration::from_millis(self.config.turn_ms) / 2;
@@ -199,7 +238,7 @@ impl Registry {
     /// Of a turn that runs out while another tenant of its GPU waits, the time left (none:
     /// no such turn).
     pub(super) fn turn_left(&self, tenant: &Tenant, now: Instant) -> Option<Duration> {
-        let in_turns = self.config.hbm_sharing == Sharing::WorkingSets && self.config.turn_ms > 0;
+        let in_turns = self.in_turns(tenant.gpu.index) && self.config.turn_ms > 0;
         let contended = self.tenants.values().any(|t| t.gpu.index == tenant.gpu.index && t.waiting);
         let turn = Duration::from_millis(self.config.turn_ms);
         let ran = self.turn_ran(tenant, now).filter(|_| in_turns && contended)?;

@@ -49,5 +49,5 @@ pub fn register(r: &mut Registry, uid: u32, label: Option<&str>, now: Instant) -
 
 /// A tenant of `gpu` with chunks of `CHUNK`, wanting `wants` and holding `held`, that cannot wait.
 pub fn joining<'a>(gpu: GpuId, wants: &'a [TierBytes], held: &'a [TierBytes]) -> Joining<'a> {
-    Joining { gpu, chunk_bytes: CHUNK, wants, held, waits: false }
+    Joining { gpu, chunk_bytes: CHUNK, wants, held, waits: false, job: None }
 }

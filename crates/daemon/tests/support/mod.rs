@@ -80,6 +80,7 @@ pub fn register(stream: &mut UnixStream, reader: &mut FrameReader<UnixStream>) -
         held: vec![],
         lent_slab_bytes: None,
         waits: false,
+        job: None,
     };
     write_message(stream, &register).unwrap();
     let DaemonMessage::Registered { tenant, .. } = reader.wait(deadline()).unwrap() else { panic!("registered") };
