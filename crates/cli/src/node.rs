@@ -192,6 +192,7 @@ fn lender_line(lender: &tiermem_protocol::LenderStatus) -> String {
 /// A pool's heading: where it is, what is used and budgeted of it, and the bar.
 pub fn pool_heading(pool: &PoolStatus) -> String {
     let place = match pool.gpu {
+        Some(gpu) if pool.in_turns => format!("GPU {gpu} {} (in turns)", pool.tier.name()),
         Some(gpu) => format!("GPU {gpu} {}", pool.tier.name()),
         None => format!("node {}", pool.tier.name()),
     };

@@ -234,6 +234,7 @@ mod tests {
                 overhead: 600 << 20,
                 note: None,
             }),
+            in_turns: true,
         };
         let report = StatusReport {
             daemon: "tiermemd test".into(),
@@ -262,7 +263,7 @@ mod tests {
         let expected = [
             "tiermemd test",
             "1 not shown to you",
-            "GPU 0 hbm",
+            "GPU 0 hbm (in turns)",
             "training",
             "4242",
             "16.00 MiB",

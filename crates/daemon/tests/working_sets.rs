@@ -320,6 +320,7 @@ fn by_default_programs_of_different_jobs_take_turns_and_fair_share_returns_with_
     assert_eq!((settled[&a], settled[&b]), (560 * MIB, 40 * MIB), "A has its turn, B keeps room for two acquires");
     assert_eq!((waiting(&r, t0), held(&r, t0)), (vec![b], vec![b]), "B waits for its turn, held");
     assert_eq!(r.take_sharing_changes(), vec![(0, true)]);
+    assert!(r.status(0, None, t0).pools[0].in_turns, "status does not say the GPU is in turns");
 
     // An engine comes, which cannot be held: the GPU is shared fairly, B runs again.
     let (engine, outbox) = working(&mut r, 3, None, 250, t0);
@@ -328,6 +329,7 @@ fn by_default_programs_of_different_jobs_take_turns_and_fair_share_returns_with_
     assert_eq!((settled[&a], settled[&b], settled[&engine]), (200 * MIB, 200 * MIB, 200 * MIB));
     assert!(waiting(&r, t0).is_empty() && held(&r, t0).is_empty());
     assert_eq!(r.take_sharing_changes(), vec![(0, false)]);
+    assert!(!r.status(0, None, t0).pools[0].in_turns);
 
     // It leaves: turns again.
     let outbox = r.disconnect(engine, t0);
