@@ -12,9 +12,12 @@ use tiermem_daemon::config::Config;
 use tiermem_daemon::registry::{Joining, Outbox, Registry, TenantId};
 use tiermem_protocol::{DaemonMessage, TransferCounters};
 
+/// Turns of 1 s on 600 MiB, an urgent label; tenants set up at once (`ramp_ms = 0`) unless
+/// `extra` says otherwise.
 fn config(extra: &str) -> Config {
+    let ramp = if extra.contains("ramp_ms") { "" } else { "ramp_ms = 0" };
     let text = format!(
-        "hbm_sharing = \"working-sets\"\nturn_ms = 1000\n{extra}\n[[gpu]]\nindex = 0\nhbm = \"600MiB\"\n\
+        "hbm_sharing = \"working-sets\"\nturn_ms = 1000\n{ramp}\n{extra}\n[[gpu]]\nindex = 0\nhbm = \"600MiB\"\n\
          [[tenant]]\nname = \"urgent\"\nlabel = \"urgent\"\npriority = 5\n"
     );
     Config::parse(&text, "test").unwrap()
@@ -440,4 +443,61 @@ fn a_program_in_the_second_half_of_a_turn_that_runs_out_is_told_that_others_wait
     let (_, outbox) = r.expire_deadlines(t0 + Duration::from_secs(3600));
     told.extend(others_wait(&outbox));
     assert!(told.values().all(|&w| !w), "{told:?}");
+}
+
+#[test]
+fn a_newcomer_waits_while_the_first_sets_up_and_runs_beside_it_once_it_has() {
+    // Admitted beside a program still growing, on memory it does not use yet, a newcomer would
+    // be cut as the first grows, and the first held while it gave that memory back.
+    let t0 = Instant::now();
+    let mut r = Registry::new(config("ramp_ms = 3000"), t0, 0);
+    let (a, outbox) = program(&mut r, 1, 100, t0);
+    settle(&mut r, outbox, t0);
+    let t1 = t0 + Duration::from_millis(100);
+    let (b, outbox) = program(&mut r, 2, 100, t1);
+    settle(&mut r, outbox, t1);
+    assert_eq!((waiting(&r, t1), held(&r, t1)), (vec![b], vec![b]), "B ran beside A setting up");
+    // A grows to 360 MiB (which would still fit beside B's 100), then holds still.
+    let t2 = t0 + Duration::from_millis(500);
+    acquiring(&mut r, a, 2, t2);
+    let outbox = r.usage(a, demand(360 * MIB), t2);
+    settle(&mut r, outbox, t2);
+    assert_eq!(waiting(&r, t2), vec![b]);
+    // `ramp_ms` after its last growth A has set up: at its next report B runs beside it.
+    let t3 = t2 + Duration::from_millis(3000);
+    acquiring(&mut r, a, 3, t3);
+    let outbox = r.usage(a, demand(360 * MIB), t3);
+    let budgets = settle(&mut r, outbox, t3);
+    assert!(waiting(&r, t3).is_empty() && held(&r, t3).is_empty(), "B still waits: {budgets:?}");
+    assert!(budgets[&b] >= 100 * MIB, "{budgets:?}");
+}
+
+#[test]
+fn a_program_that_grows_past_the_gpu_in_its_turn_keeps_it_unless_the_other_cannot_wait() {
+    // Both fit, then A grows past the GPU within its turn. A later program that happens to fit
+    // does not take the turn over: A runs beyond its fit, B waits, held. An engine, which
+    // cannot wait, runs whole instead, and A waits.
+    for b_is_a_program in [true, false] {
+        let t0 = Instant::now();
+        let mut r = Registry::new(config(""), t0, 0);
+        let (a, mut outbox) = program(&mut r, 1, 400, t0);
+        let (b, sent) = match b_is_a_program {
+            true => program(&mut r, 2, 100, t0),
+            false => working(&mut r, 2, None, 100, t0),
+        };
+        outbox.extend(sent);
+        settle(&mut r, outbox, t0);
+        assert!(waiting(&r, t0).is_empty(), "both fit");
+        let t1 = t0 + Duration::from_millis(200);
+        acquiring(&mut r, a, 2, t1);
+        let outbox = r.usage(a, demand(700 * MIB), t1);
+        let budgets = settle(&mut r, outbox, t1);
+        match b_is_a_program {
+            true => {
+                assert_eq!((waiting(&r, t1), held(&r, t1)), (vec![b], vec![b]), "B took A's turn over");
+                assert_eq!(budgets[&a], 560 * MIB, "A has all but B's keep");
+            }
+            false => assert_eq!(waiting(&r, t1), vec![a], "the engine was kept waiting"),
+        }
+    }
 }

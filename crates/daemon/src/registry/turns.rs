@@ -40,6 +40,19 @@
 //! program allocates as it goes), grows into it without another cut — each of which would hold
 //! it again while it is met (on the H200 a hand-over took ~12 s that way).
 //!
+//! # Where the line stops
+//! Admission goes down the order, but not past a tenant that is ramping up (its demand still
+//! growing: registry.rs, "Tenants ramping up"): admitted beside it on what it does not use
+//! yet, the others would be cut as it grows, and it held meanwhile while they give that memory
+//! back. On the H200 every run of two programs began so: the newcomer, admitted on the first
+//! one's unused memory, ran its first step into it and was cut, the first held ~3 s while it
+//! sent 5.5 GiB down; with each larger than the GPU's share, the first, grown past the share,
+//! lost its turn to the newcomer (whose demand was still small), sent 11 GiB down and waited
+//! 30 s (forty-fourth session). Nor past a tenant whose turn is under way but that no longer
+//! fits (it grew), when all the others can wait: it keeps its turn, beyond its fit
+//! (`admit_beyond`), rather than see a later one that happens to fit take it over. When some
+//! cannot wait (engines), the one that fits runs.
+//!
 //! # Handing over
 //! A turn that runs out ends in a cut to the tenant's keep, met by sending its working set
 //! down. A program that fit until then has no host memory to send it into, and the driver
@@ -160,8 +173,17 @@ impl Registry {
             (std::cmp::Reverse(t.rule.priority), turn.is_none(), turn, served(t), ids[i])
         });
         let mut admitted = admit(capacity, claims, &keep, &order);
-        // None fits, and all but the first can wait: the first runs beyond its fit, in turns.
+        // The line stops ("Where the line stops") at a tenant ramping up, or at one whose turn
+        // is under way but no longer fits while all the others can wait: none after it is
+        // admitted.
         let can_wait: Vec<bool> = tenants.iter().map(|t| t.waits).collect();
+        let others_wait = |i: usize| order.iter().all(|&j| j == i || can_wait[j]);
+        let stops =
+            |i: usize| tenants[i].ramping || (self.is_sticky(tenants[i], now) && !admitted[i] && others_wait(i));
+        if let Some(at) = order.iter().position(|&i| stops(i)) {
+            order[at + 1..].iter().for_each(|&j| admitted[j] = false);
+        }
+        // None fits, and all but the first can wait: the first runs beyond its fit, in turns.
         let mut claims = claims.to_vec();
         if let Some((i, demand)) = admit_beyond(capacity, &claims, &keep, &order, &can_wait, &admitted) {
             (claims[i].demand, admitted[i]) = (demand, true);
