@@ -501,3 +501,49 @@ fn a_program_that_grows_past_the_gpu_in_its_turn_keeps_it_unless_the_other_canno
         }
     }
 }
+
+/// Tenant `id`'s HBM budget as `status` shows it.
+fn budget_of(r: &Registry, id: TenantId, now: Instant) -> u64 {
+    let shares = r.status(0, None, now).pools.into_iter().flat_map(|p| p.shares);
+    shares.filter(|s| s.tenant == id).map(|s| s.budget).next().expect("a share")
+}
+
+#[test]
+fn a_program_yet_to_work_takes_nothing_from_one_setting_up_and_is_admitted_when_it_fits() {
+    let t0 = Instant::now();
+    let mut r = Registry::new(config(""), t0, 0);
+    let (a, outbox) = program(&mut r, 1, 100, t0);
+    settle(&mut r, outbox, t0);
+    // B registers: until it reports a demand, what A does not use yet stays A's (A is still
+    // allocating; spread to B, A's budget would trail its allocations).
+    let joining = Joining { gpu: gpu(), chunk_bytes: CHUNK, wants: &[], held: &[], waits: true, job: None };
+    let (b, _, outbox) = r.register(who(2, None), joining, t0);
+    settle(&mut r, outbox, t0);
+    assert_eq!((budget_of(&r, a, t0), budget_of(&r, b, t0)), (600 * MIB, 0));
+    // B works, and fits beside A: admitted at its first report.
+    acquiring(&mut r, b, 1, t0);
+    let outbox = r.usage(b, demand(100 * MIB), t0);
+    settle(&mut r, outbox, t0);
+    assert!(budget_of(&r, b, t0) >= 100 * MIB && waiting(&r, t0).is_empty());
+}
+
+#[test]
+fn a_newcomer_held_while_room_is_made_beside_the_incumbent_does_not_take_its_turn() {
+    let t0 = Instant::now();
+    let mut r = Registry::new(config("ramp_ms = 3000"), t0, 0);
+    let (a, outbox) = program(&mut r, 1, 500, t0);
+    settle(&mut r, outbox, t0);
+    let t1 = t0 + Duration::from_secs(5);
+    acquiring(&mut r, a, 2, t1);
+    let outbox = r.usage(a, demand(500 * MIB), t1);
+    settle(&mut r, outbox, t1);
+    // B fits beside A, but A holds all 600 MiB until it meets its cut: B is held meanwhile.
+    let (b, _) = program(&mut r, 2, 100, t1);
+    assert_eq!(held(&r, t1), vec![b]);
+    // A's next report, its cut not met yet: A keeps its turn (B, still ramping up, does not
+    // go first for a turn that began while A's restarted, uncontended, at every report).
+    let t2 = t1 + Duration::from_millis(100);
+    acquiring(&mut r, a, 3, t2);
+    r.usage(a, demand(500 * MIB), t2);
+    assert!(waiting(&r, t2).is_empty(), "A lost its turn to B");
+}
