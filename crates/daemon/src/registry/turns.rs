@@ -51,7 +51,9 @@
 //! 30 s (forty-fourth session). Nor past a tenant whose turn is under way but that no longer
 //! fits (it grew), when all the others can wait: it keeps its turn, beyond its fit
 //! (`admit_beyond`), rather than see a later one that happens to fit take it over. When some
-//! cannot wait (engines), the one that fits runs.
+//! cannot wait (engines), the one that fits runs. And a program that can wait but has not
+//! begun to work takes none of the spare while another is admitted (the admitted one's budget
+//! would trail its allocations, those beyond it made on the host and brought up later).
 //!
 //! # Handing over
 //! A turn that runs out ends in a cut to the tenant's keep, met by sending its working set
