@@ -14,7 +14,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use std::time::Instant;
-use tiermem_protocol::LenderStatus;
+use tiermem_protocol::{LenderStatus, Tier};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -102,8 +102,16 @@ impl Metrics {
             "gpu_tenant_overhead_bytes",
             "A GPU's memory held by tenant processes beyond their chunks (contexts, libraries)",
         );
+        let in_turns = gauges(
+            &mut out,
+            "gpu_in_turns",
+            "1 while a GPU's tenants take turns with their whole working sets (hbm_sharing), 0 while they share it fairly",
+        );
         for pool in &status.pools {
             let gpu = pool.gpu.map_or_else(|| "node".to_owned(), |g| g.to_string());
+            if pool.tier == Tier::Hbm && pool.gpu.is_some() {
+                set(&in_turns, vec![("gpu", gpu.clone())], u64::from(pool.in_turns));
+            }
             let place = vec![("tier", pool.tier.name().to_owned()), ("gpu", gpu)];
             set(&capacity, place.clone(), pool.capacity);
             set(&budgeted, place.clone(), pool.budgeted);

@@ -70,6 +70,8 @@ fn metrics_show_budgets_use_transfers_and_reclaims() {
         r#"tiermem_tenant_state{tenant="1",name="default",state="late"} 0"#,
         r#"tiermem_tenant_state{tenant="1",name="default",state="idle"} 0"#,
         r#"tiermem_tenant_state{tenant="1",name="default",state="held"} 0"#,
+        // Engines (not programs that can wait): fair share, not turns.
+        r#"tiermem_gpu_in_turns{gpu="0"} 0"#,
         "tiermem_reclaim_seconds_count 1",
         "tiermem_reclaimed_bytes_total 33554432",
     ] {
