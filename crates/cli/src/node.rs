@@ -331,6 +331,7 @@ mod tests {
             cgroup: None,
             label: None,
             gpu: 0,
+            job: None,
             weight: 1,
             priority: 0,
             connected_ms: 0,

@@ -199,6 +199,7 @@ mod tests {
             cgroup: None,
             label: None,
             gpu: 0,
+            job: None,
             weight: 2,
             priority: 0,
             connected_ms: 10,

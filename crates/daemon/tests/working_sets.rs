@@ -349,6 +349,7 @@ fn by_default_processes_of_one_job_share_fairly() {
     let (b, sent) = program_of_job(&mut r, 1, 360, Some(100), t0);
     outbox.extend(sent);
     assert!(waits(&outbox).values().all(|&w| !w));
+    assert!(r.status(0, None, t0).tenants.iter().all(|t| t.job == Some(100)), "status shows the job");
     let settled = settle(&mut r, outbox, t0);
     assert_eq!((settled[&a], settled[&b]), (300 * MIB, 300 * MIB));
     assert!(held(&r, t0).is_empty());

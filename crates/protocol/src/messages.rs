@@ -366,6 +366,9 @@ pub struct TenantStatus {
     pub cgroup: Option<String>,
     pub label: Option<String>,
     pub gpu: u32,
+    /// The `tiermem run` its process runs under (`register`'s `job`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<u32>,
     pub weight: u32,
     pub priority: i32,
     pub connected_ms: u64,

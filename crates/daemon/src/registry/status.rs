@@ -65,6 +65,7 @@ impl Registry {
                 cgroup: t.who.cgroup.clone(),
                 label: t.who.label.clone(),
                 gpu: t.gpu.index,
+                job: t.job,
                 weight: t.rule.weight,
                 priority: t.rule.priority,
                 connected_ms: ms(t.connected),
