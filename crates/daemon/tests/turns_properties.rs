@@ -1,8 +1,9 @@
 //! The registry under the default sharing (`hbm_sharing = "auto"`), driven by random sequences
-//! of programs and engines coming, reporting, meeting their cuts and leaving while time passes:
-//! whatever the sequence, the GPU is in turns exactly while every tenant of it is a program of
-//! a job of its own, only then is anyone waiting or held (and only programs are held), budgets
-//! never add up to more than the GPU, and while anyone waits someone has the GPU.
+//! of programs and engines coming to two GPUs, reporting, meeting their cuts and leaving while
+//! time passes: whatever the sequence, a GPU is in turns exactly while every tenant of it is a
+//! program of a job of its own with no tenant on the other GPU, only then is anyone of it
+//! waiting or held (and only programs are held), its budgets never add up to more than it
+//! has, and while anyone of it waits someone of it has the GPU.
 
 mod registry_support;
 
@@ -12,16 +13,16 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tiermem_daemon::config::Config;
 use tiermem_daemon::registry::{Joining, Outbox, Registry, TenantId};
-use tiermem_protocol::TransferCounters;
-
-const CAPACITY: u64 = 600 * MIB;
+use tiermem_protocol::{GpuId, Tier, TransferCounters};
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// A program under `tiermem run` of job `job` (none: run without it), or an engine.
+    /// A program under `tiermem run` of job `job` (none: run without it), or an engine, on GPU
+    /// `gpu`, working over `mib`.
     Come {
         program: bool,
         job: Option<u32>,
+        gpu: u32,
         mib: u64,
     },
     /// The `which`-th tenant still here (modulo their count) reports a demand.
@@ -42,9 +43,10 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (any::<bool>(), prop::option::of(0u32..3), 20u64..700).prop_map(|(program, job, mib)| Op::Come {
+        (any::<bool>(), prop::option::of(0u32..3), 0u32..2, 20u64..700).prop_map(|(program, job, gpu, mib)| Op::Come {
             program,
             job,
+            gpu,
             mib
         }),
         (any::<usize>(), 20u64..700).prop_map(|(which, mib)| Op::Report { which, mib }),
@@ -54,37 +56,44 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A tenant still here: whether it is a program, and its job.
+/// A tenant still here: whether it is a program, its job (its own process when none), its GPU.
 struct Here {
     id: TenantId,
     program: bool,
-    job: Option<u32>,
+    job: Result<u32, TenantId>,
+    gpu: u32,
     acquires: u64,
 }
 
-/// Whether the GPU should be in turns: every tenant a program, no two of one job.
-fn expect_turns(here: &[Here]) -> bool {
-    let mut jobs: Vec<u32> = here.iter().filter_map(|h| h.job).collect();
-    let count = jobs.len();
-    jobs.sort_unstable();
-    jobs.dedup();
-    here.iter().all(|h| h.program) && jobs.len() == count
+/// Whether `gpu` should be in turns: every tenant of it a program, each of a job of its own
+/// with no tenant on the other GPU.
+fn expect_turns(here: &[Here], gpu: u32) -> bool {
+    let of_job = |job| here.iter().filter(|h| h.job == job).count();
+    here.iter().filter(|h| h.gpu == gpu).all(|h| h.program && of_job(h.job) == 1)
 }
 
 fn check(r: &Registry, here: &[Here], now: Instant) -> Result<(), TestCaseError> {
     let status = r.status(0, None, now);
-    let Some(pool) = status.pools.iter().find(|p| p.gpu == Some(0)) else { return Ok(()) };
-    prop_assert!(pool.budgeted <= CAPACITY, "budgets add up to {} MiB", pool.budgeted / MIB);
-    prop_assert_eq!(pool.in_turns, expect_turns(here), "in turns, with {} tenants", here.len());
     let program = |id: TenantId| here.iter().find(|h| h.id == id).is_some_and(|h| h.program);
-    for t in &status.tenants {
-        prop_assert!(!t.held || (program(t.tenant) && pool.in_turns), "tenant {} held", t.tenant);
-        prop_assert!(!t.waiting || pool.in_turns, "tenant {} waits under fair share", t.tenant);
-    }
-    if status.tenants.iter().any(|t| t.waiting) {
-        prop_assert!(status.tenants.iter().any(|t| !t.waiting), "all wait, none has the GPU");
+    for pool in status.pools.iter().filter(|p| p.tier == Tier::Hbm) {
+        let gpu = pool.gpu.expect("a GPU's HBM");
+        prop_assert!(pool.budgeted <= pool.capacity, "GPU {gpu}: budgets add up to {} MiB", pool.budgeted / MIB);
+        prop_assert_eq!(pool.in_turns, expect_turns(here, gpu), "GPU {} in turns", gpu);
+        let of_gpu: Vec<_> = status.tenants.iter().filter(|t| t.gpu == gpu).collect();
+        for t in &of_gpu {
+            prop_assert!(!t.held || (program(t.tenant) && pool.in_turns), "tenant {} held", t.tenant);
+            prop_assert!(!t.waiting || pool.in_turns, "tenant {} waits under fair share", t.tenant);
+        }
+        if of_gpu.iter().any(|t| t.waiting) {
+            prop_assert!(of_gpu.iter().any(|t| !t.waiting), "GPU {gpu}: all wait, none has it");
+        }
     }
     Ok(())
+}
+
+/// `id` has made `acquires` acquires of 20 MiB so far (it is working, not idle).
+fn acquiring(r: &mut Registry, id: TenantId, acquires: u64, now: Instant) {
+    r.record_transfers(id, TransferCounters { acquires, largest_acquire_bytes: 20 * MIB, ..Default::default() }, now);
 }
 
 proptest! {
@@ -98,21 +107,22 @@ proptest! {
         let mut uid = 0;
         for op in ops {
             match op {
-                Op::Come { program, job, mib } => {
+                Op::Come { program, job, gpu: index, mib } => {
                     uid += 1;
-                    let joining = Joining { gpu: gpu(), chunk_bytes: CHUNK, wants: &[], held: &[], waits: program, job };
+                    let job = job.filter(|_| program);
+                    let gpu = GpuId { index, ..gpu() };
+                    let joining = Joining { gpu, chunk_bytes: CHUNK, wants: &[], held: &[], waits: program, job };
                     let (id, _, outbox) = r.register(who(uid, None), joining, now);
                     pending.extend(outbox);
-                    here.push(Here { id, program, job: job.filter(|_| program), acquires: 1 });
-                    r.record_transfers(id, TransferCounters { acquires: 1, largest_acquire_bytes: 20 * MIB, ..Default::default() }, now);
+                    here.push(Here { id, program, job: job.ok_or(id), gpu: index, acquires: 1 });
+                    acquiring(&mut r, id, 1, now);
                     pending.extend(r.usage(id, demand(mib * MIB), now));
                 }
                 Op::Report { which, mib } if !here.is_empty() => {
                     let n = here.len();
                     let h = &mut here[which % n];
                     h.acquires += 1;
-                    let counters = TransferCounters { acquires: h.acquires, largest_acquire_bytes: 20 * MIB, ..Default::default() };
-                    r.record_transfers(h.id, counters, now);
+                    acquiring(&mut r, h.id, h.acquires, now);
                     pending.extend(r.usage(h.id, demand(mib * MIB), now));
                 }
                 Op::MeetCuts => {

@@ -548,3 +548,32 @@ fn a_newcomer_held_while_room_is_made_beside_the_incumbent_does_not_take_its_tur
     r.usage(a, demand(500 * MIB), t2);
     assert!(waiting(&r, t2).is_empty(), "A lost its turn to B");
 }
+
+#[test]
+fn by_default_a_job_with_tenants_on_two_gpus_shares_each_fairly() {
+    // Its processes wait on each other across GPUs (NCCL), and one GPU's turns need not line up
+    // with another's: held here while it has the turn there, a job would stall.
+    let mut r = auto();
+    let t0 = Instant::now();
+    let mut outbox = Vec::new();
+    let mut tenant = |r: &mut Registry, uid: u32, index: u32, job: u32| {
+        let gpu = tiermem_protocol::GpuId { index, ..gpu() };
+        let joining = Joining { gpu, chunk_bytes: CHUNK, wants: &[], held: &[], waits: true, job: Some(job) };
+        let (id, _, sent) = r.register(who(uid, None), joining, t0);
+        outbox.extend(sent);
+        acquiring(r, id, 1, t0);
+        outbox.extend(r.usage(id, demand(360 * MIB), t0));
+        id
+    };
+    tenant(&mut r, 1, 0, 100);
+    tenant(&mut r, 2, 0, 200);
+    let other_gpu = tenant(&mut r, 3, 1, 200);
+    settle(&mut r, outbox, t0);
+    let in_turns = |r: &Registry| r.status(0, None, t0).pools.iter().filter(|p| p.in_turns).count();
+    assert_eq!(in_turns(&r), 0, "a GPU of a job spanning two is in turns");
+    assert!(held(&r, t0).is_empty());
+    // Job 200 leaves GPU 1: GPU 0's two programs, each of a job of its own, take turns.
+    let outbox = r.disconnect(other_gpu, t0);
+    settle(&mut r, outbox, t0);
+    assert_eq!((in_turns(&r), held(&r, t0).len()), (1, 1));
+}

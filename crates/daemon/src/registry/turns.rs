@@ -79,6 +79,12 @@ use tiermem_protocol::Tier;
 /// daemon's `deadline_ms` (10 s by default).
 const ROOM_WAIT_DEADLINES: u64 = 5;
 
+/// The job a tenant belongs to: the `tiermem run` its process runs under (`register`'s `job`)
+/// within its cgroup, else its process alone.
+fn job_of(t: &Tenant) -> (Option<&str>, Result<u32, u32>) {
+    (t.who.cgroup.as_deref(), t.job.ok_or(t.who.pid))
+}
+
 /// What a tenant's budget says beyond its bytes (protocol: `budget`'s `wait` and `others_wait`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Words {
@@ -89,8 +95,10 @@ pub(super) struct Words {
 impl Registry {
     /// Whether GPU `gpu`'s tenants share its HBM in turns (`hbm_sharing`): always with
     /// `working-sets`, never with `fair`; with `auto` while every tenant of the GPU can wait for
-    /// its turn and no two of them belong to one job — the same `tiermem run` (its pid) in the
-    /// same cgroup — since processes of one job may wait on each other ("In turns by default").
+    /// its turn and belongs to a job of its own that has no tenant on another GPU ("In turns by
+    /// default"): processes of one job may wait on each other (NCCL ranks, a producer and its
+    /// consumer), so turns that hold one while another of its job has the GPU, here or on
+    /// another GPU whose turns need not line up with this one's, would stall them both.
     pub(super) fn in_turns(&self, gpu: u32) -> bool {
         match self.config.hbm_sharing {
             Sharing::Fair => false,
@@ -98,7 +106,10 @@ impl Registry {
             Sharing::Auto => {
                 let mut jobs = BTreeSet::new();
                 let mut of_gpu = self.tenants.values().filter(|t| t.gpu.index == gpu);
-                of_gpu.all(|t| t.waits && t.job.is_none_or(|job| jobs.insert((t.who.cgroup.as_deref(), job))))
+                of_gpu.all(|t| {
+                    let elsewhere = self.tenants.values().any(|u| u.gpu.index != gpu && job_of(u) == job_of(t));
+                    t.waits && !elsewhere && jobs.insert(job_of(t))
+                })
             }
         }
     }
