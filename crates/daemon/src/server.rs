@@ -92,7 +92,7 @@ impl Hub {
                     "GPU {gpu}: working sets in turns (hbm_sharing auto: every tenant can wait, each of its own job)"
                 ),
                 false => {
-                    format!("GPU {gpu}: fair share (hbm_sharing auto: a tenant that cannot wait, or two of one job)")
+                    format!("GPU {gpu}: fair share (hbm_sharing auto: a tenant that cannot wait, two of one job, or a job on several GPUs)")
                 }
             });
         }
