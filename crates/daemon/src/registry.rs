@@ -437,6 +437,7 @@ impl Registry {
     /// Recomputes every pool's shares and stages the budgets; returns the budget messages of
     /// the tenants whose budget or target changed.
     pub fn rebalance(&mut self, now: Instant) -> Outbox {
+        self.note_turn_taking();
         // A tenant held for its turn launches nothing: that is not idleness (turns.rs).
         for tenant in self.tenants.values_mut().filter(|t| t.held) {
             tenant.active_at = now;
@@ -467,10 +468,9 @@ impl Registry {
                 .collect();
             match (pool.tier, pool.gpu) {
                 (Tier::Hbm, Some(gpu)) if self.in_turns(gpu) => {
-                    self.note_sharing(gpu, true);
                     claims = self.admit_working_sets(capacity / unit, &ids, &claims, &charges, unit, now);
                 }
-                (Tier::Hbm, Some(gpu)) => self.out_of_turns(gpu, &ids),
+                (Tier::Hbm, Some(_)) => self.out_of_turns(&ids),
                 _ => {}
             }
             let shares = fair_shares(capacity / unit, &claims);

@@ -69,7 +69,7 @@
 
 use super::{Registry, Tenant, TenantId};
 use crate::config::Sharing;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use tiermem_policy::admission::{admit, admit_beyond, with_admitted};
 use tiermem_policy::share::Claim;
@@ -98,42 +98,50 @@ impl Registry {
     /// its turn and belongs to a job of its own that has no tenant on another GPU ("In turns by
     /// default"): processes of one job may wait on each other (NCCL ranks, a producer and its
     /// consumer), so turns that hold one while another of its job has the GPU, here or on
-    /// another GPU whose turns need not line up with this one's, would stall them both.
+    /// another GPU whose turns need not line up with this one's, would stall them both. As of
+    /// the last rebalance ([`Registry::note_turn_taking`]).
     pub(super) fn in_turns(&self, gpu: u32) -> bool {
-        match self.config.hbm_sharing {
-            Sharing::Fair => false,
-            Sharing::WorkingSets => true,
-            Sharing::Auto => {
-                let mut jobs = BTreeSet::new();
-                let mut of_gpu = self.tenants.values().filter(|t| t.gpu.index == gpu);
-                of_gpu.all(|t| {
-                    let elsewhere = self.tenants.values().any(|u| u.gpu.index != gpu && job_of(u) == job_of(t));
-                    t.waits && !elsewhere && jobs.insert(job_of(t))
-                })
-            }
-        }
+        self.gpus_in_turns.contains(&gpu)
     }
 
-    /// `ids`, a GPU's tenants, share its HBM fairly (`in_turns` no longer holds: a tenant that
-    /// cannot wait came): no turn, no one waiting. Said once in the daemon's log.
-    pub(super) fn out_of_turns(&mut self, gpu: u32, ids: &[TenantId]) {
+    /// Which GPUs' tenants take turns now, in one pass over the tenants; each change under
+    /// `auto` is kept for the daemon's log. Called at the start of every rebalance.
+    pub(super) fn note_turn_taking(&mut self) {
+        let gpus = self.tenants.values().map(|t| t.gpu.index);
+        let now: BTreeSet<u32> = match self.config.hbm_sharing {
+            Sharing::Fair => BTreeSet::new(),
+            Sharing::WorkingSets => gpus.collect(),
+            Sharing::Auto => {
+                let mut gpus_of_job: BTreeMap<_, BTreeSet<u32>> = BTreeMap::new();
+                let mut on_gpu: BTreeMap<_, usize> = BTreeMap::new();
+                for t in self.tenants.values() {
+                    gpus_of_job.entry(job_of(t)).or_default().insert(t.gpu.index);
+                    *on_gpu.entry((job_of(t), t.gpu.index)).or_default() += 1;
+                }
+                let mut in_turns: BTreeSet<u32> = gpus.collect();
+                for t in self.tenants.values() {
+                    let alone = gpus_of_job[&job_of(t)].len() == 1 && on_gpu[&(job_of(t), t.gpu.index)] == 1;
+                    if !(t.waits && alone) {
+                        in_turns.remove(&t.gpu.index);
+                    }
+                }
+                in_turns
+            }
+        };
+        if self.config.hbm_sharing == Sharing::Auto {
+            let changed = self.gpus_in_turns.symmetric_difference(&now);
+            self.sharing_changes.extend(changed.map(|&gpu| (gpu, now.contains(&gpu))));
+        }
+        self.gpus_in_turns = now;
+    }
+
+    /// `ids`, a GPU's tenants, share its HBM fairly (not in turns, or no longer: a tenant that
+    /// cannot wait came): no turn, no one waiting.
+    pub(super) fn out_of_turns(&mut self, ids: &[TenantId]) {
         for id in ids {
             let tenant = self.tenants.get_mut(id).expect("a tenant");
             (tenant.turn_since, tenant.waiting, tenant.sticky) = (None, false, false);
         }
-        self.note_sharing(gpu, false);
-    }
-
-    /// Records whether `gpu` is in turns, for the log when that changes under `auto`.
-    pub(super) fn note_sharing(&mut self, gpu: u32, in_turns: bool) {
-        let was = self.gpus_in_turns.contains(&gpu);
-        if self.config.hbm_sharing == Sharing::Auto && was != in_turns {
-            self.sharing_changes.push((gpu, in_turns));
-        }
-        match in_turns {
-            true => self.gpus_in_turns.insert(gpu),
-            false => self.gpus_in_turns.remove(&gpu),
-        };
     }
 
     /// Working sets in turns: admits whole working sets among `ids` (a GPU's tenants, with
