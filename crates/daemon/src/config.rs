@@ -95,10 +95,11 @@ pub enum Sharing {
     /// `working-sets` on a GPU while every tenant of it registered `waits` (a program under
     /// `tiermem run`, which is held while it waits) and belongs to a job of its own with no
     /// tenant on another GPU (protocol: `register`'s `job`; processes of one job may wait on
-    /// each other, across GPUs too); `fair` otherwise. Programs held in turns finish together in about the time they take one after
-    /// the other, where under fair share each reads what it lacks in place and the driver's
-    /// remapping crawls for the other (≥ 4.5× slower on the H200: BENCHMARKS.md, forty-second
-    /// session); engines, which cannot be held, keep fair share.
+    /// each other, across GPUs too); `fair` otherwise. Programs held in turns finish together
+    /// in less than the time they take one after the other, where under fair share each reads
+    /// what it lacks in place and the driver's remapping crawls for the other (≥ 4.5× slower
+    /// on the H200: BENCHMARKS.md, forty-second to forty-fourth sessions); engines, which
+    /// cannot be held, keep fair share.
     #[default]
     Auto,
     /// Weighted max-min fair share (`tiermem_policy::share`): every busy tenant gets its part.

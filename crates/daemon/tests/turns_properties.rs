@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tiermem_daemon::config::Config;
 use tiermem_daemon::registry::{Joining, Outbox, Registry, TenantId};
-use tiermem_protocol::{GpuId, Tier, TransferCounters};
+use tiermem_protocol::{GpuId, Tier};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -89,11 +89,6 @@ fn check(r: &Registry, here: &[Here], now: Instant) -> Result<(), TestCaseError>
         }
     }
     Ok(())
-}
-
-/// `id` has made `acquires` acquires of 20 MiB so far (it is working, not idle).
-fn acquiring(r: &mut Registry, id: TenantId, acquires: u64, now: Instant) {
-    r.record_transfers(id, TransferCounters { acquires, largest_acquire_bytes: 20 * MIB, ..Default::default() }, now);
 }
 
 proptest! {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tiermem_daemon::config::Config;
 use tiermem_daemon::registry::{Joining, Outbox, Registry, TenantId};
-use tiermem_protocol::{DaemonMessage, TransferCounters};
+use tiermem_protocol::DaemonMessage;
 
 /// Turns of 1 s on 600 MiB, an urgent label; tenants set up at once (`ramp_ms = 0`) unless
 /// `extra` says otherwise.
@@ -50,11 +50,6 @@ fn settle_seeing(
         }
     }
     panic!("budgets did not settle")
-}
-
-/// Tenant `id` has made `acquires` acquires of 20 MiB so far (it is working, not idle).
-fn acquiring(r: &mut Registry, id: TenantId, acquires: u64, now: Instant) {
-    r.record_transfers(id, TransferCounters { acquires, largest_acquire_bytes: 20 * MIB, ..Default::default() }, now);
 }
 
 /// A tenant working over `mib` MiB, acquiring 20 MiB at a time.

@@ -49,7 +49,7 @@ impl Registry {
                         Tier::Hbm => pool.gpu.and_then(|gpu| self.ledgers.get(&gpu)).map(Ledger::accounts),
                         _ => None,
                     },
-                    in_turns: pool.tier == Tier::Hbm && pool.gpu.is_some_and(|gpu| self.gpus_in_turns.contains(&gpu)),
+                    in_turns: pool.tier == Tier::Hbm && pool.gpu.is_some_and(|gpu| self.in_turns(gpu)),
                 }
             })
             .collect();

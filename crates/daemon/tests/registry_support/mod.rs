@@ -6,7 +6,7 @@
 use std::time::Instant;
 use tiermem_daemon::config::Identity;
 use tiermem_daemon::registry::{Joining, Outbox, Registry, TenantId};
-use tiermem_protocol::{DaemonMessage, GpuId, Tier, TierBytes, TierUsage};
+use tiermem_protocol::{DaemonMessage, GpuId, Tier, TierBytes, TierUsage, TransferCounters};
 
 pub const MIB: u64 = 1 << 20;
 pub const CHUNK: u64 = 2 * MIB;
@@ -50,4 +50,9 @@ pub fn register(r: &mut Registry, uid: u32, label: Option<&str>, now: Instant) -
 /// A tenant of `gpu` with chunks of `CHUNK`, wanting `wants` and holding `held`, that cannot wait.
 pub fn joining<'a>(gpu: GpuId, wants: &'a [TierBytes], held: &'a [TierBytes]) -> Joining<'a> {
     Joining { gpu, chunk_bytes: CHUNK, wants, held, waits: false, job: None }
+}
+
+/// `id` has made `acquires` acquires of 20 MiB so far (it is working, not idle).
+pub fn acquiring(r: &mut Registry, id: TenantId, acquires: u64, now: Instant) {
+    r.record_transfers(id, TransferCounters { acquires, largest_acquire_bytes: 20 * MIB, ..Default::default() }, now);
 }
