@@ -358,8 +358,10 @@ def test_stats_keep_the_keys_front_ends_read(pool):
     kept = pool.alloc(CHUNK, name="k")
     kept.write(b"k")
     stats = pool.stats()
-    assert set(stats) == {"policy", "chunk_size", "hbm", "peer", "host", "file", "host_pinned_bytes", "transfers", "buffers"}
+    assert set(stats) == {"policy", "chunk_size", "hbm", "peer", "host", "file", "host_pinned_bytes", "transfers",
+                          "allocated_chunks", "acquired_in_hbm", "buffers"}
     assert stats["policy"] == "lru" and stats["file"] is None and stats["peer"] is None
+    assert stats["allocated_chunks"] == 1 and stats["acquired_in_hbm"] == 0
     assert set(stats["hbm"]) == {"capacity_bytes", "used_bytes", "chunks"}
     assert set(stats["transfers"]) == {
         "page_ins", "page_outs", "zero_fills", "clean_drops", "evictions", "prefetched", "file_writes",

@@ -16,6 +16,15 @@ use crate::{BufferId, Engine, Error, Region, Result};
 const LEARNED_WINDOW_SHARE: usize = 8;
 
 impl Engine {
+    /// For tests: about one file read or write in `one_in` fails with `EIO` from now on (the
+    /// same ones for the same `seed`); `None` stops it. Nothing happens without a file tier.
+    /// Engine calls then fail with [`Error::File`] and, as for any I/O error, lose no byte.
+    pub fn inject_file_errors(&self, one_in: Option<u64>, seed: u64) {
+        if let Some(tier) = self.lock().tiers.file.as_ref() {
+            tier.store.inject_errors(one_in, seed);
+        }
+    }
+
     /// Gives the HBM of idle physical chunks back to the driver (for other users of the GPU)
     /// and returns its bytes. Stale mappings of them are unmapped first; chunks brought in
     /// later are created afresh, so the next pass maps again. Data is untouched.

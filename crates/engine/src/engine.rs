@@ -508,28 +508,33 @@ impl Engine {
         copied
     }
 
-    /// For tests: about one file read or write in `one_in` fails with `EIO` from now on (the
-    /// same ones for the same `seed`); `None` stops it. Nothing happens without a file tier.
-    /// Engine calls then fail with [`Error::File`] and, as for any I/O error, lose no byte.
-    pub fn inject_file_errors(&self, one_in: Option<u64>, seed: u64) {
-        if let Some(tier) = self.lock().tiers.file.as_ref() {
-            tier.store.inject_errors(one_in, seed);
-        }
-    }
-
     /// Statistics: tiers, transfers, per-buffer residency.
     pub fn stats(&self) -> crate::Stats {
+        self.snapshot(true)
+    }
+
+    /// The statistics without per-buffer residency (`buffers` empty): a step per buffer, not a
+    /// pass over every chunk, under the engine's lock — what the node daemon's link reads
+    /// every 50 ms.
+    pub fn summary(&self) -> crate::Stats {
+        self.snapshot(false)
+    }
+
+    fn snapshot(&self, per_buffer: bool) -> crate::Stats {
         let g = self.lock();
-        crate::Stats::collect(crate::stats::Sources {
-            state: &g.state,
-            hbm: &g.tiers.pool,
-            peer: &g.tiers.peer,
-            host: &g.tiers.host,
-            file: g.tiers.file.as_ref().map(|tier| tier.store.as_ref()),
-            policy: g.policy.kind(),
-            counters: &g.tiers.counters,
-            driver: &self.timed.times(),
-        })
+        crate::Stats::collect(
+            crate::stats::Sources {
+                state: &g.state,
+                hbm: &g.tiers.pool,
+                peer: &g.tiers.peer,
+                host: &g.tiers.host,
+                file: g.tiers.file.as_ref().map(|tier| tier.store.as_ref()),
+                policy: g.policy.kind(),
+                counters: &g.tiers.counters,
+                driver: &self.timed.times(),
+            },
+            per_buffer,
+        )
     }
 
     /// The wall time spent in each kind of memory-management driver call the engine has made

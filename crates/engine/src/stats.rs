@@ -6,7 +6,7 @@ use crate::chunk_pool::ChunkPool;
 use crate::config::format_size;
 use crate::host_tier::HostTier;
 use crate::peer_tier::PeerTier;
-use crate::state::{ChunkTable, Location};
+use crate::state::{Buffer, ChunkTable, Location};
 use crate::BufferId;
 use std::collections::BTreeMap;
 use tiermem_mechanism::file_store::FileStore;
@@ -148,6 +148,12 @@ pub struct Stats {
     pub transfers: Counters,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// Chunks of every live buffer together.
+    pub allocated_chunks: usize,
+    /// Chunks acquired while in HBM (HBM no budget cut can take): those read in place from a
+    /// neighbour's HBM take none, and are not counted.
+    pub acquired_in_hbm: usize,
+    /// Per buffer; empty in a summary (`Engine::summary`).
     pub buffers: Vec<BufferStats>,
 }
 
@@ -173,32 +179,50 @@ pub(crate) struct Sources<'a> {
     pub driver: &'a DriverTimes,
 }
 
+impl BufferStats {
+    /// Where `b`'s chunks are, in one pass over them.
+    fn of(id: BufferId, b: &Buffer) -> BufferStats {
+        let mut s = BufferStats {
+            id,
+            name: b.options.name.clone(),
+            size: b.size,
+            priority: b.options.priority,
+            read_only: b.options.read_only,
+            chunks: b.chunks().len(),
+            in_hbm: 0,
+            in_peer: 0,
+            in_place: 0,
+            in_host: 0,
+            in_file: 0,
+            empty: 0,
+            moving: 0,
+            acquired: 0,
+        };
+        for c in b.chunks() {
+            *match c.location() {
+                Location::Hbm { leaving: false, .. } => &mut s.in_hbm,
+                Location::Hbm { leaving: true, .. } => &mut s.moving,
+                Location::Peer(_) => &mut s.in_peer,
+                Location::Host(_) => &mut s.in_host,
+                Location::File(_) => &mut s.in_file,
+                Location::Empty => &mut s.empty,
+            } += 1;
+            s.in_place += usize::from(c.is_in_place());
+            s.acquired += usize::from(c.pins() > 0);
+        }
+        s
+    }
+}
+
 impl Stats {
-    pub(crate) fn collect(from: Sources<'_>) -> Stats {
+    /// A snapshot; with `per_buffer`, where each buffer's chunks are (a pass over every chunk),
+    /// otherwise `buffers` is empty and the rest costs a step per buffer.
+    pub(crate) fn collect(from: Sources<'_>, per_buffer: bool) -> Stats {
         let g = from.state.chunk_size();
-        let buffers: Vec<BufferStats> = from
-            .state
-            .buffers()
-            .map(|(id, b)| {
-                let count = |f: fn(Location) -> bool| b.chunks().iter().filter(|c| f(c.location())).count();
-                BufferStats {
-                    id,
-                    name: b.options.name.clone(),
-                    size: b.size,
-                    priority: b.options.priority,
-                    read_only: b.options.read_only,
-                    chunks: b.chunks().len(),
-                    in_hbm: count(|l| matches!(l, Location::Hbm { leaving: false, .. })),
-                    in_peer: count(|l| matches!(l, Location::Peer(_))),
-                    in_place: b.chunks().iter().filter(|c| c.is_in_place()).count(),
-                    in_host: count(|l| matches!(l, Location::Host(_))),
-                    in_file: count(|l| matches!(l, Location::File(_))),
-                    empty: count(|l| matches!(l, Location::Empty)),
-                    moving: count(|l| matches!(l, Location::Hbm { leaving: true, .. })),
-                    acquired: b.chunks().iter().filter(|c| c.pins() > 0).count(),
-                }
-            })
-            .collect();
+        let buffers: Vec<BufferStats> = match per_buffer {
+            true => from.state.buffers().map(|(id, b)| BufferStats::of(id, b)).collect(),
+            false => Vec::new(),
+        };
         let tier = |used: usize, cap: usize| TierStats { capacity_bytes: cap * g, used_bytes: used * g, chunks: used };
         let mut tiers = BTreeMap::from([
             (Tier::Hbm, tier(from.hbm.in_use(), from.hbm.cap())),
@@ -217,6 +241,8 @@ impl Stats {
             host_pinned_bytes: from.host.pinned_bytes(),
             bytes_in: from.counters.page_ins * g as u64,
             bytes_out: from.counters.page_outs * g as u64,
+            allocated_chunks: from.state.buffers().map(|(_, b)| b.chunks().len()).sum(),
+            acquired_in_hbm: from.state.pinned(),
             transfers: Counters {
                 map_ms: from.driver.map.ms + from.driver.set_access.ms,
                 unmap_ms: from.driver.unmap.ms,

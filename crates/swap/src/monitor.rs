@@ -80,7 +80,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// HBM holding the store's data.
 pub(crate) fn held(engine: &Engine) -> u64 {
-    engine.stats().tiers[Tier::Hbm].used_bytes as u64
+    engine.summary().tiers[Tier::Hbm].used_bytes as u64
 }
 
 impl Governor {

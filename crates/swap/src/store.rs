@@ -121,7 +121,7 @@ impl VramStore {
                 format_size(total as usize)
             )));
         }
-        let tiers = engine.stats();
+        let tiers = engine.summary();
         let vram = total.saturating_sub(config.limits.soft_free).max(floor);
         let (host, file) = (
             tiers.tiers[Tier::Host].capacity_bytes as u64,
@@ -191,10 +191,10 @@ impl VramStore {
         self.shared.governor.apply(&self.shared.engine)
     }
 
-    /// A snapshot for `tiermem swap status`. Takes the engine's lock once (`Engine::stats`).
+    /// A snapshot for `tiermem swap status`. Takes the engine's lock once (`Engine::summary`).
     pub fn stats(&self) -> StoreStats {
         let s = &self.shared;
-        let engine = s.engine.stats();
+        let engine = s.engine.summary();
         let control = s.governor.control();
         StoreStats {
             size: s.size,

@@ -34,7 +34,7 @@ impl<L: Leaseholder> Tenant for L {
             ],
             held: vec![TierBytes {
                 tier: Tier::Hbm,
-                bytes: engine.stats().tiers[tiermem::Tier::Hbm].used_bytes as u64,
+                bytes: engine.summary().tiers[tiermem::Tier::Hbm].used_bytes as u64,
             }],
             lent_slab_bytes: borrows_lent(engine).then(|| engine.peer_slab_bytes() as u64),
             // An engine's owner runs the GPU work, not the engine: it cannot be held.
@@ -44,7 +44,7 @@ impl<L: Leaseholder> Tenant for L {
 
     fn usage(&self) -> Usage {
         let engine = self.engine();
-        let stats = engine.stats();
+        let stats = engine.summary();
         (usage_of(&stats, engine.peer_offered() as u64, borrows_lent(engine)), transfers_of(&stats))
     }
 
@@ -82,8 +82,7 @@ fn borrows_lent(engine: &Engine) -> bool {
 /// (`accepts_lent`).
 pub(crate) fn usage_of(stats: &Stats, peer_offered: u64, accepts_lent: bool) -> [TierUsage; 4] {
     let chunk = stats.chunk_size as u64;
-    let acquired: u64 = stats.buffers.iter().map(|b| b.acquired as u64).sum::<u64>() * chunk;
-    let allocated: u64 = stats.buffers.iter().map(|b| b.chunks as u64).sum::<u64>() * chunk;
+    let (acquired, allocated) = (stats.acquired_in_hbm as u64 * chunk, stats.allocated_chunks as u64 * chunk);
     let hbm = TierUsage { used: stats.tiers[Tier::Hbm].used_bytes as u64, acquired, demand: allocated, reserved: 0 };
     let host_used = stats.tiers[Tier::Host].used_bytes as u64;
     // Pinned beyond what holds chunks: room to evict into, pinned ahead of a budget cut.

@@ -183,7 +183,7 @@ pub trait Leaseholder: Send + Sync + 'static {
     fn meet_host_budget(&self, bytes: u64) -> Result<(), String> {
         let engine = self.engine();
         engine.set_host_budget(bytes as usize).map_err(|e| e.to_string())?;
-        let stats = engine.stats();
+        let stats = engine.summary();
         let (used, cap) =
             (stats.tiers[tiermem::Tier::Host].used_bytes, stats.tiers[tiermem::Tier::Host].capacity_bytes);
         match used <= cap {

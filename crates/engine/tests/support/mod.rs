@@ -150,4 +150,21 @@ pub fn assert_hbm_accounted(engine: &Engine) {
     let stats = engine.stats();
     let held: usize = stats.buffers.iter().map(|b| b.in_hbm + b.moving).sum();
     assert_eq!(stats.tiers[Tier::Hbm].chunks, held, "HBM chunks in use but owned by no chunk: {stats}");
+    assert_summary_agrees(engine);
+}
+
+/// `Engine::summary` (what the daemon's link reads) says what the per-buffer statistics add up
+/// to. Valid while nothing moves (between engine calls of one thread).
+pub fn assert_summary_agrees(engine: &Engine) {
+    let (stats, summary) = (engine.stats(), engine.summary());
+    assert!(summary.buffers.is_empty(), "a summary has no per-buffer residency");
+    assert_eq!(summary.tiers, stats.tiers);
+    assert_eq!(summary.allocated_chunks, stats.buffers.iter().map(|b| b.chunks).sum::<usize>());
+    let acquired: usize = stats.buffers.iter().map(|b| b.acquired).sum();
+    match stats.buffers.iter().any(|b| b.in_peer > 0) {
+        // Those read in place from a neighbour's HBM are acquired, but not in HBM.
+        true => assert!(summary.acquired_in_hbm <= acquired),
+        false => assert_eq!(summary.acquired_in_hbm, acquired, "{stats}"),
+    }
+    assert_eq!((summary.allocated_chunks, summary.acquired_in_hbm), (stats.allocated_chunks, stats.acquired_in_hbm));
 }
