@@ -42,9 +42,6 @@ use tiermem_mechanism::timing::{DriverTimes, TimedDevice};
 use tiermem_mechanism::{Device, DeviceInfo, StreamHandle, StreamPriority};
 use tiermem_policy::{new_policy, EvictionPolicy, PolicyKind};
 
-/// How often the lender watch reads the lenders' free memory (lender_watch.rs).
-const LENDER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
-
 /// What `page_in` and `page_out` act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
@@ -209,7 +206,7 @@ impl Engine {
         let peer_reserve = config.peer_reserve(device.info().backend);
         let lender_watch = match has_peers {
             true => {
-                let started = watch_lenders_every(&inner, peer_reserve, config.peer_clean, LENDER_POLL);
+                let started = crate::lender_watch::watch_lenders(&inner, peer_reserve, config.peer_clean);
                 Some(started.map_err(|e| Error::Config(format!("Engine::new: no lender watch thread: {e}")))?)
             }
             false => None,
@@ -562,42 +559,9 @@ impl Engine {
     pub(crate) fn ensure_lender_watch(&self) -> Result<()> {
         let mut watch = self.lender_watch.lock().unwrap_or_else(|p| p.into_inner());
         if watch.is_none() {
-            let started = watch_lenders_every(&self.inner, self.peer_reserve, self.peer_clean, LENDER_POLL);
+            let started = crate::lender_watch::watch_lenders(&self.inner, self.peer_reserve, self.peer_clean);
             *watch = Some(started.map_err(|e| Error::Config(format!("no lender watch thread: {e}")))?);
         }
         Ok(())
     }
-}
-
-/// Starts the watch of `inner`'s lenders: every `period`, `watch_lenders(reserve)`, then (if
-/// `clean`) one batch of `clean_borrowed`. Failures are reported on stderr and the next poll
-/// tries again, except the driver's shutdown, which ends the watch.
-fn watch_lenders_every(
-    inner: &Arc<Mutex<Inner>>,
-    reserve: usize,
-    clean: bool,
-    period: std::time::Duration,
-) -> std::io::Result<crate::lender_watch::LenderWatch> {
-    let weak = Arc::downgrade(inner);
-    let watch = move || {
-        let Some(inner) = weak.upgrade() else { return false };
-        let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
-        let gave_back = guard.watch_lenders(reserve).map(drop);
-        let inner = &mut *guard;
-        let cleaned = match clean {
-            true => inner.tiers.clean_borrowed(&mut inner.state, crate::lender_watch::CLEAN_BATCH).map(drop),
-            false => Ok(()),
-        };
-        for (what, result) in
-            [("giving borrowed HBM back to a lender", gave_back), ("copying borrowed chunks to the host tier", cleaned)]
-        {
-            match result {
-                Err(e) if e.is_driver_shutdown() => return false,
-                Err(e) => eprintln!("tiermem: {what} failed: {e}"),
-                Ok(()) => {}
-            }
-        }
-        true
-    };
-    crate::lender_watch::LenderWatch::start(watch, period)
 }

@@ -7,9 +7,13 @@
 //! or, quietly, when the CUDA driver shuts down under it (a process exiting with its engine
 //! still alive, as a Python interpreter does with a module-level pool).
 
+use crate::engine::Inner;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// How often the watch reads the lenders' free memory.
+const LENDER_POLL: Duration = Duration::from_millis(100);
 
 /// The most chunks cleaned per poll of the lender watch (64 MiB of 4 MiB chunks; movement.rs, "Cleaning
 /// borrowed chunks").
@@ -51,4 +55,36 @@ impl Drop for LenderWatch {
             let _ = thread.join();
         }
     }
+}
+
+/// Starts the watch of `inner`'s lenders: every `LENDER_POLL`, `watch_lenders(reserve)`, then
+/// (if `clean`) one batch of `clean_borrowed`. Failures are reported on stderr and the next poll
+/// tries again, except the driver's shutdown, which ends the watch.
+pub(crate) fn watch_lenders(
+    inner: &crate::sync::Arc<crate::sync::Mutex<Inner>>,
+    reserve: usize,
+    clean: bool,
+) -> std::io::Result<LenderWatch> {
+    let weak = crate::sync::Arc::downgrade(inner);
+    let watch = move || {
+        let Some(inner) = weak.upgrade() else { return false };
+        let mut guard = inner.lock().unwrap_or_else(|p| p.into_inner());
+        let gave_back = guard.watch_lenders(reserve).map(drop);
+        let inner = &mut *guard;
+        let cleaned = match clean {
+            true => inner.tiers.clean_borrowed(&mut inner.state, CLEAN_BATCH).map(drop),
+            false => Ok(()),
+        };
+        for (what, result) in
+            [("giving borrowed HBM back to a lender", gave_back), ("copying borrowed chunks to the host tier", cleaned)]
+        {
+            match result {
+                Err(e) if e.is_driver_shutdown() => return false,
+                Err(e) => eprintln!("tiermem: {what} failed: {e}"),
+                Ok(()) => {}
+            }
+        }
+        true
+    };
+    LenderWatch::start(watch, LENDER_POLL)
 }
