@@ -8,10 +8,11 @@
 //! an acquire should wait for the budget, not fail. So an engine told to wait (the tenant link
 //! does, docs/daemon.md) retries an acquire that failed for want of HBM each time its budget
 //! changes or a chunk is released, until it goes through or the wait is over; then it returns
-//! the last error. It waits only while the budget is below the engine's own cap: at its full
-//! cap nothing the daemon does can help (a program holding every chunk acquired itself would
-//! only wait to fail). Waiters are counted, so a release with nobody waiting costs one atomic
-//! load.
+//! the last error. It waits only while the budget is below the engine's own cap, and for an
+//! acquire no larger than that cap: at its full cap nothing the daemon does can help (a program
+//! holding every chunk acquired itself would only wait to fail), and an acquire larger than the
+//! cap would never fit any budget (it fails at once, the error naming the engine's own cap).
+//! Waiters are counted, so a release with nobody waiting costs one atomic load.
 
 use crate::sync::{AtomicUsize, Condvar, Mutex, Ordering};
 use crate::{Error, Result};
@@ -43,9 +44,9 @@ impl BudgetWait {
         }
     }
 
-    /// Runs `acquire` until it does not fail for want of HBM, or the wait is over, or the
-    /// budget is no longer short of the engine's own cap (`short`).
-    pub fn retrying<T>(&self, mut acquire: impl FnMut() -> Result<T>, short: impl Fn() -> bool) -> Result<T> {
+    /// Runs `acquire` until it does not fail for want of HBM, or the wait is over, or a budget
+    /// that grows could no longer help (`may_help`, asked of each failure).
+    pub fn retrying<T>(&self, mut acquire: impl FnMut() -> Result<T>, may_help: impl Fn(&Error) -> bool) -> Result<T> {
         let limit = *self.limit.lock().unwrap_or_else(|p| p.into_inner());
         if limit.is_zero() {
             return acquire();
@@ -57,7 +58,7 @@ impl BudgetWait {
             match acquire() {
                 Err(e @ (Error::WouldNeverFit { .. } | Error::OutOfMemory { .. })) => {
                     let left = until.saturating_duration_since(Instant::now());
-                    if left.is_zero() || !short() {
+                    if left.is_zero() || !may_help(&e) {
                         break Err(e);
                     }
                     let news = self.news.lock().unwrap_or_else(|p| p.into_inner());

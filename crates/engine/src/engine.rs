@@ -341,7 +341,18 @@ impl Engine {
     pub fn acquire(&self, regions: &[Region], access: Access, stream: StreamHandle) -> Result<()> {
         self.learn_from(regions);
         let acquire = || self.unlocked_waits(|inner| inner.acquire(regions, access, stream));
-        self.budget_wait.retrying(acquire, || self.hbm_cap() < self.own_cap)
+        let may_help = |e: &Error| !self.beyond_own_cap(e) && self.hbm_cap() < self.own_cap;
+        self.budget_wait.retrying(acquire, may_help).map_err(|e| match e {
+            Error::WouldNeverFit { call, requested, .. } if self.beyond_own_cap(&e) => {
+                Error::WouldNeverFit { call, requested, cap: self.own_cap }
+            }
+            e => e,
+        })
+    }
+
+    /// Whether `e` refused an acquire larger than the engine's own cap, which no budget reaches.
+    fn beyond_own_cap(&self, e: &Error) -> bool {
+        matches!(e, Error::WouldNeverFit { requested, .. } if *requested > self.own_cap)
     }
 
     /// Ends an `acquire`: the chunks may move once the work enqueued on `stream` so far is done.

@@ -1,7 +1,8 @@
 //! An engine told to wait for its budget (`Engine::wait_for_budget`, as the tenant link does):
 //! an acquire larger than the budget waits until the budget grows, then goes through with
-//! every byte; one whose budget never grows fails after the wait with the usual error; one
-//! that finds every chunk acquired goes through once another thread releases. Without the
+//! every byte; one whose budget never grows fails after the wait with the usual error, and
+//! one larger than the engine's own cap at once; one that finds every chunk acquired goes
+//! through once another thread releases. Without the
 //! wait, both fail at once as before. Runs on the GPU too.
 
 mod support;
@@ -36,6 +37,19 @@ fn an_acquire_larger_than_the_budget_waits_for_it_to_grow() {
         grower.join().unwrap();
     });
     assert_contents(&engine, id, &bytes);
+
+    // Larger than the engine's own cap (8 chunks): no budget would ever fit it, so it fails at
+    // once, waiting or not, and the error names that cap rather than the budget of the moment.
+    let (huge, _) = engine.alloc(12 * CHUNK, AllocOptions::default()).unwrap();
+    engine.finish(engine.set_hbm_budget(2 * CHUNK).unwrap()).unwrap();
+    let started = Instant::now();
+    let refused = engine.acquire(&[Region::whole(huge)], Access::ReadOnly, S);
+    assert!(started.elapsed() < Duration::from_secs(5), "it did not wait for nothing");
+    match refused {
+        Err(Error::WouldNeverFit { requested, cap, .. }) => assert_eq!((requested, cap), (12 * CHUNK, 8 * CHUNK)),
+        other => panic!("{other:?}"),
+    }
+    engine.free(huge).unwrap();
 
     // A budget that never grows: the usual error, after the wait.
     engine.wait_for_budget(Duration::from_millis(300));
