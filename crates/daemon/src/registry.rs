@@ -185,9 +185,11 @@ pub struct Registry {
     /// Tenants gone idle (true) or working again (false) since [`Registry::take_idles`].
     idles: Vec<(TenantId, bool)>,
     /// GPUs whose tenants share HBM in turns, and under `hbm_sharing = "auto"` those that went
-    /// into turns (true) or out of them (false) since [`Registry::take_sharing_changes`].
+    /// into turns (true) or out of them (false) since [`Registry::take_sharing_changes`], while
+    /// shared by two tenants or more; what was last said of each.
     gpus_in_turns: BTreeSet<u32>,
     sharing_changes: Vec<(u32, bool)>,
+    sharing_said: BTreeMap<u32, bool>,
 }
 
 /// Messages to deliver, each to one tenant.
@@ -208,6 +210,7 @@ impl Registry {
             idles: Vec::new(),
             gpus_in_turns: BTreeSet::new(),
             sharing_changes: Vec::new(),
+            sharing_said: BTreeMap::new(),
         }
     }
 
@@ -317,7 +320,7 @@ impl Registry {
     }
 
     /// Under `hbm_sharing = "auto"`, GPUs gone into turns (true) or out of them (false) since
-    /// the last call, for the log.
+    /// the last call, for the log; said of a GPU once two tenants share it.
     pub fn take_sharing_changes(&mut self) -> Vec<(u32, bool)> {
         std::mem::take(&mut self.sharing_changes)
     }

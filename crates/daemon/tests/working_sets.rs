@@ -560,15 +560,19 @@ fn by_default_a_job_with_tenants_on_two_gpus_shares_each_fairly() {
         outbox.extend(r.usage(id, demand(360 * MIB), t0));
         id
     };
-    tenant(&mut r, 1, 0, 100);
-    tenant(&mut r, 2, 0, 200);
+    // Job 200's rank on GPU 1 registers first, alone there for a moment.
     let other_gpu = tenant(&mut r, 3, 1, 200);
+    tenant(&mut r, 2, 0, 200);
+    tenant(&mut r, 1, 0, 100);
     settle(&mut r, outbox, t0);
     let in_turns = |r: &Registry| r.status(0, None, t0).pools.iter().filter(|p| p.in_turns).count();
     assert_eq!(in_turns(&r), 0, "a GPU of a job spanning two is in turns");
     assert!(held(&r, t0).is_empty());
+    // The log says how a GPU is shared once two tenants share it, not of a tenant alone.
+    assert_eq!(r.take_sharing_changes(), vec![(0, false)]);
     // Job 200 leaves GPU 1: GPU 0's two programs, each of a job of its own, take turns.
     let outbox = r.disconnect(other_gpu, t0);
     settle(&mut r, outbox, t0);
     assert_eq!((in_turns(&r), held(&r, t0).len()), (1, 1));
+    assert_eq!(r.take_sharing_changes(), vec![(0, true)]);
 }

@@ -129,8 +129,16 @@ impl Registry {
             }
         };
         if self.config.hbm_sharing == Sharing::Auto {
-            let changed = self.gpus_in_turns.symmetric_difference(&now);
-            self.sharing_changes.extend(changed.map(|&gpu| (gpu, now.contains(&gpu))));
+            // Said once two tenants share a GPU: alone, one has it all either way (a data-parallel
+            // job's rank registering a moment before the other ranks would flicker in the log).
+            let mut tenants_on: BTreeMap<u32, usize> = BTreeMap::new();
+            self.tenants.values().for_each(|t| *tenants_on.entry(t.gpu.index).or_default() += 1);
+            for (gpu, _) in tenants_on.into_iter().filter(|&(_, n)| n >= 2) {
+                let in_turns = now.contains(&gpu);
+                if self.sharing_said.insert(gpu, in_turns) != Some(in_turns) {
+                    self.sharing_changes.push((gpu, in_turns));
+                }
+            }
         }
         self.gpus_in_turns = now;
     }
