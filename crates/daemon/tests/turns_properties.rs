@@ -65,11 +65,12 @@ struct Here {
     acquires: u64,
 }
 
-/// Whether `gpu` should be in turns: every tenant of it a program, each of a job of its own
-/// with no tenant on the other GPU.
+/// Whether `gpu` should be in turns: shared by two tenants or more, every one a program, each
+/// of a job of its own with no tenant on the other GPU.
 fn expect_turns(here: &[Here], gpu: u32) -> bool {
     let of_job = |job| here.iter().filter(|h| h.job == job).count();
-    here.iter().filter(|h| h.gpu == gpu).all(|h| h.program && of_job(h.job) == 1)
+    let on_gpu: Vec<_> = here.iter().filter(|h| h.gpu == gpu).collect();
+    on_gpu.len() >= 2 && on_gpu.iter().all(|h| h.program && of_job(h.job) == 1)
 }
 
 fn check(r: &Registry, here: &[Here], now: Instant) -> Result<(), TestCaseError> {

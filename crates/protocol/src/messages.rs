@@ -309,8 +309,8 @@ pub struct PoolStatus {
     /// For a GPU's HBM, what its driver counts (NVML), when the daemon could take a census.
     #[serde(default)]
     pub driver: Option<DriverAccounts>,
-    /// A GPU's HBM whose tenants take turns with their whole working sets (the daemon's
-    /// `hbm_sharing`). Sent only when true.
+    /// A GPU's HBM whose tenants (two or more) take turns with their whole working sets (the
+    /// daemon's `hbm_sharing`). Sent only when true.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub in_turns: bool,
 }

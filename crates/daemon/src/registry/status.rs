@@ -49,7 +49,10 @@ impl Registry {
                         Tier::Hbm => pool.gpu.and_then(|gpu| self.ledgers.get(&gpu)).map(Ledger::accounts),
                         _ => None,
                     },
-                    in_turns: pool.tier == Tier::Hbm && pool.gpu.is_some_and(|gpu| self.in_turns(gpu)),
+                    // Alone, a tenant has it all either way: said once two share the GPU.
+                    in_turns: pool.tier == Tier::Hbm
+                        && slots.len() >= 2
+                        && pool.gpu.is_some_and(|gpu| self.in_turns(gpu)),
                 }
             })
             .collect();
