@@ -3,7 +3,8 @@
 //! time passes: whatever the sequence, a GPU is in turns exactly while every tenant of it is a
 //! program of a job of its own with no tenant on the other GPU, only then is anyone of it
 //! waiting or held (and only programs are held), its budgets never add up to more than it
-//! has, and while anyone of it waits someone of it has the GPU.
+//! has, and while anyone of it waits someone of it has the GPU; and, everyone working on,
+//! every program is let go within a turn for each (none is passed over for ever).
 
 mod registry_support;
 
@@ -63,6 +64,8 @@ struct Here {
     job: Result<u32, TenantId>,
     gpu: u32,
     acquires: u64,
+    /// Its last reported demand, MiB.
+    mib: u64,
 }
 
 /// Whether `gpu` should be in turns: shared by two tenants or more, every one a program, each
@@ -110,28 +113,18 @@ proptest! {
                     let joining = Joining { gpu, chunk_bytes: CHUNK, wants: &[], held: &[], waits: program, job };
                     let (id, _, outbox) = r.register(who(uid, None), joining, now);
                     pending.extend(outbox);
-                    here.push(Here { id, program, job: job.ok_or(id), gpu: index, acquires: 1 });
+                    here.push(Here { id, program, job: job.ok_or(id), gpu: index, acquires: 1, mib });
                     acquiring(&mut r, id, 1, now);
                     pending.extend(r.usage(id, demand(mib * MIB), now));
                 }
                 Op::Report { which, mib } if !here.is_empty() => {
                     let n = here.len();
                     let h = &mut here[which % n];
-                    h.acquires += 1;
+                    (h.acquires, h.mib) = (h.acquires + 1, mib);
                     acquiring(&mut r, h.id, h.acquires, now);
                     pending.extend(r.usage(h.id, demand(mib * MIB), now));
                 }
-                Op::MeetCuts => {
-                    let mut last: BTreeMap<TenantId, u64> = BTreeMap::new();
-                    for (id, seq, _, _) in budgets(&std::mem::take(&mut pending)) {
-                        last.insert(id, seq);
-                    }
-                    for (id, seq) in last {
-                        if here.iter().any(|h| h.id == id) {
-                            pending.extend(r.budget_met(id, seq, now));
-                        }
-                    }
-                }
+                Op::MeetCuts => meet_cuts(&mut r, &here, &mut pending, now),
                 Op::Wait { ms } => {
                     now += Duration::from_millis(ms);
                     pending.extend(r.expire_deadlines(now).1);
@@ -143,6 +136,40 @@ proptest! {
                 _ => {}
             }
             check(&r, &here, now)?;
+        }
+        // Then everyone works on, reporting and meeting its cuts: within a turn for each and
+        // two more, every program is let go at least once (none passed over for ever).
+        let mut ran: BTreeMap<TenantId, bool> = here.iter().map(|h| (h.id, false)).collect();
+        for _ in 0..4 * (here.len() + 2) {
+            now += Duration::from_millis(250);
+            for h in &mut here {
+                h.acquires += 1;
+                acquiring(&mut r, h.id, h.acquires, now);
+                pending.extend(r.usage(h.id, demand(h.mib * MIB), now));
+            }
+            pending.extend(r.expire_deadlines(now).1);
+            for _ in 0..4 {
+                meet_cuts(&mut r, &here, &mut pending, now);
+            }
+            check(&r, &here, now)?;
+            for t in r.status(0, None, now).tenants.iter().filter(|t| !t.held) {
+                ran.insert(t.tenant, true);
+            }
+        }
+        let never: Vec<_> = ran.iter().filter(|(_, &ran)| !ran).map(|(id, _)| *id).collect();
+        prop_assert!(never.is_empty(), "held all along: {:?}", never);
+    }
+}
+
+/// Every budget sent so far is met (the last sent to each tenant still here).
+fn meet_cuts(r: &mut Registry, here: &[Here], pending: &mut Outbox, now: Instant) {
+    let mut last: BTreeMap<TenantId, u64> = BTreeMap::new();
+    for (id, seq, _, _) in budgets(&std::mem::take(pending)) {
+        last.insert(id, seq);
+    }
+    for (id, seq) in last {
+        if here.iter().any(|h| h.id == id) {
+            pending.extend(r.budget_met(id, seq, now));
         }
     }
 }

@@ -576,3 +576,27 @@ fn by_default_a_job_with_tenants_on_two_gpus_shares_each_fairly() {
     assert_eq!((in_turns(&r), held(&r, t0).len()), (1, 1));
     assert_eq!(r.take_sharing_changes(), vec![(0, true)]);
 }
+
+#[test]
+fn a_program_larger_than_the_gpu_is_not_passed_over_for_one_that_fits() {
+    // Passed over for B, which fits, A (larger than the GPU) waited, held, as long as B worked.
+    let t0 = Instant::now();
+    let mut r = Registry::new(config(""), t0, 0);
+    let (a, outbox) = program(&mut r, 1, 800, t0);
+    settle(&mut r, outbox, t0);
+    let (b, outbox) = program(&mut r, 2, 100, t0);
+    settle(&mut r, outbox, t0);
+    let mut had_it = Vec::new();
+    for k in 1..=6 {
+        let t = t0 + Duration::from_millis(400 * k);
+        let mut outbox = r.expire_deadlines(t).1;
+        for (id, mib, acquires) in [(a, 800, k + 1), (b, 100, k + 1)] {
+            acquiring(&mut r, id, acquires, t);
+            outbox.extend(r.usage(id, demand(mib * MIB), t));
+        }
+        settle(&mut r, outbox, t);
+        had_it.push(if held(&r, t) == vec![b] { "A" } else { "B" });
+    }
+    // Turns of 1 s: A's (the older) beyond its fit, B's, A's again.
+    assert_eq!(had_it, ["A", "A", "B", "B", "B", "A"]);
+}

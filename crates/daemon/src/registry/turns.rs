@@ -51,7 +51,11 @@
 //! 30 s (forty-fourth session). Nor past a tenant whose turn is under way but that no longer
 //! fits (it grew), when all the others can wait: it keeps its turn, beyond its fit
 //! (`admit_beyond`), rather than see a later one that happens to fit take it over. When some
-//! cannot wait (engines), the one that fits runs. And a program that can wait but has not
+//! cannot wait (engines), the one that fits runs. Nor past the first in the order (whose
+//! turn it is) when it does not fit and all the others can wait: passed over for a later one
+//! that fits, a program larger than the GPU beside a small one waited, held, as long as the
+//! small one worked — for ever, the small one taking turn after turn; it has the GPU in its
+//! turn as if none fit. And a program that can wait but has not
 //! begun to work takes none of the spare while another is admitted (the admitted one's budget
 //! would trail its allocations, those beyond it made on the host and brought up later).
 //!
@@ -214,6 +218,13 @@ impl Registry {
             |i: usize| tenants[i].ramping || (self.is_sticky(tenants[i], now) && !admitted[i] && others_wait(i));
         if let Some(at) = order.iter().position(|&i| stops(i)) {
             order[at + 1..].iter().for_each(|&j| admitted[j] = false);
+        }
+        // The first in the order — whose turn it is — fits beside none of those admitted after
+        // it: passed over for them, a program larger than what they leave would wait as long as
+        // they work, for ever (they take turns among themselves). When all the others can
+        // wait, it has the GPU in its turn as if none fit ("Where the line stops").
+        if order.first().is_some_and(|&first| !admitted[first] && others_wait(first)) {
+            admitted.iter_mut().for_each(|a| *a = false);
         }
         // None fits, and all but the first can wait: the first runs beyond its fit, in turns.
         let mut claims = claims.to_vec();
