@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# A program larger than the daemon's pool beside a small one, both under `tiermem run` with the
+# daemon's default sharing (`auto`: in turns): bench/transparent_train.py (peak ~17.5 GB) and
+# its --small model (a few hundred MiB) sharing HBM_POOL of GPU 0, the small one first. Until
+# 32c08c2 the large one, passed over for the small one that fits, was held for as long as the
+# small one worked; now they take turns (TURN_MS). Each program's losses are compared with a
+# plain run's. Writes OUT/{plain,plain-small}.json, OUT/{big,small}.json and .log, daemon.log,
+# status.jsonl.xz (the daemon's status every 0.5 s) and summary.json.
+# Usage: big_beside_small.sh TIERMEM_BIN OUT
+set -uo pipefail
+BIN=${1:?tiermem binary}; OUT=${2:?output dir}
+mkdir -p "$OUT"
+HERE=$(cd "$(dirname "$0")/../../.." && pwd)
+BIG_STEPS=${BIG_STEPS:-20}; SMALL_STEPS=${SMALL_STEPS:-3000}; HBM_POOL=${HBM_POOL:-12GiB}
+TURN_MS=${TURN_MS:-10000}; CAP_S=${CAP_S:-150}
+INPUTS=$(mktemp -d)
+trap 'rm -rf "$INPUTS"' EXIT
+export TIERMEM_SOCKET="$INPUTS/tiermemd.sock" TIERMEM_PEERS=off
+train() {  # train NAME ARGS...: one program under tiermem run
+  local name=$1 t0 rc; shift; t0=$(date +%s.%N)
+  timeout -k 20 "$CAP_S" "$BIN" run --label "$name" --hbm-limit "$HBM_POOL" --stats -- \
+    python3 "$HERE/bench/transparent_train.py" --out "$OUT/$name.json" "$@" 2> "$OUT/$name.log"
+  rc=$?; echo "$t0 $(date +%s.%N) $rc" > "$OUT/$name.times"
+}
+
+echo "== plain runs (no tiermem): the reference losses"
+TIERMEM_DAEMON=off python3 "$HERE/bench/transparent_train.py" --steps "$BIG_STEPS" --out "$OUT/plain.json"
+TIERMEM_DAEMON=off python3 "$HERE/bench/transparent_train.py" --small --steps "$SMALL_STEPS" --out "$OUT/plain-small.json"
+printf 'idle_after_ms = 0\nturn_ms = %s\n[[gpu]]\nindex = 0\nhbm = "%s"\n' "$TURN_MS" "$HBM_POOL" > "$INPUTS/tiermemd.toml"
+"$BIN" daemon --config "$INPUTS/tiermemd.toml" --socket "$TIERMEM_SOCKET" 2> "$OUT/daemon.log" &
+daemon=$!
+sleep 1
+( while kill -0 $daemon 2>/dev/null; do
+    printf '{"t": %s, "status": %s}\n' "$(date +%s.%N)" "$("$BIN" status --json --socket "$TIERMEM_SOCKET" 2>/dev/null | tr -d '\n' || echo null)"
+    sleep 0.5
+  done > "$OUT/status.jsonl" ) &
+poll=$!
+echo "== the small program, then the large one"
+start=$(date +%s.%N)
+train small --small --steps "$SMALL_STEPS" & ps=$!
+sleep 3
+train big --steps "$BIG_STEPS" & pb=$!
+wait $ps $pb
+echo "$start $(date +%s.%N)" > "$OUT/makespan.times"
+kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; kill $poll 2>/dev/null
+grep -h "waited for turns" "$OUT/small.log" "$OUT/big.log" | cut -c1-250
+xz -9 "$OUT/status.jsonl"
+
+python3 - "$OUT" <<'PY'
+import json, lzma, os, sys
+out = sys.argv[1]
+start, end = map(float, open(f"{out}/makespan.times").read().split())
+summary = {"makespan_s": round(end - start, 2)}
+names = {}
+for name, plain in (("small", "plain-small"), ("big", "plain")):
+    ref = json.load(open(f"{out}/{plain}.json"))
+    t0, t1, rc = open(f"{out}/{name}.times").read().split()
+    run = json.load(open(f"{out}/{name}.json")) if os.path.exists(f"{out}/{name}.json") else {}
+    losses = run.get("losses", [])
+    said = [l.strip() for l in open(f"{out}/{name}.log") if "waited for turns" in l]
+    summary[name] = {"exit": int(rc), "wall_s": round(float(t1) - float(t0), 2), "steps": len(losses),
+                     "losses_identical": bool(losses) and losses == ref["losses"][: len(losses)],
+                     "plain_step_s_median": ref.get("step_s_median"), "step_s_median": run.get("step_s_median"),
+                     "turns": said[-1].split("; ")[-1] if said else None}
+# Who was held, over time (seconds since start): the changes.
+timeline, last = [], None
+for line in lzma.open(f"{out}/status.jsonl.xz", "rt"):
+    row = json.loads(line)
+    status = row.get("status") or {}
+    labels = {t["tenant"]: t.get("label") or t.get("name") for t in status.get("tenants", [])}
+    now = sorted(labels[t["tenant"]] for t in status.get("tenants", []) if t.get("held"))
+    if now != last:
+        timeline.append([round(row["t"] - start, 1), now])
+        last = now
+summary["held_timeline"] = timeline
+json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
+print(json.dumps(summary, indent=1))
+PY
