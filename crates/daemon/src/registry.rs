@@ -190,6 +190,8 @@ pub struct Registry {
     gpus_in_turns: BTreeSet<u32>,
     sharing_changes: Vec<(u32, bool)>,
     sharing_said: BTreeMap<u32, bool>,
+    /// Per GPU index, the least service of its working tenants, per unit of weight (turns.rs).
+    served_floor: BTreeMap<u32, u128>,
 }
 
 /// Messages to deliver, each to one tenant.
@@ -211,6 +213,7 @@ impl Registry {
             gpus_in_turns: BTreeSet::new(),
             sharing_changes: Vec::new(),
             sharing_said: BTreeMap::new(),
+            served_floor: BTreeMap::new(),
         }
     }
 

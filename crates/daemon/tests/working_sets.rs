@@ -23,35 +23,6 @@ fn config(extra: &str) -> Config {
     Config::parse(&text, "test").unwrap()
 }
 
-/// Meets every cut in `outbox` and whatever follows, until no budget changes; returns each
-/// tenant's last budget (bytes).
-fn settle(r: &mut Registry, outbox: Outbox, now: Instant) -> BTreeMap<TenantId, u64> {
-    settle_seeing(r, outbox, now, |_| {})
-}
-
-/// [`settle`], showing `seen` each outbox on the way.
-fn settle_seeing(
-    r: &mut Registry,
-    mut outbox: Outbox,
-    now: Instant,
-    mut seen: impl FnMut(&Outbox),
-) -> BTreeMap<TenantId, u64> {
-    let mut last = BTreeMap::new();
-    for _ in 0..32 {
-        seen(&outbox);
-        let sent = budgets(&outbox);
-        if sent.is_empty() {
-            return last;
-        }
-        outbox = Vec::new();
-        for (id, seq, bytes, _) in sent {
-            last.insert(id, bytes);
-            outbox.extend(r.budget_met(id, seq, now));
-        }
-    }
-    panic!("budgets did not settle")
-}
-
 /// A tenant working over `mib` MiB, acquiring 20 MiB at a time.
 fn working(r: &mut Registry, uid: u32, label: Option<&str>, mib: u64, now: Instant) -> (TenantId, Outbox) {
     let (id, mut outbox) = register(r, uid, label, now);
@@ -198,24 +169,6 @@ fn others_wait(outbox: &Outbox) -> BTreeMap<TenantId, bool> {
 
 fn said(outbox: &Outbox, word: impl Fn(&DaemonMessage) -> bool) -> BTreeMap<TenantId, bool> {
     outbox.iter().filter(|(_, m)| matches!(m, DaemonMessage::Budget { .. })).map(|(id, m)| (*id, word(m))).collect()
-}
-
-fn held(r: &Registry, now: Instant) -> Vec<TenantId> {
-    r.status(0, None, now).tenants.iter().filter(|t| t.held).map(|t| t.tenant).collect()
-}
-
-/// A program under `tiermem run` (it can wait) working over `mib` MiB.
-fn program(r: &mut Registry, uid: u32, mib: u64, now: Instant) -> (TenantId, Outbox) {
-    program_of_job(r, uid, mib, None, now)
-}
-
-/// [`program`], of the `tiermem run` whose pid is `job`.
-fn program_of_job(r: &mut Registry, uid: u32, mib: u64, job: Option<u32>, now: Instant) -> (TenantId, Outbox) {
-    let joining = Joining { gpu: gpu(), chunk_bytes: CHUNK, wants: &[], held: &[], waits: true, job };
-    let (id, _, mut outbox) = r.register(who(uid, None), joining, now);
-    acquiring(r, id, 1, now);
-    outbox.extend(r.usage(id, demand(mib * MIB), now));
-    (id, outbox)
 }
 
 #[test]
@@ -575,28 +528,4 @@ fn by_default_a_job_with_tenants_on_two_gpus_shares_each_fairly() {
     settle(&mut r, outbox, t0);
     assert_eq!((in_turns(&r), held(&r, t0).len()), (1, 1));
     assert_eq!(r.take_sharing_changes(), vec![(0, true)]);
-}
-
-#[test]
-fn a_program_larger_than_the_gpu_is_not_passed_over_for_one_that_fits() {
-    // Passed over for B, which fits, A (larger than the GPU) waited, held, as long as B worked.
-    let t0 = Instant::now();
-    let mut r = Registry::new(config(""), t0, 0);
-    let (a, outbox) = program(&mut r, 1, 800, t0);
-    settle(&mut r, outbox, t0);
-    let (b, outbox) = program(&mut r, 2, 100, t0);
-    settle(&mut r, outbox, t0);
-    let mut had_it = Vec::new();
-    for k in 1..=6 {
-        let t = t0 + Duration::from_millis(400 * k);
-        let mut outbox = r.expire_deadlines(t).1;
-        for (id, mib, acquires) in [(a, 800, k + 1), (b, 100, k + 1)] {
-            acquiring(&mut r, id, acquires, t);
-            outbox.extend(r.usage(id, demand(mib * MIB), t));
-        }
-        settle(&mut r, outbox, t);
-        had_it.push(if held(&r, t) == vec![b] { "A" } else { "B" });
-    }
-    // Turns of 1 s: A's (the older) beyond its fit, B's, A's again.
-    assert_eq!(had_it, ["A", "A", "B", "B", "B", "A"]);
 }

@@ -9,8 +9,10 @@
 //! sharing the rest by weight. The order of admission: priority; then the tenants whose turn
 //! has not run out (`turn_ms`), the longest-running first (a turn is never taken over by one
 //! that began later); then least time admitted while others waited, per unit of weight (time
-//! alone, or while everything fits, does not count, and a turn starts when others come); then
-//! the oldest. So a turn ends after `turn_ms` when another tenant waits, and the one that waited
+//! alone, or while everything fits, does not count, and a turn starts when others come;
+//! counted from the least of the GPU's working tenants for a newcomer, as CFS places a task at
+//! its run queue's least virtual runtime: from zero, a program coming beside two that had
+//! taken turns for an hour would have had turn after turn for half an hour); then the oldest. So a turn ends after `turn_ms` when another tenant waits, and the one that waited
 //! longest goes next. When no working set fits and every other working tenant can wait (below),
 //! the first in that order is admitted all the same with what the others' keeps leave: the
 //! GPU in turns, each program beyond its budget alone on it in its turn, rather than all of
@@ -188,8 +190,8 @@ impl Registry {
             }
             tenant.accrued_at = now;
         }
+        self.lift_to_served_floor(ids);
         let tenants: Vec<&Tenant> = ids.iter().map(|id| &self.tenants[id]).collect();
-        let working = |t: &Tenant| !t.idle && t.reported && t.tiers[&Tier::Hbm].usage.demand > 0;
         // What a tenant not admitted keeps beyond its floor: room for twice its largest acquire.
         let keep: Vec<u64> = tenants
             .iter()
@@ -199,7 +201,6 @@ impl Registry {
                 false => c.floor,
             })
             .collect();
-        let served = |t: &Tenant| t.served.as_nanos() / u128::from(t.rule.weight.max(1));
         // Priority; then turns under way, the oldest first (a turn is never taken over by a
         // later one); then least served, the oldest tenant first.
         let mut order: Vec<usize> = (0..ids.len()).filter(|&i| working(tenants[i])).collect();
@@ -279,6 +280,26 @@ impl Registry {
         claims
     }
 
+    /// Service counts from the GPU's floor, as a CFS run queue's virtual runtime does: a
+    /// working tenant below it (a newcomer, one back from idling) is raised to it, and it rises
+    /// with the least served of the working tenants (`ids`, a GPU's). Counted from zero, a
+    /// program coming beside programs that had taken turns for an hour would take turn after
+    /// turn until it had been served as long, every other held meanwhile.
+    fn lift_to_served_floor(&mut self, ids: &[TenantId]) {
+        let Some(gpu) = ids.first().map(|id| self.tenants[id].gpu.index) else { return };
+        let floor = self.served_floor.get(&gpu).copied().unwrap_or(0);
+        for id in ids {
+            let tenant = self.tenants.get_mut(id).expect("a tenant");
+            if working(tenant) && served(tenant) < floor {
+                let nanos = floor * u128::from(tenant.rule.weight.max(1));
+                tenant.served = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+            }
+        }
+        if let Some(least) = ids.iter().map(|id| &self.tenants[id]).filter(|t| working(t)).map(served).min() {
+            self.served_floor.insert(gpu, floor.max(least));
+        }
+    }
+
     /// Every tenant, and what its budget is to say (module documentation, "Holding the
     /// waiting" and "Handing over").
     pub(super) fn words(&self, now: Instant) -> Vec<(TenantId, Words)> {
@@ -324,4 +345,14 @@ impl Registry {
     fn turn_ran(&self, tenant: &Tenant, now: Instant) -> Option<Duration> {
         tenant.turn_since.map(|since| now.saturating_duration_since(since).saturating_sub(tenant.room_held))
     }
+}
+
+/// Working: not idle, and with a demand of HBM reported.
+fn working(t: &Tenant) -> bool {
+    !t.idle && t.reported && t.tiers[&Tier::Hbm].usage.demand > 0
+}
+
+/// Time admitted while others waited, per unit of weight (nanoseconds).
+fn served(t: &Tenant) -> u128 {
+    t.served.as_nanos() / u128::from(t.rule.weight.max(1))
 }
