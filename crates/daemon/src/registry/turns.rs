@@ -12,8 +12,9 @@
 //! alone, or while everything fits, does not count, and a turn starts when others come;
 //! counted from the least of the GPU's working tenants for a newcomer, as CFS places a task at
 //! its run queue's least virtual runtime: from zero, a program coming beside two that had
-//! taken turns for an hour would have had turn after turn for half an hour); then the oldest. So a turn ends after `turn_ms` when another tenant waits, and the one that waited
-//! longest goes next. When no working set fits and every other working tenant can wait (below),
+//! taken turns for an hour would have had turn after turn for half an hour); then the oldest.
+//! So a turn ends after `turn_ms` when another tenant waits, and the one that waited longest
+//! goes next. When no working set fits and every other working tenant can wait (below),
 //! the first in that order is admitted all the same with what the others' keeps leave: the
 //! GPU in turns, each program beyond its budget alone on it in its turn, rather than all of
 //! them reading their data in place at once. A ramping tenant is not held at its whole part
@@ -57,9 +58,9 @@
 //! turn it is) when it does not fit and all the others can wait: passed over for a later one
 //! that fits, a program larger than the GPU beside a small one waited, held, as long as the
 //! small one worked — for ever, the small one taking turn after turn; it has the GPU in its
-//! turn as if none fit. And a program that can wait but has not
-//! begun to work takes none of the spare while another is admitted (the admitted one's budget
-//! would trail its allocations, those beyond it made on the host and brought up later).
+//! turn as if none fit. And a program that can wait but has not begun to work takes none of
+//! the spare while another is admitted (the admitted one's budget would trail its
+//! allocations, those beyond it made on the host and brought up later).
 //!
 //! # Handing over
 //! A turn that runs out ends in a cut to the tenant's keep, met by sending its working set
