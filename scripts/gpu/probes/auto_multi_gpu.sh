@@ -13,6 +13,7 @@ set -uo pipefail
 BIN=${1:?tiermem binary}; OUT=${2:?output dir}
 mkdir -p "$OUT"
 HERE=$(cd "$(dirname "$0")/../../.." && pwd)
+. "$(dirname "$0")/daemon_lib.sh"
 STEPS=${STEPS:-40}; HBM_POOL=${HBM_POOL:-20GiB}; CAP_S=${CAP_S:-240}; TURN_MS=${TURN_MS:-30000}
 DDP_RUNS=${DDP_RUNS:-2}
 INPUTS=$(mktemp -d)
@@ -25,14 +26,7 @@ TIERMEM_DAEMON=off python3 "$HERE/bench/matrix/ddp_pair.py" > "$OUT/ddp_plain.js
 
 printf 'idle_after_ms = 0\nturn_ms = %s\n[[gpu]]\nindex = 0\nhbm = "%s"\n[[gpu]]\nindex = 1\nhbm = "%s"\n' \
   "$TURN_MS" "$HBM_POOL" "$HBM_POOL" > "$INPUTS/tiermemd.toml"
-"$BIN" daemon --config "$INPUTS/tiermemd.toml" --socket "$TIERMEM_SOCKET" 2> "$OUT/daemon.log" &
-daemon=$!
-sleep 1
-( while kill -0 $daemon 2>/dev/null; do
-    printf '{"t": %s, "status": %s}\n' "$(date +%s.%N)" "$("$BIN" status --json --socket "$TIERMEM_SOCKET" 2>/dev/null | tr -d '\n' || echo null)"
-    sleep 0.5
-  done > "$OUT/status.jsonl" ) &
-poll=$!
+start_daemon "$BIN" "$INPUTS/tiermemd.toml" "$OUT"
 
 train() {  # train NAME: a training loop under tiermem run on GPU 0
   local t0 rc; t0=$(date +%s.%N)
@@ -63,9 +57,8 @@ for _ in $(seq 20); do [ "$(in_turns)" = True ] && break; sleep 0.5; done
 echo "after the pairs, GPU 0 in turns: $(in_turns)"
 wait $pa $pb
 echo "$start $(date +%s.%N)" > "$OUT/makespan.times"
-kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; kill $poll 2>/dev/null
+stop_daemon
 grep -h "GPU [01]:" "$OUT/daemon.log" | cut -c1-200
-xz -9 "$OUT/status.jsonl"
 
 python3 - "$OUT" "$DDP_RUNS" <<'PY'
 import json, os, sys

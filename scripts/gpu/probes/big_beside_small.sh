@@ -11,6 +11,7 @@ set -uo pipefail
 BIN=${1:?tiermem binary}; OUT=${2:?output dir}
 mkdir -p "$OUT"
 HERE=$(cd "$(dirname "$0")/../../.." && pwd)
+. "$(dirname "$0")/daemon_lib.sh"
 BIG_STEPS=${BIG_STEPS:-20}; SMALL_STEPS=${SMALL_STEPS:-3000}; HBM_POOL=${HBM_POOL:-12GiB}
 TURN_MS=${TURN_MS:-10000}; CAP_S=${CAP_S:-150}
 INPUTS=$(mktemp -d)
@@ -27,14 +28,7 @@ echo "== plain runs (no tiermem): the reference losses"
 TIERMEM_DAEMON=off python3 "$HERE/bench/transparent_train.py" --steps "$BIG_STEPS" --out "$OUT/plain.json"
 TIERMEM_DAEMON=off python3 "$HERE/bench/transparent_train.py" --small --steps "$SMALL_STEPS" --out "$OUT/plain-small.json"
 printf 'idle_after_ms = 0\nturn_ms = %s\n[[gpu]]\nindex = 0\nhbm = "%s"\n' "$TURN_MS" "$HBM_POOL" > "$INPUTS/tiermemd.toml"
-"$BIN" daemon --config "$INPUTS/tiermemd.toml" --socket "$TIERMEM_SOCKET" 2> "$OUT/daemon.log" &
-daemon=$!
-sleep 1
-( while kill -0 $daemon 2>/dev/null; do
-    printf '{"t": %s, "status": %s}\n' "$(date +%s.%N)" "$("$BIN" status --json --socket "$TIERMEM_SOCKET" 2>/dev/null | tr -d '\n' || echo null)"
-    sleep 0.5
-  done > "$OUT/status.jsonl" ) &
-poll=$!
+start_daemon "$BIN" "$INPUTS/tiermemd.toml" "$OUT"
 echo "== the small program, then the large one"
 start=$(date +%s.%N)
 train small --small --steps "$SMALL_STEPS" & ps=$!
@@ -42,9 +36,8 @@ sleep 3
 train big --steps "$BIG_STEPS" & pb=$!
 wait $ps $pb
 echo "$start $(date +%s.%N)" > "$OUT/makespan.times"
-kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; kill $poll 2>/dev/null
+stop_daemon
 grep -h "waited for turns" "$OUT/small.log" "$OUT/big.log" | cut -c1-250
-xz -9 "$OUT/status.jsonl"
 
 python3 - "$OUT" <<'PY'
 import json, lzma, os, sys
