@@ -131,6 +131,8 @@ struct Tenant {
     /// shares were last computed.
     turn_since: Option<Instant>,
     served: Duration,
+    /// Whether it may be held while it waits: its turn can come (turns.rs).
+    holdable: bool,
     accrued_at: Instant,
     waiting: bool,
     sticky: bool,
@@ -273,6 +275,7 @@ impl Registry {
             sticky: false,
             waits,
             held: false,
+            holdable: true,
             others_wait: false,
             job,
             room_held: Duration::ZERO,

@@ -79,6 +79,14 @@ pub fn admit_beyond(
     (demand > keep[first]).then_some((first, demand))
 }
 
+/// Whether tenant `i`'s whole demand fits `capacity` beside every other tenant at what it
+/// keeps ([`kept`]): whether it could be admitted once the turns of others end.
+pub fn fits_alone(capacity: u64, claims: &[Claim], keep: &[u64], i: usize) -> bool {
+    let keep = kept(claims, keep);
+    let others: u128 = (0..claims.len()).filter(|&j| j != i).map(|j| u128::from(keep[j])).sum();
+    claims.get(i).is_some_and(|c| u128::from(c.high()) + others <= u128::from(capacity))
+}
+
 /// What each tenant keeps when it is not admitted: `keep`, but at least its floor (acquired
 /// memory is never taken away) and at most its whole demand.
 pub fn kept(claims: &[Claim], keep: &[u64]) -> Vec<u64> {

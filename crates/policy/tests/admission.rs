@@ -2,7 +2,7 @@
 //! with fair share's.
 
 use proptest::prelude::*;
-use tiermem_policy::admission::{admit, admit_beyond, kept, with_admitted};
+use tiermem_policy::admission::{admit, admit_beyond, fits_alone, kept, with_admitted};
 use tiermem_policy::share::{fair_shares, Claim};
 
 fn claim(weight: u32, demand: u64) -> Claim {
@@ -23,6 +23,17 @@ fn three_working_sets_of_six_tenths_one_runs_whole_and_two_share_the_rest() {
     assert_eq!(budgets(100, &claims, &[5, 5, 5], &[0, 1, 2]), vec![60, 20, 20]);
     // The order is the caller's: the third's turn first.
     assert_eq!(budgets(100, &claims, &[5, 5, 5], &[2, 0, 1]), vec![20, 20, 60]);
+}
+
+#[test]
+fn a_working_set_fits_alone_when_the_others_at_their_keeps_leave_room_for_it() {
+    let claims = [claim(1, 60), claim(1, 80), claim(1, 10)];
+    // 60 + 10 + 10 and 80 + 10 + 10 fit 100; but not 80 beside 60 (the first's whole demand).
+    assert!(fits_alone(100, &claims, &[10, 10, 10], 0) && fits_alone(100, &claims, &[10, 10, 10], 1));
+    assert!(!fits_alone(90, &claims, &[10, 10, 10], 1));
+    // What a tenant keeps is at most its demand: the third keeps 10 of its 10.
+    assert!(fits_alone(100, &claims, &[10, 10, 30], 1));
+    assert!(!fits_alone(100, &claims, &[10, 10, 10], 3), "no such tenant");
 }
 
 #[test]

@@ -58,9 +58,16 @@
 //! turn it is) when it does not fit and all the others can wait: passed over for a later one
 //! that fits, a program larger than the GPU beside a small one waited, held, as long as the
 //! small one worked — for ever, the small one taking turn after turn; it has the GPU in its
-//! turn as if none fit. And a program that can wait but has not begun to work takes none of
-//! the spare while another is admitted (the admitted one's budget would trail its
-//! allocations, those beyond it made on the host and brought up later).
+//! turn as if none fit. Nor past the first whose turn is next (none under way) and that can
+//! run in a turn (it fits beside the others' keeps, or they can all wait): when tenants fit
+//! two by two their turns overlap, one of them always under way, and one that fits only alone
+//! would never come first. A program is held only while its turn can come: beside an engine
+//! (explicit `working-sets`), one that fits only beyond its share runs on what it keeps, as
+//! the engine does. And a program that can wait but has not begun to work takes none of the
+//! spare while another is admitted (the admitted one's budget would trail its allocations,
+//! those beyond it made on the host and brought up later). A property test
+//! (`crates/daemon/tests/turns_properties.rs`) checks, under both sharings, that after any
+//! sequence every program is let go within a few turns for each.
 //!
 //! # Handing over
 //! A turn that runs out ends in a cut to the tenant's keep, met by sending its working set
@@ -78,7 +85,7 @@ use super::{Registry, Tenant, TenantId};
 use crate::config::Sharing;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
-use tiermem_policy::admission::{admit, admit_beyond, with_admitted};
+use tiermem_policy::admission::{admit, admit_beyond, fits_alone, with_admitted};
 use tiermem_policy::share::Claim;
 use tiermem_protocol::Tier;
 
@@ -221,6 +228,18 @@ impl Registry {
         if let Some(at) = order.iter().position(|&i| stops(i)) {
             order[at + 1..].iter().for_each(|&j| admitted[j] = false);
         }
+        // Nor past the first not admitted whose turn is next (none under way) that can run in
+        // a turn — it fits with the others at their keeps, or they can all wait (it then has
+        // the GPU alone, below): admitted past, it could wait for ever while the turns of
+        // tenants that fit two by two overlap; it goes when those under way end. (One that
+        // can never run in a turn is passed: it would hold the line for nothing.)
+        let next = |i: &usize| {
+            let (i, tenant) = (*i, tenants[*i]);
+            !admitted[i] && !self.is_sticky(tenant, now) && (fits_alone(capacity, claims, &keep, i) || others_wait(i))
+        };
+        if let Some(at) = order.iter().position(next) {
+            order[at + 1..].iter().for_each(|&j| admitted[j] = false);
+        }
         // The first in the order — whose turn it is — fits beside none of those admitted after
         // it: passed over for them, a program larger than what they leave would wait as long as
         // they work, for ever (they take turns among themselves). When all the others can
@@ -237,7 +256,14 @@ impl Registry {
         // admitted has the GPU to itself; so do tenants none of which fits).
         let any_admitted = admitted.iter().any(|&a| a);
         let waiting: Vec<bool> = (0..ids.len()).map(|i| any_admitted && working(tenants[i]) && !admitted[i]).collect();
-        let held: Vec<bool> = (0..ids.len()).map(|i| waiting[i] && tenants[i].waits).collect();
+        // Held only while its turn can come: where every working tenant can wait (the first
+        // in the order then runs, fitting or not), or where it fits with the others at their
+        // keeps. Beside one that cannot wait (an engine, under explicit `working-sets`), a
+        // program that fits only beyond its whole share would never run again; it runs on what
+        // it keeps, as the engine does.
+        let all_wait = order.iter().all(|&i| can_wait[i]);
+        let holdable: Vec<bool> = (0..ids.len()).map(|i| all_wait || fits_alone(capacity, &claims, &keep, i)).collect();
+        let held: Vec<bool> = (0..ids.len()).map(|i| waiting[i] && tenants[i].waits && holdable[i]).collect();
         let unstarted: Vec<bool> = tenants.iter().map(|t| t.waits && !t.idle && !working(t)).collect();
         let contended = waiting.iter().any(|&w| w);
         for (i, id) in ids.iter().enumerate() {
@@ -256,7 +282,7 @@ impl Registry {
                 }
                 _ => {}
             }
-            tenant.waiting = waiting[i];
+            (tenant.waiting, tenant.holdable) = (waiting[i], holdable[i]);
         }
         for id in ids {
             let sticky = self.is_sticky(&self.tenants[id], now);
@@ -316,7 +342,7 @@ impl Registry {
             let begun = t.turn_since.is_some_and(|since| now.saturating_duration_since(since) < room_wait);
             let lacking = hbm.budget < hbm.target.min(hbm.usage.demand);
             let making_room = begun && lacking && others(t.gpu.index, id, &shedding);
-            self.in_turns(t.gpu.index) && t.waits && (t.waiting || making_room)
+            self.in_turns(t.gpu.index) && t.waits && t.holdable && (t.waiting || making_room)
         };
         // In the second half of a turn that runs out, with another waiting for the GPU.
         let half_turn = Duration::from_millis(self.config.turn_ms) / 2;
