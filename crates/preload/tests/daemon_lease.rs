@@ -118,10 +118,15 @@ fn daemon(name: &str) -> (tiermem_daemon::Spawned, std::path::PathBuf) {
 
 /// `daemon`, its configuration beginning with `settings`.
 fn daemon_with(name: &str, settings: &str) -> (tiermem_daemon::Spawned, std::path::PathBuf) {
+    daemon_with_tables(name, settings, "")
+}
+
+/// `daemon_with`, its configuration ending with `tables` (`[[tenant]]` rules).
+fn daemon_with_tables(name: &str, settings: &str, tables: &str) -> (tiermem_daemon::Spawned, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("tiermem-preload-lease-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let text = format!("{settings}\nidle_after_ms = 0\n[[gpu]]\nindex = 0\nhbm = \"64MiB\"");
+    let text = format!("{settings}\nidle_after_ms = 0\n[[gpu]]\nindex = 0\nhbm = \"64MiB\"\n{tables}");
     let config = tiermem_daemon::Config::parse(&text, "test").unwrap();
     (tiermem_daemon::spawn(&dir.join("d.sock"), config).unwrap(), dir)
 }
@@ -205,25 +210,25 @@ struct HeldProbe {
     probe: Probe,
     child: Child,
     links: std::path::PathBuf,
-    newcomer: Option<(Arc<Engine>, DaemonLink, tiermem::BufferId)>,
+    newcomer: Option<(Probe, Child, std::path::PathBuf)>,
 }
 
 impl HeldProbe {
     /// Working sets in turns: the program (48 MiB) has the GPU's 64 alone; a newcomer's 48 do
-    /// not fit beside it, and the newcomer (an engine, which cannot wait) keeps room for its
-    /// largest acquire, its whole buffer, even while it waits — so only the newcomer can be
-    /// admitted, and the program waits, held. Its bytes go to the host meanwhile (read with
-    /// copies, never blocked): it keeps only the daemon's least (one of its units, 4 MiB), the
-    /// rest of what the newcomer's working set leaves going to the newcomer. Two chunks a
-    /// quiesce point (`TIERMEM_MIGRATE_BATCH`), so that a turn's pause is seen to bring up
-    /// everything that fits all the same.
+    /// not fit beside it, and the newcomer, a program of a higher priority, goes first — so
+    /// the program waits, held (it can: its turn will come). Its bytes go to the host meanwhile
+    /// (read with copies, never blocked): it keeps only the daemon's least (one of its units,
+    /// 4 MiB), the rest going to the newcomer. Two chunks a quiesce point
+    /// (`TIERMEM_MIGRATE_BATCH`), so that a turn's pause is seen to bring up everything that
+    /// fits all the same.
     fn start(name: &str) -> Self {
-        let (daemon, dir) = daemon_with(name, "hbm_sharing = \"working-sets\"\nturn_ms = 0");
+        let urgent = "[[tenant]]\nname = \"urgent\"\nlabel = \"urgent\"\npriority = 5\n";
+        let (daemon, dir) = daemon_with_tables(name, "hbm_sharing = \"working-sets\"\nturn_ms = 0", urgent);
         let socket = dir.join("d.sock");
         let env = [("TIERMEM_STATS", "1"), ("TIERMEM_MIGRATE_BATCH", "2")];
         let (mut probe, child, links) = start_probe(&format!("lease-{name}"), &socket, &env);
         assert_eq!(probe.ask("where"), "hbm 24 host 0");
-        let newcomer = Some(newcomer(&socket));
+        let newcomer = Some(start_probe(&format!("lease-{name}-urgent"), &socket, &[("TIERMEM_LABEL", "urgent")]));
         let held = Self { daemon, dir, probe, child, links, newcomer };
         let deadline = Instant::now() + SETTLE;
         while !held.held() {
@@ -231,7 +236,12 @@ impl HeldProbe {
             std::thread::sleep(Duration::from_millis(50));
         }
         let mut held = held;
-        held.probe.ask_until("where", "hbm 2 host 22", |_| {});
+        // It keeps what the daemon keeps for one held (a unit of 4 MiB at most), the rest sent down.
+        let kept_little = |answer: &str| {
+            let n: Vec<u32> = answer.split(' ').filter_map(|w| w.parse().ok()).collect();
+            matches!(n[..], [hbm, host] if hbm <= 2 && hbm + host == 24)
+        };
+        held.probe.ask_until_that("where", "two chunks at most in HBM", kept_little, |_| {});
         assert_eq!(held.probe.ask("verify"), "verified");
         held
     }
@@ -254,10 +264,9 @@ impl HeldProbe {
 }
 
 /// The newcomer of a [`HeldProbe`] leaves: the program's turn.
-fn leaves(newcomer: &mut Option<(Arc<Engine>, DaemonLink, tiermem::BufferId)>) {
-    let (engine, link, buffer) = newcomer.take().expect("a newcomer");
-    engine.free(buffer).unwrap();
-    link.end();
+fn leaves(newcomer: &mut Option<(Probe, Child, std::path::PathBuf)>) {
+    let (probe, child, links) = newcomer.take().expect("a newcomer");
+    finish(probe, child, links);
 }
 
 #[test]
