@@ -1,5 +1,5 @@
 //! Helpers of the registry's tests (no sockets): a GPU, identities, the budgets an outbox
-//! gives, demand reports.
+//! gives, demand reports, programs under `tiermem run`, budgets met until they settle.
 
 #![allow(dead_code)] // each test file uses some of these
 
