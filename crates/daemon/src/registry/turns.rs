@@ -28,9 +28,10 @@
 //! process's kernels do that, the driver's remapping for the admitted tenant's moves costs
 //! ~20× more (4.6–9.1 ms per 32 MiB against 0.1–0.4, measured on the H200: BENCHMARKS.md,
 //! forty-first session), so both crawl. Such a tenant registers `waits`, and is told to `wait`
-//! (its budget's word) while it waits, and while its own turn has begun but the tenant whose
-//! turn ended is still giving back the memory it is to get: its budget below its target and
-//! below its demand (a program whose working set fits what it has runs on), while another
+//! (its budget's word) while it waits — if its turn can come ("Where the line stops") — and
+//! while its own turn has begun but the tenant whose turn ended is still giving back the
+//! memory it is to get: its budget below its target and below its demand (a program whose
+//! working set fits what it has runs on), while another
 //! tenant of its GPU holds more than its budget (a cut not yet met, or one whose deadline
 //! passed and whose tenant still reports more in use). It launches nothing meanwhile, and its
 //! silence is not taken for idleness. The hold ends with the wait, or when the memory is given
