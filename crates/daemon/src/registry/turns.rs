@@ -219,34 +219,23 @@ impl Registry {
             (std::cmp::Reverse(t.rule.priority), turn.is_none(), turn, served(t), ids[i])
         });
         let mut admitted = admit(capacity, claims, &keep, &order);
-        // The line stops ("Where the line stops") at a tenant ramping up, or at one whose turn
-        // is under way but no longer fits while all the others can wait: none after it is
-        // admitted.
+        // The line stops ("Where the line stops") at a tenant ramping up, and at the first not
+        // admitted that can run in a turn: one whose turn is under way but that no longer fits
+        // while all the others can wait, or one whose turn is next (none under way) that fits
+        // with the others at their keeps or for whom all the others can wait (it then has the
+        // GPU alone, below). None after it is admitted: passed, it could wait for ever — beside
+        // a smaller program that fits, or while the turns of tenants that fit two by two
+        // overlap. (One that can never run in a turn is passed: it would hold the line for
+        // nothing.)
         let can_wait: Vec<bool> = tenants.iter().map(|t| t.waits).collect();
         let others_wait = |i: usize| order.iter().all(|&j| j == i || can_wait[j]);
-        let stops =
-            |i: usize| tenants[i].ramping || (self.is_sticky(tenants[i], now) && !admitted[i] && others_wait(i));
+        let stops = |i: usize| {
+            let can_run =
+                others_wait(i) || (!self.is_sticky(tenants[i], now) && fits_alone(capacity, claims, &keep, i));
+            tenants[i].ramping || (!admitted[i] && can_run)
+        };
         if let Some(at) = order.iter().position(|&i| stops(i)) {
             order[at + 1..].iter().for_each(|&j| admitted[j] = false);
-        }
-        // Nor past the first not admitted whose turn is next (none under way) that can run in
-        // a turn — it fits with the others at their keeps, or they can all wait (it then has
-        // the GPU alone, below): admitted past, it could wait for ever while the turns of
-        // tenants that fit two by two overlap; it goes when those under way end. (One that
-        // can never run in a turn is passed: it would hold the line for nothing.)
-        let next = |i: &usize| {
-            let (i, tenant) = (*i, tenants[*i]);
-            !admitted[i] && !self.is_sticky(tenant, now) && (fits_alone(capacity, claims, &keep, i) || others_wait(i))
-        };
-        if let Some(at) = order.iter().position(next) {
-            order[at + 1..].iter().for_each(|&j| admitted[j] = false);
-        }
-        // The first in the order — whose turn it is — fits beside none of those admitted after
-        // it: passed over for them, a program larger than what they leave would wait as long as
-        // they work, for ever (they take turns among themselves). When all the others can
-        // wait, it has the GPU in its turn as if none fit ("Where the line stops").
-        if order.first().is_some_and(|&first| !admitted[first] && others_wait(first)) {
-            admitted.iter_mut().for_each(|a| *a = false);
         }
         // None fits, and all but the first can wait: the first runs beyond its fit, in turns.
         let mut claims = claims.to_vec();
