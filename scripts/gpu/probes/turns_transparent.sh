@@ -10,7 +10,8 @@
 #                what it keeps, reading the rest in place (as before the hold).
 #   auto         the daemon's default sharing (hbm_sharing left out): programs under tiermem
 #                run, each of its own job, take turns as with working-sets.
-# PROGRAMS names the programs (default "a b"; "a b c" for three); TRACE=1 writes each program's
+# PROGRAMS names the programs (default "a b"; "a b c" for three); DELAYS the seconds after the
+# first that each starts (default 2 s apart; "0 0 40": a newcomer beside two in turns); TRACE=1 writes each program's
 # TIERMEM_TRACE to MODE/NAME.trace.jsonl.xz (its first line's unix_s lines them up). Each program's run is capped
 # at CAP_S (SIGTERM: the training loop writes the steps it made). Writes OUT/plain.json (the
 # reference losses), OUT/MODE/NAME.json and .log, daemon.log, status.jsonl, and OUT/summary.json.
@@ -22,6 +23,7 @@ HERE=$(cd "$(dirname "$0")/../../.." && pwd)
 STEPS=${STEPS:-60}; HBM_POOL=${HBM_POOL:-20GiB}; CAP_S=${CAP_S:-200}; TURN_MS=${TURN_MS:-10000}
 MODES=${MODES:-serial working-sets working-sets-nohold fair}
 PROGRAMS=${PROGRAMS:-a b}
+read -ra delays <<< "${DELAYS:-$(seq -s ' ' 0 2 $((2 * ($(wc -w <<< "$PROGRAMS") - 1))))}"
 INPUTS=$(mktemp -d)
 trap 'rm -rf "$INPUTS"' EXIT
 export TIERMEM_SOCKET="$INPUTS/tiermemd.sock" TIERMEM_PEERS=off
@@ -59,8 +61,7 @@ for mode in $MODES; do
   else
     pids=()
     for name in $PROGRAMS; do
-      [ ${#pids[@]} -gt 0 ] && sleep 2
-      train "$name" "$dir" & pids+=($!)
+      ( sleep "${delays[${#pids[@]}]:-0}"; train "$name" "$dir" ) & pids+=($!)
     done
     wait "${pids[@]}"
   fi
@@ -72,7 +73,7 @@ for mode in $MODES; do
 done
 
 python3 - "$OUT" "$PROGRAMS" $MODES <<'PY'
-import json, os, statistics, sys
+import json, lzma, os, statistics, sys
 out, programs, modes = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 plain = json.load(open(f"{out}/plain.json"))
 summary = {"plain_step_s_median": plain.get("step_s_median"), "steps": len(plain["losses"])}
@@ -90,6 +91,14 @@ for mode in modes:
                      "losses_identical": bool(losses) and losses == plain["losses"][: len(losses)],
                      "step_s_median": run.get("step_s_median"),
                      "step_s_max": max(run.get("step_s") or [0]), "turns": said[-1].split("; ")[-1] if said else None}
+    # Who was held, over time (seconds since the start): each change.
+    row["held_timeline"], last = [], None
+    for line in lzma.open(f"{d}/status.jsonl.xz", "rt"):
+        status = json.loads(line).get("status") or {}
+        now = sorted(t.get("label") or t.get("name") for t in status.get("tenants", []) if t.get("held"))
+        if now != last:
+            row["held_timeline"].append([round(json.loads(line)["t"] - start, 1), now])
+            last = now
     summary[mode] = row
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print(json.dumps(summary, indent=1))
