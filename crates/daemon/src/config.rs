@@ -258,6 +258,16 @@ impl Config {
                 rule.name
             )));
         }
+        for (i, gpu) in self.gpus.iter().enumerate() {
+            if let Some(first) = self.gpus[..i].iter().position(|h| h.index == gpu.index) {
+                return Err(DaemonError::Config(format!(
+                    "{origin}: GPU {} is given twice ([[gpu]] entries {} and {}): give each GPU one entry",
+                    gpu.index,
+                    first + 1,
+                    i + 1
+                )));
+            }
+        }
         self.socket_mode_bits().map(|_| ()).map_err(|e| DaemonError::Config(format!("{origin}: {e}")))
     }
 
@@ -361,5 +371,9 @@ mod tests {
         let size = Config::parse("[tiers]\nhost = \"lots\"", "f").unwrap_err().to_string();
         assert!(size.contains("lots"), "{size}");
         assert!(Config::parse("socket_mode = \"999\"", "f").is_err());
+        let gpu = |i: u32| format!("[[gpu]]\nindex = {i}\nhbm = \"1GiB\"\n");
+        let twice = Config::parse(&[gpu(0), gpu(1), gpu(0)].concat(), "f").unwrap_err().to_string();
+        assert!(twice.contains("GPU 0 is given twice ([[gpu]] entries 1 and 3)"), "{twice}");
+        assert!(Config::parse(&[gpu(0), gpu(1)].concat(), "f").is_ok());
     }
 }
