@@ -257,7 +257,10 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     // descendants only where they used the driver.
     command.env("TIERMEM_RUN_PID", std::process::id().to_string());
     let failed = command.exec();
-    Err(format!("run: starting {}: {failed}", program.to_string_lossy()))
+    // Said as env(1) and timeout(1) say it, in the exit status too: 127 for a command not
+    // found, 126 for one found that cannot run.
+    eprintln!("tiermem: run: starting {}: {failed}", program.to_string_lossy());
+    std::process::exit(if failed.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 })
 }
 
 #[cfg(test)]

@@ -103,6 +103,27 @@ fn a_missing_library_is_a_clear_error() {
 }
 
 #[test]
+fn a_command_that_cannot_start_exits_as_env_would() {
+    let dir = support::TempDir::new("run-cannot-start");
+    let not_executable = dir.0.join("script");
+    std::fs::write(&not_executable, "echo ran\n").unwrap();
+    for (command, code, said) in
+        [(dir.0.join("missing"), 127, "No such file"), (not_executable, 126, "Permission denied")]
+    {
+        let output = support::tiermem()
+            .arg("run")
+            .arg("--")
+            .arg(&command)
+            .env("TIERMEM_PRELOAD", preload_library())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{stderr}");
+        assert!(stderr.contains(&format!("run: starting {}: {said}", command.display())), "{stderr}");
+    }
+}
+
+#[test]
 fn a_bad_budget_is_refused_before_the_command_runs() {
     for bad in ["lots", "150%", "0%"] {
         let output = support::tiermem()
