@@ -36,7 +36,11 @@
 //!   unmanaged) until its wrapper is added — never a wrong signature called, which is what a
 //!   stale generated table risks;
 //! * `dlsym` and `cuGetProcAddress` share one rule and one table (routes.rs), and a program
-//!   asking `cuGetProcAddress` for `cuGetProcAddress` gets tiermem's as well.
+//!   asking `cuGetProcAddress` for `cuGetProcAddress` gets tiermem's as well;
+//! * where the library gives two routed names one address (an alias, or two bodies its
+//!   linker folded into one: the fake driver's legacy and per-thread variants in a release
+//!   build), the address is told apart by what was asked: `dlsym`'s name, or
+//!   `cuGetProcAddress`'s symbol and stream flavour.
 //!
 //! The routed functions are exported under their versioned names too, for programs linked
 //! against libcuda.

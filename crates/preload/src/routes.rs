@@ -60,24 +60,55 @@ fn routed() -> Vec<Route> {
     memory.into_iter().chain(tables.iter().flat_map(|table| table())).collect()
 }
 
-/// Real pointer → wrapper, as addresses; built once, when the driver is first needed.
-fn table() -> &'static [(usize, usize)] {
-    static TABLE: OnceLock<Vec<(usize, usize)>> = OnceLock::new();
+/// A routed function: the driver's real pointer, its versioned name, tiermem's wrapper.
+type Entry = (usize, &'static CStr, usize);
+
+/// Every routed function the loaded driver has; built once, when the driver is first needed.
+fn table() -> &'static [Entry] {
+    static TABLE: OnceLock<Vec<Entry>> = OnceLock::new();
     TABLE.get_or_init(|| {
         let Some(driver) = driver() else { return Vec::new() };
         routed()
             .iter()
             .filter_map(|&(name, wrapper)| {
                 let real = driver.symbol(name);
-                (!real.is_null()).then_some((real as usize, wrapper as usize))
+                (!real.is_null()).then_some((real as usize, name, wrapper as usize))
             })
             .collect()
     })
 }
 
 /// Tiermem's wrapper if `real` is a routed function of the driver, else `real` itself.
-pub fn route(real: *mut c_void) -> *mut c_void {
-    table().iter().find(|&&(r, _)| r == real as usize).map_or(real, |&(_, wrapper)| wrapper as *mut c_void)
+///
+/// A library may give two names one address (an alias, or two functions of one body folded
+/// into one by its linker: the fake driver's legacy and per-thread variants in a release
+/// build), and the address alone then cannot say which wrapper was asked for. So the entry
+/// is the one with that address that `fits` best, the first on a tie: `fits` scores a
+/// routed name against what the caller asked for (`dlsym`: the name; `cuGetProcAddress`: the
+/// name and the stream flavour, [`proc_fit`]).
+fn route(real: *mut c_void, fits: impl Fn(&CStr) -> u8) -> *mut c_void {
+    pick(table(), real as usize, fits).map_or(real, |wrapper| wrapper as *mut c_void)
+}
+
+/// The wrapper of the entry of `entries` at `real` that `fits` scores highest (the first of
+/// equals), if any is at `real`.
+fn pick(entries: &[Entry], real: usize, fits: impl Fn(&CStr) -> u8) -> Option<usize> {
+    let at = entries.iter().filter(|&&(r, _, _)| r == real);
+    // max_by_key keeps the last of equals: the first wins, reversed.
+    at.rev().max_by_key(|&&(_, name, _)| fits(name)).map(|&(_, _, wrapper)| wrapper)
+}
+
+/// How well a routed `name` fits `cuGetProcAddress(symbol, …, flags)`: 2 for the symbol in
+/// the asked-for stream flavour (`_ptsz`/`_ptds` for per-thread), 1 for the symbol in the
+/// other (a function without a per-thread variant), 0 for another function.
+fn proc_fit(name: &CStr, symbol: &[u8], per_thread: bool) -> u8 {
+    let name = name.to_bytes();
+    let Some(rest) = name.strip_prefix(symbol) else { return 0 };
+    if !(rest.is_empty() || rest.starts_with(b"_")) {
+        return 0;
+    }
+    let threaded = rest.ends_with(b"_ptsz") || rest.ends_with(b"_ptds");
+    1 + u8::from(threaded == per_thread)
 }
 
 /// Whether `name` looks like a driver API function (`cu` and a capital: `cuMemAlloc_v2`, not
@@ -170,17 +201,25 @@ unsafe extern "C" fn routed_dlsym(handle: *mut c_void, name: *const c_char) -> *
         return found;
     }
     let _inside = enter();
-    catch_unwind(AssertUnwindSafe(|| route(found))).unwrap_or(found)
+    catch_unwind(AssertUnwindSafe(|| route(found, |routed| u8::from(routed.to_bytes() == name)))).unwrap_or(found)
 }
 
-/// Routes the pointer a successful `cuGetProcAddress(_v2)` wrote to `pfn`.
+/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`: `cuGetProcAddress`'s flag for the
+/// per-thread default stream's variants.
+const PER_THREAD_FLAG: u64 = 2;
+
+/// Routes the pointer a successful `cuGetProcAddress(_v2)` of `symbol` with `flags` wrote to
+/// `pfn`.
 ///
 /// # Safety
-/// `pfn` null or valid for reads and writes.
-unsafe fn route_result(code: CuResult, pfn: *mut *mut c_void) -> CuResult {
+/// `pfn` null or valid for reads and writes; `symbol` null or NUL-terminated.
+unsafe fn route_result(code: CuResult, symbol: *const c_char, flags: u64, pfn: *mut *mut c_void) -> CuResult {
     if code == CUDA_SUCCESS && !pfn.is_null() {
+        // SAFETY: checked non-null; the caller passed the driver a NUL-terminated name.
+        let symbol = if symbol.is_null() { &[][..] } else { unsafe { CStr::from_ptr(symbol) }.to_bytes() };
+        let per_thread = flags & PER_THREAD_FLAG != 0;
         // SAFETY: checked non-null; the driver wrote the function it found there.
-        unsafe { *pfn = route(*pfn) };
+        unsafe { *pfn = route(*pfn, |name| proc_fit(name, symbol, per_thread)) };
     }
     code
 }
@@ -204,7 +243,7 @@ pub unsafe extern "C" fn cuGetProcAddress(
         return code;
     }
     // SAFETY: the caller's out-pointer, which the driver just wrote on success.
-    guard("cuGetProcAddress", || unsafe { route_result(code, pfn) })
+    guard("cuGetProcAddress", || unsafe { route_result(code, symbol, flags, pfn) })
 }
 
 /// `cuGetProcAddress_v2` (CUDA 12 and later; `cuGetProcAddress` in 12.x headers): as
@@ -227,12 +266,40 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         return code;
     }
     // SAFETY: the caller's out-pointer, which the driver just wrote on success.
-    guard("cuGetProcAddress_v2", || unsafe { route_result(code, pfn) })
+    guard("cuGetProcAddress_v2", || unsafe { route_result(code, symbol, flags, pfn) })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::driver_name;
+    use super::{driver_name, pick, proc_fit, Entry};
+    use std::ffi::CStr;
+
+    #[test]
+    fn names_at_one_address_are_told_apart_by_what_was_asked() {
+        // Two functions at one address (10), one alone (20).
+        let entries: [Entry; 3] =
+            [(10, c"cuMemAllocAsync", 1), (10, c"cuMemAllocAsync_ptsz", 2), (20, c"cuMemFree_v2", 3)];
+        let proc = |symbol: &'static [u8], per_thread| move |name: &CStr| proc_fit(name, symbol, per_thread);
+        assert_eq!(pick(&entries, 10, proc(b"cuMemAllocAsync", false)), Some(1));
+        assert_eq!(pick(&entries, 10, proc(b"cuMemAllocAsync", true)), Some(2));
+        let named = |asked: &'static [u8]| move |name: &CStr| u8::from(name.to_bytes() == asked);
+        assert_eq!(pick(&entries, 10, named(b"cuMemAllocAsync_ptsz")), Some(2));
+        assert_eq!(pick(&entries, 10, named(b"cuMemAllocAsync")), Some(1));
+        // Nothing fits better than the rest: the first; another address: its own; none: none.
+        assert_eq!(pick(&entries, 10, |_| 0), Some(1));
+        assert_eq!(pick(&entries, 20, proc(b"cuMemFree", true)), Some(3));
+        assert_eq!(pick(&entries, 30, |_| 1), None);
+    }
+
+    #[test]
+    fn a_name_fits_its_symbol_and_flavour() {
+        assert_eq!(proc_fit(c"cuMemAlloc_v2", b"cuMemAlloc", false), 2);
+        assert_eq!(proc_fit(c"cuMemAlloc_v2", b"cuMemAlloc", true), 1);
+        assert_eq!(proc_fit(c"cuLaunchKernel_ptsz", b"cuLaunchKernel", true), 2);
+        assert_eq!(proc_fit(c"cuMemcpyHtoDAsync_v2_ptds", b"cuMemcpyHtoDAsync", true), 2);
+        assert_eq!(proc_fit(c"cuMemAllocAsync", b"cuMemAlloc", false), 0);
+        assert_eq!(proc_fit(c"cuMemFree_v2", b"cuMemAlloc", false), 0);
+    }
 
     #[test]
     fn only_driver_api_names_are_looked_at() {
