@@ -41,6 +41,7 @@ pub struct LendArgs {
 const WATCH_EVERY: Duration = Duration::from_millis(200);
 
 pub fn run(args: LendArgs) -> Result<(), String> {
+    let socket = crate::node::socket_of_daemon(args.socket.clone()).map_err(|e| format!("lend: {e}"))?;
     let config = EngineConfig::from_env().map_err(|e| e.to_string())?;
     let sim = mechanism::SimNode { gpus: config.sim_gpus.max(args.gpu + 1), hbm_per_gpu: config.sim_hbm };
     let (device, fallback) =
@@ -48,11 +49,6 @@ pub fn run(args: LendArgs) -> Result<(), String> {
     if let Some(why) = fallback {
         eprintln!("tiermem lend: no GPU usable ({why}): lending the simulated device's memory");
     }
-    let socket = args
-        .socket
-        .clone()
-        .or_else(tiermem_protocol::paths::client_socket)
-        .ok_or("lend: no socket path: pass --socket or set TIERMEM_SOCKET")?;
     let (free, _) = device.mem_info().map_err(|e| format!("lend: {e}"))?;
     let most = args.offer.unwrap_or(free.saturating_sub(args.reserve));
     eprintln!(

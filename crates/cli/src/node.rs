@@ -42,10 +42,18 @@ pub struct StatusArgs {
     socket: Option<PathBuf>,
 }
 
+/// The daemon's socket for a command that talks to it: `given` (`--socket`), else where
+/// tenants find it (TIERMEM_SOCKET, then the system's and the user's socket, if there).
+pub(crate) fn socket_of_daemon(given: Option<PathBuf>) -> Result<PathBuf, String> {
+    given.or_else(tiermem_protocol::paths::client_socket).ok_or_else(|| {
+        "no tiermemd socket found (--socket, TIERMEM_SOCKET, /run/tiermem/tiermemd.sock, \
+         $XDG_RUNTIME_DIR/tiermem.sock): is `tiermem daemon` running?"
+            .into()
+    })
+}
+
 pub fn status(args: StatusArgs) -> Result<(), String> {
-    let socket = args.socket.or_else(tiermem_protocol::paths::client_socket).ok_or(
-        "no tiermemd socket found (TIERMEM_SOCKET, /run/tiermem/tiermemd.sock, $XDG_RUNTIME_DIR/tiermem.sock): is `tiermem daemon` running?",
-    )?;
+    let socket = socket_of_daemon(args.socket)?;
     let report = tiermem_tenant::query_status(&socket).map_err(|e| format!("status: {e}"))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);

@@ -28,9 +28,7 @@ pub struct TopArgs {
 }
 
 pub fn run(args: TopArgs) -> Result<(), String> {
-    let socket = args.socket.or_else(tiermem_protocol::paths::client_socket).ok_or(
-        "no tiermemd socket found (TIERMEM_SOCKET, /run/tiermem/tiermemd.sock, $XDG_RUNTIME_DIR/tiermem.sock): is `tiermem daemon` running?",
-    )?;
+    let socket = crate::node::socket_of_daemon(args.socket)?;
     use std::io::IsTerminal;
     if !std::io::stdout().is_terminal() {
         return Err("top: needs a terminal to draw in (standard output is not one): `tiermem status` prints once, `tiermem status --json` for scripts".into());

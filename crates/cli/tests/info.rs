@@ -49,3 +49,31 @@ fn top_without_a_terminal_says_what_to_use_instead() {
         "{said}"
     );
 }
+
+/// The commands that talk to the daemon say the same when they find no socket: where they
+/// looked, and what to start.
+#[test]
+fn without_a_daemon_status_top_and_lend_say_where_they_looked() {
+    let empty = support::TempDir::new("no-daemon");
+    if std::path::Path::new("/run/tiermem/tiermemd.sock").exists() {
+        eprintln!("a system tiermemd runs here: nothing to check");
+        return;
+    }
+    for command in [&["status"][..], &["top"], &["lend", "--gpu", "0"]] {
+        let output = support::tiermem()
+            .args(command)
+            .env_remove("TIERMEM_SOCKET")
+            .env("XDG_RUNTIME_DIR", &empty.0)
+            .env("TIERMEM_BACKEND", "sim")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{command:?}: {said}");
+        assert!(
+            said.contains("no tiermemd socket found (--socket, TIERMEM_SOCKET,")
+                && said.contains("is `tiermem daemon` running?"),
+            "{command:?}: {said}"
+        );
+        assert!(!said.contains("simulated"), "{command:?} looked for the socket after opening a device: {said}");
+    }
+}
