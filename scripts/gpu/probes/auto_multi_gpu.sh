@@ -60,8 +60,9 @@ echo "$start $(date +%s.%N)" > "$OUT/makespan.times"
 stop_daemon
 grep -h "GPU [01]:" "$OUT/daemon.log" | cut -c1-200
 
-python3 - "$OUT" "$DDP_RUNS" <<'PY'
-import json, os, sys
+PYTHONPATH="$(dirname "$0")" python3 - "$OUT" "$DDP_RUNS" <<'PY'
+import json, lzma, sys
+from turns_summary import outcome
 out, ddp_runs = sys.argv[1], int(sys.argv[2])
 plain = json.load(open(f"{out}/plain.json"))
 ddp_plain = json.loads(open(f"{out}/ddp_plain.json").read().strip().splitlines()[-1])
@@ -69,13 +70,7 @@ start, end = map(float, open(f"{out}/makespan.times").read().split())
 summary = {"makespan_s": round(end - start, 2), "plain_step_s_median": plain.get("step_s_median"),
            "sharing_changes": [l.strip()[:200] for l in open(f"{out}/daemon.log") if "GPU 0:" in l or "GPU 1:" in l]}
 for name in ("a", "b"):
-    t0, t1, rc = open(f"{out}/{name}.times").read().split()
-    run = json.load(open(f"{out}/{name}.json")) if os.path.exists(f"{out}/{name}.json") else {}
-    losses = run.get("losses", [])
-    said = [l.strip() for l in open(f"{out}/{name}.log") if "waited for turns" in l]
-    summary[name] = {"exit": int(rc), "wall_s": round(float(t1) - float(t0), 2), "steps": len(losses),
-                     "losses_identical": bool(losses) and losses == plain["losses"][: len(losses)],
-                     "step_s_median": run.get("step_s_median"), "turns": said[-1].split("; ")[-1] if said else None}
+    summary[name], _ = outcome(out, name, plain)
 for run in range(1, ddp_runs + 1):
     t0, t1, rc = open(f"{out}/ddp{run}.times").read().split()
     lines = open(f"{out}/ddp{run}.json").read().strip().splitlines()
@@ -84,7 +79,6 @@ for run in range(1, ddp_runs + 1):
                             "digest_identical": got.get("digest") == ddp_plain.get("digest"),
                             "pool_registered": got.get("pool_registered")}
 # GPU 0's sharing over time, from the status polls: (seconds since start, in turns, tenants)
-import lzma
 timeline, last = [], None
 for line in lzma.open(f"{out}/status.jsonl.xz", "rt"):
     row = json.loads(line)

@@ -39,33 +39,17 @@ echo "$start $(date +%s.%N)" > "$OUT/makespan.times"
 stop_daemon
 grep -h "waited for turns" "$OUT/small.log" "$OUT/big.log" | cut -c1-250
 
-python3 - "$OUT" <<'PY'
-import json, lzma, os, sys
+PYTHONPATH="$(dirname "$0")" python3 - "$OUT" <<'PY'
+import json, sys
+from turns_summary import held_timeline, outcome
 out = sys.argv[1]
 start, end = map(float, open(f"{out}/makespan.times").read().split())
 summary = {"makespan_s": round(end - start, 2)}
-names = {}
 for name, plain in (("small", "plain-small"), ("big", "plain")):
     ref = json.load(open(f"{out}/{plain}.json"))
-    t0, t1, rc = open(f"{out}/{name}.times").read().split()
-    run = json.load(open(f"{out}/{name}.json")) if os.path.exists(f"{out}/{name}.json") else {}
-    losses = run.get("losses", [])
-    said = [l.strip() for l in open(f"{out}/{name}.log") if "waited for turns" in l]
-    summary[name] = {"exit": int(rc), "wall_s": round(float(t1) - float(t0), 2), "steps": len(losses),
-                     "losses_identical": bool(losses) and losses == ref["losses"][: len(losses)],
-                     "plain_step_s_median": ref.get("step_s_median"), "step_s_median": run.get("step_s_median"),
-                     "turns": said[-1].split("; ")[-1] if said else None}
-# Who was held, over time (seconds since start): the changes.
-timeline, last = [], None
-for line in lzma.open(f"{out}/status.jsonl.xz", "rt"):
-    row = json.loads(line)
-    status = row.get("status") or {}
-    labels = {t["tenant"]: t.get("label") or t.get("name") for t in status.get("tenants", [])}
-    now = sorted(labels[t["tenant"]] for t in status.get("tenants", []) if t.get("held"))
-    if now != last:
-        timeline.append([round(row["t"] - start, 1), now])
-        last = now
-summary["held_timeline"] = timeline
+    summary[name], _ = outcome(out, name, ref)
+    summary[name]["plain_step_s_median"] = ref.get("step_s_median")
+summary["held_timeline"] = held_timeline(f"{out}/status.jsonl.xz", start)
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print(json.dumps(summary, indent=1))
 PY

@@ -28,7 +28,6 @@ printf 'idle_after_ms = 0\nhbm_sharing = "working-sets"\nturn_ms = %s\n[[gpu]]\n
   "$TURN_MS" "$HBM_POOL" > "$INPUTS/tiermemd.toml"
 start_daemon "$BIN" "$INPUTS/tiermemd.toml" "$OUT"
 echo "== the engine, then the program"
-start=$(date +%s.%N)
 TIERMEM_DAEMON="$TIERMEM_SOCKET" timeout -k 20 $((CAP_S + 30)) "$BIN" bench tenant-worker \
   --working-set "$ENGINE_SET" --buffer-size "$ENGINE_BUFFER" --stop-file "$INPUTS/stop" \
   > "$OUT/engine.json" 2> "$OUT/engine.log" & engine=$!
@@ -40,29 +39,15 @@ echo "$t0 $(date +%s.%N) $?" > "$OUT/program.times"
 touch "$INPUTS/stop"; wait $engine; echo "engine exit $?"
 stop_daemon
 
-python3 - "$OUT" "$start" <<'PY'
-import json, lzma, os, sys
-out, start = sys.argv[1], float(sys.argv[2])
+PYTHONPATH="$(dirname "$0")" python3 - "$OUT" <<'PY'
+import json, sys
+from turns_summary import held_seconds, outcome
+out = sys.argv[1]
 plain = json.load(open(f"{out}/plain.json"))
-t0, t1, rc = open(f"{out}/program.times").read().split()
-run = json.load(open(f"{out}/program.json")) if os.path.exists(f"{out}/program.json") else {}
-losses = run.get("losses", [])
+program, _ = outcome(out, "program", plain)
+program.update(plain_step_s_median=plain.get("step_s_median"), held_s=held_seconds(f"{out}/status.jsonl.xz", "program"))
 engine = next((json.loads(l) for l in reversed(open(f"{out}/engine.json").read().splitlines()) if l.startswith("{")), {})
-held_s, last = 0.0, None
-for line in lzma.open(f"{out}/status.jsonl.xz", "rt"):
-    row = json.loads(line)
-    tenants = (row.get("status") or {}).get("tenants", [])
-    held = any(t.get("held") and (t.get("label") or t.get("name")) == "program" for t in tenants)
-    if last is not None and last[1]:
-        held_s += row["t"] - last[0]
-    last = (row["t"], held)
-summary = {
-    "program": {"exit": int(rc), "wall_s": round(float(t1) - float(t0), 2), "steps": len(losses),
-                "losses_identical": bool(losses) and losses == plain["losses"][: len(losses)],
-                "plain_step_s_median": plain.get("step_s_median"), "step_s_median": run.get("step_s_median"),
-                "held_s": round(held_s, 1)},
-    "engine": {k: engine.get(k) for k in ("rounds", "bytes", "seconds", "mismatched_words", "retries")},
-}
+summary = {"program": program, "engine": {k: engine.get(k) for k in ("rounds", "bytes", "seconds", "mismatched_words", "retries")}}
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print(json.dumps(summary, indent=1))
 PY

@@ -72,8 +72,9 @@ for mode in $MODES; do
   for trace in "$dir"/*.trace.jsonl; do [ -e "$trace" ] && xz -9 "$trace"; done
 done
 
-python3 - "$OUT" "$PROGRAMS" $MODES <<'PY'
-import json, lzma, os, statistics, sys
+PYTHONPATH="$(dirname "$0")" python3 - "$OUT" "$PROGRAMS" $MODES <<'PY'
+import json, sys
+from turns_summary import held_timeline, outcome
 out, programs, modes = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 plain = json.load(open(f"{out}/plain.json"))
 summary = {"plain_step_s_median": plain.get("step_s_median"), "steps": len(plain["losses"])}
@@ -82,23 +83,9 @@ for mode in modes:
     start, end = map(float, open(f"{d}/makespan.times").read().split())
     row = {"makespan_s": round(end - start, 2)}
     for name in programs:
-        t0, t1, rc = open(f"{d}/{name}.times").read().split()
-        run = json.load(open(f"{d}/{name}.json")) if os.path.exists(f"{d}/{name}.json") else {}
-        said = [l.strip() for l in open(f"{d}/{name}.log") if "waited for turns" in l]
-        losses = run.get("losses", [])
-        row[name] = {"exit": int(rc), "wall_s": round(float(t1) - float(t0), 2), "steps": len(losses),
-                     "stopped": run.get("stopped", False),
-                     "losses_identical": bool(losses) and losses == plain["losses"][: len(losses)],
-                     "step_s_median": run.get("step_s_median"),
-                     "step_s_max": max(run.get("step_s") or [0]), "turns": said[-1].split("; ")[-1] if said else None}
-    # Who was held, over time (seconds since the start): each change.
-    row["held_timeline"], last = [], None
-    for line in lzma.open(f"{d}/status.jsonl.xz", "rt"):
-        status = json.loads(line).get("status") or {}
-        now = sorted(t.get("label") or t.get("name") for t in status.get("tenants", []) if t.get("held"))
-        if now != last:
-            row["held_timeline"].append([round(json.loads(line)["t"] - start, 1), now])
-            last = now
+        row[name], run = outcome(d, name, plain)
+        row[name].update(stopped=run.get("stopped", False), step_s_max=max(run.get("step_s") or [0]))
+    row["held_timeline"] = held_timeline(f"{d}/status.jsonl.xz", start)
     summary[mode] = row
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print(json.dumps(summary, indent=1))
