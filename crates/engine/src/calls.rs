@@ -39,6 +39,10 @@ use crate::sync::Arc;
 use crate::{Error, Result};
 use tiermem_mechanism::StreamHandle;
 
+/// The steps `page_ahead` never takes room from, counted from the schedule's current one: it
+/// and the next (whose chunks paging ahead along the schedule is bringing in).
+const PAGE_AHEAD_PROTECTS: u64 = 1;
+
 impl Inner {
     pub(crate) fn buffer(&self, call: &'static str, id: BufferId) -> Result<&Buffer> {
         self.state.buffer(id).ok_or(Error::UnknownBuffer { call, buffer: id })
@@ -303,6 +307,15 @@ impl Inner {
         let refs = self.resolve("prefetch", regions)?;
         self.tiers.reap(&mut self.state)?;
         self.bring_in("prefetch", &refs, Purpose::Prefetch)?;
+        Ok(())
+    }
+
+    /// `Engine::page_ahead`: a page-in ahead of use that makes room as paging ahead along the
+    /// schedule does (placement.rs, `Purpose::Ahead`), protecting the current and the next step.
+    pub(crate) fn page_ahead(&mut self, regions: &[Region]) -> Result<()> {
+        let refs = self.resolve("page_ahead", regions)?;
+        self.tiers.reap(&mut self.state)?;
+        self.bring_in("page_ahead", &refs, Purpose::Ahead { horizon: PAGE_AHEAD_PROTECTS })?;
         Ok(())
     }
 
