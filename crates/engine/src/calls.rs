@@ -27,7 +27,7 @@
 //! change itself never fails for that, and neither does a `release`.
 
 use crate::buffer::{Access, AllocOptions, BufferId, Region};
-use crate::candidates::Among;
+use crate::candidates::{Among, SOON};
 use crate::engine::{Inner, Target, Ticket, TicketWork};
 use crate::error::retag;
 use crate::error::Context;
@@ -38,10 +38,6 @@ use crate::state::{Below, Buffer, ChunkRef};
 use crate::sync::Arc;
 use crate::{Error, Result};
 use tiermem_mechanism::StreamHandle;
-
-/// The steps `page_ahead` never takes room from, counted from the schedule's current one: it
-/// and the next (whose chunks paging ahead along the schedule is bringing in).
-const PAGE_AHEAD_PROTECTS: u64 = 1;
 
 impl Inner {
     pub(crate) fn buffer(&self, call: &'static str, id: BufferId) -> Result<&Buffer> {
@@ -311,11 +307,13 @@ impl Inner {
     }
 
     /// `Engine::page_ahead`: a page-in ahead of use that makes room as paging ahead along the
-    /// schedule does (placement.rs, `Purpose::Ahead`), protecting the current and the next step.
+    /// schedule does (placement.rs, `Purpose::Ahead`), protecting the current and the next step
+    /// (and what earlier calls paged in and is still to be used: candidates.rs, `SOON`).
     pub(crate) fn page_ahead(&mut self, regions: &[Region]) -> Result<()> {
         let refs = self.resolve("page_ahead", regions)?;
+        self.state.mark_wanted_soon(regions.iter().map(|r| r.buffer));
         self.tiers.reap(&mut self.state)?;
-        self.bring_in("page_ahead", &refs, Purpose::Ahead { horizon: PAGE_AHEAD_PROTECTS })?;
+        self.bring_in("page_ahead", &refs, Purpose::Ahead { horizon: SOON })?;
         Ok(())
     }
 

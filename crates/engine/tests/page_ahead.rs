@@ -107,11 +107,38 @@ fn with_a_schedule_takes_what_no_step_uses_then_what_is_used_furthest_ahead() {
     assert!(!in_hbm(&engine, loose), "what no step uses leaves first");
     assert!(!in_hbm(&engine, later), "then what is used furthest ahead");
     assert!(in_hbm(&engine, now) && in_hbm(&engine, next), "never the current or the next step");
-    // Now only the current and next steps' buffers and the two brought in are resident: those
-    // are scheduled nowhere, so they go first.
+    // Now only the current and next steps' buffers and the two it brought in, still to be
+    // used, are resident: nothing may leave for a buffer used after them.
     engine.page_ahead(&[Region::whole(later)]).unwrap();
-    assert!(in_hbm(&engine, later) && in_hbm(&engine, now) && in_hbm(&engine, next));
+    assert!(!in_hbm(&engine, later) && in_hbm(&engine, wanted) && in_hbm(&engine, more));
+    touch(&engine, wanted);
+    settle(&engine);
+    engine.page_ahead(&[Region::whole(later)]).unwrap();
+    assert!(in_hbm(&engine, later) && !in_hbm(&engine, wanted), "used, it leaves first");
+    assert!(in_hbm(&engine, now) && in_hbm(&engine, next) && in_hbm(&engine, more));
     assert_eq!(engine.stats().transfers.evictions - before, 3);
+    assert_all(&engine, &all);
+    assert_no_leaks(engine, sim);
+}
+
+#[test]
+fn what_it_paged_in_stays_until_used_then_leaves_first() {
+    let (engine, sim) = support::engine(4, 16, support::config());
+    let all = buffers(&engine, 5);
+    let [now, next, later, first, second] = [0, 1, 2, 3, 4].map(|i| all[i].0);
+    engine.set_schedule(vec![vec![now], vec![next], vec![later]]).unwrap();
+    [later, next, now].into_iter().for_each(|id| touch(&engine, id));
+    engine.advance(0, 0).unwrap();
+    engine.page_ahead(&[Region::whole(first)]).unwrap(); // into the free chunk
+    engine.page_ahead(&[Region::whole(second)]).unwrap();
+    assert!(in_hbm(&engine, first), "paged in for use soon: kept like the next step's");
+    assert!(in_hbm(&engine, second) && !in_hbm(&engine, later));
+    engine.advance(0, 4 * CHUNK).unwrap(); // the schedule's own page-ahead takes neither
+    assert!(in_hbm(&engine, first) && in_hbm(&engine, second));
+    touch(&engine, first); // used: an unscheduled buffer like any other again
+    settle(&engine); // (a victim the GPU is still using leaves without being waited for)
+    engine.page_ahead(&[Region::whole(later)]).unwrap();
+    assert!(in_hbm(&engine, later) && !in_hbm(&engine, first) && in_hbm(&engine, second));
     assert_all(&engine, &all);
     assert_no_leaks(engine, sim);
 }
