@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import torch  # noqa: E402
 
 import tiermem  # noqa: E402
-import tiermem.torch as tt  # noqa: E402
+import tiermem.torch as tt  # noqa: E402  (before tiermem.activations, which it imports)
+import tiermem.activations  # noqa: E402
 from torch_bench import llama, llama_config  # noqa: E402
 
 COUNTERS = ("bytes_in", "bytes_out", "evictions", "stall_ms", "evict_wait_ms", "page_ins", "zero_fills", "map_ms")
@@ -75,8 +76,6 @@ def main() -> None:
     cap = (512 << 20) if args.small else (8 << 30)
     batch, seq = 4, 512
     if args.plain_prefetch:  # the proxy is no tiermem.Pool: skip offload_activations' check
-        import tiermem.activations
-
         tiermem.activations._require_gpu = lambda pool, call: None
     model = llama(config, 2, torch.float32).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
