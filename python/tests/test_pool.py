@@ -444,27 +444,3 @@ def test_two_programs_each_get_a_schedule_and_forgetting_ones_steps_keeps_the_ot
     assert run(100) == list(range(4))
     for buf, d in zip(layers, data):
         assert buf.read() == d
-
-
-def test_prefetch_with_evict_makes_room_where_a_plain_prefetch_finds_none(pool):
-    """prefetch(evict=True) (Engine::page_ahead): HBM full of buffers used earlier, a plain
-    prefetch brings nothing in, one that may evict brings the buffer in; every byte intact."""
-    bufs = [pool.alloc(CHUNK, name=f"b{i}") for i in range(5)]
-    data = [pattern(70 + i, CHUNK) for i in range(5)]
-    for buf, d in zip(bufs, data):
-        buf.write(d)
-    pool.page_out()
-    for buf in bufs[:4]:
-        with pool.acquired(buf):
-            pass
-    in_hbm = lambda buf: next(b for b in pool.stats()["buffers"] if b["name"] == buf.name)["in_hbm"]  # noqa: E731
-    pool.prefetch(bufs[4])
-    assert in_hbm(bufs[4]) == 0, "a plain prefetch never evicts"
-    for _ in range(100):  # without a schedule only what the (simulated) GPU has finished with leaves
-        pool.prefetch(bufs[4], evict=True)
-        if in_hbm(bufs[4]):
-            break
-    assert in_hbm(bufs[4]) == 1
-    assert sum(in_hbm(b) for b in bufs[:4]) == 3
-    for buf, d in zip(bufs, data):
-        assert buf.read() == d

@@ -17,10 +17,8 @@ from .units import view as _view
 def offload_activations(pool: Pool, min_bytes: int = 1 << 20, prefetch: int = 2):
     """Within this context, tensors that autograd saves for backward (at least ``min_bytes``)
     are copied into tiermem buffers, so they can leave HBM until backward needs them; when
-    backward takes one back, the ``prefetch`` saved just before it start paging in, making room
-    from what is needed later (``Pool.prefetch(evict=True)``: what was saved earlier, what no
-    step uses, what the schedule uses furthest ahead). Offloaded parameters are left alone
-    (they are tiermem buffers already)."""
+    backward takes one back, the ``prefetch`` saved just before it start paging in.
+    Offloaded parameters are left alone (they are tiermem buffers already)."""
     _require_gpu(pool, "offload_activations")
     saved: list = []  # buffers in the order they were saved
 
@@ -43,9 +41,7 @@ def offload_activations(pool: Pool, min_bytes: int = 1 << 20, prefetch: int = 2)
         saved[index] = None  # the graph's reference keeps it until it is freed
         earlier = [b for b in saved[max(0, index - prefetch) : index] if b is not None]
         if earlier:
-            # HBM is full by now: a plain prefetch would find no room. These are needed before
-            # anything saved earlier, so they may evict it (and what no step uses).
-            pool.prefetch(earlier, evict=True)
+            pool.prefetch(earlier)
         stream = _stream()
         out = torch.empty(shape, dtype=dtype, device="cuda")
         with pool.acquired(buf, stream):

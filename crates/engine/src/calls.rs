@@ -27,7 +27,7 @@
 //! change itself never fails for that, and neither does a `release`.
 
 use crate::buffer::{Access, AllocOptions, BufferId, Region};
-use crate::candidates::{Among, SOON};
+use crate::candidates::Among;
 use crate::engine::{Inner, Target, Ticket, TicketWork};
 use crate::error::retag;
 use crate::error::Context;
@@ -303,17 +303,6 @@ impl Inner {
         let refs = self.resolve("prefetch", regions)?;
         self.tiers.reap(&mut self.state)?;
         self.bring_in("prefetch", &refs, Purpose::Prefetch)?;
-        Ok(())
-    }
-
-    /// `Engine::page_ahead`: a page-in ahead of use that makes room as paging ahead along the
-    /// schedule does (placement.rs, `Purpose::Ahead`), protecting the current and the next step
-    /// (and what earlier calls paged in and is still to be used: candidates.rs, `SOON`).
-    pub(crate) fn page_ahead(&mut self, regions: &[Region]) -> Result<()> {
-        let refs = self.resolve("page_ahead", regions)?;
-        self.state.mark_wanted_soon(regions.iter().map(|r| r.buffer));
-        self.tiers.reap(&mut self.state)?;
-        self.bring_in("page_ahead", &refs, Purpose::Ahead { horizon: SOON })?;
         Ok(())
     }
 

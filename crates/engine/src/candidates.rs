@@ -12,11 +12,6 @@ use crate::BufferId;
 use tiermem_mechanism::DeviceError;
 use tiermem_policy::Candidate;
 
-/// The next use of a buffer paged in ahead for use soon (`Engine::page_ahead`) that the
-/// schedule does not know, in steps from the current one: the next. Paging ahead along the
-/// schedule never takes it for the steps it brings in, nor does `page_ahead` itself.
-pub(crate) const SOON: u64 = 1;
-
 /// Which chunks may be chosen to leave their tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Among {
@@ -54,9 +49,7 @@ pub(crate) fn candidates(
         if among == Among::Resident && buffer.mapped() == 0 {
             continue;
         }
-        // A buffer paged in ahead for use soon counts as used by the next step, unless the
-        // schedule knows better.
-        let next_use = schedule.and_then(|s| s.next_use(id)).or(buffer.wanted_soon().then_some(SOON));
+        let next_use = schedule.and_then(|s| s.next_use(id));
         if let (Some(horizon), Some(next)) = (horizon, next_use) {
             if next <= horizon {
                 continue;

@@ -370,20 +370,6 @@ impl Engine {
         self.lock().prefetch(regions)
     }
 
-    /// Starts bringing `regions` into HBM for use soon, making room as paging ahead along a
-    /// schedule does: chunks that no step of the schedule uses leave first (least recently used
-    /// first), then those used furthest ahead — never one the current or the next step uses,
-    /// one acquired, or `regions` themselves; without a schedule, the policy's victims among
-    /// the chunks the GPU has finished with. Never waits: victims start down, what is free now
-    /// is filled, and a later call (or the acquire) brings in the rest. Until acquired,
-    /// `regions`' buffers count as used by the next step: neither paging ahead along the
-    /// schedule nor a later `page_ahead` takes them back. For data whose next use
-    /// no schedule can know, such as activations saved for backward
-    /// (`tiermem.torch.offload_activations`), where `prefetch` would find no free HBM.
-    pub fn page_ahead(&self, regions: &[Region]) -> Result<()> {
-        self.unlocked_waits(|inner| inner.page_ahead(regions))
-    }
-
     /// Copies `target` into HBM (evicting others as needed) and waits.
     pub fn page_in(&self, target: Target) -> Result<()> {
         let ticket = self.page_in_start(target)?;

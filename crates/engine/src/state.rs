@@ -271,19 +271,11 @@ pub(crate) struct Buffer {
     chunks: Vec<Chunk>,
     /// Chunks mapped in HBM, so eviction can skip buffers with none.
     mapped: usize,
-    /// Paged in ahead for use soon (`Engine::page_ahead`) and not acquired since.
-    soon: bool,
 }
 
 impl Buffer {
     pub fn chunks(&self) -> &[Chunk] {
         &self.chunks
-    }
-
-    /// Paged in ahead for use soon and not acquired since: eviction takes it after everything
-    /// whose next use is known to be further (candidates.rs).
-    pub fn wanted_soon(&self) -> bool {
-        self.soon
     }
 
     pub fn mapped(&self) -> usize {
@@ -388,7 +380,7 @@ impl ChunkTable {
         let id = BufferId(self.next_buffer);
         self.next_buffer += 1;
         let chunks = (0..reserved / self.chunk).map(|_| Chunk::new()).collect();
-        self.buffers.insert(id, Buffer { va, size, reserved, options, chunks, mapped: 0, soon: false });
+        self.buffers.insert(id, Buffer { va, size, reserved, options, chunks, mapped: 0 });
         id
     }
 
@@ -502,7 +494,6 @@ impl ChunkTable {
 
     /// Chunk `r` is acquired at `clock`; `true` if it was not acquired before.
     fn pin(&mut self, r: ChunkRef, clock: u64) -> bool {
-        self.buffers.get_mut(&r.0).expect("chunk of a live buffer").soon = false;
         let chunk = self.at(r);
         debug_assert!(chunk.hbm.is_some() || chunk.in_place == InPlace::Mapped, "acquired: in HBM or in place");
         chunk.pins += 1;
@@ -510,11 +501,6 @@ impl ChunkTable {
         let newly = chunk.pins == 1;
         self.pinned += usize::from(newly && chunk.hbm.is_some());
         newly
-    }
-
-    /// `ids` are wanted soon, until they are next acquired (`Buffer::wanted_soon`).
-    pub fn mark_wanted_soon(&mut self, ids: impl IntoIterator<Item = BufferId>) {
-        ids.into_iter().for_each(|id| self.buffers.get_mut(&id).expect("a live buffer").soon = true);
     }
 
     /// Acquires `refs` (resident, or mapped in place), one tick of the clock for all.

@@ -1,8 +1,7 @@
-//! Random sequences of alloc / write / acquire / release / prefetch / page_ahead / page_out /
-//! page_in / exchange / free against a reference model (a `Vec<u8>` per buffer). Every byte
-//! read back — through `Engine::read` or through the device pointer while acquired — must equal
-//! the model, after any sequence of moves; errors must be the documented ones and change no
-//! byte.
+//! Random sequences of alloc / write / acquire / release / prefetch / page_out / page_in /
+//! exchange / free against a reference model (a `Vec<u8>` per buffer). Every byte read back — through
+//! `Engine::read` or through the device pointer while acquired — must equal the model, after
+//! any sequence of moves; errors must be the documented ones and change no byte.
 //!
 //! Tiny caps (8 HBM chunks, 24 host chunks, up to 8 buffers of up to 5 chunks) force constant eviction. 500 cases × 100 ops by
 //! default (`PROPTEST_CASES` scales it); `TIERMEM_TEST_BACKEND=cuda` runs it on a real GPU.
@@ -52,10 +51,8 @@ enum Op {
     Unhold {
         index: usize,
     },
-    /// `prefetch`, or `page_ahead` (which may evict) when `evict`.
     Prefetch {
         buf: usize,
-        evict: bool,
     },
     PageOut {
         buf: Option<usize>,
@@ -109,7 +106,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(|buf| Op::Check { buf }),
         2 => (span, any::<bool>()).prop_map(|((buf, at, len), write)| Op::Hold { buf, at, len, write }),
         2 => any::<usize>().prop_map(|index| Op::Unhold { index }),
-        2 => (any::<usize>(), any::<bool>()).prop_map(|(buf, evict)| Op::Prefetch { buf, evict }),
+        2 => any::<usize>().prop_map(|buf| Op::Prefetch { buf }),
         2 => prop::option::weighted(0.8, any::<usize>()).prop_map(|buf| Op::PageOut { buf }),
         1 => any::<usize>().prop_map(|buf| Op::PageOutStart { buf }),
         1 => Just(Op::Finish),
@@ -348,11 +345,10 @@ fn run(
                 Ok(ticket) => m.tickets.push(ticket),
                 Err(e) => prop_assert!(m.injected(&e), "set_hbm_budget: {e}"),
             },
-            Op::Prefetch { buf, evict } => {
+            Op::Prefetch { buf } => {
                 let Some(i) = m.pick(buf) else { continue };
-                let region = [Region::whole(m.buffers[i].0)];
-                if let Err(e) = if evict { engine.page_ahead(&region) } else { engine.prefetch(&region) } {
-                    prop_assert!(m.injected(&e) || evict && m.is_pressure(&e), "prefetch (evict {evict}): {e}");
+                if let Err(e) = engine.prefetch(&[Region::whole(m.buffers[i].0)]) {
+                    prop_assert!(m.injected(&e), "prefetch: {e}");
                 }
             }
             Op::PageOut { buf } => {

@@ -237,19 +237,10 @@ impl Pool {
         Ok(Acquisition { pool: slf.clone().unbind(), regions: regions.clone().unbind(), stream, write })
     }
 
-    /// Starts bringing `regions` into HBM in the background. By default only into free HBM (a
-    /// prefetch never evicts); with `evict=True` it makes room as paging ahead along the
-    /// schedule does (`Engine::page_ahead`): what no step uses, or what is used furthest ahead,
-    /// leaves — never what the current or the next step uses. Neither waits.
-    #[pyo3(signature = (regions, evict=false))]
-    fn prefetch(&self, py: Python<'_>, regions: &Bound<'_, PyAny>, evict: bool) -> PyResult<()> {
+    fn prefetch(&self, py: Python<'_>, regions: &Bound<'_, PyAny>) -> PyResult<()> {
         let regions = self.regions(regions)?;
         let engine = self.open("prefetch")?;
-        let started = py.allow_threads(|| match evict {
-            true => engine.page_ahead(&regions),
-            false => engine.prefetch(&regions),
-        });
-        started.map_err(to_py)
+        py.allow_threads(|| engine.prefetch(&regions)).map_err(to_py)
     }
 
     /// Tells the pool the order its buffers are used in: a cycle of steps, each a list of

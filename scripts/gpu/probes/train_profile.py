@@ -5,7 +5,7 @@ engine's transfer counters before and after. Prints one JSON object: per step an
 seconds, bytes in and out, evictions, and the milliseconds acquires waited for page-ins
 (`stall_ms`) and for evictions (`evict_wait_ms`); the median of the steps after the first.
 
-    python3 scripts/gpu/probes/train_profile.py [--small] [--prefetch-mib 256] [--steps 5] [--act-prefetch 2] [--plain-prefetch]
+    python3 scripts/gpu/probes/train_profile.py [--small] [--prefetch-mib 256] [--steps 5] [--act-prefetch 2]
         [--no-activations] [--resident]
 """
 
@@ -23,24 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import torch  # noqa: E402
 
 import tiermem  # noqa: E402
-import tiermem.torch as tt  # noqa: E402  (before tiermem.activations, which it imports)
-import tiermem.activations  # noqa: E402
+import tiermem.torch as tt  # noqa: E402
 from torch_bench import llama, llama_config  # noqa: E402
 
 COUNTERS = ("bytes_in", "bytes_out", "evictions", "stall_ms", "evict_wait_ms", "page_ins", "zero_fills", "map_ms")
-
-
-class PlainPrefetch:
-    """The pool, its prefetch never evicting (`evict` ignored)."""
-
-    def __init__(self, pool):
-        self._pool = pool
-
-    def __getattr__(self, name):
-        return getattr(self._pool, name)
-
-    def prefetch(self, regions, evict=False):
-        return self._pool.prefetch(regions)
 
 
 def counters(pool) -> dict:
@@ -67,16 +53,12 @@ def main() -> None:
     parser.add_argument("--prefetch-mib", type=int, default=256)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--act-prefetch", type=int, default=2, help="offload_activations' prefetch (saved tensors paged in ahead)")
-    parser.add_argument("--plain-prefetch", action="store_true",
-                        help="backward's activation prefetch into free HBM only, as before page_ahead")
     parser.add_argument("--no-activations", action="store_true", help="activations stay plain PyTorch memory")
     parser.add_argument("--resident", action="store_true", help="no tiermem: the model resident")
     args = parser.parse_args()
     config = llama_config(*((512, 1408, 4, 8, 2) if args.small else (2048, 5632, 16, 16, 4)))
     cap = (512 << 20) if args.small else (8 << 30)
     batch, seq = 4, 512
-    if args.plain_prefetch:  # the proxy is no tiermem.Pool: skip offload_activations' check
-        tiermem.activations._require_gpu = lambda pool, call: None
     model = llama(config, 2, torch.float32).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     pool = handle = None
@@ -88,7 +70,7 @@ def main() -> None:
     steps = []
     for _ in range(args.steps):
         ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda", generator=gen)
-        acts = tt.offload_activations(PlainPrefetch(pool) if args.plain_prefetch else pool, prefetch=args.act_prefetch) if pool is not None and not args.no_activations else torch.enable_grad()
+        acts = tt.offload_activations(pool, prefetch=args.act_prefetch) if pool is not None and not args.no_activations else torch.enable_grad()
         with acts:
             fwd, loss = phase(pool, lambda: model(input_ids=ids, labels=ids).loss)
         bwd, _ = phase(pool, loss.backward)
