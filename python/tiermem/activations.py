@@ -17,8 +17,12 @@ from .units import view as _view
 def offload_activations(pool: Pool, min_bytes: int = 1 << 20, prefetch: int = 2):
     """Within this context, tensors that autograd saves for backward (at least ``min_bytes``)
     are copied into tiermem buffers, so they can leave HBM until backward needs them; when
-    backward takes one back, the ``prefetch`` saved just before it start paging in.
-    Offloaded parameters are left alone (they are tiermem buffers already)."""
+    backward takes one back, the ``prefetch`` saved just before it start paging in (into free
+    HBM only). Offloaded parameters are left alone (they are tiermem buffers already).
+
+    Use it only where the activations do not fit beside the pool's cap: they cross the link
+    twice a step (on the H200 a 0.85 B Llama under an 8 GiB cap trained in 1.08 s a step with
+    them here, 0.42 s with its 9.7 GB of activations left to PyTorch)."""
     _require_gpu(pool, "offload_activations")
     saved: list = []  # buffers in the order they were saved
 
