@@ -36,7 +36,8 @@ def counters(pool) -> dict:
     return {k: t[k] for k in COUNTERS}
 
 
-def phase(pool, fn) -> dict:
+def phase(pool, fn) -> tuple[dict, object]:
+    """Runs `fn` synchronized: its seconds and the engine's counters' growth, and its result."""
     torch.cuda.synchronize()
     before, t0 = counters(pool), time.perf_counter()
     out = fn()
@@ -66,6 +67,14 @@ def main() -> None:
         pool = tiermem.Pool(hbm_limit=cap)
         handle = tt.offload(model, pool, prefetch_bytes=args.prefetch_mib << 20, optimizer=opt)
         torch.cuda.empty_cache()
+
+    def update():
+        if handle is not None:
+            handle.step()
+        else:
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+
     gen = torch.Generator("cuda").manual_seed(11)
     steps = []
     for _ in range(args.steps):
@@ -74,14 +83,6 @@ def main() -> None:
         with acts:
             fwd, loss = phase(pool, lambda: model(input_ids=ids, labels=ids).loss)
         bwd, _ = phase(pool, loss.backward)
-
-        def update():
-            if handle is not None:
-                handle.step()
-            else:
-                opt.step()
-                opt.zero_grad(set_to_none=False)
-
         upd, _ = phase(pool, update)
         steps.append({"forward": fwd, "backward": bwd, "step": upd, "loss": loss.item()})
         print(json.dumps(steps[-1]), file=sys.stderr, flush=True)
