@@ -265,6 +265,26 @@ def test_a_smaller_budget_is_met_and_a_larger_one_used_no_byte_lost(pool):
         pool.set_hbm_budget("1000TiB")
 
 
+def test_discarded_bytes_are_not_paged_back_and_kept_ones_are(pool):
+    kept, scratch = pool.alloc(2 * CHUNK), pool.alloc(3 * CHUNK)
+    kept.write(pattern(1, 2 * CHUNK))
+    scratch.write(pattern(2, 3 * CHUNK))
+    pool.page_out()
+    page_ins = pool.stats()["transfers"]["page_ins"]
+    assert pool.discard([(scratch, CHUNK, 2 * CHUNK)]) == 2, "chunks 1 and 2: the region reaches the end"
+    assert scratch.read(CHUNK) == pattern(2, 3 * CHUNK)[:CHUNK], "chunk 0 keeps its bytes"
+    assert scratch.read(2 * CHUNK, CHUNK) == bytes(2 * CHUNK), "discarded chunks come back as zeros"
+    assert pool.stats()["transfers"]["page_ins"] == page_ins + 1, "only chunk 0 was paged in"
+    assert kept.read() == pattern(1, 2 * CHUNK)
+    assert pool.stats()["transfers"]["discarded"] == 2
+    with pool.acquired([scratch]):
+        with pytest.raises(tiermem.BufferStateError, match="discard"):
+            pool.discard([scratch])
+    with pytest.raises(tiermem.InvalidArgumentError, match="discard"):
+        pool.discard([(scratch, 0, 4 * CHUNK)])
+    assert pool.step_also_uses([kept]) is False, "no pass is being recorded"
+
+
 def test_a_closed_pool_refuses_every_call_with_its_name(pool):
     buf = pool.alloc(CHUNK)
     assert not pool.closed
@@ -364,7 +384,7 @@ def test_stats_keep_the_keys_front_ends_read(pool):
     assert stats["allocated_chunks"] == 1 and stats["acquired_in_hbm"] == 0
     assert set(stats["hbm"]) == {"capacity_bytes", "used_bytes", "chunks"}
     assert set(stats["transfers"]) == {
-        "page_ins", "page_outs", "zero_fills", "clean_drops", "evictions", "prefetched", "file_writes",
+        "page_ins", "page_outs", "zero_fills", "clean_drops", "discarded", "evictions", "prefetched", "file_writes",
         "file_reads", "maps", "in_place_maps", "in_place_reads", "by_neighbours", "cleaned", "bytes_in", "bytes_out", "stall_ms", "map_ms", "unmap_ms", "evict_wait_ms",
         "acquires", "largest_acquire"}
     [buf] = stats["buffers"]

@@ -193,6 +193,48 @@ def test_training_with_params_grads_adam_and_activations_in_tiermem_gives_the_sa
 
 
 @needs_gpu
+def test_activation_buffers_are_reused_every_step_whatever_the_batch_and_a_kept_graph_keeps_its_own():
+    """Saved tensors reuse the buffers of the same place in the last step (their dead bytes
+    discarded, not copied), a batch of another shape takes buffers of its own and those left
+    unused for a whole pass are freed, and a graph kept for a second backward keeps its
+    activations: the losses are the resident model's throughout."""
+    lengths = [64, 64, 64, 48, 48, 64, 64]
+
+    def train(offload):
+        model = tiny_llama(dtype=torch.float32).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        pool = handle = None
+        if offload:
+            pool = tiermem.Pool(backend="cuda", hbm_limit=24 * MIB, host_limit="1GiB")
+            handle = tt.offload(model, pool, prefetch_bytes=4 * MIB, optimizer=opt)
+        gen = torch.Generator("cuda").manual_seed(5)
+        losses, counts = [], []
+        for step, length in enumerate(lengths):
+            ids = torch.randint(0, 512, (4, length), device="cuda", generator=gen)
+            with tt.offload_activations(pool) if offload else torch.enable_grad():
+                loss = model(ids, labels=ids).loss
+            loss.backward(retain_graph=step == 2)
+            if step == 2:
+                loss.backward()  # the kept graph's activations are still there
+            if offload:
+                handle.step()
+                counts.append(sum(b["name"] == "activation" for b in pool.stats()["buffers"]))
+            else:
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+            losses.append(loss.item())
+        return losses, counts, pool
+
+    expected, _, _ = train(False)
+    got, counts, pool = train(True)
+    print("losses", got, "resident", expected, "activation buffers", counts)
+    assert got == pytest.approx(expected, rel=1e-2), (got, expected)
+    assert counts[1] == counts[0], "the second step reuses the first one's buffers"
+    assert pool.stats()["transfers"]["discarded"] > 0
+    assert counts[-1] <= counts[0] + counts[3], "buffers unused for a pass are freed"
+
+
+@needs_gpu
 def test_the_pluggable_allocator_serves_pytorch_from_the_pool():
     pool = tiermem.Pool(backend="cuda", hbm_limit="256MiB")
     mem = torch.cuda.MemPool(tt.allocator(pool).allocator())

@@ -110,7 +110,7 @@ impl Inner {
     }
 
     /// The distinct chunks `regions` cover, sorted; validates every region first.
-    fn resolve(&self, call: &'static str, regions: &[Region]) -> Result<Vec<ChunkRef>> {
+    pub(crate) fn resolve(&self, call: &'static str, regions: &[Region]) -> Result<Vec<ChunkRef>> {
         let mut refs = Vec::new();
         for region in regions {
             let buffer = self.buffer(call, region.buffer)?;

@@ -152,6 +152,16 @@ impl Engine {
         Ok(Some(step))
     }
 
+    /// The step the program entered last also uses `buffers`, made while it ran (a model's
+    /// activations, saved for backward: `tiermem.torch.offload_activations`). While the first
+    /// pass is recorded they join the step, so the schedule pages them ahead and evicts them
+    /// by next use like the step's own buffers; afterwards this does nothing, and a program
+    /// that uses the same buffers every pass has them in its schedule. Returns whether they
+    /// were recorded.
+    pub fn step_also_uses(&self, buffers: &[BufferId]) -> bool {
+        self.recorder().step_also_uses(buffers)
+    }
+
     /// The keys of the recorded schedules' steps, each schedule's in order, the one in use
     /// first (empty until a pass is recorded; several where passes of several programs are:
     /// recorder.rs, "Several programs").

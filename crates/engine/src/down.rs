@@ -38,8 +38,7 @@ impl Tiers {
         call: &'static str,
         refs: &[ChunkRef],
     ) -> Result<(Vec<ChunkRef>, Vec<Arc<Fence>>)> {
-        let mut fences: Vec<Arc<Fence>> = Vec::new();
-        let mut drop_now = Vec::new();
+        let mut clean = Vec::new();
         let mut dirty = Vec::new();
         for &r in refs {
             let chunk = state.chunk(r);
@@ -50,29 +49,43 @@ impl Tiers {
             // room in the host tier is made as its slots are taken (`Inner::host_slots`).
             match leave_hbm(chunk.copy_below(), &COPIES_OUT_OF_HBM, |_| true) {
                 Leave::CopyTo(_) => dirty.push(r),
-                Leave::Drop { .. } => {
-                    // It may leave only after both its last use and the copy that filled its
-                    // slot or its HBM (cancelled page-outs leave that copy in flight): the
-                    // first of them done proves nothing of the other.
-                    let in_flight: Vec<Arc<Fence>> = chunk.in_flight().cloned().collect();
-                    let unsettled = after_all(&self.events, self.streams.down, &in_flight).during(call)?;
-                    match unsettled {
-                        None => drop_now.push(r),
-                        Some(fence) => {
-                            state.start_leaving(r, Arc::clone(&fence), None);
-                            if !fences.iter().any(|f| Arc::ptr_eq(f, &fence)) {
-                                fences.push(Arc::clone(&fence));
-                            }
-                            self.in_flight.moving_down(fence, vec![r]);
-                            self.counters.clean_drops += 1;
-                        }
+                Leave::Drop { .. } => clean.push(r),
+            }
+        }
+        let fences = self.leave_without_copy(state, call, &clean)?;
+        self.counters.clean_drops += clean.len() as u64;
+        Ok((dirty, fences))
+    }
+
+    /// Takes resident, unacquired chunks (sorted) out of HBM without copying them: clean ones,
+    /// or ones whose bytes are no longer wanted (`Inner::discard`). At once if nothing can
+    /// still touch them, else behind a fence; returns the fences after which they will have left.
+    pub fn leave_without_copy(
+        &mut self,
+        state: &mut ChunkTable,
+        call: &'static str,
+        refs: &[ChunkRef],
+    ) -> Result<Vec<Arc<Fence>>> {
+        let mut fences: Vec<Arc<Fence>> = Vec::new();
+        let mut drop_now = Vec::new();
+        for &r in refs {
+            // It may leave only after both its last use and the copy that filled its slot or
+            // its HBM (cancelled page-outs leave that copy in flight): the first of them done
+            // proves nothing of the other.
+            let in_flight: Vec<Arc<Fence>> = state.chunk(r).in_flight().cloned().collect();
+            match after_all(&self.events, self.streams.down, &in_flight).during(call)? {
+                None => drop_now.push(r),
+                Some(fence) => {
+                    state.start_leaving(r, Arc::clone(&fence), None);
+                    if !fences.iter().any(|f| Arc::ptr_eq(f, &fence)) {
+                        fences.push(Arc::clone(&fence));
                     }
+                    self.in_flight.moving_down(fence, vec![r]);
                 }
             }
         }
-        self.counters.clean_drops += drop_now.len() as u64;
         self.detach_chunks(state, &drop_now);
-        Ok((dirty, fences))
+        Ok(fences)
     }
 
     /// Copies dirty resident chunks (sorted) down into `slots` (one each, peer or host);

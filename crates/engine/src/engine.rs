@@ -323,6 +323,17 @@ impl Engine {
         freed
     }
 
+    /// Gives up the bytes of the chunks wholly inside `regions`, which the program no longer
+    /// wants (discard.rs): their memory is freed with nothing copied, and the next acquire
+    /// finds them as zeros without a page-in. Never waits; a chunk it cannot drop at once keeps
+    /// its bytes, so the regions' bytes are undefined until written. The regions must not be
+    /// acquired. Returns how many chunks gave their memory up.
+    pub fn discard(&self, regions: &[Region]) -> Result<usize> {
+        let dropped = self.lock().discard(regions);
+        self.budget_wait.tell();
+        dropped
+    }
+
     /// The device address of a buffer.
     pub fn device_ptr(&self, buffer: BufferId) -> Result<u64> {
         Ok(self.lock().buffer("device_ptr", buffer)?.va)

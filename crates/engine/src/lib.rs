@@ -30,6 +30,7 @@ mod candidates;
 mod chunk_pool;
 mod config;
 mod control;
+mod discard;
 mod down;
 mod engine;
 mod error;

@@ -183,6 +183,24 @@ impl Recorder {
         self.locate(key).map_or(Located::Nowhere, Located::Step)
     }
 
+    /// The step entered last also uses `buffers`, made while it ran (activations a model's
+    /// layer saves for its backward): while the first pass is recorded they join that step,
+    /// so the schedule pages them like the step's own. Once the schedule is known, nothing
+    /// (a program that keeps using the same buffers finds them in it), and nothing for a loop
+    /// learned from acquires, whose steps are its acquires. Returns whether they were recorded.
+    pub fn step_also_uses(&mut self, buffers: &[BufferId]) -> bool {
+        if !self.learning.explicit {
+            return false;
+        }
+        let Some((_, step)) = self.recording.as_mut().and_then(|steps| steps.last_mut()) else { return false };
+        for &id in buffers {
+            if !step.contains(&id) {
+                step.push(id);
+            }
+        }
+        true
+    }
+
     /// The step of the schedule in use that `key` is at, from the expected position.
     fn locate(&mut self, key: u64) -> Option<usize> {
         let uses = self.current.uses.get(&key)?;
@@ -330,6 +348,25 @@ mod tests {
         );
         let (again, located) = pass(&mut r, &[A, B, A]);
         assert_eq!((again, located), (None, vec![Some(0), Some(1), Some(2)]), "the schedule is given once");
+    }
+
+    #[test]
+    fn buffers_made_during_a_recorded_step_join_it_and_nothing_after() {
+        let mut r = Recorder::default();
+        r.explicit();
+        r.pass_begins();
+        assert!(!r.step_also_uses(&ids(&[9])), "no step entered yet");
+        r.enters(A, &ids(&[1]));
+        assert!(r.step_also_uses(&ids(&[7, 1, 7])));
+        r.enters(B, &ids(&[2]));
+        assert!(r.step_also_uses(&ids(&[7])));
+        assert_eq!(
+            r.pass_begins(),
+            Some(vec![ids(&[1, 7]), ids(&[2, 7])]),
+            "each buffer once per step, after the step's own"
+        );
+        r.enters(A, &ids(&[1]));
+        assert!(!r.step_also_uses(&ids(&[8])), "the schedule is known: nothing is recorded");
     }
 
     #[test]

@@ -536,6 +536,14 @@ impl ChunkTable {
         Copies { peer: chunk.peer.take(), host: chunk.host.take(), file: chunk.file.take() }
     }
 
+    /// Chunk `r` (below HBM, not mapped in place) loses its bytes (discard.rs): it is `Empty`
+    /// again. Returns the copies that held them.
+    pub fn forget_bytes(&mut self, r: ChunkRef) -> Copies {
+        let chunk = self.at(r);
+        debug_assert!(chunk.hbm.is_none() && chunk.in_place == InPlace::No, "only a chunk below HBM forgets its bytes");
+        Copies { peer: chunk.peer.take(), host: chunk.host.take(), file: chunk.file.take() }
+    }
+
     /// Gives up chunk `r`'s peer copy, which is not its only one (it is resident, or has a
     /// copy in a lower tier). Returns it.
     pub fn drop_peer_copy(&mut self, r: ChunkRef) -> Option<PeerSlot> {

@@ -24,6 +24,8 @@ pub struct Counters {
     pub zero_fills: u64,
     /// Clean chunks evicted by unmapping alone.
     pub clean_drops: u64,
+    /// Chunks whose bytes were discarded (`Engine::discard`): memory given up, nothing copied.
+    pub discarded: u64,
     /// Chunks chosen as victims by the policy.
     pub evictions: u64,
     /// Chunks brought in by `prefetch`.
@@ -269,13 +271,14 @@ impl std::fmt::Display for Stats {
         writeln!(f, "policy {}; pinned for the host tier: {}", self.policy, format_size(self.host_pinned_bytes))?;
         writeln!(
             f,
-            "page-ins {} ({}), page-outs {} ({}), zero-fills {}, clean drops {}, evictions {}, prefetched {}, file writes {}, file reads {}, streams waited {:.2} ms",
+            "page-ins {} ({}), page-outs {} ({}), zero-fills {}, clean drops {}, discarded {}, evictions {}, prefetched {}, file writes {}, file reads {}, streams waited {:.2} ms",
             t.page_ins,
             format_size(self.bytes_in as usize),
             t.page_outs,
             format_size(self.bytes_out as usize),
             t.zero_fills,
             t.clean_drops,
+            t.discarded,
             t.evictions,
             t.prefetched,
             t.file_writes,

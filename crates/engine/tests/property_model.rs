@@ -74,6 +74,9 @@ enum Op {
     Free {
         buf: usize,
     },
+    Discard {
+        buf: usize,
+    },
     /// A schedule of the live buffers, rotated by `rotate`, one or two per step (or none: cleared).
     Schedule {
         rotate: usize,
@@ -114,6 +117,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), any::<usize>()).prop_map(|(out, inn)| Op::Exchange { out, inn }),
         1 => any::<usize>().prop_map(|buf| Op::PageOutToFile { buf }),
         1 => any::<usize>().prop_map(|buf| Op::Free { buf }),
+        1 => any::<usize>().prop_map(|buf| Op::Discard { buf }),
         1 => (any::<usize>(), any::<bool>(), prop::bool::weighted(0.2))
             .prop_map(|(rotate, pairs, clear)| Op::Schedule { rotate, pairs, clear }),
         3 => (any::<usize>(), 0usize..6).prop_map(|(step, chunks)| Op::Advance { step, chunks }),
@@ -137,10 +141,10 @@ struct Model {
     /// `Engine::inject_file_errors`): a device or file error is then a legitimate outcome of
     /// any call, and must change no byte.
     injecting: bool,
-    /// Buffers whose `free` failed (injected): freed again at the end.
-    half_freed: Vec<BufferId>,
-    /// Chunks those still hold in the tiers (their data is discarded, their room is not).
-    half_freed_chunks: usize,
+    /// Buffers whose bytes are undefined (discarded, or a `free` that failed): freed at the end.
+    set_aside: Vec<BufferId>,
+    /// Chunks those may still hold in the tiers.
+    set_aside_chunks: usize,
 }
 
 impl Model {
@@ -155,16 +159,23 @@ impl Model {
         (offset, len.min(size - offset))
     }
 
+    /// Buffer `i`'s bytes are no longer known: it is no longer checked, only freed at the end.
+    fn set_aside(&mut self, i: usize) {
+        let (id, bytes, _) = self.buffers.remove(i);
+        self.set_aside.push(id);
+        self.set_aside_chunks += bytes.len().div_ceil(self.chunk);
+    }
+
     fn held(&self, id: BufferId) -> bool {
         self.holds.iter().any(|(r, _)| r.buffer == id)
     }
 
     /// Whether running out of memory is legitimate now: something is held, or the data no
     /// longer fits in the tiers below HBM alone (then HBM and host together may be full; a
-    /// budget may leave HBM only one chunk). Buffers whose free failed still take room.
+    /// budget may leave HBM only one chunk). Buffers set aside still take room.
     fn may_run_out(&self) -> bool {
         let chunks: usize = self.buffers.iter().map(|(_, bytes, _)| bytes.len().div_ceil(self.chunk)).sum();
-        !self.holds.is_empty() || chunks + self.half_freed_chunks > self.spill_chunks
+        !self.holds.is_empty() || chunks + self.set_aside_chunks > self.spill_chunks
     }
 
     /// Errors the engine may legitimately return for a valid request under tiny caps.
@@ -215,8 +226,8 @@ fn run(
         holds: Vec::new(),
         tickets: Vec::new(),
         injecting: sim.as_ref().is_some_and(|sim| sim.injecting_errors()),
-        half_freed: Vec::new(),
-        half_freed_chunks: 0,
+        set_aside: Vec::new(),
+        set_aside_chunks: 0,
     };
     let mut scheduled = 0; // steps of the schedule set, 0 for none
     for op in ops {
@@ -425,10 +436,17 @@ fn run(
                         // A free that fails has discarded what it unmapped already (free's
                         // contract: retry it); the retry comes at the end, without injection.
                         prop_assert!(m.injected(&e), "free: {e}");
-                        let (_, bytes, _) = m.buffers.remove(i);
-                        m.half_freed.push(id);
-                        m.half_freed_chunks += bytes.len().div_ceil(m.chunk);
+                        m.set_aside(i);
                     }
+                }
+            }
+            Op::Discard { buf } => {
+                let Some(i) = m.pick(buf) else { continue };
+                let id = m.buffers[i].0;
+                match engine.discard(&[Region::whole(id)]) {
+                    Ok(_) => m.set_aside(i), // its bytes are undefined from now on
+                    Err(Error::Acquired { .. }) => prop_assert!(m.held(id)),
+                    Err(e) => prop_assert!(m.injected(&e), "discard: {e}"),
                 }
             }
         }
@@ -449,7 +467,7 @@ fn run(
     for i in 0..m.buffers.len() {
         check(engine, &m, i)?;
     }
-    for id in m.buffers.iter().map(|b| b.0).chain(m.half_freed.iter().copied()) {
+    for id in m.buffers.iter().map(|b| b.0).chain(m.set_aside.iter().copied()) {
         engine.free(id).map_err(|e| TestCaseError::fail(e.to_string()))?;
     }
     Ok(())

@@ -146,3 +146,44 @@ fn two_programs_taking_turns_each_page_ahead_along_their_own_schedule() {
     }
     support::assert_no_leaks(engine, sim);
 }
+
+/// Activations: each forward step writes a buffer of its own that its backward step reads and
+/// then discards (`step_also_uses` puts them in the recording, as `tiermem.torch` does). Once
+/// recorded, the schedule brings each one in ahead of its backward step, and the forward's
+/// writes never page the dead bytes in: each pass zero-fills every activation once.
+#[test]
+fn buffers_made_during_steps_are_paged_ahead_and_discarded_ones_never_come_back() {
+    let (engine, sim) = support::engine(CAP, 64, support::config());
+    let layers = layers(&engine);
+    let activations: Vec<BufferId> =
+        (0..LAYERS).map(|_| engine.alloc(CHUNK, AllocOptions::default()).unwrap().0).collect();
+    let window = 2 * CHUNK;
+    let mut ahead = 0;
+    for round in 0..4u64 {
+        let before = engine.stats().transfers;
+        engine.pass_begins().unwrap();
+        for (i, (layer, _)) in layers.iter().enumerate() {
+            engine.step_enters(KEY + i as u64, &[*layer], window).unwrap();
+            engine.acquire(&[Region::whole(*layer)], Access::ReadOnly, S).unwrap();
+            engine.release(&[Region::whole(*layer)], S).unwrap();
+            engine.write(activations[i], 0, &support::pattern(round * 100 + i as u64, CHUNK)).unwrap();
+            assert_eq!(engine.step_also_uses(&[activations[i]]), round == 0, "recorded in the first pass only");
+        }
+        for (i, (layer, _)) in layers.iter().enumerate().rev() {
+            engine.step_enters(2 * KEY + i as u64, &[*layer], window).unwrap();
+            engine.step_also_uses(&[activations[i]]);
+            let stats = support::buffer_stats(&engine, activations[i]);
+            ahead += usize::from(round > 0 && stats.in_hbm + stats.moving == 1);
+            assert_contents(&engine, activations[i], &support::pattern(round * 100 + i as u64, CHUNK));
+            assert_eq!(engine.discard(&[Region::whole(activations[i])]).unwrap(), 1);
+        }
+        let after = engine.stats().transfers;
+        assert_eq!(after.zero_fills - before.zero_fills, LAYERS as u64, "each activation is written from zeros");
+        assert_eq!(after.discarded - before.discarded, LAYERS as u64);
+    }
+    assert_eq!(ahead, 3 * LAYERS, "the schedule brought activations in ahead of backward: {ahead}");
+    for (id, bytes) in &layers {
+        assert_contents(&engine, *id, bytes);
+    }
+    support::assert_no_leaks(engine, sim);
+}

@@ -12,7 +12,7 @@ use tiermem::{parse_size, Access, AllocOptions, Engine, EngineConfig, Region, St
 
 /// A tiermem engine on one GPU (or on the simulated device): the `TIERMEM_*` variables,
 /// overridden by the arguments given. Sizes are bytes or strings such as `"16GiB"`.
-#[pyclass(module = "tiermem", frozen)]
+#[pyclass(module = "tiermem", frozen, weakref)]
 pub struct Pool {
     pub(crate) engine: Arc<Engine>,
     closed: AtomicBool,
@@ -243,6 +243,17 @@ impl Pool {
         py.allow_threads(|| engine.prefetch(&regions)).map_err(to_py)
     }
 
+    /// Gives up the bytes of the chunks wholly inside `regions`, which the program no longer
+    /// wants: their memory is freed with nothing copied, and the next acquire finds them as
+    /// zeros without paging anything in. Never waits; a chunk that cannot be dropped at once
+    /// keeps its bytes, so the regions' bytes are undefined until written. The regions must
+    /// not be acquired. Returns how many chunks gave their memory up.
+    fn discard(&self, py: Python<'_>, regions: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let regions = self.regions(regions)?;
+        let engine = self.open("discard")?;
+        py.allow_threads(|| engine.discard(&regions)).map_err(to_py)
+    }
+
     /// Tells the pool the order its buffers are used in: a cycle of steps, each a list of
     /// buffers (e.g. one model layer). Until `clear_schedule`, eviction takes the chunk whose
     /// next use is furthest away (Belady) and `advance` pages ahead along it.
@@ -298,6 +309,15 @@ impl Pool {
         let budget = size_arg("prefetch_bytes", prefetch_bytes)?;
         let engine = self.open("step_enters")?;
         py.allow_threads(|| engine.step_enters(key, &ids, budget)).map_err(to_py)
+    }
+
+    /// The step entered last also uses `buffers`, made while it ran (activations saved for
+    /// backward): while the first pass is recorded they join that step, so the schedule pages
+    /// them like its own. Afterwards nothing. Returns whether they were recorded.
+    fn step_also_uses(&self, py: Python<'_>, buffers: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let ids: Vec<tiermem::BufferId> = self.regions(buffers)?.into_iter().map(|r| r.buffer).collect();
+        let engine = self.open("step_also_uses")?;
+        Ok(py.allow_threads(|| engine.step_also_uses(&ids)))
     }
 
     /// The keys of the recorded schedules' steps, each schedule's in order, the one in use
