@@ -26,14 +26,14 @@ import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402
 from torch_bench import llama, llama_config  # noqa: E402
 
-COUNTERS = ("bytes_in", "bytes_out", "evictions", "stall_ms", "evict_wait_ms", "page_ins", "zero_fills", "map_ms")
+COUNTERS = ("bytes_in", "bytes_out", "evictions", "stall_ms", "evict_wait_ms", "page_ins", "zero_fills", "map_ms", "discarded")
 
 
 def counters(pool) -> dict:
     if pool is None:
         return {k: 0 for k in COUNTERS}
     t = pool.stats()["transfers"]
-    return {k: t[k] for k in COUNTERS}
+    return {k: t.get(k, 0) for k in COUNTERS}  # (older wheels lack some)
 
 
 def phase(pool, fn) -> tuple[dict, object]:
