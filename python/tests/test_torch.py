@@ -173,7 +173,7 @@ def test_training_with_params_grads_adam_and_activations_in_tiermem_gives_the_sa
         ids = torch.randint(0, 512, (4, 64), device="cuda", generator=gen)  # one batch: it is learned
         losses = []
         for _ in range(steps):
-            ctx = tt.offload_activations(pool) if offload else torch.enable_grad()
+            ctx = tt.offload_activations(pool, min_bytes=64 << 10) if offload else torch.enable_grad()
             with ctx:
                 loss = model(ids, labels=ids).loss
             loss.backward()
@@ -211,7 +211,7 @@ def test_activation_buffers_are_reused_every_step_whatever_the_batch_and_a_kept_
         losses, counts = [], []
         for step, length in enumerate(lengths):
             ids = torch.randint(0, 512, (4, length), device="cuda", generator=gen)
-            with tt.offload_activations(pool) if offload else torch.enable_grad():
+            with tt.offload_activations(pool, min_bytes=64 << 10) if offload else torch.enable_grad():
                 loss = model(ids, labels=ids).loss
             loss.backward(retain_graph=step == 2)
             if step == 2:
@@ -229,7 +229,7 @@ def test_activation_buffers_are_reused_every_step_whatever_the_batch_and_a_kept_
     got, counts, pool = train(True)
     print("losses", got, "resident", expected, "activation buffers", counts)
     assert got == pytest.approx(expected, rel=1e-2), (got, expected)
-    assert counts[1] == counts[0], "the second step reuses the first one's buffers"
+    assert counts[1] == counts[0] > 0, "the second step reuses the first one's buffers"
     assert pool.stats()["transfers"]["discarded"] > 0
     assert counts[-1] <= counts[0] + counts[3], "buffers unused for a pass are freed"
 
@@ -338,7 +338,7 @@ def test_training_a_tied_model_keeps_one_gradient_and_one_pair_of_moments_per_te
         ids = torch.randint(0, 512, (4, 64), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
         losses = []
         for _ in range(4):
-            with tt.offload_activations(pool) if offload else torch.enable_grad():
+            with tt.offload_activations(pool, min_bytes=64 << 10) if offload else torch.enable_grad():
                 loss = model(ids, labels=ids).loss
             loss.backward()
             if offload:
