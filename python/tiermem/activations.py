@@ -108,7 +108,8 @@ class offload_activations:  # noqa: N801  (a function to its callers, as it alwa
     schedule. Enter it every step, or once around the whole loop.
 
     Use it only where the activations do not fit beside the pool's cap: they cross the link
-    twice a step."""
+    twice a step (on the H200 a 0.85 B Llama under an 8 GiB cap trained in 0.65–0.70 s a step
+    with its 9.7 GB of activations here, 0.41 s with them left to PyTorch)."""
 
     def __init__(self, pool: Pool, min_bytes: int = 1 << 20, prefetch: int = 2):
         _require_gpu(pool, "offload_activations")
