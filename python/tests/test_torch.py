@@ -161,32 +161,41 @@ def test_two_models_streaming_in_turns_in_one_pool_each_page_ahead_along_their_o
     handles[1].remove(device="cuda")
 
 
+def _trainer(model, offload: bool):
+    """AdamW over ``model``: offloaded into a 24 MiB Pool with its activations of 64 KiB and up
+    (the tiny models' are all under offload_activations' default 1 MiB), or resident. Returns
+    ``(step, pool, opt)``: ``step(ids, backward_twice=False)`` trains on ``ids`` and returns the
+    loss (twice: a graph kept for a second backward)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    pool = handle = None
+    if offload:
+        pool = tiermem.Pool(backend="cuda", hbm_limit=24 * MIB, host_limit="1GiB")
+        handle = tt.offload(model, pool, prefetch_bytes=4 * MIB, optimizer=opt)
+
+    def step(ids, backward_twice: bool = False) -> float:
+        with tt.offload_activations(pool, min_bytes=64 << 10) if offload else torch.enable_grad():
+            loss = model(ids, labels=ids).loss
+        loss.backward(retain_graph=backward_twice)
+        if backward_twice:
+            loss.backward()  # the kept graph's activations are still there
+        if offload:
+            handle.step()
+        else:
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        return loss.item()
+
+    return step, pool, opt
+
+
 @needs_gpu
 def test_training_with_params_grads_adam_and_activations_in_tiermem_gives_the_same_losses():
-    def train(model, steps, offload):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        pool = handle = None
-        if offload:
-            pool = tiermem.Pool(backend="cuda", hbm_limit=24 * MIB, host_limit="1GiB")
-            handle = tt.offload(model, pool, prefetch_bytes=4 * MIB, optimizer=opt)
-        gen = torch.Generator("cuda").manual_seed(3)
-        ids = torch.randint(0, 512, (4, 64), device="cuda", generator=gen)  # one batch: it is learned
-        losses = []
-        for _ in range(steps):
-            ctx = tt.offload_activations(pool, min_bytes=64 << 10) if offload else torch.enable_grad()
-            with ctx:
-                loss = model(ids, labels=ids).loss
-            loss.backward()
-            if offload:
-                handle.step()
-            else:
-                opt.step()
-                opt.zero_grad(set_to_none=False)
-            losses.append(loss.item())
-        return losses
+    def train(offload):
+        step, _, _ = _trainer(tiny_llama(dtype=torch.float32).train(), offload)
+        ids = torch.randint(0, 512, (4, 64), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+        return [step(ids) for _ in range(5)]  # one batch: it is learned
 
-    expected = train(tiny_llama(dtype=torch.float32).train(), 5, offload=False)
-    got = train(tiny_llama(dtype=torch.float32).train(), 5, offload=True)
+    expected, got = train(False), train(True)
     print("losses", got, "resident", expected)
     assert got == pytest.approx(expected, rel=1e-2), (got, expected)
     assert got[-1] < got[0], "the model learns"
@@ -201,28 +210,13 @@ def test_activation_buffers_are_reused_every_step_whatever_the_batch_and_a_kept_
     lengths = [64, 64, 64, 48, 48, 64, 64]
 
     def train(offload):
-        model = tiny_llama(dtype=torch.float32).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        pool = handle = None
-        if offload:
-            pool = tiermem.Pool(backend="cuda", hbm_limit=24 * MIB, host_limit="1GiB")
-            handle = tt.offload(model, pool, prefetch_bytes=4 * MIB, optimizer=opt)
+        step, pool, _ = _trainer(tiny_llama(dtype=torch.float32).train(), offload)
         gen = torch.Generator("cuda").manual_seed(5)
         losses, counts = [], []
-        for step, length in enumerate(lengths):
-            ids = torch.randint(0, 512, (4, length), device="cuda", generator=gen)
-            with tt.offload_activations(pool, min_bytes=64 << 10) if offload else torch.enable_grad():
-                loss = model(ids, labels=ids).loss
-            loss.backward(retain_graph=step == 2)
-            if step == 2:
-                loss.backward()  # the kept graph's activations are still there
+        for i, length in enumerate(lengths):
+            losses.append(step(torch.randint(0, 512, (4, length), device="cuda", generator=gen), backward_twice=i == 2))
             if offload:
-                handle.step()
                 counts.append(sum(b["name"] == "activation" for b in pool.stats()["buffers"]))
-            else:
-                opt.step()
-                opt.zero_grad(set_to_none=False)
-            losses.append(loss.item())
         return losses, counts, pool
 
     expected, _, _ = train(False)
@@ -330,23 +324,9 @@ def test_tied_weights_live_once_are_acquired_by_both_users_and_stay_tied_after_r
 def test_training_a_tied_model_keeps_one_gradient_and_one_pair_of_moments_per_tensor():
     def train(offload):
         model = tiny_llama(dtype=torch.float32, layers=2, tied=True).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        handle = None
-        if offload:
-            pool = tiermem.Pool(backend="cuda", hbm_limit=24 * MIB, host_limit="1GiB")
-            handle = tt.offload(model, pool, prefetch_bytes=4 * MIB, optimizer=opt)
+        step, _, opt = _trainer(model, offload)
         ids = torch.randint(0, 512, (4, 64), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
-        losses = []
-        for _ in range(4):
-            with tt.offload_activations(pool, min_bytes=64 << 10) if offload else torch.enable_grad():
-                loss = model(ids, labels=ids).loss
-            loss.backward()
-            if offload:
-                handle.step()
-            else:
-                opt.step()
-                opt.zero_grad(set_to_none=False)
-            losses.append(loss.item())
+        losses = [step(ids) for _ in range(4)]
         assert len(opt.state) == len(list(model.parameters())), "one state per distinct tensor"
         assert model.lm_head.weight is model.model.embed_tokens.weight
         return losses
