@@ -102,6 +102,12 @@ enum TiermemStatus tiermem_acquire(uint64_t ptr, size_t len, bool write, void *s
 // Ends an acquire of the same range once the work queued on `stream` so far is done.
 enum TiermemStatus tiermem_release(uint64_t ptr, size_t len, void *stream);
 
+// Gives up the bytes of the whole chunks inside `len` bytes at `ptr`, which the program no
+// longer wants: their memory is freed with nothing copied, and the next acquire finds them as
+// zeros without a page-in. Never waits; a chunk it cannot drop at once keeps its bytes, so the
+// range's bytes are undefined until written. The range must not be acquired.
+enum TiermemStatus tiermem_discard(uint64_t ptr, size_t len);
+
 // Copies `len` bytes from host memory `src` to device memory at `ptr`, wherever it lives.
 //
 // # Safety

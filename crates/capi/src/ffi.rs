@@ -196,6 +196,19 @@ pub extern "C" fn tiermem_release(ptr: u64, len: usize, stream: *mut c_void) -> 
     })
 }
 
+/// Gives up the bytes of the whole chunks inside `len` bytes at `ptr`, which the program no
+/// longer wants: their memory is freed with nothing copied, and the next acquire finds them as
+/// zeros without a page-in. Never waits; a chunk it cannot drop at once keeps its bytes, so the
+/// range's bytes are undefined until written. The range must not be acquired.
+#[no_mangle]
+pub extern "C" fn tiermem_discard(ptr: u64, len: usize) -> TiermemStatus {
+    entry("tiermem_discard", || {
+        let (engine, region) = process::region(ptr, len)?;
+        engine.discard(&[region])?;
+        Ok(())
+    })
+}
+
 /// Copies `len` bytes from host memory `src` to device memory at `ptr`, wherever it lives.
 ///
 /// # Safety

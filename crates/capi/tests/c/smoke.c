@@ -94,6 +94,15 @@ int main(void) {
         EXPECT(memcmp(back, expected, SIZE) == 0);
     }
 
+    /* Bytes no longer wanted: discarded, whole chunks read as zeros; the others keep theirs. */
+    CHECK(tiermem_discard(ptrs[3], SIZE));
+    CHECK(tiermem_read(ptrs[3], back, SIZE));
+    for (size_t b = 0; b < SIZE; b++) EXPECT(back[b] == 0);
+    fill(expected, SIZE, 2);
+    CHECK(tiermem_read(ptrs[2], back, SIZE));
+    EXPECT(memcmp(back, expected, SIZE) == 0);
+    EXPECT_FAILS(tiermem_discard(ptrs[3], 2 * SIZE), TIERMEM_STATUS_INVALID_ARGUMENT, "tiermem_discard: ");
+
     uint64_t start = 0;
     size_t size = 0;
     CHECK(tiermem_lookup(ptrs[2] + 12345, &start, &size));
