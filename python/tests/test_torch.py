@@ -202,6 +202,25 @@ def test_training_with_params_grads_adam_and_activations_in_tiermem_gives_the_sa
 
 
 @needs_gpu
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_training_with_gradient_checkpointing_gives_the_same_losses(reentrant):
+    """Layers recomputed in backward (transformers' gradient checkpointing, either kind of
+    torch.utils.checkpoint) enter their steps again and save their activations again, inside
+    backward: the losses are the resident model's."""
+
+    def train(offload):
+        model = tiny_llama(dtype=torch.float32).train()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        step, _, _ = _trainer(model, offload)
+        ids = torch.randint(0, 512, (4, 64), device="cuda", generator=torch.Generator("cuda").manual_seed(7))
+        return [step(ids) for _ in range(4)]
+
+    expected, got = train(False), train(True)
+    print("losses", got, "resident", expected)
+    assert got == pytest.approx(expected, rel=1e-2), (got, expected)
+
+
+@needs_gpu
 def test_activation_buffers_are_reused_every_step_whatever_the_batch_and_a_kept_graph_keeps_its_own():
     """Saved tensors reuse the buffers of the same place in the last step (their dead bytes
     discarded, not copied), a batch of another shape takes buffers of its own and those left
