@@ -56,6 +56,8 @@ def main() -> None:
     parser.add_argument("--act-prefetch", type=int, default=2, help="offload_activations' prefetch (saved tensors paged in ahead)")
     parser.add_argument("--no-activations", action="store_true", help="activations stay plain PyTorch memory")
     parser.add_argument("--resident", action="store_true", help="no tiermem: the model resident")
+    parser.add_argument("--activations-only", type=int, default=0, metavar="MIB",
+                        help="the model resident, only its activations in a Pool capped at MIB (no offload, no schedule)")
     args = parser.parse_args()
     config = llama_config(*((512, 1408, 4, 8, 2) if args.small else (2048, 5632, 16, 16, 4)))
     cap = (512 << 20) if args.small else (8 << 30)
@@ -63,7 +65,10 @@ def main() -> None:
     model = llama(config, 2, torch.float32).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     pool = handle = None
-    if not args.resident:
+    if args.activations_only:
+        cap = args.activations_only << 20
+        pool = tiermem.Pool(hbm_limit=cap)
+    elif not args.resident:
         pool = tiermem.Pool(hbm_limit=cap)
         handle = tt.offload(model, pool, prefetch_bytes=args.prefetch_mib << 20, optimizer=opt)
         torch.cuda.empty_cache()
