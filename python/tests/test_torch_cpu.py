@@ -207,6 +207,12 @@ def test_bad_arguments_name_the_call_and_the_argument(cpu):
         with pytest.raises(tiermem.InvalidArgumentError, match="offload: prefetch_bytes: "):
             tt.offload(m, FakePool(), prefetch_bytes=bad)
     assert not hasattr(m, "_tiermem_offload"), "the model is left as it was"
+    for bad in ["lots", -1, None, 1.5]:
+        with pytest.raises(tiermem.InvalidArgumentError, match="offload_activations: min_bytes: "):
+            tt.offload_activations(FakePool(), min_bytes=bad)
+    for bad in [-1, 1.5, "2", True]:
+        with pytest.raises(tiermem.InvalidArgumentError, match="offload_activations: prefetch is "):
+            tt.offload_activations(FakePool(), prefetch=bad)
 
 
 def test_training_a_tied_model_with_adamw_gives_the_same_losses(cpu, packing):

@@ -20,8 +20,8 @@ import weakref
 
 import torch
 
-from ._tiermem import Pool
-from .torch import _REGISTERED, _require_gpu, _stream
+from ._tiermem import InvalidArgumentError, Pool
+from .torch import _REGISTERED, _require_gpu, _size, _stream
 from .units import view as _view
 
 _STORES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Pool -> its _Store
@@ -97,7 +97,7 @@ class _Store:
 
 class offload_activations:  # noqa: N801  (a function to its callers, as it always was)
     """``with offload_activations(pool):`` — within it, tensors that autograd saves for
-    backward (at least ``min_bytes``) are copied into tiermem buffers, so they can leave HBM
+    backward (at least ``min_bytes``: bytes, or a string such as ``"1MiB"``) are copied into tiermem buffers, so they can leave HBM
     until backward needs them. Offloaded parameters are left alone (they are tiermem buffers
     already). When backward takes one back, the ``prefetch`` saved just before it start
     paging in (into free HBM only).
@@ -111,7 +111,10 @@ class offload_activations:  # noqa: N801  (a function to its callers, as it alwa
     twice a step (on the H200 a 0.85 B Llama under an 8 GiB cap trained in 0.65–0.70 s a step
     with its 9.7 GB of activations here, 0.41 s with them left to PyTorch)."""
 
-    def __init__(self, pool: Pool, min_bytes: int = 1 << 20, prefetch: int = 2):
+    def __init__(self, pool: Pool, min_bytes: int | str = 1 << 20, prefetch: int = 2):
+        min_bytes = _size("offload_activations", "min_bytes", min_bytes)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise InvalidArgumentError(f"offload_activations: prefetch is {prefetch!r}: give a count of saved tensors, 0 or more")
         _require_gpu(pool, "offload_activations")
         self.pool, self.min_bytes, self.prefetch = pool, min_bytes, prefetch
         self.store = _STORES.get(pool)
