@@ -34,7 +34,7 @@ use crate::error::Context;
 use crate::fence::{Fence, Waits};
 use crate::file_writes::Owner;
 use crate::movement::Purpose;
-use crate::state::{Below, Buffer, ChunkRef};
+use crate::state::{Buffer, ChunkRef};
 use crate::sync::Arc;
 use crate::{Error, Result};
 use tiermem_mechanism::StreamHandle;
@@ -261,13 +261,9 @@ impl Inner {
         if access == Access::ReadWrite {
             for &r in refs {
                 let reader = self.state.chunk(r).ready().cloned();
-                let copies = self.state.drop_copies(r);
-                let slots = copies.peer.map(Below::Peer).into_iter().chain(copies.host.map(Below::Host));
-                for slot in slots {
-                    self.tiers.retire(slot, reader.clone());
-                }
                 // Its read from the file, if any, is done: `undo_failed_reads` waited for it.
-                self.tiers.free_file_slots(copies.file.as_slice());
+                let copies = self.state.take_copies(r);
+                self.tiers.give_up(copies, reader);
             }
         }
         Ok(())

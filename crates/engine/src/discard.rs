@@ -17,7 +17,7 @@
 
 use crate::buffer::Region;
 use crate::engine::Inner;
-use crate::state::{Below, ChunkRef, Location};
+use crate::state::{ChunkRef, Location};
 use crate::{Error, Result};
 
 impl Inner {
@@ -36,27 +36,19 @@ impl Inner {
             if chunk.leaving().is_some() || chunk.maps_in_place() || chunk.location() == Location::Empty {
                 continue;
             }
-            if chunk.is_resident() {
-                let reader = chunk.ready().cloned().filter(|fence| !matches!(fence.is_done(), Ok(true)));
-                if reader.is_some() && chunk.file().is_some() {
-                    continue; // its page-in may be reading the file copy still
-                }
-                let copies = self.state.drop_copies(r);
-                for slot in copies.peer.map(Below::Peer).into_iter().chain(copies.host.map(Below::Host)) {
-                    self.tiers.retire(slot, reader.clone());
-                }
-                self.tiers.free_file_slots(copies.file.as_slice());
-                resident.push(r);
-            } else {
-                // Nothing reads its slots: a page-in would have made it resident, and a write
-                // of its host slot to the file is committed only if the chunk still holds it.
-                let copies = self.state.forget_bytes(r);
-                for slot in copies.peer.map(Below::Peer).into_iter().chain(copies.host.map(Below::Host)) {
-                    self.tiers.free_below(slot);
-                }
-                self.tiers.free_file_slots(copies.file.as_slice());
-                below += 1;
+            // A resident chunk's page-in may still be reading a slot below; below HBM nothing
+            // reads its slots (a page-in would have made it resident, and a write of its host
+            // slot to the file is committed only if the chunk still holds it).
+            let reader = chunk.ready().cloned().filter(|fence| !matches!(fence.is_done(), Ok(true)));
+            if reader.is_some() && chunk.file().is_some() {
+                continue; // its page-in may be reading the file copy still
             }
+            match chunk.is_resident() {
+                true => resident.push(r),
+                false => below += 1,
+            }
+            let copies = self.state.take_copies(r);
+            self.tiers.give_up(copies, reader);
         }
         self.tiers.leave_without_copy(&mut self.state, "discard", &resident)?;
         let dropped = resident.len() + below;

@@ -1,16 +1,14 @@
 //! Moving chunks down: the tiers' mechanism (`impl Tiers`) for copies out of HBM into peer
-//! or host slots, from the host tier to the file (spills and background writes, file_writes.rs),
-//! and the bookkeeping of what has landed (`reap`, `detach_chunks`, `unmap_buffer`, giving
+//! or host slots (from the host tier to the file: file_tier.rs), and the bookkeeping of what has landed (`reap`, `detach_chunks`, `unmap_buffer`, giving
 //! HBM beyond the budget back). movement.rs says how a copy down is ordered; placement.rs
 //! (`host_slots`) what a page-out does when the host tier is full; where each chunk goes is the
 //! policy crate's decision (`leave_hbm`).
 
 use crate::error::Context;
 use crate::fence::{after_all, settled, Fence};
-use crate::file_writes::{FileWrite, Owner};
 use crate::host_tier::Slot;
 use crate::runs::{batches, coalesce, Source};
-use crate::state::{Below, ChunkRef, ChunkTable, Location};
+use crate::state::{Below, ChunkRef, ChunkTable, Copies, Location};
 use crate::tiers::Tiers;
 use crate::BufferId;
 use crate::{Error, Result};
@@ -21,12 +19,7 @@ use tiermem_policy::{leave_hbm, Leave, Tier};
 /// lent HBM while it has room, else the host. The file tier is reached through the host tier.
 pub(crate) const COPIES_OUT_OF_HBM: [Tier; 2] = [Tier::Peer, Tier::Host];
 use std::sync::Arc;
-use tiermem_mechanism::file_store::FileSlot;
 use tiermem_mechanism::{DeviceError, PhysHandle, StreamHandle};
-
-fn file_error(call: &'static str) -> impl Fn(tiermem_mechanism::file_store::FileStoreError) -> Error {
-    move |source| Error::File { call, source }
-}
 
 impl Tiers {
     /// Moves the clean chunks among `refs` (resident, unacquired, sorted) out of HBM: at once if
@@ -350,6 +343,15 @@ impl Tiers {
         }
     }
 
+    /// Gives up a chunk's copies below HBM: its host and peer slots once `reader` (a copy from
+    /// one of them) has completed, its file slot at once (no read of it may be in flight).
+    pub(crate) fn give_up(&mut self, copies: Copies, reader: Option<Arc<Fence>>) {
+        for slot in copies.peer.map(Below::Peer).into_iter().chain(copies.host.map(Below::Host)) {
+            self.retire(slot, reader.clone());
+        }
+        self.free_file_slots(copies.file.as_slice());
+    }
+
     /// Copies the bytes of peer-located chunks (`refs`, one host slot each in `slots`) from
     /// their peer slots into host memory, on the down stream; returns the fence of the copies.
     /// The chunks change only once the caller has seen the fence complete.
@@ -418,193 +420,5 @@ impl Tiers {
         }
         self.detach_chunks(state, &undo);
         failure
-    }
-
-    /// Moves the `Host` chunks among `refs` to the file: written if the file does not hold
-    /// their bytes yet, then their host slots are freed. On an error nothing has moved.
-    pub fn spill_chunks(&mut self, state: &mut ChunkTable, call: &'static str, refs: &[ChunkRef]) -> Result<()> {
-        let host_chunks: Vec<(ChunkRef, Slot, Option<FileSlot>)> = refs
-            .iter()
-            .filter_map(|&r| {
-                let chunk = state.chunk(r);
-                match chunk.location() {
-                    Location::Host(slot) => Some((r, slot, chunk.file())),
-                    _ => None,
-                }
-            })
-            .collect();
-        let to_write: Vec<(ChunkRef, Slot)> =
-            host_chunks.iter().filter(|(_, _, f)| f.is_none()).map(|&(r, s, _)| (r, s)).collect();
-        let Some(tier) = self.file.as_ref() else {
-            return Err(Error::Config(format!("{call}: there is no file tier (set TIERMEM_FILE)")));
-        };
-        let written = match to_write.len() {
-            0 => Vec::new(),
-            n => {
-                let fslots = self.file_slots(state, call, n)?;
-                let items: Vec<(FileSlot, *const u8)> =
-                    fslots.iter().zip(&to_write).map(|(&f, &(_, s))| (f, self.host.addr(s) as *const u8)).collect();
-                // SAFETY: each source is a whole host slot holding a `Host` chunk's bytes; no
-                // copy touches it (the chunk is unmapped and not moving) until the write returns.
-                if let Err(e) = unsafe { tier.store.write(&items) } {
-                    let _ = tier.store.free(&fslots);
-                    return Err(file_error(call)(e));
-                }
-                fslots
-            }
-        };
-        self.counters.file_writes += written.len() as u64;
-        for (&(r, _), &fslot) in to_write.iter().zip(&written) {
-            state.add_file_copy(r, fslot);
-        }
-        for (r, _, _) in host_chunks {
-            let slot = state.leave_host(r);
-            self.host.free(slot);
-        }
-        Ok(())
-    }
-
-    /// `n` free slots of the file tier, or an error saying it is full.
-    pub fn file_slots(&self, state: &ChunkTable, call: &'static str, n: usize) -> Result<Vec<FileSlot>> {
-        let tier = self.file.as_ref().expect("the caller checked for a file tier");
-        tier.store.alloc(n).ok_or_else(|| Error::OutOfMemory {
-            call,
-            detail: format!("{n} chunks must go to the file tier, which is full; {}", self.describe_tiers(state)),
-        })
-    }
-
-    /// Gives file slots back for reuse (their chunks' bytes changed or were discarded). Their
-    /// disk space stays allocated: rewriting a slot then overwrites blocks instead of
-    /// allocating them, and the file never grows past its preallocated size anyway.
-    pub fn free_file_slots(&mut self, slots: &[FileSlot]) {
-        if let (Some(tier), false) = (self.file.as_ref(), slots.is_empty()) {
-            // Only bad slot numbers can fail here, and these come from the store itself.
-            let _ = tier.store.recycle(slots);
-        }
-    }
-
-    /// Starts writing to the file the chunks of `refs` that have no file copy yet, from their
-    /// host slots, once the copies filling those slots have completed (a chunk still moving
-    /// down — sent by this call or an earlier one — is written after its own fence). `None` if
-    /// there is nothing to write. The file slots are taken now: a full file tier is an error
-    /// here, not later.
-    pub(crate) fn start_file_write(
-        &mut self,
-        state: &mut ChunkTable,
-        call: &'static str,
-        refs: &[ChunkRef],
-    ) -> Result<Option<FileWrite>> {
-        let mut fences: Vec<Arc<Fence>> = Vec::new();
-        let sources: Vec<(ChunkRef, Slot)> = refs
-            .iter()
-            .filter_map(|&r| {
-                let chunk = state.chunk(r);
-                let slot = match (chunk.location(), chunk.host(), chunk.leaving()) {
-                    (Location::Host(slot), _, _) => slot,
-                    (Location::Hbm { leaving: true, .. }, Some(slot), Some(fence)) => {
-                        if chunk.file().is_none() && !fences.iter().any(|f| Arc::ptr_eq(f, fence)) {
-                            fences.push(Arc::clone(fence));
-                        }
-                        slot
-                    }
-                    _ => return None,
-                };
-                // A slot already held is being written by an earlier write still in flight:
-                // that write gives the chunk its file copy (or, if the chunk lets the slot go
-                // first, whoever spills it writes it then).
-                (chunk.file().is_none() && !self.host.is_held(slot)).then_some((r, slot))
-            })
-            .collect();
-        if sources.is_empty() {
-            return Ok(None);
-        }
-        let fslots = self.file_slots(state, call, sources.len())?;
-        let tier = self.file.as_ref().expect("file_slots checked");
-        let writes: Vec<(FileSlot, usize)> =
-            fslots.iter().zip(&sources).map(|(&f, &(_, s))| (f, self.host.addr(s))).collect();
-        let items = sources.iter().zip(&fslots).map(|(&(r, s), &f)| (r, s, f)).collect();
-        let write = match FileWrite::spawn(call, Arc::clone(&tier.store), fences, writes, items) {
-            Ok(write) => write,
-            Err(e) => {
-                let _ = tier.store.recycle(&fslots);
-                return Err(e);
-            }
-        };
-        sources.iter().for_each(|&(_, s)| self.host.hold(s));
-        Ok(Some(write))
-    }
-
-    /// Records the file copies of a finished write and ends its holds; on a failed write,
-    /// recycles its file slots and returns the error (every chunk keeps its host copy).
-    pub(crate) fn commit_file_write(
-        &mut self,
-        state: &mut ChunkTable,
-        items: Vec<(ChunkRef, Slot, FileSlot)>,
-        outcome: Result<()>,
-    ) -> Result<()> {
-        let mut unused = Vec::new();
-        for &(r, slot, fslot) in &items {
-            // The chunk must still hold the slot as a copy of its bytes. A chunk acquired for
-            // writing lets its slot go through `retire`, which frees it only once copies
-            // reading it are done: until then the slot is neither free nor the chunk's.
-            let owned = outcome.is_ok() && !self.host.freed_while_held(slot) && state.holds_slot(r, slot);
-            match owned {
-                true => state.add_file_copy(r, fslot),
-                false => unused.push(fslot),
-            }
-            self.host.unhold(slot);
-        }
-        self.counters.file_writes += (items.len() - unused.len()) as u64;
-        self.free_file_slots(&unused);
-        outcome
-    }
-
-    /// Completes the oldest background write whose host slots were let go meanwhile (they
-    /// come back only when it is committed), for a page-out that finds the host tier full of
-    /// them. Joins the writer under the engine lock, which the writer never takes; the write's
-    /// owner gets the outcome later. `false` if there is none.
-    pub(crate) fn complete_a_file_write(&mut self, state: &mut ChunkTable) -> bool {
-        let host = &self.host;
-        let Some((owner, write)) = self.writes.take_oldest(|slot| host.freed_while_held(slot)) else { return false };
-        let committed = self.commit_write(state, write);
-        self.writes.keep_outcome(owner, committed);
-        true
-    }
-
-    /// Commits, without waiting, the background writes whose threads have ended, keeping their
-    /// outcomes for their owners. `false` if there were none.
-    pub(crate) fn commit_ended_writes(&mut self, state: &mut ChunkTable) -> bool {
-        let ended = self.writes.take_ended();
-        let any = !ended.is_empty();
-        for (owner, write) in ended {
-            let committed = self.commit_write(state, write);
-            self.writes.keep_outcome(owner, committed);
-        }
-        any
-    }
-
-    /// Commits the write of `owner` (whose [`Done`] signal is set), or returns its outcome if
-    /// someone else committed it; `Ok` if it had none.
-    pub(crate) fn commit_write_of(&mut self, state: &mut ChunkTable, owner: Owner) -> Result<()> {
-        match self.writes.take(owner) {
-            Ok(write) => self.commit_write(state, write),
-            Err(outcome) => outcome,
-        }
-    }
-
-    /// Joins a write (at once if its thread has ended) and commits it; then the chunks it gave a
-    /// file copy that are located on the host leave the host tier, as a spill's do.
-    fn commit_write(&mut self, state: &mut ChunkTable, write: FileWrite) -> Result<()> {
-        let (items, outcome) = write.join();
-        let written: Vec<(ChunkRef, Slot)> = items.iter().map(|&(r, slot, _)| (r, slot)).collect();
-        let committed = self.commit_file_write(state, items, outcome);
-        for (r, slot) in written {
-            let on_host = |c: &crate::state::Chunk| c.location() == Location::Host(slot) && c.file().is_some();
-            if state.buffer(r.0).is_some() && on_host(state.chunk(r)) {
-                let slot = state.leave_host(r);
-                self.host.free(slot);
-            }
-        }
-        committed
     }
 }

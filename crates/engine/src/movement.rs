@@ -60,7 +60,7 @@
 //! and the host copies it makes are spares, which the host tier takes back first when it
 //! needs room (`Tiers::reclaim_host_copies`). It waits for its copy (a batch: ~1 ms) with
 //! the lock held, like a reclaim. A chunk whose bytes change later comes into HBM first,
-//! which gives up every copy below (`drop_copies`): a host copy made here is never stale.
+//! which gives up every copy below (`take_copies`): a host copy made here is never stale.
 
 use crate::buffer::Access;
 use crate::error::Context;

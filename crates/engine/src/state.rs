@@ -529,18 +529,11 @@ impl ChunkTable {
         self.pinned = 0;
     }
 
-    /// Chunk `r` (resident) is about to be written: its copies below are stale. Returns them.
-    pub fn drop_copies(&mut self, r: ChunkRef) -> Copies {
+    /// Takes chunk `r`'s copies below HBM: stale ones (it is resident and about to be
+    /// written), or its only bytes (it is below HBM and discarded: discard.rs), leaving it `Empty`.
+    pub fn take_copies(&mut self, r: ChunkRef) -> Copies {
         let chunk = self.at(r);
-        debug_assert!(chunk.hbm.is_some(), "only a chunk in HBM has copies to drop");
-        Copies { peer: chunk.peer.take(), host: chunk.host.take(), file: chunk.file.take() }
-    }
-
-    /// Chunk `r` (below HBM, not mapped in place) loses its bytes (discard.rs): it is `Empty`
-    /// again. Returns the copies that held them.
-    pub fn forget_bytes(&mut self, r: ChunkRef) -> Copies {
-        let chunk = self.at(r);
-        debug_assert!(chunk.hbm.is_none() && chunk.in_place == InPlace::No, "only a chunk below HBM forgets its bytes");
+        debug_assert!(chunk.in_place == InPlace::No, "a chunk mapped in place keeps its peer slot");
         Copies { peer: chunk.peer.take(), host: chunk.host.take(), file: chunk.file.take() }
     }
 
