@@ -79,7 +79,7 @@ impl Inner {
         // Transfers still running on its chunks end first: waited for with the lock released
         // where the façade runs this again after (`Engine::unlocked_waits`).
         let mut running = Vec::new();
-        for fence in buffer.chunks().iter().flat_map(|chunk| chunk.in_flight().chain(chunk.leaving())) {
+        for fence in buffer.chunks().iter().flat_map(|c| c.in_flight().chain(c.leaving()).chain(c.landing())) {
             if !fence.is_done().during("free")? {
                 running.push(Arc::clone(fence));
             }

@@ -38,8 +38,10 @@ impl Inner {
             }
             // A resident chunk's page-in may still be reading a slot below; below HBM nothing
             // reads its slots (a page-in would have made it resident, and a write of its host
-            // slot to the file is committed only if the chunk still holds it).
-            let reader = chunk.ready().cloned().filter(|fence| !matches!(fence.is_done(), Ok(true)));
+            // slot to the file is committed only if the chunk still holds it), but a chunk that
+            // handed its HBM over may still be filling its slot (`landing`).
+            let reader =
+                chunk.ready().or(chunk.landing()).cloned().filter(|fence| !matches!(fence.is_done(), Ok(true)));
             if reader.is_some() && chunk.file().is_some() {
                 continue; // its page-in may be reading the file copy still
             }

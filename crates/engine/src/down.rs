@@ -293,7 +293,10 @@ impl Tiers {
         call: &'static str,
         limit: usize,
     ) -> Result<usize> {
-        let chunks = self.pool.take_idle(self.pool.releasable(limit));
+        let (chunks, still_read): (Vec<PhysHandle>, Vec<PhysHandle>) =
+            self.pool.take_idle(self.pool.releasable(limit)).into_iter().partition(|&p| !self.in_flight.still_read(p));
+        // Handed over by a chunk whose copy down still reads it: given back at a later reap.
+        still_read.into_iter().for_each(|p| self.pool.give(p));
         if chunks.is_empty() {
             return Ok(0);
         }

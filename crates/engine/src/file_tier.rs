@@ -15,6 +15,7 @@
 //! `page_out_to_file_start` does (file_writes.rs); the other calls spill in the calling
 //! thread, under the lock. Either way io_uring or a thread pool keeps many slots in flight.
 
+use crate::error::Context;
 use crate::fence::Fence;
 use crate::file_reads::FileReader;
 use crate::file_writes::{FileWrite, Owner};
@@ -71,6 +72,10 @@ impl Tiers {
             .collect();
         let to_write: Vec<(ChunkRef, Slot)> =
             host_chunks.iter().filter(|(_, _, f)| f.is_none()).map(|&(r, s, _)| (r, s)).collect();
+        // A slot still filled by a copy down that handed its HBM over (state.rs, `landing`).
+        for landing in to_write.iter().filter_map(|&(r, _)| state.chunk(r).landing()) {
+            landing.wait().during(call)?;
+        }
         let Some(tier) = self.file.as_ref() else {
             return Err(Error::Config(format!("{call}: there is no file tier (set TIERMEM_FILE)")));
         };
@@ -135,16 +140,18 @@ impl Tiers {
             .iter()
             .filter_map(|&r| {
                 let chunk = state.chunk(r);
-                let slot = match (chunk.location(), chunk.host(), chunk.leaving()) {
-                    (Location::Host(slot), _, _) => slot,
-                    (Location::Hbm { leaving: true, .. }, Some(slot), Some(fence)) => {
-                        if chunk.file().is_none() && !fences.iter().any(|f| Arc::ptr_eq(f, fence)) {
-                            fences.push(Arc::clone(fence));
-                        }
-                        slot
-                    }
+                // A slot still being filled: by the chunk's move down (leaving, or handed over
+                // and `landing`, state.rs), written after its fence.
+                let filling = chunk.leaving().or(chunk.landing());
+                let slot = match (chunk.location(), chunk.host()) {
+                    (Location::Host(slot), _) | (Location::Hbm { leaving: true, .. }, Some(slot)) => slot,
                     _ => return None,
                 };
+                if let Some(fence) = filling.filter(|_| chunk.file().is_none()) {
+                    if !fences.iter().any(|f| Arc::ptr_eq(f, fence)) {
+                        fences.push(Arc::clone(fence));
+                    }
+                }
                 // A slot already held is being written by an earlier write still in flight:
                 // that write gives the chunk its file copy (or, if the chunk lets the slot go
                 // first, whoever spills it writes it then).

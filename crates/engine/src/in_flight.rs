@@ -8,7 +8,7 @@ use crate::fence::Fence;
 use crate::state::{Below, ChunkRef};
 use crate::sync::Arc;
 use std::collections::VecDeque;
-use tiermem_mechanism::Result;
+use tiermem_mechanism::{PhysHandle, Result};
 
 /// A group of chunks moving down behind one fence.
 pub(crate) struct PendingDown {
@@ -21,6 +21,9 @@ pub(crate) struct InFlight {
     down: Vec<PendingDown>,
     retiring: VecDeque<(Arc<Fence>, Below)>,
     timed: VecDeque<(Arc<Fence>, Arc<Fence>)>,
+    /// Physical chunks handed over by chunks still moving down (placement.rs, `send_home`):
+    /// free to take, but a copy into one waits for its fence.
+    handed: Vec<(Arc<Fence>, PhysHandle)>,
 }
 
 impl InFlight {
@@ -83,7 +86,40 @@ impl InFlight {
     /// Every retired slot, whatever its reader (shutdown, after every stream is synchronised).
     pub fn drain_retiring(&mut self) -> Vec<Below> {
         self.timed.clear();
+        self.handed.clear();
         self.retiring.drain(..).map(|(_, slot)| slot).collect()
+    }
+
+    /// `phys` is free to take, but the copy down that reads it ends only with `fence`.
+    pub fn hand_over(&mut self, fence: Arc<Fence>, phys: PhysHandle) {
+        self.handed.push((fence, phys));
+    }
+
+    /// The fences, not yet done, that copies into `phys` must wait for; they are forgotten here
+    /// (the caller's copies wait for them).
+    pub fn take_handed(&mut self, phys: &[PhysHandle]) -> Result<Vec<Arc<Fence>>> {
+        let mut fences: Vec<Arc<Fence>> = Vec::new();
+        let mut i = 0;
+        while i < self.handed.len() {
+            let (fence, p) = &self.handed[i];
+            if fence.is_done()? {
+                self.handed.swap_remove(i);
+            } else if phys.contains(p) {
+                if !fences.iter().any(|f| Arc::ptr_eq(f, fence)) {
+                    fences.push(Arc::clone(fence));
+                }
+                self.handed.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(fences)
+    }
+
+    /// Whether a copy down may still read `phys` (handed over): not to be given back to the
+    /// driver yet.
+    pub fn still_read(&self, phys: PhysHandle) -> bool {
+        self.handed.iter().any(|(fence, p)| *p == phys && !matches!(fence.is_done(), Ok(true)))
     }
 
     /// A demand copy between `start` and `end`, to be added to the stall time.

@@ -230,6 +230,34 @@ impl Tiers {
         Ok(phys[..served].iter().flatten().copied().collect())
     }
 
+    /// Makes `stream` wait for the moves down that a copy of `batch` into `phys` must follow
+    /// (placement.rs, `send_home`): those of the chunks that handed `phys` over, and those
+    /// still filling the slots `batch` comes from. A chunk of the batch read from the file
+    /// (on the reader's own stream) has its physical chunk's move waited for here, on the
+    /// host. Returns whether the stream waits for any.
+    fn behind_moves_down(
+        &mut self,
+        state: &ChunkTable,
+        batch: &[ChunkRef],
+        phys: &[PhysHandle],
+        stream: StreamHandle,
+    ) -> Result<bool, DeviceError> {
+        let mut fences = self.in_flight.take_handed(phys)?;
+        if batch.iter().any(|&r| matches!(state.chunk(r).location(), Location::File(_))) {
+            fences.iter().try_for_each(|fence| fence.wait())?;
+            fences.clear();
+        }
+        for landing in batch.iter().filter_map(|&r| state.chunk(r).landing()) {
+            if !landing.is_done()? && !fences.iter().any(|f| Arc::ptr_eq(f, landing)) {
+                fences.push(Arc::clone(landing));
+            }
+        }
+        for fence in &fences {
+            self.device.stream_wait_event(stream, fence.event())?;
+        }
+        Ok(!fences.is_empty())
+    }
+
     /// Maps one batch of consecutive chunks of one buffer and enqueues their copies up: from
     /// their host slots, or zeros. Chunks whose bytes are in the file are only mapped: the
     /// caller queues their reads. On failure every chunk of the batch is as before and its
@@ -246,6 +274,7 @@ impl Tiers {
         let device = Arc::clone(&self.device);
         // Chunks still mapped at their physical chunk need nothing; a stale mapping elsewhere,
         // or a mapping in place at its peer slot (movement.rs, "Reading in place"), is unmapped first.
+        let waits = self.behind_moves_down(state, batch, phys, stream)?;
         let mut fresh = Vec::new();
         let mut outcome = Ok(());
         for (i, (&r, &p)) in batch.iter().zip(phys).enumerate() {
@@ -253,6 +282,10 @@ impl Tiers {
             let chunk = state.chunk(r);
             if chunk.maps(p) {
                 continue;
+            }
+            // Its own move down, handed over, may still read through the stale mapping.
+            if let Some(landing) = chunk.landing() {
+                landing.wait()?;
             }
             outcome = self.unmap_below(state, r);
             if outcome.is_err() {
@@ -286,7 +319,7 @@ impl Tiers {
                     _ => None,
                 })
                 .collect();
-            outcome = self.copy_from_host(&from_host, va0, stream);
+            outcome = self.copy_from_host(&from_host, va0, stream, waits);
             for (k, n, source) in runs {
                 let dst = va0 + (k * g) as u64;
                 if outcome.is_err() {
@@ -309,6 +342,10 @@ impl Tiers {
             }
         }
         if let Err(e) = outcome {
+            if waits {
+                // The physical chunks go back to the pool: no move down may still read them.
+                let _ = device.synchronize_stream(stream);
+            }
             // An unmap that fails here leaves a mapping without access (if `cuMemSetAccess`
             // failed): recorded as a stale mapping to unmap before the next map, and by `free`.
             // (Unrecorded, it made freeing the buffer fail for ever.)
@@ -332,17 +369,21 @@ impl Tiers {
     /// Queues the copies of `runs` (chunk index in the batch at `va0`, chunks, pinned host
     /// source) into HBM: on `stream`, or divided between it and the lenders' links while they
     /// lend (multipath.rs).
+    /// `behind`: the stream waits for moves down (`behind_moves_down`), which the lenders'
+    /// streams would not (they fork from it once per page-in), so the copies take this GPU's
+    /// link alone.
     fn copy_from_host(
         &mut self,
         runs: &[(usize, usize, HostPtr)],
         va0: DevicePtr,
         stream: StreamHandle,
+        behind: bool,
     ) -> Result<(), DeviceError> {
         let g = self.chunk;
         let peer = &self.peer;
         // A busy lender's link is its program's (peer_traffic.rs).
         let lending = |gpu| peer.lenders().iter().any(|l| l.gpu == gpu && peer.cap_of(l) > 0) && !peer.is_busy(gpu);
-        let helpers = self.multipath.usable(lending);
+        let helpers = if behind { Vec::new() } else { self.multipath.usable(lending) };
         let lens: Vec<usize> = runs.iter().map(|&(_, n, _)| n).collect();
         let least = crate::multipath::LEAST_CHUNKS_PER_PATH;
         for piece in split_between_paths(&lens, 1 + helpers.len(), least) {

@@ -105,7 +105,7 @@ impl Inner {
             }
             holders.truncate(short);
             if !holders.is_empty() {
-                self.evict_now(call, &holders)?;
+                self.send_home(call, &holders)?;
             }
         }
         match purpose {
@@ -438,6 +438,34 @@ impl Inner {
     /// Sends `victims` (sorted) down and waits until they have left.
     pub(crate) fn evict_now(&mut self, call: &'static str, victims: &[ChunkRef]) -> Result<()> {
         let fences = self.send_victims_down(call, victims)?;
+        self.wait_for(call, fences)?;
+        self.tiers.reap(&mut self.state)
+    }
+
+    /// Sends `holders` (sorted) down to free the homes of incoming chunks. A holder whose move
+    /// down must still finish (its last use, or its copy to the host) hands its physical chunk
+    /// over at once (`ChunkTable::hand_over`): the incoming chunk's copy waits for that move on
+    /// the device, behind it on the copy engines, instead of the host waiting for it here — in
+    /// a loop streaming dirty buffers with host work between acquires, that wait ran in
+    /// series with the host work every time (BENCHMARKS.md, the thirty-third session). The
+    /// handed-over holder is `landing` until its copy ends (state.rs). One going to a
+    /// neighbour's HBM is waited for, as before.
+    fn send_home(&mut self, call: &'static str, holders: &[ChunkRef]) -> Result<()> {
+        self.send_victims_down(call, holders)?;
+        let mut fences: Vec<Arc<Fence>> = Vec::new();
+        for &h in holders {
+            let chunk = self.state.chunk(h);
+            match chunk.leaving() {
+                Some(_) if chunk.peer().is_none() => {
+                    let (phys, fence) = self.state.hand_over(h);
+                    self.tiers.counters.handed_over += 1;
+                    self.tiers.pool.give(phys);
+                    self.tiers.in_flight.hand_over(fence, phys);
+                }
+                Some(fence) if !fences.iter().any(|f| Arc::ptr_eq(f, fence)) => fences.push(Arc::clone(fence)),
+                _ => {}
+            }
+        }
         self.wait_for(call, fences)?;
         self.tiers.reap(&mut self.state)
     }

@@ -135,6 +135,9 @@ pub(crate) struct Chunk {
     /// Evicted since the schedule was set: it streams, so it may make way for an incoming
     /// chunk whose home it holds (homes.rs).
     streamed: bool,
+    /// Handed its physical chunk over while leaving (`hand_over`): until this fence, its copy
+    /// down may still be reading its address and filling its slot below.
+    landing: Option<Arc<Fence>>,
 }
 
 impl Chunk {
@@ -152,6 +155,7 @@ impl Chunk {
             alias_lacks_access: false,
             in_place: InPlace::No,
             streamed: false,
+            landing: None,
         }
     }
 
@@ -260,6 +264,13 @@ impl Chunk {
 
     pub fn streamed(&self) -> bool {
         self.streamed
+    }
+
+    /// The move down still in flight of a chunk that has left HBM already (`hand_over`): a
+    /// copy from its slot below waits for it on the device; unmapping its address, freeing
+    /// its buffer or writing its slot to the file waits for it on the host.
+    pub fn landing(&self) -> Option<&Arc<Fence>> {
+        self.landing.as_ref()
     }
 }
 
@@ -418,7 +429,7 @@ impl ChunkTable {
         debug_assert!(chunk.hbm.is_none(), "a chunk enters HBM once");
         debug_assert!(chunk.in_place == InPlace::No, "a chunk mapped in place is unmapped before it enters HBM");
         chunk.hbm = Some(Hbm { phys, leaving: None });
-        chunk.alias = None;
+        (chunk.alias, chunk.landing) = (None, None);
         let fill = if chunk.is_clean() { Fill::Copied } else { Fill::Zeroed };
         self.holders.insert(phys, r);
         self.buffers.get_mut(&r.0).expect("chunk of a live buffer").mapped += 1;
@@ -465,6 +476,16 @@ impl ChunkTable {
         self.holders.remove(&hbm.phys);
         self.buffers.get_mut(&r.0).expect("chunk of a live buffer").mapped -= 1;
         hbm.phys
+    }
+
+    /// Chunk `r`, leaving HBM behind a fence (returned with its physical chunk), leaves now:
+    /// its physical chunk may be taken by a copy that waits for that fence on the device
+    /// (placement.rs, `send_home`). Until then it is `landing`.
+    pub fn hand_over(&mut self, r: ChunkRef) -> (PhysHandle, Arc<Fence>) {
+        let fence = self.chunk(r).leaving().cloned().expect("a chunk handed over is leaving");
+        let phys = self.leave_hbm(r);
+        self.at(r).landing = Some(Arc::clone(&fence));
+        (phys, fence)
     }
 
     /// Chunk `r`'s address maps nothing any more.

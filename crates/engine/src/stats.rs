@@ -28,6 +28,10 @@ pub struct Counters {
     pub discarded: u64,
     /// Chunks chosen as victims by the policy.
     pub evictions: u64,
+    /// Evicted chunks that handed their physical chunk to the chunk coming home to it while
+    /// their move down was still running, the page-in queued behind it on the device
+    /// (placement.rs, `send_home`).
+    pub handed_over: u64,
     /// Chunks brought in by `prefetch`.
     pub prefetched: u64,
     /// Chunks written to the file tier (spilled chunks whose bytes the file already held are not).
@@ -271,7 +275,7 @@ impl std::fmt::Display for Stats {
         writeln!(f, "policy {}; pinned for the host tier: {}", self.policy, format_size(self.host_pinned_bytes))?;
         writeln!(
             f,
-            "page-ins {} ({}), page-outs {} ({}), zero-fills {}, clean drops {}, discarded {}, evictions {}, prefetched {}, file writes {}, file reads {}, streams waited {:.2} ms",
+            "page-ins {} ({}), page-outs {} ({}), zero-fills {}, clean drops {}, discarded {}, evictions {} ({} handed over), prefetched {}, file writes {}, file reads {}, streams waited {:.2} ms",
             t.page_ins,
             format_size(self.bytes_in as usize),
             t.page_outs,
@@ -280,6 +284,7 @@ impl std::fmt::Display for Stats {
             t.clean_drops,
             t.discarded,
             t.evictions,
+            t.handed_over,
             t.prefetched,
             t.file_writes,
             t.file_reads,
