@@ -24,6 +24,9 @@ pub(crate) struct InFlight {
     /// Physical chunks handed over by chunks still moving down (placement.rs, `send_home`):
     /// free to take, but a copy into one waits for its fence.
     handed: Vec<(Arc<Fence>, PhysHandle)>,
+    /// The moves down of every chunk handed over, until done: the next hand-over waits for
+    /// them (placement.rs, `send_home`, "Pacing").
+    handed_moves: Vec<Arc<Fence>>,
 }
 
 impl InFlight {
@@ -87,12 +90,28 @@ impl InFlight {
     pub fn drain_retiring(&mut self) -> Vec<Below> {
         self.timed.clear();
         self.handed.clear();
+        self.handed_moves.clear();
         self.retiring.drain(..).map(|(_, slot)| slot).collect()
     }
 
     /// `phys` is free to take, but the copy down that reads it ends only with `fence`.
     pub fn hand_over(&mut self, fence: Arc<Fence>, phys: PhysHandle) {
+        if !self.handed_moves.iter().any(|f| Arc::ptr_eq(f, &fence)) {
+            self.handed_moves.push(Arc::clone(&fence));
+        }
         self.handed.push((fence, phys));
+    }
+
+    /// The moves down of chunks handed over that are still running (those done are forgotten).
+    pub fn handed_moves(&mut self) -> Result<Vec<Arc<Fence>>> {
+        let mut running = Vec::with_capacity(self.handed_moves.len());
+        for fence in self.handed_moves.drain(..) {
+            if !fence.is_done()? {
+                running.push(fence);
+            }
+        }
+        self.handed_moves.clone_from(&running);
+        Ok(running)
     }
 
     /// The fences, not yet done, that copies into `phys` must wait for; they are forgotten here

@@ -450,7 +450,18 @@ impl Inner {
     /// series with the host work every time (BENCHMARKS.md, the thirty-third session). The
     /// handed-over holder is `landing` until its copy ends (state.rs). One going to a
     /// neighbour's HBM is waited for, as before.
+    ///
+    /// **Pacing.** Waiting for the holders' copies kept the program (the host) at most a
+    /// window ahead of the GPU: the page-ahead follows the host's acquires, and it is the GPU
+    /// that frees the holders. Unpaced, a program with no host work between its acquires ran
+    /// far ahead and streamed 10–50% slower on the H200 (the page-ahead then placed chunks
+    /// for steps the GPU was far from). So a hand-over first waits for the moves handed over
+    /// before it (by the calls before this one): the host runs at most one more hand-over
+    /// ahead than it did, and a program whose host work takes longer than a move waits for
+    /// nothing.
     fn send_home(&mut self, call: &'static str, holders: &[ChunkRef]) -> Result<()> {
+        let earlier = self.tiers.in_flight.handed_moves().during(call)?;
+        self.wait_for(call, earlier)?;
         self.send_victims_down(call, holders)?;
         let mut fences: Vec<Arc<Fence>> = Vec::new();
         for &h in holders {
