@@ -26,7 +26,7 @@ pub(crate) struct InFlight {
     handed: Vec<(Arc<Fence>, PhysHandle)>,
     /// The moves down of every chunk handed over, until done: the next hand-over waits for
     /// them (placement.rs, `send_home`, "Pacing").
-    handed_moves: Vec<Arc<Fence>>,
+    handed_moves: Vec<(Arc<Fence>, usize)>,
 }
 
 impl InFlight {
@@ -96,22 +96,33 @@ impl InFlight {
 
     /// `phys` is free to take, but the copy down that reads it ends only with `fence`.
     pub fn hand_over(&mut self, fence: Arc<Fence>, phys: PhysHandle) {
-        if !self.handed_moves.iter().any(|f| Arc::ptr_eq(f, &fence)) {
-            self.handed_moves.push(Arc::clone(&fence));
+        match self.handed_moves.iter_mut().find(|(f, _)| Arc::ptr_eq(f, &fence)) {
+            Some((_, chunks)) => *chunks += 1,
+            None => self.handed_moves.push((Arc::clone(&fence), 1)),
         }
         self.handed.push((fence, phys));
     }
 
-    /// The moves down of chunks handed over that are still running (those done are forgotten).
-    pub fn handed_moves(&mut self) -> Result<Vec<Arc<Fence>>> {
+    /// The oldest moves down of chunks handed over that are still running, as many as leave
+    /// at most `ahead` chunks handed over by the others (those done are forgotten).
+    pub fn handed_moves_beyond(&mut self, ahead: usize) -> Result<Vec<Arc<Fence>>> {
         let mut running = Vec::with_capacity(self.handed_moves.len());
-        for fence in self.handed_moves.drain(..) {
+        for (fence, chunks) in self.handed_moves.drain(..) {
             if !fence.is_done()? {
-                running.push(fence);
+                running.push((fence, chunks));
             }
         }
         self.handed_moves.clone_from(&running);
-        Ok(running)
+        let mut total: usize = running.iter().map(|&(_, chunks)| chunks).sum();
+        let mut oldest = Vec::new();
+        for (fence, chunks) in running {
+            if total <= ahead {
+                break;
+            }
+            total -= chunks;
+            oldest.push(fence);
+        }
+        Ok(oldest)
     }
 
     /// The fences, not yet done, that copies into `phys` must wait for; they are forgotten here

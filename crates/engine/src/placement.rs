@@ -32,6 +32,13 @@ use tiermem_policy::{leave_hbm, new_policy, Candidate, Leave, PolicyKind, Tier};
 /// they must be made (~40 µs a chunk on the H200, after HBM went back to the driver).
 const DEMAND_BATCH: usize = 8;
 
+/// Chunks handed over whose moves down still run, at most, when a hand-over begins
+/// (`send_home`, "Pacing"). On the H200 (`bench/results/probes-20261130e/`), waiting for all of
+/// them cost a fully offloaded training step 0.60 s against 0.55 s, none of them made a lone
+/// link-bound loop 5–15% slower than before hand-overs, and 256 MiB matched both (three
+/// tenants at once ~10% faster than before).
+const HANDED_AHEAD: usize = 256 << 20;
+
 impl Inner {
     /// Makes `wanted` (sorted) resident, or as many as free HBM allows for a prefetch: cancels
     /// moves down, makes room by policy, takes physical chunks; the tiers then copy.
@@ -454,13 +461,13 @@ impl Inner {
     /// **Pacing.** Waiting for the holders' copies kept the program (the host) at most a
     /// window ahead of the GPU: the page-ahead follows the host's acquires, and it is the GPU
     /// that frees the holders. Unpaced, a program with no host work between its acquires ran
-    /// far ahead and streamed 10–50% slower on the H200 (the page-ahead then placed chunks
-    /// for steps the GPU was far from). So a hand-over first waits for the moves handed over
-    /// before it (by the calls before this one): the host runs at most one more hand-over
-    /// ahead than it did, and a program whose host work takes longer than a move waits for
-    /// nothing.
+    /// far ahead and streamed 5–15% slower on the H200 (the page-ahead then placed chunks for
+    /// steps the GPU was far from). So a hand-over first waits for the oldest moves handed
+    /// over before it until at most [`HANDED_AHEAD`] of them still run; a program whose host
+    /// work takes longer than its moves waits for nothing.
     fn send_home(&mut self, call: &'static str, holders: &[ChunkRef]) -> Result<()> {
-        let earlier = self.tiers.in_flight.handed_moves().during(call)?;
+        let ahead = HANDED_AHEAD / self.tiers.chunk;
+        let earlier = self.tiers.in_flight.handed_moves_beyond(ahead).during(call)?;
         self.wait_for(call, earlier)?;
         self.send_victims_down(call, holders)?;
         let mut fences: Vec<Arc<Fence>> = Vec::new();
