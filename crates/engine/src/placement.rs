@@ -455,8 +455,10 @@ impl Inner {
     /// the device, behind it on the copy engines, instead of the host waiting for it here — in
     /// a loop streaming dirty buffers with host work between acquires, that wait ran in
     /// series with the host work every time (BENCHMARKS.md, the thirty-third session). The
-    /// handed-over holder is `landing` until its copy ends (state.rs). One going to a
-    /// neighbour's HBM is waited for, as before.
+    /// handed-over holder is `landing` until its copy ends (state.rs). A clean holder (no
+    /// copy, only the GPU's last use of it to wait for) and one going to a neighbour's HBM are
+    /// waited for, as before: read-only loops page exactly as they did (on the H200 handing
+    /// clean holders over too streamed a read-only loop one chunk more a pass).
     ///
     /// **Pacing.** Waiting for the holders' copies kept the program (the host) at most a
     /// window ahead of the GPU: the page-ahead follows the host's acquires, and it is the GPU
@@ -469,12 +471,13 @@ impl Inner {
         let ahead = HANDED_AHEAD / self.tiers.chunk;
         let earlier = self.tiers.in_flight.handed_moves_beyond(ahead).during(call)?;
         self.wait_for(call, earlier)?;
+        let dirty: Vec<bool> = holders.iter().map(|&h| !self.state.chunk(h).is_clean()).collect();
         self.send_victims_down(call, holders)?;
         let mut fences: Vec<Arc<Fence>> = Vec::new();
-        for &h in holders {
+        for (&h, dirty) in holders.iter().zip(dirty) {
             let chunk = self.state.chunk(h);
             match chunk.leaving() {
-                Some(_) if chunk.peer().is_none() => {
+                Some(_) if dirty && chunk.peer().is_none() => {
                     let (phys, fence) = self.state.hand_over(h);
                     self.tiers.counters.handed_over += 1;
                     self.tiers.pool.give(phys);
