@@ -54,6 +54,11 @@
 //! streams wait on it) and `busy` (the user's work since the last release; the chunk may be
 //! moved down only after it). A chunk with `pins > 0` is acquired and is never moved.
 //!
+//! **Handed over** (placement.rs, `send_home`). A dirty chunk leaving to make room for the chunk
+//! coming home to its physical chunk leaves HBM at once, before its copy down has run: the
+//! incoming copy waits for it on the device. Until then the chunk is `landing` (its fence):
+//! located on the host, but its slot still filling and its address still read.
+//!
 //! Invariants the table keeps: a buffer's `mapped` counts its chunks with `hbm`; `holders`
 //! maps exactly the physical chunks of chunks with `hbm`; `pinned` counts chunks with
 //! `pins > 0` and in HBM; a chunk without `hbm` has no `ready` fence, and a `busy` fence only
@@ -68,6 +73,8 @@ use std::sync::Arc;
 use tiermem_mechanism::file_store::FileSlot;
 use tiermem_mechanism::{DevicePtr, PhysHandle};
 use tiermem_policy::Tier;
+
+mod copies;
 
 /// A chunk: its buffer and its index in the buffer.
 pub(crate) type ChunkRef = (BufferId, usize);
@@ -548,54 +555,6 @@ impl ChunkTable {
     pub fn unpin_everything(&mut self) {
         self.buffers.values_mut().flat_map(|b| &mut b.chunks).for_each(|c| c.pins = 0);
         self.pinned = 0;
-    }
-
-    /// Takes chunk `r`'s copies below HBM: stale ones (it is resident and about to be
-    /// written), or its only bytes (it is below HBM and discarded: discard.rs), leaving it `Empty`.
-    pub fn take_copies(&mut self, r: ChunkRef) -> Copies {
-        let chunk = self.at(r);
-        debug_assert!(chunk.in_place == InPlace::No, "a chunk mapped in place keeps its peer slot");
-        Copies { peer: chunk.peer.take(), host: chunk.host.take(), file: chunk.file.take() }
-    }
-
-    /// Gives up chunk `r`'s peer copy, which is not its only one (it is resident, or has a
-    /// copy in a lower tier). Returns it.
-    pub fn drop_peer_copy(&mut self, r: ChunkRef) -> Option<PeerSlot> {
-        let chunk = self.at(r);
-        debug_assert!(
-            chunk.is_resident() || chunk.host.is_some() || chunk.file.is_some(),
-            "a chunk's only copy is not a spare"
-        );
-        chunk.peer.take()
-    }
-
-    /// Chunk `r`'s bytes are now also in host `slot` (it had none there).
-    pub fn add_host_copy(&mut self, r: ChunkRef, slot: Slot) {
-        let chunk = self.at(r);
-        debug_assert!(chunk.host.is_none(), "one host copy per chunk");
-        chunk.host = Some(slot);
-    }
-
-    /// Gives up chunk `r`'s host copy (it is resident or in the peer tier: the copy is not its
-    /// only one). Returns it.
-    pub fn drop_host_copy(&mut self, r: ChunkRef) -> Option<Slot> {
-        let chunk = self.at(r);
-        debug_assert!(chunk.is_resident() || chunk.peer.is_some(), "only a host copy with another is a spare");
-        chunk.host.take()
-    }
-
-    /// Chunk `r`'s bytes are now also in `file`.
-    pub fn add_file_copy(&mut self, r: ChunkRef, file: FileSlot) {
-        let chunk = self.at(r);
-        debug_assert!(chunk.file.is_none(), "one file copy per chunk");
-        chunk.file = Some(file);
-    }
-
-    /// Chunk `r` (located on the host, with a file copy) leaves the host tier: returns its slot.
-    pub fn leave_host(&mut self, r: ChunkRef) -> Slot {
-        let chunk = self.at(r);
-        debug_assert!(chunk.hbm.is_none() && chunk.file.is_some(), "only a host chunk with a file copy leaves");
-        chunk.host.take().expect("a host-located chunk")
     }
 
     /// The fence after which chunk `r` has arrived (or `None`: it has).
