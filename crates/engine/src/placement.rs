@@ -466,12 +466,15 @@ impl Inner {
     /// far ahead and streamed 5–15% slower on the H200 (the page-ahead then placed chunks for
     /// steps the GPU was far from). So a hand-over first waits for the oldest moves handed
     /// over before it until at most [`HANDED_AHEAD`] of them still run; a program whose host
-    /// work takes longer than its moves waits for nothing.
+    /// work takes longer than its moves waits for nothing, and a call with no dirty holder
+    /// (a read-only loop, a swap) waits for none of them.
     fn send_home(&mut self, call: &'static str, holders: &[ChunkRef]) -> Result<()> {
-        let ahead = HANDED_AHEAD / self.tiers.chunk;
-        let earlier = self.tiers.in_flight.handed_moves_beyond(ahead).during(call)?;
-        self.wait_for(call, earlier)?;
         let dirty: Vec<bool> = holders.iter().map(|&h| !self.state.chunk(h).is_clean()).collect();
+        if dirty.contains(&true) {
+            let ahead = HANDED_AHEAD / self.tiers.chunk;
+            let earlier = self.tiers.in_flight.handed_moves_beyond(ahead).during(call)?;
+            self.wait_for(call, earlier)?;
+        }
         self.send_victims_down(call, holders)?;
         let mut fences: Vec<Arc<Fence>> = Vec::new();
         for (&h, dirty) in holders.iter().zip(dirty) {
