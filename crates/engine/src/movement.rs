@@ -272,9 +272,9 @@ impl Tiers {
         let g = self.chunk;
         let va0 = state.va(batch[0]);
         let device = Arc::clone(&self.device);
+        let waits = self.behind_moves_down(state, batch, phys, stream)?;
         // Chunks still mapped at their physical chunk need nothing; a stale mapping elsewhere,
         // or a mapping in place at its peer slot (movement.rs, "Reading in place"), is unmapped first.
-        let waits = self.behind_moves_down(state, batch, phys, stream)?;
         let mut fresh = Vec::new();
         let mut outcome = Ok(());
         for (i, (&r, &p)) in batch.iter().zip(phys).enumerate() {
