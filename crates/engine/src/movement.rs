@@ -243,8 +243,10 @@ impl Tiers {
         stream: StreamHandle,
     ) -> Result<bool, DeviceError> {
         let mut fences = self.in_flight.take_handed(phys)?;
-        if batch.iter().any(|&r| matches!(state.chunk(r).location(), Location::File(_))) {
+        if !fences.is_empty() && batch.iter().any(|&r| matches!(state.chunk(r).location(), Location::File(_))) {
+            let started = std::time::Instant::now();
             fences.iter().try_for_each(|fence| fence.wait())?;
+            self.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
             fences.clear();
         }
         for landing in batch.iter().filter_map(|&r| state.chunk(r).landing()) {
@@ -284,8 +286,10 @@ impl Tiers {
                 continue;
             }
             // Its own move down, handed over, may still read through the stale mapping.
-            if let Some(landing) = chunk.landing() {
+            if let Some(landing) = chunk.landing().filter(|l| !matches!(l.is_done(), Ok(true))) {
+                let started = std::time::Instant::now();
                 landing.wait()?;
+                self.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
             }
             outcome = self.unmap_below(state, r);
             if outcome.is_err() {
