@@ -384,7 +384,7 @@ def test_stats_keep_the_keys_front_ends_read(pool):
     assert stats["allocated_chunks"] == 1 and stats["acquired_in_hbm"] == 0
     assert set(stats["hbm"]) == {"capacity_bytes", "used_bytes", "chunks"}
     assert set(stats["transfers"]) == {
-        "page_ins", "page_outs", "zero_fills", "clean_drops", "discarded", "evictions", "prefetched", "file_writes",
+        "page_ins", "page_outs", "zero_fills", "clean_drops", "discarded", "evictions", "handed_over", "prefetched", "file_writes",
         "file_reads", "maps", "in_place_maps", "in_place_reads", "by_neighbours", "cleaned", "bytes_in", "bytes_out", "stall_ms", "map_ms", "unmap_ms", "evict_wait_ms",
         "acquires", "largest_acquire"}
     [buf] = stats["buffers"]
