@@ -12,7 +12,9 @@
 //! released. There a full host tier spills to the file in the background too
 //! (`spill_in_background`): the call waits for the write without the lock and commits it when
 //! it runs again. A reclaim waits under the lock (`Tiers::wait_here`): a lender asking for its
-//! memory comes first.
+//! memory comes first. A dirty chunk holding the home of a chunk coming in is not waited for:
+//! it hands its physical chunk over, and the copy coming in waits for it on the GPU
+//! (`send_home`).
 
 use crate::candidates::{candidates, next_settling, Among, Settling};
 use crate::down::COPIES_OUT_OF_HBM;
