@@ -451,9 +451,9 @@ impl Inner {
         self.tiers.reap(&mut self.state)
     }
 
-    /// Sends `holders` (sorted) down to free the homes of incoming chunks. A holder whose move
-    /// down must still finish (its last use, or its copy to the host) hands its physical chunk
-    /// over at once (`ChunkTable::hand_over`): the incoming chunk's copy waits for that move on
+    /// Sends `holders` (sorted) down to free the homes of incoming chunks. A dirty holder whose
+    /// copy to the host is still to run hands its physical chunk over at once
+    /// (`ChunkTable::hand_over`): the incoming chunk's copy waits for that copy on
     /// the device, behind it on the copy engines, instead of the host waiting for it here — in
     /// a loop streaming dirty buffers with host work between acquires, that wait ran in
     /// series with the host work every time (BENCHMARKS.md, the thirty-third session). The
