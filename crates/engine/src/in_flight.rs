@@ -21,11 +21,11 @@ pub(crate) struct InFlight {
     down: Vec<PendingDown>,
     retiring: VecDeque<(Arc<Fence>, Below)>,
     timed: VecDeque<(Arc<Fence>, Arc<Fence>)>,
-    /// Physical chunks handed over by chunks still moving down (placement.rs, `send_home`):
+    /// Physical chunks handed over by chunks still moving down (hand_overs.rs):
     /// free to take, but a copy into one waits for its fence.
     handed: Vec<(Arc<Fence>, PhysHandle)>,
     /// The moves down of every chunk handed over, until done: the next hand-over waits for
-    /// them (placement.rs, `send_home`, "Pacing").
+    /// them (hand_overs.rs, "Pacing").
     handed_moves: Vec<(Arc<Fence>, usize)>,
 }
 
@@ -38,6 +38,12 @@ impl InFlight {
     /// How many chunks are moving down (a chunk sent down twice behind two fences counts twice).
     pub fn chunks_moving_down(&self) -> usize {
         self.down.iter().map(|group| group.chunks.len()).sum()
+    }
+
+    /// The chunks moving down, oldest group first as far as the index keeps order (a chunk
+    /// sent down twice is listed twice).
+    pub fn chunks_moving(&self) -> impl Iterator<Item = ChunkRef> + '_ {
+        self.down.iter().flat_map(|group| group.chunks.iter().copied())
     }
 
     /// The groups whose move down has completed, taken out of the index.

@@ -39,6 +39,7 @@ mod fence;
 mod file_reads;
 mod file_tier;
 mod file_writes;
+mod hand_overs;
 mod homes;
 mod host_budget;
 mod host_tier;

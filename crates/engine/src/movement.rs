@@ -231,7 +231,7 @@ impl Tiers {
     }
 
     /// Makes `stream` wait for the moves down that a copy of `batch` into `phys` must follow
-    /// (placement.rs, `send_home`): those of the chunks that handed `phys` over, and those
+    /// (hand_overs.rs): those of the chunks that handed `phys` over, and those
     /// still filling the slots `batch` comes from. A chunk of the batch read from the file
     /// (on the reader's own stream) has its physical chunk's move waited for here, on the
     /// host. Returns whether the stream waits for any.

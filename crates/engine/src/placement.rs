@@ -12,9 +12,8 @@
 //! released. There a full host tier spills to the file in the background too
 //! (`spill_in_background`): the call waits for the write without the lock and commits it when
 //! it runs again. A reclaim waits under the lock (`Tiers::wait_here`): a lender asking for its
-//! memory comes first. A dirty chunk holding the home of a chunk coming in is not waited for:
-//! it hands its physical chunk over, and the copy coming in waits for it on the GPU
-//! (`send_home`).
+//! memory comes first. A dirty chunk leaving to make room is not waited for: it hands its
+//! physical chunk over, and the copy coming in waits for it on the GPU (hand_overs.rs).
 
 use crate::candidates::{candidates, next_settling, Among, Settling};
 use crate::down::COPIES_OUT_OF_HBM;
@@ -33,13 +32,6 @@ use tiermem_policy::{leave_hbm, new_policy, Candidate, Leave, PolicyKind, Tier};
 /// PCIe link's speed) overlap the making and mapping of the next batch's physical chunks where
 /// they must be made (~40 µs a chunk on the H200, after HBM went back to the driver).
 const DEMAND_BATCH: usize = 8;
-
-/// Chunks handed over whose moves down still run, at most, when a hand-over begins
-/// (`send_home`, "Pacing"). On the H200 (`bench/results/probes-20261130e/`), waiting for all of
-/// them cost a fully offloaded training step 0.60 s against 0.55 s, none of them made a lone
-/// link-bound loop 5–15% slower than before hand-overs, and 256 MiB matched both (three
-/// tenants at once ~10% faster than before).
-const HANDED_AHEAD: usize = 256 << 20;
 
 impl Inner {
     /// Makes `wanted` (sorted) resident, or as many as free HBM allows for a prefetch: cancels
@@ -114,7 +106,7 @@ impl Inner {
             }
             holders.truncate(short);
             if !holders.is_empty() {
-                self.send_home(call, &holders)?;
+                self.send_away(call, &holders)?;
             }
         }
         match purpose {
@@ -148,6 +140,11 @@ impl Inner {
                         self.send_victims_down(call, &victims)?;
                         self.tiers.reap(&mut self.state)?;
                     }
+                }
+                // Dirty chunks on their way to the host hand their physical chunks over now.
+                if crate::hand_overs::probe_scope() >= 2 {
+                    let short = todo.len().saturating_sub(self.tiers.pool.available());
+                    self.hand_over_moving(call, short, wanted)?;
                 }
             }
         }
@@ -378,6 +375,13 @@ impl Inner {
                 return Ok(());
             }
             let short = need - available;
+            // Dirty chunks already on their way to the host hand their physical chunks over (the
+            // call may also have found some landed meanwhile).
+            if crate::hand_overs::probe_scope() >= 1
+                && (self.hand_over_moving(call, short, protect)? > 0 || self.tiers.pool.available() > available)
+            {
+                continue;
+            }
             if self.evict(call, short, protect, None)? {
                 continue;
             }
@@ -416,14 +420,21 @@ impl Inner {
     }
 
     /// Evicts up to `count` chunks that may leave (next used beyond `horizon`, if given), chosen
-    /// by the policy (Belady while a schedule is set), and waits until they have left.
+    /// by the policy (Belady while a schedule is set): those copied to the host hand their
+    /// physical chunks over, the others are waited for until they have left.
     /// `false` if there was nothing to evict.
     fn evict(&mut self, call: &'static str, count: usize, protect: &[ChunkRef], horizon: Option<u64>) -> Result<bool> {
         let victims = self.victims(Among::Resident, call, count, protect, horizon)?;
         if victims.is_empty() {
             return Ok(false);
         }
-        self.evict_now(call, &victims)?;
+        if crate::hand_overs::probe_scope() >= 1 {
+            self.send_away(call, &victims)?;
+        } else {
+            let fences = self.send_victims_down(call, &victims)?;
+            self.wait_for(call, fences)?;
+            self.tiers.reap(&mut self.state)?;
+        }
         Ok(true)
     }
 
@@ -442,58 +453,6 @@ impl Inner {
         let mut victims: Vec<ChunkRef> = self.select_victims(&candidates, count).into_iter().map(|i| refs[i]).collect();
         victims.sort_unstable();
         Ok(victims)
-    }
-
-    /// Sends `victims` (sorted) down and waits until they have left.
-    pub(crate) fn evict_now(&mut self, call: &'static str, victims: &[ChunkRef]) -> Result<()> {
-        let fences = self.send_victims_down(call, victims)?;
-        self.wait_for(call, fences)?;
-        self.tiers.reap(&mut self.state)
-    }
-
-    /// Sends `holders` (sorted) down to free the homes of incoming chunks. A dirty holder whose
-    /// copy to the host is still to run hands its physical chunk over at once
-    /// (`ChunkTable::hand_over`): the incoming chunk's copy waits for that copy on
-    /// the device, behind it on the copy engines, instead of the host waiting for it here — in
-    /// a loop streaming dirty buffers with host work between acquires, that wait ran in
-    /// series with the host work every time (BENCHMARKS.md, the thirty-third session). The
-    /// handed-over holder is `landing` until its copy ends (state.rs). A clean holder (no
-    /// copy, only the GPU's last use of it to wait for) and one going to a neighbour's HBM are
-    /// waited for, as before: read-only loops page exactly as they did (on the H200 handing
-    /// clean holders over too streamed a read-only loop one chunk more a pass).
-    ///
-    /// **Pacing.** Waiting for the holders' copies kept the program (the host) at most a
-    /// window ahead of the GPU: the page-ahead follows the host's acquires, and it is the GPU
-    /// that frees the holders. Unpaced, a program with no host work between its acquires ran
-    /// far ahead and streamed 5–15% slower on the H200 (the page-ahead then placed chunks for
-    /// steps the GPU was far from). So a hand-over first waits for the oldest moves handed
-    /// over before it until at most [`HANDED_AHEAD`] of them still run; a program whose host
-    /// work takes longer than its moves waits for nothing, and a call with no dirty holder
-    /// (a read-only loop, a swap) waits for none of them.
-    fn send_home(&mut self, call: &'static str, holders: &[ChunkRef]) -> Result<()> {
-        let dirty: Vec<bool> = holders.iter().map(|&h| !self.state.chunk(h).is_clean()).collect();
-        if dirty.contains(&true) {
-            let ahead = HANDED_AHEAD / self.tiers.chunk;
-            let earlier = self.tiers.in_flight.handed_moves_beyond(ahead).during(call)?;
-            self.wait_for(call, earlier)?;
-        }
-        self.send_victims_down(call, holders)?;
-        let mut fences: Vec<Arc<Fence>> = Vec::new();
-        for (&h, dirty) in holders.iter().zip(dirty) {
-            let chunk = self.state.chunk(h);
-            match chunk.leaving() {
-                Some(_) if dirty && chunk.peer().is_none() => {
-                    let (phys, fence) = self.state.hand_over(h);
-                    self.tiers.counters.handed_over += 1;
-                    self.tiers.pool.give(phys);
-                    self.tiers.in_flight.hand_over(fence, phys);
-                }
-                Some(fence) if !fences.iter().any(|f| Arc::ptr_eq(f, fence)) => fences.push(Arc::clone(fence)),
-                _ => {}
-            }
-        }
-        self.wait_for(call, fences)?;
-        self.tiers.reap(&mut self.state)
     }
 
     /// Waits for `fences`: with the lock released if the façade retries this call (returned

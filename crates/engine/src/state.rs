@@ -54,8 +54,8 @@
 //! streams wait on it) and `busy` (the user's work since the last release; the chunk may be
 //! moved down only after it). A chunk with `pins > 0` is acquired and is never moved.
 //!
-//! **Handed over** (placement.rs, `send_home`). A dirty chunk leaving to make room for the chunk
-//! coming home to its physical chunk leaves HBM at once, before its copy down has run: the
+//! **Handed over** (hand_overs.rs). A dirty chunk leaving to make room for a chunk
+//! coming in leaves HBM at once, before its copy down has run: the
 //! incoming copy waits for it on the device. Until then the chunk is `landing` (its fence):
 //! located on the host, but its slot still filling and its address still read.
 //!
@@ -97,6 +97,8 @@ pub(crate) enum Location {
 struct Hbm {
     phys: PhysHandle,
     leaving: Option<Arc<Fence>>,
+    /// The move down is a copy into a host slot (the chunk was dirty).
+    to_host: bool,
 }
 
 /// Whether a chunk's address maps its peer slot (movement.rs, "Reading in place").
@@ -189,6 +191,12 @@ impl Chunk {
     /// The fence of the move down in flight.
     pub fn leaving(&self) -> Option<&Arc<Fence>> {
         self.hbm.as_ref().and_then(|hbm| hbm.leaving.as_ref())
+    }
+
+    /// The fence of its move down while that is a copy into a host slot: its physical chunk
+    /// may be handed over (placement.rs, `hand_over`).
+    pub fn copying_to_host(&self) -> Option<&Arc<Fence>> {
+        self.hbm.as_ref().filter(|hbm| hbm.to_host).and_then(|hbm| hbm.leaving.as_ref())
     }
 
     pub fn peer(&self) -> Option<PeerSlot> {
@@ -435,7 +443,7 @@ impl ChunkTable {
         let chunk = self.at(r);
         debug_assert!(chunk.hbm.is_none(), "a chunk enters HBM once");
         debug_assert!(chunk.in_place == InPlace::No, "a chunk mapped in place is unmapped before it enters HBM");
-        chunk.hbm = Some(Hbm { phys, leaving: None });
+        chunk.hbm = Some(Hbm { phys, leaving: None, to_host: false });
         (chunk.alias, chunk.landing) = (None, None);
         let fill = if chunk.is_clean() { Fill::Copied } else { Fill::Zeroed };
         self.holders.insert(phys, r);
@@ -450,6 +458,7 @@ impl ChunkTable {
         let chunk = self.at(r);
         let hbm = chunk.hbm.as_mut().expect("a chunk leaving HBM is in HBM");
         hbm.leaving = Some(fence);
+        hbm.to_host = matches!(to, Some(Below::Host(_)));
         match to {
             Some(Below::Host(slot)) => {
                 debug_assert!(chunk.host.is_none(), "a dirty chunk has no host copy");
@@ -467,7 +476,10 @@ impl ChunkTable {
     /// copy in flight (it may still be reading the chunk) before they write.
     pub fn cancel_leaving(&mut self, r: ChunkRef) {
         let chunk = self.at(r);
-        if let Some(fence) = chunk.hbm.as_mut().and_then(|hbm| hbm.leaving.take()) {
+        if let Some(fence) = chunk.hbm.as_mut().and_then(|hbm| {
+            hbm.to_host = false;
+            hbm.leaving.take()
+        }) {
             chunk.ready = Some(fence);
         }
     }
@@ -487,9 +499,9 @@ impl ChunkTable {
 
     /// Chunk `r`, leaving HBM behind a fence (returned with its physical chunk), leaves now:
     /// its physical chunk may be taken by a copy that waits for that fence on the device
-    /// (placement.rs, `send_home`). Until then it is `landing`.
+    /// (hand_overs.rs). Until then it is `landing`.
     pub fn hand_over(&mut self, r: ChunkRef) -> (PhysHandle, Arc<Fence>) {
-        let fence = self.chunk(r).leaving().cloned().expect("a chunk handed over is leaving");
+        let fence = self.chunk(r).copying_to_host().cloned().expect("a chunk handed over is copied to the host");
         let phys = self.leave_hbm(r);
         self.at(r).landing = Some(Arc::clone(&fence));
         (phys, fence)

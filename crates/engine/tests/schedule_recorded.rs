@@ -150,7 +150,9 @@ fn two_programs_taking_turns_each_page_ahead_along_their_own_schedule() {
 /// Activations: each forward step writes a buffer of its own that its backward step reads and
 /// then discards (`step_also_uses` puts them in the recording, as `tiermem.torch` does). Once
 /// recorded, the schedule brings each one in ahead of its backward step, and the forward's
-/// writes never page the dead bytes in: each pass zero-fills every activation once.
+/// writes never page the dead bytes in: each pass zero-fills every activation at most once (a
+/// discarded chunk still leaving HBM behind work on it, when it is wanted again, stays with its
+/// dead bytes instead: `Engine::discard` leaves them undefined until written).
 #[test]
 fn buffers_made_during_steps_are_paged_ahead_and_discarded_ones_never_come_back() {
     let (engine, sim) = support::engine(CAP, 64, support::config());
@@ -166,7 +168,9 @@ fn buffers_made_during_steps_are_paged_ahead_and_discarded_ones_never_come_back(
             engine.step_enters(KEY + i as u64, &[*layer], window).unwrap();
             engine.acquire(&[Region::whole(*layer)], Access::ReadOnly, S).unwrap();
             engine.release(&[Region::whole(*layer)], S).unwrap();
+            let page_ins = engine.stats().transfers.page_ins;
             engine.write(activations[i], 0, &support::pattern(round * 100 + i as u64, CHUNK)).unwrap();
+            assert_eq!(engine.stats().transfers.page_ins, page_ins, "a write never pages the dead bytes in");
             assert_eq!(engine.step_also_uses(&[activations[i]]), round == 0, "recorded in the first pass only");
         }
         for (i, (layer, _)) in layers.iter().enumerate().rev() {
@@ -178,7 +182,8 @@ fn buffers_made_during_steps_are_paged_ahead_and_discarded_ones_never_come_back(
             assert_eq!(engine.discard(&[Region::whole(activations[i])]).unwrap(), 1);
         }
         let after = engine.stats().transfers;
-        assert_eq!(after.zero_fills - before.zero_fills, LAYERS as u64, "each activation is written from zeros");
+        let zero_fills = after.zero_fills - before.zero_fills;
+        assert!(zero_fills <= LAYERS as u64 && (round > 0 || zero_fills == LAYERS as u64), "zero fills: {zero_fills}");
         assert_eq!(after.discarded - before.discarded, LAYERS as u64);
     }
     assert_eq!(ahead, 3 * LAYERS, "the schedule brought activations in ahead of backward: {ahead}");

@@ -26,7 +26,7 @@ import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402
 from torch_bench import llama, llama_config  # noqa: E402
 
-COUNTERS = ("bytes_in", "bytes_out", "evictions", "stall_ms", "evict_wait_ms", "page_ins", "zero_fills", "map_ms", "discarded")
+COUNTERS = ("bytes_in", "bytes_out", "evictions", "stall_ms", "evict_wait_ms", "page_ins", "zero_fills", "map_ms", "discarded", "handed_over")
 
 
 def counters(pool) -> dict:
