@@ -15,6 +15,19 @@
 //! device, and unmapping its address, freeing its buffer, writing its slot to the file or
 //! discarding it waits on the host (or retires the slot behind the copy).
 //!
+//! **Where.** Two callers hand over, where it was measured to pay (H200, fiftieth session,
+//! `bench/results/probes-20261130f/`):
+//! * a streamed chunk coming *home* (homes.rs) sends the dirty holder of its physical chunk
+//!   away (`send_away`): a loop streaming dirty buffers with 2 ms of host work between
+//!   acquires ran 1.47× faster;
+//! * **zero fills**: a demand or a page-ahead whose chunks all come in as zeros (never written,
+//!   or discarded — a forward pass saving activations into the buffers of the last step's)
+//!   takes the physical chunks of dirty chunks already on their way to the host
+//!   (`hand_over_moving`) and hands its own victims over: beside a resident model, a forward
+//!   pass that pushed 10.7 GB of activations out took 0.24 s against 0.32–0.38.
+//!   A chunk *copied* in does not: its copy up, ordered behind copies down on the GPU rather
+//!   than issued once they landed, made a link-bound loop of dirty buffers 22% slower.
+//!
 //! Only copies to the host hand over. A clean chunk leaving waits only for the GPU's last use
 //! of it, which no copy stands between: handing those over too (twelfth and twenty-sixth
 //! sessions, and the forty-ninth) gained nothing and cost a read-only loop one chunk more a
@@ -113,15 +126,4 @@ impl Inner {
         let earlier = self.tiers.in_flight.handed_moves_beyond(ahead).during(call)?;
         self.wait_for(call, earlier)
     }
-}
-
-/// PROBE (to be removed): how far hand-overs reach, from `TIERMEM_PROBE_HAND_OVER`: 0 homes
-/// only, 1 demands too, 2 page-aheads too (default).
-pub(crate) fn probe_scope() -> u8 {
-    static SCOPE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
-    *SCOPE.get_or_init(|| match std::env::var("TIERMEM_PROBE_HAND_OVER").as_deref() {
-        Ok("homes") => 0,
-        Ok("demand") => 1,
-        _ => 2,
-    })
 }

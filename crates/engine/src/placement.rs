@@ -109,8 +109,11 @@ impl Inner {
                 self.send_away(call, &holders)?;
             }
         }
+        // Chunks coming in as zeros copy nothing in: they may take the physical chunks of dirty
+        // chunks still being copied down, their fills waiting on the GPU (hand_overs.rs).
+        let zeros = todo.iter().all(|&r| self.state.chunk(r).location() == Location::Empty);
         match purpose {
-            Purpose::Demand => self.make_room(call, todo.len(), wanted)?,
+            Purpose::Demand => self.make_room(call, todo.len(), wanted, zeros)?,
             // A swap evicts only the holders of its chunks' homes (above): never a chunk Belady
             // keeps, and every chunk comes back to the physical chunk it left (no mapping).
             Purpose::Prefetch | Purpose::Swap { .. } => {}
@@ -141,8 +144,7 @@ impl Inner {
                         self.tiers.reap(&mut self.state)?;
                     }
                 }
-                // Dirty chunks on their way to the host hand their physical chunks over now.
-                if crate::hand_overs::probe_scope() >= 2 {
+                if zeros {
                     let short = todo.len().saturating_sub(self.tiers.pool.available());
                     self.hand_over_moving(call, short, wanted)?;
                 }
@@ -152,7 +154,7 @@ impl Inner {
         // The driver may give fewer chunks than the cap promised (the cap then shrinks): a demand
         // evicts for the rest.
         while purpose == Purpose::Demand && phys.len() < todo.len() {
-            if let Err(e) = self.make_room(call, todo.len() - phys.len(), wanted) {
+            if let Err(e) = self.make_room(call, todo.len() - phys.len(), wanted, zeros) {
                 phys.into_iter().for_each(|p| self.tiers.pool.give(p));
                 return Err(e);
             }
@@ -366,8 +368,16 @@ impl Inner {
         Err(Error::MustWait(Waits { writes, spill, ..Waits::fences(call, Vec::new()) }))
     }
 
-    /// Frees HBM until `need` chunks can be taken from the pool, evicting by policy.
-    pub(crate) fn make_room(&mut self, call: &'static str, need: usize, protect: &[ChunkRef]) -> Result<()> {
+    /// Frees HBM until `need` chunks can be taken from the pool, evicting by policy. For chunks
+    /// coming in as zeros (`hand_over`), dirty chunks copied to the host hand their physical
+    /// chunks over rather than being waited for (hand_overs.rs, "Zero fills").
+    pub(crate) fn make_room(
+        &mut self,
+        call: &'static str,
+        need: usize,
+        protect: &[ChunkRef],
+        hand_over: bool,
+    ) -> Result<()> {
         loop {
             self.tiers.reap(&mut self.state)?;
             let available = self.tiers.pool.available();
@@ -377,12 +387,12 @@ impl Inner {
             let short = need - available;
             // Dirty chunks already on their way to the host hand their physical chunks over (the
             // call may also have found some landed meanwhile).
-            if crate::hand_overs::probe_scope() >= 1
+            if hand_over
                 && (self.hand_over_moving(call, short, protect)? > 0 || self.tiers.pool.available() > available)
             {
                 continue;
             }
-            if self.evict(call, short, protect, None)? {
+            if self.evict(call, short, protect, None, hand_over)? {
                 continue;
             }
             match next_settling(&self.tiers.in_flight, &self.state, protect) {
@@ -416,19 +426,26 @@ impl Inner {
         horizon: u64,
     ) -> Result<bool> {
         self.tiers.reap(&mut self.state)?;
-        self.evict(call, need, protect, Some(horizon))
+        self.evict(call, need, protect, Some(horizon), false)
     }
 
     /// Evicts up to `count` chunks that may leave (next used beyond `horizon`, if given), chosen
-    /// by the policy (Belady while a schedule is set): those copied to the host hand their
-    /// physical chunks over, the others are waited for until they have left.
+    /// by the policy (Belady while a schedule is set), and waits until they have left — or,
+    /// with `hand_over`, until those not copied to the host have (hand_overs.rs).
     /// `false` if there was nothing to evict.
-    fn evict(&mut self, call: &'static str, count: usize, protect: &[ChunkRef], horizon: Option<u64>) -> Result<bool> {
+    fn evict(
+        &mut self,
+        call: &'static str,
+        count: usize,
+        protect: &[ChunkRef],
+        horizon: Option<u64>,
+        hand_over: bool,
+    ) -> Result<bool> {
         let victims = self.victims(Among::Resident, call, count, protect, horizon)?;
         if victims.is_empty() {
             return Ok(false);
         }
-        if crate::hand_overs::probe_scope() >= 1 {
+        if hand_over {
             self.send_away(call, &victims)?;
         } else {
             let fences = self.send_victims_down(call, &victims)?;
