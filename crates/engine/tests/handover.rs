@@ -1,10 +1,10 @@
-//! Homes handed over (placement.rs, `send_home`): a loop that streams dirty buffers through
-//! HBM evicts each streamed buffer's chunks to make way for the chunks coming home to their
-//! physical chunks; while that copy down still runs, the physical chunk is handed over and the
-//! page-in waits for the copy on the device, not the host. On a simulated device that runs
-//! work only when waited for (`Timing::Lazy`), or late and at random, every copy down is still
-//! queued when its chunk is handed over: the bytes must all survive, round after round, and
-//! the chunk brought back before its copy down ran must read what it last wrote.
+//! Hand-overs (hand_overs.rs): a dirty chunk leaving HBM gives its physical chunk to the chunk
+//! coming in while its copy down still runs, and the copy in (or the zero fill) waits for it on
+//! the device, not the host — for a streamed chunk coming home, and for chunks coming in as
+//! zeros. On a simulated device that runs work only when waited for (`Timing::Lazy`), or late
+//! and at random, every copy down is still queued when its chunk is handed over: the bytes
+//! must all survive, round after round, and a chunk brought back before its copy down ran must
+//! read what it last wrote.
 
 mod support;
 
@@ -63,6 +63,51 @@ fn dirty_streaming_hands_homes_over_and_loses_no_byte() {
     for seed in 0..12 {
         dirty_rounds(Timing::Random, seed, 5);
         dirty_rounds(Timing::Eager, seed, 4);
+    }
+}
+
+/// Activations: every round writes each buffer afresh — discarded the round before, so it
+/// comes in as zeros — while HBM is full of the dirty ones written before it, then reads them
+/// back in reverse and discards them. Each zero fill takes the physical chunk of a dirty chunk
+/// whose copy down may still be queued. With a learned loop (page-aheads) and without (demands).
+fn activation_rounds(timing: Timing, seed: u64, learn: bool) -> u64 {
+    let config = EngineConfig { learn_loops: learn.then_some(4 * CHUNK), stride_prefetch: 0, ..support::config() };
+    let (engine, sim) = sim_engine(CAP + 8, CAP, 4 * BUFFERS, config);
+    sim.set_timing(timing);
+    sim.set_seed(seed);
+    let stream = engine.device().create_stream(StreamPriority::Low).unwrap();
+    let buffers: Vec<(BufferId, DevicePtr)> =
+        (0..BUFFERS).map(|_| engine.alloc(CHUNK, AllocOptions::default()).unwrap()).collect();
+    for round in 0..4 {
+        for (i, &(id, va)) in buffers.iter().enumerate() {
+            let region = [Region::whole(id)];
+            engine.acquire(&region, Access::ReadWrite, stream).unwrap();
+            engine.device().memset_async(va, value(round, i), CHUNK / 2, stream).unwrap();
+            engine.release(&region, stream).unwrap();
+        }
+        engine.device().synchronize_stream(stream).unwrap();
+        for (i, &(id, _)) in buffers.iter().enumerate().rev() {
+            let mut back = vec![0u8; CHUNK];
+            engine.read(id, 0, &mut back).unwrap();
+            let wrong = back[..CHUNK / 2].iter().filter(|&&b| b != value(round, i)).count();
+            assert_eq!(wrong, 0, "{timing:?}, seed {seed}, round {round}: buffer {i} read back wrong");
+            engine.discard(&[Region::whole(id)]).unwrap();
+        }
+    }
+    let handed = engine.stats().transfers.handed_over;
+    engine.device().destroy_stream(stream).unwrap();
+    support::assert_no_leaks(engine, Some(sim));
+    handed
+}
+
+#[test]
+fn zero_fills_take_chunks_still_copied_down_and_lose_no_byte() {
+    for learn in [false, true] {
+        assert!(activation_rounds(Timing::Lazy, 0, learn) > 0, "a lazy GPU: zero fills take chunks still moving");
+        for seed in 0..8 {
+            activation_rounds(Timing::Random, seed, learn);
+            activation_rounds(Timing::Eager, seed, learn);
+        }
     }
 }
 
