@@ -28,9 +28,9 @@ pub struct Counters {
     pub discarded: u64,
     /// Chunks chosen as victims by the policy.
     pub evictions: u64,
-    /// Evicted chunks that handed their physical chunk to the chunk coming home to it while
-    /// their move down was still running, the page-in queued behind it on the device
-    /// (placement.rs, `send_home`).
+    /// Dirty chunks that handed their physical chunk to a chunk coming in (home, or as zeros)
+    /// while their copy down was still running, the copy in or the zero fill queued behind it
+    /// on the device (hand_overs.rs).
     pub handed_over: u64,
     /// Chunks brought in by `prefetch`.
     pub prefetched: u64,

@@ -8,10 +8,11 @@
 
 mod support;
 
+use std::sync::Arc;
 use support::{pattern, sim_engine, CHUNK};
-use tiermem::mechanism::sim::Timing;
-use tiermem::mechanism::{DevicePtr, StreamPriority};
-use tiermem::{Access, AllocOptions, BufferId, EngineConfig, Region, Target};
+use tiermem::mechanism::sim::{SimDevice, Timing};
+use tiermem::mechanism::{DevicePtr, StreamHandle, StreamPriority};
+use tiermem::{Access, AllocOptions, BufferId, Engine, EngineConfig, Region, Target};
 
 const BUFFERS: usize = 24;
 const CAP: usize = 16;
@@ -21,18 +22,24 @@ fn value(round: usize, i: usize) -> u8 {
     (round * 31 + i * 7 + 1) as u8
 }
 
+/// An engine on a simulated GPU with `timing`, loops learned or not, a stream of the program's
+/// and `BUFFERS` one-chunk buffers.
+fn setup(timing: Timing, seed: u64, learn: bool) -> (Engine, Arc<SimDevice>, StreamHandle, Vec<(BufferId, DevicePtr)>) {
+    let config = EngineConfig { learn_loops: learn.then_some(4 * CHUNK), stride_prefetch: 0, ..support::config() };
+    let (engine, sim) = sim_engine(CAP + 8, CAP, 4 * BUFFERS, config);
+    sim.set_timing(timing);
+    sim.set_seed(seed);
+    let stream = engine.device().create_stream(StreamPriority::Low).unwrap();
+    let buffers = (0..BUFFERS).map(|_| engine.alloc(CHUNK, AllocOptions::default()).unwrap()).collect();
+    (engine, sim, stream, buffers)
+}
+
 /// Rounds over `BUFFERS` one-chunk buffers, more than the cap holds, each acquired for writing
 /// and overwritten on the GPU (a memset on the program's stream) in the same order every
 /// round, so the engine learns the loop and streams what does not fit, dirty. Every byte is
 /// checked at the end.
 fn dirty_rounds(timing: Timing, seed: u64, rounds: usize) -> u64 {
-    let config = EngineConfig { learn_loops: Some(4 * CHUNK), stride_prefetch: 0, ..support::config() };
-    let (engine, sim) = sim_engine(CAP + 8, CAP, 4 * BUFFERS, config);
-    sim.set_timing(timing);
-    sim.set_seed(seed);
-    let stream = engine.device().create_stream(StreamPriority::Low).unwrap();
-    let buffers: Vec<(BufferId, DevicePtr)> =
-        (0..BUFFERS).map(|_| engine.alloc(CHUNK, AllocOptions::default()).unwrap()).collect();
+    let (engine, sim, stream, buffers) = setup(timing, seed, true);
     for round in 0..rounds {
         for (i, &(id, va)) in buffers.iter().enumerate() {
             let region = [Region::whole(id)];
@@ -71,13 +78,7 @@ fn dirty_streaming_hands_homes_over_and_loses_no_byte() {
 /// back in reverse and discards them. Each zero fill takes the physical chunk of a dirty chunk
 /// whose copy down may still be queued. With a learned loop (page-aheads) and without (demands).
 fn activation_rounds(timing: Timing, seed: u64, learn: bool) -> u64 {
-    let config = EngineConfig { learn_loops: learn.then_some(4 * CHUNK), stride_prefetch: 0, ..support::config() };
-    let (engine, sim) = sim_engine(CAP + 8, CAP, 4 * BUFFERS, config);
-    sim.set_timing(timing);
-    sim.set_seed(seed);
-    let stream = engine.device().create_stream(StreamPriority::Low).unwrap();
-    let buffers: Vec<(BufferId, DevicePtr)> =
-        (0..BUFFERS).map(|_| engine.alloc(CHUNK, AllocOptions::default()).unwrap()).collect();
+    let (engine, sim, stream, buffers) = setup(timing, seed, learn);
     for round in 0..4 {
         for (i, &(id, va)) in buffers.iter().enumerate() {
             let region = [Region::whole(id)];
@@ -117,12 +118,7 @@ fn zero_fills_take_chunks_still_copied_down_and_lose_no_byte() {
 /// lose nothing and leak nothing.
 #[test]
 fn a_chunk_handed_over_comes_back_with_its_bytes() {
-    let config = EngineConfig { learn_loops: Some(4 * CHUNK), stride_prefetch: 0, ..support::config() };
-    let (engine, sim) = sim_engine(CAP + 8, CAP, 4 * BUFFERS, config);
-    sim.set_timing(Timing::Lazy);
-    let stream = engine.device().create_stream(StreamPriority::Low).unwrap();
-    let buffers: Vec<(BufferId, DevicePtr)> =
-        (0..BUFFERS).map(|_| engine.alloc(CHUNK, AllocOptions::default()).unwrap()).collect();
+    let (engine, sim, stream, buffers) = setup(Timing::Lazy, 0, true);
     let mut last = [0u8; BUFFERS];
     for round in 0..4 {
         for (i, &(id, va)) in buffers.iter().enumerate() {
