@@ -15,8 +15,8 @@
 //! device, and unmapping its address, freeing its buffer, writing its slot to the file or
 //! discarding it waits on the host (or retires the slot behind the copy).
 //!
-//! **Where.** Two callers hand over, where it was measured to pay (H200, fiftieth session,
-//! `bench/results/probes-20261130f/`):
+//! **Where.** Two callers hand over, where it was measured to pay on the H200 (forty-ninth and
+//! fiftieth sessions, `bench/results/probes-20261130e/` and `…f/`):
 //! * a streamed chunk coming *home* (homes.rs) sends the dirty holder of its physical chunk
 //!   away (`send_away`): a loop streaming dirty buffers with 2 ms of host work between
 //!   acquires ran 1.47× faster;

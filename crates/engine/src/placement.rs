@@ -370,7 +370,7 @@ impl Inner {
 
     /// Frees HBM until `need` chunks can be taken from the pool, evicting by policy. For chunks
     /// coming in as zeros (`hand_over`), dirty chunks copied to the host hand their physical
-    /// chunks over rather than being waited for (hand_overs.rs, "Zero fills").
+    /// chunks over rather than being waited for (hand_overs.rs, "Where").
     pub(crate) fn make_room(
         &mut self,
         call: &'static str,
