@@ -82,9 +82,9 @@ impl Inner {
     /// Hands over up to `count` chunks already on their way to the host (sent down by an
     /// earlier page-ahead or eviction), none of `protect` (sorted). Returns how many.
     pub(crate) fn hand_over_moving(&mut self, call: &'static str, count: usize, protect: &[ChunkRef]) -> Result<usize> {
-        let movers = |inner: &Self| {
+        let movers = |inner: &Self| -> Vec<ChunkRef> {
             let mut seen = HashSet::new();
-            let movers: Vec<ChunkRef> = inner
+            inner
                 .tiers
                 .in_flight
                 .chunks_moving()
@@ -93,8 +93,7 @@ impl Inner {
                     moving && protect.binary_search(&r).is_err() && seen.insert(r)
                 })
                 .take(count)
-                .collect();
-            movers
+                .collect()
         };
         if count == 0 || movers(self).is_empty() {
             return Ok(0);
