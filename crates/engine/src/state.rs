@@ -56,7 +56,7 @@
 //!
 //! **Handed over** (hand_overs.rs). A dirty chunk leaving to make room for a chunk
 //! coming in leaves HBM at once, before its copy down has run: the
-//! incoming copy waits for it on the device. Until then the chunk is `landing` (its fence):
+//! incoming copy or zero fill waits for it on the device. Until then the chunk is `landing` (its fence):
 //! located on the host, but its slot still filling and its address still read.
 //!
 //! Invariants the table keeps: a buffer's `mapped` counts its chunks with `hbm`; `holders`
@@ -194,7 +194,7 @@ impl Chunk {
     }
 
     /// The fence of its move down while that is a copy into a host slot: its physical chunk
-    /// may be handed over (placement.rs, `hand_over`).
+    /// may be handed over (hand_overs.rs).
     pub fn copying_to_host(&self) -> Option<&Arc<Fence>> {
         self.hbm.as_ref().filter(|hbm| hbm.to_host).and_then(|hbm| hbm.leaving.as_ref())
     }
