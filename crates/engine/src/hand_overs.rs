@@ -80,27 +80,25 @@ impl Inner {
     }
 
     /// Hands over up to `count` chunks already on their way to the host (sent down by an
-    /// earlier page-ahead or eviction), none of `protect` (sorted). Returns how many.
+    /// earlier page-ahead or eviction), none of `protect` (sorted). Returns how many: those
+    /// that landed while the pacing waited free their room themselves.
     pub(crate) fn hand_over_moving(&mut self, call: &'static str, count: usize, protect: &[ChunkRef]) -> Result<usize> {
-        let movers = |inner: &Self| -> Vec<ChunkRef> {
-            let mut seen = HashSet::new();
-            inner
-                .tiers
-                .in_flight
-                .chunks_moving()
-                .filter(|&r| {
-                    let moving = inner.state.buffer(r.0).is_some_and(|b| b.chunks()[r.1].copying_to_host().is_some());
-                    moving && protect.binary_search(&r).is_err() && seen.insert(r)
-                })
-                .take(count)
-                .collect()
-        };
-        if count == 0 || movers(self).is_empty() {
+        let mut seen = HashSet::new();
+        let movers: Vec<ChunkRef> = self
+            .tiers
+            .in_flight
+            .chunks_moving()
+            .filter(|&r| {
+                let moving = self.state.buffer(r.0).is_some_and(|b| b.chunks()[r.1].copying_to_host().is_some());
+                moving && protect.binary_search(&r).is_err() && seen.insert(r)
+            })
+            .take(count)
+            .collect();
+        if movers.is_empty() {
             return Ok(0);
         }
         self.pace_hand_overs(call)?;
         self.tiers.reap(&mut self.state)?;
-        let movers = movers(self);
         Ok(self.hand_over(&movers))
     }
 
