@@ -244,9 +244,7 @@ impl Tiers {
     ) -> Result<bool, DeviceError> {
         let mut fences = self.in_flight.take_handed(phys)?;
         if !fences.is_empty() && batch.iter().any(|&r| matches!(state.chunk(r).location(), Location::File(_))) {
-            let started = std::time::Instant::now();
-            fences.iter().try_for_each(|fence| fence.wait())?;
-            self.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
+            self.wait_counted(&fences)?;
             fences.clear();
         }
         for landing in batch.iter().filter_map(|&r| state.chunk(r).landing()) {
@@ -287,9 +285,7 @@ impl Tiers {
             }
             // Its own move down, handed over, may still read through the stale mapping.
             if let Some(landing) = chunk.landing().filter(|l| !matches!(l.is_done(), Ok(true))) {
-                let started = std::time::Instant::now();
-                landing.wait()?;
-                self.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
+                self.wait_counted(std::slice::from_ref(landing))?;
             }
             outcome = self.unmap_below(state, r);
             if outcome.is_err() {
@@ -590,11 +586,14 @@ impl Tiers {
     /// Waits for `fences` with the lock held (the calls that may not retry), counted as
     /// eviction waits.
     pub(crate) fn wait_here(&mut self, call: &'static str, fences: Vec<Arc<Fence>>) -> Result<()> {
+        self.wait_counted(&fences).during(call)
+    }
+
+    /// Waits for `fences` on the host, counted as eviction waits.
+    fn wait_counted(&mut self, fences: &[Arc<Fence>]) -> Result<(), DeviceError> {
         let started = std::time::Instant::now();
-        for fence in fences {
-            fence.wait().during(call)?;
-        }
+        let waited = fences.iter().try_for_each(|fence| fence.wait());
         self.counters.evict_wait_ms += started.elapsed().as_secs_f64() * 1e3;
-        Ok(())
+        waited
     }
 }
