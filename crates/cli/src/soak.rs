@@ -6,6 +6,7 @@
 //! and the file tier all the time: kernels that write and check patterns through the buffers'
 //! device addresses (the pattern kernels, `Device::fill_pattern_async`), host writes and
 //! reads, prefetches, page-outs and page-ins (blocking and started-then-finished), exchanges,
+//! discards (a discarded block must read as zeros or as it was, until written),
 //! page-outs to the file, frees and new allocations (some as consecutive parts), steps of a
 //! recorded schedule (`pass_begins`, `step_enters`: paging ahead, Belady), HBM budgets changed
 //! as the node daemon changes them and idle HBM given back. Every buffer's contents are known: each

@@ -8,6 +8,10 @@ use std::sync::Mutex;
 pub const BLOCK: usize = 64 << 10;
 /// A block's seed when it was never written: it reads as zeros.
 pub const ZEROS: u64 = 0;
+/// Set in a block's seed once the block was discarded (`Engine::discard`): until written it
+/// reads as zeros or as what it held (the seed without this bit), a whole block either way.
+/// Written patterns' seeds never have it ([`new_seed`]).
+pub const DISCARDED: u64 = 1 << 63;
 /// At most this many failures are kept for the report.
 const KEPT_FAILURES: usize = 20;
 
@@ -27,15 +31,27 @@ pub fn runs(blocks: &[u64], first: usize, end: usize) -> Vec<(usize, usize, u64)
     out
 }
 
+/// The seed of a pattern about to be written.
+pub fn new_seed(rng: &mut impl rand::Rng) -> u64 {
+    rng.random_range(1..DISCARDED)
+}
+
 /// Where `bytes`, read from blocks `first..` of a buffer, differ from `blocks`: the first
-/// differing byte offset in the buffer.
+/// differing byte offset in the buffer. A discarded block may hold zeros or what it held.
 pub fn first_difference(blocks: &[u64], first: usize, bytes: &[u8]) -> Option<usize> {
     let end = first + bytes.len() / BLOCK;
+    let differs = |seed: u64, offset: usize, part: &[u8]| match seed {
+        ZEROS => part.iter().position(|&b| b != 0).map(|at| offset + at),
+        seed => tiermem::mechanism::pattern::first_mismatch(seed, offset, part),
+    };
     runs(blocks, first, end).into_iter().find_map(|(start, stop, seed)| {
         let part = &bytes[(start - first) * BLOCK..(stop - first) * BLOCK];
-        match seed {
-            ZEROS => part.iter().position(|&b| b != 0).map(|at| start * BLOCK + at),
-            seed => tiermem::mechanism::pattern::first_mismatch(seed, start * BLOCK, part),
+        match seed & DISCARDED {
+            0 => differs(seed, start * BLOCK, part),
+            _ => part.chunks(BLOCK).enumerate().find_map(|(k, block)| {
+                let offset = (start + k) * BLOCK;
+                differs(ZEROS, offset, block).and(differs(seed & !DISCARDED, offset, block))
+            }),
         }
     })
 }
@@ -61,10 +77,12 @@ pub enum Kind {
     /// `set_hbm_budget`, as the node daemon changes a tenant's, and `release_idle_hbm`.
     Budget,
     ReleaseIdle,
+    /// `discard` of a random region of one of the thread's buffers.
+    Discard,
 }
 
 impl Kind {
-    const ALL: [Kind; 16] = [
+    const ALL: [Kind; 17] = [
         Kind::KernelWrite,
         Kind::KernelCheck,
         Kind::HostWrite,
@@ -81,6 +99,7 @@ impl Kind {
         Kind::PassBegins,
         Kind::Budget,
         Kind::ReleaseIdle,
+        Kind::Discard,
     ];
 
     fn name(self) -> &'static str {
@@ -101,6 +120,7 @@ impl Kind {
             Kind::PassBegins => "pass_begins",
             Kind::Budget => "set_hbm_budget",
             Kind::ReleaseIdle => "release_idle_hbm",
+            Kind::Discard => "discard",
         }
     }
 }
@@ -229,5 +249,19 @@ mod tests {
         assert_eq!(first_difference(&blocks, 0, &bytes), None);
         bytes[BLOCK + 3] = 1;
         assert_eq!(first_difference(&blocks, 0, &bytes), Some(BLOCK + 3));
+    }
+
+    #[test]
+    fn a_discarded_block_holds_zeros_or_what_it_held_whole() {
+        let blocks = [9 | DISCARDED; 2];
+        let mut bytes = vec![0u8; 2 * BLOCK];
+        tiermem::mechanism::pattern::fill(9, 0, &mut bytes[..BLOCK]);
+        assert_eq!(first_difference(&blocks, 0, &bytes), None, "one block as it was, one zeros");
+        bytes[BLOCK + 8] = 1;
+        assert_eq!(first_difference(&blocks, 0, &bytes), Some(BLOCK), "neither: the pattern's first word differs");
+        tiermem::mechanism::pattern::fill(9, 0, &mut bytes[..BLOCK]);
+        bytes[..8].fill(0);
+        assert!(first_difference(&blocks, 0, &bytes).is_some(), "half zeros, half the pattern");
+        assert_eq!(first_difference(&[DISCARDED], 0, &vec![0u8; BLOCK]), None, "never written: zeros");
     }
 }

@@ -6,7 +6,7 @@
 //! acquire until its stream has finished with the bytes; host copies (the legacy stream) wait
 //! for the thread's stream first, and the thread's kernels wait for the legacy stream after.
 
-use super::model::{first_difference, runs, Contents, Kind, Tally, BLOCK, ZEROS};
+use super::model::{first_difference, new_seed, runs, Contents, Kind, Tally, BLOCK, DISCARDED, ZEROS};
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -174,7 +174,8 @@ impl<'a> Worker<'a> {
         let shared = !self.shared.0.is_empty() && self.rng.random_bool(0.2);
         match self.rng.random_range(0..100) {
             0..28 => self.on_some_buffer(shared, Kind::KernelWrite),
-            28..51 => self.on_some_buffer(shared, Kind::KernelCheck),
+            28..48 => self.on_some_buffer(shared, Kind::KernelCheck),
+            48..51 => self.discard_own(),
             51..58 => self.on_some_buffer(shared, Kind::HostWrite),
             58..66 => self.on_some_buffer(shared, Kind::HostRead),
             66..70 => self.move_own(Kind::Prefetch),
@@ -232,7 +233,7 @@ impl<'a> Worker<'a> {
             }
             _ => {
                 self.sync_and_count(); // kernels on this buffer's bytes end before the host writes
-                let seed = self.rng.random_range(1..u64::MAX);
+                let seed = new_seed(&mut self.rng);
                 let mut bytes = vec![0u8; (end - first) * BLOCK];
                 tiermem::mechanism::pattern::fill(seed, first * BLOCK, &mut bytes);
                 match self.engine.write(buffer.id, first * BLOCK, &bytes) {
@@ -261,7 +262,7 @@ impl<'a> Worker<'a> {
         let device = self.engine.device();
         let words = |from: usize, to: usize| (to - from) * BLOCK / 8;
         let launched = if write {
-            let seed = self.rng.random_range(1..u64::MAX);
+            let seed = new_seed(&mut self.rng);
             let at = buffer.va + (first * BLOCK) as u64;
             let launched =
                 device.fill_pattern_async(at, words(first, end), seed, (first * BLOCK / 8) as u64, self.stream);
@@ -272,7 +273,9 @@ impl<'a> Worker<'a> {
             launched
         } else {
             let mut launched = Ok(());
-            for (from, to, seed) in runs(&buffer.blocks, first, end).into_iter().filter(|r| r.2 != ZEROS) {
+            // Zeros and discarded blocks (zeros or what they held) are checked by host reads.
+            let checkable = |run: &(usize, usize, u64)| run.2 != ZEROS && run.2 & DISCARDED == 0;
+            for (from, to, seed) in runs(&buffer.blocks, first, end).into_iter().filter(checkable) {
                 let at = buffer.va + (from * BLOCK) as u64;
                 let first_word = (from * BLOCK / 8) as u64;
                 launched = device.check_pattern_async(at, words(from, to), seed, first_word, self.counter, self.stream);
@@ -323,6 +326,19 @@ impl<'a> Worker<'a> {
         };
         if let Err(err) = outcome {
             self.error("move", id, err);
+        }
+    }
+
+    /// Discards a random run of blocks of one of this thread's buffers, never acquired between
+    /// operations; its kernels may still be running (the engine drops the chunks behind them).
+    fn discard_own(&mut self) {
+        self.tally.op(Kind::Discard);
+        let i = self.rng.random_range(0..self.own.len());
+        let (first, end) = self.region(self.own[i].blocks.len());
+        let id = self.own[i].id;
+        match self.engine.discard(&[Region::bytes(id, first * BLOCK, (end - first) * BLOCK)]) {
+            Ok(_) => self.own[i].blocks[first..end].iter_mut().for_each(|seed| *seed |= DISCARDED),
+            Err(e) => self.error("discard", id, e),
         }
     }
 
