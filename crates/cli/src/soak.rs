@@ -24,6 +24,7 @@ mod worker;
 
 use crate::bench;
 use model::Tally;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -131,6 +132,9 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
     let stop = AtomicBool::new(false);
     let plan = worker::Plan::new(hbm_chunks, chunk, threads, file.is_some());
     let shared = worker::SharedBuffers::new(&engine, &plan, args.seed)?;
+    // The most chunks each tier held at once, sampled as progress is: a soak that never
+    // reached a tier says so.
+    let mut peaks: BTreeMap<Tier, usize> = BTreeMap::new();
     std::thread::scope(|scope| -> Result<(), String> {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
@@ -141,6 +145,10 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
             .collect();
         while Instant::now() < deadline && !workers.iter().all(|w| w.is_finished()) {
             std::thread::sleep(Duration::from_millis(250).min(deadline.saturating_duration_since(Instant::now())));
+            for (tier, used) in engine.stats().tiers.iter() {
+                let peak = peaks.entry(tier).or_default();
+                *peak = (*peak).max(used.used_bytes / chunk);
+            }
             if started.elapsed().as_millis() % 1000 < 250 {
                 println!("{}", tally.progress(started.elapsed().as_secs_f64()));
             }
@@ -162,6 +170,8 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
             t.in_place_maps, t.in_place_reads, t.by_neighbours
         );
     }
+    let held_at_most: Vec<String> = peaks.iter().map(|(tier, chunks)| format!("{tier} {chunks}")).collect();
+    println!("chunks held at most, per tier: {}", held_at_most.join(", "));
     let mut leaks = Vec::new();
     let in_use = [("HBM", stats.tiers[Tier::Hbm].chunks), ("host tier", stats.tiers[Tier::Host].used_bytes / chunk)];
     let below = [(Tier::File, "file tier"), (Tier::Peer, "peer tier")];
@@ -205,6 +215,7 @@ pub fn run(args: SoakArgs) -> Result<(), String> {
         let detail = serde_json::json!({
             "config": { "hbm_limit": hbm_chunks * chunk, "host_limit": hbm_chunks * chunk, "file_limit": file.as_ref().map(|_| 4 * hbm_chunks * chunk), "threads": threads, "seed": args.seed, "simulated": simulated },
             "ops_by_kind": tally.by_kind(),
+            "chunks_held_at_most": peaks.iter().map(|(tier, chunks)| (tier.name(), *chunks)).collect::<BTreeMap<_, _>>(),
             "first_failures": tally.failures(),
             "leaks": leaks,
             "driver_objects_held_at_end": held,
