@@ -27,6 +27,7 @@ class FakeBuffer:
         self.size, self.name, self.id, self.ptr = size, name, next(self.ids), self.t.data_ptr()
         self.base, self.saved = None, None  # parts: the whole reservation; a strict pool's copy
         self.held = 0  # acquisitions not yet released
+        self.written = False  # a strict pool: an acquisition since the last release asked to write
 
     def __dlpack__(self, **kwargs):
         return self.t.__dlpack__()
@@ -47,7 +48,9 @@ class FakeBuffer:
 class FakePool:
     """A Pool stand-in that counts acquisitions (each must be released) and moves nothing;
     ``strict``: a buffer not acquired holds garbage (its bytes come back when acquired), so
-    a read of memory not acquired changes the outputs."""
+    a read of memory not acquired changes the outputs, and what was written while no
+    acquisition asked to write is lost (the engine drops a chunk acquired read-only without
+    copying it down when it has a copy below)."""
 
     chunk_size, hbm_cap, closed, backend, device = 2 << 20, 64 << 20, False, "cuda", 0
 
@@ -79,6 +82,8 @@ class FakePool:
         for b in buffers if isinstance(buffers, list) else [buffers]:
             if self.strict and self.acq.get(b.id, 0) == 0:
                 b.t.copy_(b.saved)
+                b.written = False
+            b.written = b.written or write
             self.acq[b.id] = self.acq.get(b.id, 0) + 1
             b.held += 1
 
@@ -88,7 +93,8 @@ class FakePool:
             self.acq[b.id] -= 1
             b.held -= 1
             if self.strict and self.acq[b.id] == 0:
-                b.saved.copy_(b.t)
+                if b.written:
+                    b.saved.copy_(b.t)
                 b.t.fill_(0xFF)
 
     def acquired(self, buffers, stream=0, write=False):
@@ -97,7 +103,7 @@ class FakePool:
         class Acquisition:
             def __enter__(self):
                 for b in buffers if isinstance(buffers, list) else [buffers]:
-                    pool.acquire(b)
+                    pool.acquire(b, write=write)
 
             def __exit__(self, *exc):
                 pool.release(buffers)

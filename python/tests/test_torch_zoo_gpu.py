@@ -23,8 +23,9 @@ MIB = 1 << 20
 
 @pytest.fixture
 def chunked(monkeypatch):
-    """Every module's tensors in whole chunks of their own, fused experts cut apart however
-    small: tiny models larger than the caps below."""
+    """Every module's tensors in whole chunks of their own (none packed with others' or merged),
+    fused experts cut apart however small: tiny models larger than the caps below."""
+    monkeypatch.setattr(tiermem.units, "SMALL", 0)
     monkeypatch.setattr(tiermem.units, "MERGED", 0)
     monkeypatch.setattr(tiermem.units, "WASTE", 0)
 
@@ -70,7 +71,7 @@ def test_a_model_of_another_family_trains_with_its_state_and_activations_in_tier
         if offload:
             # The weights, gradients and moments take a chunk per module; with every activation
             # of 4 KiB and up a buffer of its own, a step holds several times this cap.
-            pool = tiermem.Pool(backend="cuda", hbm_limit=12 * MIB, host_limit="1GiB", chunk="2MiB")
+            pool = tiermem.Pool(backend="cuda", hbm_limit=16 * MIB, host_limit="1GiB", chunk="2MiB")
             handle = tt.offload(model, pool, prefetch_bytes=2 * MIB, optimizer=optimizer)
         losses = []
         for _ in range(3):

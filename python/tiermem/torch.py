@@ -234,7 +234,9 @@ class Offload(Residency):
 
     def _forward_pre(self, site: Site):
         def hook(module, args):
-            self._enter(site, "forward")
+            # In training mode a module may write its buffers (BatchNorm's running statistics):
+            # acquired for writing, they are copied down when they leave HBM, not dropped.
+            self._enter(site, "forward_writes" if module.training and site.has_buffers else "forward")
             for experts in site.experts:
                 experts.active, experts.entered, experts.noted, experts.holding = (self, site), set(), 0, {}
 
@@ -247,36 +249,47 @@ class Offload(Residency):
                     self._note_skipped(experts, experts.count)
                 experts.active, experts.holding = None, {}
             self._exit(site)
-            if torch.is_grad_enabled() and site.grad_params:
+            if torch.is_grad_enabled() and (site.grad_params or site.frozen):
                 first = _first_grad_tensor(output)
                 if first is not None:
-                    first.register_hook(self._backward_pre(site))
+                    # Backward reads a site's tensors without gradients too (a frozen layer's
+                    # weight, to pass the gradient on to its input): such a site is held until
+                    # its input's gradient is complete as well, or until backward ends.
+                    upstream = _first_grad_tensor(args) if site.frozen else None
+                    first.register_hook(self._backward_pre(site, upstream is not None))
+                    if upstream is not None:
+                        upstream.register_hook(lambda grad: self._done_with(site))
 
         return hook
 
-    def _backward_pre(self, site: Site):
+    def _backward_pre(self, site: Site, upstream: bool):
         def hook(grad):
             if not self._backward_pending:
                 self._backward_pending = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
-            site.pending_grads = len(site.grad_params)
+            site.pending_grads = len(site.grad_params) + upstream
             self._enter(site, "backward")
             return grad
 
         return hook
 
     def _grad_done(self, users: list[Site]):
-        """A parameter's gradient is complete: sites whose gradients all are release them (a
-        tied tensor's gradient completes once, after all its uses)."""
+        """A parameter's gradient is complete: sites whose gradients all are (and whose input's,
+        if they are frozen) release them (a tied tensor's gradient completes once, after all its
+        uses)."""
 
         def hook(param):
             for site in users:
-                if site.pending_grads > 0:
-                    site.pending_grads -= 1
-                    if site.pending_grads == 0:
-                        self._exit(site)
+                self._done_with(site)
 
         return hook
+
+    def _done_with(self, site: Site) -> None:
+        """One of the gradients ``site`` waits for in backward is complete; the last releases it."""
+        if site.pending_grads > 0:
+            site.pending_grads -= 1
+            if site.pending_grads == 0:
+                self._exit(site)
 
     def _backward_done(self) -> None:
         """End of a backward pass: release what a parameter without a gradient (an expert no

@@ -88,6 +88,8 @@ EXPERTS_APART = True  # False: fused experts move with their block whole, even w
 # Which of a unit's buffers each phase acquires, and whether it writes them.
 PHASES = {
     "forward": (("weights", False),),
+    # A module in training mode may update its buffers as it runs (BatchNorm's statistics).
+    "forward_writes": (("weights", True),),
     "backward": (("weights", False), ("grads", True)),
     "step": (("weights", True), ("grads", True), ("state", True)),
 }
@@ -186,11 +188,21 @@ class Site:
     def phase(self, name: str) -> list[tuple[object, bool]]:
         """What the site acquires on entering ``name``: in forward, not the lazy units
         (experts are acquired as the forward uses them)."""
-        return [e for unit in self.units if not (unit.lazy and name == "forward") for e in unit.phase(name)]
+        return [e for unit in self.units if not (unit.lazy and name.startswith("forward")) for e in unit.phase(name)]
 
     @property
     def grad_params(self) -> list[Owned]:
         return [o for o in self.uses if o.role == "param" and o.tensor.requires_grad]
+
+    @property
+    def has_buffers(self) -> bool:
+        return any(o.role == "buffer" for o in self.uses)
+
+    @property
+    def frozen(self) -> bool:
+        """Whether the site uses tensors without a gradient, which backward may still read: a
+        frozen weight (for its input's gradient), a buffer an embedding took its indices from."""
+        return any(o.role == "buffer" or not o.tensor.requires_grad for o in self.uses)
 
 
 @dataclass(eq=False)

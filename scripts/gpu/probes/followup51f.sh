@@ -8,4 +8,4 @@ out=$1; mkdir -p "$out"
 export TIERMEM_PEERS=off
 python3 -m pip install -q --no-index --no-deps --force-reinstall dist/wheels/tiermem-*.whl 2>&1 | tail -2
 python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)" | tee "$out/versions.txt"
-cd python/tests && TIERMEM_TEST_BACKEND=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider test_torch_zoo_gpu.py -rfEs 2>&1 | tail -40 | tee "$out/zoo-gpu.log"
+cd python/tests && TIERMEM_TEST_BACKEND=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider test_torch_zoo_gpu.py -rfEs --tb=line 2>&1 | tail -60 | tee "$out/zoo-gpu.log"

@@ -1,0 +1,80 @@
+"""Training through tiermem.torch reads and writes more than a module's trainable weights
+(CPU, test_torch_cpu.py's strict stand-in Pool: memory not acquired reads as garbage, and what
+is written under an acquisition that did not ask to write is lost, as the engine may drop it):
+
+* backward reads tensors that have no gradient — a frozen layer's weight, to pass the
+  gradient on to its input (partial fine-tuning), or a buffer whose view an embedding saved
+  as its indices (BERT's ``position_ids``) — so a site holding such tensors is acquired in
+  backward until its input's gradient is complete (found on the H200 as an illegal memory
+  access training BERT with its small modules in buffers of their own);
+* a module in training mode writes its buffers in forward (BatchNorm's running statistics),
+  so such a site acquires them for writing: before, the statistics were dropped."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="tiermem.torch needs PyTorch")
+transformers = pytest.importorskip("transformers", reason="these tests build transformers models")
+import tiermem.torch as tt  # noqa: E402
+from test_torch_cpu import IDS, FakePool, cpu, llama, packing  # noqa: E402, F401  (fixtures)
+from test_torch_zoo import _make  # noqa: E402
+
+
+def _train(model, offload: bool, batch, loss_of, steps: int = 3) -> list[torch.Tensor]:
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-3)
+    handle = tt.offload(model, FakePool(strict=True), prefetch_bytes=1 << 20, optimizer=optimizer) if offload else None
+    losses = []
+    for _ in range(steps):
+        loss = loss_of(model, batch)
+        loss.backward()
+        if offload:
+            handle.step()
+        else:
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append(loss.detach())
+    if handle is not None:
+        handle.remove()
+    return losses
+
+
+def _frozen_llama():
+    model = llama(False, layers=3)
+    for name, p in model.named_parameters():
+        if ".layers.1." in name:  # a frozen layer between trainable ones: backward goes through it
+            p.requires_grad_(False)
+    return model
+
+
+def test_a_frozen_layer_between_trainable_ones_is_read_in_backward(cpu, packing):
+    causal = lambda model, ids: model(ids, labels=ids).loss  # noqa: E731
+    expected = _train(_frozen_llama(), False, IDS, causal)
+    got = _train(_frozen_llama(), True, IDS, causal)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected)), (got, expected)
+
+
+def test_an_embeddings_index_buffer_is_read_in_backward(cpu, packing):
+    masked = lambda model, ids: model(ids, labels=ids).loss  # noqa: E731
+    expected = _train(_make("bert"), False, IDS, masked)
+    got = _train(_make("bert"), True, IDS, masked)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected)), (got, expected)
+
+
+def _cnn():
+    torch.manual_seed(0)
+    conv = lambda cin: (torch.nn.Conv2d(cin, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU())  # noqa: E731
+    return torch.nn.Sequential(*conv(3), *conv(8), torch.nn.Flatten(), torch.nn.Linear(8 * 12 * 12, 10))
+
+
+def test_batchnorm_statistics_written_in_forward_are_kept(cpu, packing):
+    generator = torch.Generator().manual_seed(1)
+    batch = (torch.randn(4, 3, 16, 16, generator=generator), torch.randint(0, 10, (4,), generator=generator))
+    classify = lambda model, b: torch.nn.functional.cross_entropy(model(b[0]), b[1])  # noqa: E731
+    resident, offloaded = _cnn(), _cnn()
+    expected = _train(resident, False, batch, classify)
+    got = _train(offloaded, True, batch, classify)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected)), (got, expected)
+    for mine, theirs in zip(offloaded.buffers(), resident.buffers()):  # running mean, variance, count
+        assert torch.equal(mine, theirs), (mine, theirs)
+    with torch.no_grad():
+        assert torch.equal(offloaded.eval()(batch[0]), resident.eval()(batch[0]))
