@@ -53,6 +53,22 @@ def test_a_frozen_layer_between_trainable_ones_is_read_in_backward(cpu, packing)
     assert all(torch.equal(a, b) for a, b in zip(got, expected)), (got, expected)
 
 
+def test_a_frozen_layer_is_released_once_backward_has_passed_it(cpu):
+    """Not held to the end of backward: a frozen model larger than HBM can still train."""
+    model = _frozen_llama()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    handle = tt.offload(model, FakePool(strict=True), prefetch_bytes=1 << 20, optimizer=optimizer)
+    frozen = [s for s in handle.sites if s.name.startswith("model.layers.1")]
+    held_then = []
+    def watch(module, args):  # the first layer's input gradient: backward has passed layer 1
+        args[0].register_hook(lambda grad: held_then.append([len(s.held) for s in frozen]))
+
+    model.model.layers[0].register_forward_pre_hook(watch)
+    model(IDS, labels=IDS).loss.backward()
+    assert frozen and held_then == [[0] * len(frozen)], held_then
+    handle.step()
+
+
 def test_an_embeddings_index_buffer_is_read_in_backward(cpu, packing):
     masked = lambda model, ids: model(ids, labels=ids).loss  # noqa: E731
     expected = _train(_make("bert"), False, IDS, masked)

@@ -254,8 +254,10 @@ class Offload(Residency):
                 if first is not None:
                     # Backward reads a site's tensors without gradients too (a frozen layer's
                     # weight, to pass the gradient on to its input): such a site is held until
-                    # its input's gradient is complete as well, or until backward ends.
+                    # its input's gradient is complete as well, or until backward ends (an
+                    # input that is a leaf would keep the hook beyond the pass).
                     upstream = _first_grad_tensor(args) if site.frozen else None
+                    upstream = upstream if upstream is not None and upstream.grad_fn is not None else None
                     first.register_hook(self._backward_pre(site, upstream is not None))
                     if upstream is not None:
                         upstream.register_hook(lambda grad: self._done_with(site))
