@@ -118,6 +118,9 @@ class FakePool:
     def step_enters(self, key, buffers, prefetch_bytes):
         return None
 
+    def step_also_uses(self, buffers):
+        return False
+
     def clear_schedule(self):
         pass
 

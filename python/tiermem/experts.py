@@ -21,14 +21,19 @@ _METADATA_ATTRIBUTES = {"shape", "dtype", "device", "requires_grad", "ndim", "is
                         "grad_fn", "itemsize", "nbytes", "is_sparse", "is_quantized", "is_nested", "names", "_version"}
 
 
+def reads_no_data(func) -> bool:
+    """Whether a torch function (or a tensor attribute's getter) looks at a tensor's metadata
+    only: its shape, type, device..."""
+    return func in _METADATA_METHODS or getattr(getattr(func, "__self__", None), "__name__", None) in _METADATA_ATTRIBUTES
+
+
 def _torch_function(cls, func, types, args=(), kwargs=None):
     """Dispatch of :class:`ExpertWeights`: the expert(s) or fused tensors a use reads are
     acquired first, while their block runs, and what the use returns that views them is
     remembered (weakly): a unit no live tensor views may be released once the block reads
     another (``Offload._use_experts``). Results are ordinary tensors."""
     kwargs = kwargs or {}
-    attribute = getattr(getattr(func, "__self__", None), "__name__", None)
-    if func in _METADATA_METHODS or attribute in _METADATA_ATTRIBUTES:
+    if reads_no_data(func):
         return _plain(func, args, kwargs)
     reads = []
     for experts, tensor in _active_experts(args):

@@ -7,7 +7,9 @@
   be in HBM. The engine records the order in which modules run on the first pass
   (``Pool.pass_begins``, ``Pool.step_enters``); from then on it knows the schedule: it pages
   ahead along it within ``prefetch_bytes`` and evicts the chunk whose next use is furthest
-  away (Belady), so what fits stays resident and only the rest streams.
+  away (Belady), so what fits stays resident and only the rest streams. A module that uses
+  another's tensors without calling it is found on that first pass and acquires them from
+  then on (:mod:`tiermem.strays`).
   With an optimizer, each module's gradients and Adam's moments get two more buffers (the
   forward pass acquires only the weights, backward the weights and gradients, the step all
   three), and :meth:`Offload.step` updates one module at a time.
@@ -39,8 +41,9 @@ from . import units as units_module
 from ._tiermem import InvalidArgumentError, Pool, TiermemError
 from .experts import fill_experts, unmark_experts
 from .residency import _OFFLOADED, Residency, Waking  # noqa: F401  (Waking: re-exported)
+from .strays import Strays
 from .units import Experts, Site, Unit, dedup, plan, view as _view
-from .wrapping import Wrapped
+from .wrapping import Wrapped, hooked
 _STEP_KEYS = itertools.count(1)  # the engine's keys of the steps (Offload._key)
 WINDOW_SHARE = 12  # the paging-ahead window is at most this fraction of the HBM cap (Offload.window_bytes)
 
@@ -120,6 +123,11 @@ class Offload(Residency):
         self._steps: dict[tuple[int, str], tuple[int, list, list]] = {}
         self._backward_pending = False
         self._recording = True  # the engine is recording this pass's steps (_pass_starts)
+        self._running: list[Site] = []  # the sites whose forward is running, innermost last
+        self._owner: dict[int, tuple[Unit, object]] = {}  # id(tensor) -> (unit, Owned): strays.py
+        self._users: dict[int, list[Site]] = {}  # id(Owned) -> the sites using it
+        self._watch: Strays | None = None  # over the forward of a pass being recorded
+        self.strays: list[tuple[str, str]] = []  # (site, tensor) adopted by strays.py
         self._hooks = []
         self._state_hooks = []  # tiermem.state's, for model.state_dict()
         self._device = pool.device  # whose current stream the hooks acquire on
@@ -134,8 +142,46 @@ class Offload(Residency):
         """A root forward begins: the previous pass, if recorded, becomes the schedule."""
         self.pool.pass_begins()
         self._window = self.window_bytes
+        self._running.clear()  # a forward that raised may have left its sites
         if self._recording:  # asked only until this model's pass is recorded, not every pass
             self._recording = not any(k in self._named for k in self.pool.recorded_steps)
+        if self._recording and self._watch is None:
+            self._watch = Strays(self)
+            self._watch.__enter__()
+
+    def _root_site(self) -> Site:
+        """A site for the model itself, made during its forward (strays.py)."""
+        root = Site(self.model, "(model)")
+        self.sites.append(root)
+        self._hooks += [self.model.register_forward_pre_hook(self._forward_pre(root)),
+                        self.model.register_forward_hook(self._forward_post(root))]  # fmt: skip
+        root.held.append([])  # as if entered: this forward's adoptions are released as it ends
+        self._running.insert(0, root)
+        return root
+
+    def _pass_ends(self) -> None:
+        if self._watch is not None:
+            self._watch.__exit__(None, None, None)
+            self._watch = None
+
+    def _adopt(self, unit: Unit, owned) -> None:
+        """The running module used ``owned``, a tensor of another module's that no running
+        module holds (strays.py): it is acquired now, held with the innermost running site (the
+        model's own, made now if there is none), and from now on that site's."""
+        site = self._running[-1] if self._running else self._root_site()
+        buffer = unit.parts["weights"]
+        writes = site.module.training and any(o.role == "buffer" for o in unit.tensors)
+        self.pool.acquire(buffer, _stream(self._device), writes)
+        site.held[-1].append(buffer)
+        self.pool.step_also_uses([buffer])
+        if unit not in site.units:
+            site.units.append(unit)
+            site.uses += [o for o in unit.tensors if not any(o is u for u in site.uses)]
+            for o in unit.params:
+                self._users.setdefault(id(o), []).append(site)
+            for phase in ("forward", "forward_writes", "backward"):
+                self._steps.pop((id(site), phase), None)
+            self.strays.append((site.name, owned.name))
 
     def _key(self, key, phase: str) -> int:
         """The engine's key for ``(key, phase)``: a number unique in the process, so that two
@@ -218,16 +264,18 @@ class Offload(Residency):
             if site.module is self.model:  # the root's pass check may install hooks during its call
                 self._hooks += [site.module.register_forward_pre_hook(before), site.module.register_forward_hook(after)]
             else:
-                self._hooks.append(Wrapped(site.module, "forward", _hooked(site.module, before, after)))
-        users: dict[int, list[Site]] = {}  # id(owned) -> the sites using it
+                self._hooks.append(Wrapped(site.module, "forward", hooked(site.module, before, after)))
+        self._hooks.append(self.model.register_forward_hook(lambda m, a, o: self._pass_ends(), always_call=True))
+        self._users = {}  # made again when a pinned model is unpinned
         for site in self.sites:
             for owned in site.uses:
-                users.setdefault(id(owned), []).append(site)
+                self._users.setdefault(id(owned), []).append(site)
         fused = [o for experts in self._experts() for o in experts.tensors if o.role == "param"]
         for owned in [o for unit in self.units for o in unit.params] + fused:
             if owned.tensor.requires_grad:
-                hook = self._grad_done(users.get(id(owned), []))
+                hook = self._grad_done(self._users.setdefault(id(owned), []))
                 self._hooks.append(owned.tensor.register_post_accumulate_grad_hook(hook))
+        self._owner = {id(o.tensor): (unit, o) for unit in self.units if not unit.lazy for o in unit.tensors}
 
     def _experts(self) -> list[Experts]:
         return [experts for site in self.sites for experts in site.experts]
@@ -237,6 +285,7 @@ class Offload(Residency):
             # In training mode a module may write its buffers (BatchNorm's running statistics):
             # acquired for writing, they are copied down when they leave HBM, not dropped.
             self._enter(site, "forward_writes" if module.training and site.has_buffers else "forward")
+            self._running.append(site)
             for experts in site.experts:
                 experts.active, experts.entered, experts.noted, experts.holding = (self, site), set(), 0, {}
 
@@ -248,6 +297,8 @@ class Offload(Residency):
                 if self._recording:
                     self._note_skipped(experts, experts.count)
                 experts.active, experts.holding = None, {}
+            if self._running and self._running[-1] is site:
+                self._running.pop()
             self._exit(site)
             if torch.is_grad_enabled() and (site.grad_params or site.frozen):
                 first = _first_grad_tensor(output)
@@ -398,26 +449,6 @@ class Offload(Residency):
     @property
     def schedule_length(self) -> int:
         return len(self.schedule)
-
-def _hooked(module: torch.nn.Module, before, after):
-    """A site's forward around the module's own: ``before(module, args)``, then
-    ``after(module, args, output)`` — as PyTorch's module hooks are called, but on a forward
-    wrapped in place (:class:`tiermem.wrapping.Wrapped`): a module with hooks takes PyTorch's
-    slow call path, 5 µs a module on the H200 host (``scripts/gpu/probes/hook_time.py``), a
-    wrapped one the fast path. A forward that raises releases what ``before`` acquired
-    (``after`` with no output) and raises on."""
-
-    def around(inner, *args, **kwargs):
-        before(module, args)
-        try:
-            output = inner(*args, **kwargs)
-        except BaseException:
-            after(module, args, None)
-            raise
-        after(module, args, output)
-        return output
-
-    return around
 
 
 def _first_grad_tensor(output):

@@ -1,6 +1,6 @@
 """A module's method wrapped on the instance, and the handle that unwraps it: how
-:mod:`tiermem.torch` hooks each module's ``forward`` (cheaper than PyTorch's module hooks) and
-:mod:`tiermem.state` each module's ``_load_from_state_dict``."""
+:mod:`tiermem.torch` hooks each module's ``forward`` (cheaper than PyTorch's module hooks,
+:func:`hooked`) and :mod:`tiermem.state` each module's ``_load_from_state_dict``."""
 
 from __future__ import annotations
 
@@ -38,3 +38,24 @@ class Wrapped:
                 delattr(self.module, self.name)
             else:
                 setattr(self.module, self.name, self.own)
+
+
+def hooked(module: torch.nn.Module, before, after):
+    """A site's forward around the module's own: ``before(module, args)``, then
+    ``after(module, args, output)`` — as PyTorch's module hooks are called, but on a forward
+    wrapped in place (:class:`Wrapped`): a module with hooks takes PyTorch's
+    slow call path, 5 µs a module on the H200 host (``scripts/gpu/probes/hook_time.py``), a
+    wrapped one the fast path. A forward that raises releases what ``before`` acquired
+    (``after`` with no output) and raises on."""
+
+    def around(inner, *args, **kwargs):
+        before(module, args)
+        try:
+            output = inner(*args, **kwargs)
+        except BaseException:
+            after(module, args, None)
+            raise
+        after(module, args, output)
+        return output
+
+    return around
