@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="tiermem.torch needs PyTorch")
 import tiermem.torch as tt  # noqa: E402
 from test_torch_cpu import FakePool, cpu, packing  # noqa: E402, F401  (fixtures)
+from test_torch_training_state import train  # noqa: E402
 
 F = torch.nn.functional
 
@@ -60,27 +61,14 @@ def test_tensors_used_without_their_module_are_acquired_pass_after_pass(cpu, pac
 def test_tensors_used_without_their_module_train_as_resident(cpu, packing, pinned_between):
     """Also across a pin and an unpin after the first step (the hooks are installed again)."""
 
-    def train(offload: bool):
-        model = _net()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        handle = tt.offload(model, FakePool(strict=True), prefetch_bytes=1 << 20, optimizer=optimizer) if offload else None
-        losses = []
-        for step in range(4):
-            if offload and pinned_between and step == 1:
-                handle.pin()
-                handle.unpin()
-            loss = model(X).square().mean()
-            loss.backward()
-            if offload:
-                handle.step()
-            else:
-                optimizer.step()
-                optimizer.zero_grad()
-            losses.append(loss.detach())
-        if offload:
-            handle.remove()
-        return losses, [p.detach() for p in model.parameters()]
+    def pin_and_unpin(handle, step):
+        if pinned_between and step == 1:
+            handle.pin()
+            handle.unpin()
 
-    (expected, resident), (got, offloaded) = train(False), train(True)
+    square = lambda model, x: model(x).square().mean()  # noqa: E731
+    resident, offloaded = _net(), _net()
+    expected = train(resident, False, X, square, steps=4, lr=1e-2)
+    got = train(offloaded, True, X, square, steps=4, lr=1e-2, before=pin_and_unpin)
     assert all(torch.equal(a, b) for a, b in zip(got, expected)), (got, expected)
-    assert all(torch.equal(a, b) for a, b in zip(offloaded, resident))
+    assert all(torch.equal(a, b) for a, b in zip(offloaded.parameters(), resident.parameters()))

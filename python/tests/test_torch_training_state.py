@@ -19,12 +19,17 @@ from test_torch_cpu import IDS, FakePool, cpu, llama, packing  # noqa: E402, F40
 from test_torch_zoo import _make  # noqa: E402
 
 
-def _train(model, offload: bool, batch, loss_of, steps: int = 3) -> list[torch.Tensor]:
+def train(model, offload: bool, batch, loss_of, steps: int = 3, lr: float = 1e-3, before=None) -> list[torch.Tensor]:
+    """``steps`` AdamW steps of ``model`` on ``batch``, resident or offloaded into a strict
+    stand-in Pool (removed after: the model is an ordinary one again); the losses.
+    ``before(handle, step)`` runs before each offloaded step."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=1e-3)
+    optimizer = torch.optim.AdamW(trainable, lr=lr)
     handle = tt.offload(model, FakePool(strict=True), prefetch_bytes=1 << 20, optimizer=optimizer) if offload else None
     losses = []
-    for _ in range(steps):
+    for step in range(steps):
+        if handle is not None and before is not None:
+            before(handle, step)
         loss = loss_of(model, batch)
         loss.backward()
         if offload:
@@ -48,8 +53,8 @@ def _frozen_llama():
 
 def test_a_frozen_layer_between_trainable_ones_is_read_in_backward(cpu, packing):
     causal = lambda model, ids: model(ids, labels=ids).loss  # noqa: E731
-    expected = _train(_frozen_llama(), False, IDS, causal)
-    got = _train(_frozen_llama(), True, IDS, causal)
+    expected = train(_frozen_llama(), False, IDS, causal)
+    got = train(_frozen_llama(), True, IDS, causal)
     assert all(torch.equal(a, b) for a, b in zip(got, expected)), (got, expected)
 
 
@@ -71,8 +76,8 @@ def test_a_frozen_layer_is_released_once_backward_has_passed_it(cpu):
 
 def test_an_embeddings_index_buffer_is_read_in_backward(cpu, packing):
     masked = lambda model, ids: model(ids, labels=ids).loss  # noqa: E731
-    expected = _train(_make("bert"), False, IDS, masked)
-    got = _train(_make("bert"), True, IDS, masked)
+    expected = train(_make("bert"), False, IDS, masked)
+    got = train(_make("bert"), True, IDS, masked)
     assert all(torch.equal(a, b) for a, b in zip(got, expected)), (got, expected)
 
 
@@ -87,8 +92,8 @@ def test_batchnorm_statistics_written_in_forward_are_kept(cpu, packing):
     batch = (torch.randn(4, 3, 16, 16, generator=generator), torch.randint(0, 10, (4,), generator=generator))
     classify = lambda model, b: torch.nn.functional.cross_entropy(model(b[0]), b[1])  # noqa: E731
     resident, offloaded = _cnn(), _cnn()
-    expected = _train(resident, False, batch, classify)
-    got = _train(offloaded, True, batch, classify)
+    expected = train(resident, False, batch, classify)
+    got = train(offloaded, True, batch, classify)
     assert all(torch.equal(a, b) for a, b in zip(got, expected)), (got, expected)
     for mine, theirs in zip(offloaded.buffers(), resident.buffers()):  # running mean, variance, count
         assert torch.equal(mine, theirs), (mine, theirs)
