@@ -99,3 +99,15 @@ def test_batchnorm_statistics_written_in_forward_are_kept(cpu, packing):
         assert torch.equal(mine, theirs), (mine, theirs)
     with torch.no_grad():
         assert torch.equal(offloaded.eval()(batch[0]), resident.eval()(batch[0]))
+
+
+def test_a_module_writing_its_buffers_is_one_step_in_training_and_in_evaluation(cpu):
+    """Acquired for writing in training mode only, but named alike: passes that alternate
+    between the modes follow one recorded schedule."""
+    model = _cnn()
+    handle = tt.offload(model, FakePool(strict=True), prefetch_bytes=1 << 20)
+    with torch.no_grad():
+        model(torch.zeros(2, 3, 16, 16))
+        steps = dict(handle._named)
+        model.eval()(torch.zeros(2, 3, 16, 16))
+    assert handle._named == steps

@@ -78,7 +78,7 @@ class Residency:
         says when the copies are done. Running the model before then is safe (it waits on
         the device for what it needs)."""
         self._usable("Offload.wake")
-        order = [b for key, phase in self.schedule if phase.startswith("forward") for b in phase_buffers(key.phase(phase))]
+        order = [b for key, phase in self.schedule if phase == "forward" for b in phase_buffers(key.phase(phase))]
         order += [u.parts["weights"] for u in self.units]
         stats = self.pool.stats()
         room = stats["hbm"]["capacity_bytes"] - stats["hbm"]["used_bytes"]

@@ -196,7 +196,8 @@ class Offload(Residency):
         step = self._steps.get((id(key), phase))
         if step is None:
             entries = dedup(key.phase(phase))
-            step = self._steps[(id(key), phase)] = (self._key(key, phase), [b for b, _ in entries], entries)
+            name = "forward" if phase == "forward_writes" else phase  # one step in train and eval
+            step = self._steps[(id(key), phase)] = (self._key(key, name), [b for b, _ in entries], entries)
         number, buffers, entries = step
         self.pool.step_enters(number, buffers, self._window)
         stream, acquired = _stream(self._device), []
