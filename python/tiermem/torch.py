@@ -42,7 +42,7 @@ from ._tiermem import InvalidArgumentError, Pool, TiermemError
 from .experts import fill_experts, unmark_experts
 from .residency import _OFFLOADED, Residency, Waking  # noqa: F401  (Waking: re-exported)
 from .strays import Strays
-from .units import Experts, Site, Unit, dedup, plan, view as _view
+from .units import PHASES, Experts, Site, Unit, dedup, plan, view as _view
 from .wrapping import Wrapped, hooked
 _STEP_KEYS = itertools.count(1)  # the engine's keys of the steps (Offload._key)
 WINDOW_SHARE = 12  # the paging-ahead window is at most this fraction of the HBM cap (Offload.window_bytes)
@@ -179,7 +179,7 @@ class Offload(Residency):
             site.uses += [o for o in unit.tensors if not any(o is u for u in site.uses)]
             for o in unit.params:
                 self._users.setdefault(id(o), []).append(site)
-            for phase in ("forward", "forward_writes", "backward"):
+            for phase in PHASES:  # each phase's buffers are looked up again
                 self._steps.pop((id(site), phase), None)
             self.strays.append((site.name, owned.name))
 
